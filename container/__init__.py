@@ -1,0 +1,1 @@
+"""tether.container: runtime adapters and the `tether run` wrapper. Not built yet."""

@@ -1,0 +1,169 @@
+"""The ``tether`` command: one console script with subcommands.
+
+Subcommand modules are imported lazily so ``tether plan`` does not pay for the sandbox code.
+Exit codes: 0 success, 1 a failure (bad config, a command that failed), 2 a usage error or an
+invalid job request (what sbatch/qsub would refuse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from .errors import ConfigError, RequestError, TetherError
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def _err(message: str) -> None:
+    for line in str(message).splitlines() or [""]:
+        print(f"tether: {line}", file=sys.stderr)
+
+
+def _cmd_config_check(args: argparse.Namespace) -> int:
+    from .config import load_config
+
+    try:
+        config = load_config(args.file or args.config)
+    except ConfigError as exc:
+        print(str(exc))
+        return EXIT_FAIL
+    print(f"ok ({config.source})")
+    return EXIT_OK
+
+
+def _cmd_config_show(args: argparse.Namespace) -> int:
+    from .config import load_config
+
+    config = load_config(args.config)
+    print(f"# effective tether configuration from {config.source}")
+    sys.stdout.write(config.to_yaml())
+    return EXIT_OK
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .config import load_config, load_yaml
+    from .plan import make_plan
+    from .render import plan_directives, plan_options
+    from .request import request_from_spec
+
+    config = load_config(args.config)
+    source = "<stdin>" if args.spec == "-" else args.spec
+    try:
+        text = sys.stdin.read() if args.spec == "-" else open(args.spec, encoding="utf-8").read()
+    except OSError as exc:
+        _err(f"cannot read job spec {source}: {exc.strerror}")
+        return EXIT_USAGE
+    try:
+        spec = load_yaml(text, source)
+    except ConfigError as exc:
+        _err(str(exc))
+        return EXIT_USAGE
+    try:
+        plan = make_plan(request_from_spec(spec, args.scheduler, source), config, args.scheduler)
+        directives = plan_directives(plan)
+    except RequestError as exc:
+        _err(str(exc))
+        return EXIT_USAGE
+    if args.format == "json":
+        from .render import option_words
+
+        print(json.dumps({"directives": directives,
+                          "args": option_words(plan_options(plan), plan.scheduler),
+                          "plan": plan.to_dict()}, indent=2))
+        return EXIT_OK
+    for notice in plan.notices:
+        _err(f"note: {notice}")
+    print("\n".join(directives))
+    return EXIT_OK
+
+
+def _cmd_sandbox(args: argparse.Namespace) -> int:
+    from .sandbox import Sandbox
+
+    box = Sandbox(args.dir, port_base=args.port_base)
+    if args.action == "env":
+        print(box.export_line())
+        return EXIT_OK
+    if args.action == "up":
+        box.up(install=not args.no_install, log=lambda m: _err(m))
+        print(box.export_line())
+        return EXIT_OK
+    if args.action == "down":
+        stopped = box.down(purge=args.purge, log=lambda m: _err(m))
+        if not stopped:
+            _err(f"no sandbox daemon was running at {box.root}")
+        return EXIT_OK
+    info = box.status()
+    print(f"sandbox {info['root']}")
+    print(f"  {box.export_line()}")
+    for name, pid in info["daemons"].items():
+        print(f"  {name:<10} {'pid ' + str(pid) if pid else 'not running'}")
+    for node, state in sorted(info["nodes"].items()):
+        print(f"  node {node}: {state}")
+    return EXIT_OK if all(info["daemons"].values()) else EXIT_FAIL
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+    from .sandbox import Sandbox
+
+    return run_demo(Sandbox(args.dir, port_base=args.port_base), install=not args.no_install)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                        help="configuration file (default: $TETHER_CONFIG, else /etc/tether/tether.yaml)")
+    parser = argparse.ArgumentParser(prog="tether", parents=[common],
+                                     description="Slurm/PBS plugin and hook bundle: slots to resources, "
+                                                 "per-rank setup, tightly integrated containers.")
+    parser.set_defaults(config=None)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    config = sub.add_parser("config", help="check or show the configuration")
+    config_sub = config.add_subparsers(dest="action", required=True, metavar="ACTION")
+    check = config_sub.add_parser("check", parents=[common], help="validate a config file; prints ok or every error")
+    check.add_argument("file", nargs="?", metavar="FILE", help="file to check (default: the effective config)")
+    check.set_defaults(func=_cmd_config_check)
+    show = config_sub.add_parser("show", parents=[common], help="print the effective config with defaults")
+    show.set_defaults(func=_cmd_config_show)
+
+    plan = sub.add_parser("plan", parents=[common],
+                          help="print the batch-script directives tether generates for a job spec")
+    plan.add_argument("--scheduler", choices=("slurm", "pbs"), default="slurm")
+    plan.add_argument("--format", choices=("text", "json"), default="text")
+    plan.add_argument("spec", metavar="SPEC.yaml", help="job spec (YAML); - reads stdin")
+    plan.set_defaults(func=_cmd_plan)
+
+    for name, helptext, func in (("sandbox", "the local 3-node Slurm cluster for tests and demos", _cmd_sandbox),
+                                 ("demo", "bring up the sandbox and run the main multi-node job", _cmd_demo)):
+        p = sub.add_parser(name, parents=[common], help=helptext)
+        if name == "sandbox":
+            p.add_argument("action", choices=("up", "status", "down", "env"))
+            p.add_argument("--purge", action="store_true", help="down: also remove the sandbox directory")
+        p.add_argument("--dir", metavar="DIR", help="sandbox root (default: $TETHER_SANDBOX_DIR, "
+                                                    "else /var/lib/tether/sandbox)")
+        p.add_argument("--port-base", type=int, metavar="PORT",
+                       help="slurmctld port; slurmd use the next three (default 17000 or a free range)")
+        p.add_argument("--no-install", action="store_true", help="do not apt-get missing packages")
+        p.set_defaults(func=func)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except TetherError as exc:
+        _err(str(exc))
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
