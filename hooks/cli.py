@@ -22,11 +22,16 @@ def _err(message: str) -> None:
         print(f"tether: {line}", file=sys.stderr)
 
 
+def _config_arg(args: argparse.Namespace) -> str | None:
+    """--config may be given before or after the subcommand (it is absent when not given)."""
+    return getattr(args, "config", None)
+
+
 def _cmd_config_check(args: argparse.Namespace) -> int:
     from .config import load_config
 
     try:
-        config = load_config(args.file or args.config)
+        config = load_config(args.file or _config_arg(args))
     except ConfigError as exc:
         print(str(exc))
         return EXIT_FAIL
@@ -37,9 +42,16 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
 def _cmd_config_show(args: argparse.Namespace) -> int:
     from .config import load_config
 
-    config = load_config(args.config)
+    config = load_config(_config_arg(args))
     print(f"# effective tether configuration from {config.source}")
     sys.stdout.write(config.to_yaml())
+    return EXIT_OK
+
+
+def _cmd_config_reference(args: argparse.Namespace) -> int:
+    from .config import config_reference
+
+    sys.stdout.write(config_reference())
     return EXIT_OK
 
 
@@ -49,7 +61,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from .render import plan_directives, plan_options
     from .request import request_from_spec
 
-    config = load_config(args.config)
+    config = load_config(_config_arg(args))
     source = "<stdin>" if args.spec == "-" else args.spec
     try:
         text = sys.stdin.read() if args.spec == "-" else open(args.spec, encoding="utf-8").read()
@@ -87,6 +99,9 @@ def _cmd_sandbox(args: argparse.Namespace) -> int:
     if args.action == "env":
         print(box.export_line())
         return EXIT_OK
+    if args.action == "install":
+        box.install(log=lambda m: _err(m))
+        return EXIT_OK
     if args.action == "up":
         box.up(install=not args.no_install, log=lambda m: _err(m))
         print(box.export_line())
@@ -120,7 +135,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tether", parents=[common],
                                      description="Slurm/PBS plugin and hook bundle: slots to resources, "
                                                  "per-rank setup, tightly integrated containers.")
-    parser.set_defaults(config=None)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     config = sub.add_parser("config", help="check or show the configuration")
@@ -130,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=_cmd_config_check)
     show = config_sub.add_parser("show", parents=[common], help="print the effective config with defaults")
     show.set_defaults(func=_cmd_config_show)
+    reference = config_sub.add_parser("reference", help="print every config key as a Markdown table")
+    reference.set_defaults(func=_cmd_config_reference)
 
     plan = sub.add_parser("plan", parents=[common],
                           help="print the batch-script directives tether generates for a job spec")
@@ -142,7 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  ("demo", "bring up the sandbox and run the main multi-node job", _cmd_demo)):
         p = sub.add_parser(name, parents=[common], help=helptext)
         if name == "sandbox":
-            p.add_argument("action", choices=("up", "status", "down", "env"))
+            p.add_argument("action", choices=("install", "up", "status", "down", "env"),
+                           help="install: the Debian packages and job user only; up: start (installs "
+                                "what is missing); status; down: stop by PID; env: shell exports")
             p.add_argument("--purge", action="store_true", help="down: also remove the sandbox directory")
         p.add_argument("--dir", metavar="DIR", help="sandbox root (default: $TETHER_SANDBOX_DIR, "
                                                     "else /var/lib/tether/sandbox)")

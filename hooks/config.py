@@ -18,7 +18,7 @@ import yaml
 from .errors import ConfigError, RequestError
 from .policy import parse_qsub_args, parse_sbatch_args
 from .request import SLOT_TYPES
-from .schema import NAME_PATTERN, Bool, Enum, List, Map, SchemaError, Str, Struct
+from .schema import NAME_PATTERN, Bool, Enum, List, Map, SchemaError, Str, Struct, walk_keys
 
 DEFAULT_CONFIG_PATH = "/etc/tether/tether.yaml"
 CONFIG_ENV = "TETHER_CONFIG"
@@ -254,3 +254,15 @@ def load_config(explicit: str | None = None, env: Mapping[str, str] | None = Non
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(path, [f"cannot read: {exc}"]) from None
     return validate_config(load_yaml(text, path), path)
+
+
+def config_reference() -> str:
+    """The configuration reference as a Markdown table (kept in the README, checked by the tests)."""
+    rows = ["| key | accepted | default | meaning |", "|---|---|---|---|"]
+    for path, node in walk_keys(CONFIG_SCHEMA):
+        if isinstance(node, Struct):
+            continue
+        default = node.fill_default()
+        shown = "—" if isinstance(node, Map) else f"`{yaml.safe_dump(default, default_flow_style=True).strip().removesuffix('...').strip()}`"
+        rows.append(f"| `{path}` | {node.describe()} | {shown} | {node.doc} |")
+    return "\n".join(rows) + "\n"

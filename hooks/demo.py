@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import pwd
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
-from .config import validate_config
-from .plan import make_plan
+from .config import Config, validate_config
+from .plan import Plan, make_plan
 from .proc import run_command
 from .render import plan_directives
 from .request import request_from_spec
@@ -31,31 +33,55 @@ srun --label bash -c 'echo "node=$SLURMD_NODENAME rank=$SLURM_PROCID of $SLURM_N
 """
 
 
-def run_demo(box: Sandbox, *, install: bool = True, log=print) -> int:
-    """Bring the sandbox up, run the demo job, print its output; returns the job's exit status."""
-    box.up(install=install, log=log)
-    jobs_root = box.root / "jobs"
-    jobs_root.mkdir(mode=0o755, exist_ok=True)
-    config = validate_config({"job_storage_root": str(jobs_root)}, "<demo>")
-    spec = dict(DEMO_SPEC, job_id=f"{int(time.time())}-{os.getpid()}")
-    plan = make_plan(request_from_spec(spec, "slurm", "<demo spec>"), config, "slurm")
+@dataclass(frozen=True)
+class Submitted:
+    """A batch job submitted from a Plan: its id, sbatch's exit status and the job directory."""
+
+    job_id: str
+    returncode: int
+    job_dir: Path
+    stderr: str
+
+    def output(self, name: str = "job.out") -> str:
+        path = self.job_dir / name
+        return path.read_text() if path.exists() else ""
+
+
+def sandbox_config(box: Sandbox, **settings) -> Config:
+    """A config whose job_storage_root lives inside the sandbox (plus ``settings``)."""
+    return validate_config({"job_storage_root": str(box.root / "jobs"), **settings}, "<sandbox>")
+
+
+def submit_plan(box: Sandbox, plan: Plan, body: str, *, wait: bool = True,
+                timeout: float = 300) -> Submitted:
+    """Create the per-job directory as the job user, write the batch script, sbatch it as the user."""
     user = pwd.getpwnam(box.user)
-    job_dir = jobs_root / plan.job_name
+    jobs_root = Path(plan.log_dir).parent
+    jobs_root.mkdir(mode=0o755, parents=True, exist_ok=True)
+    job_dir = Path(plan.log_dir)
     job_dir.mkdir(mode=0o700)
     os.chown(job_dir, user.pw_uid, user.pw_gid)
     script = job_dir / "job.sbatch"
-    script.write_text("#!/bin/bash\n" + "\n".join(plan_directives(plan)) + "\n" + DEMO_BODY)
+    script.write_text("#!/bin/bash\n" + "\n".join(plan_directives(plan)) + "\n" + body)
     os.chown(script, user.pw_uid, user.pw_gid)
-    log("batch script header (from `tether plan`):")
+    argv = ["runuser", "-u", box.user, "--", "sbatch", "--parsable", *(["--wait"] if wait else []),
+            str(script)]
+    result = run_command(argv, env=box.command_env(), cwd=str(job_dir), check=False, timeout=timeout)
+    job_id = result.stdout.strip().split(";")[0].splitlines()[0] if result.stdout.strip() else ""
+    return Submitted(job_id, result.returncode, job_dir, result.stderr)
+
+
+def run_demo(box: Sandbox, *, install: bool = True, log=print) -> int:
+    """Bring the sandbox up, run the demo job, print its output; returns sbatch's exit status."""
+    box.up(install=install, log=log)
+    spec = dict(DEMO_SPEC, job_id=f"{int(time.time())}-{os.getpid()}")
+    plan = make_plan(request_from_spec(spec, "slurm", "<demo spec>"), sandbox_config(box), "slurm")
+    log("batch script header (what `tether plan` prints for the demo spec):")
     for line in plan_directives(plan):
         log(f"  {line}")
-    result = run_command(["runuser", "-u", box.user, "--", "sbatch", "--wait", "--parsable", str(script)],
-                         env=box.command_env(), cwd=str(job_dir), check=False, timeout=300)
-    log(f"sbatch exit status {result.returncode}; job output ({job_dir / 'job.out'}):")
-    for name in ("job.out", "job.err"):
-        path = job_dir / name
-        if path.exists() and path.read_text().strip():
-            print(path.read_text(), end="")
-    if result.returncode != 0:
-        log(result.stderr.strip())
-    return result.returncode
+    job = submit_plan(box, plan, DEMO_BODY)
+    log(f"job {job.job_id}: sbatch exit status {job.returncode}; output ({job.job_dir / 'job.out'}):")
+    print(job.output("job.out") + job.output("job.err"), end="")
+    if job.returncode != 0:
+        log(job.stderr.strip())
+    return job.returncode

@@ -138,7 +138,7 @@ def parse_sbatch_args(args: Sequence[str]) -> list[Arg]:
         if not isinstance(element, str):
             raise RequestError(f"sbatch argument {element!r} is not a string")
         _check_printable(element, "sbatch argument")
-        text = element.strip()
+        text = element.lstrip()
         if text.startswith("--") and len(text) > 2:
             head, sep, rest = _split_value(text[2:])
             name = resolve_sbatch_long(head, element)

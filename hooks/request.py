@@ -30,6 +30,8 @@ LABEL_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
 _SPEC_NAMES = {"slots": "slots_per_trial", "slot_type": "slot_type", "resource_pool": "resource_pool",
                "job_type": "job_type", "job_id": "job_id"}
 FIELD_NAMES: Mapping[str, Mapping[str, str]] = {
+    "spec": {**_SPEC_NAMES, "slots_per_node": "slots_per_node", "gpu_type": "gpu_type",
+             "scheduler_args": "scheduler arguments"},
     "spec-slurm": {**_SPEC_NAMES, "slots_per_node": "slurm.slots_per_node",
                    "gpu_type": "slurm.gpu_type", "scheduler_args": "slurm.sbatch_args"},
     "spec-pbs": {**_SPEC_NAMES, "slots_per_node": "pbs.slots_per_node", "gpu_type": "gpu_type",
@@ -60,7 +62,7 @@ class Request:
     labels: tuple[str, ...] = ()
     account: str | None = None
     user: str | None = None
-    origin: str = "spec-slurm"
+    origin: str = "spec"
 
     def name_of(self, key: str) -> str:
         """The user's spelling of a request field (``--slots``, ``slots_per_trial``, ...)."""

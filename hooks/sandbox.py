@@ -149,12 +149,18 @@ class Sandbox:
         return int(self._settings().get("port_base", DEFAULT_PORT_BASE))
 
     # ---- lifecycle ----------------------------------------------------------------------
+    def install(self, *, log=print) -> None:
+        """Install the Debian packages the sandbox needs and create its job user (no daemons)."""
+        _require_root()
+        ensure_packages(APT_PACKAGES, log=log)
+        ensure_user(self.user, log=log)
+
     def up(self, *, install: bool = True, timeout: float = 90.0,
            job_submit_plugins: str | None = None, log=print) -> None:
         """Install what is missing, write the configs, start the daemons, wait for idle nodes."""
-        _require_root()
         if install:
-            ensure_packages(APT_PACKAGES, log=log)
+            self.install(log=log)
+        _require_root()
         if self.running():
             log(f"sandbox already running at {self.root}")
             self.wait_idle(timeout)

@@ -149,7 +149,7 @@ class List(Node):
     accepted: str = ""
 
     def describe(self) -> str:
-        text = f"a list of {self.item.describe()}"
+        text = f"a list, each {self.item.describe()}"
         return f"{text} or null" if self.nullable else text
 
     def fill_default(self) -> Any:
