@@ -121,6 +121,18 @@ def _cmd_sandbox(args: argparse.Namespace) -> int:
     return EXIT_OK if all(info["daemons"].values()) else EXIT_FAIL
 
 
+def _cmd_slurm(args: argparse.Namespace) -> int:
+    from tether.job_submit.install import build_plugins, install_plugins
+
+    log = lambda m: print(m)  # noqa: E731
+    if args.action == "build":
+        build_plugins(args.out, verbose=args.verbose, log=log)
+    else:
+        install_plugins(args.build_dir, slurm_conf=args.slurm_conf, plugin_dir=args.plugin_dir,
+                        write=args.write, log=log)
+    return EXIT_OK
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     from .sandbox import Sandbox
@@ -153,6 +165,22 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--format", choices=("text", "json"), default="text")
     plan.add_argument("spec", metavar="SPEC.yaml", help="job spec (YAML); - reads stdin")
     plan.set_defaults(func=_cmd_plan)
+
+    slurm = sub.add_parser("slurm", help="build and install the Slurm plugins (SPANK and job_submit)")
+    slurm_sub = slurm.add_subparsers(dest="action", required=True, metavar="ACTION")
+    build = slurm_sub.add_parser("build", help="compile both plugins against the installed Slurm headers")
+    build.add_argument("--out", metavar="DIR", help="output directory (default /opt/tether/lib/slurm-<version>)")
+    build.add_argument("--verbose", action="store_true", help="show the compiler's commands")
+    build.set_defaults(func=_cmd_slurm)
+    inst = slurm_sub.add_parser("install", help="install the plugins; print (or --write) the config lines")
+    inst.add_argument("--build-dir", metavar="DIR", help="what `tether slurm build` produced (default "
+                                                         "/opt/tether/lib/slurm-<version>)")
+    inst.add_argument("--slurm-conf", metavar="FILE", help="slurm.conf (default $SLURM_CONF, else "
+                                                           "/etc/slurm/slurm.conf)")
+    inst.add_argument("--plugin-dir", metavar="DIR", help="where the .so files go (default: the last "
+                                                          "directory of slurm.conf's PluginDir)")
+    inst.add_argument("--write", action="store_true", help="edit slurm.conf and plugstack.conf")
+    inst.set_defaults(func=_cmd_slurm)
 
     for name, helptext, func in (("sandbox", "the local 3-node Slurm cluster for tests and demos", _cmd_sandbox),
                                  ("demo", "bring up the sandbox and run the main multi-node job", _cmd_demo)):

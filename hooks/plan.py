@@ -4,8 +4,15 @@ Source of truth: seed 000, "Slurm Resource Calculations" and "PBS Resource Calcu
 row below is the seed's row written as data: which slot types and cluster capabilities select it,
 and the options it produces. ``{gpu}`` is ``<gpu_type>:`` when a GPU type is set, ``{slots}`` is
 slots_per_trial, ``{spn}`` slots_per_node and ``{nodes}`` slots_per_trial / slots_per_node. An option
-whose template uses ``{spn}`` is emitted only when slots_per_node is known (the seed: "If
-slots_per_node is specified, it is added as --gpus-per-task").
+marked ``SPN`` is emitted only when slots_per_node is known (the seed: "If slots_per_node is
+specified, it is added as --gpus-per-task").
+
+One deliberate difference from the seed's first row: ``--tasks-per-node=1`` is emitted only together
+with ``--gpus-per-task``. Without slots_per_node, Slurm 22.05 refuses ``--gpus=6 --nodes=1-6
+--tasks-per-node=1`` on 4-GPU nodes ("Requested node configuration is not available": it derives one
+task from the minimum node count), while ``--gpus=6 --nodes=1-6`` gets 2 nodes with one task each --
+which is what the seed's row describes ("Slurm determines the number of nodes necessary to allocate
+the requested GPUs. One container is started per node.").
 
 The Plan is the single source of truth: the job_submit plugin, the PBS hooks, generated batch
 scripts and ``tether plan`` all render the same Plan.
@@ -34,6 +41,7 @@ JOB_NAME_PREFIX = "tether_"
 PROJECT_PATTERN = r"[A-Za-z0-9_.:,-]{1,255}"
 
 Option = tuple[str, "str | None"]
+ALWAYS, SPN = "always", "slots_per_node given"
 
 
 @dataclass(frozen=True)
@@ -44,40 +52,40 @@ class Row:
     slot_types: tuple[str, ...]
     tres: bool | None          # None: not applicable (n/a in the seed)
     gres: bool | None
-    options: tuple[tuple[str, str], ...]  # Slurm: (option, template); PBS: (chunk resource, template)
+    options: tuple[tuple[str, str, str], ...]  # Slurm: (option, template, when); PBS: (resource, template, when)
     seed: str                  # the seed's description of the row
 
 
 # Seed 000, "Slurm Resource Calculations". Zero slots (an auxiliary task) is tether's extra row.
 SLURM_TABLE: tuple[Row, ...] = (
     Row("slurm-gpu-tres-gres", GPU_SLOT_TYPES, True, True,
-        (("--gpus", "{gpu}{slots}"), ("--nodes", "1-{slots}"), ("--tasks-per-node", "1"),
-         ("--gpus-per-task", "{gpu}{spn}")),
+        (("--gpus", "{gpu}{slots}", ALWAYS), ("--nodes", "1-{slots}", ALWAYS),
+         ("--tasks-per-node", "1", SPN), ("--gpus-per-task", "{gpu}{spn}", SPN)),
         "Slurm determines the number of nodes necessary to allocate the requested GPUs; one "
         "container per node; slots_per_node, if given, becomes --gpus-per-task"),
     Row("slurm-gpu-gres", GPU_SLOT_TYPES, False, True,
-        (("--nodes", "{nodes}"), ("--ntasks", "{nodes}"), ("--gres", "gpu:{gpu}{spn}")),
+        (("--nodes", "{nodes}", ALWAYS), ("--ntasks", "{nodes}", ALWAYS), ("--gres", "gpu:{gpu}{spn}", ALWAYS)),
         "slots_per_trial/slots_per_node nodes with slots_per_node GPUs each; one container per node"),
     Row("slurm-cpu", ("cpu",), None, None,
-        (("--nodes", "{nodes}"), ("--ntasks", "{nodes}"), ("--cpus-per-task", "{spn}")),
+        (("--nodes", "{nodes}", ALWAYS), ("--ntasks", "{nodes}", ALWAYS), ("--cpus-per-task", "{spn}", ALWAYS)),
         "slots_per_trial/slots_per_node nodes with slots_per_node CPUs each; one container per node"),
     Row("slurm-gpu-nogres", GPU_SLOT_TYPES, False, False,
-        (("--nodes", "{nodes}"), ("--ntasks", "{nodes}")),
+        (("--nodes", "{nodes}", ALWAYS), ("--ntasks", "{nodes}", ALWAYS)),
         "slots_per_trial/slots_per_node nodes; the user must make sure they have slots_per_node GPUs "
         "(e.g. a resource pool of such nodes or a constraint)"),
     Row("slurm-aux", SLOT_TYPES, None, None,
-        (("--nodes", "1"), ("--ntasks", "1")),
+        (("--nodes", "1", ALWAYS), ("--ntasks", "1", ALWAYS)),
         "zero slots: an auxiliary task on one node of the aux resource pool, no dedicated GPUs/CPUs"),
 )
 
 # Seed 000, "PBS Resource Calculations": select=<chunks>:<chunk resources>.
 PBS_TABLE: tuple[Row, ...] = (
-    Row("pbs-gpu-gres", GPU_SLOT_TYPES, None, True, (("ngpus", "{spn}"),),
+    Row("pbs-gpu-gres", GPU_SLOT_TYPES, None, True, (("ngpus", "{spn}", ALWAYS),),
         "slots_per_trial/slots_per_node chunks with ngpus=slots_per_node; one container per node"),
     Row("pbs-gpu-nogres", GPU_SLOT_TYPES, None, False, (),
         "slots_per_trial/slots_per_node chunks; the user must make sure they have slots_per_node "
         "GPUs and set CUDA_VISIBLE_DEVICES"),
-    Row("pbs-cpu", ("cpu",), None, None, (("ncpus", "{spn}"),),
+    Row("pbs-cpu", ("cpu",), None, None, (("ncpus", "{spn}", ALWAYS),),
         "slots_per_trial/slots_per_node chunks with ncpus=slots_per_node"),
     Row("pbs-aux", SLOT_TYPES, None, None, (),
         "zero slots: one chunk in the aux resource pool, no dedicated GPUs/CPUs"),
@@ -137,7 +145,7 @@ def make_plan(request: Request, config: Config, scheduler: str) -> Plan:
         gpu_type = None
 
     row = _select_row(scheduler, slot_type, request.slots, config, notices)
-    uses_gpu_type = any("{gpu}" in tmpl for _, tmpl in row.options)
+    uses_gpu_type = any("{gpu}" in tmpl for _, tmpl, _ in row.options)
     if gpu_type and not uses_gpu_type:
         notices.append(f"{request.name_of('gpu_type')} {gpu_type!r} is not used: this job requests "
                        f"no typed GPUs (slot type {slot_type}, table row {row.key})")
@@ -151,14 +159,14 @@ def make_plan(request: Request, config: Config, scheduler: str) -> Plan:
     log_dir = f"{config.job_storage_root.rstrip('/')}/{job_name}"
 
     if scheduler == "slurm":
-        resources = tuple((opt, _fill(tmpl, values)) for opt, tmpl in row.options
-                          if spn is not None or "{spn}" not in tmpl)
+        resources = tuple((opt, _fill(tmpl, values)) for opt, tmpl, when in row.options
+                          if when == ALWAYS or spn is not None)
         extra = _slurm_extra(request, override, partition, [o for o, _ in resources])
         common = _slurm_common(job_name, partition, project, log_dir)
         min_nodes, max_nodes = _node_range(dict(resources)["--nodes"])
     else:
         chunks = nodes if nodes else 1
-        tether_chunk = tuple((res, _fill(tmpl, values)) for res, tmpl in row.options)
+        tether_chunk = tuple((res, _fill(tmpl, values)) for res, tmpl, _ in row.options)
         merge = _pbs_merge(request, override, partition, slot_type, chunks, tether_chunk)
         notices.extend(merge.notices)
         chunk = ":".join([str(chunks)] + [f"{k}={v}" for k, v in tether_chunk + merge.chunk_resources])
@@ -179,7 +187,7 @@ def make_plan(request: Request, config: Config, scheduler: str) -> Plan:
 
 def requested_gpus(row: Row, slots: int) -> int:
     """GPUs the plan asks the scheduler for: all slots on rows that request GPUs, else none."""
-    return slots if any(opt in ("--gpus", "--gres", "ngpus") for opt, _ in row.options) else 0
+    return slots if any(opt in ("--gpus", "--gres", "ngpus") for opt, _, _ in row.options) else 0
 
 
 def _validate(request: Request) -> None:

@@ -218,8 +218,11 @@ def gres_references_gpu(value: str) -> bool:
     return False
 
 
+SPEC_HINT = "use slots_per_trial, slots_per_node, slot_type, gpu_type or resource_pool instead"
+
+
 def check_slurm_args(args: Sequence[Arg], generated: Iterable[str], *, script: bool,
-                     source: str) -> list[Arg]:
+                     source: str, hint: str = SPEC_HINT) -> list[Arg]:
     """Apply the Slurm option policy; return the arguments that pass through.
 
     ``generated`` names the options tether's plan emits (they are controlled even when not in the
@@ -228,21 +231,21 @@ def check_slurm_args(args: Sequence[Arg], generated: Iterable[str], *, script: b
     arguments came from for the message (``slurm.sbatch_args``, a partition override, ...).
     """
     controlled = set(SLURM_LAYOUT_OPTIONS) | set(SLURM_GPU_OPTIONS) | set(generated)
+    where = f"{source}: " if source else ""
     if script:
         controlled |= set(SLURM_SCRIPT_OPTIONS)
     passed: list[Arg] = []
     for arg in args:
         if arg.name == "--gres":
             if arg.value is not None and gres_references_gpu(arg.value):
-                raise RequestError(f"{source}: {arg} requests GPUs through --gres; tether computes GPU "
-                                   f"requests from slots, so remove it (other --gres, e.g. "
-                                   f"--gres=nic:1, are allowed)")
+                raise RequestError(f"{where}{arg} requests GPUs; tether computes GPU requests from "
+                                   f"slots, so remove it (a --gres without GPUs, e.g. --gres=nic:1, "
+                                   f"is allowed)")
             passed.append(arg)
             continue
         if arg.name in controlled:
-            raise RequestError(f"{source}: {arg} conflicts with {arg.name}, which tether sets from the "
-                               f"slot request; remove it (use slots_per_trial, slots_per_node, "
-                               f"slot_type, gpu_type or resource_pool instead)")
+            raise RequestError(f"{where}{arg} conflicts with {arg.name}, which tether sets from the "
+                               f"slot request; remove it ({hint})")
         passed.append(arg)
     return passed
 

@@ -18,12 +18,14 @@ import stat
 import subprocess
 import time
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Iterable
 
 import jinja2
 
 from .errors import TetherError
+from .native import set_conf_line
 from .proc import CommandError, run_command
 
 DEFAULT_ROOT = "/var/lib/tether/sandbox"
@@ -117,6 +119,15 @@ class Sandbox:
         return self.root / "work"
 
     @property
+    def tether_conf(self) -> Path:
+        """The tether config the sandbox's daemons read (their $TETHER_CONFIG)."""
+        return self.etc / "tether.yaml"
+
+    @property
+    def build_dir(self) -> Path:
+        return self.root / "build"
+
+    @property
     def settings_file(self) -> Path:
         return self.root / "sandbox.json"
 
@@ -127,6 +138,45 @@ class Sandbox:
     def command_env(self) -> dict[str, str]:
         """os.environ plus :meth:`env`, for running Slurm commands against the sandbox."""
         return {**os.environ, **self.env()}
+
+    def daemon_env(self) -> dict[str, str]:
+        """The daemons' environment: the sandbox's Slurm config and tether config."""
+        return {**self.command_env(), "TETHER_CONFIG": str(self.tether_conf)}
+
+    # ---- tether's plugins -------------------------------------------------------------------
+    def install_plugins(self, *, log=print) -> None:
+        """Build (when the sources changed) and install tether's plugins into this sandbox."""
+        from tether.job_submit.install import build_plugins, install_plugins
+
+        build = build_plugins(self.build_dir, reuse=True, log=log)
+        install_plugins(build, slurm_conf=self.slurm_conf, plugin_dir=self.plugin_dir, write=True,
+                        log=lambda m: None)
+
+    def restart_slurmctld(self, timeout: float = 60.0) -> None:
+        """Restart slurmctld keeping its state (jobs, nodes): how a changed plugin .so gets loaded."""
+        daemon = next(d for d in self.daemons() if d.name == "slurmctld")
+        pid = daemon.pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+            if not _wait_gone(daemon, 15.0):
+                os.kill(pid, signal.SIGKILL)
+                _wait_gone(daemon, 5.0)
+        self._start(["slurmctld", "-f", str(self.slurm_conf)], "slurmctld")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if run_command(["scontrol", "ping"], env=self.command_env(), check=False,
+                           timeout=15).stdout.count("UP"):
+                self.wait_idle(max(1.0, deadline - time.monotonic()), busy_ok=True)
+                return
+            time.sleep(0.2)
+        raise SandboxError(f"slurmctld did not answer within {timeout:g} s after a restart\n"
+                           f"{self.log_tails()}")
+
+    def set_job_submit_plugins(self, plugins: str | None) -> None:
+        """Switch slurm.conf's JobSubmitPlugins (None: none) and make slurmctld reload it."""
+        line = f"JobSubmitPlugins={plugins}" if plugins else None
+        set_conf_line(self.slurm_conf, r"JobSubmitPlugins\s*=", line)
+        run_command(["scontrol", "reconfigure"], env=self.command_env(), timeout=60)
 
     def daemons(self) -> list[Daemon]:
         """The sandbox's daemons in start order (munged, slurmctld, slurmd n1..n3)."""
@@ -155,9 +205,11 @@ class Sandbox:
         ensure_packages(APT_PACKAGES, log=log)
         ensure_user(self.user, log=log)
 
-    def up(self, *, install: bool = True, timeout: float = 90.0,
-           job_submit_plugins: str | None = None, log=print) -> None:
-        """Install what is missing, write the configs, start the daemons, wait for idle nodes."""
+    def up(self, *, install: bool = True, plugins: bool = True, timeout: float = 90.0,
+           log=print) -> None:
+        """Install what is missing, write the configs, build and install tether's plugins the way
+        an admin does (``tether slurm build`` / ``tether slurm install --write``), start the
+        daemons and wait for idle nodes."""
         if install:
             self.install(log=log)
         _require_root()
@@ -169,7 +221,9 @@ class Sandbox:
         port_base = self._choose_ports()
         ensure_user(self.user, log=log)
         self._make_layout()
-        self._write_configs(port_base, job_submit_plugins)
+        self._write_configs(port_base)
+        if plugins:
+            self.install_plugins(log=log)
         self.settings_file.write_text(json.dumps({"port_base": port_base, "user": self.user}) + "\n")
         try:
             self._start_munged()
@@ -223,14 +277,16 @@ class Sandbox:
                 states[parts[0]] = parts[1] + (f" {parts[2]}" if len(parts) > 2 else "")
         return states
 
-    def wait_idle(self, timeout: float = 90.0) -> None:
-        """Wait until all nodes are idle; fail early on a drained or invalid node."""
+    def wait_idle(self, timeout: float = 90.0, *, busy_ok: bool = False) -> None:
+        """Wait until all nodes are idle (or, with ``busy_ok``, up and running jobs); fail early on
+        a drained or invalid node."""
         deadline = time.monotonic() + timeout
         states: dict[str, str] = {}
+        usable = ("idle", "alloc", "mixed", "completing") if busy_ok else ("idle",)
         while time.monotonic() < deadline:
             states = self.node_states()
             plain = {n: s.split()[0].rstrip("*~#$@+") for n, s in states.items()}
-            if set(plain) >= set(NODES) and all(plain[n] == "idle" for n in NODES):
+            if set(plain) >= set(NODES) and all(plain[n] in usable for n in NODES):
                 return
             bad = {n: s for n, s in plain.items() if s.startswith(("drain", "inval", "fail"))}
             if bad:
@@ -262,7 +318,8 @@ class Sandbox:
         out = []
         for path in sorted(self.log_dir.glob("*.log")) + [self.munge_dir / "munged.log"]:
             try:
-                text = path.read_text(errors="replace").splitlines()[-lines:]
+                text = [line for line in path.read_text(errors="replace").splitlines()
+                        if " Info: " not in line][-lines:]   # munged's per-credential chatter
             except OSError:
                 continue
             out.append(f"----- {path} (last {len(text)} lines) -----\n" + "\n".join(text))
@@ -313,23 +370,25 @@ class Sandbox:
                 fh.write(os.urandom(1024))
             os.chown(key, munge.pw_uid, munge.pw_gid)
 
-    def _write_configs(self, port_base: int, job_submit_plugins: str | None) -> None:
-        env = jinja2.Environment(loader=jinja2.PackageLoader("tether.hooks", "sandbox_templates"),
-                                 undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    def _write_configs(self, port_base: int) -> None:
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
         values = {
             "cluster_name": "tether-sandbox", "ctld_port": port_base,
             "slurmd_ports": [port_base + 1 + i for i in range(len(NODES))],
             "munge_socket": self.munge_socket, "state_dir": self.root / "state",
             "spool_dir": self.root / "spool", "run_dir": self.run_dir, "log_dir": self.log_dir,
             "plugin_dir": f"{system_plugin_dir()}:{self.plugin_dir}",
-            "plugstack_conf": self.plugstack_conf, "job_submit_plugins": job_submit_plugins,
+            "plugstack_conf": self.plugstack_conf,
             "nodes": len(NODES), "cpus": CPUS_PER_NODE, "memory_mb": MEMORY_MB,
             "gpus": GPUS_PER_NODE, "dev_dir": self.root / "dev",
         }
         for name in ("slurm.conf", "gres.conf"):
-            (self.etc / name).write_text(env.get_template(f"{name}.j2").render(**values))
-        if not self.plugstack_conf.exists():
-            self.plugstack_conf.write_text("# tether sandbox: SPANK plugins (see `tether slurm install`)\n")
+            template = resources.files("tether.hooks").joinpath(f"sandbox-{name}.j2").read_text()
+            (self.etc / name).write_text(env.from_string(template).render(**values))
+        self.plugstack_conf.write_text("# tether sandbox: SPANK plugins (see `tether slurm install`)\n")
+        if not self.tether_conf.exists():
+            self.tether_conf.write_text(f"# tether configuration of the sandbox cluster\n"
+                                        f"job_storage_root: {self.root / 'jobs'}\n")
 
     def _start_munged(self) -> None:
         d = self.munge_dir
@@ -351,7 +410,7 @@ class Sandbox:
         start_log = self.log_dir / f"{name}.start"
         with open(start_log, "wb") as out:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                    env=self.command_env(), start_new_session=True)
+                                    env=self.daemon_env(), start_new_session=True)
             try:
                 rc = proc.wait(timeout=30)
             except subprocess.TimeoutExpired:

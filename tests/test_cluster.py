@@ -77,11 +77,12 @@ def test_tres_gres_row(cluster):
 
 
 def test_tres_gres_row_without_slots_per_node(cluster):
-    plan, fields, ranks = run_plan(cluster, Request(slots=4))
-    assert fields["TresPerJob"] == "gres:gpu:4" and "TresPerTask" not in fields
-    assert 1 <= int(fields["NumNodes"]) <= 4
+    """6 GPUs do not fit one 4-GPU node: Slurm must pick the nodes, one task (container) each."""
+    plan, fields, ranks = run_plan(cluster, Request(slots=6))
+    assert fields["TresPerJob"] == "gres:gpu:6" and "TresPerTask" not in fields
+    assert fields["NumNodes"] == fields["NumTasks"] == str(len(ranks)) == "2"
     gpus = sum(len(re.search(r"gpus=(\S+)", r).group(1).split(",")) for r in ranks)
-    assert gpus == 4
+    assert gpus == 6
 
 
 def test_gres_row(cluster):

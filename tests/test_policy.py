@@ -91,9 +91,9 @@ def test_short_and_abbreviated_spellings_are_rejected_too(given):
 
 
 def test_gpu_gres_is_rejected_other_gres_passes():
-    with pytest.raises(RequestError, match="requests GPUs through --gres"):
+    with pytest.raises(RequestError, match="requests GPUs; tether computes GPU requests"):
         plan_with(["--gres=gpu:2"])
-    with pytest.raises(RequestError, match="requests GPUs through --gres"):
+    with pytest.raises(RequestError, match="requests GPUs; tether computes GPU requests"):
         plan_with(["--gres=nic:1,gpu:a100:1"])
     assert plan_with(["--gres=nic:1"]).extra == (("--gres", "nic:1"),)
 

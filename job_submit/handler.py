@@ -1,0 +1,339 @@
+"""The job_submit plugin's Python side: job_desc -> Request -> Plan -> job_desc.
+
+Runs inside slurmctld, under its locks, called by the C shim (shim.c) through cffi for jobs that
+carry tether options. It reads the request from ``spank_job_env`` (values forwarded by the SPANK
+plugin), refuses options that conflict with the plan (naming them), runs the core planner and writes
+the Plan back into ``job_desc`` with Slurm's allocator. No blocking work: the config is re-read
+only when its file changed (a stat per tether job), keeping the last good one when the new one is bad.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import traceback
+
+import yaml
+
+from tether.hooks.config import ON_FAILURE, Config, config_path, load_config
+from tether.hooks.errors import ConfigError, RequestError
+from tether.hooks.plan import Plan, make_plan
+from tether.hooks.policy import Arg, check_slurm_args, gres_references_gpu
+from tether.hooks.request import Request
+from tether.spank.options import BY_NAME, OPTIONS, PLANNER_OPTIONS
+
+ACCEPT, REJECT, FAILED = 1, 2, -1
+SLURM_HINT = "use --slots, --slots-per-node, --slot-type, --gpu-type or --resource-pool instead"
+
+
+# ---- reading the request -------------------------------------------------------------------------
+def tether_values(spank_env: list[str]) -> dict[str, str]:
+    """Option name -> value from spank_job_env: TETHER_<NAME> (the plugin's effective value, from
+    the option or the environment) wins over Slurm's _SLURM_SPANK_OPTION_tether_<name>."""
+    by_control = {o.control_env: o.name for o in OPTIONS}
+    by_spank = {o.spank_env: o.name for o in OPTIONS}
+    control: dict[str, str] = {}
+    spank: dict[str, str] = {}
+    for entry in spank_env:
+        key, _, value = entry.partition("=")
+        if key in by_control:
+            control[by_control[key]] = value
+        elif key in by_spank:
+            spank[by_spank[key]] = value
+    return {**spank, **control}
+
+
+def _count(values: dict[str, str], name: str) -> int | None:
+    if name not in values:
+        return None
+    text = values[name]
+    opt = BY_NAME[name]
+    if not text.isdigit() or not opt.minimum <= int(text) <= opt.maximum:
+        raise RequestError(f"--{name}={text}: expected a whole number from {opt.minimum} to {opt.maximum}")
+    return int(text)
+
+
+# The user's own options as slurmctld sees them: sbatch/srun turn --nodes into min_nodes, --gpus
+# into tres_per_job, --gres/--gpus-per-node into tres_per_node, and so on.
+def user_args(job, lib, ffi) -> list[Arg]:
+    """The controlled options the user gave explicitly, as Args for the shared policy check."""
+    args: list[Arg] = []
+
+    def text(attr: str) -> str | None:
+        ptr = getattr(job, attr)
+        return ffi.string(ptr).decode("utf-8", "replace") if ptr != ffi.NULL else None
+
+    if job.min_nodes not in (lib.NO_VAL, 0):
+        nodes = str(job.min_nodes) + (f"-{job.max_nodes}" if job.max_nodes not in (lib.NO_VAL, 0, job.min_nodes)
+                                      else "")
+        args.append(Arg("--nodes", nodes, f"--nodes={nodes}"))
+    if job.num_tasks not in (lib.NO_VAL, 0):
+        args.append(Arg("--ntasks", str(job.num_tasks), f"--ntasks={job.num_tasks}"))
+    if job.ntasks_per_node not in (lib.NO_VAL16, 0):
+        args.append(Arg("--ntasks-per-node", str(job.ntasks_per_node),
+                        f"--ntasks-per-node={job.ntasks_per_node}"))
+    if job.cpus_per_task not in (lib.NO_VAL16, 0):
+        args.append(Arg("--cpus-per-task", str(job.cpus_per_task), f"--cpus-per-task={job.cpus_per_task}"))
+    for attr, option in (("tres_per_job", "--gpus"), ("tres_per_task", "--gpus-per-task"),
+                         ("tres_per_socket", "--gpus-per-socket"), ("tres_per_node", "--gres")):
+        value = text(attr)
+        if not value:
+            continue
+        gpu = [_strip_gres(i) for i in value.split(",") if i and gres_references_gpu(i)]
+        if gpu:
+            if option != "--gres":                     # --gpus=2 arrives as gres:gpu:2
+                gpu = [g.split(":", 1)[1] if ":" in g else g for g in gpu]
+            shown = ",".join(gpu)
+            given = f"--gres={shown} (or --gpus-per-node)" if option == "--gres" else f"{option}={shown}"
+            args.append(Arg(option, shown, given))
+    return args
+
+
+def _gpu_count(value: str) -> int:
+    """The count of ``8`` / ``a100:8``."""
+    return int(value.rsplit(":", 1)[-1])
+
+
+def _strip_gres(item: str) -> str:
+    for prefix in ("gres:", "gres/"):
+        if item.startswith(prefix):
+            return item[len(prefix):]
+    return item
+
+
+# ---- writing the plan --------------------------------------------------------------------------
+def gres_prefix(version_number: int) -> str:
+    """TRES strings in job_desc: ``gres:gpu:2`` up to 23.05, ``gres/gpu:2`` from 23.11 (24.11 seen)."""
+    return "gres/" if version_number >= (23 << 16) + (11 << 8) else "gres:"
+
+
+def apply_plan(job, plan: Plan, lib, ffi, prefix: str) -> None:
+    """Write the Plan's resource options, partition, WCKey and no-requeue into job_desc."""
+    def set_str(attr: str, value: str | None) -> None:
+        lib.tether_set_str(ffi.addressof(job, attr), value.encode() if value is not None else ffi.NULL)
+
+    def text(attr: str) -> str:
+        ptr = getattr(job, attr)
+        return ffi.string(ptr).decode("utf-8", "replace") if ptr != ffi.NULL else ""
+
+    options = dict(plan.resources)
+    low, _, high = options["--nodes"].partition("-")
+    job.min_nodes = int(low)
+    job.max_nodes = int(high or low)
+    if "--ntasks" in options:
+        job.num_tasks = int(options["--ntasks"])
+    if "--tasks-per-node" in options:
+        job.ntasks_per_node = int(options["--tasks-per-node"])
+    if "--gpus-per-task" in options and "--ntasks" not in options:
+        # sbatch derives the task count from --gpus / --gpus-per-task on the client; do the same.
+        job.num_tasks = _gpu_count(options["--gpus"]) // _gpu_count(options["--gpus-per-task"])
+    if "--cpus-per-task" in options:
+        job.cpus_per_task = int(options["--cpus-per-task"])
+    if "--gpus" in options:
+        set_str("tres_per_job", prefix + "gpu:" + options["--gpus"])
+    if "--gpus-per-task" in options:
+        set_str("tres_per_task", prefix + "gpu:" + options["--gpus-per-task"])
+    if "--gres" in options:
+        others = [i for i in text("tres_per_node").split(",") if i and not gres_references_gpu(i)]
+        set_str("tres_per_node", ",".join(others + [prefix + options["--gres"]]))
+    if plan.partition:
+        set_str("partition", plan.partition)
+    if plan.project:
+        set_str("wckey", plan.project)
+    job.requeue = 0
+
+
+# ---- the handler ---------------------------------------------------------------------------------
+class Handler:
+    """State kept across calls: the last good config and what file it came from."""
+
+    def __init__(self, ffi, lib, env: dict[str, str] | None = None):
+        self.ffi, self.lib = ffi, lib
+        self.path, _ = config_path(None, os.environ if env is None else env)
+        self.config: Config | None = None
+        self._stamp: tuple | None = None
+        self._bad_stamp: tuple | None = None
+        self.prefix = gres_prefix(lib.SLURM_VERSION_NUMBER)
+        self.reason = "not initialized"
+
+    # -- logging and health --
+    def log(self, level: int, message: str) -> None:
+        for line in message.splitlines() or [""]:
+            self.lib.tether_log(level, line.encode("utf-8", "replace"))
+
+    def _health(self, broken: bool, reason: str, reject_all: bool = False) -> None:
+        self.reason = reason
+        self.lib.tether_set_health(int(broken), int(reject_all), reason.encode("utf-8", "replace")[:500])
+
+    # -- config --
+    def refresh(self) -> Config | None:
+        """Re-read the config if its file changed; keep the last good one if the new one is bad."""
+        try:
+            st = os.stat(self.path)
+            stamp: tuple | None = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            stamp = None
+        except OSError as exc:
+            stamp = ("error", str(exc))
+        if self.config is not None and stamp == self._stamp:
+            return self.config
+        if stamp == self._bad_stamp:
+            return self.config
+        try:
+            config = load_config(self.path if stamp is not None else None, env={})
+        except ConfigError as exc:
+            self._bad_stamp = stamp
+            if self.config is None:
+                self._health(True, f"bad configuration {self.path}: {exc.problems[0]}",
+                             reject_all=_on_failure_of_broken(self.path) == "reject_all_jobs")
+            self.log(0, f"configuration not loaded{' (keeping the last good one)' if self.config else ''}:"
+                        f"\n{exc}")
+            return self.config
+        self.config, self._stamp, self._bad_stamp = config, stamp, None
+        self._health(False, "")
+        self.log(1, f"configuration loaded from {config.source}")
+        return config
+
+    def init(self) -> int:
+        return ACCEPT if self.refresh() is not None else REJECT
+
+    # -- submit --
+    def submit(self, job, submit_uid: int, wanted: int, msg, msg_len: int) -> int:
+        config = self.refresh()
+        if config is None:        # a tether job, or any job with plugin.on_failure: reject_all_jobs
+            self._reply(msg, msg_len, f"tether unavailable: {self.reason}")
+            return REJECT
+        if not wanted:            # reached only in reject_all mode, and the config loads again
+            return ACCEPT
+        values = tether_values(self._strings(job.spank_job_env, job.spank_job_env_size))
+        if not any(name in values for name in PLANNER_OPTIONS):
+            return ACCEPT             # container options only: the run side's business
+        try:
+            request = self.request(job, values, self._text(job.partition))
+            conflicts = user_args(job, self.lib, self.ffi)
+            plan = make_plan(request, config, "slurm")
+            check_slurm_args(conflicts, [o for o, _ in plan.resources], script=False,
+                             source="", hint=SLURM_HINT)
+        except RequestError as exc:
+            self._reply(msg, msg_len, f"tether: {exc}")
+            self.log(2, f"rejected a job of uid {submit_uid}: {exc}")
+            return REJECT
+        apply_plan(job, plan, self.lib, self.ffi, self.prefix)
+        if plan.notices:
+            self._reply(msg, msg_len, "\n".join(f"tether: note: {n}" for n in plan.notices))
+        self.log(2, f"uid {submit_uid}: {plan.row}: " + " ".join(f"{k}={v}" for k, v in plan.resources))
+        return ACCEPT
+
+    def request(self, job, values: dict[str, str], partition: str | None) -> Request:
+        """The Request for a job from its tether options, its partition and its other fields."""
+        slots = _count(values, "slots")
+        if slots is None:
+            given = next(f"--{n}" for n in PLANNER_OPTIONS if n in values)
+            raise RequestError(f"{given} needs --slots (how many slots the job uses)")
+        pool = values.get("resource-pool")
+        if pool and partition and pool != partition:
+            raise RequestError(f"--partition={partition} conflicts with --resource-pool={pool}; "
+                               f"give one of them")
+        return Request(
+            slots=slots, slots_per_node=_count(values, "slots-per-node"),
+            slot_type=values.get("slot-type"), gpu_type=values.get("gpu-type"),
+            resource_pool=pool or partition or None, job_type="slurm",
+            job_id="submit", account=self._text(job.account) or None,
+            user=_user_name(job.user_id), origin="slurm",
+        )
+
+    # -- modify --
+    def modify(self, update, current, submit_uid: int, msg, msg_len: int) -> int:
+        """scontrol update of a tether job (``current`` is a copy of its record): layout and GPU
+        changes are refused with a log line; a partition change is re-planned when the job keeps
+        its table row, refused otherwise."""
+        job = f"tether job {self._text(update.job_id_str) or update.job_id}"
+        config = self.refresh()
+        if config is None:
+            self.log(1, f"update of {job} refused: tether unavailable: {self.reason}")
+            return REJECT
+        changed = [a.given for a in user_args(update, self.lib, self.ffi)]
+        if changed:
+            self.log(1, f"update of {job} by uid {submit_uid} refused: {', '.join(changed)} would "
+                        f"override the layout tether planned from --slots (cancel and resubmit "
+                        f"with other --slots/--slots-per-node instead)")
+            return REJECT
+        partition = self._text(update.partition)
+        if partition is None:
+            return ACCEPT
+        values = tether_values(self._strings(current.spank_job_env, current.spank_job_env_size))
+        values.pop("resource-pool", None)       # the new partition is the resource pool now
+        try:
+            before = make_plan(self.request(current, values, self._text(current.partition)), config, "slurm")
+            plan = make_plan(self.request(current, values, partition), config, "slurm")
+        except RequestError as exc:
+            self.log(1, f"update of {job} to partition {partition} refused: {exc}")
+            return REJECT
+        if plan.row != before.row:
+            self.log(1, f"update of {job} to partition {partition} refused: it would change the job "
+                        f"from {before.row} to {plan.row} (slot type); cancel and resubmit")
+            return REJECT
+        apply_plan(update, plan, self.lib, self.ffi, self.prefix)
+        self.log(1, f"{job} re-planned for partition {partition}: "
+                    + " ".join(f"{k}={v}" for k, v in plan.resources))
+        return ACCEPT
+
+    # -- helpers --
+    def _text(self, ptr) -> str | None:
+        return self.ffi.string(ptr).decode("utf-8", "replace") if ptr != self.ffi.NULL else None
+
+    def _strings(self, array, size: int) -> list[str]:
+        return [self.ffi.string(array[i]).decode("utf-8", "replace") for i in range(size)
+                if array[i] != self.ffi.NULL]
+
+    def _reply(self, buf, size: int, text: str) -> None:
+        data = text.encode("utf-8", "replace")[: size - 1]
+        self.ffi.memmove(buf, data + b"\0", len(data) + 1)
+
+
+def _on_failure_of_broken(path: str) -> str | None:
+    """plugin.on_failure from a config file that failed validation, if that one key is readable:
+    a site that asked to reject all jobs while tether is unavailable gets that even then."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+        value = data["plugin"]["on_failure"]
+    except Exception:  # any unreadable shape means "not stated"
+        return None
+    return value if value in ON_FAILURE else None
+
+
+_users: dict[int, str | None] = {}
+
+
+def _user_name(uid: int) -> str | None:
+    """The submitting user's name (cached: NSS lookups can be slow)."""
+    if uid not in _users:
+        try:
+            _users[uid] = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            _users[uid] = None
+    return _users[uid]
+
+
+# ---- entry points bound by the cffi init code (build.py) ----------------------------------------
+_handler: Handler | None = None
+
+
+def bind(ffi, lib) -> Handler:
+    """Create the process-wide handler (called once by the embedded init code)."""
+    global _handler
+    _handler = Handler(ffi, lib)
+    return _handler
+
+
+def call(method: str, *args) -> int:
+    """Run a handler method; any exception is logged with its traceback and returns FAILED."""
+    try:
+        if _handler is None:
+            return FAILED
+        return getattr(_handler, method)(*args)
+    except Exception:  # the daemon must survive anything the handler does
+        if _handler is not None:
+            _handler.log(0, f"internal error in {method}:\n{traceback.format_exc()}")
+        return FAILED

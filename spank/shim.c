@@ -1,0 +1,300 @@
+/*
+ * tether SPANK plugin: the C face that srun, sbatch, salloc and slurmstepd load.
+ *
+ * Client side (srun = local, sbatch/salloc = allocator): registers tether's options with
+ * spank_option_register (the static spank_options[] table is not read in allocator context),
+ * validates cheap things here with a clear message, applies the TETHER_<NAME> environment
+ * fallbacks, and forwards every effective value to slurmctld with spank_job_control_setenv
+ * (job_desc->spank_job_env gets TETHER_<NAME>=value, next to Slurm's own
+ * _SLURM_SPANK_OPTION_tether_<name>=value for options given on the command line; prolog and
+ * epilog see SPANK_TETHER_<NAME>).
+ * It never starts Python in srun, sbatch or salloc.
+ *
+ * Remote side (slurmstepd): the options are registered so Slurm can hand their values over;
+ * the per-rank work arrives with the run-side issue.
+ *
+ * The option table below is generated from tether/spank/options.py at build time.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <slurm/spank.h>
+
+SPANK_PLUGIN(tether, 1);
+
+enum tether_kind { K_COUNT, K_SLOT_TYPE, K_NAME, K_RUNTIME, K_TEXT, K_ENV_NAMES, K_FLAG };
+
+struct tether_opt {
+	const char *name;      /* long option name, without "--" */
+	const char *arginfo;   /* NULL for a flag */
+	const char *usage;
+	int kind;
+	const char *env;       /* TETHER_<NAME> fallback */
+	long minimum, maximum; /* K_COUNT bounds */
+	char *value;           /* effective value (malloc'd), NULL when unset */
+	int from_env;
+};
+
+/*@OPTION_TABLE@*/
+
+#define TETHER_NOPTS ((int)(sizeof(tether_opts) / sizeof(tether_opts[0])))
+#define TETHER_MAX_TEXT 4096
+#define TETHER_MAX_NAME 128
+
+static int one_of(const char *value, const char *const *choices)
+{
+	for (; *choices; choices++)
+		if (strcmp(value, *choices) == 0)
+			return 1;
+	return 0;
+}
+
+static int name_ok(const char *value, size_t max)
+{
+	size_t n = strlen(value);
+
+	if (n == 0 || n > max || !isalnum((unsigned char)value[0]))
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = value[i];
+		if (!isalnum(c) && c != '.' && c != '_' && c != '-')
+			return 0;
+	}
+	return 1;
+}
+
+/* NAME[,NAME...] where each NAME is a shell variable name. */
+static int env_names_ok(const char *value)
+{
+	const char *p = value;
+
+	if (strlen(value) > TETHER_MAX_TEXT)
+		return 0;
+	for (;;) {
+		if (!(isalpha((unsigned char)*p) || *p == '_'))
+			return 0;
+		while (isalnum((unsigned char)*p) || *p == '_')
+			p++;
+		if (*p == '\0')
+			return 1;
+		if (*p != ',')
+			return 0;
+		p++;
+	}
+}
+
+static int text_ok(const char *value)
+{
+	size_t n = strlen(value);
+
+	if (n == 0 || n > TETHER_MAX_TEXT)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)value[i] < 0x20 || value[i] == 0x7f)
+			return 0;
+	return 1;
+}
+
+/* Normalize a flag value (1/0, true/false, yes/no); returns "1", "0" or NULL. */
+static const char *flag_value(const char *value)
+{
+	static const char *const yes[] = { "1", "true", "yes", "on", NULL };
+	static const char *const no[] = { "0", "false", "no", "off", NULL };
+
+	if (value == NULL)
+		return "1";
+	if (one_of(value, yes))
+		return "1";
+	if (one_of(value, no))
+		return "0";
+	return NULL;
+}
+
+/*
+ * Validate ``value`` for option ``o``; on success returns 0 and a normalized copy in *out.
+ * ``how`` is what the user typed ("--slots" or "TETHER_SLOTS") for the message.
+ */
+static int tether_validate(struct tether_opt *o, const char *value, const char *how, char **out)
+{
+	static const char *const slot_types[] = { "cuda", "rocm", "cpu", NULL };
+	static const char *const runtimes[] = { "apptainer", "singularity", "podman", "enroot", NULL };
+	const char *normalized = value;
+
+	switch (o->kind) {
+	case K_COUNT: {
+		char *end = NULL;
+		long n;
+
+		if (value == NULL || !isdigit((unsigned char)value[0]))
+			goto bad;
+		errno = 0;
+		n = strtol(value, &end, 10);
+		if (errno || *end != '\0' || n < o->minimum || n > o->maximum)
+			goto bad;
+		break;
+	}
+	case K_SLOT_TYPE:
+		if (value == NULL || !one_of(value, slot_types))
+			goto bad;
+		break;
+	case K_RUNTIME:
+		if (value == NULL || !one_of(value, runtimes))
+			goto bad;
+		break;
+	case K_NAME:
+		if (value == NULL || !name_ok(value, TETHER_MAX_NAME))
+			goto bad;
+		break;
+	case K_ENV_NAMES:
+		if (value == NULL || !env_names_ok(value))
+			goto bad;
+		break;
+	case K_TEXT:
+		if (value == NULL || !text_ok(value))
+			goto bad;
+		break;
+	case K_FLAG:
+		normalized = flag_value(value);
+		if (normalized == NULL)
+			goto bad;
+		break;
+	default:
+		goto bad;
+	}
+	*out = strdup(normalized);
+	if (*out == NULL) {
+		slurm_error("tether: %s: out of memory", how);
+		return -1;
+	}
+	return 0;
+
+bad:
+	switch (o->kind) {
+	case K_COUNT:
+		slurm_error("tether: %s=%s: expected a whole number from %ld to %ld", how,
+			    value ? value : "", o->minimum, o->maximum);
+		break;
+	case K_SLOT_TYPE:
+		slurm_error("tether: %s=%s: expected one of cuda, rocm, cpu", how, value ? value : "");
+		break;
+	case K_RUNTIME:
+		slurm_error("tether: %s=%s: expected one of apptainer, singularity, podman, enroot",
+			    how, value ? value : "");
+		break;
+	case K_NAME:
+		slurm_error("tether: %s: expected a name of letters, digits, '.', '_', '-' "
+			    "(at most %d characters)", how, TETHER_MAX_NAME);
+		break;
+	case K_ENV_NAMES:
+		slurm_error("tether: %s: expected variable names separated by commas (NAME,NAME)", how);
+		break;
+	case K_FLAG:
+		slurm_error("tether: %s=%s: expected 1/0, true/false or yes/no", how, value ? value : "");
+		break;
+	default:
+		slurm_error("tether: %s: expected printable text of at most %d characters", how,
+			    TETHER_MAX_TEXT);
+	}
+	return -1;
+}
+
+static int tether_set(int index, const char *value, const char *how, int from_env)
+{
+	struct tether_opt *o = &tether_opts[index];
+	char *copy = NULL;
+
+	if (tether_validate(o, value, how, &copy) < 0)
+		return -1;
+	free(o->value); /* Slurm may call us twice (script and command line): the last one wins */
+	o->value = copy;
+	o->from_env = from_env;
+	return 0;
+}
+
+static int tether_option_cb(int val, const char *optarg, int remote)
+{
+	char how[TETHER_MAX_NAME + 3];
+
+	if (val < 0 || val >= TETHER_NOPTS)
+		return -1;
+	snprintf(how, sizeof(how), "--%s", tether_opts[val].name);
+	return tether_set(val, optarg, how, 0);
+}
+
+static int register_options(spank_t sp)
+{
+	for (int i = 0; i < TETHER_NOPTS; i++) {
+		struct spank_option opt = {
+			.name = (char *)tether_opts[i].name,
+			.arginfo = (char *)tether_opts[i].arginfo,
+			.usage = (char *)tether_opts[i].usage,
+			.has_arg = tether_opts[i].arginfo != NULL,
+			.val = i,
+			.cb = tether_option_cb,
+		};
+		spank_err_t rc = spank_option_register(sp, &opt);
+		if (rc != ESPANK_SUCCESS) {
+			slurm_error("tether: cannot register --%s: %s", tether_opts[i].name,
+				    spank_strerror(rc));
+			return -1;
+		}
+	}
+	return 0;
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	switch (spank_context()) {
+	case S_CTX_LOCAL:
+	case S_CTX_ALLOCATOR:
+	case S_CTX_REMOTE:
+		return register_options(sp);
+	default:
+		return 0;
+	}
+}
+
+/* srun/sbatch/salloc: environment fallbacks, then forward the effective values to slurmctld. */
+static int client_post_opt(spank_t sp)
+{
+	for (int i = 0; i < TETHER_NOPTS; i++) {
+		struct tether_opt *o = &tether_opts[i];
+		const char *env = getenv(o->env);
+		spank_err_t rc;
+
+		if (o->value == NULL && env != NULL && tether_set(i, env, o->env, 1) < 0)
+			return -1;
+		if (o->value == NULL)
+			continue;
+		rc = spank_job_control_setenv(sp, o->env, o->value, 1);
+		if (rc != ESPANK_SUCCESS) {
+			slurm_error("tether: cannot forward --%s to slurmctld: %s", o->name,
+				    spank_strerror(rc));
+			return -1;
+		}
+	}
+	return 0;
+}
+
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+{
+	switch (spank_context()) {
+	case S_CTX_LOCAL:
+	case S_CTX_ALLOCATOR:
+		return client_post_opt(sp);
+	default:
+		return 0;
+	}
+}
+
+int slurm_spank_exit(spank_t sp, int ac, char **av)
+{
+	for (int i = 0; i < TETHER_NOPTS; i++) {
+		free(tether_opts[i].value);
+		tether_opts[i].value = NULL;
+	}
+	return 0;
+}
