@@ -10,42 +10,63 @@ from tether.hooks.native import Toolchain, c_string, compile_plugin
 SO_NAME = "job_submit_tether.so"
 MODULE = "_tether_job_submit"
 
-# The part of job_desc_msg_t the handler touches; "...;" lets cffi take offsets from slurm.h.
+# The request snapshot the C shim hands the handler (shim.c's tether_job_t; cffi checks the layout).
 CDEF = """
 #define NO_VAL ...
 #define NO_VAL16 ...
 #define SLURM_VERSION_NUMBER ...
-typedef struct job_descriptor {
-    char *account;
+typedef struct tether_job {
     uint32_t job_id;
-    char *job_id_str;
-    char *partition;
-    char *wckey;
-    uint16_t requeue;
+    uint32_t user_id;
     uint32_t min_nodes;
     uint32_t max_nodes;
     uint32_t num_tasks;
     uint16_t ntasks_per_node;
     uint16_t cpus_per_task;
+    char *job_id_str;
+    char *partition;
+    char *account;
     char *tres_per_job;
     char *tres_per_node;
-    char *tres_per_socket;
     char *tres_per_task;
-    char **spank_job_env;
-    uint32_t spank_job_env_size;
-    uint32_t user_id;
+    char *tres_per_socket;
+    char **spank_env;
+    uint32_t spank_env_size;
+    int set_nodes;
+    uint32_t out_min_nodes;
+    uint32_t out_max_nodes;
+    int set_num_tasks;
+    uint32_t out_num_tasks;
+    int set_ntasks_per_node;
+    uint16_t out_ntasks_per_node;
+    int set_cpus_per_task;
+    uint16_t out_cpus_per_task;
+    int set_requeue;
+    uint16_t out_requeue;
+    int set_tres_per_job;
+    char out_tres_per_job[...];
+    int set_tres_per_node;
+    char out_tres_per_node[...];
+    int set_tres_per_task;
+    char out_tres_per_task[...];
+    int set_partition;
+    char out_partition[...];
+    int set_wckey;
+    char out_wckey[...];
+    char msg[...];
+    int cacheable;
     ...;
-} job_desc_msg_t;
-void tether_set_str(char **field, const char *value);
+} tether_job_t;
 void tether_log(int level, const char *msg);
 void tether_set_health(int broken, int reject_all, const char *reason);
+void tether_config_loaded(const char *path, int exists, unsigned long long ino,
+                          unsigned long long size, long long mtime_ns);
 """
 
 EMBEDDING_API = """
 int tether_py_init(void);
-int tether_py_submit(job_desc_msg_t *job_desc, uint32_t submit_uid, int wanted, char *msg, int msg_len);
-int tether_py_modify(job_desc_msg_t *update, job_desc_msg_t *current, uint32_t submit_uid, char *msg,
-                     int msg_len);
+int tether_py_submit(tether_job_t *job, uint32_t submit_uid, int wanted);
+int tether_py_modify(tether_job_t *update, tether_job_t *current, uint32_t submit_uid);
 """
 
 # Runs once, in the interpreter shim.c started, on the first call (from init()). Kept tiny and
@@ -70,21 +91,24 @@ def tether_py_init():
 
 
 @ffi.def_extern(error=-1)
-def tether_py_submit(job_desc, submit_uid, wanted, msg, msg_len):
-    return _handler.call("submit", job_desc, submit_uid, wanted, msg, msg_len) if _handler else -1
+def tether_py_submit(job, submit_uid, wanted):
+    return _handler.call("submit", job, submit_uid, wanted) if _handler else -1
 
 
 @ffi.def_extern(error=-1)
-def tether_py_modify(update, current, submit_uid, msg, msg_len):
-    return _handler.call("modify", update, current, submit_uid, msg, msg_len) if _handler else -1
+def tether_py_modify(update, current, submit_uid):
+    return _handler.call("modify", update, current, submit_uid) if _handler else -1
 """
 
 
 def source(toolchain: Toolchain) -> str:
     shim = resources.files("tether.job_submit").joinpath("shim.c").read_text()
     paths = ", ".join(c_string(p) for p in toolchain.module_paths)
+    from tether.job_submit.handler import CONFIG_CHECK_SECONDS
+
     return (shim.replace("@MODULE_PATHS@", paths)
-                .replace('L"@PYTHON_HOME@"', "L" + c_string(toolchain.python_home)))
+                .replace('L"@PYTHON_HOME@"', "L" + c_string(toolchain.python_home))
+                .replace("@CONFIG_CHECK_NS@", str(int(CONFIG_CHECK_SECONDS * 1e9))))
 
 
 def build(out_dir: Path, toolchain: Toolchain, *, verbose: bool = False, extra_init: str = "") -> Path:

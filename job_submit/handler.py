@@ -1,10 +1,11 @@
-"""The job_submit plugin's Python side: job_desc -> Request -> Plan -> job_desc.
+"""The job_submit plugin's Python side: job request -> Request -> Plan -> answer.
 
-Runs inside slurmctld, under its locks, called by the C shim (shim.c) through cffi for jobs that
-carry tether options. It reads the request from ``spank_job_env`` (values forwarded by the SPANK
-plugin), refuses options that conflict with the plan (naming them), runs the core planner and writes
-the Plan back into ``job_desc`` with Slurm's allocator. No blocking work: the config is re-read
-only when its file changed (a stat per tether job), keeping the last good one when the new one is bad.
+Runs inside slurmctld on the C shim's worker thread (shim.c), for jobs that carry tether options.
+The shim copies what matters out of job_desc into a ``tether_job_t``; this handler reads the tether
+request from its ``spank_env`` (values forwarded by the SPANK plugin), refuses options that conflict
+with the plan (naming them), runs the core planner and fills in the struct's ``out_*`` fields, which
+the shim writes into job_desc with Slurm's allocator. No blocking work: the config is re-read only
+when its file changed (a stat per tether job), keeping the last good one when the new one is bad.
 """
 
 from __future__ import annotations
@@ -27,11 +28,15 @@ SLURM_HINT = "use --slots, --slots-per-node, --slot-type, --gpu-type or --resour
 
 
 # ---- reading the request -------------------------------------------------------------------------
+_BY_CONTROL = {o.control_env: o.name for o in OPTIONS}
+_BY_SPANK = {o.spank_env: o.name for o in OPTIONS}
+CONFIG_CHECK_SECONDS = 0.2   # how often the shim stat()s the config file to validate cached answers
+
+
 def tether_values(spank_env: list[str]) -> dict[str, str]:
     """Option name -> value from spank_job_env: TETHER_<NAME> (the plugin's effective value, from
     the option or the environment) wins over Slurm's _SLURM_SPANK_OPTION_tether_<name>."""
-    by_control = {o.control_env: o.name for o in OPTIONS}
-    by_spank = {o.spank_env: o.name for o in OPTIONS}
+    by_control, by_spank = _BY_CONTROL, _BY_SPANK
     control: dict[str, str] = {}
     spank: dict[str, str] = {}
     for entry in spank_env:
@@ -107,40 +112,44 @@ def gres_prefix(version_number: int) -> str:
     return "gres/" if version_number >= (23 << 16) + (11 << 8) else "gres:"
 
 
-def apply_plan(job, plan: Plan, lib, ffi, prefix: str) -> None:
-    """Write the Plan's resource options, partition, WCKey and no-requeue into job_desc."""
-    def set_str(attr: str, value: str | None) -> None:
-        lib.tether_set_str(ffi.addressof(job, attr), value.encode() if value is not None else ffi.NULL)
+def _put(ffi, job, field: str, value: str) -> None:
+    """Store ``value`` in the fixed-size answer field ``out_<field>`` and mark it set."""
+    data = value.encode()
+    buf = getattr(job, "out_" + field)
+    if len(data) >= len(buf):
+        raise RequestError(f"the resulting {field} ({value[:60]}...) is longer than {len(buf) - 1} bytes")
+    ffi.memmove(buf, data + b"\0", len(data) + 1)
+    setattr(job, "set_" + field, 1)
 
-    def text(attr: str) -> str:
-        ptr = getattr(job, attr)
-        return ffi.string(ptr).decode("utf-8", "replace") if ptr != ffi.NULL else ""
 
+def apply_plan(job, plan: Plan, ffi, prefix: str) -> None:
+    """Fill the answer: the Plan's resource options, partition, WCKey and no-requeue."""
     options = dict(plan.resources)
     low, _, high = options["--nodes"].partition("-")
-    job.min_nodes = int(low)
-    job.max_nodes = int(high or low)
-    if "--ntasks" in options:
-        job.num_tasks = int(options["--ntasks"])
-    if "--tasks-per-node" in options:
-        job.ntasks_per_node = int(options["--tasks-per-node"])
-    if "--gpus-per-task" in options and "--ntasks" not in options:
+    job.set_nodes, job.out_min_nodes, job.out_max_nodes = 1, int(low), int(high or low)
+    tasks = options.get("--ntasks")
+    if tasks is None and "--gpus-per-task" in options:
         # sbatch derives the task count from --gpus / --gpus-per-task on the client; do the same.
-        job.num_tasks = _gpu_count(options["--gpus"]) // _gpu_count(options["--gpus-per-task"])
+        tasks = _gpu_count(options["--gpus"]) // _gpu_count(options["--gpus-per-task"])
+    if tasks is not None:
+        job.set_num_tasks, job.out_num_tasks = 1, int(tasks)
+    if "--tasks-per-node" in options:
+        job.set_ntasks_per_node, job.out_ntasks_per_node = 1, int(options["--tasks-per-node"])
     if "--cpus-per-task" in options:
-        job.cpus_per_task = int(options["--cpus-per-task"])
+        job.set_cpus_per_task, job.out_cpus_per_task = 1, int(options["--cpus-per-task"])
     if "--gpus" in options:
-        set_str("tres_per_job", prefix + "gpu:" + options["--gpus"])
+        _put(ffi, job, "tres_per_job", prefix + "gpu:" + options["--gpus"])
     if "--gpus-per-task" in options:
-        set_str("tres_per_task", prefix + "gpu:" + options["--gpus-per-task"])
+        _put(ffi, job, "tres_per_task", prefix + "gpu:" + options["--gpus-per-task"])
     if "--gres" in options:
-        others = [i for i in text("tres_per_node").split(",") if i and not gres_references_gpu(i)]
-        set_str("tres_per_node", ",".join(others + [prefix + options["--gres"]]))
+        current = ffi.string(job.tres_per_node).decode() if job.tres_per_node != ffi.NULL else ""
+        others = [i for i in current.split(",") if i and not gres_references_gpu(i)]
+        _put(ffi, job, "tres_per_node", ",".join(others + [prefix + options["--gres"]]))
     if plan.partition:
-        set_str("partition", plan.partition)
+        _put(ffi, job, "partition", plan.partition)
     if plan.project:
-        set_str("wckey", plan.project)
-    job.requeue = 0
+        _put(ffi, job, "wckey", plan.project)
+    job.set_requeue, job.out_requeue = 1, 0
 
 
 # ---- the handler ---------------------------------------------------------------------------------
@@ -167,12 +176,16 @@ class Handler:
 
     # -- config --
     def refresh(self) -> Config | None:
-        """Re-read the config if its file changed; keep the last good one if the new one is bad."""
+        """Re-read the config if its file changed; keep the last good one if the new one is bad.
+        (Called only when the shim's answers cache cannot answer; the shim re-checks the file at
+        most every CONFIG_CHECK_SECONDS and asks again when it changed.)"""
         try:
             st = os.stat(self.path)
             stamp: tuple | None = (st.st_ino, st.st_mtime_ns, st.st_size)
+            self.lib.tether_config_loaded(self.path.encode(), 1, st.st_ino, st.st_size, st.st_mtime_ns)
         except FileNotFoundError:
             stamp = None
+            self.lib.tether_config_loaded(self.path.encode(), 0, 0, 0, 0)
         except OSError as exc:
             stamp = ("error", str(exc))
         if self.config is not None and stamp == self._stamp:
@@ -198,14 +211,14 @@ class Handler:
         return ACCEPT if self.refresh() is not None else REJECT
 
     # -- submit --
-    def submit(self, job, submit_uid: int, wanted: int, msg, msg_len: int) -> int:
+    def submit(self, job, submit_uid: int, wanted: int) -> int:
         config = self.refresh()
         if config is None:        # a tether job, or any job with plugin.on_failure: reject_all_jobs
-            self._reply(msg, msg_len, f"tether unavailable: {self.reason}")
+            self._reply(job, f"tether unavailable: {self.reason}")
             return REJECT
         if not wanted:            # reached only in reject_all mode, and the config loads again
             return ACCEPT
-        values = tether_values(self._strings(job.spank_job_env, job.spank_job_env_size))
+        values = tether_values(self._strings(job.spank_env, job.spank_env_size))
         if not any(name in values for name in PLANNER_OPTIONS):
             return ACCEPT             # container options only: the run side's business
         try:
@@ -214,14 +227,15 @@ class Handler:
             plan = make_plan(request, config, "slurm")
             check_slurm_args(conflicts, [o for o, _ in plan.resources], script=False,
                              source="", hint=SLURM_HINT)
+            apply_plan(job, plan, self.ffi, self.prefix)
         except RequestError as exc:
-            self._reply(msg, msg_len, f"tether: {exc}")
+            self._reply(job, f"tether: {exc}")
             self.log(2, f"rejected a job of uid {submit_uid}: {exc}")
+            job.cacheable = 1
             return REJECT
-        apply_plan(job, plan, self.lib, self.ffi, self.prefix)
         if plan.notices:
-            self._reply(msg, msg_len, "\n".join(f"tether: note: {n}" for n in plan.notices))
-        self.log(2, f"uid {submit_uid}: {plan.row}: " + " ".join(f"{k}={v}" for k, v in plan.resources))
+            self._reply(job, "\n".join(f"tether: note: {n}" for n in plan.notices))
+        job.cacheable = 1
         return ACCEPT
 
     def request(self, job, values: dict[str, str], partition: str | None) -> Request:
@@ -243,7 +257,7 @@ class Handler:
         )
 
     # -- modify --
-    def modify(self, update, current, submit_uid: int, msg, msg_len: int) -> int:
+    def modify(self, update, current, submit_uid: int) -> int:
         """scontrol update of a tether job (``current`` is a copy of its record): layout and GPU
         changes are refused with a log line; a partition change is re-planned when the job keeps
         its table row, refused otherwise."""
@@ -261,7 +275,7 @@ class Handler:
         partition = self._text(update.partition)
         if partition is None:
             return ACCEPT
-        values = tether_values(self._strings(current.spank_job_env, current.spank_job_env_size))
+        values = tether_values(self._strings(current.spank_env, current.spank_env_size))
         values.pop("resource-pool", None)       # the new partition is the resource pool now
         try:
             before = make_plan(self.request(current, values, self._text(current.partition)), config, "slurm")
@@ -273,7 +287,11 @@ class Handler:
             self.log(1, f"update of {job} to partition {partition} refused: it would change the job "
                         f"from {before.row} to {plan.row} (slot type); cancel and resubmit")
             return REJECT
-        apply_plan(update, plan, self.lib, self.ffi, self.prefix)
+        try:
+            apply_plan(update, plan, self.ffi, self.prefix)
+        except RequestError as exc:
+            self.log(1, f"update of {job} to partition {partition} refused: {exc}")
+            return REJECT
         self.log(1, f"{job} re-planned for partition {partition}: "
                     + " ".join(f"{k}={v}" for k, v in plan.resources))
         return ACCEPT
@@ -286,9 +304,10 @@ class Handler:
         return [self.ffi.string(array[i]).decode("utf-8", "replace") for i in range(size)
                 if array[i] != self.ffi.NULL]
 
-    def _reply(self, buf, size: int, text: str) -> None:
-        data = text.encode("utf-8", "replace")[: size - 1]
-        self.ffi.memmove(buf, data + b"\0", len(data) + 1)
+    def _reply(self, job, text: str) -> None:
+        """The message for the user (a rejection's reason, or notes), truncated to fit."""
+        data = text.encode("utf-8", "replace")[: len(job.msg) - 1]
+        self.ffi.memmove(job.msg, data + b"\0", len(data) + 1)
 
 
 def _on_failure_of_broken(path: str) -> str | None:

@@ -8,14 +8,14 @@ the jobs' own output and slurmctld's log.
 from __future__ import annotations
 
 import os
-import re
-import shutil
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tether.hooks.proc import run_command
+from tether.job_submit.handler import CONFIG_CHECK_SECONDS
 
 pytestmark = pytest.mark.cluster
 
@@ -36,6 +36,7 @@ def tether_config(cluster):
         tmp = path.with_suffix(".tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
+        time.sleep(CONFIG_CHECK_SECONDS + 0.05)     # the plugin looks for changes this often
 
     write()
     yield write
