@@ -17,6 +17,7 @@ test: install
 
 bench: install
 	$(VENV)/bin/python bench/plan.py
+	$(VENV)/bin/python bench/submit.py
 
 sandbox-up: install
 	$(VENV)/bin/tether sandbox up

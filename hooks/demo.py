@@ -1,41 +1,40 @@
 """``tether demo``: the main job on the built-in defaults, end to end on the sandbox cluster.
 
-It plans a 3-node GPU job from a job spec exactly as tether's generated batch scripts do (the
-seed's architecture: a directory per job under job_storage_root, owned by the job user; a batch
-script whose header is the Plan), submits it with ``sbatch --wait`` as the unprivileged demo user,
-and prints what each rank saw. Later issues grow this into a containerized job.
+The sandbox builds and installs tether's Slurm plugins exactly as an admin does (``tether slurm
+build`` / ``tether slurm install --write``). The demo then submits, as the unprivileged demo user,
+an ordinary ``sbatch --slots=6 --slots-per-node=2`` job: the SPANK plugin carries the options to
+slurmctld, the job_submit plugin turns them into the seed's resource request (3 nodes, 2 GPUs
+each), and each rank prints what it got. Later issues grow this into a containerized job.
+
+``submit_plan`` is the other submission path, the one tether's generated batch scripts take:
+a directory per job under job_storage_root, owned by the job user, and a header from the Plan.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .config import Config, validate_config
-from .plan import Plan, make_plan
+from .plan import Plan
 from .proc import run_command
 from .render import plan_directives
-from .request import request_from_spec
 from .sandbox import Sandbox
 
-DEMO_SPEC = {
-    "job_type": "demo",
-    "slots_per_trial": 6,
-    "slurm": {"slots_per_node": 2, "sbatch_args": ["--time=5"]},
-}
-
-DEMO_BODY = r"""
-echo "job $SLURM_JOB_ID ($SLURM_JOB_NAME): $SLURM_JOB_NUM_NODES nodes ($SLURM_JOB_NODELIST), $SLURM_NTASKS tasks"
+DEMO_OPTIONS = ["--slots=6", "--slots-per-node=2", "--time=5"]
+DEMO_BODY = r"""#!/bin/bash
+echo "job $SLURM_JOB_ID: $SLURM_JOB_NUM_NODES nodes ($SLURM_JOB_NODELIST), $SLURM_NTASKS tasks"
 srun --label bash -c 'echo "node=$SLURMD_NODENAME rank=$SLURM_PROCID of $SLURM_NTASKS user=$(id -un) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"'
 """
+SHOWN_FIELDS = ("NumNodes", "NumTasks", "CPUs/Task", "TresPerJob", "TresPerNode", "TresPerTask", "Partition",
+                "WCKey", "Requeue")
 
 
 @dataclass(frozen=True)
 class Submitted:
-    """A batch job submitted from a Plan: its id, sbatch's exit status and the job directory."""
+    """A batch job: its id, sbatch's exit status, where its output went, sbatch's stderr."""
 
     job_id: str
     returncode: int
@@ -52,36 +51,49 @@ def sandbox_config(box: Sandbox, **settings) -> Config:
     return validate_config({"job_storage_root": str(box.root / "jobs"), **settings}, "<sandbox>")
 
 
-def submit_plan(box: Sandbox, plan: Plan, body: str, *, wait: bool = True,
-                timeout: float = 300) -> Submitted:
-    """Create the per-job directory as the job user, write the batch script, sbatch it as the user."""
-    user = pwd.getpwnam(box.user)
-    jobs_root = Path(plan.log_dir).parent
-    jobs_root.mkdir(mode=0o755, parents=True, exist_ok=True)
-    job_dir = Path(plan.log_dir)
-    job_dir.mkdir(mode=0o700)
-    os.chown(job_dir, user.pw_uid, user.pw_gid)
-    script = job_dir / "job.sbatch"
-    script.write_text("#!/bin/bash\n" + "\n".join(plan_directives(plan)) + "\n" + body)
-    os.chown(script, user.pw_uid, user.pw_gid)
-    argv = ["runuser", "-u", box.user, "--", "sbatch", "--parsable", *(["--wait"] if wait else []),
-            str(script)]
-    result = run_command(argv, env=box.command_env(), cwd=str(job_dir), check=False, timeout=timeout)
-    job_id = result.stdout.strip().split(";")[0].splitlines()[0] if result.stdout.strip() else ""
+def _job_dir(path: Path, user: str) -> Path:
+    """Create a per-job directory owned by the job user (mode 0700)."""
+    account = pwd.getpwnam(user)
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    path.mkdir(mode=0o700)
+    os.chown(path, account.pw_uid, account.pw_gid)
+    return path
+
+
+def _sbatch(box: Sandbox, job_dir: Path, argv: list[str], timeout: float) -> Submitted:
+    result = run_command(["runuser", "-u", box.user, "--", "sbatch", "--parsable", *argv],
+                         env=box.command_env(), cwd=str(job_dir), check=False, timeout=timeout)
+    out = result.stdout.strip()
+    job_id = out.split(";")[0].splitlines()[0] if out else ""
     return Submitted(job_id, result.returncode, job_dir, result.stderr)
 
 
+def submit_plan(box: Sandbox, plan: Plan, body: str, *, wait: bool = True,
+                timeout: float = 300) -> Submitted:
+    """A tether-generated batch script: the per-job directory as the job user, the Plan's header."""
+    user = pwd.getpwnam(box.user)
+    job_dir = _job_dir(Path(plan.log_dir), box.user)
+    script = job_dir / "job.sbatch"
+    script.write_text("#!/bin/bash\n" + "\n".join(plan_directives(plan)) + "\n" + body)
+    os.chown(script, user.pw_uid, user.pw_gid)
+    return _sbatch(box, job_dir, [*(["--wait"] if wait else []), str(script)], timeout)
+
+
 def run_demo(box: Sandbox, *, install: bool = True, log=print) -> int:
-    """Bring the sandbox up, run the demo job, print its output; returns sbatch's exit status."""
+    """Bring the sandbox up, run the demo job, print what it got; returns sbatch's exit status."""
     box.up(install=install, log=log)
-    spec = dict(DEMO_SPEC, job_id=f"{int(time.time())}-{os.getpid()}")
-    plan = make_plan(request_from_spec(spec, "slurm", "<demo spec>"), sandbox_config(box), "slurm")
-    log("batch script header (what `tether plan` prints for the demo spec):")
-    for line in plan_directives(plan):
-        log(f"  {line}")
-    job = submit_plan(box, plan, DEMO_BODY)
-    log(f"job {job.job_id}: sbatch exit status {job.returncode}; output ({job.job_dir / 'job.out'}):")
-    print(job.output("job.out") + job.output("job.err"), end="")
+    job_dir = _job_dir(box.root / "jobs" / f"demo-{os.getpid()}-{os.urandom(3).hex()}", box.user)
+    script = job_dir / "demo.sh"
+    script.write_text(DEMO_BODY)
+    os.chmod(script, 0o755)
+    argv = ["--wait", *DEMO_OPTIONS, f"--output={job_dir}/job.out", str(script)]
+    log(f"as {box.user}: sbatch {' '.join(argv)}")
+    job = _sbatch(box, job_dir, argv, timeout=300)
     if job.returncode != 0:
-        log(job.stderr.strip())
-    return job.returncode
+        log(f"sbatch failed (exit {job.returncode}): {job.stderr.strip()}")
+        return job.returncode
+    fields = run_command(["scontrol", "-o", "show", "job", job.job_id], env=box.command_env()).stdout
+    shown = [w for w in fields.split() if w.split("=", 1)[0] in SHOWN_FIELDS]
+    log(f"job {job.job_id} as planned by tether's job_submit plugin: {' '.join(shown)}")
+    print(job.output(), end="")
+    return 0

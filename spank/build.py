@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tether.hooks.native import Toolchain, c_string, compile_plugin
 
-from .options import KINDS, OPTIONS
+from .options import CONTAINERS_UNAVAILABLE, KINDS, OPTIONS
 
 SO_NAME = "spank_tether.so"
 _C_KINDS = {kind: f"K_{kind.upper()}" for kind in KINDS}
@@ -25,7 +25,9 @@ def option_table_c() -> str:
 
 def source() -> str:
     shim = resources.files("tether.spank").joinpath("shim.c").read_text()
-    return shim.replace("/*@OPTION_TABLE@*/", option_table_c())
+    return (shim.replace("/*@OPTION_TABLE@*/", option_table_c())
+                .replace("/*@CONTAINERS_UNAVAILABLE@*/",
+                         f"#define TETHER_CONTAINERS_UNAVAILABLE {c_string(CONTAINERS_UNAVAILABLE)}"))
 
 
 def build(out_dir: Path, toolchain: Toolchain, *, verbose: bool = False) -> Path:

@@ -65,3 +65,20 @@ OPTIONS: tuple[SpankOption, ...] = (
 BY_NAME = {opt.name: opt for opt in OPTIONS}
 # Options that make a job a tether job for the job_submit plugin (a slot request).
 PLANNER_OPTIONS = ("slots", "slots-per-node", "slot-type", "gpu-type", "resource-pool")
+# The container options are accepted and validated, but nothing runs containers yet (the run side
+# and the container wrapper are later issues): jobs and steps that use them are refused.
+CONTAINER_OPTIONS = tuple(o.name for o in OPTIONS if o.name.startswith("container-"))
+CONTAINERS_UNAVAILABLE = ("containers are not available yet: tether's run side (per-rank setup and "
+                          "the container wrapper) is not installed on this cluster")
+
+
+def options_reference() -> str:
+    """The user options as a Markdown table (kept in the README, checked by the tests)."""
+    rows = ["| option | environment | value | meaning |", "|---|---|---|---|"]
+    for opt in OPTIONS:
+        value = opt.arginfo or "(flag)"
+        if opt.kind == "count":
+            value += f" ({opt.minimum}..{opt.maximum})"
+        value = value.replace("|", "\\|")   # a pipe would end the table cell
+        rows.append(f"| `--{opt.name}` | `{opt.env}` | `{value}` | {opt.usage} |")
+    return "\n".join(rows) + "\n"

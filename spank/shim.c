@@ -10,8 +10,9 @@
  * epilog see SPANK_TETHER_<NAME>).
  * It never starts Python in srun, sbatch or salloc.
  *
- * Remote side (slurmstepd): the options are registered so Slurm can hand their values over;
- * the per-rank work arrives with the run-side issue.
+ * Remote side (slurmstepd): the options are registered so Slurm can hand their values over; the
+ * per-rank work arrives with the run-side issue -- until then a step that asks for a container
+ * fails with a message saying so, rather than running without one.
  *
  * The option table below is generated from tether/spank/options.py at build time.
  */
@@ -39,6 +40,7 @@ struct tether_opt {
 };
 
 /*@OPTION_TABLE@*/
+/*@CONTAINERS_UNAVAILABLE@*/
 
 #define TETHER_NOPTS ((int)(sizeof(tether_opts) / sizeof(tether_opts[0])))
 #define TETHER_MAX_TEXT 4096
@@ -104,7 +106,7 @@ static const char *flag_value(const char *value)
 	static const char *const yes[] = { "1", "true", "yes", "on", NULL };
 	static const char *const no[] = { "0", "false", "no", "off", NULL };
 
-	if (value == NULL)
+	if (value == NULL || value[0] == '\0') /* slurmstepd hands a set flag over as "" */
 		return "1";
 	if (one_of(value, yes))
 		return "1";
@@ -257,16 +259,36 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	}
 }
 
+/* Nothing runs containers yet: a job or step that asks for one is refused, saying why. */
+static int refuse_containers(void)
+{
+	for (int i = 0; i < TETHER_NOPTS; i++) {
+		if (tether_opts[i].value && strncmp(tether_opts[i].name, "container-", 10) == 0) {
+			slurm_error("tether: %s%s: %s", tether_opts[i].from_env ? "" : "--",
+				    tether_opts[i].from_env ? tether_opts[i].env : tether_opts[i].name,
+				    TETHER_CONTAINERS_UNAVAILABLE);
+			return -1;
+		}
+	}
+	return 0;
+}
+
 /* srun/sbatch/salloc: environment fallbacks, then forward the effective values to slurmctld. */
 static int client_post_opt(spank_t sp)
 {
 	for (int i = 0; i < TETHER_NOPTS; i++) {
 		struct tether_opt *o = &tether_opts[i];
 		const char *env = getenv(o->env);
-		spank_err_t rc;
 
 		if (o->value == NULL && env != NULL && tether_set(i, env, o->env, 1) < 0)
 			return -1;
+	}
+	if (refuse_containers() < 0)
+		return -1;
+	for (int i = 0; i < TETHER_NOPTS; i++) {
+		struct tether_opt *o = &tether_opts[i];
+		spank_err_t rc;
+
 		if (o->value == NULL)
 			continue;
 		rc = spank_job_control_setenv(sp, o->env, o->value, 1);
@@ -279,12 +301,20 @@ static int client_post_opt(spank_t sp)
 	return 0;
 }
 
+/* slurmstepd: the same refusal, for steps whose client did not check (the log has the reason). */
+static int remote_post_opt(spank_t sp)
+{
+	return refuse_containers();
+}
+
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
 	switch (spank_context()) {
 	case S_CTX_LOCAL:
 	case S_CTX_ALLOCATOR:
 		return client_post_opt(sp);
+	case S_CTX_REMOTE:
+		return remote_post_opt(sp);
 	default:
 		return 0;
 	}

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tether.hooks.demo import DEMO_SPEC, sandbox_config, submit_plan
+from tether.hooks.demo import run_demo, sandbox_config, submit_plan
 from tether.hooks.plan import make_plan
-from tether.hooks.request import Request, request_from_spec
+from tether.hooks.request import Request
 
 pytestmark = pytest.mark.cluster
 
@@ -125,12 +125,15 @@ def test_user_arguments_with_hostile_text_reach_slurm_unchanged(cluster):
     assert fields["TimeLimit"] == "00:05:00"
 
 
-def test_demo_command(cluster):
-    plan = make_plan(request_from_spec(dict(DEMO_SPEC, job_id=unique_id()), "slurm"),
-                     sandbox_config(cluster.box), "slurm")
-    job = submit_plan(cluster.box, plan, "srun hostname >/dev/null; echo ok\n")
-    assert job.returncode == 0 and job.output() == "ok\n"
-    assert cluster.job_fields(job.job_id)["NumNodes"] == "3"
+def test_demo_command(cluster, capsys):
+    """`tether demo`'s job: sbatch --slots=6 --slots-per-node=2 through the installed plugins."""
+    logged = []
+    assert run_demo(cluster.box, install=False, log=logged.append) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("3 nodes (n[1-3]), 3 tasks")
+    assert sorted(line.split(": ", 1)[1] for line in out[1:]) == [
+        f"node=n{i + 1} rank={i} of 3 user={cluster.user} CUDA_VISIBLE_DEVICES=0,1" for i in range(3)]
+    assert "NumNodes=3 NumTasks=3" in logged[-1] and "TresPerTask=gres:gpu:2" in logged[-1]
 
 
 # ---- the sandbox as people use it ------------------------------------------------------------------

@@ -202,6 +202,18 @@ def test_rejections_show_tethers_message(cluster, tether_config, args, env, mess
     assert message in result.stderr, result.stderr
 
 
+def test_container_options_are_refused_until_containers_exist(cluster, tether_config):
+    result, job_id, _ = sbatch(cluster, "--slots=2", "--container-image=docker://busybox", wait=False)
+    assert result.returncode != 0 and job_id is None
+    assert "tether: --container-image: containers are not available yet" in result.stderr
+    step = cluster.as_user(["salloc", "-N1", "srun", "--container-writable", "true"], check=False)
+    assert "srun: error: tether: --container-writable: containers are not available yet" in step.stderr
+    env = cluster.run(["runuser", "-u", cluster.user, "--", "env", "TETHER_CONTAINER_IMAGE=x", "srun",
+                       "true"], check=False)
+    assert env.returncode != 0
+    assert "tether: TETHER_CONTAINER_IMAGE: containers are not available yet" in env.stderr
+
+
 def test_cpus_per_task_is_the_users_for_gpu_slots(cluster, tether_config):
     result, job_id, _ = sbatch(cluster, "--slots=2", "-c3")
     assert result.returncode == 0, result.stderr

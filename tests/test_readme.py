@@ -9,6 +9,7 @@ import pytest
 
 from tether.hooks.cli import main
 from tether.hooks.config import config_reference
+from tether.spank.options import options_reference
 
 from conftest import REPO
 
@@ -50,9 +51,16 @@ def test_readme_invalid_example(tmp_path, capsys):
     assert f"`{err}`" in README.replace("\n", " ")
 
 
+def marked(name: str) -> str:
+    return README.split(f"<!-- {name}:start -->\n")[1].split(f"<!-- {name}:end -->")[0]
+
+
 def test_readme_config_reference_is_current():
-    block = README.split("<!-- config-reference:start -->\n")[1].split("<!-- config-reference:end -->")[0]
-    assert block == config_reference()
+    assert marked("config-reference") == config_reference()
+
+
+def test_readme_options_reference_is_current():
+    assert marked("options-reference") == options_reference()
 
 
 def test_readme_test_command_is_what_ci_runs():
