@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -10,12 +11,9 @@ from tether.hooks.native import Toolchain, c_string, compile_plugin
 SO_NAME = "job_submit_tether.so"
 MODULE = "_tether_job_submit"
 
-# The request snapshot the C shim hands the handler (shim.c's tether_job_t; cffi checks the layout).
-CDEF = """
-#define NO_VAL ...
-#define NO_VAL16 ...
-#define SLURM_VERSION_NUMBER ...
-typedef struct tether_job {
+# What the C shim copies out of job_desc for the handler, and the handler's answer (tether_job_t).
+TETHER_JOB_FIELDS = """
+    /* in: copied from job_desc by the calling slurmctld thread */
     uint32_t job_id;
     uint32_t user_id;
     uint32_t min_nodes;
@@ -32,6 +30,7 @@ typedef struct tether_job {
     char *tres_per_socket;
     char **spank_env;
     uint32_t spank_env_size;
+    /* out: applied to job_desc by the calling thread when the answer is TETHER_ACCEPT */
     int set_nodes;
     uint32_t out_min_nodes;
     uint32_t out_max_nodes;
@@ -44,19 +43,32 @@ typedef struct tether_job {
     int set_requeue;
     uint16_t out_requeue;
     int set_tres_per_job;
-    char out_tres_per_job[...];
+    char out_tres_per_job[TETHER_STR];
     int set_tres_per_node;
-    char out_tres_per_node[...];
+    char out_tres_per_node[TETHER_STR];
     int set_tres_per_task;
-    char out_tres_per_task[...];
+    char out_tres_per_task[TETHER_STR];
     int set_partition;
-    char out_partition[...];
+    char out_partition[TETHER_STR];
     int set_wckey;
-    char out_wckey[...];
-    char msg[...];
-    int cacheable;
-    ...;
-} tether_job_t;
+    char out_wckey[TETHER_STR];
+    char msg[TETHER_MSG];   /* for the user: the reason of a rejection, or notes */
+    int cacheable;          /* the answer depends only on the request and the config */
+"""
+
+
+def _cdef_fields() -> str:
+    """The fields for cffi: array sizes are taken from the compiled C ([...])."""
+    text = re.sub(r"/\*.*?\*/", "", TETHER_JOB_FIELDS)
+    return re.sub(r"\[TETHER_(STR|MSG)\]", "[...]", text)
+
+
+# The request snapshot the C shim hands the handler (cffi checks the layout against shim.c).
+CDEF = """
+#define NO_VAL ...
+#define NO_VAL16 ...
+#define SLURM_VERSION_NUMBER ...
+typedef struct tether_job {""" + _cdef_fields() + """} tether_job_t;
 void tether_log(int level, const char *msg);
 void tether_set_health(int broken, int reject_all, const char *reason);
 void tether_config_loaded(const char *path, int exists, unsigned long long ino,
@@ -106,7 +118,9 @@ def source(toolchain: Toolchain) -> str:
     paths = ", ".join(c_string(p) for p in toolchain.module_paths)
     from tether.job_submit.handler import CONFIG_CHECK_SECONDS
 
-    return (shim.replace("@MODULE_PATHS@", paths)
+    struct = "typedef struct tether_job {" + TETHER_JOB_FIELDS + "} tether_job_t;"
+    return (shim.replace("/*@TETHER_JOB_T@*/", struct)
+                .replace("@MODULE_PATHS@", paths)
                 .replace('L"@PYTHON_HOME@"', "L" + c_string(toolchain.python_home))
                 .replace("@CONFIG_CHECK_NS@", str(int(CONFIG_CHECK_SECONDS * 1e9))))
 

@@ -57,51 +57,11 @@ const uint32_t plugin_version = SLURM_VERSION_NUMBER;
 #define TETHER_INIT_SECONDS 60
 
 #define TETHER_STR 1024
+#define TETHER_MSG 2048
 
-/* The request as the handler sees it, and its answer. Mirrored in build.py's cdef. */
-typedef struct tether_job {
-	/* in: copied from job_desc by the calling slurmctld thread */
-	uint32_t job_id;
-	uint32_t user_id;
-	uint32_t min_nodes;
-	uint32_t max_nodes;
-	uint32_t num_tasks;
-	uint16_t ntasks_per_node;
-	uint16_t cpus_per_task;
-	char *job_id_str;
-	char *partition;
-	char *account;
-	char *tres_per_job;
-	char *tres_per_node;
-	char *tres_per_task;
-	char *tres_per_socket;
-	char **spank_env;
-	uint32_t spank_env_size;
-	/* out: applied to job_desc by the calling thread when the answer is TETHER_ACCEPT */
-	int set_nodes;
-	uint32_t out_min_nodes;
-	uint32_t out_max_nodes;
-	int set_num_tasks;
-	uint32_t out_num_tasks;
-	int set_ntasks_per_node;
-	uint16_t out_ntasks_per_node;
-	int set_cpus_per_task;
-	uint16_t out_cpus_per_task;
-	int set_requeue;
-	uint16_t out_requeue;
-	int set_tres_per_job;
-	char out_tres_per_job[TETHER_STR];
-	int set_tres_per_node;
-	char out_tres_per_node[TETHER_STR];
-	int set_tres_per_task;
-	char out_tres_per_task[TETHER_STR];
-	int set_partition;
-	char out_partition[TETHER_STR];
-	int set_wckey;
-	char out_wckey[TETHER_STR];
-	char msg[2 * TETHER_STR]; /* for the user: the reason of a rejection, or notes */
-	int cacheable; /* the answer depends only on the request and the config (set by the handler) */
-} tether_job_t;
+/* The request as the handler sees it, and its answer: typedef tether_job_t, generated from
+ * build.py's TETHER_JOB_FIELDS (the cffi cdef uses the same text, so the two cannot drift). */
+/*@TETHER_JOB_T@*/
 
 /* Implemented in Python (tether.job_submit.handler) through cffi's embedding API. */
 int tether_py_init(void);
