@@ -18,6 +18,7 @@ test: install
 bench: install
 	$(VENV)/bin/python bench/plan.py
 	$(VENV)/bin/python bench/submit.py
+	$(VENV)/bin/python bench/step.py
 
 sandbox-up: install
 	$(VENV)/bin/tether sandbox up

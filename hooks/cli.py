@@ -128,8 +128,10 @@ def _cmd_slurm(args: argparse.Namespace) -> int:
     if args.action == "build":
         build_plugins(args.out, verbose=args.verbose, log=log)
     else:
+        from .config import load_config
+
         install_plugins(args.build_dir, slurm_conf=args.slurm_conf, plugin_dir=args.plugin_dir,
-                        write=args.write, log=log)
+                        config=load_config(_config_arg(args)), write=args.write, log=log)
     return EXIT_OK
 
 
@@ -172,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--out", metavar="DIR", help="output directory (default /opt/tether/lib/slurm-<version>)")
     build.add_argument("--verbose", action="store_true", help="show the compiler's commands")
     build.set_defaults(func=_cmd_slurm)
-    inst = slurm_sub.add_parser("install", help="install the plugins; print (or --write) the config lines")
+    inst = slurm_sub.add_parser("install", parents=[common],
+                                help="install the plugins; print (or --write) the config lines")
     inst.add_argument("--build-dir", metavar="DIR", help="what `tether slurm build` produced (default "
                                                          "/opt/tether/lib/slurm-<version>)")
     inst.add_argument("--slurm-conf", metavar="FILE", help="slurm.conf (default $SLURM_CONF, else "

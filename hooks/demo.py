@@ -26,7 +26,7 @@ from .sandbox import Sandbox
 DEMO_OPTIONS = ["--slots=6", "--slots-per-node=2", "--time=5"]
 DEMO_BODY = r"""#!/bin/bash
 echo "job $SLURM_JOB_ID: $SLURM_JOB_NUM_NODES nodes ($SLURM_JOB_NODELIST), $SLURM_NTASKS tasks"
-srun --label bash -c 'echo "node=$SLURMD_NODENAME rank=$SLURM_PROCID of $SLURM_NTASKS user=$(id -un) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"'
+srun --label bash -c 'echo "node=$SLURMD_NODENAME rank=$RANK of $WORLD_SIZE master=$MASTER_ADDR:$MASTER_PORT user=$(id -un) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES TMPDIR=$TMPDIR"'
 """
 SHOWN_FIELDS = ("NumNodes", "NumTasks", "CPUs/Task", "TresPerJob", "TresPerNode", "TresPerTask", "Partition",
                 "WCKey", "Requeue")

@@ -150,6 +150,29 @@ def compile_plugin(*, module: str, source: str, target: Path, toolchain: Toolcha
     return target
 
 
+def compile_c_plugin(*, source: str, target: Path, toolchain: Toolchain, verbose: bool = False) -> Path:
+    """Compile a plain C Slurm plugin (no Python in it) with the system compiler to ``target``.
+
+    Used for the SPANK plugin: srun, sbatch and every slurmstepd load it, and linking libpython
+    into it costs every step several milliseconds even when no Python runs (bench/step.py)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tether-build-") as tmp:
+        src = Path(tmp) / (target.stem + ".c")
+        src.write_text(source)
+        out = Path(tmp) / target.name
+        argv = ["gcc", "-O2", "-Wall", "-Werror", "-fPIC", "-shared", f"-I{toolchain.include_dir}",
+                "-o", str(out), str(src), "-Wl,-z,nodelete", "-Wl,-z,now"]
+        try:
+            result = run_command(argv, timeout=300)
+        except CommandError as exc:
+            raise BuildError(f"compiling {target.name} failed: {exc}") from None
+        if verbose:
+            print(" ".join(argv) + "\n" + result.stderr, end="")
+        shutil.copyfile(out, target)
+    os.chmod(target, 0o755)
+    return target
+
+
 def write_stamp(out_dir: Path, toolchain: Toolchain, files: Sequence[Path], **extra: str) -> Path:
     """Record what the plugins were built against (checked again at install)."""
     stamp = out_dir / "build.json"

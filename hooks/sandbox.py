@@ -148,9 +148,11 @@ class Sandbox:
         """Build (when the sources changed) and install tether's plugins into this sandbox."""
         from tether.job_submit.install import build_plugins, install_plugins
 
+        from .config import load_config
+
         build = build_plugins(self.build_dir, reuse=True, log=log)
-        install_plugins(build, slurm_conf=self.slurm_conf, plugin_dir=self.plugin_dir, write=True,
-                        log=lambda m: None)
+        install_plugins(build, slurm_conf=self.slurm_conf, plugin_dir=self.plugin_dir,
+                        config=load_config(str(self.tether_conf)), write=True, log=lambda m: None)
 
     def restart_slurmctld(self, timeout: float = 60.0) -> None:
         """Restart slurmctld keeping its state (jobs, nodes): how a changed plugin .so gets loaded."""
@@ -227,7 +229,7 @@ class Sandbox:
         self.settings_file.write_text(json.dumps({"port_base": port_base, "user": self.user}) + "\n")
         try:
             self._start_munged()
-            self._start(["slurmctld", "-f", str(self.slurm_conf), "-c"], "slurmctld")
+            self._start(["slurmctld", "-f", str(self.slurm_conf)], "slurmctld")
             for node in NODES:
                 (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
                 self._start(["slurmd", "-f", str(self.slurm_conf), "-N", node], f"slurmd-{node}")
@@ -345,7 +347,7 @@ class Sandbox:
         raise SandboxError(f"no free ports near {wanted} on 127.0.0.1")
 
     def _make_layout(self) -> None:
-        for sub in ("etc", "state", "spool", "log", "run", "plugins", "dev"):
+        for sub in ("etc", "state", "spool", "log", "run", "plugins", "dev", "jobs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
             os.chmod(self.root / sub, 0o755)
         os.chmod(self.root, 0o755)

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tether.hooks.config import Config, load_config
 from tether.hooks.native import (
     BuildError, find_toolchain, install_file, installed_slurm_version, read_stamp, set_conf_line,
     write_stamp,
@@ -87,13 +88,31 @@ class SlurmConf:
         return cls(path, plugin_dirs, Path(plugstack), jsp)
 
 
-def plugstack_line(plugin_dir: Path) -> str:
-    return f"required {plugin_dir / spank_build.SO_NAME}"
+def plugstack_line(plugin_dir: Path, config: Config) -> str:
+    """The plugstack.conf line: the SPANK plugin and the settings its C side needs from the config."""
+    return f"required {plugin_dir / spank_build.SO_NAME} job_storage_root={config.job_storage_root}"
+
+
+def ensure_storage_root(path: Path, log=print) -> None:
+    """Create job_storage_root (root-owned, 0755) or check an existing one: the SPANK plugin creates
+    per-job directories there as root and refuses a root others can write to."""
+    if not path.exists():
+        path.mkdir(mode=0o755, parents=True)
+        os.chmod(path, 0o755)
+        log(f"created job_storage_root {path} (root, 0755); it must exist on every compute node")
+        return
+    st = path.lstat()
+    if not path.is_dir() or path.is_symlink() or st.st_uid != 0 or st.st_mode & 0o022:
+        raise BuildError(f"job_storage_root {path} must be a root-owned directory that group and "
+                         f"others cannot write to (mode 0755)")
 
 
 def install_plugins(build_dir: Path | None = None, *, slurm_conf: Path | None = None,
-                    plugin_dir: Path | None = None, write: bool = False, log=print) -> list[str]:
-    """Install both .so files and print (or apply) the config lines; returns the lines."""
+                    plugin_dir: Path | None = None, config: Config | None = None, write: bool = False,
+                    log=print) -> list[str]:
+    """Install both .so files and print (or apply) the config lines; returns the lines.
+    ``config`` is tether's (default: the effective one) for the settings the SPANK plugin needs."""
+    config = config or load_config()
     build = Path(build_dir) if build_dir else default_build_dir()
     stamp = read_stamp(build)
     built_for = stamp["toolchain"]["slurm_version"]
@@ -114,8 +133,9 @@ def install_plugins(build_dir: Path | None = None, *, slurm_conf: Path | None = 
         log(f"installed {plugin_dir / name}")
     plugins = conf.job_submit_plugins + (() if "tether" in conf.job_submit_plugins else ("tether",))
     jsp_line = f"JobSubmitPlugins={','.join(plugins)}"
-    spank_line = plugstack_line(plugin_dir)
+    spank_line = plugstack_line(plugin_dir, config)
     if write:
+        ensure_storage_root(Path(config.job_storage_root), log=log)
         set_conf_line(conf.path, r"JobSubmitPlugins\s*=", jsp_line)
         set_conf_line(conf.plugstack, r"(required|optional)\s+\S*spank_tether\.so", spank_line)
         log(f"wrote {jsp_line} to {conf.path} and '{spank_line}' to {conf.plugstack}; "

@@ -1,11 +1,17 @@
-"""Build ``spank_tether.so``: the C shim of spank/shim.c with its option table from options.py."""
+"""Build ``spank_tether.so``: spank/shim.c + remote.c with the option table from options.py.
+
+A plain C plugin (no Python linked in): srun, sbatch and each slurmstepd load it, and libpython in
+it would cost every step several milliseconds even when no Python runs (bench/step.py measured
+1.14 x a plugin-free step with libpython linked). Python work a step may need later goes into a
+separate helper loaded only by steps that need it.
+"""
 
 from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
 
-from tether.hooks.native import Toolchain, c_string, compile_plugin
+from tether.hooks.native import Toolchain, c_string, compile_c_plugin
 
 from .options import CONTAINERS_UNAVAILABLE, KINDS, OPTIONS
 
@@ -24,7 +30,8 @@ def option_table_c() -> str:
 
 
 def source() -> str:
-    shim = resources.files("tether.spank").joinpath("shim.c").read_text()
+    files = resources.files("tether.spank")
+    shim = files.joinpath("shim.c").read_text() + "\n" + files.joinpath("remote.c").read_text()
     return (shim.replace("/*@OPTION_TABLE@*/", option_table_c())
                 .replace("/*@CONTAINERS_UNAVAILABLE@*/",
                          f"#define TETHER_CONTAINERS_UNAVAILABLE {c_string(CONTAINERS_UNAVAILABLE)}"))
@@ -32,5 +39,5 @@ def source() -> str:
 
 def build(out_dir: Path, toolchain: Toolchain, *, verbose: bool = False) -> Path:
     """Compile the SPANK plugin into ``out_dir``."""
-    return compile_plugin(module="_tether_spank", source=source(), target=out_dir / SO_NAME,
-                          toolchain=toolchain, verbose=verbose)
+    return compile_c_plugin(source=source(), target=out_dir / SO_NAME, toolchain=toolchain,
+                            verbose=verbose)

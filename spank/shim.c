@@ -22,9 +22,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <slurm/slurm.h>
 #include <slurm/spank.h>
 
 SPANK_PLUGIN(tether, 1);
+
+/* Exported by libslurmfull (not declared in the public headers). */
+extern void slurm_xfree(void **item);
+extern char *slurm_conf_get_nodeaddr(const char *node_hostname);
+
+/* plugstack.conf arguments (key=value); `tether slurm install` writes them from tether's config. */
+static char *tether_job_storage_root = "/var/lib/tether/jobs";
 
 enum tether_kind { K_COUNT, K_SLOT_TYPE, K_NAME, K_RUNTIME, K_TEXT, K_ENV_NAMES, K_FLAG };
 
@@ -247,8 +255,32 @@ static int register_options(spank_t sp)
 	return 0;
 }
 
+/* Parse the plugstack.conf arguments; an unknown or malformed one fails the plugin load. */
+static int parse_args(int ac, char **av)
+{
+	for (int i = 0; i < ac; i++) {
+		if (strncmp(av[i], "job_storage_root=", 17) == 0 && av[i][17] == '/' &&
+		    strlen(av[i]) < 2048) {
+			tether_job_storage_root = av[i] + 17;
+			continue;
+		}
+		slurm_error("tether: plugstack.conf argument '%s' is not understood (accepted: "
+			    "job_storage_root=/absolute/path)", av[i]);
+		return -1;
+	}
+	return 0;
+}
+
+/* The remote side (remote.c, appended at build time). */
+static int remote_post_opt(spank_t sp);
+static int remote_user_init(spank_t sp);
+static int remote_task_init(spank_t sp);
+static void remote_exit(void);
+
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
+	if (parse_args(ac, av) < 0)
+		return -1;
 	switch (spank_context()) {
 	case S_CTX_LOCAL:
 	case S_CTX_ALLOCATOR:
@@ -301,12 +333,6 @@ static int client_post_opt(spank_t sp)
 	return 0;
 }
 
-/* slurmstepd: the same refusal, for steps whose client did not check (the log has the reason). */
-static int remote_post_opt(spank_t sp)
-{
-	return refuse_containers();
-}
-
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
 	switch (spank_context()) {
@@ -320,8 +346,20 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	}
 }
 
+int slurm_spank_user_init(spank_t sp, int ac, char **av)
+{
+	return spank_context() == S_CTX_REMOTE ? remote_user_init(sp) : 0;
+}
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	return spank_context() == S_CTX_REMOTE ? remote_task_init(sp) : 0;
+}
+
 int slurm_spank_exit(spank_t sp, int ac, char **av)
 {
+	if (spank_context() == S_CTX_REMOTE)
+		remote_exit();
 	for (int i = 0; i < TETHER_NOPTS; i++) {
 		free(tether_opts[i].value);
 		tether_opts[i].value = NULL;

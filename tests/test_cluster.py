@@ -131,8 +131,12 @@ def test_demo_command(cluster, capsys):
     assert run_demo(cluster.box, install=False, log=logged.append) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].endswith("3 nodes (n[1-3]), 3 tasks")
-    assert sorted(line.split(": ", 1)[1] for line in out[1:]) == [
-        f"node=n{i + 1} rank={i} of 3 user={cluster.user} CUDA_VISIBLE_DEVICES=0,1" for i in range(3)]
+    job = out[0].split()[1].rstrip(":")
+    ranks = sorted(line.split(": ", 1)[1] for line in out[1:])
+    port = ranks[0].split("master=n1:")[1].split()[0]
+    tmp = cluster.box.root / "jobs" / job
+    assert ranks == [f"node=n{i + 1} rank={i} of 3 master=n1:{port} user={cluster.user} "
+                     f"CUDA_VISIBLE_DEVICES=0,1 TMPDIR={tmp}/n{i + 1}/step-0/rank-{i}/tmp" for i in range(3)]
     assert "NumNodes=3 NumTasks=3" in logged[-1] and "TresPerTask=gres:gpu:2" in logged[-1]
 
 

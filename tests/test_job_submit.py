@@ -322,17 +322,24 @@ def test_install_prints_the_lines_and_write_applies_them(cluster, tmp_path):
     conf.write_text(f"ClusterName=x\nPluginDir=/usr/lib/x86_64-linux-gnu/slurm-wlm:{tmp_path}/plugins\n"
                     f"JobSubmitPlugins=lua\nPlugStackConfig={tmp_path}/plugstack.conf\n")
     (tmp_path / "plugstack.conf").write_text("optional /old/spank_tether.so\nrequired other.so\n")
+    storage = tmp_path / "jobs"
+    config = tmp_path / "tether.yaml"
+    config.write_text(f"job_storage_root: {storage}\n")
     tether = [str(Path(os.sys.executable).with_name("tether"))]
-    dry = run_command([*tether, "slurm", "install", "--build-dir", str(cluster.box.build_dir),
-                       "--slurm-conf", str(conf)])
-    assert "JobSubmitPlugins=lua,tether" in dry.stdout
-    assert f"required {tmp_path}/plugins/spank_tether.so" in dry.stdout
+    common = ["--build-dir", str(cluster.box.build_dir), "--slurm-conf", str(conf), "--config", str(config)]
+    dry = run_command([*tether, "slurm", "install", *common])
+    line = f"required {tmp_path}/plugins/spank_tether.so job_storage_root={storage}"
+    assert "JobSubmitPlugins=lua,tether" in dry.stdout and line in dry.stdout
     assert "JobSubmitPlugins=lua\n" in conf.read_text()                 # not written without --write
+    assert not storage.exists()
     so = tmp_path / "plugins" / "job_submit_tether.so"
     inode = so.stat().st_ino
-    run_command([*tether, "slurm", "install", "--build-dir", str(cluster.box.build_dir),
-                 "--slurm-conf", str(conf), "--write"])
+    run_command([*tether, "slurm", "install", *common, "--write"])
     assert "JobSubmitPlugins=lua,tether\n" in conf.read_text()
-    assert (tmp_path / "plugstack.conf").read_text() == (
-        f"required {tmp_path}/plugins/spank_tether.so\nrequired other.so\n")
+    assert (tmp_path / "plugstack.conf").read_text() == f"{line}\nrequired other.so\n"
     assert so.stat().st_ino != inode and oct(so.stat().st_mode & 0o777) == "0o755"
+    assert storage.is_dir() and oct(storage.stat().st_mode & 0o777) == "0o755"
+    os.chmod(storage, 0o777)                                           # unsafe: refused
+    refused = run_command([*tether, "slurm", "install", *common, "--write"], check=False)
+    assert refused.returncode == 1
+    assert f"job_storage_root {storage} must be a root-owned directory" in refused.stderr

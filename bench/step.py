@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Benchmark: the cost of tether's SPANK plugin on step launch -- `srun -N3 true` inside one
+3-node allocation on a private sandbox, in one run:
+
+  none     plugstack.conf without tether
+  unused   tether loaded, the step has no tether option (goal: <= 1.02 x none)
+  tether   tether loaded, the step has one (per-rank directories + rank environment; goal <= 1.15)
+
+The three kinds of steps are interleaved (none, unused, tether, none, ...) so drift hits all alike;
+the median step time of each is printed with the ratios. Run as root:
+/opt/tether/venv/bin/python bench/step.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from tether.hooks.native import set_conf_line
+from tether.hooks.proc import run_command
+from tether.hooks.sandbox import Sandbox
+
+ROOT = "/var/lib/tether/sandbox-bench"
+
+# Runs inside the allocation: times each kind of step, interleaved, and prints "kind microseconds".
+LOOP = r"""
+for i in $(seq {rounds}); do
+  for kind in none unused tether; do
+    case $kind in
+      none)   cp {plugstack}.none {plugstack}.use; args="";;
+      unused) cp {plugstack}.tether {plugstack}.use; args="";;
+      tether) cp {plugstack}.tether {plugstack}.use; args="--slot-type=cpu";;
+    esac
+    t0=$(date +%s%N)
+    srun -N3 -n3 $args true
+    t1=$(date +%s%N)
+    echo "$kind $(( (t1 - t0) / 1000 ))"
+  done
+done
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--keep", action="store_true", help="leave the bench sandbox running")
+    args = parser.parse_args()
+
+    box = Sandbox(ROOT)
+    box.up(install=False, log=lambda m: None)
+    plugstack = box.plugstack_conf
+    tether_line = next(l for l in plugstack.read_text().splitlines() if "spank_tether.so" in l)
+    # srun and slurmstepd read plugstack.conf on every launch: point it at a file the loop swaps.
+    plugstack.with_suffix(".conf.tether").write_text(tether_line + "\n")
+    plugstack.with_suffix(".conf.none").write_text("# no plugins\n")
+    use = plugstack.with_suffix(".conf.use")
+    set_conf_line(box.slurm_conf, r"PlugStackConfig\s*=", f"PlugStackConfig={use}")
+    use.write_text(tether_line + "\n")
+    try:
+        run_command(["scontrol", "reconfigure"], env=box.command_env(), timeout=60)
+        time.sleep(1)
+        loop = LOOP.format(rounds=args.rounds, plugstack=plugstack.with_suffix(".conf"))
+        out = run_command(["salloc", "-N3", "--time=30", "bash", "-c", loop], env=box.command_env(),
+                          timeout=1800).stdout
+    finally:
+        set_conf_line(box.slurm_conf, r"PlugStackConfig\s*=", f"PlugStackConfig={plugstack}")
+        run_command(["scontrol", "reconfigure"], env=box.command_env(), check=False, timeout=60)
+        if not args.keep:
+            box.down(purge=True, log=lambda m: None)
+
+    times: dict[str, list[float]] = {"none": [], "unused": [], "tether": []}
+    for line in out.splitlines():
+        kind, _, secs = line.partition(" ")
+        if kind in times and secs:
+            times[kind].append(int(secs) / 1000)
+    median = {k: statistics.median(v) for k, v in times.items()}
+    print(f"srun -N3 true inside a 3-node allocation, {args.rounds} interleaved rounds "
+          f"(median ms per step)")
+    for kind, ms in median.items():
+        print(f"  {kind:<7} {ms:7.1f} ms")
+    for kind, goal in (("unused", 1.02), ("tether", 1.15)):
+        ratio = median[kind] / median["none"]
+        print(f"{kind} / none = {ratio:.3f} (goal <= {goal:.2f}: {'ok' if ratio <= goal else 'MISSED'})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
