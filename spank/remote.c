@@ -20,6 +20,7 @@
 #include <dirent.h>
 #include <stdarg.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <limits.h>
 #include <pwd.h>
 #include <sys/stat.h>
@@ -103,6 +104,44 @@ static int open_storage_root(void)
 }
 
 /*
+ * As root, create ``name`` under ``dirfd`` already owned by uid:gid, atomically: a directory made
+ * under a temporary name, handed over, then renamed into place without replacing anything. Other
+ * nodes starting the same job at the same moment never see it root-owned; if one of them won, its
+ * directory is kept and ours dropped. 0 when ``name`` exists now (ours or theirs), -1 on error.
+ */
+static int create_owned_dir_at(int dirfd, const char *name, mode_t mode, uid_t uid, gid_t gid,
+			       const char *shown)
+{
+	char tmp[NAME_MAX + 1], host[64] = "";
+
+	gethostname(host, sizeof(host) - 1);
+	for (char *c = host; *c; c++)
+		if (*c == '/')
+			*c = '_';
+	snprintf(tmp, sizeof(tmp), ".%.32s.%.40s.%d", name, host, (int)getpid());
+	if (mkdirat(dirfd, tmp, mode) < 0) {
+		remote_fail("tether: cannot create a directory next to %s: %m", shown);
+		return -1;
+	}
+	if (fchownat(dirfd, tmp, uid, gid, AT_SYMLINK_NOFOLLOW) < 0) {
+		remote_fail("tether: cannot hand %s to uid %u: %m", shown, (unsigned)uid);
+		unlinkat(dirfd, tmp, AT_REMOVEDIR);
+		return -1;
+	}
+	if (renameat2(dirfd, tmp, dirfd, name, RENAME_NOREPLACE) < 0) {
+		int err = errno;
+
+		unlinkat(dirfd, tmp, AT_REMOVEDIR);
+		if (err != EEXIST) {
+			errno = err;
+			remote_fail("tether: cannot create %s: %m", shown);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/*
  * Make sure ``name`` under ``dirfd`` is a directory owned by ``uid`` (creating it with ``mode``
  * when missing; as root, also handing it to uid:gid) and return an fd on it (O_NOFOLLOW: a symlink
  * there is refused, never followed). ``shown`` is the full path, for messages.
@@ -113,12 +152,10 @@ static int ensure_dir_at(int dirfd, const char *name, mode_t mode, uid_t uid, gi
 	struct stat st;
 	int fd;
 
-	if (mkdirat(dirfd, name, mode) == 0) {
-		if (geteuid() == 0 && fchownat(dirfd, name, uid, gid, AT_SYMLINK_NOFOLLOW) < 0) {
-			remote_fail("tether: cannot hand %s to uid %u: %m", shown, (unsigned)uid);
+	if (geteuid() == 0 && uid != 0) {
+		if (create_owned_dir_at(dirfd, name, mode, uid, gid, shown) < 0)
 			return -1;
-		}
-	} else if (errno != EEXIST) {
+	} else if (mkdirat(dirfd, name, mode) < 0 && errno != EEXIST) {
 		remote_fail("tether: cannot create %s: %m", shown);
 		return -1;
 	}

@@ -16,6 +16,7 @@
  *
  * The option table below is generated from tether/spank/options.py at build time.
  */
+#define _GNU_SOURCE /* renameat2 (remote.c) */
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>

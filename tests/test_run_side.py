@@ -59,10 +59,10 @@ def timed_out_job(cluster):
 
 
 def test_six_ranks_get_their_environment_and_private_directories(cluster, timed_out_job):
-    out = cluster.as_user(["salloc", "--slots=6", "--slots-per-node=2", "--slot-type=cpu",
-                           "srun", "-N3", "-n6", "-c1", "--label", "bash", "-c", SHOW]).stdout
-    ranks = parse(out)
-    assert [r["RANK"] for r in ranks] == [str(i) for i in range(6)]
+    result = cluster.as_user(["salloc", "--slots=6", "--slots-per-node=2", "--slot-type=cpu",
+                              "srun", "-N3", "-n6", "-c1", "--label", "bash", "-c", SHOW])
+    ranks = parse(result.stdout)
+    assert [r["RANK"] for r in ranks] == [str(i) for i in range(6)], result.stderr
     job_dir = ranks[0]["JOB_DIR"]
     job_id = Path(job_dir).name
     assert Path(job_dir).parent == storage(cluster)
