@@ -41,7 +41,7 @@ def main() -> int:
         for nodes in (1, NODES):
             request = Request(slots=nodes * spn, slots_per_node=spn, slot_type=slot_type, job_id="bench",
                               scheduler_args=ARGS[scheduler])
-            timings.append(best_ms(lambda: plan_directives(make_plan(request, config, scheduler))))
+            timings.append(best_ms(lambda r=request, c=config, s=scheduler: plan_directives(make_plan(r, c, s))))
         base, big = timings
         worst = max(worst, big)
         print(f"{label:<22} {base:>8.3f}ms {big:>10.3f}ms {big / base:>7.2f}")

@@ -72,7 +72,7 @@ class Request:
 def _scheduler_section(args_key: str, with_gpu_type: bool) -> Struct:
     fields = {
         args_key: List(item=Str(), default=[],
-                       doc=f"extra options added as header directives (policy-checked)"),
+                       doc="extra options added as header directives (policy-checked)"),
         "slots_per_node": Int(minimum=1, maximum=MAX_SLOTS_PER_NODE, nullable=True,
                               doc="the minimum number of slots a node must provide"),
     }

@@ -46,7 +46,7 @@ def tether_config(cluster):
 def sbatch(cluster, *args: str, script: str | None = None, env: dict | None = None, wait: bool = True):
     """sbatch as the job user; returns (CompletedProcess, job id or None, output text)."""
     work = cluster.box.work_dir
-    out = work / f"job-%j.out"
+    out = work / "job-%j.out"
     argv = ["sbatch", "--parsable", f"--output={out}"] + (["--wait"] if wait else []) + list(args)
     if script is not None:
         path = work / f"script-{os.getpid()}-{len(list(work.iterdir()))}.sh"
