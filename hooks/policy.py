@@ -206,16 +206,18 @@ def _check_printable(text: str, what: str) -> None:
                            f"remove it")
 
 
+def strip_gres_prefix(item: str) -> str:
+    """``gres:gpu:2`` (Slurm 22.05) / ``gres/gpu:2`` (24.11) -> ``gpu:2``; other items unchanged."""
+    for prefix in ("gres:", "gres/"):
+        if item.startswith(prefix):
+            return item[len(prefix):]
+    return item
+
+
 def gres_references_gpu(value: str) -> bool:
     """True if a --gres / TRES value names a GPU (``gpu``, ``gpu:2``, ``gres:gpu:a100:1``, ``gres/gpu``)."""
-    for item in value.split(","):
-        item = item.strip().lower()
-        for prefix in ("gres:", "gres/"):
-            if item.startswith(prefix):
-                item = item[len(prefix):]
-        if item.split(":", 1)[0] == "gpu":
-            return True
-    return False
+    return any(strip_gres_prefix(item.strip().lower()).split(":", 1)[0] == "gpu"
+               for item in value.split(","))
 
 
 SPEC_HINT = "use slots_per_trial, slots_per_node, slot_type, gpu_type or resource_pool instead"

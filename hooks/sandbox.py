@@ -156,13 +156,7 @@ class Sandbox:
 
     def restart_slurmctld(self, timeout: float = 60.0) -> None:
         """Restart slurmctld keeping its state (jobs, nodes): how a changed plugin .so gets loaded."""
-        daemon = next(d for d in self.daemons() if d.name == "slurmctld")
-        pid = daemon.pid()
-        if pid is not None:
-            os.kill(pid, signal.SIGTERM)
-            if not _wait_gone(daemon, 15.0):
-                os.kill(pid, signal.SIGKILL)
-                _wait_gone(daemon, 5.0)
+        _stop(next(d for d in self.daemons() if d.name == "slurmctld"))
         self._start(["slurmctld", "-f", str(self.slurm_conf)], "slurmctld")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -302,15 +296,10 @@ class Sandbox:
         """SIGTERM each live daemon (slurmd first, munged last), SIGKILL after 15 s."""
         stopped = []
         for daemon in reversed(self.daemons()):
-            pid = daemon.pid()
-            if pid is None:
-                daemon.pid_file.unlink(missing_ok=True)
-                continue
-            os.kill(pid, signal.SIGTERM)
-            if not _wait_gone(daemon, 15.0):
-                os.kill(pid, signal.SIGKILL)
-                _wait_gone(daemon, 5.0)
+            pid = _stop(daemon)
             daemon.pid_file.unlink(missing_ok=True)
+            if pid is None:
+                continue
             stopped.append(f"{daemon.name} (pid {pid})")
             log(f"stopped {daemon.name} (pid {pid})")
         return stopped
@@ -503,6 +492,17 @@ def _ports_free(base: int) -> bool:
             except OSError:
                 return False
     return True
+
+
+def _stop(daemon: Daemon) -> int | None:
+    """SIGTERM the daemon if it is alive, SIGKILL after 15 s; returns the PID it had (or None)."""
+    pid = daemon.pid()
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        if not _wait_gone(daemon, 15.0):
+            os.kill(pid, signal.SIGKILL)
+            _wait_gone(daemon, 5.0)
+    return pid
 
 
 def _wait_gone(daemon: Daemon, timeout: float) -> bool:

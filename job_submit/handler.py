@@ -19,7 +19,7 @@ import yaml
 from tether.hooks.config import ON_FAILURE, Config, config_path, load_config
 from tether.hooks.errors import ConfigError, RequestError
 from tether.hooks.plan import Plan, make_plan
-from tether.hooks.policy import Arg, check_slurm_args, gres_references_gpu
+from tether.hooks.policy import Arg, check_slurm_args, gres_references_gpu, strip_gres_prefix
 from tether.hooks.request import Request
 from tether.spank.options import (
     BY_NAME, CONTAINER_OPTIONS, CONTAINERS_UNAVAILABLE, OPTIONS, PLANNER_OPTIONS,
@@ -60,15 +60,16 @@ def _count(values: dict[str, str], name: str) -> int | None:
     return int(text)
 
 
+def cstr(ffi, ptr) -> str | None:
+    """A C string from the request snapshot (None for NULL; bytes that are not UTF-8 replaced)."""
+    return ffi.string(ptr).decode("utf-8", "replace") if ptr != ffi.NULL else None
+
+
 # The user's own options as slurmctld sees them: sbatch/srun turn --nodes into min_nodes, --gpus
 # into tres_per_job, --gres/--gpus-per-node into tres_per_node, and so on.
 def user_args(job, lib, ffi) -> list[Arg]:
     """The controlled options the user gave explicitly, as Args for the shared policy check."""
     args: list[Arg] = []
-
-    def text(attr: str) -> str | None:
-        ptr = getattr(job, attr)
-        return ffi.string(ptr).decode("utf-8", "replace") if ptr != ffi.NULL else None
 
     if job.min_nodes not in (lib.NO_VAL, 0):
         nodes = str(job.min_nodes) + (f"-{job.max_nodes}" if job.max_nodes not in (lib.NO_VAL, 0, job.min_nodes)
@@ -83,10 +84,10 @@ def user_args(job, lib, ffi) -> list[Arg]:
         args.append(Arg("--cpus-per-task", str(job.cpus_per_task), f"--cpus-per-task={job.cpus_per_task}"))
     for attr, option in (("tres_per_job", "--gpus"), ("tres_per_task", "--gpus-per-task"),
                          ("tres_per_socket", "--gpus-per-socket"), ("tres_per_node", "--gres")):
-        value = text(attr)
+        value = cstr(ffi, getattr(job, attr))
         if not value:
             continue
-        gpu = [_strip_gres(i) for i in value.split(",") if i and gres_references_gpu(i)]
+        gpu = [strip_gres_prefix(i) for i in value.split(",") if i and gres_references_gpu(i)]
         if gpu:
             if option != "--gres":                     # --gpus=2 arrives as gres:gpu:2
                 gpu = [g.split(":", 1)[1] if ":" in g else g for g in gpu]
@@ -99,13 +100,6 @@ def user_args(job, lib, ffi) -> list[Arg]:
 def _gpu_count(value: str) -> int:
     """The count of ``8`` / ``a100:8``."""
     return int(value.rsplit(":", 1)[-1])
-
-
-def _strip_gres(item: str) -> str:
-    for prefix in ("gres:", "gres/"):
-        if item.startswith(prefix):
-            return item[len(prefix):]
-    return item
 
 
 # ---- writing the plan --------------------------------------------------------------------------
@@ -144,7 +138,7 @@ def apply_plan(job, plan: Plan, ffi, prefix: str) -> None:
     if "--gpus-per-task" in options:
         _put(ffi, job, "tres_per_task", prefix + "gpu:" + options["--gpus-per-task"])
     if "--gres" in options:
-        current = ffi.string(job.tres_per_node).decode() if job.tres_per_node != ffi.NULL else ""
+        current = cstr(ffi, job.tres_per_node) or ""
         others = [i for i in current.split(",") if i and not gres_references_gpu(i)]
         _put(ffi, job, "tres_per_node", ",".join(others + [prefix + options["--gres"]]))
     if plan.partition:
@@ -305,11 +299,10 @@ class Handler:
 
     # -- helpers --
     def _text(self, ptr) -> str | None:
-        return self.ffi.string(ptr).decode("utf-8", "replace") if ptr != self.ffi.NULL else None
+        return cstr(self.ffi, ptr)
 
     def _strings(self, array, size: int) -> list[str]:
-        return [self.ffi.string(array[i]).decode("utf-8", "replace") for i in range(size)
-                if array[i] != self.ffi.NULL]
+        return [cstr(self.ffi, array[i]) for i in range(size) if array[i] != self.ffi.NULL]
 
     def _reply(self, job, text: str) -> None:
         """The message for the user (a rejection's reason, or notes), truncated to fit."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tether.hooks.config import Config, load_config
 from tether.hooks.native import (
-    BuildError, find_toolchain, install_file, installed_slurm_version, read_stamp, set_conf_line,
+    BuildError, Toolchain, find_toolchain, install_file, installed_slurm_version, read_stamp, set_conf_line,
     write_stamp,
 )
 from tether.job_submit import build as job_submit_build
@@ -27,9 +27,8 @@ DEFAULT_BUILD_ROOT = "/opt/tether/lib"
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 
 
-def source_digest() -> str:
+def source_digest(toolchain: Toolchain) -> str:
     """A digest of everything compiled into the plugins (to skip identical rebuilds)."""
-    toolchain = find_toolchain()
     h = hashlib.sha256()
     for text in (spank_build.source(), job_submit_build.source(toolchain), job_submit_build.CDEF,
                  job_submit_build.EMBEDDING_API, job_submit_build.INIT_CODE, repr(toolchain)):
@@ -37,16 +36,17 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-def default_build_dir() -> Path:
-    return Path(DEFAULT_BUILD_ROOT) / f"slurm-{find_toolchain().slurm_version}"
+def default_build_dir(toolchain: Toolchain | None = None) -> Path:
+    toolchain = toolchain or find_toolchain()
+    return Path(DEFAULT_BUILD_ROOT) / f"slurm-{toolchain.slurm_version}"
 
 
 def build_plugins(out_dir: Path | None = None, *, verbose: bool = False, reuse: bool = False,
                   log=print) -> Path:
     """Compile both plugins into ``out_dir`` (default /opt/tether/lib/slurm-<version>)."""
     toolchain = find_toolchain()
-    out = Path(out_dir) if out_dir else default_build_dir()
-    digest = source_digest()
+    out = Path(out_dir) if out_dir else default_build_dir(toolchain)
+    digest = source_digest(toolchain)
     if reuse:
         try:
             if read_stamp(out).get("source_digest") == digest:
