@@ -19,6 +19,7 @@ bench: install
 	$(VENV)/bin/python bench/plan.py
 	$(VENV)/bin/python bench/submit.py
 	$(VENV)/bin/python bench/step.py
+	$(VENV)/bin/python bench/launch.py
 
 sandbox-up: install
 	$(VENV)/bin/tether sandbox up

@@ -135,6 +135,53 @@ def _cmd_slurm(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    import os
+
+    from tether.container.run import container_settings, run_container
+
+    command = list(args.cmd)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        _err("tether run: give the command to run in the container after --")
+        return EXIT_USAGE
+    env = dict(os.environ)
+    for flag, var in RUN_OPTIONS:
+        value = getattr(args, flag.replace("-", "_"))
+        if value is True:
+            env[var] = "1"
+        elif value:
+            env[var] = value
+    run_container(env, command, container_settings(_config_arg(args)))
+
+
+def _cmd_images(args: argparse.Namespace) -> int:
+    from tether.container.images import ImageCache
+
+    from .config import load_config
+
+    cache = ImageCache(load_config(_config_arg(args)).data["container"]["apptainer_image_root"])
+    if args.action == "ls":
+        print(f"{'SIZE':>10}  {'LAST USED':<16}  {'OWNER':>6}  SOURCE  PATH")
+        import time
+
+        for image in cache.entries():
+            used = time.strftime("%Y-%m-%d %H:%M", time.localtime(image.last_used))
+            print(f"{image.size:>10}  {used:<16}  {image.owner:>6}  {image.source}  {image.path}")
+        return EXIT_OK
+    for path in cache.prune(args.older_than):
+        print(f"removed {path}")
+    return EXIT_OK
+
+
+# tether run's options: the same names as the srun/sbatch options, the same TETHER_* variables.
+RUN_OPTIONS = (("container-image", "TETHER_CONTAINER_IMAGE"), ("container-runtime", "TETHER_CONTAINER_RUNTIME"),
+               ("container-mounts", "TETHER_CONTAINER_MOUNTS"), ("container-workdir", "TETHER_CONTAINER_WORKDIR"),
+               ("container-env", "TETHER_CONTAINER_ENV"), ("container-writable", "TETHER_CONTAINER_WRITABLE"),
+               ("container-name", "TETHER_CONTAINER_NAME"))
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     from .sandbox import Sandbox
@@ -184,6 +231,27 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "directory of slurm.conf's PluginDir)")
     inst.add_argument("--write", action="store_true", help="edit slurm.conf and plugstack.conf")
     inst.set_defaults(func=_cmd_slurm)
+
+    run = sub.add_parser("run", parents=[common],
+                         help="run a command in a container as tether's SPANK plugin and PBS hooks do "
+                              "(options default to the TETHER_CONTAINER_* variables)")
+    for flag, var in RUN_OPTIONS:
+        if flag == "container-writable":
+            run.add_argument(f"--{flag}", action="store_true", help=f"(default ${var})")
+        else:
+            run.add_argument(f"--{flag}", metavar="VALUE", help=f"(default ${var})")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
+    run.set_defaults(func=_cmd_run)
+
+    images = sub.add_parser("images", help="the Apptainer/Singularity image cache")
+    images_sub = images.add_subparsers(dest="action", required=True, metavar="ACTION")
+    ls = images_sub.add_parser("ls", parents=[common], help="list the converted images you can use")
+    ls.set_defaults(func=_cmd_images)
+    prune = images_sub.add_parser("prune", parents=[common],
+                                  help="remove images unused for DAYS (yours; all as root) and "
+                                       "leftovers of failed conversions")
+    prune.add_argument("--older-than", type=float, default=30.0, metavar="DAYS")
+    prune.set_defaults(func=_cmd_images)
 
     for name, helptext, func in (("sandbox", "the local 3-node Slurm cluster for tests and demos", _cmd_sandbox),
                                  ("demo", "bring up the sandbox and run the main multi-node job", _cmd_demo)):

@@ -53,7 +53,12 @@ def _runtime(binary: str, doc: str) -> Struct:
     return Struct(doc=doc, fields={
         "binary": Str(default=binary, pattern=r"[^\s]+", accepted="a command name or path",
                       doc="the runtime's executable (looked up in PATH unless absolute)"),
-        "args": List(item=Str(), default=[], doc="extra arguments inserted after the subcommand"),
+        "args": List(item=Str(), default=[],
+                     doc="extra arguments inserted after the subcommand (e.g. podman: --runtime, runc)"),
+        "env": Map(value=Str(), key_pattern=r"[A-Za-z_][A-Za-z0-9_]*", key_doc="variable name", default={},
+                   key_accepted="letters, digits and '_', not starting with a digit",
+                   doc="variables set for the runtime process itself (e.g. podman: CONTAINERS_CONF); "
+                       "they do not enter the container"),
     })
 
 

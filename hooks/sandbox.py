@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterable
 
 import jinja2
+import yaml
 
 from .errors import TetherError
 from .native import set_conf_line
@@ -36,10 +37,13 @@ NODES = ("n1", "n2", "n3")
 GPUS_PER_NODE = 4
 CPUS_PER_NODE = 8
 MEMORY_MB = 4000
+# podman on this machine type: the sandbox lacks CAP_SYS_RESOURCE, so no default ulimits.
+CONTAINERS_CONF = "[containers]\ndefault_ulimits = []\n"
 
 # What a fresh Debian 12 machine needs for the sandbox and the plugins built against it.
 APT_PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "libslurm-dev", "munge",
-                "podman", "runc", "conmon", "uidmap", "busybox-static", "python3-dev", "gcc")
+                "podman", "runc", "conmon", "uidmap", "fuse-overlayfs", "slirp4netns", "catatonit",
+                "busybox-static", "python3-dev", "gcc")
 
 
 class SandboxError(TetherError):
@@ -153,6 +157,27 @@ class Sandbox:
         build = build_plugins(self.build_dir, reuse=True, log=log)
         install_plugins(build, slurm_conf=self.slurm_conf, plugin_dir=self.plugin_dir,
                         config=load_config(str(self.tether_conf)), write=True, log=lambda m: None)
+
+    def tether_settings(self) -> dict:
+        """The sandbox's tether config: its own job storage root and image cache; podman as the
+        container runtime, with the settings this machine needs (runc; no default ulimits)."""
+        return {
+            "job_storage_root": str(self.root / "jobs"),
+            "container": {
+                "runtime": "podman",
+                "apptainer_image_root": str(self.root / "images"),
+                "podman": {"args": ["--runtime", "runc"],
+                           "env": {"CONTAINERS_CONF": str(self.etc / "containers.conf")}},
+            },
+        }
+
+    def busybox_image(self) -> str:
+        """A busybox root filesystem under ``<root>/images``: root-owned and read-only to users, as
+        an admin's shared image directory is (podman runs it through an overlay). Built once."""
+        root = self.root / "images" / "busybox-rootfs"
+        if not (root / "mnt").is_dir():
+            build_busybox_rootfs(root)
+        return str(root)
 
     def restart_slurmctld(self, timeout: float = 60.0) -> None:
         """Restart slurmctld keeping its state (jobs, nodes): how a changed plugin .so gets loaded."""
@@ -377,9 +402,9 @@ class Sandbox:
             template = resources.files("tether.hooks").joinpath(f"sandbox-{name}.j2").read_text()
             (self.etc / name).write_text(env.from_string(template).render(**values))
         self.plugstack_conf.write_text("# tether sandbox: SPANK plugins (see `tether slurm install`)\n")
-        if not self.tether_conf.exists():
-            self.tether_conf.write_text(f"# tether configuration of the sandbox cluster\n"
-                                        f"job_storage_root: {self.root / 'jobs'}\n")
+        (self.etc / "containers.conf").write_text(CONTAINERS_CONF)
+        self.tether_conf.write_text("# tether configuration of the sandbox cluster (generated)\n"
+                                    + yaml.safe_dump(self.tether_settings(), sort_keys=False))
 
     def _start_munged(self) -> None:
         d = self.munge_dir
@@ -512,3 +537,28 @@ def _wait_gone(daemon: Daemon, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return daemon.pid() is None
+
+
+def build_busybox_rootfs(root: Path) -> None:
+    """A complete small image: busybox-static with every applet, the /etc files and mount targets
+    runtimes expect. Built beside ``root`` and renamed into place."""
+    tmp = root.with_name(f".{root.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
+    for sub in ("bin", "etc", "tmp", "proc", "sys", "dev", "run", "var/tmp", "mnt"):
+        (tmp / sub).mkdir(parents=True)
+    shutil.copy2("/bin/busybox", tmp / "bin" / "busybox")
+    applets = run_command([str(tmp / "bin" / "busybox"), "--list"]).stdout.split()
+    for applet in applets:
+        if applet != "busybox":
+            (tmp / "bin" / applet).symlink_to("busybox")
+    (tmp / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (tmp / "etc" / "group").write_text("root:x:0:\n")
+    for target in ("hosts", "hostname", "resolv.conf"):          # podman's mount targets
+        (tmp / "etc" / target).write_text("")
+    (tmp / "etc" / "mtab").symlink_to("/proc/mounts")
+    os.chmod(tmp / "tmp", 0o1777)
+    os.chmod(tmp / "var" / "tmp", 0o1777)
+    for path in (tmp.parent, tmp):
+        os.chmod(path, 0o755)
+    tmp.rename(root)

@@ -198,6 +198,7 @@ class Map(Node):
     value: Node = field(default_factory=Str)
     key_pattern: str = NAME_PATTERN
     key_doc: str = "name"
+    key_accepted: str = "letters, digits, '.', '_', '-'"
     accepted: str = "a mapping"
 
     def fill_default(self) -> Any:
@@ -212,7 +213,7 @@ class Map(Node):
         for key, raw in value.items():
             if not isinstance(key, str) or not re.fullmatch(self.key_pattern, key):
                 errors.append(SchemaError(_join(path, key), f"{key!r} is not a valid {self.key_doc} "
-                                                             f"(letters, digits, '.', '_', '-')"))
+                                                             f"({self.key_accepted})"))
                 continue
             out[key] = self.value.check(raw, _join(path, key), errors)
         return out

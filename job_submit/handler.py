@@ -21,9 +21,8 @@ from tether.hooks.errors import ConfigError, RequestError
 from tether.hooks.plan import Plan, make_plan
 from tether.hooks.policy import Arg, check_slurm_args, gres_references_gpu, strip_gres_prefix
 from tether.hooks.request import Request
-from tether.spank.options import (
-    BY_NAME, CONTAINER_OPTIONS, CONTAINERS_UNAVAILABLE, OPTIONS, PLANNER_OPTIONS,
-)
+from tether.container.spec import LaunchError, check_container_options
+from tether.spank.options import BY_NAME, OPTIONS, PLANNER_OPTIONS
 
 ACCEPT, REJECT, FAILED = 1, 2, -1
 SLURM_HINT = "use --slots, --slots-per-node, --slot-type, --gpu-type or --resource-pool instead"
@@ -215,9 +214,10 @@ class Handler:
         if not wanted:            # reached only in reject_all mode, and the config loads again
             return ACCEPT
         values = tether_values(self._strings(job.spank_env, job.spank_env_size))
-        containers = [f"--{name}" for name in CONTAINER_OPTIONS if name in values]
-        if containers:
-            self._reply(job, f"tether: {containers[0]}: {CONTAINERS_UNAVAILABLE}")
+        try:
+            check_container_options(values, config.data["container"]["runtime"])
+        except LaunchError as exc:
+            self._reply(job, f"tether: {exc}")
             job.cacheable = 1
             return REJECT
         if not any(name in values for name in PLANNER_OPTIONS):

@@ -88,9 +88,42 @@ class SlurmConf:
         return cls(path, plugin_dirs, Path(plugstack), jsp)
 
 
+LAUNCHER_NAME = "tether-run"
+
+
 def plugstack_line(plugin_dir: Path, config: Config) -> str:
     """The plugstack.conf line: the SPANK plugin and the settings its C side needs from the config."""
-    return f"required {plugin_dir / spank_build.SO_NAME} job_storage_root={config.job_storage_root}"
+    return (f"required {plugin_dir / spank_build.SO_NAME} job_storage_root={config.job_storage_root} "
+            f"launcher={plugin_dir / LAUNCHER_NAME}")
+
+
+def install_launcher(plugin_dir: Path, config: Config) -> Path:
+    """Write the container launcher next to the SPANK plugin (see tether.container.run), with a new
+    inode (running tasks keep the old one)."""
+    from tether.container.run import launcher_text
+    from tether.hooks.config import DEFAULT_CONFIG_PATH
+
+    source = None if config.source.startswith("<") else config.source
+    text = launcher_text(source or DEFAULT_CONFIG_PATH, config.data["container"])
+    target = plugin_dir / LAUNCHER_NAME
+    tmp = target.with_name(f".{LAUNCHER_NAME}.{os.getpid()}")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, target)
+    return target
+
+
+def ensure_image_root(path: Path, log=print) -> None:
+    """The Apptainer image cache root (root-owned 0755) and its per-user area ``users/`` (1777)."""
+    if not path.exists():
+        path.mkdir(mode=0o755, parents=True)
+        os.chmod(path, 0o755)
+        log(f"created apptainer_image_root {path} (root, 0755)")
+    users = path / "users"
+    if not users.exists():
+        users.mkdir()
+        os.chmod(users, 0o1777)
+        log(f"created {users} (root, 1777): users convert their own images there")
 
 
 def ensure_storage_root(path: Path, log=print) -> None:
@@ -131,11 +164,13 @@ def install_plugins(build_dir: Path | None = None, *, slurm_conf: Path | None = 
     for name in stamp["files"]:
         install_file(build / name, plugin_dir / name)
         log(f"installed {plugin_dir / name}")
+    log(f"installed {install_launcher(plugin_dir, config)}")
     plugins = conf.job_submit_plugins + (() if "tether" in conf.job_submit_plugins else ("tether",))
     jsp_line = f"JobSubmitPlugins={','.join(plugins)}"
     spank_line = plugstack_line(plugin_dir, config)
     if write:
         ensure_storage_root(Path(config.job_storage_root), log=log)
+        ensure_image_root(Path(config.data["container"]["apptainer_image_root"]), log=log)
         set_conf_line(conf.path, r"JobSubmitPlugins\s*=", jsp_line)
         set_conf_line(conf.plugstack, r"(required|optional)\s+\S*spank_tether\.so", spank_line)
         log(f"wrote {jsp_line} to {conf.path} and '{spank_line}' to {conf.plugstack}; "

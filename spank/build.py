@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tether.hooks.native import Toolchain, c_string, compile_c_plugin
 
-from .options import CONTAINERS_UNAVAILABLE, KINDS, OPTIONS
+from .options import KINDS, OPTIONS
 
 SO_NAME = "spank_tether.so"
 _C_KINDS = {kind: f"K_{kind.upper()}" for kind in KINDS}
@@ -32,9 +32,7 @@ def option_table_c() -> str:
 def source() -> str:
     files = resources.files("tether.spank")
     shim = files.joinpath("shim.c").read_text() + "\n" + files.joinpath("remote.c").read_text()
-    return (shim.replace("/*@OPTION_TABLE@*/", option_table_c())
-                .replace("/*@CONTAINERS_UNAVAILABLE@*/",
-                         f"#define TETHER_CONTAINERS_UNAVAILABLE {c_string(CONTAINERS_UNAVAILABLE)}"))
+    return shim.replace("/*@OPTION_TABLE@*/", option_table_c())
 
 
 def build(out_dir: Path, toolchain: Toolchain, *, verbose: bool = False) -> Path:

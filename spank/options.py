@@ -65,11 +65,9 @@ OPTIONS: tuple[SpankOption, ...] = (
 BY_NAME = {opt.name: opt for opt in OPTIONS}
 # Options that make a job a tether job for the job_submit plugin (a slot request).
 PLANNER_OPTIONS = ("slots", "slots-per-node", "slot-type", "gpu-type", "resource-pool")
-# The container options are accepted and validated, but nothing runs containers yet (the run side
-# and the container wrapper are later issues): jobs and steps that use them are refused.
+# Options that make a step run its tasks in a container (validated at submit by the job_submit
+# plugin, applied in slurmstepd by the SPANK plugin, launched by tether.container).
 CONTAINER_OPTIONS = tuple(o.name for o in OPTIONS if o.name.startswith("container-"))
-CONTAINERS_UNAVAILABLE = ("containers are not available yet: tether's run side (per-rank setup and "
-                          "the container wrapper) is not installed on this cluster")
 
 
 def options_reference() -> str:

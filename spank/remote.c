@@ -22,7 +22,12 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <limits.h>
+#include <grp.h>
+#include <poll.h>
 #include <pwd.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -30,6 +35,7 @@
 #define TETHER_REMOVE_DEPTH 256
 
 static int remote_step;                /* this step carries tether options */
+static int container_step;             /* ... and its tasks run in a container */
 static uid_t job_uid;
 static gid_t job_gid;
 static uint32_t job_id, step_id;
@@ -212,6 +218,15 @@ static void remove_tree_at(int parent, const char *name, int depth)
 	unlinkat(parent, name, AT_REMOVEDIR);
 }
 
+/* The effective value of option ``name`` (from the step, or inherited from the job), or NULL. */
+static const char *opt_value(const char *name)
+{
+	for (int i = 0; i < TETHER_NOPTS; i++)
+		if (tether_opts[i].value && strcmp(tether_opts[i].name, name) == 0)
+			return tether_opts[i].value;
+	return NULL;
+}
+
 static int get_env(spank_t sp, const char *name, char *buf, int len)
 {
 	return spank_getenv(sp, name, buf, len) == ESPANK_SUCCESS;
@@ -244,15 +259,9 @@ static int remote_post_opt(spank_t sp)
 	struct stat st;
 	int root_fd, fd;
 
-	for (int i = 0; i < TETHER_NOPTS; i++) {
-		if (!tether_opts[i].value)
-			continue;
-		remote_step = 1;
-		if (strncmp(tether_opts[i].name, "container-", 10) == 0) {
-			remote_fail("tether: --%s: %s", tether_opts[i].name, TETHER_CONTAINERS_UNAVAILABLE);
-			return 0;
-		}
-	}
+	for (int i = 0; i < TETHER_NOPTS; i++)
+		if (tether_opts[i].value)
+			remote_step = 1;
 	if (!remote_step)
 		return 0; /* not a tether step: nothing at all */
 	if (spank_get_item(sp, S_JOB_UID, &job_uid) != ESPANK_SUCCESS ||
@@ -262,6 +271,21 @@ static int remote_post_opt(spank_t sp)
 		remote_fail("tether: cannot read the job's uid, gid, id or step id");
 		return 0;
 	}
+	/* The tasks of an ordinary step run in the container; the batch script, salloc's interactive
+	 * step and the extern step stay on the host (so srun works inside a batch script). */
+	container_step = opt_value("container-image") != NULL && step_id < SLURM_MAX_NORMAL_STEP_ID;
+	if (container_step && tether_launcher == NULL) {
+		remote_fail("tether: --container-image: containers are not set up on this cluster "
+			    "(plugstack.conf has no launcher=; an admin runs `tether slurm install --write`)");
+		return 0;
+	}
+	/* Keep everything a container step starts inside the step: a runtime that double-forks
+	 * (podman's conmon) is caught by the launcher, itself a child subreaper; should the launcher
+	 * die (SIGKILL, the OOM killer), its orphans re-parent to this slurmstepd instead of init, so
+	 * process tracking still signals and kills them with the step (slurmstepd's wait3() loop
+	 * reaps pids that are not tasks without complaint). */
+	if (container_step && prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
+		slurm_error("tether: prctl(PR_SET_CHILD_SUBREAPER): %m");
 	root_fd = open_storage_root();
 	if (root_fd < 0)
 		return 0;
@@ -429,6 +453,10 @@ static int remote_user_init(spank_t sp)
 		if (tether_opts[i].value && one_of(tether_opts[i].name, described)) {
 			snprintf(buf, sizeof(buf), "TETHER_JOB_%s", tether_opts[i].env + strlen("TETHER_"));
 			rc = set_env(sp, buf, tether_opts[i].value);
+		} else if (tether_opts[i].value && strncmp(tether_opts[i].name, "container-", 10) == 0) {
+			/* The launcher reads the container options from TETHER_CONTAINER_*; in a batch
+			 * script they are the defaults srun picks up for the job's steps. */
+			rc = set_env(sp, tether_opts[i].env, tether_opts[i].value);
 		}
 	}
 out:
@@ -440,13 +468,44 @@ out:
 	return rc;
 }
 
+/*
+ * Make the task exec tether's container launcher instead of its command. Slurm 22.05 has no
+ * spank_prepend_task_argv(), but S_JOB_ARGV gives the array the task is about to exec (this is the
+ * forked task process, so only the task sees the change): argv[0] becomes the launcher and the
+ * original argv[0] travels in TETHER_RUN_ARGV0; argv[1..] stay. The launcher execs (or, for runtimes
+ * that fork daemons, supervises) the container runtime, so the rank stays slurmstepd's child.
+ */
+static int hand_to_launcher(spank_t sp)
+{
+	int argc = 0;
+	char **argv = NULL;
+	char *launcher;
+
+	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || argc < 1 ||
+	    argv == NULL || argv[0] == NULL) {
+		slurm_error("tether: cannot read the task's command to run it in the container");
+		return -1;
+	}
+	launcher = strdup(tether_launcher);
+	if (launcher == NULL || set_env(sp, "TETHER_RUN_ARGV0", argv[0]) < 0)
+		return -1;
+	/* The launcher supervises runtimes that double-fork as a child subreaper; the flag survives
+	 * execve, so it is set here, where it costs nothing (the launcher would need ctypes). */
+	if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
+		slurm_error("tether: prctl(PR_SET_CHILD_SUBREAPER): %m");
+		return -1;
+	}
+	argv[0] = launcher; /* the old string belongs to slurmstepd's copy; this process execs now */
+	return 0;
+}
+
 /* In each task, as the job user, just before exec: the per-rank part of the environment. */
 static int remote_task_init(spank_t sp)
 {
 	uint32_t global = 0, node = 0;
 	int local = 0;
 	char rank_dir[PATH_MAX + 32], path[PATH_MAX + 40], gpus[1024] = "";
-	const char *slot_type = NULL;
+	const char *slot_type = opt_value("slot-type");
 
 	if (!remote_step)
 		return 0;
@@ -454,9 +513,8 @@ static int remote_task_init(spank_t sp)
 	spank_get_item(sp, S_TASK_ID, &local);
 	spank_get_item(sp, S_JOB_NODEID, &node);
 	snprintf(rank_dir, sizeof(rank_dir), "%s/rank-%u", step_dir, global);
-	for (int i = 0; i < TETHER_NOPTS; i++)
-		if (tether_opts[i].value && strcmp(tether_opts[i].name, "slot-type") == 0)
-			slot_type = tether_opts[i].value;
+	if (container_step && hand_to_launcher(sp) < 0)
+		return -1;
 	if (set_env_u(sp, "RANK", global) || set_env_u(sp, "LOCAL_RANK", local) ||
 	    set_env_u(sp, "NODE_RANK", node) || set_env(sp, "TETHER_RANK_DIR", rank_dir))
 		return -1;
@@ -477,6 +535,97 @@ static int remote_task_init(spank_t sp)
 	return 0;
 }
 
+/* Does ``name`` under ``dirfd`` hold cleanup markers a launcher left (".cleanup-<rank>"), directly
+ * or -- with depth 2, for a job directory -- in <node>/step-<id>/ below it? Never follows symlinks. */
+static int has_leftovers(int parent, const char *name, int depth)
+{
+	int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	struct dirent *e;
+	DIR *dir;
+	int found = 0;
+
+	if (fd < 0 || (dir = fdopendir(fd)) == NULL) {
+		if (fd >= 0)
+			close(fd);
+		return 0;
+	}
+	while (!found && (e = readdir(dir)) != NULL) {
+		if (e->d_name[0] == '.')
+			found = depth == 0 && strncmp(e->d_name, ".cleanup-", 9) == 0;
+		else if (depth > 0 && (e->d_type == DT_DIR || e->d_type == DT_UNKNOWN))
+			found = has_leftovers(dirfd(dir), e->d_name, depth - 1);
+	}
+	closedir(dir);
+	return found;
+}
+
+/*
+ * A container step whose end killed its launchers' own cleanup (a time limit or scancel signals
+ * every process of the step, podman's `rm` included) left markers saying what is still to do.
+ * Now that no process of the step is left, run the launcher once more, as the job user, in cleanup
+ * mode (TETHER_CLEANUP=<step or job dir>). It must not be part of the step any more -- slurmstepd kills
+ * whatever is left in the step after KillWait, and podman's rm of a killed container can take
+ * that long -- so it is double-forked away from this slurmstepd (no longer a subreaper) and
+ * bounded by alarm(120). We only wait until it has read the markers (it closes fd 3), so that the
+ * step's directory can go.
+ */
+static void run_leftover_cleanup(const char *where)
+{
+	char env_cleanup[PATH_MAX + 32], env_home[PATH_MAX + 8], env_user[300], buf[4096];
+	struct passwd pw, *pwp = NULL;
+	struct pollfd pfd;
+	gid_t groups[256];
+	int ngroups = 256, status, fds[2];
+	pid_t pid;
+
+	/* Everything that reads NSS happens here, before fork(): slurmstepd has threads. */
+	if (getpwuid_r(job_uid, &pw, buf, sizeof(buf), &pwp) != 0 || pwp == NULL ||
+	    getgrouplist(pw.pw_name, job_gid, groups, &ngroups) < 0) {
+		slurm_error("tether: cleanup after step %u.%u: cannot look up uid %u and its groups", job_id,
+			    step_id, (unsigned)job_uid);
+		return;
+	}
+	snprintf(env_cleanup, sizeof(env_cleanup), "TETHER_CLEANUP=%s", where);
+	snprintf(env_home, sizeof(env_home), "HOME=%s", pw.pw_dir);
+	snprintf(env_user, sizeof(env_user), "USER=%s", pw.pw_name);
+	if (pipe2(fds, O_CLOEXEC) < 0) {
+		slurm_error("tether: cleanup after step %u.%u: pipe: %m", job_id, step_id);
+		return;
+	}
+	slurm_info("tether: step %u.%u ended with its containers' cleanup unfinished; running %s as uid %u",
+		   job_id, step_id, tether_launcher, (unsigned)job_uid);
+	prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0); /* the cleanup may outlive the step: let it go */
+	pid = fork();
+	if (pid < 0) {
+		slurm_error("tether: cleanup after step %u.%u: fork: %m", job_id, step_id);
+		close(fds[0]);
+		close(fds[1]);
+		return;
+	}
+	if (pid == 0) {
+		char *argv[] = { tether_launcher, NULL };
+		char *envp[] = { env_cleanup, env_home, env_user, "TETHER_CLEANUP_FD=3",
+				 "PATH=/usr/local/bin:/usr/bin:/bin", NULL };
+
+		setsid();
+		if (fork() != 0)
+			_exit(0);  /* the grandchild is re-parented to init: outside the step */
+		if (dup2(fds[1], 3) != 3 || setgroups((size_t)ngroups, groups) != 0 || setgid(job_gid) != 0 ||
+		    setuid(job_uid) != 0 || setuid(0) == 0 || chdir("/") != 0)
+			_exit(126);
+		alarm(120);
+		execve(tether_launcher, argv, envp);
+		_exit(127);
+	}
+	close(fds[1]);
+	waitpid(pid, &status, 0);
+	pfd.fd = fds[0];
+	pfd.events = POLLIN;
+	if (poll(&pfd, 1, 10000) == 0)
+		slurm_error("tether: cleanup after step %u.%u did not read its markers within 10 s", job_id, step_id);
+	close(fds[0]);
+}
+
 /* slurmstepd, as root, when the step ends (normally, failed, cancelled or timed out): the step's
  * directories, then the node's and the job's when no other step uses them. The end of the batch
  * step is the end of the job: then the whole job directory goes, whatever the job left in it. */
@@ -492,6 +641,9 @@ static void remote_exit(void)
 		return;
 	snprintf(name, sizeof(name), "%u", job_id);
 	if (step_id == SLURM_BATCH_SCRIPT) {
+		/* the job's end: other steps may still be ending, their markers go with the tree */
+		if (tether_launcher && has_leftovers(root_fd, name, 2))
+			run_leftover_cleanup(job_dir);
 		remove_tree_at(root_fd, name, 0);
 		close(root_fd);
 		return;
@@ -500,6 +652,8 @@ static void remote_exit(void)
 	if (job_fd >= 0) {
 		node_fd = openat(job_fd, node_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (node_fd >= 0) {
+			if (container_step && tether_launcher && has_leftovers(node_fd, step_name, 0))
+				run_leftover_cleanup(step_dir);
 			remove_tree_at(node_fd, step_name, 0);
 			close(node_fd);
 		}

@@ -34,6 +34,7 @@ extern char *slurm_conf_get_nodeaddr(const char *node_hostname);
 
 /* plugstack.conf arguments (key=value); `tether slurm install` writes them from tether's config. */
 static char *tether_job_storage_root = "/var/lib/tether/jobs";
+static char *tether_launcher = NULL;   /* the container launcher (tether-run); NULL: no containers */
 
 enum tether_kind { K_COUNT, K_SLOT_TYPE, K_NAME, K_RUNTIME, K_TEXT, K_ENV_NAMES, K_FLAG };
 
@@ -49,7 +50,6 @@ struct tether_opt {
 };
 
 /*@OPTION_TABLE@*/
-/*@CONTAINERS_UNAVAILABLE@*/
 
 #define TETHER_NOPTS ((int)(sizeof(tether_opts) / sizeof(tether_opts[0])))
 #define TETHER_MAX_TEXT 4096
@@ -265,8 +265,12 @@ static int parse_args(int ac, char **av)
 			tether_job_storage_root = av[i] + 17;
 			continue;
 		}
+		if (strncmp(av[i], "launcher=", 9) == 0 && av[i][9] == '/' && strlen(av[i]) < 2048) {
+			tether_launcher = av[i] + 9;
+			continue;
+		}
 		slurm_error("tether: plugstack.conf argument '%s' is not understood (accepted: "
-			    "job_storage_root=/absolute/path)", av[i]);
+			    "job_storage_root=/absolute/path, launcher=/absolute/path)", av[i]);
 		return -1;
 	}
 	return 0;
@@ -292,20 +296,6 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	}
 }
 
-/* Nothing runs containers yet: a job or step that asks for one is refused, saying why. */
-static int refuse_containers(void)
-{
-	for (int i = 0; i < TETHER_NOPTS; i++) {
-		if (tether_opts[i].value && strncmp(tether_opts[i].name, "container-", 10) == 0) {
-			slurm_error("tether: %s%s: %s", tether_opts[i].from_env ? "" : "--",
-				    tether_opts[i].from_env ? tether_opts[i].env : tether_opts[i].name,
-				    TETHER_CONTAINERS_UNAVAILABLE);
-			return -1;
-		}
-	}
-	return 0;
-}
-
 /* srun/sbatch/salloc: environment fallbacks, then forward the effective values to slurmctld. */
 static int client_post_opt(spank_t sp)
 {
@@ -316,8 +306,6 @@ static int client_post_opt(spank_t sp)
 		if (o->value == NULL && env != NULL && tether_set(i, env, o->env, 1) < 0)
 			return -1;
 	}
-	if (refuse_containers() < 0)
-		return -1;
 	for (int i = 0; i < TETHER_NOPTS; i++) {
 		struct tether_opt *o = &tether_opts[i];
 		spank_err_t rc;

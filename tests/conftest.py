@@ -8,6 +8,7 @@ A cluster that cannot start fails the tests that need it; it never skips them.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -80,3 +81,34 @@ def pytest_runtest_makereport(item, call):
         from tether.hooks.sandbox import Sandbox
 
         report.sections.append(("sandbox daemon logs", Sandbox(TEST_SANDBOX_ROOT).log_tails(40)))
+
+
+# ---- helpers shared by the run-side and container tests ----------------------------------------
+def parse(lines: str) -> list[dict[str, str]]:
+    out = []
+    for line in lines.splitlines():
+        if "RANK=" in line:
+            out.append(dict(w.split("=", 1) for w in line.split(": ", 1)[-1].split() if "=" in w))
+    return sorted(out, key=lambda r: int(r["RANK"]))
+
+
+def storage(cluster) -> Path:
+    return cluster.box.root / "jobs"
+
+
+def job_entries(cluster) -> set[str]:
+    return {p.name for p in storage(cluster).iterdir() if p.name.isdigit()}
+
+
+def user_processes(cluster, pattern: str) -> list[str]:
+    out = cluster.run(["ps", "-u", cluster.user, "-o", "pid=,stat=,args="], check=False).stdout
+    return [l for l in out.splitlines() if pattern in l and not l.split()[1].startswith("Z")]
+
+
+def wait_until(predicate, timeout: float = 30.0, step: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()

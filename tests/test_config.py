@@ -26,7 +26,7 @@ def test_defaults():
     assert cfg.job_project_source is None
     assert cfg.job_storage_root == "/var/lib/tether/jobs"
     assert cfg.data["container"]["runtime"] == "apptainer"
-    assert cfg.runtime("podman") == {"binary": "podman", "args": []}
+    assert cfg.runtime("podman") == {"binary": "podman", "args": [], "env": {}}
     assert cfg.data["plugin"]["on_failure"] == "reject_tether_jobs"
 
 
@@ -80,7 +80,7 @@ plugin:
     assert cfg.partition_override("gpu").gpu_type == "a100"
     assert cfg.partition_override("cpu") is None
     assert cfg.runtime("podman")["args"] == ["--runtime", "runc"]
-    assert cfg.runtime("enroot") == {"binary": "enroot", "args": []}
+    assert cfg.runtime("enroot") == {"binary": "enroot", "args": [], "env": {}}
 
 
 def test_unknown_key_wrong_type_and_bad_enum_are_all_reported(tmp_path):
@@ -113,7 +113,10 @@ def test_unknown_key_wrong_type_and_bad_enum_are_all_reported(tmp_path):
     ("default_aux_resource_pool: 'a;b'\n", "default_aux_resource_pool: 'a;b' is not a partition/queue name"),
     ("container:\n  runtime: docker\n", "container.runtime: 'docker' is not one of apptainer, singularity"),
     ("container:\n  podman:\n    binary: ''\n", "container.podman.binary: '' is not a command name or path"),
-    ("container:\n  podman:\n    argz: []\n", "container.podman.argz: unknown key; accepted keys here: binary, args"),
+    ("container:\n  podman:\n    env: {BAD-NAME: x}\n",
+     "container.podman.env.BAD-NAME: 'BAD-NAME' is not a valid variable name (letters, digits and '_', not "
+     "starting with a digit)"),
+    ("container:\n  podman:\n    argz: []\n", "container.podman.argz: unknown key; accepted keys here: binary, args, env"),
     ("plugin:\n  on_failure: accept\n", "plugin.on_failure: 'accept' is not one of reject_tether_jobs, reject_all_jobs"),
     ("container: 3\n", "container: expected a mapping with keys runtime"),
     ("- a\n- b\n", ": expected a mapping with keys slot_type"),
@@ -179,7 +182,7 @@ def test_config_show_prints_effective_config(tmp_path, capsys):
     assert shown["slot_type"] == "cpu"
     assert shown["partition_overrides"]["gpu"] == {"slot_type": None, "gpu_type": "a100",
                                                    "sbatch_args": [], "pbsbatch_args": []}
-    assert shown["container"]["enroot"] == {"binary": "enroot", "args": []}
+    assert shown["container"]["enroot"] == {"binary": "enroot", "args": [], "env": {}}
     assert out.startswith(f"# effective tether configuration from {path}")
 
 

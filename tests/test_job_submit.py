@@ -30,7 +30,7 @@ def tether_config(cluster):
 
     def write(text: str | dict | None = None, **settings) -> None:
         if text is None:
-            text = yaml.safe_dump({"job_storage_root": str(cluster.box.root / "jobs"), **settings})
+            text = yaml.safe_dump({**cluster.box.tether_settings(), **settings})
         elif isinstance(text, dict):
             text = yaml.safe_dump(text)
         tmp = path.with_suffix(".tmp")
@@ -202,16 +202,18 @@ def test_rejections_show_tethers_message(cluster, tether_config, args, env, mess
     assert message in result.stderr, result.stderr
 
 
-def test_container_options_are_refused_until_containers_exist(cluster, tether_config):
-    result, job_id, _ = sbatch(cluster, "--slots=2", "--container-image=docker://busybox", wait=False)
+def test_bad_container_options_are_refused_at_submit(cluster, tether_config):
+    """The run side's checks, at sbatch time: a job never waits in the queue to fail at start."""
+    result, job_id, _ = sbatch(cluster, "--slots=2", "--container-image=/i", "--container-mounts=data:/d",
+                               wait=False)
     assert result.returncode != 0 and job_id is None
-    assert "tether: --container-image: containers are not available yet" in result.stderr
-    step = cluster.as_user(["salloc", "-N1", "srun", "--container-writable", "true"], check=False)
-    assert "srun: error: tether: --container-writable: containers are not available yet" in step.stderr
-    env = cluster.run(["runuser", "-u", cluster.user, "--", "env", "TETHER_CONTAINER_IMAGE=x", "srun",
-                       "true"], check=False)
+    assert "tether: --container-mounts source 'data' must be an absolute path" in result.stderr
+    result, job_id, _ = sbatch(cluster, "--container-writable", wait=False)
+    assert job_id is None and "tether: --container-* options need --container-image" in result.stderr
+    env = cluster.run(["runuser", "-u", cluster.user, "--", "env", "TETHER_CONTAINER_IMAGE=/i",
+                       "TETHER_CONTAINER_NAME=dev", "srun", "true"], check=False)
     assert env.returncode != 0
-    assert "tether: TETHER_CONTAINER_IMAGE: containers are not available yet" in env.stderr
+    assert "tether: --container-name is supported with --container-runtime=enroot only, not podman" in env.stderr
 
 
 def test_cpus_per_task_is_the_users_for_gpu_slots(cluster, tether_config):
@@ -324,11 +326,13 @@ def test_install_prints_the_lines_and_write_applies_them(cluster, tmp_path):
     (tmp_path / "plugstack.conf").write_text("optional /old/spank_tether.so\nrequired other.so\n")
     storage = tmp_path / "jobs"
     config = tmp_path / "tether.yaml"
-    config.write_text(f"job_storage_root: {storage}\n")
+    images = tmp_path / "images"
+    config.write_text(f"job_storage_root: {storage}\ncontainer: {{apptainer_image_root: {images}}}\n")
     tether = [str(Path(os.sys.executable).with_name("tether"))]
     common = ["--build-dir", str(cluster.box.build_dir), "--slurm-conf", str(conf), "--config", str(config)]
     dry = run_command([*tether, "slurm", "install", *common])
-    line = f"required {tmp_path}/plugins/spank_tether.so job_storage_root={storage}"
+    line = (f"required {tmp_path}/plugins/spank_tether.so job_storage_root={storage} "
+            f"launcher={tmp_path}/plugins/tether-run")
     assert "JobSubmitPlugins=lua,tether" in dry.stdout and line in dry.stdout
     assert "JobSubmitPlugins=lua\n" in conf.read_text()                 # not written without --write
     assert not storage.exists()
@@ -339,6 +343,9 @@ def test_install_prints_the_lines_and_write_applies_them(cluster, tmp_path):
     assert (tmp_path / "plugstack.conf").read_text() == f"{line}\nrequired other.so\n"
     assert so.stat().st_ino != inode and oct(so.stat().st_mode & 0o777) == "0o755"
     assert storage.is_dir() and oct(storage.stat().st_mode & 0o777) == "0o755"
+    assert oct((images / "users").stat().st_mode & 0o7777) == "0o1777"
+    launcher = tmp_path / "plugins" / "tether-run"
+    assert oct(launcher.stat().st_mode & 0o777) == "0o755" and f"handoff({str(config)!r}" in launcher.read_text()
     os.chmod(storage, 0o777)                                           # unsafe: refused
     refused = run_command([*tether, "slurm", "install", *common, "--write"], check=False)
     assert refused.returncode == 1

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import job_entries, parse, storage, user_processes, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -17,36 +18,6 @@ SHOW = ("echo RANK=$RANK LOCAL_RANK=$LOCAL_RANK NODE_RANK=$NODE_RANK WORLD_SIZE=
         "TMPDIR=$TMPDIR WORK=$TETHER_WORK_DIR JOB_DIR=$TETHER_JOB_DIR SLOTS=$TETHER_JOB_SLOTS "
         "SLOT_IDS=${TETHER_SLOT_IDS:-none} ROCR=${ROCR_VISIBLE_DEVICES:-none} "
         "TMP_STAT=$(stat -c %U:%a $TMPDIR) WORK_STAT=$(stat -c %U:%a $TETHER_WORK_DIR)")
-
-
-def parse(lines: str) -> list[dict[str, str]]:
-    out = []
-    for line in lines.splitlines():
-        if "RANK=" in line:
-            out.append(dict(w.split("=", 1) for w in line.split(": ", 1)[-1].split() if "=" in w))
-    return sorted(out, key=lambda r: int(r["RANK"]))
-
-
-def storage(cluster) -> Path:
-    return cluster.box.root / "jobs"
-
-
-def job_entries(cluster) -> set[str]:
-    return {p.name for p in storage(cluster).iterdir() if p.name.isdigit()}
-
-
-def user_processes(cluster, pattern: str) -> list[str]:
-    out = cluster.run(["ps", "-u", cluster.user, "-o", "pid=,stat=,args="], check=False).stdout
-    return [l for l in out.splitlines() if pattern in l and not l.split()[1].startswith("Z")]
-
-
-def wait_until(predicate, timeout: float = 30.0, step: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
 
 
 # ---- a job that runs into its time limit, started first so the wait overlaps the other tests ----

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Benchmark: what tether adds to a containerized step -- `srun -N3 ... true` in one 3-node
+allocation, as the job user, with real rootless podman and the sandbox's busybox image:
+
+  direct   srun -N3 podman run <the same podman options tether uses> --rootfs IMG:O true
+  tether   srun -N3 --container-image=IMG true   (SPANK hand-off, per-rank directories, the rank
+           environment, tether's launcher supervising podman; goal <= 1.10 x direct)
+
+The two kinds of steps are interleaved so drift hits both alike; the medians are printed, and the
+median of the per-round ratios (this 2-core VM runs 3 ranks on 2 cores: single steps are noisy). Run as root: /opt/tether/venv/bin/python bench/launch.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+
+from tether.container.runtimes import adapter
+from tether.container.spec import LaunchSpec
+from tether.hooks.proc import run_command
+from tether.hooks.sandbox import Sandbox
+
+ROOT = "/var/lib/tether/sandbox-bench"
+
+LOOP = r"""
+for i in $(seq {rounds}); do
+  for kind in direct tether; do
+    t0=$(date +%s%N)
+    case $kind in
+      direct) srun -N3 -n3 {direct} true ;;
+      tether) srun -N3 -n3 --container-image={image} true ;;
+    esac
+    t1=$(date +%s%N)
+    echo "$kind $(( (t1 - t0) / 1000 ))"
+  done
+done
+"""
+
+
+def direct_podman(box: Sandbox, image: str) -> str:
+    """The podman command line tether would run, minus its per-rank parts, as a shell string."""
+    settings = box.tether_settings()["container"]["podman"]
+    launch = adapter("podman", settings).launch(LaunchSpec(image=image, runtime="podman", command=("true",)), {})
+    argv = launch.argv[:-1]
+    at = argv.index("--name")                      # three ranks on one host: podman picks names
+    del argv[at:at + 2]
+    return shlex.join(["env", *[f"{k}={v}" for k, v in settings["env"].items()], *argv])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--keep", action="store_true", help="leave the bench sandbox running")
+    args = parser.parse_args()
+
+    box = Sandbox(ROOT)
+    box.up(install=False, log=lambda m: None)
+    image = box.busybox_image()
+    loop = LOOP.format(rounds=args.rounds, image=image, direct=direct_podman(box, image))
+    try:
+        out = run_command(["runuser", "-u", box.user, "--", "salloc", "-N3", "--time=30", "bash", "-c", loop],
+                          env=box.command_env(), cwd=str(box.work_dir), timeout=1800).stdout
+    finally:
+        if not args.keep:
+            box.down(purge=False, log=lambda m: None)
+
+    times: dict[str, list[float]] = {"direct": [], "tether": []}
+    for line in out.splitlines():
+        kind, _, usecs = line.partition(" ")
+        if kind in times and usecs.isdigit():
+            times[kind].append(int(usecs) / 1000)
+    median = {k: statistics.median(v) for k, v in times.items()}
+    ratios = sorted(t / d for t, d in zip(times["tether"], times["direct"]))
+    q1, ratio, q3 = statistics.quantiles(ratios, n=4)
+    print(f"containerized srun -N3 true inside a 3-node allocation, {args.rounds} interleaved rounds "
+          f"(median ms per step)")
+    for kind, ms in median.items():
+        print(f"  {kind:<7} {ms:7.1f} ms")
+    print(f"tether / direct = {ratio:.3f} (median of per-round ratios; quartiles {q1:.3f}..{q3:.3f}; "
+          f"goal <= 1.10: {'ok' if ratio <= 1.10 else 'MISSED'})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,123 @@
+"""``tether run`` and the slurmstepd hand-off: one path from a task's environment to a container.
+
+The SPANK plugin hands each task of a container step to the launcher that ``tether slurm install``
+writes next to it (``tether-run``): it replaces the task's ``argv[0]`` with the launcher's path and
+puts the original in ``TETHER_RUN_ARGV0`` (Slurm 22.05 lets a plugin change argv entries, not
+insert new ones), so the command is ``[$TETHER_RUN_ARGV0, *argv[1:]]``. The launcher starts Python
+with ``-I -S`` and imports only this package and the one runtime adapter: it runs once per rank.
+
+The container settings (``container:`` of tether's config) are baked into the launcher (as a Python
+literal: no JSON or YAML parser to import) with the
+config file's identity (inode, size, mtime); when the file has changed since, the launcher reads it
+again (slower, always current).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
+
+from .launch import EXIT_LAUNCH_FAILED, execute, report, report_admin
+from .runtimes import adapter
+from .spec import LaunchError, spec_from_env
+
+if TYPE_CHECKING:
+    from typing import Any, Mapping, NoReturn, Sequence
+
+ARGV0_VAR = "TETHER_RUN_ARGV0"
+CLEANUP_VAR = "TETHER_CLEANUP"    # cleanup mode: slurmstepd, after a container step (see launch.py)
+
+
+def config_identity(path: str | None) -> list[int] | None:
+    """What identifies a config file's content cheaply: [inode, size, mtime_ns], or None if absent."""
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def container_settings(config_path: str | None) -> dict[str, Any]:
+    """The ``container`` section of the effective config (the slow path: YAML and validation)."""
+    from tether.hooks.config import load_config
+
+    return dict(load_config(config_path).data["container"])
+
+
+def run_container(env: Mapping[str, str], command: Sequence[str], settings: Mapping[str, Any], *,
+                  subreaper: bool = False) -> NoReturn:
+    """Start the container for ``command`` as ``env``'s TETHER_CONTAINER_* describe; never returns.
+    ``subreaper``: the caller made this process a child subreaper already."""
+    try:
+        spec = spec_from_env(env, command, default_runtime=settings["runtime"])
+        runtime = adapter(spec.runtime, settings.get(spec.runtime) or {},
+                          image_root=settings.get("apptainer_image_root", "/var/cache/tether/images"))
+        launch = runtime.launch(spec, env)
+    except LaunchError as exc:
+        report(str(exc))
+        os._exit(EXIT_LAUNCH_FAILED)
+    execute(launch, subreaper=subreaper)
+
+
+def handoff(config_path: str | None, identity: list[int] | None, baked: Mapping[str, Any]) -> NoReturn:
+    """The launcher's entry point (see the module docstring)."""
+    env = dict(os.environ)
+    if CLEANUP_VAR in env:
+        from .launch import run_leftovers
+
+        sys.exit(run_leftovers(env[CLEANUP_VAR]))
+    argv0 = env.pop(ARGV0_VAR, None)
+    if argv0 is None:
+        report(f"{sys.argv[0]} is tether's container launcher: it runs tasks handed over by the "
+               f"SPANK plugin; use `tether run` by hand")
+        os._exit(EXIT_LAUNCH_FAILED)
+    try:
+        # a launcher written by another tether version may bake something else: read the config
+        if isinstance(baked, dict) and config_identity(config_path) == identity:
+            settings = baked
+        else:
+            settings = container_settings(config_path)
+    except Exception as exc:                       # a broken config: say so in the job's output
+        report(f"cannot read tether's configuration: {exc}")
+        os._exit(EXIT_LAUNCH_FAILED)
+    try:
+        run_container(env, [argv0, *sys.argv[1:]], settings, subreaper=True)  # set by the SPANK plugin
+    except Exception as exc:                       # never a bare traceback in the user's output
+        import traceback
+
+        report(f"internal error in tether's container launcher ({type(exc).__name__}: {exc}); "
+               f"details in the system log")
+        report_admin(traceback.format_exc())
+        os._exit(EXIT_LAUNCH_FAILED)
+
+
+LAUNCHER_TEMPLATE = """\
+#!{python} -IS
+# tether's container launcher, written by `tether slurm install`; do not edit (run it again).
+import sys
+sys.path[:0] = {paths!r}
+from tether.container.run import handoff
+handoff({config!r}, {identity!r}, {baked!r})
+"""
+
+
+def launcher_text(config_path: str | None, settings: Mapping[str, Any], *, python: str | None = None) -> str:
+    """The launcher script for this Python and the given config."""
+    import tether
+
+    site = os.path.dirname(os.path.dirname(os.path.abspath(tether.__path__[0] + "/x")))
+    return LAUNCHER_TEMPLATE.format(python=python or sys.executable, paths=[site],
+                                    config=config_path, identity=config_identity(config_path),
+                                    baked=_plain(settings))
+
+
+def _plain(value: Any) -> Any:
+    """Settings as plain dicts/lists/strings, so that repr() is a Python literal."""
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

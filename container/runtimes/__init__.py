@@ -1,0 +1,123 @@
+"""Runtime adapters: one module per runtime, found by name (adding a runtime = adding a file here,
+a ``Runtime`` subclass named ``ADAPTER``, and its name in the config's runtime list).
+
+An adapter turns a LaunchSpec into a ``Launch``: the runtime's argv and environment, commands to
+run before it (image import, container creation) and after it (removal), and whether tether execs
+it in place or supervises it (see tether.container.launch).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
+
+from ..environment import overrides, passed_from_host
+from ..spec import LaunchError, Record
+
+if TYPE_CHECKING:
+    from typing import Mapping, Sequence
+
+    from ..spec import LaunchSpec
+
+# Image sources a runtime pulls or converts, as opposed to a local file or directory.
+REMOTE_SCHEMES = ("docker://", "oras://", "library://", "shub://", "docker-archive:", "oci-archive:",
+                  "oci:", "docker-daemon:")
+
+
+class Launch(Record):
+    """What to run for one container launch."""
+
+    FIELDS = {
+        "argv": None, "env": None,
+        "supervise": False,       # fork and wait as a subreaper; False: exec in place
+        # run first, in order, each must succeed; a step whose path (the second item) exists is skipped
+        "before": (),
+        "lock": None,             # file locked around ``before`` (ranks of a node share it)
+        "after": (),              # run when the runtime has exited
+        # run only when it ended abnormally (killed by a signal, or the wrapper was signalled)
+        "after_abnormal": (),
+        # a file that holds ``after_abnormal`` (and ``marker_env``) while the runtime runs, removed
+        # once nothing is left to clean: if the step's end kills the cleanup too, slurmstepd runs
+        # the launcher again in cleanup mode afterwards (tether.container.launch.run_leftovers)
+        "marker": None,
+        "marker_env": None,
+    }
+    __slots__ = tuple(FIELDS)
+    argv: list[str]
+    env: dict[str, str]
+    supervise: bool
+    before: list[tuple[list[str], str | None]]
+    lock: str | None
+    after: list[list[str]]
+    after_abnormal: list[list[str]]
+    marker: str | None
+    marker_env: dict[str, str] | None
+
+
+class Runtime:
+    """Base adapter. ``settings`` is the config's ``container.<runtime>`` section."""
+
+    name = ""
+
+    def __init__(self, settings: Mapping, *, image_root: str = "/var/cache/tether/images"):
+        self.binary = settings.get("binary") or self.name
+        self.args = list(settings.get("args") or ())
+        self.runtime_env = dict(settings.get("env") or {})
+        self.image_root = image_root
+
+    def launch(self, spec: LaunchSpec, host_env: Mapping[str, str]) -> Launch:
+        raise NotImplementedError
+
+    # --- shared pieces ---
+    def base_env(self, host_env: Mapping[str, str]) -> dict[str, str]:
+        """The runtime process's own environment: the host's plus the configured runtime env."""
+        env = dict(host_env)
+        env.update(self.runtime_env)
+        return env
+
+    @staticmethod
+    def container_env(spec: LaunchSpec, host_env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+        """(host values passed by name, tether's own values) per the environment contract."""
+        return passed_from_host(host_env, spec), overrides(spec)
+
+    @staticmethod
+    def is_remote(image: str) -> bool:
+        return image.startswith(REMOTE_SCHEMES)
+
+    @staticmethod
+    def local_image(image: str) -> str:
+        """A local image path that must exist (a clear error otherwise)."""
+        if not image.startswith("/"):
+            raise LaunchError(f"--container-image={image}: give an absolute path or a docker:// reference")
+        if not os.path.exists(image):
+            raise LaunchError(f"--container-image={image}: no such file or directory on this node")
+        return image
+
+    def gpu_kind(self, spec: LaunchSpec) -> str | None:
+        """'cuda' or 'rocm' when the rank has GPU slots, else None."""
+        if not spec.gpus or spec.slot_type == "cpu":
+            return None
+        return "rocm" if spec.slot_type == "rocm" else "cuda"
+
+    def refuse_name(self, spec: LaunchSpec) -> None:
+        if spec.name:
+            raise LaunchError(f"--container-name is supported with --container-runtime=enroot only, not "
+                              f"{self.name}")
+
+
+def adapter(name: str, settings: Mapping, **kw) -> Runtime:
+    """The adapter for runtime ``name`` (imported on demand: a launch loads only its own runtime)."""
+    if not name.isidentifier():
+        raise LaunchError(f"unknown container runtime {name!r}")
+    try:
+        module = importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError:
+        raise LaunchError(f"unknown container runtime {name!r}") from None
+    return module.ADAPTER(settings, **kw)
+
+
+def available() -> Sequence[str]:
+    """Runtime names with an adapter module here."""
+    here = os.path.dirname(__file__)
+    return sorted(f[:-3] for f in os.listdir(here) if f.endswith(".py") and not f.startswith("_"))

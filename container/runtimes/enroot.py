@@ -1,0 +1,84 @@
+"""Enroot: per-user ``import``/``create`` with job-scoped names, ``start``, ``remove`` at the end.
+
+Enroot clears the environment (``--env NAME`` copies a host value from enroot's own environment,
+``--env NAME=VALUE`` sets one), starts in $HOME (tether changes to the work directory with a
+``/bin/sh`` prologue), keeps the root filesystem read-only unless ``--rw``, and always uses a user
+namespace. Images and container roots live under the job's node directory when the rank has one
+(``ENROOT_DATA_PATH``), so whatever a killed rank leaves goes with the job's directories.
+``--container-name`` keeps one container per node for all steps of the job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
+
+from ..spec import LaunchError
+from . import Launch, Runtime
+
+if TYPE_CHECKING:
+    from typing import Mapping
+
+    from ..spec import LaunchSpec
+
+CD_PROLOGUE = 'cd "$1" || exit 125; shift; exec "$@"'
+
+
+def enroot_uri(image: str) -> str:
+    """docker://registry/repo:tag -> enroot's docker://registry#repo:tag (its registry separator)."""
+    rest = image[len("docker://"):]
+    first, sep, tail = rest.partition("/")
+    if sep and "#" not in rest and ("." in first or ":" in first or first == "localhost"):
+        return f"docker://{first}#{tail}"
+    return image
+
+
+class Enroot(Runtime):
+    name = "enroot"
+
+    def launch(self, spec: LaunchSpec, host_env: Mapping[str, str]) -> Launch:
+        env = self.base_env(host_env)
+        node_dir = os.path.dirname(os.path.dirname(spec.rank_dir)) if spec.rank_dir else None
+        if node_dir:
+            env.setdefault("ENROOT_DATA_PATH", os.path.join(node_dir, "enroot", "data"))
+            env.setdefault("ENROOT_CACHE_PATH", os.path.join(node_dir, "enroot", "cache"))
+        before = []
+        if self.is_remote(spec.image):
+            if not spec.image.startswith("docker://"):
+                raise LaunchError(f"--container-image={spec.image}: enroot imports docker:// images "
+                                  f"or runs a squashfs file")
+            store = os.path.join(node_dir or env.get("TMPDIR", "/tmp"), "enroot")
+            sqsh = os.path.join(store, hashlib.sha256(spec.image.encode()).hexdigest()[:24] + ".sqsh")
+            before.append(([self.binary, "import", "--output", sqsh, enroot_uri(spec.image)], sqsh))
+        else:
+            sqsh = self.local_image(spec.image)
+            if os.path.isdir(sqsh):
+                raise LaunchError(f"--container-image={spec.image}: enroot runs a squashfs file or a "
+                                  f"docker:// image, not a directory")
+        name = spec.instance
+        data = env.get("ENROOT_DATA_PATH") or os.path.join(
+            env.get("XDG_DATA_HOME") or os.path.join(env.get("HOME", "/"), ".local/share"), "enroot")
+        before.append(([self.binary, "create", "--name", name, sqsh], os.path.join(data, name)))
+        passed, own = self.container_env(spec, host_env)
+        argv = [self.binary, "start", *self.args]
+        if spec.writable:
+            argv.append("--rw")
+        for var in sorted(passed):
+            argv += ["--env", var]
+        for var, value in own.items():
+            argv += ["--env", f"{var}={value}"]
+        if self.gpu_kind(spec) == "cuda":
+            argv += ["--env", "NVIDIA_VISIBLE_DEVICES=all"]
+        for mount in spec.rank_mounts():
+            argv += ["--mount", f"{mount.source}:{mount.target}:none:x-create=dir,bind"]
+        for mount in spec.mounts:
+            argv += ["--mount", f"{mount.source}:{mount.target}:none:x-create=auto,rbind"
+                     + (",ro" if mount.readonly else "")]
+        argv += [name, "/bin/sh", "-c", CD_PROLOGUE, "sh", spec.workdir, *spec.command]
+        after = [] if spec.name else [[self.binary, "remove", "--force", name]]
+        lock = os.path.join(node_dir, "enroot", ".lock") if node_dir else None
+        return Launch(argv=argv, env=env, supervise=True, before=before, lock=lock, after=after)
+
+
+ADAPTER = Enroot
