@@ -239,7 +239,10 @@ def run_leftovers(step_dir: str) -> int:
         except (OSError, ValueError, SyntaxError, KeyError, TypeError) as exc:
             report_admin(f"cleanup: ignoring {path}: {exc}")
     if os.environ.get("TETHER_CLEANUP_FD") == "3":
-        os.close(3)                          # markers read: slurmstepd may remove the step's directory
+        try:
+            os.close(3)                      # markers read: slurmstepd may remove the step's directory
+        except OSError:
+            pass
     failed = 0
     for commands, env in todo:
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")

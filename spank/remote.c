@@ -607,10 +607,20 @@ static void run_leftover_cleanup(const char *where)
 		char *envp[] = { env_cleanup, env_home, env_user, "TETHER_CLEANUP_FD=3",
 				 "PATH=/usr/local/bin:/usr/bin:/bin", NULL };
 
+		int null_fd;
+
 		setsid();
 		if (fork() != 0)
 			_exit(0);  /* the grandchild is re-parented to init: outside the step */
-		if (dup2(fds[1], 3) != 3 || setgroups((size_t)ngroups, groups) != 0 || setgid(job_gid) != 0 ||
+		/* fd 3: the pipe (without close-on-exec); 0-2: /dev/null; nothing else of slurmstepd's
+		 * (its sockets and the step's I/O pipes) may stay open in a process that outlives it */
+		if (fds[1] == 3 ? fcntl(3, F_SETFD, 0) != 0 : dup2(fds[1], 3) != 3)
+			_exit(126);
+		null_fd = open("/dev/null", O_RDWR);
+		if (null_fd < 0 || dup2(null_fd, 0) < 0 || dup2(null_fd, 1) < 0 || dup2(null_fd, 2) < 0)
+			_exit(126);
+		closefrom(4);
+		if (setgroups((size_t)ngroups, groups) != 0 || setgid(job_gid) != 0 ||
 		    setuid(job_uid) != 0 || setuid(0) == 0 || chdir("/") != 0)
 			_exit(126);
 		alarm(120);
