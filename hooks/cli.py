@@ -182,6 +182,21 @@ RUN_OPTIONS = (("container-image", "TETHER_CONTAINER_IMAGE"), ("container-runtim
                ("container-name", "TETHER_CONTAINER_NAME"))
 
 
+def _cmd_pbs(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from tether.pbs_hooks.install import install
+
+    from .config import config_path, load_config
+
+    load_config(_config_arg(args))                          # refuse to install a broken config
+    path, _ = config_path(_config_arg(args))
+    install(os.path.abspath(path) if os.path.exists(path) else None, Path(args.hook_config),
+            apply=args.apply, log=print)
+    return EXIT_OK
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     from .sandbox import Sandbox
@@ -252,6 +267,15 @@ def build_parser() -> argparse.ArgumentParser:
                                        "leftovers of failed conversions")
     prune.add_argument("--older-than", type=float, default=30.0, metavar="DAYS")
     prune.set_defaults(func=_cmd_images)
+
+    pbs_cmd = sub.add_parser("pbs", help="install tether's PBS server hook")
+    pbs_sub = pbs_cmd.add_subparsers(dest="action", required=True, metavar="ACTION")
+    pbs_install = pbs_sub.add_parser("install", parents=[common],
+                                     help="write the hook's JSON config; print (or --apply) the qmgr commands")
+    pbs_install.add_argument("--hook-config", metavar="FILE", default="/etc/tether/tether_submit.json",
+                             help="where the hook's JSON config goes (default /etc/tether/tether_submit.json)")
+    pbs_install.add_argument("--apply", action="store_true", help="run the qmgr commands")
+    pbs_install.set_defaults(func=_cmd_pbs)
 
     for name, helptext, func in (("sandbox", "the local 3-node Slurm cluster for tests and demos", _cmd_sandbox),
                                  ("demo", "bring up the sandbox and run the main multi-node job", _cmd_demo)):

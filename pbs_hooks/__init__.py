@@ -1,1 +1,6 @@
-"""tether.pbs_hooks: the OpenPBS hook handlers and the hook files qmgr imports. Not built yet."""
+"""tether.pbs_hooks: tether's OpenPBS hooks.
+
+handler (queuejob/modifyjob: slots -> select, place, Rerunable, umask, project, queue), the hook
+file qmgr imports (tether_submit.py), and ``tether pbs install`` (install.py). The MoM hooks
+(execjob_begin/launch/end) are not built yet.
+"""

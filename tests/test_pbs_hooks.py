@@ -1,0 +1,181 @@
+"""tether's PBS server hook, run as PBS runs it: the real hook file (pbs_hooks/tether_submit.py)
+executed against the stub ``pbs`` module (tests/pbs_stub), with its JSON hook config.
+Covers every row of the seed's PBS table, the select-merge rule and the rejections.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+HOOK = REPO / "pbs_hooks" / "tether_submit.py"
+sys.path.insert(0, str(REPO / "tests" / "pbs_stub"))
+import pbs  # noqa: E402  (the stub)
+
+
+@pytest.fixture
+def hook(tmp_path):
+    """Run the hook file for an event; returns the event (accepted?, reject message, the job)."""
+    config = tmp_path / "tether.yaml"
+    config.write_text("default_aux_resource_pool: aux\n")
+    hook_config = tmp_path / "tether_submit.json"
+    import tether
+
+    site = str(Path(list(tether.__path__)[0]).parent)
+    hook_config.write_text(json.dumps({"python_path": [site], "config": str(config)}))
+
+    def run(event_type=pbs.QUEUEJOB, *, config_text: str | None = None, **kw):
+        if config_text is not None:
+            config.write_text(config_text)
+        event = pbs.stub_event(event_type, config_file=str(hook_config),
+                               queues=("workq", "gpu", "aux"), **kw)
+        with pytest.raises(SystemExit):
+            runpy.run_path(str(HOOK), run_name="__main__")
+        assert event.accepted is not None, "the hook ended without accept() or reject()"
+        return event
+
+    return run
+
+
+def test_jobs_without_tether_resources_are_untouched(hook):
+    e = hook(resources={"select": "2:ncpus=4", "walltime": "1:00:00"})
+    assert e.accepted and e.job._changed == set()
+    assert e.job.Resource_List["select"] == "2:ncpus=4"
+
+
+@pytest.mark.parametrize("slot_type,spn,select", [
+    ("cuda", 4, "2:ngpus=4"), ("rocm", 2, "4:ngpus=2"), ("cuda", None, "8:ngpus=1"),
+    ("cpu", 4, "2:ncpus=4"), ("cpu", None, "8:ncpus=1"),
+])
+def test_table_rows(hook, slot_type, spn, select):
+    resources = {"tether_slots": 8, "tether_slot_type": slot_type}
+    if spn:
+        resources["tether_slots_per_node"] = spn
+    e = hook(resources=resources)
+    assert e.accepted, e.reject_msg
+    assert e.job.Resource_List["select"] == select and isinstance(e.job.Resource_List["select"], pbs.select)
+    assert e.job.Resource_List["place"] == "scatter"
+    assert (e.job.Rerunable, e.job.umask) == (False, 0o022)
+
+
+def test_gpu_without_gres_and_aux_rows(hook):
+    e = hook(resources={"tether_slots": 8, "tether_slots_per_node": 4}, config_text="gres_supported: false\n")
+    assert e.accepted and e.job.Resource_List["select"] == "2"
+    aux = hook(resources={"tether_slots": 0}, config_text="default_aux_resource_pool: aux\n")
+    assert aux.accepted and aux.job.Resource_List["select"] == "1" and str(aux.job.queue) == "aux"
+
+
+def test_select_merge_keeps_chunk_resources_and_says_what_it_replaced(hook):
+    e = hook(resources={"tether_slots": 8, "tether_slots_per_node": 4, "select": "3:ngpus=2:mem=10gb",
+                        "place": "pack:excl"})
+    assert e.accepted, e.reject_msg
+    assert e.job.Resource_List["select"] == "2:ngpus=4:mem=10gb"
+    assert e.job.Resource_List["place"] == "scatter:excl"
+    assert "chunk count 3 replaced by 2" in e.job.comment and "ngpus=2 replaced by ngpus=4" in e.job.comment
+    assert "arrangement pack replaced by scatter" in e.job.comment
+    assert any("replaced" in msg for _, msg in pbs.LOG)
+
+
+def test_queue_is_the_resource_pool_and_project_from_config(hook):
+    e = hook(resources={"tether_slots": 2}, config_text="default_compute_resource_pool: gpu\n"
+                                                        "job_project_source: user\n", requestor="bob")
+    assert e.accepted and str(e.job.queue) == "gpu" and e.job.project == "bob"
+
+
+@pytest.mark.parametrize("resources,message", [
+    ({"tether_slots": 8, "tether_slots_per_node": 3}, "tether: tether_slots_per_node=3 does not divide tether_slots=8; choose one of 1, 2, 4, 8"),
+    ({"tether_slots_per_node": 2}, "tether: -l tether_slots_per_node, tether_slot_type and tether_gpu_type need -l tether_slots"),
+    ({"tether_slots": 2, "tether_slot_type": "tpu"}, "tether_slot_type"),
+    ({"tether_slots": 2, "ngpus": 2}, "tether: qsub options: -l ngpus=2 conflicts with the select statement"),
+])
+def test_rejections_carry_a_message_the_user_can_act_on(hook, resources, message):
+    e = hook(resources=resources)
+    assert e.accepted is False and message in e.reject_msg, e.reject_msg
+
+
+def test_a_broken_config_rejects_tether_jobs_only(hook):
+    e = hook(resources={"tether_slots": 2}, config_text="slot_type: gpu\n")
+    assert e.accepted is False and e.reject_msg.startswith("tether unavailable: ")
+    plain = hook(resources={"select": "1:ncpus=1"}, config_text="slot_type: gpu\n")
+    assert plain.accepted
+
+
+def test_an_unloadable_tether_rejects_tether_jobs_and_passes_others(hook, tmp_path):
+    (tmp_path / "tether_submit.json").write_text("{not json")
+    e = hook(resources={"tether_slots": 2})
+    assert e.accepted is False and "tether unavailable: the hook cannot load tether" in e.reject_msg
+    assert hook(resources={"select": "1:ncpus=1"}).accepted
+
+
+def test_qalter_replans_from_the_changes_and_the_original_job(hook):
+    e = hook(pbs.MODIFYJOB, resources={"tether_slots_per_node": 2},
+             original={"tether_slots": 8, "tether_slots_per_node": 4, "select": "2:ngpus=4:mem=10gb",
+                       "place": "scatter"})
+    assert e.accepted, e.reject_msg
+    assert e.job.Resource_List["select"] == "4:ngpus=2:mem=10gb"
+    again = hook(pbs.MODIFYJOB, resources={"select": "4:ngpus=2:mem=10gb"},
+                 original={"tether_slots": 8, "tether_slots_per_node": 2, "select": "4:ngpus=2:mem=10gb"})
+    assert again.accepted and again.job.Resource_List["select"] == "4:ngpus=2:mem=10gb"   # idempotent
+    assert "queue" not in again.job._changed                   # modifyjob may not move the job
+
+
+def test_the_stub_refuses_what_pbs_refuses():
+    with pytest.raises(pbs.BadAttributeValueError):
+        pbs.select("2:ngpus")
+    with pytest.raises(pbs.BadAttributeValueError):
+        pbs.place("everywhere")
+    e = pbs.stub_event(pbs.MODIFYJOB, resources={})
+    with pytest.raises(pbs.BadAttributeValueError):
+        e.job.queue = pbs.queue("workq")
+    with pytest.raises(pbs.BadResourceValueError):
+        e.job.Resource_List["select"] = "2:ncpus=1"
+
+
+# ---- tether pbs install ------------------------------------------------------------------------
+def test_pbs_install_prints_the_qmgr_commands(tmp_path, capsys):
+    from tether.hooks.cli import main
+
+    config = tmp_path / "tether.yaml"
+    config.write_text("slot_type: cuda\n")
+    assert main(["pbs", "install", "--config", str(config), "--hook-config", str(tmp_path / "h.json")]) == 0
+    out = capsys.readouterr().out
+    hook_file = REPO / "pbs_hooks" / "tether_submit.py"
+    installed = Path(json.loads((tmp_path / "h.json").read_text())["python_path"][0]) / "tether" / "pbs_hooks"
+    expected = [
+        "qmgr -c 'create resource tether_slots type=long,flag=m'",
+        "qmgr -c 'create resource tether_slots_per_node type=long,flag=m'",
+        "qmgr -c 'create resource tether_slot_type type=string,flag=m'",
+        "qmgr -c 'create resource tether_gpu_type type=string,flag=m'",
+        "qmgr -c 'create hook tether_submit'",
+        "qmgr -c 'set hook tether_submit event = \"queuejob,modifyjob\"'",
+        "qmgr -c 'set hook tether_submit order = 1'",
+        "qmgr -c 'set hook tether_submit alarm = 30'",
+        f"qmgr -c 'import hook tether_submit application/x-python default {installed / 'tether_submit.py'}'",
+        f"qmgr -c 'import hook tether_submit application/x-config default {tmp_path / 'h.json'}'",
+        "qmgr -c 'set hook tether_submit enabled = true'",
+    ]
+    assert [line for line in out.splitlines() if line.startswith("qmgr")] == expected
+    assert (installed / "tether_submit.py").read_text() == hook_file.read_text()
+    assert json.loads((tmp_path / "h.json").read_text())["config"] == str(config)
+    assert "sched_config" in out and "resources_available.ngpus" in out
+
+
+def test_pbs_install_apply_runs_qmgr_and_keeps_existing_resources(tmp_path, fp):
+    from tether.pbs_hooks.install import install, qmgr_commands, hook_file
+
+    cmds = qmgr_commands(hook_file(), tmp_path / "h.json")
+    for cmd in cmds:
+        if cmd == "create resource tether_slots type=long,flag=m":
+            fp.register(["qmgr", "-c", cmd], returncode=1, stderr="qmgr obj=tether_slots svr=default: Duplicate entry in list")
+        else:
+            fp.register(["qmgr", "-c", cmd])
+    assert install(None, tmp_path / "h.json", apply=True, log=lambda m: None) == cmds
+    assert fp.call_count(["qmgr", "-c", fp.any()]) == len(cmds)
+    fp.register(["qmgr", "-c", cmds[0]], returncode=2, stderr="qmgr: cannot connect to server")
+    with pytest.raises(Exception, match="cannot connect to server"):
+        install(None, tmp_path / "h.json", apply=True, log=lambda m: None)
