@@ -122,21 +122,29 @@ def _supervise(launch: Launch, subreaper: bool) -> int:
     if launch.marker and launch.after_abnormal:
         _write_marker(launch)
     received: list[int] = []
+    children: list[int] = []
+
+    def forward(signum, frame):
+        received.append(signum)
+        for pid in children:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    for sig in FORWARDED:            # before fork: a signal in between is not lost (nor fatal)
+        signal.signal(sig, forward)
     child = os.fork()
     if child == 0:
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_DFL)
         _exec(launch)
-
-    def forward(signum, frame):
-        received.append(signum)
+    children.append(child)
+    for signum in list(received):    # arrived before the runtime existed: it gets them now
         try:
             os.kill(child, signum)
         except ProcessLookupError:
             pass
-
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
     status = _wait_for(child)
     abnormal = os.WIFSIGNALED(status) or bool(received)
     cleaned = all([_run_quietly(argv, launch.env) for argv in
