@@ -165,7 +165,7 @@ def test_enroot_imports_creates_starts_and_removes(tmp_path):
              rank_dir=str(tmp_path / "42/n2/step-0/rank-3"), mounts=(Mount("/data", "/data", True),),
              env_names=("MYVAR",), writable=True, gpus=("0",))
     launch = adapter("enroot", {}).launch(s, HOST)
-    node = tmp_path / "42/n2"
+    node = tmp_path / "42/n2/step-0"                          # the step's directory holds it all
     sqsh = f"{node}/enroot/{image_key(s.image)[:24]}.sqsh"
     assert launch.env["ENROOT_DATA_PATH"] == f"{node}/enroot/data"
     assert launch.before == [(["enroot", "import", "--output", sqsh, "docker://nvcr.io#nvidia/pytorch:24.01-py3"], sqsh),
@@ -181,6 +181,7 @@ def test_enroot_imports_creates_starts_and_removes(tmp_path):
     named = adapter("enroot", {}).launch(spec(image="docker://busybox", runtime="enroot", name="dev",
                                               rank_dir=s.rank_dir), HOST)
     assert named.after == [] and "tether-42-dev" in named.argv
+    assert named.env["ENROOT_DATA_PATH"] == f"{tmp_path}/42/n2/enroot/data"   # kept for the job's steps
     assert enroot_uri("docker://busybox:1.36") == "docker://busybox:1.36"
     assert enroot_uri("docker://localhost:5000/a/b") == "docker://localhost:5000#a/b"
 
@@ -348,8 +349,8 @@ def test_tether_run_enroot_sequence_and_exit_code(tmp_path, fake_runtimes):
     assert proc.returncode == 4, proc.stderr
     assert [c["argv"][1] for c in calls] == ["import", "create", "start", "remove"]
     assert calls[2]["argv"][-3:] == ["sh", CONTAINER_WORKDIR, "true"]
-    assert calls[2]["env"]["ENROOT_DATA_PATH"] == str(tmp_path / "7/n1/enroot/data")
-    # a second step on the node reuses the imported image: no second import
+    assert calls[2]["env"]["ENROOT_DATA_PATH"] == str(tmp_path / "7/n1/step-2/enroot/data")
+    # a second launch in the step reuses the imported image: no second import
     proc, calls = _tether_run(tmp_path, bin_dir, config, "--container-runtime=enroot",
                               "--container-image=docker://busybox", "--", "true")
     assert [c["argv"][1] for c in calls][4:] == ["create", "start", "remove"]
@@ -430,7 +431,7 @@ def test_enroot_preparation_runs_exactly_import_then_create(fp, tmp_path):
     rank_dir = tmp_path / "42/n2/step-0/rank-3"
     s = spec(image="docker://ghcr.io/org/app:2", runtime="enroot", rank_dir=str(rank_dir))
     launch = adapter("enroot", {"binary": "/opt/enroot/bin/enroot"}).launch(s, HOST)
-    sqsh = f"{tmp_path}/42/n2/enroot/{image_key(s.image)[:24]}.sqsh"
+    sqsh = f"{tmp_path}/42/n2/step-0/enroot/{image_key(s.image)[:24]}.sqsh"
     fp.register(["/opt/enroot/bin/enroot", "import", "--output", sqsh, "docker://ghcr.io#org/app:2"])
     fp.register(["/opt/enroot/bin/enroot", "create", "--name", "tether-42-0-3", sqsh])
     run_before(launch)

@@ -3,9 +3,9 @@
 Enroot clears the environment (``--env NAME`` copies a host value from enroot's own environment,
 ``--env NAME=VALUE`` sets one), starts in $HOME (tether changes to the work directory with a
 ``/bin/sh`` prologue), keeps the root filesystem read-only unless ``--rw``, and always uses a user
-namespace. Images and container roots live under the job's node directory when the rank has one
-(``ENROOT_DATA_PATH``), so whatever a killed rank leaves goes with the job's directories.
-``--container-name`` keeps one container per node for all steps of the job.
+namespace. The imported image and the container root live under the step's directory
+(``ENROOT_DATA_PATH``), so whatever a killed rank leaves goes with the step; ``--container-name``
+keeps one container per node for all steps of the job, under the job's node directory.
 """
 
 from __future__ import annotations
@@ -39,7 +39,11 @@ class Enroot(Runtime):
 
     def launch(self, spec: LaunchSpec, host_env: Mapping[str, str]) -> Launch:
         env = self.base_env(host_env)
-        node_dir = os.path.dirname(os.path.dirname(spec.rank_dir)) if spec.rank_dir else None
+        # Where the import and the container root live: the step's directory (removed when the
+        # step ends, however it ends), or -- for a --container-name kept across the job's steps --
+        # the job's node directory (removed with the job).
+        step_dir = os.path.dirname(spec.rank_dir) if spec.rank_dir else None
+        node_dir = (os.path.dirname(step_dir) if spec.name else step_dir) if step_dir else None
         if node_dir:
             env.setdefault("ENROOT_DATA_PATH", os.path.join(node_dir, "enroot", "data"))
             env.setdefault("ENROOT_CACHE_PATH", os.path.join(node_dir, "enroot", "cache"))
