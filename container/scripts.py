@@ -8,15 +8,14 @@ value from users is shell-quoted; the tests run ``bash -n`` and execute both wit
 
 from __future__ import annotations
 
-import re
 import shlex
 from dataclasses import dataclass
 from importlib import resources
 from typing import Mapping, Sequence
 
-from .spec import LaunchError, check_container_options
+from tether.spank.options import BY_NAME
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+from .spec import LaunchError, check_container_options, is_env_name
 
 
 @dataclass(frozen=True)
@@ -26,11 +25,11 @@ class _Option:
 
     @property
     def env(self) -> str:
-        return "TETHER_" + self.name.upper().replace("-", "_")
+        return BY_NAME[self.name].env
 
     @property
     def arg(self) -> str:
-        return f"--{self.name}" if self.name == "container-writable" else f"--{self.name}={self.value}"
+        return f"--{self.name}" if BY_NAME[self.name].kind == "flag" else f"--{self.name}={self.value}"
 
 
 def _render(template: str, command: Sequence[str], options: Mapping[str, str], env: Mapping[str, str],
@@ -41,14 +40,14 @@ def _render(template: str, command: Sequence[str], options: Mapping[str, str], e
         raise LaunchError("a launch script needs a command")
     check_container_options(options, default_runtime)
     for name in env:
-        if not _ENV_NAME.match(name):
+        if not is_env_name(name):
             raise LaunchError(f"environment variable name {name!r} is not valid in a launch script")
     # bash's ${#array[@]} would open a Jinja comment: comments get a spelling bash never uses
     jenv = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True, keep_trailing_newline=True,
                               autoescape=False, comment_start_string="{##", comment_end_string="##}")
     jenv.filters["sh"] = lambda v: shlex.quote(str(v))
     text = resources.files("tether.container").joinpath(template).read_text()
-    opts = [_Option(k, v) for k, v in options.items() if k != "container-writable" or v]
+    opts = [_Option(k, v) for k, v in options.items() if BY_NAME[k].kind != "flag" or v]
     return jenv.from_string(text).render(command=list(command), options=opts, env=sorted(env.items()),
                                          tether=tether)
 

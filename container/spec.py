@@ -207,7 +207,9 @@ def check_container_options(values: Mapping[str, str], default_runtime: str) -> 
     messages the run side would give: a bad request fails at sbatch, not when its steps start."""
     if not any(name.startswith("container-") for name in values):
         return
-    env = {"TETHER_" + name.upper().replace("-", "_"): value for name, value in values.items()}
+    from tether.spank.options import BY_NAME        # not at the top: the launcher imports this module
+
+    env = {BY_NAME[name].env: value for name, value in values.items() if name in BY_NAME}
     if "container-image" not in values:
         raise LaunchError("--container-* options need --container-image")
     spec = spec_from_env(env, ["true"], default_runtime=default_runtime)

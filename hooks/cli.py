@@ -139,6 +139,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import os
 
     from tether.container.run import container_settings, run_container
+    from tether.spank.options import BY_NAME, CONTAINER_OPTIONS
 
     command = list(args.cmd)
     if command[:1] == ["--"]:
@@ -147,12 +148,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _err("tether run: give the command to run in the container after --")
         return EXIT_USAGE
     env = dict(os.environ)
-    for flag, var in RUN_OPTIONS:
-        value = getattr(args, flag.replace("-", "_"))
+    for name in CONTAINER_OPTIONS:                # the srun/sbatch options, the same TETHER_* variables
+        value = getattr(args, name.replace("-", "_"))
         if value is True:
-            env[var] = "1"
+            env[BY_NAME[name].env] = "1"
         elif value:
-            env[var] = value
+            env[BY_NAME[name].env] = value
     run_container(env, command, container_settings(_config_arg(args)))
 
 
@@ -173,13 +174,6 @@ def _cmd_images(args: argparse.Namespace) -> int:
     for path in cache.prune(args.older_than):
         print(f"removed {path}")
     return EXIT_OK
-
-
-# tether run's options: the same names as the srun/sbatch options, the same TETHER_* variables.
-RUN_OPTIONS = (("container-image", "TETHER_CONTAINER_IMAGE"), ("container-runtime", "TETHER_CONTAINER_RUNTIME"),
-               ("container-mounts", "TETHER_CONTAINER_MOUNTS"), ("container-workdir", "TETHER_CONTAINER_WORKDIR"),
-               ("container-env", "TETHER_CONTAINER_ENV"), ("container-writable", "TETHER_CONTAINER_WRITABLE"),
-               ("container-name", "TETHER_CONTAINER_NAME"))
 
 
 def _cmd_pbs(args: argparse.Namespace) -> int:
@@ -250,11 +244,14 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", parents=[common],
                          help="run a command in a container as tether's SPANK plugin and PBS hooks do "
                               "(options default to the TETHER_CONTAINER_* variables)")
-    for flag, var in RUN_OPTIONS:
-        if flag == "container-writable":
-            run.add_argument(f"--{flag}", action="store_true", help=f"(default ${var})")
+    from tether.spank.options import BY_NAME, CONTAINER_OPTIONS
+
+    for name in CONTAINER_OPTIONS:
+        opt = BY_NAME[name]
+        if opt.kind == "flag":
+            run.add_argument(f"--{name}", action="store_true", help=f"{opt.usage}; environment ${opt.env}")
         else:
-            run.add_argument(f"--{flag}", metavar="VALUE", help=f"(default ${var})")
+            run.add_argument(f"--{name}", metavar=opt.arginfo, help=f"{opt.usage}; environment ${opt.env}")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
     run.set_defaults(func=_cmd_run)
 
