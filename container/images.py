@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
+from .launch import remove_file
 from .spec import LaunchError
 
 PARTIAL = ".partial"
@@ -125,14 +126,16 @@ class ImageCache:
             try:
                 run_command([*build, partial, source], env=env, timeout=timeout)
             except CommandError as exc:
-                _unlink(partial)
+                remove_file(partial)
                 raise LaunchError(f"cannot convert {source} into a SIF image: {exc}") from None
             except BaseException:
-                _unlink(partial)
+                remove_file(partial)
                 raise
             os.chmod(partial, 0o644)
+            from tether.hooks.native import write_atomic
+
             meta = {"source": source, "converted": time.time(), "uid": self.uid}
-            _write_atomic(os.path.join(directory, key + ".json"), json.dumps(meta) + "\n")
+            write_atomic(os.path.join(directory, key + ".json"), json.dumps(meta) + "\n", 0o644)
             os.rename(partial, final)
             return final
         finally:
@@ -142,7 +145,7 @@ class ImageCache:
     def _remove_partials(directory: str, key: str) -> None:
         for entry in os.listdir(directory):
             if entry.startswith(f".{key}.") and entry.endswith(PARTIAL):
-                _unlink(os.path.join(directory, entry))
+                remove_file(os.path.join(directory, entry))
 
     # --- tether images ls | prune ---
     def entries(self) -> Iterator[CachedImage]:
@@ -178,7 +181,7 @@ class ImageCache:
                 continue
             if now - image.last_used >= older_than_days * 86400:
                 for suffix in (".sif", ".json", ".lock"):
-                    _unlink(image.path[:-4] + suffix)
+                    remove_file(image.path[:-4] + suffix)
                 removed.append(image.path)
         for directory in {os.path.dirname(i.path) for i in self.entries()} | {self.user_dir()}:
             if os.path.isdir(directory):
@@ -199,7 +202,7 @@ class ImageCache:
             try:
                 if fd is not None:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                _unlink(os.path.join(directory, entry))
+                remove_file(os.path.join(directory, entry))
                 removed.append(os.path.join(directory, entry))
             except BlockingIOError:
                 pass                              # a conversion is running: its file is not stale
@@ -215,18 +218,3 @@ def _touch(path: str) -> None:
         os.utime(path)
     except OSError:
         pass                                      # a shared image this user cannot touch
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-    os.chmod(tmp, 0o644)
-    os.rename(tmp, path)

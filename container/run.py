@@ -106,18 +106,10 @@ handoff({config!r}, {identity!r}, {baked!r})
 
 def launcher_text(config_path: str | None, settings: Mapping[str, Any], *, python: str | None = None) -> str:
     """The launcher script for this Python and the given config."""
-    import tether
+    from tether.hooks.config import plain_data
+    from tether.hooks.native import tether_import_path
 
-    site = os.path.dirname(os.path.dirname(os.path.abspath(tether.__path__[0] + "/x")))
-    return LAUNCHER_TEMPLATE.format(python=python or sys.executable, paths=[site],
+    # plain dicts, lists and strings: their repr() is a Python literal
+    return LAUNCHER_TEMPLATE.format(python=python or sys.executable, paths=[tether_import_path()],
                                     config=config_path, identity=config_identity(config_path),
-                                    baked=_plain(settings))
-
-
-def _plain(value: Any) -> Any:
-    """Settings as plain dicts/lists/strings, so that repr() is a Python literal."""
-    if isinstance(value, dict) or hasattr(value, "items"):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+                                    baked=plain_data(settings))

@@ -175,14 +175,15 @@ class Config:
         return self.data["container"][name]
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(_plain(self.data), sort_keys=False, default_flow_style=False)
+        return yaml.safe_dump(plain_data(self.data), sort_keys=False, default_flow_style=False)
 
 
-def _plain(value: Any) -> Any:
+def plain_data(value: Any) -> Any:
+    """Mappings and sequences of the config as plain dicts and lists (for YAML, JSON, repr)."""
     if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain_data(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain_data(v) for v in value]
     return value
 
 

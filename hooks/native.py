@@ -189,18 +189,33 @@ def read_stamp(out_dir: Path) -> dict:
                          f"run `tether slurm build` first") from None
 
 
-def install_file(src: Path, dest: Path) -> None:
-    """Install ``src`` as ``dest`` with mode 755 and a new inode (never overwrite a loaded .so)."""
+def write_atomic(dest: Path, data: bytes | str, mode: int) -> None:
+    """Write ``dest`` whole or not at all: a temporary file beside it, then a rename (a new inode, so
+    a process that has the old file loaded or open keeps it)."""
+    dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
     try:
-        with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
-            shutil.copyfileobj(inp, out)
-        os.chmod(tmp, 0o755)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, mode)
         os.replace(tmp, dest)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def install_file(src: Path, dest: Path) -> None:
+    """Install ``src`` as ``dest`` with mode 755 and a new inode (never overwrite a loaded .so)."""
+    write_atomic(dest, Path(src).read_bytes(), 0o755)
+
+
+def tether_import_path() -> str:
+    """The directory ``tether`` is imported from: what the sys.path of an interpreter tether starts
+    elsewhere (the container launcher, PBS's pbs_python) needs."""
+    import tether
+
+    return os.path.dirname(os.path.abspath(next(iter(tether.__path__))))
 
 
 def set_conf_line(path: Path, pattern: str, line: str | None) -> None:
@@ -221,8 +236,4 @@ def set_conf_line(path: Path, pattern: str, line: str | None) -> None:
             lines[hits[0]] = line
         else:
             lines.append(line)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write("\n".join(lines) + "\n")
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    write_atomic(path, "\n".join(lines) + "\n", mode)

@@ -18,7 +18,7 @@ from pathlib import Path
 from tether.hooks.config import Config, load_config
 from tether.hooks.native import (
     BuildError, Toolchain, find_toolchain, install_file, installed_slurm_version, read_stamp, set_conf_line,
-    write_stamp,
+    write_atomic, write_stamp,
 )
 from tether.job_submit import build as job_submit_build
 from tether.spank import build as spank_build
@@ -106,10 +106,7 @@ def install_launcher(plugin_dir: Path, config: Config) -> Path:
     source = None if config.source.startswith("<") else config.source
     text = launcher_text(source or DEFAULT_CONFIG_PATH, config.data["container"])
     target = plugin_dir / LAUNCHER_NAME
-    tmp = target.with_name(f".{LAUNCHER_NAME}.{os.getpid()}")
-    tmp.write_text(text)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, target)
+    write_atomic(target, text, 0o755)
     return target
 
 

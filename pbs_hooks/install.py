@@ -8,13 +8,11 @@ tether's config file, so the hook finds both inside pbs_python.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 from importlib import resources
 from pathlib import Path
 
-import tether
-
+from tether.hooks.native import tether_import_path, write_atomic
 from tether.hooks.proc import CommandError, run_command
 
 HOOK_NAME = "tether_submit"
@@ -36,8 +34,7 @@ def hook_file() -> Path:
 
 def hook_config(config_path: str | None) -> dict:
     """None: the hook uses tether's default search ($TETHER_CONFIG, /etc/tether/tether.yaml)."""
-    site = os.path.dirname(os.path.abspath(list(tether.__path__)[0]))
-    return {"python_path": [site], "config": config_path}
+    return {"python_path": [tether_import_path()], "config": config_path}
 
 
 def qmgr_commands(hook_path: Path, config_json: Path) -> list[str]:
@@ -57,11 +54,7 @@ def qmgr_commands(hook_path: Path, config_json: Path) -> list[str]:
 
 def install(config_path: str | None, config_json: Path, *, apply: bool = False, log=print) -> list[str]:
     """Write the hook's JSON config and print (or run) the qmgr commands; returns the commands."""
-    config_json.parent.mkdir(parents=True, exist_ok=True)
-    tmp = config_json.with_name(f".{config_json.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(hook_config(config_path), indent=2) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, config_json)
+    write_atomic(config_json, json.dumps(hook_config(config_path), indent=2) + "\n", 0o644)
     cmds = qmgr_commands(hook_file(), config_json)
     if not apply:
         log(f"# wrote {config_json}; run as root on the PBS server host:")

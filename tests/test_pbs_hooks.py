@@ -24,10 +24,9 @@ def hook(tmp_path):
     config = tmp_path / "tether.yaml"
     config.write_text("default_aux_resource_pool: aux\n")
     hook_config = tmp_path / "tether_submit.json"
-    import tether
+    from tether.hooks.native import tether_import_path
 
-    site = str(Path(list(tether.__path__)[0]).parent)
-    hook_config.write_text(json.dumps({"python_path": [site], "config": str(config)}))
+    hook_config.write_text(json.dumps({"python_path": [tether_import_path()], "config": str(config)}))
 
     def run(event_type=pbs.QUEUEJOB, *, config_text: str | None = None, **kw):
         if config_text is not None:
