@@ -150,7 +150,7 @@ def _supervise(launch: Launch, subreaper: bool) -> int:
     cleaned = all([_run_quietly(argv, launch.env) for argv in
                    [*launch.after, *(launch.after_abnormal if abnormal else ())]])
     if launch.marker and cleaned:
-        _unlink(launch.marker)
+        remove_file(launch.marker)
     _reap_descendants(GRACE_SECONDS)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -217,7 +217,8 @@ def _write_marker(launch: Launch) -> None:
     os.rename(tmp, launch.marker)
 
 
-def _unlink(path: str) -> None:
+def remove_file(path: str) -> None:
+    """Unlink ``path``; already gone is fine."""
     try:
         os.unlink(path)
     except FileNotFoundError:

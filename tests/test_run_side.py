@@ -5,7 +5,6 @@ done by the SPANK plugin inside slurmstepd for steps that carry tether options.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest

@@ -82,6 +82,17 @@ class Runtime:
         return passed_from_host(host_env, spec), overrides(spec)
 
     @staticmethod
+    def env_args(passed: Mapping[str, str], own: Mapping[str, str]) -> list[str]:
+        """``--env NAME`` for host values (the runtime copies them from its own environment: values
+        never appear on the command line), ``--env NAME=VALUE`` for tether's own (podman, enroot)."""
+        args = []
+        for name in sorted(passed):
+            args += ["--env", name]
+        for name, value in own.items():
+            args += ["--env", f"{name}={value}"]
+        return args
+
+    @staticmethod
     def is_remote(image: str) -> bool:
         return image.startswith(REMOTE_SCHEMES)
 

@@ -68,10 +68,7 @@ class Enroot(Runtime):
         argv = [self.binary, "start", *self.args]
         if spec.writable:
             argv.append("--rw")
-        for var in sorted(passed):
-            argv += ["--env", var]
-        for var, value in own.items():
-            argv += ["--env", f"{var}={value}"]
+        argv += self.env_args(passed, own)
         if self.gpu_kind(spec) == "cuda":
             argv += ["--env", "NVIDIA_VISIBLE_DEVICES=all"]
         for mount in spec.rank_mounts():

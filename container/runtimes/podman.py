@@ -79,10 +79,7 @@ class Podman(Runtime):
             argv.append("--userns=keep-id")
         if not spec.writable:
             argv.append("--read-only")
-        for var in sorted(passed):
-            argv += ["--env", var]
-        for var, value in own.items():
-            argv += ["--env", f"{var}={value}"]
+        argv += self.env_args(passed, own)
         for mount in (*spec.rank_mounts(), *spec.mounts):
             argv += ["--volume", str(mount)]
         argv += ["--workdir", spec.workdir]
