@@ -12,7 +12,6 @@ median of the per-round ratios (this 2-core VM runs 3 ranks on 2 cores: single s
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import statistics
 
@@ -21,22 +20,7 @@ from tether.container.spec import LaunchSpec
 from tether.hooks.proc import run_command
 from tether.hooks.sandbox import Sandbox
 
-ROOT = "/var/lib/tether/sandbox-bench"
-
-LOOP = r"""
-for i in $(seq {rounds}); do
-  for kind in direct tether; do
-    t0=$(date +%s%N)
-    case $kind in
-      direct) srun -N3 -n3 {direct} true ;;
-      tether) srun -N3 -n3 --container-image={image} true ;;
-    esac
-    t1=$(date +%s%N)
-    echo "$kind $(( (t1 - t0) / 1000 ))"
-  done
-done
-"""
-
+from steps import ROOT, arguments, print_medians, step_times, timing_loop
 
 def direct_podman(box: Sandbox, image: str) -> str:
     """The podman command line tether would run, minus its per-rank parts, as a shell string."""
@@ -49,15 +33,13 @@ def direct_podman(box: Sandbox, image: str) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--keep", action="store_true", help="leave the bench sandbox running")
-    args = parser.parse_args()
+    args = arguments(__doc__, rounds=15)
 
     box = Sandbox(ROOT)
     box.up(install=False, log=lambda m: None)
     image = box.busybox_image()
-    loop = LOOP.format(rounds=args.rounds, image=image, direct=direct_podman(box, image))
+    loop = timing_loop(args.rounds, {"direct": ("", f"srun -N3 -n3 {direct_podman(box, image)} true"),
+                                     "tether": ("", f"srun -N3 -n3 --container-image={image} true")})
     try:
         out = run_command(["runuser", "-u", box.user, "--", "salloc", "-N3", "--time=30", "bash", "-c", loop],
                           env=box.command_env(), cwd=str(box.work_dir), timeout=1800).stdout
@@ -65,18 +47,11 @@ def main() -> int:
         if not args.keep:
             box.down(purge=False, log=lambda m: None)
 
-    times: dict[str, list[float]] = {"direct": [], "tether": []}
-    for line in out.splitlines():
-        kind, _, usecs = line.partition(" ")
-        if kind in times and usecs.isdigit():
-            times[kind].append(int(usecs) / 1000)
-    median = {k: statistics.median(v) for k, v in times.items()}
+    times = step_times(out, ("direct", "tether"))
+    print_medians(f"containerized srun -N3 true inside a 3-node allocation, {args.rounds} interleaved rounds",
+                  times)
     ratios = sorted(t / d for t, d in zip(times["tether"], times["direct"]))
     q1, ratio, q3 = statistics.quantiles(ratios, n=4)
-    print(f"containerized srun -N3 true inside a 3-node allocation, {args.rounds} interleaved rounds "
-          f"(median ms per step)")
-    for kind, ms in median.items():
-        print(f"  {kind:<7} {ms:7.1f} ms")
     print(f"tether / direct = {ratio:.3f} (median of per-round ratios; quartiles {q1:.3f}..{q3:.3f}; "
           f"goal <= 1.10: {'ok' if ratio <= 1.10 else 'MISSED'})")
     return 0

@@ -13,39 +13,23 @@ the median step time of each is printed with the ratios. Run as root:
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import time
 
 from tether.hooks.native import set_conf_line
 from tether.hooks.proc import run_command
 from tether.hooks.sandbox import Sandbox
 
-ROOT = "/var/lib/tether/sandbox-bench"
+from steps import ROOT, arguments, print_medians, step_times, timing_loop
 
-# Runs inside the allocation: times each kind of step, interleaved, and prints "kind microseconds".
-LOOP = r"""
-for i in $(seq {rounds}); do
-  for kind in none unused tether; do
-    case $kind in
-      none)   cp {plugstack}.none {plugstack}.use; args="";;
-      unused) cp {plugstack}.tether {plugstack}.use; args="";;
-      tether) cp {plugstack}.tether {plugstack}.use; args="--slot-type=cpu";;
-    esac
-    t0=$(date +%s%N)
-    srun -N3 -n3 $args true
-    t1=$(date +%s%N)
-    echo "$kind $(( (t1 - t0) / 1000 ))"
-  done
-done
-"""
+CASES = {   # kind -> (untimed setup: the plugstack.conf srun and slurmstepd read, timed step)
+    "none": ("cp {plugstack}.none {plugstack}.use", "srun -N3 -n3 true"),
+    "unused": ("cp {plugstack}.tether {plugstack}.use", "srun -N3 -n3 true"),
+    "tether": ("cp {plugstack}.tether {plugstack}.use", "srun -N3 -n3 --slot-type=cpu true"),
+}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--keep", action="store_true", help="leave the bench sandbox running")
-    args = parser.parse_args()
+    args = arguments(__doc__, rounds=30)
 
     box = Sandbox(ROOT)
     box.up(install=False, log=lambda m: None)
@@ -60,7 +44,9 @@ def main() -> int:
     try:
         run_command(["scontrol", "reconfigure"], env=box.command_env(), timeout=60)
         time.sleep(1)
-        loop = LOOP.format(rounds=args.rounds, plugstack=plugstack.with_suffix(".conf"))
+        stem = plugstack.with_suffix(".conf")
+        loop = timing_loop(args.rounds, {kind: (setup.format(plugstack=stem), command)
+                                         for kind, (setup, command) in CASES.items()})
         out = run_command(["salloc", "-N3", "--time=30", "bash", "-c", loop], env=box.command_env(),
                           timeout=1800).stdout
     finally:
@@ -69,16 +55,8 @@ def main() -> int:
         if not args.keep:
             box.down(purge=True, log=lambda m: None)
 
-    times: dict[str, list[float]] = {"none": [], "unused": [], "tether": []}
-    for line in out.splitlines():
-        kind, _, secs = line.partition(" ")
-        if kind in times and secs:
-            times[kind].append(int(secs) / 1000)
-    median = {k: statistics.median(v) for k, v in times.items()}
-    print(f"srun -N3 true inside a 3-node allocation, {args.rounds} interleaved rounds "
-          f"(median ms per step)")
-    for kind, ms in median.items():
-        print(f"  {kind:<7} {ms:7.1f} ms")
+    median = print_medians(f"srun -N3 true inside a 3-node allocation, {args.rounds} interleaved rounds",
+                           step_times(out, CASES))
     for kind, goal in (("unused", 1.02), ("tether", 1.15)):
         ratio = median[kind] / median["none"]
         print(f"{kind} / none = {ratio:.3f} (goal <= {goal:.2f}: {'ok' if ratio <= goal else 'MISSED'})")
