@@ -154,3 +154,17 @@ def test_scripts_refuse_bad_input():
         slurm_launch_script([], {"container-image": "/i"}, {})
     with pytest.raises(LaunchError, match="must be an absolute path"):
         slurm_launch_script(["true"], {"container-image": "/i", "container-mounts": "rel:/x"}, {})
+
+
+def test_pbs_script_collects_every_host_even_when_they_end_at_once(tmp_path):
+    """Hosts whose launches end together are each counted once with their status (an earlier version
+    used `wait -n`, which answered 127 for children bash had already reaped)."""
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("".join(f"h{i}\n" for i in range(8)))
+    script = tmp_path / "launch.sh"
+    script.write_text(pbs_launch_script(["true"], {"container-image": "/i"}, {}, tether="/bin/true"))
+    runner = (f'pbs_tmrsh() {{ shift; exec "$@"; }}\n'
+              f'for i in $(seq 100); do ( source {script} ) || {{ echo "run $i: $?"; exit 1; }}; done\n')
+    result = subprocess.run(["bash", "-c", runner], env={"PATH": "/usr/bin:/bin", "PBS_NODEFILE": str(nodefile)},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
