@@ -155,13 +155,19 @@ def compile_c_plugin(*, source: str, target: Path, toolchain: Toolchain, verbose
 
     Used for the SPANK plugin: srun, sbatch and every slurmstepd load it, and linking libpython
     into it costs every step several milliseconds even when no Python runs (bench/step.py)."""
+    return compile_c(source=source, target=target, verbose=verbose,
+                     args=["-fPIC", "-shared", f"-I{toolchain.include_dir}", "-Wl,-z,nodelete", "-Wl,-z,now"])
+
+
+def compile_c(*, source: str, target: Path, args: Sequence[str] = (), verbose: bool = False) -> Path:
+    """Compile C ``source`` with gcc (-O2 -Wall -Werror plus ``args``) to ``target``, mode 755:
+    a program unless ``args`` ask for a shared object."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tether-build-") as tmp:
         src = Path(tmp) / (target.stem + ".c")
         src.write_text(source)
         out = Path(tmp) / target.name
-        argv = ["gcc", "-O2", "-Wall", "-Werror", "-fPIC", "-shared", f"-I{toolchain.include_dir}",
-                "-o", str(out), str(src), "-Wl,-z,nodelete", "-Wl,-z,now"]
+        argv = ["gcc", "-O2", "-Wall", "-Werror", *args, "-o", str(out), str(src)]
         try:
             result = run_command(argv, timeout=300)
         except CommandError as exc:

@@ -31,7 +31,7 @@ def option_table_c() -> str:
 
 def source() -> str:
     files = resources.files("tether.spank")
-    shim = files.joinpath("shim.c").read_text() + "\n" + files.joinpath("remote.c").read_text()
+    shim = "\n".join(files.joinpath(name).read_text() for name in ("jobdirs.c", "shim.c", "remote.c"))
     return shim.replace("/*@OPTION_TABLE@*/", option_table_c())
 
 

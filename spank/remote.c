@@ -9,30 +9,11 @@
  *   <root>/<jobid>/                     created by root for the job user, mode 0700
  *   <root>/<jobid>/<node>/step-<id>/rank-<global rank>/{tmp,work}   created as the job user
  *
- * Every path is created and opened relative to a directory fd with O_NOFOLLOW: no symlink is ever
- * followed, by root or by the user; a symlink (or a foreign or non-directory entry) where tether
- * expects its own directory fails the step with a message naming the path. Several slurmd share
- * one filesystem (and real clusters share job_storage_root): an entry another node or step created
- * first is used (after the same checks), and a parent removed under us is created again.
+ * The directory primitives (no symlink followed, race-free across nodes) are in jobdirs.c, shared
+ * with the PBS hooks' helper; a parent removed under us (another step ended) is created again.
  * Removal happens when a step ends (root, fd-relative, never following a symlink); the node's and
  * the job's directories go with the last step that used them.
  */
-#include <dirent.h>
-#include <stdarg.h>
-#include <fcntl.h>
-#include <stdio.h>
-#include <limits.h>
-#include <grp.h>
-#include <poll.h>
-#include <pwd.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <unistd.h>
-
-#define TETHER_REMOVE_DEPTH 256
 
 static int remote_step;                /* this step carries tether options */
 static int container_step;             /* ... and its tasks run in a container */
@@ -51,7 +32,7 @@ static char remote_failure[1024];      /* why this step cannot run (first reason
  * reason and user_init -- whose errors reach the user's srun/job output -- fails with it.
  */
 __attribute__((format(printf, 1, 2)))
-static void remote_fail(const char *fmt, ...)
+static void tether_fail(const char *fmt, ...)
 {
 	char msg[sizeof(remote_failure)];
 	va_list ap;
@@ -64,16 +45,33 @@ static void remote_fail(const char *fmt, ...)
 		snprintf(remote_failure, sizeof(remote_failure), "%s", msg);
 }
 
-/* ``a``/``b`` into ``out``; -1 (and a message) when it does not fit. */
-static int path_join(char *out, size_t len, const char *a, const char *b)
+static void tether_log(int error, const char *fmt, va_list ap)
 {
-	int n = snprintf(out, len, "%s/%s", a, b);
+	char msg[1024];
 
-	if (n < 0 || (size_t)n >= len) {
-		remote_fail("tether: the path %s/%s is too long", a, b);
-		return -1;
-	}
-	return 0;
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	if (error)
+		slurm_error("%s", msg);
+	else
+		slurm_info("%s", msg);
+}
+
+static void tether_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	tether_log(1, fmt, ap);
+	va_end(ap);
+}
+
+static void tether_info(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	tether_log(0, fmt, ap);
+	va_end(ap);
 }
 
 static void step_label(uint32_t id, char *buf, size_t len)
@@ -86,136 +84,6 @@ static void step_label(uint32_t id, char *buf, size_t len)
 		snprintf(buf, len, "step-interactive");
 	else
 		snprintf(buf, len, "step-%u", id);
-}
-
-/* Open the job storage root; it must be a root-owned directory others cannot write to. */
-static int open_storage_root(void)
-{
-	struct stat st;
-	int fd = open(tether_job_storage_root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-
-	if (fd < 0) {
-		remote_fail("tether: job_storage_root %s: %m (it must exist on every node: a root-owned "
-			    "directory, mode 0755)", tether_job_storage_root);
-		return -1;
-	}
-	if (fstat(fd, &st) < 0 || st.st_uid != 0 || (st.st_mode & (S_IWGRP | S_IWOTH))) {
-		remote_fail("tether: job_storage_root %s must be owned by root and not writable by group or "
-			    "others (mode 0755): per-job directories are created there as root",
-			    tether_job_storage_root);
-		close(fd);
-		return -1;
-	}
-	return fd;
-}
-
-/*
- * As root, create ``name`` under ``dirfd`` already owned by uid:gid, atomically: a directory made
- * under a temporary name, handed over, then renamed into place without replacing anything. Other
- * nodes starting the same job at the same moment never see it root-owned; if one of them won, its
- * directory is kept and ours dropped. 0 when ``name`` exists now (ours or theirs), -1 on error.
- */
-static int create_owned_dir_at(int dirfd, const char *name, mode_t mode, uid_t uid, gid_t gid,
-			       const char *shown)
-{
-	char tmp[NAME_MAX + 1], host[64] = "";
-
-	gethostname(host, sizeof(host) - 1);
-	for (char *c = host; *c; c++)
-		if (*c == '/')
-			*c = '_';
-	snprintf(tmp, sizeof(tmp), ".%.32s.%.40s.%d", name, host, (int)getpid());
-	if (mkdirat(dirfd, tmp, mode) < 0) {
-		remote_fail("tether: cannot create a directory next to %s: %m", shown);
-		return -1;
-	}
-	if (fchownat(dirfd, tmp, uid, gid, AT_SYMLINK_NOFOLLOW) < 0) {
-		remote_fail("tether: cannot hand %s to uid %u: %m", shown, (unsigned)uid);
-		unlinkat(dirfd, tmp, AT_REMOVEDIR);
-		return -1;
-	}
-	if (renameat2(dirfd, tmp, dirfd, name, RENAME_NOREPLACE) < 0) {
-		int err = errno;
-
-		unlinkat(dirfd, tmp, AT_REMOVEDIR);
-		if (err != EEXIST) {
-			errno = err;
-			remote_fail("tether: cannot create %s: %m", shown);
-			return -1;
-		}
-	}
-	return 0;
-}
-
-/*
- * Make sure ``name`` under ``dirfd`` is a directory owned by ``uid`` (creating it with ``mode``
- * when missing; as root, also handing it to uid:gid) and return an fd on it (O_NOFOLLOW: a symlink
- * there is refused, never followed). ``shown`` is the full path, for messages.
- */
-static int ensure_dir_at(int dirfd, const char *name, mode_t mode, uid_t uid, gid_t gid,
-			 const char *shown)
-{
-	struct stat st;
-	int fd;
-
-	if (geteuid() == 0 && uid != 0) {
-		if (create_owned_dir_at(dirfd, name, mode, uid, gid, shown) < 0)
-			return -1;
-	} else if (mkdirat(dirfd, name, mode) < 0 && errno != EEXIST) {
-		remote_fail("tether: cannot create %s: %m", shown);
-		return -1;
-	}
-	fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0) {
-		if (errno == ENOENT)
-			return -2; /* removed under us (another step ended): the caller tries again */
-		if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
-			remote_fail("tether: %s is a symlink where tether's directory belongs; refusing to "
-				    "follow it", shown);
-		else
-			remote_fail("tether: %s is not a directory tether can use: %m", shown);
-		return -1;
-	}
-	if (fstat(fd, &st) < 0 || st.st_uid != uid) {
-		remote_fail("tether: %s exists but is owned by uid %u, not the job's uid %u; refusing "
-			    "to use it", shown, (unsigned)st.st_uid, (unsigned)uid);
-		close(fd);
-		return -1;
-	}
-	return fd;
-}
-
-/* Remove ``name`` under ``parent`` and everything below it, never following a symlink (each
- * level is opened O_NOFOLLOW relative to the level above; a symlink is unlinked, not entered). */
-static void remove_tree_at(int parent, const char *name, int depth)
-{
-	DIR *dir;
-	struct dirent *e;
-	int fd;
-
-	if (depth > TETHER_REMOVE_DEPTH)
-		return;
-	fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0) {
-		if (errno == ENOTDIR || errno == ELOOP)
-			unlinkat(parent, name, 0); /* a file or a symlink: the link itself goes */
-		return;
-	}
-	dir = fdopendir(fd);
-	if (dir == NULL) {
-		close(fd);
-		return;
-	}
-	while ((e = readdir(dir)) != NULL) {
-		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-			continue;
-		if (e->d_type == DT_DIR || e->d_type == DT_UNKNOWN)
-			remove_tree_at(dirfd(dir), e->d_name, depth + 1);
-		else
-			unlinkat(dirfd(dir), e->d_name, 0);
-	}
-	closedir(dir);
-	unlinkat(parent, name, AT_REMOVEDIR);
 }
 
 /* The effective value of option ``name`` (from the step, or inherited from the job), or NULL. */
@@ -268,14 +136,14 @@ static int remote_post_opt(spank_t sp)
 	    spank_get_item(sp, S_JOB_GID, &job_gid) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS) {
-		remote_fail("tether: cannot read the job's uid, gid, id or step id");
+		tether_fail("tether: cannot read the job's uid, gid, id or step id");
 		return 0;
 	}
 	/* The tasks of an ordinary step run in the container; the batch script, salloc's interactive
 	 * step and the extern step stay on the host (so srun works inside a batch script). */
 	container_step = opt_value("container-image") != NULL && step_id < SLURM_MAX_NORMAL_STEP_ID;
 	if (container_step && tether_launcher == NULL) {
-		remote_fail("tether: --container-image: containers are not set up on this cluster "
+		tether_fail("tether: --container-image: containers are not set up on this cluster "
 			    "(plugstack.conf has no launcher=; an admin runs `tether slurm install --write`)");
 		return 0;
 	}
@@ -286,7 +154,7 @@ static int remote_post_opt(spank_t sp)
 	 * reaps pids that are not tasks without complaint). */
 	if (container_step && prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
 		slurm_error("tether: prctl(PR_SET_CHILD_SUBREAPER): %m");
-	root_fd = open_storage_root();
+	root_fd = open_storage_root(tether_job_storage_root);
 	if (root_fd < 0)
 		return 0;
 	snprintf(name, sizeof(name), "%u", job_id);
@@ -410,32 +278,11 @@ static int remote_user_init(spank_t sp)
 	}
 	for (uint32_t local = 0; local < nlocal; local++) {
 		uint32_t global = 0;
-		int rank_fd, sub_fd;
 
 		if (spank_get_item(sp, S_JOB_LOCAL_TO_GLOBAL_ID, local, &global) != ESPANK_SUCCESS)
 			global = local;
-		snprintf(buf, sizeof(buf), "rank-%u", global);
-		if (path_join(shown, sizeof(shown), step_dir, buf) < 0)
+		if (make_rank_dirs(step_fd, step_dir, global, job_uid, job_gid) < 0)
 			goto out;
-		rank_fd = ensure_dir_at(step_fd, buf, 0700, job_uid, job_gid, shown);
-		if (rank_fd < 0)
-			goto out;
-		for (int k = 0; k < 2; k++) {
-			const char *sub = k ? "work" : "tmp";
-			char sub_shown[PATH_MAX];
-
-			if (path_join(sub_shown, sizeof(sub_shown), shown, sub) < 0) {
-				close(rank_fd);
-				goto out;
-			}
-			sub_fd = ensure_dir_at(rank_fd, sub, 0700, job_uid, job_gid, sub_shown);
-			if (sub_fd < 0) {
-				close(rank_fd);
-				goto out;
-			}
-			close(sub_fd);
-		}
-		close(rank_fd);
 	}
 
 	/* The step-wide part of the rank environment. */
@@ -535,117 +382,17 @@ static int remote_task_init(spank_t sp)
 	return 0;
 }
 
-/* Does ``name`` under ``dirfd`` hold cleanup markers a launcher left (".cleanup-<rank>"), directly
- * or -- with depth 2, for a job directory -- in <node>/step-<id>/ below it? Never follows symlinks. */
-static int has_leftovers(int parent, const char *name, int depth)
-{
-	int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	struct dirent *e;
-	DIR *dir;
-	int found = 0;
-
-	if (fd < 0 || (dir = fdopendir(fd)) == NULL) {
-		if (fd >= 0)
-			close(fd);
-		return 0;
-	}
-	while (!found && (e = readdir(dir)) != NULL) {
-		if (e->d_name[0] == '.')
-			found = depth == 0 && strncmp(e->d_name, ".cleanup-", 9) == 0;
-		else if (depth > 0 && (e->d_type == DT_DIR || e->d_type == DT_UNKNOWN))
-			found = has_leftovers(dirfd(dir), e->d_name, depth - 1);
-	}
-	closedir(dir);
-	return found;
-}
-
-/*
- * A container step whose end killed its launchers' own cleanup (a time limit or scancel signals
- * every process of the step, podman's `rm` included) left markers saying what is still to do.
- * Now that no process of the step is left, run the launcher once more, as the job user, in cleanup
- * mode (TETHER_CLEANUP=<step or job dir>). It must not be part of the step any more -- slurmstepd kills
- * whatever is left in the step after KillWait, and podman's rm of a killed container can take
- * that long -- so it is double-forked away from this slurmstepd (no longer a subreaper) and
- * bounded by alarm(120). We only wait until it has read the markers (it closes fd 3), so that the
- * step's directory can go.
- */
-static void run_leftover_cleanup(const char *where)
-{
-	char env_cleanup[PATH_MAX + 32], env_home[PATH_MAX + 8], env_user[300], buf[4096];
-	struct passwd pw, *pwp = NULL;
-	struct pollfd pfd;
-	gid_t groups[256];
-	int ngroups = 256, status, fds[2];
-	pid_t pid;
-
-	/* Everything that reads NSS happens here, before fork(): slurmstepd has threads. */
-	if (getpwuid_r(job_uid, &pw, buf, sizeof(buf), &pwp) != 0 || pwp == NULL ||
-	    getgrouplist(pw.pw_name, job_gid, groups, &ngroups) < 0) {
-		slurm_error("tether: cleanup after step %u.%u: cannot look up uid %u and its groups", job_id,
-			    step_id, (unsigned)job_uid);
-		return;
-	}
-	snprintf(env_cleanup, sizeof(env_cleanup), "TETHER_CLEANUP=%s", where);
-	snprintf(env_home, sizeof(env_home), "HOME=%s", pw.pw_dir);
-	snprintf(env_user, sizeof(env_user), "USER=%s", pw.pw_name);
-	if (pipe2(fds, O_CLOEXEC) < 0) {
-		slurm_error("tether: cleanup after step %u.%u: pipe: %m", job_id, step_id);
-		return;
-	}
-	slurm_info("tether: step %u.%u ended with its containers' cleanup unfinished; running %s as uid %u",
-		   job_id, step_id, tether_launcher, (unsigned)job_uid);
-	prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0); /* the cleanup may outlive the step: let it go */
-	pid = fork();
-	if (pid < 0) {
-		slurm_error("tether: cleanup after step %u.%u: fork: %m", job_id, step_id);
-		close(fds[0]);
-		close(fds[1]);
-		return;
-	}
-	if (pid == 0) {
-		char *argv[] = { tether_launcher, NULL };
-		char *envp[] = { env_cleanup, env_home, env_user, "TETHER_CLEANUP_FD=3",
-				 "PATH=/usr/local/bin:/usr/bin:/bin", NULL };
-
-		int null_fd;
-
-		setsid();
-		if (fork() != 0)
-			_exit(0);  /* the grandchild is re-parented to init: outside the step */
-		/* fd 3: the pipe (without close-on-exec); 0-2: /dev/null; nothing else of slurmstepd's
-		 * (its sockets and the step's I/O pipes) may stay open in a process that outlives it */
-		if (fds[1] == 3 ? fcntl(3, F_SETFD, 0) != 0 : dup2(fds[1], 3) != 3)
-			_exit(126);
-		null_fd = open("/dev/null", O_RDWR);
-		if (null_fd < 0 || dup2(null_fd, 0) < 0 || dup2(null_fd, 1) < 0 || dup2(null_fd, 2) < 0)
-			_exit(126);
-		closefrom(4);
-		if (setgroups((size_t)ngroups, groups) != 0 || setgid(job_gid) != 0 ||
-		    setuid(job_uid) != 0 || setuid(0) == 0 || chdir("/") != 0)
-			_exit(126);
-		alarm(120);
-		execve(tether_launcher, argv, envp);
-		_exit(127);
-	}
-	close(fds[1]);
-	waitpid(pid, &status, 0);
-	pfd.fd = fds[0];
-	pfd.events = POLLIN;
-	if (poll(&pfd, 1, 10000) == 0)
-		slurm_error("tether: cleanup after step %u.%u did not read its markers within 10 s", job_id, step_id);
-	close(fds[0]);
-}
-
 /* slurmstepd, as root, when the step ends (normally, failed, cancelled or timed out): the step's
  * directories, then the node's and the job's when no other step uses them. The end of the batch
  * step is the end of the job: then the whole job directory goes, whatever the job left in it. */
 static void remote_exit(void)
 {
-	char name[32];
+	char name[32], what[96];
 	int root_fd, job_fd, node_fd;
 
 	if (!remote_step || !step_name[0] || !node_name[0])
 		return;
+	snprintf(what, sizeof(what), "step %u.%s", job_id, step_name + 5);
 	root_fd = open(tether_job_storage_root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (root_fd < 0)
 		return;
@@ -653,7 +400,7 @@ static void remote_exit(void)
 	if (step_id == SLURM_BATCH_SCRIPT) {
 		/* the job's end: other steps may still be ending, their markers go with the tree */
 		if (tether_launcher && has_leftovers(root_fd, name, 2))
-			run_leftover_cleanup(job_dir);
+			run_leftover_cleanup(tether_launcher, job_dir, job_uid, job_gid, what);
 		remove_tree_at(root_fd, name, 0);
 		close(root_fd);
 		return;
@@ -663,7 +410,7 @@ static void remote_exit(void)
 		node_fd = openat(job_fd, node_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (node_fd >= 0) {
 			if (container_step && tether_launcher && has_leftovers(node_fd, step_name, 0))
-				run_leftover_cleanup(step_dir);
+				run_leftover_cleanup(tether_launcher, step_dir, job_uid, job_gid, what);
 			remove_tree_at(node_fd, step_name, 0);
 			close(node_fd);
 		}

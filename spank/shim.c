@@ -16,7 +16,6 @@
  *
  * The option table below is generated from tether/spank/options.py at build time.
  */
-#define _GNU_SOURCE /* renameat2 (remote.c) */
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
@@ -61,20 +60,6 @@ static int one_of(const char *value, const char *const *choices)
 		if (strcmp(value, *choices) == 0)
 			return 1;
 	return 0;
-}
-
-static int name_ok(const char *value, size_t max)
-{
-	size_t n = strlen(value);
-
-	if (n == 0 || n > max || !isalnum((unsigned char)value[0]))
-		return 0;
-	for (size_t i = 0; i < n; i++) {
-		unsigned char c = value[i];
-		if (!isalnum(c) && c != '.' && c != '_' && c != '-')
-			return 0;
-	}
-	return 1;
 }
 
 /* NAME[,NAME...] where each NAME is a shell variable name. */
