@@ -1,7 +1,8 @@
 """``tether run`` and the slurmstepd hand-off: one path from a task's environment to a container.
 
 The SPANK plugin hands each task of a container step to the launcher that ``tether slurm install``
-writes next to it (``tether-run``): it replaces the task's ``argv[0]`` with the launcher's path and
+writes next to it (``tether-run``; the PBS MoM hook does the same for TM tasks, see
+tether.pbs_hooks.mom): it replaces the task's ``argv[0]`` with the launcher's path and
 puts the original in ``TETHER_RUN_ARGV0`` (Slurm 22.05 lets a plugin change argv entries, not
 insert new ones), so the command is ``[$TETHER_RUN_ARGV0, *argv[1:]]``. The launcher starts Python
 with ``-I -S`` and imports only this package and the one runtime adapter: it runs once per rank.
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from typing import Any, Mapping, NoReturn, Sequence
 
 ARGV0_VAR = "TETHER_RUN_ARGV0"
+SUBREAPER_VAR = "TETHER_RUN_SUBREAPER"
 CLEANUP_VAR = "TETHER_CLEANUP"    # cleanup mode: slurmstepd, after a container step (see launch.py)
 
 
@@ -72,7 +74,7 @@ def handoff(config_path: str | None, identity: list[int] | None, baked: Mapping[
     argv0 = env.pop(ARGV0_VAR, None)
     if argv0 is None:
         report(f"{sys.argv[0]} is tether's container launcher: it runs tasks handed over by the "
-               f"SPANK plugin; use `tether run` by hand")
+               f"SPANK plugin or the PBS MoM hook; use `tether run` by hand")
         os._exit(EXIT_LAUNCH_FAILED)
     try:
         # a launcher written by another tether version may bake something else: read the config
@@ -84,7 +86,9 @@ def handoff(config_path: str | None, identity: list[int] | None, baked: Mapping[
         report(f"cannot read tether's configuration: {exc}")
         os._exit(EXIT_LAUNCH_FAILED)
     try:
-        run_container(env, [argv0, *sys.argv[1:]], settings, subreaper=True)  # set by the SPANK plugin
+        # the SPANK plugin made this process a child subreaper; PBS's hook cannot (TETHER_RUN_SUBREAPER=0)
+        subreaper = env.pop(SUBREAPER_VAR, "1") != "0"
+        run_container(env, [argv0, *sys.argv[1:]], settings, subreaper=subreaper)
     except Exception as exc:                       # never a bare traceback in the user's output
         import traceback
 
@@ -96,7 +100,7 @@ def handoff(config_path: str | None, identity: list[int] | None, baked: Mapping[
 
 LAUNCHER_TEMPLATE = """\
 #!{python} -IS
-# tether's container launcher, written by `tether slurm install`; do not edit (run it again).
+# tether's container launcher, written by `tether slurm|pbs install`; do not edit (run it again).
 import sys
 sys.path[:0] = {paths!r}
 from tether.container.run import handoff

@@ -184,10 +184,10 @@ def _cmd_pbs(args: argparse.Namespace) -> int:
 
     from .config import config_path, load_config
 
-    load_config(_config_arg(args))                          # refuse to install a broken config
+    config = load_config(_config_arg(args))                 # refuse to install a broken config
     path, _ = config_path(_config_arg(args))
-    install(os.path.abspath(path) if os.path.exists(path) else None, Path(args.hook_config),
-            apply=args.apply, log=print)
+    install(config, os.path.abspath(path) if os.path.exists(path) else None, hook_dir=Path(args.hook_dir),
+            libexec=Path(args.libexec), apply=args.apply, log=print)
     return EXIT_OK
 
 
@@ -265,12 +265,16 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--older-than", type=float, default=30.0, metavar="DAYS")
     prune.set_defaults(func=_cmd_images)
 
-    pbs_cmd = sub.add_parser("pbs", help="install tether's PBS server hook")
+    pbs_cmd = sub.add_parser("pbs", help="install tether's PBS hooks")
     pbs_sub = pbs_cmd.add_subparsers(dest="action", required=True, metavar="ACTION")
     pbs_install = pbs_sub.add_parser("install", parents=[common],
-                                     help="write the hook's JSON config; print (or --apply) the qmgr commands")
-    pbs_install.add_argument("--hook-config", metavar="FILE", default="/etc/tether/tether_submit.json",
-                             help="where the hook's JSON config goes (default /etc/tether/tether_submit.json)")
+                                     help="this host's helper, launcher and hook configs; print (or "
+                                          "--apply) the qmgr commands")
+    pbs_install.add_argument("--hook-dir", metavar="DIR", default="/etc/tether",
+                             help="where the hooks' JSON configs go (default /etc/tether)")
+    pbs_install.add_argument("--libexec", metavar="DIR", default="/opt/tether/libexec",
+                             help="where tether-jobdirs and the container launcher go (default "
+                                  "/opt/tether/libexec)")
     pbs_install.add_argument("--apply", action="store_true", help="run the qmgr commands")
     pbs_install.set_defaults(func=_cmd_pbs)
 

@@ -34,6 +34,32 @@ def tether_values(resource_list: Any, original: Any = None) -> dict[str, Any]:
     return values
 
 
+def container_values(variables: Any) -> dict[str, str]:
+    """--container-* option name -> value from the job's ``-v TETHER_CONTAINER_*`` variables."""
+    from tether.spank.options import OPTIONS
+
+    values = {}
+    for opt in OPTIONS:
+        if opt.name.startswith("container-"):
+            try:
+                value = variables[opt.env]
+            except (KeyError, TypeError):
+                value = None
+            if value is not None:
+                values[opt.name] = str(value)
+    return values
+
+
+def pbs_spelling(message: str) -> str:
+    """A run-side message as a PBS user wrote the option: ``--container-image`` -> ``TETHER_CONTAINER_IMAGE``."""
+    from tether.spank.options import OPTIONS
+
+    for opt in sorted(OPTIONS, key=lambda o: -len(o.name)):
+        if opt.name.startswith("container-"):
+            message = message.replace(f"--{opt.name}", opt.env)
+    return message.replace("--container-*", "TETHER_CONTAINER_*")
+
+
 def _count(value: Any, name: str) -> int:
     try:
         return int(str(value))
@@ -48,8 +74,10 @@ def submit(pbs: Any, e: Any, config_path: str | None) -> None:
     job = e.job
     original = e.job_o.Resource_List if e.type == pbs.MODIFYJOB and e.job_o is not None else None
     values = tether_values(job.Resource_List, original)
-    if not values:
+    variables = job.Variable_List or {}
+    if not values and not any(str(name).startswith("TETHER_CONTAINER_") for name in variables):
         e.accept()                                   # not a tether job: untouched
+    from tether.container.spec import LaunchError, check_container_options
     from tether.hooks.config import load_config
     from tether.hooks.errors import RequestError, TetherError
     from tether.hooks.plan import make_plan
@@ -58,6 +86,12 @@ def submit(pbs: Any, e: Any, config_path: str | None) -> None:
 
     try:
         config = load_config(config_path)
+        try:
+            check_container_options(container_values(variables), config.data["container"]["runtime"])
+        except LaunchError as exc:
+            raise RequestError(pbs_spelling(str(exc))) from None
+        if not values:
+            e.accept()                               # container options only: nothing to plan
         select = job.Resource_List["select"] or (original["select"] if original is not None else None)
         place = job.Resource_List["place"] or (original["place"] if original is not None else None)
         args: list[str] = []

@@ -6,7 +6,9 @@ Covers every row of the seed's PBS table, the select-merge rule and the rejectio
 from __future__ import annotations
 
 import json
+import os
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -139,12 +141,14 @@ def test_the_stub_refuses_what_pbs_refuses():
 def test_pbs_install_prints_the_qmgr_commands(tmp_path, capsys):
     from tether.hooks.cli import main
 
+    os.chmod(tmp_path, 0o755)
     config = tmp_path / "tether.yaml"
-    config.write_text("slot_type: cuda\n")
-    assert main(["pbs", "install", "--config", str(config), "--hook-config", str(tmp_path / "h.json")]) == 0
+    config.write_text(f"job_storage_root: {tmp_path / 'jobs'}\n")
+    assert main(["pbs", "install", "--config", str(config), "--hook-dir", str(tmp_path / "etc"),
+                 "--libexec", str(tmp_path / "libexec")]) == 0
     out = capsys.readouterr().out
-    hook_file = REPO / "pbs_hooks" / "tether_submit.py"
-    installed = Path(json.loads((tmp_path / "h.json").read_text())["python_path"][0]) / "tether" / "pbs_hooks"
+    submit_json, exec_json = tmp_path / "etc" / "tether_submit.json", tmp_path / "etc" / "tether_exec.json"
+    installed = Path(json.loads(submit_json.read_text())["python_path"][0]) / "tether" / "pbs_hooks"
     expected = [
         "qmgr -c 'create resource tether_slots type=long,flag=m'",
         "qmgr -c 'create resource tether_slots_per_node type=long,flag=m'",
@@ -155,26 +159,62 @@ def test_pbs_install_prints_the_qmgr_commands(tmp_path, capsys):
         "qmgr -c 'set hook tether_submit order = 1'",
         "qmgr -c 'set hook tether_submit alarm = 30'",
         f"qmgr -c 'import hook tether_submit application/x-python default {installed / 'tether_submit.py'}'",
-        f"qmgr -c 'import hook tether_submit application/x-config default {tmp_path / 'h.json'}'",
+        f"qmgr -c 'import hook tether_submit application/x-config default {submit_json}'",
         "qmgr -c 'set hook tether_submit enabled = true'",
+        "qmgr -c 'create hook tether_exec'",
+        "qmgr -c 'set hook tether_exec event = \"execjob_begin,execjob_launch,execjob_end,execjob_abort\"'",
+        "qmgr -c 'set hook tether_exec order = 1'",
+        "qmgr -c 'set hook tether_exec alarm = 30'",
+        f"qmgr -c 'import hook tether_exec application/x-python default {installed / 'tether_exec.py'}'",
+        f"qmgr -c 'import hook tether_exec application/x-config default {exec_json}'",
+        "qmgr -c 'set hook tether_exec enabled = true'",
     ]
     assert [line for line in out.splitlines() if line.startswith("qmgr")] == expected
-    assert (installed / "tether_submit.py").read_text() == hook_file.read_text()
-    assert json.loads((tmp_path / "h.json").read_text())["config"] == str(config)
+    for name in ("tether_submit.py", "tether_exec.py"):
+        assert (installed / name).read_text() == (REPO / "pbs_hooks" / name).read_text()
+    assert json.loads(submit_json.read_text())["config"] == str(config)
+    settings = json.loads(exec_json.read_text())
+    assert settings["job_storage_root"] == str(tmp_path / "jobs") and (tmp_path / "jobs").is_dir()
+    assert settings["helper"] == str(tmp_path / "libexec" / "tether-jobdirs")
+    assert settings["launcher"] == str(tmp_path / "libexec" / "tether-run")
+    usage = subprocess.run([settings["helper"]], capture_output=True, text=True)
+    assert usage.returncode == 2 and usage.stderr.startswith("usage: tether-jobdirs")
+    assert (tmp_path / "libexec" / "tether-run").read_text().startswith("#!")
     assert "sched_config" in out and "resources_available.ngpus" in out
 
 
 def test_pbs_install_apply_runs_qmgr_and_keeps_existing_resources(tmp_path, fp):
-    from tether.pbs_hooks.install import install, qmgr_commands, hook_file
+    from tether.hooks.config import load_config
+    from tether.pbs_hooks.install import install, qmgr_commands
 
-    cmds = qmgr_commands(hook_file(), tmp_path / "h.json")
+    fp.allow_unregistered(True)                                  # gcc builds the helper for real
+    os.chmod(tmp_path, 0o755)
+    config_file = tmp_path / "tether.yaml"
+    config_file.write_text(f"job_storage_root: {tmp_path / 'jobs'}\n")
+    config = load_config(str(config_file))
+    kw = dict(hook_dir=tmp_path / "etc", libexec=tmp_path / "libexec", apply=True, log=lambda m: None)
+    cmds = qmgr_commands(tmp_path / "etc")
     for cmd in cmds:
         if cmd == "create resource tether_slots type=long,flag=m":
             fp.register(["qmgr", "-c", cmd], returncode=1, stderr="qmgr obj=tether_slots svr=default: Duplicate entry in list")
         else:
             fp.register(["qmgr", "-c", cmd])
-    assert install(None, tmp_path / "h.json", apply=True, log=lambda m: None) == cmds
+    assert install(config, str(config_file), **kw) == cmds
     assert fp.call_count(["qmgr", "-c", fp.any()]) == len(cmds)
     fp.register(["qmgr", "-c", cmds[0]], returncode=2, stderr="qmgr: cannot connect to server")
     with pytest.raises(Exception, match="cannot connect to server"):
-        install(None, tmp_path / "h.json", apply=True, log=lambda m: None)
+        install(config, str(config_file), **kw)
+
+
+def test_container_variables_are_checked_at_qsub_with_the_run_side_s_messages(hook):
+    e = hook(resources={}, Variable_List={"TETHER_CONTAINER_IMAGE": "/images/busybox",
+                                          "TETHER_CONTAINER_MOUNTS": "relative:/data"})
+    assert e.accepted is False
+    assert e.reject_msg == ("tether: TETHER_CONTAINER_MOUNTS source 'relative' must be an absolute path without "
+                            "spaces, commas, colons or '..'")
+    e = hook(resources={}, Variable_List={"TETHER_CONTAINER_WORKDIR": "/w"})
+    assert e.accepted is False and "TETHER_CONTAINER_* options need TETHER_CONTAINER_IMAGE" in e.reject_msg
+    e = hook(resources={}, Variable_List={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
+    assert e.accepted and e.job._changed == set()               # valid, nothing to plan
+    e = hook(resources={"tether_slots": 2}, Variable_List={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
+    assert e.accepted and e.job.Resource_List["select"] == "2:ngpus=1"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,11 @@ def test_readme_test_command_is_what_ci_runs():
     command = re.search(r"`([^`]+)`", section).group(1)
     assert command == "make test"
     assert command in (REPO / ".ci" / "run").read_text()
+
+
+def test_readme_pbs_install_commands_are_what_tether_prints():
+    from tether.pbs_hooks.install import qmgr_commands
+
+    block = README.split("### The PBS hooks")[1].split("```")[3]
+    printed = [f"qmgr -c {shlex.quote(cmd)}" for cmd in qmgr_commands(Path("/etc/tether"))]
+    assert [line for line in block.splitlines() if line.startswith("qmgr")] == printed

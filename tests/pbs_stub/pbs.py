@@ -6,7 +6,13 @@ Faithful where tether depends on it (../shared/DESIGN.md, PBS section):
 - each event type may change only some job attributes: anything else raises
   ``BadAttributeValueError`` as PBS does ("... cannot be modified in this event");
 - ``Resource_List`` gives ``None`` for what the user did not ask for (queuejob sees no defaults);
-- ``logmsg`` levels, ``hook_config_filename``, ``server().queue(name)``.
+- ``logmsg`` levels, ``hook_config_filename``, ``server().queue(name)``, ``get_local_nodename()``;
+- MoM events: ``execjob_launch`` alone has ``env``, ``progname`` and ``argv`` (other events raise when
+  a hook sets them); ``env`` is OpenPBS's ``pbs_env``: PBS's own variables (``PBS_JOBID``, ``TMPDIR``,
+  ``PBS_O_*``, ...) are read-only, a backslash not already escaping ``, ' " \\`` is doubled on
+  assignment, and the task gets the values with those escapes removed (``task_env()``), the
+  variables being joined with commas -- an unescaped comma in a value splits it (as in PBS).
+  The stub lets MoM hooks change no job attribute (tether's do not try).
 Tests set up an event with ``stub_event(...)`` and read what the hook did from the returned objects.
 """
 
@@ -122,7 +128,7 @@ class job:
         object.__setattr__(self, "_changed", set())
         defaults = {"id": "", "queue": "", "Resource_List": pbs_resource(), "Rerunable": None, "umask": None,
                     "project": None, "comment": None, "Variable_List": {}, "Account_Name": None,
-                    "euser": None}
+                    "euser": None, "egroup": None, "exec_host": None}
         defaults.update(attrs)
         for key, value in defaults.items():
             object.__setattr__(self, key, value)
@@ -141,6 +147,8 @@ class job:
 
 
 class _Event:
+    _LAUNCH_ONLY = ("env", "progname", "argv")
+
     def __init__(self, event_type: int, job_obj: job, requestor: str, job_o: job | None):
         self.type = event_type
         self.job = job_obj
@@ -148,6 +156,17 @@ class _Event:
         self.requestor = requestor
         self.accepted = None
         self.reject_msg = None
+        if event_type == EXECJOB_LAUNCH:
+            self.env, self.progname, self.argv = pbs_env(), "", []
+
+    def __setattr__(self, key, value):
+        if key in self._LAUNCH_ONLY and self.__dict__.get("type") != EXECJOB_LAUNCH:
+            raise BadAttributeValueError(f"event attribute {key!r} exists only in execjob_launch")
+        if key == "env" and not isinstance(value, pbs_env):
+            raise BadAttributeValueError("event env must stay a pbs_env")
+        if key == "argv" and not (isinstance(value, list) and all(isinstance(a, str) for a in value)):
+            raise BadAttributeValueError("event argv must be a list of strings")
+        object.__setattr__(self, key, value)
 
     def accept(self):
         self.accepted = True
@@ -157,6 +176,70 @@ class _Event:
         self.accepted = False
         self.reject_msg = msg
         raise SystemExit(0)
+
+
+class pbs_env(dict):
+    """``e.env`` of execjob_launch (OpenPBS's pbs_env; see the module doc)."""
+
+    READONLY = ("PBS_ENVIRONMENT", "PBS_JOBDIR", "PBS_JOBID", "PBS_JOBNAME", "PBS_NODEFILE", "TMPDIR",
+                "PBS_O_HOME", "PBS_O_HOST", "PBS_O_LANG", "PBS_O_LOGNAME", "PBS_O_MAIL", "PBS_O_PATH",
+                "PBS_O_QUEUE", "PBS_O_SHELL", "PBS_O_SYSTEM", "PBS_O_TZ", "PBS_O_WORKDIR", "PBS_QUEUE")
+    SPECIAL = ",'\"\\"
+
+    @classmethod
+    def from_plain(cls, values: dict) -> "pbs_env":
+        """The env MoM hands the hook for a task environment ``values`` (escaped as PBS stores it)."""
+        env = cls()
+        for name, value in values.items():
+            dict.__setitem__(env, name, "".join("\\" + c if c in cls.SPECIAL else c for c in value))
+        return env
+
+    def __setitem__(self, name, value):
+        if name in self.READONLY:
+            raise BadAttributeValueError(f"env variable '{name}' is readonly")
+        value = str(value)
+        out = []
+        for i, c in enumerate(value):
+            escaped_pair = i > 0 and value[i - 1] == "\\" and c in self.SPECIAL
+            before_special = i + 1 < len(value) and value[i + 1] in self.SPECIAL
+            out.append(c if c != "\\" or escaped_pair or before_special else "\\\\")
+        super().__setitem__(name, "".join(out))
+
+    def task_env(self) -> dict:
+        """What the task gets: the variables joined with commas, split again at unescaped commas,
+        and the escapes removed."""
+        text = ",".join(f"{k}={v}" for k, v in self.items())
+        items, cur, i = [], [], 0
+        while i < len(text):
+            if text[i] == "\\" and i + 1 < len(text):
+                cur.append(text[i:i + 2])
+                i += 2
+                continue
+            if text[i] == ",":
+                items.append("".join(cur))
+                cur = []
+            else:
+                cur.append(text[i])
+            i += 1
+        items.append("".join(cur))
+        env = {}
+        for item in items:
+            name, _, value = item.partition("=")
+            plain, j = [], 0
+            while j < len(value):
+                if value[j] == "\\" and j + 1 < len(value) and value[j + 1] in self.SPECIAL:
+                    j += 1
+                plain.append(value[j])
+                j += 1
+            env[name] = "".join(plain)
+        return env
+
+
+_LOCAL_NODE = "localhost"
+
+
+def get_local_nodename() -> str:
+    return _LOCAL_NODE
 
 
 def event() -> _Event:
@@ -170,12 +253,19 @@ def logmsg(level: int, msg: str) -> None:
 
 def stub_event(event_type: int, *, resources: dict | None = None, requestor: str = "alice",
                config_file: str | None = None, queues=("workq",), original: dict | None = None,
-               **attrs) -> _Event:
-    """Set up the event a hook run will see (original: the job before qalter, for modifyjob)."""
-    global _EVENT, hook_config_filename, _QUEUES
+               env: dict | None = None, progname: str = "", argv: list | None = None,
+               local_node: str = "localhost", **attrs) -> _Event:
+    """Set up the event a hook run will see (original: the job before qalter, for modifyjob;
+    env/progname/argv: the task execjob_launch is about to start, env as plain values)."""
+    global _EVENT, hook_config_filename, _QUEUES, _LOCAL_NODE
     LOG.clear()
     _QUEUES = tuple(queues)
+    _LOCAL_NODE = local_node
     hook_config_filename = config_file
     job_o = job(0, Resource_List=dict(original or {}), **attrs) if original is not None else None
     _EVENT = _Event(event_type, job(event_type, Resource_List=dict(resources or {}), **attrs), requestor, job_o)
+    if event_type == EXECJOB_LAUNCH:
+        object.__setattr__(_EVENT, "env", pbs_env.from_plain(env or {}))
+        object.__setattr__(_EVENT, "progname", progname)
+        object.__setattr__(_EVENT, "argv", list(argv or []))
     return _EVENT

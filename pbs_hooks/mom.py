@@ -1,0 +1,251 @@
+"""PBS MoM hooks: a tether job's directories, rank environment, containers for TM tasks, cleanup.
+
+Run by ``tether_exec.py`` (the hook file qmgr imports) in each MoM's ``pbs_python``, as root:
+
+execjob_begin   (every host of the job) ``<job_storage_root>/<job>/<host>/``, owned by the job user;
+execjob_launch  (the job shell on the first host, and every task spawned through TM -- ``pbs_tmrsh``,
+                ``pbsdsh``, MPI -- on any host) the rank environment; each TM task also gets its
+                per-rank directories ``<host>/task-<PBS_TASKNUM>/rank-<RANK>/{tmp,work}`` and, when
+                the job has a container image (``qsub -v TETHER_CONTAINER_IMAGE=…``), is handed to
+                tether's container launcher (``e.progname``/``e.argv``). The job shell stays on the
+                host (like Slurm's batch script), so ``pbs_tmrsh`` inside it works;
+execjob_end, execjob_abort  the containers' leftover cleanup (as the job user) and the host's
+                directories; the job's directory goes with the last host.
+
+Directories are made and removed by ``tether-jobdirs``, the C helper built from the same source as
+the SPANK plugin's directory code (no symlink is followed as root; ownership handed over atomically).
+Jobs without tether resources or a container image are left alone. These hooks import nothing
+from tether's config or planner: the settings they need were written into their JSON config by
+``tether pbs install``.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import subprocess
+
+HELPER_TIMEOUT = 20          # seconds; the hook's alarm is 30
+TETHER_RESOURCES = ("tether_slots", "tether_slots_per_node", "tether_slot_type", "tether_gpu_type")
+# TETHER_JOB_* as in the Slurm contract (README, "The rank environment")
+DESCRIBED = {"tether_slots": "TETHER_JOB_SLOTS", "tether_slots_per_node": "TETHER_JOB_SLOTS_PER_NODE",
+             "tether_slot_type": "TETHER_JOB_SLOT_TYPE", "tether_gpu_type": "TETHER_JOB_GPU_TYPE"}
+LAUNCHER_NAMES = ("tether", "tether-run")
+
+
+class HookFailure(Exception):
+    """The job cannot run here; the message is for the user (and the MoM log)."""
+
+
+def pbs_env_value(value: str) -> str:
+    """``value`` as ``e.env`` must hold it: PBS joins the variables with commas and reads ``\\,``,
+    ``\\\\``, ``\\"`` and ``\\'`` back as the plain characters (newlines pass as they are)."""
+    out = []
+    for char in value:
+        out.append("\\" + char if char in ",\\\"'" else char)
+    return "".join(out)
+
+
+def pbs_env_plain(value: str | None) -> str | None:
+    """What a task sees for an ``e.env`` value (the reverse of pbs_env_value)."""
+    if value is None:
+        return None
+    out, i = [], 0
+    while i < len(value):
+        if value[i] == "\\" and i + 1 < len(value) and value[i + 1] in ",\\\"'":
+            i += 1
+        out.append(value[i])
+        i += 1
+    return "".join(out)
+
+
+def job_dir_name(job_id: str) -> str:
+    """The job's directory name: its id with array brackets made safe (``12[3].srv`` -> ``12_3_.srv``)."""
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in str(job_id))
+
+
+def job_hosts(exec_host: str | None) -> list[str]:
+    """The job's hosts in order, once each, from ``exec_host`` (``h1/0*2+h2/0*2``)."""
+    hosts: list[str] = []
+    for part in str(exec_host or "").split("+"):
+        host = part.split("/", 1)[0].strip()
+        if host and host not in hosts:
+            hosts.append(host)
+    return hosts
+
+
+def master_port(job_id: str) -> int:
+    """Every host of a job derives the same port; jobs with neighbouring ids get different ones
+    (the Slurm side's rule, with PBS's sequence number as the job id)."""
+    digits = "".join(c for c in str(job_id).split(".", 1)[0] if c.isdigit()) or "0"
+    return 20000 + (int(digits) % 2000) * 16
+
+
+def _value(mapping, name: str):
+    try:
+        value = mapping[name]
+    except (KeyError, TypeError):
+        return None
+    return value
+
+
+def is_tether_job(job) -> bool:
+    """A job with tether resources (flag=m makes them visible here) or a container image."""
+    if any(_value(job.Resource_List, r) is not None for r in TETHER_RESOURCES):
+        return True
+    return bool(_value(job.Variable_List, "TETHER_CONTAINER_IMAGE"))
+
+
+def job_user(job) -> tuple[int, int]:
+    """The job user's uid and gid (``egroup`` when PBS gives it, else the user's primary group)."""
+    name = str(job.euser or "")
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        raise HookFailure(f"tether: the job's user {name!r} is unknown on this host") from None
+    gid = pw.pw_gid
+    if getattr(job, "egroup", None):
+        try:
+            gid = grp.getgrnam(str(job.egroup)).gr_gid
+        except KeyError:
+            pass
+    return pw.pw_uid, gid
+
+
+def run_helper(settings: dict, *args: str) -> str:
+    """Run tether-jobdirs; its stdout, or HookFailure with the first line it wrote on stderr."""
+    helper = settings["helper"]
+    try:
+        result = subprocess.run([helper, *args], capture_output=True, text=True, timeout=HELPER_TIMEOUT,
+                                stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise HookFailure(f"tether: {helper} is missing on this host (run `tether pbs install` here)") from None
+    except subprocess.TimeoutExpired:
+        raise HookFailure(f"tether: {os.path.basename(helper)} {args[0]} did not finish in "
+                          f"{HELPER_TIMEOUT} s") from None
+    if result.returncode != 0:
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        raise HookFailure(lines[0] if lines else f"tether: {helper} {args[0]} failed ({result.returncode})")
+    return result.stdout.strip()
+
+
+def runs_tether(argv: list[str]) -> bool:
+    """Is this task already tether's launch (``[/usr/bin/env NAME=VALUE…] …/tether run …``, as the
+    per-host launch script starts it)? Then it is not wrapped a second time."""
+    words = list(argv)
+    if words and os.path.basename(words[0]) == "env":
+        words = words[1:]
+        while words and "=" in words[0] and not words[0].startswith("/"):
+            words = words[1:]
+    return bool(words) and os.path.basename(words[0]) in LAUNCHER_NAMES
+
+
+def _is_job_shell(env, argv: list[str]) -> bool:
+    task = _value(env, "PBS_TASKNUM")
+    return str(task) == "1" if task is not None else not argv
+
+
+def begin(pbs, e, settings: dict) -> None:
+    """execjob_begin: the job's and this host's directories."""
+    job = e.job
+    uid, gid = job_user(job)
+    run_helper(settings, "begin", settings["job_storage_root"], job_dir_name(job.id),
+               pbs.get_local_nodename(), str(uid), str(gid))
+
+
+def _rank_values(env, hosts: list[str], host: str, node_rank: int) -> dict[str, str]:
+    """RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE of a TM task. pbsdsh gives each task its line
+    of the node file (PBS_VNODENUM): that line is the rank. Otherwise the seed's layout applies:
+    one task (container) per host, the host's index is the rank."""
+    vnode = _value(env, "PBS_VNODENUM")
+    nodefile = pbs_env_plain(_value(env, "PBS_NODEFILE"))
+    if vnode is not None and str(vnode).isdigit() and nodefile:
+        try:
+            with open(nodefile) as fh:
+                lines = [line.strip() for line in fh if line.strip()]
+        except OSError:
+            lines = []
+        rank = int(str(vnode))
+        if rank < len(lines):
+            here = [i for i, name in enumerate(lines) if name.split(".")[0] == lines[rank].split(".")[0]]
+            return {"RANK": str(rank), "LOCAL_RANK": str(here.index(rank)), "WORLD_SIZE": str(len(lines)),
+                    "LOCAL_WORLD_SIZE": str(len(here))}
+    return {"RANK": str(node_rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(len(hosts)),
+            "LOCAL_WORLD_SIZE": "1"}
+
+
+def launch(pbs, e, settings: dict) -> None:
+    """execjob_launch: the rank environment; for TM tasks per-rank directories and the container."""
+    job = e.job
+    env = e.env
+    host = pbs.get_local_nodename()
+    hosts = job_hosts(job.exec_host) or [host]
+    short = [h.split(".")[0] for h in hosts]
+    node_rank = short.index(host.split(".")[0]) if host.split(".")[0] in short else 0
+    job_dir = os.path.join(settings["job_storage_root"], job_dir_name(job.id))
+    values = {"TETHER_JOB_DIR": job_dir, "TETHER_NNODES": str(len(hosts)), "NODE_RANK": str(node_rank),
+              "MASTER_ADDR": hosts[0], "MASTER_PORT": str(master_port(job.id))}
+    for resource, name in DESCRIBED.items():
+        if _value(job.Resource_List, resource) is not None:
+            values[name] = str(job.Resource_List[resource])
+    argv = [str(a) for a in (e.argv or [])]
+    if not _is_job_shell(env, argv):
+        uid, gid = job_user(job)
+        task = str(_value(env, "PBS_TASKNUM") or "0")
+        if not task.isdigit():
+            raise HookFailure(f"tether: PBS_TASKNUM={task!r} is not a task number")
+        values.update(_rank_values(env, hosts, host, node_rank))
+        rank_dir = run_helper(settings, "task", settings["job_storage_root"], job_dir_name(job.id), host,
+                              task, values["RANK"], str(uid), str(gid))
+        values.update(TETHER_STEP_DIR=os.path.dirname(rank_dir), TETHER_RANK_DIR=rank_dir,
+                      TETHER_WORK_DIR=os.path.join(rank_dir, "work"))
+        image = pbs_env_plain(_value(env, "TETHER_CONTAINER_IMAGE")) or _value(job.Variable_List,
+                                                                             "TETHER_CONTAINER_IMAGE")
+        if image and not runs_tether(argv):
+            launcher = settings.get("launcher")
+            if not launcher:
+                raise HookFailure("tether: TETHER_CONTAINER_IMAGE: containers are not set up on this "
+                                  "cluster (the hook config names no launcher; run `tether pbs install`)")
+            values["TETHER_RUN_ARGV0"] = argv[0] if argv else str(e.progname)
+            values["TETHER_RUN_SUBREAPER"] = "0"     # the launcher makes itself a child subreaper
+            e.progname = launcher
+            e.argv = [launcher, *argv[1:]]
+    for name, value in values.items():
+        env[name] = pbs_env_value(value)
+
+
+def end(pbs, e, settings: dict) -> None:
+    """execjob_end / execjob_abort: leftover container cleanup, then this host's directories."""
+    job = e.job
+    uid, gid = job_user(job)
+    args = ["end", settings["job_storage_root"], job_dir_name(job.id), pbs.get_local_nodename(), str(uid),
+            str(gid)]
+    if settings.get("launcher"):
+        args.append(settings["launcher"])
+    run_helper(settings, *args)
+
+
+def handle(pbs, e, settings: dict) -> None:
+    """The MoM hooks' entry point (ends the hook: accept or reject)."""
+    import traceback
+
+    if e.job is None or not is_tether_job(e.job):
+        e.accept()
+    actions = {pbs.EXECJOB_BEGIN: begin, pbs.EXECJOB_LAUNCH: launch, pbs.EXECJOB_END: end,
+               pbs.EXECJOB_ABORT: end}
+    action = actions.get(e.type)
+    if action is None:
+        e.accept()
+    ending = action is end
+    try:
+        action(pbs, e, settings)
+    except HookFailure as exc:
+        pbs.logmsg(pbs.LOG_ERROR, str(exc))
+        if not ending:
+            e.reject(str(exc))
+    except Exception as exc:                     # never start a tether task half set up
+        pbs.logmsg(pbs.LOG_ERROR, "tether: internal error:\n" + traceback.format_exc())
+        if not ending:
+            e.reject(f"tether unavailable: internal error ({type(exc).__name__}); details in the MoM log")
+    e.accept()
