@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Sequence
 
@@ -136,8 +137,6 @@ def _cmd_slurm(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    import os
-
     from tether.container.run import container_settings, run_container
     from tether.spank.options import BY_NAME, CONTAINER_OPTIONS
 
@@ -177,7 +176,6 @@ def _cmd_images(args: argparse.Namespace) -> int:
 
 
 def _cmd_pbs(args: argparse.Namespace) -> int:
-    import os
     from pathlib import Path
 
     from tether.pbs_hooks.install import install
@@ -305,6 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAIL
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:                       # `tether … | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,9 +7,11 @@
  *   tether-jobdirs begin ROOT JOB HOST UID GID              <ROOT>/<JOB>/<HOST>/
  *   tether-jobdirs task  ROOT JOB HOST TASK RANK UID GID    .../task-<TASK>/rank-<RANK>/{tmp,work};
  *                                                            prints the rank directory
- *   tether-jobdirs end   ROOT JOB HOST UID GID [LAUNCHER]   containers' leftover cleanup (as the
- *                                                            user, LAUNCHER in cleanup mode), then
- *                                                            removes <HOST>/ and <JOB>/ when empty
+ *   tether-jobdirs end   ROOT JOB HOST UID GID LAUNCHER|- [HOST…]
+ *                       containers' leftover cleanup (as the user, LAUNCHER in cleanup mode; "-":
+ *                       none), then removes <HOST>/ and <JOB>/ when empty. With the job's hosts
+ *                       listed (the job's first host does that), whatever else the job left in
+ *                       <JOB>/ goes too -- the other hosts' directories stay for their own end.
  *
  * Root only (it refuses otherwise). Exit 0: done; 1: refused, the reason on stderr's first line;
  * 2: bad usage. Directories are mode 0700 and owned by UID:GID.
@@ -88,11 +90,34 @@ static int open_host_dir(int root_fd, const char *root, const char *job, const c
 	return host_fd < 0 ? -1 : host_fd;
 }
 
+/* Remove every entry of ``dir_fd`` whose name is not in ``keep`` (never following a symlink). */
+static void remove_all_but(int dir_fd, char **keep, int nkeep)
+{
+	int fd = dup(dir_fd);
+	struct dirent *e;
+	DIR *dir;
+
+	if (fd < 0 || (dir = fdopendir(fd)) == NULL) {
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	while ((e = readdir(dir)) != NULL) {
+		int kept = strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0;
+
+		for (int i = 0; i < nkeep && !kept; i++)
+			kept = strcmp(e->d_name, keep[i]) == 0;
+		if (!kept)
+			remove_tree_at(dir_fd, e->d_name, 0);
+	}
+	closedir(dir);
+}
+
 static int usage(void)
 {
 	fprintf(stderr, "usage: tether-jobdirs begin ROOT JOB HOST UID GID\n"
 			"       tether-jobdirs task ROOT JOB HOST TASK RANK UID GID\n"
-			"       tether-jobdirs end ROOT JOB HOST UID GID [LAUNCHER]\n");
+			"       tether-jobdirs end ROOT JOB HOST UID GID LAUNCHER|- [HOST...]\n");
 	return 2;
 }
 
@@ -111,7 +136,7 @@ int main(int argc, char **argv)
 		ids = 5;
 	else if (strcmp(cmd, "task") == 0 && argc == 9)
 		ids = 7;
-	else if (strcmp(cmd, "end") == 0 && (argc == 7 || argc == 8))
+	else if (strcmp(cmd, "end") == 0 && argc >= 8)
 		ids = 5;
 	else
 		return usage();
@@ -133,7 +158,7 @@ int main(int argc, char **argv)
 		tether_fail("tether-jobdirs runs as root (from the PBS MoM hooks)");
 		return 1;
 	}
-	if (argc == 8) {
+	if (strcmp(cmd, "end") == 0 && strcmp(argv[7], "-") != 0) {
 		launcher = argv[7];
 		if (launcher[0] != '/') {
 			tether_fail("tether: the launcher %s must be an absolute path", launcher);
@@ -159,6 +184,8 @@ int main(int argc, char **argv)
 				run_leftover_cleanup(launcher, shown, (uid_t)uid, (gid_t)gid, what);
 			}
 			remove_tree_at(job_fd, host, 0);
+			if (argc > 8)
+				remove_all_but(job_fd, argv + 8, argc - 8);
 			close(job_fd);
 		}
 		unlinkat(root_fd, job, AT_REMOVEDIR); /* only when no other host uses it any more */

@@ -10,7 +10,8 @@ execjob_launch  (the job shell on the first host, and every task spawned through
                 tether's container launcher (``e.progname``/``e.argv``). The job shell stays on the
                 host (like Slurm's batch script), so ``pbs_tmrsh`` inside it works;
 execjob_end, execjob_abort  the containers' leftover cleanup (as the job user) and the host's
-                directories; the job's directory goes with the last host.
+                directories; the job's first host also removes whatever the job left directly in
+                its directory; the job's directory goes with the last host.
 
 Directories are made and removed by ``tether-jobdirs``, the C helper built from the same source as
 the SPANK plugin's directory code (no symlink is followed as root; ownership handed over atomically).
@@ -24,6 +25,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import stat
 import subprocess
 
 HELPER_TIMEOUT = 20          # seconds; the hook's alarm is 30
@@ -154,18 +156,31 @@ def begin(pbs, e, settings: dict) -> None:
                pbs.get_local_nodename(), str(uid), str(gid))
 
 
-def _rank_values(env, hosts: list[str], host: str, node_rank: int) -> dict[str, str]:
+def read_node_file(path: str | None, job_id: str) -> list[str]:
+    """The job's node file (one line per mpiproc). The hook runs as root and a task's environment
+    can be the user's: only PBS's own file is read -- ``<PBS_HOME>/aux/<job id>``, root-owned, not
+    a symlink -- anything else counts as no node file."""
+    if not path or os.path.basename(path) != str(job_id) or \
+            os.path.basename(os.path.dirname(path)) != "aux":
+        return []
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return []
+    with os.fdopen(fd) as fh:
+        st = os.fstat(fh.fileno())
+        if st.st_uid != 0 or not stat.S_ISREG(st.st_mode):
+            return []
+        return [line.strip() for line in fh.read(1 << 20).splitlines() if line.strip()]
+
+
+def _rank_values(env, hosts: list[str], host: str, node_rank: int, job_id: str) -> dict[str, str]:
     """RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE of a TM task. pbsdsh gives each task its line
     of the node file (PBS_VNODENUM): that line is the rank. Otherwise the seed's layout applies:
     one task (container) per host, the host's index is the rank."""
     vnode = _value(env, "PBS_VNODENUM")
-    nodefile = pbs_env_plain(_value(env, "PBS_NODEFILE"))
-    if vnode is not None and str(vnode).isdigit() and nodefile:
-        try:
-            with open(nodefile) as fh:
-                lines = [line.strip() for line in fh if line.strip()]
-        except OSError:
-            lines = []
+    lines = read_node_file(pbs_env_plain(_value(env, "PBS_NODEFILE")), job_id)
+    if vnode is not None and str(vnode).isdigit() and lines:
         rank = int(str(vnode))
         if rank < len(lines):
             here = [i for i, name in enumerate(lines) if name.split(".")[0] == lines[rank].split(".")[0]]
@@ -195,7 +210,7 @@ def launch(pbs, e, settings: dict) -> None:
         task = str(_value(env, "PBS_TASKNUM") or "0")
         if not task.isdigit():
             raise HookFailure(f"tether: PBS_TASKNUM={task!r} is not a task number")
-        values.update(_rank_values(env, hosts, host, node_rank))
+        values.update(_rank_values(env, hosts, host, node_rank, str(job.id)))
         rank_dir = run_helper(settings, "task", settings["job_storage_root"], job_dir_name(job.id), host,
                               task, values["RANK"], str(uid), str(gid))
         values.update(TETHER_STEP_DIR=os.path.dirname(rank_dir), TETHER_RANK_DIR=rank_dir,
@@ -207,6 +222,9 @@ def launch(pbs, e, settings: dict) -> None:
             if not launcher:
                 raise HookFailure("tether: TETHER_CONTAINER_IMAGE: containers are not set up on this "
                                   "cluster (the hook config names no launcher; run `tether pbs install`)")
+            if not os.access(launcher, os.X_OK):
+                raise HookFailure(f"tether: the container launcher {launcher} is missing on this host "
+                                  f"(run `tether pbs install` here)")
             values["TETHER_RUN_ARGV0"] = argv[0] if argv else str(e.progname)
             values["TETHER_RUN_SUBREAPER"] = "0"     # the launcher makes itself a child subreaper
             e.progname = launcher
@@ -219,10 +237,12 @@ def end(pbs, e, settings: dict) -> None:
     """execjob_end / execjob_abort: leftover container cleanup, then this host's directories."""
     job = e.job
     uid, gid = job_user(job)
-    args = ["end", settings["job_storage_root"], job_dir_name(job.id), pbs.get_local_nodename(), str(uid),
-            str(gid)]
-    if settings.get("launcher"):
-        args.append(settings["launcher"])
+    host = pbs.get_local_nodename()
+    args = ["end", settings["job_storage_root"], job_dir_name(job.id), host, str(uid), str(gid),
+            settings.get("launcher") or "-"]
+    hosts = job_hosts(job.exec_host)
+    if hosts and hosts[0].split(".")[0] == host.split(".")[0]:
+        args += hosts        # the first host also removes what the job left in its directory
     run_helper(settings, *args)
 
 

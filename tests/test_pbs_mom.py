@@ -27,7 +27,6 @@ import pbs  # noqa: E402  (the stub)
 
 USER = "tether-demo"
 JOB_ID = "4242.pbs-server"
-LAUNCHER = "/opt/tether/libexec/tether-run"
 HOSTS = "h1/0*2+h2/0*2+h3/0*2"
 
 
@@ -61,10 +60,19 @@ def root(tmp_path) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def launcher(public) -> str:
+    """Where the hook config says the launcher is (the hand-off is checked, not the launch)."""
+    path = public / "tether-run"
+    path.write_text("#!/bin/sh\nexit 99\n")
+    path.chmod(0o755)
+    return str(path)
+
+
 @pytest.fixture
-def hook(tmp_path, helper, root):
+def hook(tmp_path, helper, root, launcher):
     """Run the hook file for an event of a job of USER; returns the event."""
-    settings = {"python_path": [], "job_storage_root": str(root), "helper": str(helper), "launcher": LAUNCHER}
+    settings = {"python_path": [], "job_storage_root": str(root), "helper": str(helper), "launcher": launcher}
     config = tmp_path / "tether_exec.json"
     config.write_text(json.dumps(settings))
 
@@ -123,13 +131,13 @@ def test_the_job_shell_gets_the_job_environment_and_stays_on_the_host(hook, root
     assert list((root / JOB_ID / "h1").iterdir()) == []                  # no rank directories
 
 
-def test_a_tm_task_of_a_container_job_is_handed_to_the_launcher(hook, root):
+def test_a_tm_task_of_a_container_job_is_handed_to_the_launcher(hook, root, launcher):
     hook(pbs.EXECJOB_BEGIN, host="h2")
     e = hook(env=_task_env(PBS_TASKNUM="3", TETHER_CONTAINER_IMAGE="/images/busybox"), host="h2",
              progname="/usr/bin/hostname", argv=["hostname", "-f", "it's, odd"],
              variables={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
     assert e.accepted, e.reject_msg
-    assert e.progname == LAUNCHER and e.argv == [LAUNCHER, "-f", "it's, odd"]
+    assert e.progname == launcher and e.argv == [launcher, "-f", "it's, odd"]
     env = e.env.task_env()
     assert env["TETHER_RUN_ARGV0"] == "hostname" and env["TETHER_RUN_SUBREAPER"] == "0"
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("1", "0", "3", "1")
@@ -167,13 +175,28 @@ def test_values_with_commas_quotes_newlines_and_backslashes_reach_the_task_exact
 
 
 def test_pbsdsh_tasks_take_their_rank_from_the_node_file(hook, tmp_path):
-    nodefile = tmp_path / "nodefile"
+    (tmp_path / "aux").mkdir()
+    nodefile = tmp_path / "aux" / JOB_ID                 # PBS_HOME/aux/<job id>, root's
     nodefile.write_text("h1\nh1\nh2\nh2\n")
     e = hook(env=_task_env(PBS_TASKNUM="4", PBS_VNODENUM="3", PBS_NODEFILE=str(nodefile)), host="h2",
              progname="/bin/true", argv=["true"])
     env = e.env.task_env()
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("3", "1", "4", "2")
     assert env["NODE_RANK"] == "1" and env["TETHER_RANK_DIR"].endswith("/h2/task-4/rank-3")
+
+
+def test_only_pbs_s_own_node_file_is_read(hook, tmp_path):
+    """As root, the hook must not read a file a task's environment names (a user can set it)."""
+    secret = tmp_path / "secret"
+    secret.write_text("h1\nh2\nh2\nh2\nh2\n")
+    (tmp_path / "aux").mkdir()
+    link = tmp_path / "aux" / JOB_ID
+    link.symlink_to(secret)
+    for path in (secret, link):
+        e = hook(env=_task_env(PBS_TASKNUM="4", PBS_VNODENUM="3", PBS_NODEFILE=str(path)), host="h2",
+                 progname="/bin/true", argv=["true"])
+        env = e.env.task_env()
+        assert (env["RANK"], env["WORLD_SIZE"]) == ("1", "3")  # one task per host: the node file ignored
 
 
 def test_a_planted_symlink_is_refused_not_followed(hook, root, tmp_path):
@@ -194,8 +217,11 @@ def test_end_removes_each_host_and_the_job_directory_with_the_last(hook, root):
         hook(pbs.EXECJOB_BEGIN, host=host)
         hook(env=_task_env(PBS_TASKNUM="2"), host=host, progname="/bin/true", argv=["true"])
     (root / JOB_ID / "h1" / "task-2" / "rank-0" / "tmp" / "left").write_text("x")
-    assert hook(pbs.EXECJOB_END, host="h1").accepted
+    (root / JOB_ID / "written-by-the-job-shell").write_text("x")     # $TETHER_JOB_DIR/...
+    os.symlink("/etc", root / JOB_ID / "planted")
+    assert hook(pbs.EXECJOB_END, host="h1").accepted                 # h1: the job's first host
     assert sorted(p.name for p in (root / JOB_ID).iterdir()) == ["h2"]
+    assert Path("/etc/passwd").exists()
     assert hook(pbs.EXECJOB_ABORT, host="h2").accepted
     assert list(root.iterdir()) == []
 
@@ -226,7 +252,12 @@ def test_an_unloadable_hook_refuses_tether_jobs_only(hook, tmp_path):
     assert hook(pbs.EXECJOB_END, config_file=missing).accepted      # never blocks a job's end
 
 
-def test_a_missing_helper_is_named(hook, tmp_path):
+def test_a_missing_helper_or_launcher_is_named(hook, tmp_path):
+    hook.settings["launcher"] = str(tmp_path / "nowhere" / "tether-run")
+    hook.config.write_text(json.dumps(hook.settings))
+    e = hook(env=_task_env(PBS_TASKNUM="2", TETHER_CONTAINER_IMAGE="/images/busybox"), progname="/bin/true",
+             argv=["true"])
+    assert e.accepted is False and "tether-run is missing on this host" in e.reject_msg
     hook.settings["helper"] = str(tmp_path / "nowhere" / "tether-jobdirs")
     hook.config.write_text(json.dumps(hook.settings))
     e = hook(pbs.EXECJOB_BEGIN)
@@ -266,3 +297,56 @@ def test_the_stub_keeps_pbs_rules_for_mom_events():
     begin = pbs.stub_event(pbs.EXECJOB_BEGIN)
     with pytest.raises(pbs.BadAttributeValueError):
         begin.progname = "/bin/sh"
+
+
+@pytest.mark.cluster
+def test_a_wrapped_tm_task_runs_in_a_real_podman_container(cluster, helper, public):
+    """The whole PBS path but PBS itself: the hook hands a TM task to the real launcher, which this
+    test then starts as pbs_mom would (as the job user, with exactly the task environment PBS
+    builds from e.env); rootless podman runs it in the sandbox's busybox image."""
+    from tether.hooks.config import load_config
+    from tether.job_submit.install import install_launcher
+
+    config = load_config(str(cluster.box.tether_conf))
+    image = cluster.box.busybox_image()
+    launcher = install_launcher(helper.parent, config)
+    settings = {"python_path": [], "job_storage_root": config.job_storage_root, "helper": str(helper),
+                "launcher": str(launcher)}
+    hook_config = public / f"tether_exec-{os.getpid()}.json"
+    hook_config.write_text(json.dumps(settings))
+    job_id = f"{os.getpid()}.pbs-e2e"
+    user = pwd.getpwnam(USER)
+    common = dict(resources={"tether_slots": 2, "tether_slot_type": "cpu"}, id=job_id, euser=USER,
+                  exec_host="n1/0+n2/0", Variable_List={"TETHER_CONTAINER_IMAGE": image}, local_node="n2")
+
+    def run_hook(event_type, **kw):
+        event = pbs.stub_event(event_type, config_file=str(hook_config), **common, **kw)
+        with pytest.raises(SystemExit):
+            runpy.run_path(str(HOOK), run_name="__main__")
+        return event
+
+    assert run_hook(pbs.EXECJOB_BEGIN).accepted
+    command = ("echo RANK=$RANK NODE_RANK=$NODE_RANK WORLD=$WORLD_SIZE TMPDIR=$TMPDIR PWD=$(pwd) UID=$(id -u) "
+               "IN=$(grep -qF \"" + image + " / \" /proc/self/mountinfo && echo container || echo host) "
+               "V=\"$ODD\"")
+    task_env = {"PBS_JOBID": job_id, "PBS_TASKNUM": "2", "PBS_ENVIRONMENT": "PBS_BATCH", "TMPDIR": "/tmp",
+                "HOME": user.pw_dir, "USER": USER, "LOGNAME": USER, "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "TETHER_CONTAINER_IMAGE": image, "TETHER_CONTAINER_ENV": "ODD", "ODD": "a,b 'c'"}
+    e = run_hook(pbs.EXECJOB_LAUNCH, env=task_env, progname="/bin/sh", argv=["sh", "-c", command])
+    assert e.accepted, e.reject_msg
+    assert e.progname == str(launcher)
+    env = e.env.task_env()
+    # as pbs_mom starts the task: the job user, this environment, progname with argv
+    result = subprocess.run(["runuser", "-u", USER, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()],
+                             e.progname, *e.argv[1:]], capture_output=True, text=True, timeout=120, cwd="/")
+    assert result.returncode == 0, result.stdout + result.stderr
+    fields = dict(word.split("=", 1) for word in result.stdout.split("V=")[0].split())
+    assert fields == {"RANK": "1", "NODE_RANK": "1", "WORLD": "2", "TMPDIR": "/tmp", "PWD": "/run/tether/workdir",
+                      "UID": str(user.pw_uid), "IN": "container"}
+    assert result.stdout.split("V=", 1)[1].strip() == "a,b 'c'"
+    assert run_hook(pbs.EXECJOB_END).accepted
+    assert not (Path(config.job_storage_root) / job_id).exists()
+    conf = cluster.box.etc / "containers.conf"
+    names = subprocess.run(["runuser", "-u", USER, "--", "env", f"CONTAINERS_CONF={conf}", "podman", "ps", "-a",
+                            "--format", "{{.Names}}"], capture_output=True, text=True, timeout=60, cwd="/").stdout
+    assert not [n for n in names.split() if n.startswith(f"tether-{os.getpid()}-")]
