@@ -106,9 +106,11 @@ def user_processes(cluster, pattern: str) -> list[str]:
 
 
 def wait_until(predicate, timeout: float = 30.0, step: float = 0.2):
+    """Poll ``predicate`` until it returns something true (returned) or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():
-            return True
+        value = predicate()
+        if value:
+            return value
         time.sleep(step)
     return predicate()

@@ -328,7 +328,7 @@ def test_a_wrapped_tm_task_runs_in_a_real_podman_container(cluster, helper, publ
     assert run_hook(pbs.EXECJOB_BEGIN).accepted
     command = ("echo RANK=$RANK NODE_RANK=$NODE_RANK WORLD=$WORLD_SIZE TMPDIR=$TMPDIR PWD=$(pwd) UID=$(id -u) "
                "IN=$(grep -qF \"" + image + " / \" /proc/self/mountinfo && echo container || echo host) "
-               "V=\"$ODD\"")
+               "V=\"$ODD\"; sleep 3")
     task_env = {"PBS_JOBID": job_id, "PBS_TASKNUM": "2", "PBS_ENVIRONMENT": "PBS_BATCH", "TMPDIR": "/tmp",
                 "HOME": user.pw_dir, "USER": USER, "LOGNAME": USER, "PATH": "/usr/local/bin:/usr/bin:/bin",
                 "TETHER_CONTAINER_IMAGE": image, "TETHER_CONTAINER_ENV": "ODD", "ODD": "a,b 'c'"}
@@ -336,9 +336,28 @@ def test_a_wrapped_tm_task_runs_in_a_real_podman_container(cluster, helper, publ
     assert e.accepted, e.reject_msg
     assert e.progname == str(launcher)
     env = e.env.task_env()
-    # as pbs_mom starts the task: the job user, this environment, progname with argv
-    result = subprocess.run(["runuser", "-u", USER, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()],
-                             e.progname, *e.argv[1:]], capture_output=True, text=True, timeout=120, cwd="/")
+    # as pbs_mom starts the task: the job user, in a session of its own, this environment, progname
+    # with argv; no one made it a child subreaper (TETHER_RUN_SUBREAPER=0: the launcher does)
+    task = subprocess.Popen(["runuser", "-u", USER, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()],
+                             e.progname, *e.argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd="/", start_new_session=True)
+    name = f"tether-{os.getpid()}-2-1"
+
+    def conmon_parent() -> str | None:
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and name.encode() in (proc / "cmdline").read_bytes() and \
+                        (proc / "comm").read_text().strip() == "conmon":
+                    ppid = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                    return (Path("/proc") / ppid / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+        return None
+
+    parent = wait_until(conmon_parent, timeout=60)
+    assert str(launcher) in parent                        # conmon stayed under the launcher
+    stdout, stderr = task.communicate(timeout=120)
+    result = subprocess.CompletedProcess(task.args, task.returncode, stdout, stderr)
     assert result.returncode == 0, result.stdout + result.stderr
     fields = dict(word.split("=", 1) for word in result.stdout.split("V=")[0].split())
     assert fields == {"RANK": "1", "NODE_RANK": "1", "WORLD": "2", "TMPDIR": "/tmp", "PWD": "/run/tether/workdir",
