@@ -74,9 +74,12 @@ def submit(pbs: Any, e: Any, config_path: str | None) -> None:
     job = e.job
     original = e.job_o.Resource_List if e.type == pbs.MODIFYJOB and e.job_o is not None else None
     values = tether_values(job.Resource_List, original)
-    variables = job.Variable_List or {}
-    if not values and not any(str(name).startswith("TETHER_CONTAINER_") for name in variables):
-        e.accept()                                   # not a tether job: untouched
+    changed = job.Variable_List or {}
+    variables = dict(changed)
+    if e.type == pbs.MODIFYJOB and e.job_o is not None:    # qalter -v: the changes over the job's own
+        variables = {**dict(e.job_o.Variable_List or {}), **variables}
+    if not values and not any(str(name).startswith("TETHER_CONTAINER_") for name in changed):
+        e.accept()                                   # not a tether job, or nothing tether checks changed
     from tether.container.spec import LaunchError, check_container_options
     from tether.hooks.config import load_config
     from tether.hooks.errors import RequestError, TetherError

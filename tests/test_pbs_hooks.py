@@ -218,3 +218,15 @@ def test_container_variables_are_checked_at_qsub_with_the_run_side_s_messages(ho
     assert e.accepted and e.job._changed == set()               # valid, nothing to plan
     e = hook(resources={"tether_slots": 2}, Variable_List={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
     assert e.accepted and e.job.Resource_List["select"] == "2:ngpus=1"
+
+
+def test_qalter_of_container_variables_is_checked_against_the_job_s_own(hook):
+    e = hook(pbs.MODIFYJOB, resources={}, original={}, Variable_List={"TETHER_CONTAINER_MOUNTS": "/d:/d"},
+             original_variables={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
+    assert e.accepted, e.reject_msg                             # the job has its image already
+    e = hook(pbs.MODIFYJOB, resources={}, original={}, Variable_List={"TETHER_CONTAINER_MOUNTS": "d:/d"},
+             original_variables={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
+    assert e.accepted is False and "TETHER_CONTAINER_MOUNTS source 'd' must be an absolute path" in e.reject_msg
+    e = hook(pbs.MODIFYJOB, resources={}, original={}, Variable_List={"OTHER": "x"},
+             original_variables={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
+    assert e.accepted and e.job._changed == set()               # nothing tether checks changed

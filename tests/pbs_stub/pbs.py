@@ -254,15 +254,17 @@ def logmsg(level: int, msg: str) -> None:
 def stub_event(event_type: int, *, resources: dict | None = None, requestor: str = "alice",
                config_file: str | None = None, queues=("workq",), original: dict | None = None,
                env: dict | None = None, progname: str = "", argv: list | None = None,
-               local_node: str = "localhost", **attrs) -> _Event:
-    """Set up the event a hook run will see (original: the job before qalter, for modifyjob;
+               local_node: str = "localhost", original_variables: dict | None = None, **attrs) -> _Event:
+    """Set up the event a hook run will see (original/original_variables: the job before qalter,
+    for modifyjob;
     env/progname/argv: the task execjob_launch is about to start, env as plain values)."""
     global _EVENT, hook_config_filename, _QUEUES, _LOCAL_NODE
     LOG.clear()
     _QUEUES = tuple(queues)
     _LOCAL_NODE = local_node
     hook_config_filename = config_file
-    job_o = job(0, Resource_List=dict(original or {}), **attrs) if original is not None else None
+    attrs_o = {**attrs, **({"Variable_List": original_variables} if original_variables is not None else {})}
+    job_o = job(0, Resource_List=dict(original or {}), **attrs_o) if original is not None else None
     _EVENT = _Event(event_type, job(event_type, Resource_List=dict(resources or {}), **attrs), requestor, job_o)
     if event_type == EXECJOB_LAUNCH:
         object.__setattr__(_EVENT, "env", pbs_env.from_plain(env or {}))
