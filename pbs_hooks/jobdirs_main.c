@@ -90,7 +90,17 @@ static int open_host_dir(int root_fd, const char *root, const char *job, const c
 	return host_fd < 0 ? -1 : host_fd;
 }
 
-/* Remove every entry of ``dir_fd`` whose name is not in ``keep`` (never following a symlink). */
+/* Do host names ``a`` and ``b`` name the same host: equal, or equal up to the first '.' (PBS may
+ * spell a host short in exec_host and fully qualified as the MoM's node name, or the reverse)? */
+static int same_host(const char *a, const char *b)
+{
+	size_t la = strcspn(a, "."), lb = strcspn(b, ".");
+
+	return strcmp(a, b) == 0 || (la == lb && la > 0 && strncmp(a, b, la) == 0);
+}
+
+/* Remove every entry of ``dir_fd`` that is not one of the hosts in ``keep`` (never following a
+ * symlink). */
 static void remove_all_but(int dir_fd, char **keep, int nkeep)
 {
 	int fd = dup(dir_fd);
@@ -106,7 +116,7 @@ static void remove_all_but(int dir_fd, char **keep, int nkeep)
 		int kept = strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0;
 
 		for (int i = 0; i < nkeep && !kept; i++)
-			kept = strcmp(e->d_name, keep[i]) == 0;
+			kept = same_host(e->d_name, keep[i]);
 		if (!kept)
 			remove_tree_at(dir_fd, e->d_name, 0);
 	}

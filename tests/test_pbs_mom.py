@@ -213,16 +213,16 @@ def test_a_planted_symlink_is_refused_not_followed(hook, root, tmp_path):
 
 
 def test_end_removes_each_host_and_the_job_directory_with_the_last(hook, root):
-    for host in ("h1", "h2"):
+    for host in ("h1", "h2.cluster.example"):          # exec_host says h2: the same host, spelled long
         hook(pbs.EXECJOB_BEGIN, host=host)
         hook(env=_task_env(PBS_TASKNUM="2"), host=host, progname="/bin/true", argv=["true"])
     (root / JOB_ID / "h1" / "task-2" / "rank-0" / "tmp" / "left").write_text("x")
     (root / JOB_ID / "written-by-the-job-shell").write_text("x")     # $TETHER_JOB_DIR/...
     os.symlink("/etc", root / JOB_ID / "planted")
     assert hook(pbs.EXECJOB_END, host="h1").accepted                 # h1: the job's first host
-    assert sorted(p.name for p in (root / JOB_ID).iterdir()) == ["h2"]
+    assert sorted(p.name for p in (root / JOB_ID).iterdir()) == ["h2.cluster.example"]
     assert Path("/etc/passwd").exists()
-    assert hook(pbs.EXECJOB_ABORT, host="h2").accepted
+    assert hook(pbs.EXECJOB_ABORT, host="h2.cluster.example").accepted
     assert list(root.iterdir()) == []
 
 
