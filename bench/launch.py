@@ -15,7 +15,7 @@ from __future__ import annotations
 import shlex
 import statistics
 
-from tether.container.runtimes import adapter
+from tether.container.runtimes import adapter, podman
 from tether.container.spec import LaunchSpec
 from tether.hooks.proc import run_command
 from tether.hooks.sandbox import Sandbox
@@ -25,6 +25,7 @@ from steps import ROOT, arguments, print_medians, step_times, timing_loop
 def direct_podman(box: Sandbox, image: str) -> str:
     """The podman command line tether would run, minus its per-rank parts, as a shell string."""
     settings = box.tether_settings()["container"]["podman"]
+    podman.stdio_is_terminal = lambda: False      # srun's tasks never are; this script may run on one
     launch = adapter("podman", settings).launch(LaunchSpec(image=image, runtime="podman", command=("true",)), {})
     argv = launch.argv[:-1]
     at = argv.index("--name")                      # three ranks on one host: podman picks names

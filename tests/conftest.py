@@ -33,9 +33,10 @@ class Cluster:
         self.box = box
         self.user = box.user
 
-    def run(self, argv: Sequence[str], *, check: bool = True, timeout: float = 120, cwd: str | None = None):
+    def run(self, argv: Sequence[str], *, check: bool = True, timeout: float = 120, cwd: str | None = None,
+            input: str | None = None):
         return run_command(list(argv), env=self.box.command_env(), check=check, timeout=timeout,
-                           cwd=cwd or str(self.box.work_dir))
+                           cwd=cwd or str(self.box.work_dir), input=input)
 
     def as_user(self, argv: Sequence[str], **kw):
         """Run ``argv`` as the unprivileged job user (as real users submit jobs)."""

@@ -128,7 +128,8 @@ def test_singularity_uses_its_own_names_and_rocm(tmp_path):
     assert "--nv" not in launch.argv and launch.env["SINGULARITYENV_RANK"] == "3"
 
 
-def test_podman_argv_keeps_values_off_the_command_line(tmp_path):
+def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
+    monkeypatch.setattr("tether.container.runtimes.podman.stdio_is_terminal", lambda: False)
     rootfs = tmp_path / "rootfs"
     rootfs.mkdir()
     s = spec(image=str(rootfs), runtime="podman", env_names=("MYVAR",), gpus=("0",),
@@ -139,7 +140,8 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path):
               "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_ID", "TETHER_SLOT_IDS", "WORLD_SIZE"]
     assert launch.argv == [
         "podman", "run", "--runtime", "runc", "--log-level=fatal", "--rm", "--name", "tether-42-0-3",
-        "--label", "tether.job=42", "--label", "tether.step=42.0", "--network=host", "--pid=host", *keep_id,
+        "--label", "tether.job=42", "--label", "tether.step=42.0", "--network=host", "--pid=host",
+        "--log-driver=passthrough", *keep_id,
         "--read-only", *[a for v in passed for a in ("--env", v)],
         "--env", "TETHER_CONTAINER=1", "--env", "TMPDIR=/tmp", "--env", "TETHER_WORK_DIR=/run/tether/workdir",
         "--volume", "/jobs/42/n2/step-0/rank-3/tmp:/tmp", "--volume", "/jobs/42/n2/step-0/rank-3/work:/run/tether/workdir",
@@ -158,6 +160,9 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path):
         adapter("podman", {}).launch(spec(image=str(tmp_path / "x.sif"), runtime="podman"), HOST)
     with pytest.raises(LaunchError, match="enroot only"):
         adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", name="dev"), HOST)
+    monkeypatch.setattr("tether.container.runtimes.podman.stdio_is_terminal", lambda: True)   # srun --pty
+    on_tty = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), HOST)
+    assert "--log-driver=passthrough" not in on_tty.argv          # podman refuses it on a terminal
 
 
 def test_enroot_imports_creates_starts_and_removes(tmp_path):

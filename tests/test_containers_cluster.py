@@ -99,7 +99,7 @@ def test_exit_codes_and_start_failures_reach_the_user(cluster, image):
     assert "tether: --container-image=/no/such/image: no such file or directory on this node" in missing.stderr
     assert "Exited with exit code 125" in missing.stderr
     nocmd = cluster.as_user(["srun", "-N1", f"--container-image={image}", "no-such-command"], check=False)
-    assert "executable file not found" in nocmd.stderr and "podman could not start the container (exit 127)" \
+    assert "executable file not found" in nocmd.stderr and "podman could not start the container (exit 126)" \
         in nocmd.stderr
     bad = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-mounts=rel:/x", "true"],
                           check=False)
@@ -220,3 +220,11 @@ def test_a_container_job_that_hits_its_time_limit_leaves_nothing(cluster, timed_
     assert "JobState=TIMEOUT" in state, state
     assert wait_until(lambda: _left_behind(cluster, job) == [], timeout=30), _left_behind(cluster, job)
     assert job not in job_entries(cluster)
+
+
+def test_a_containerized_rank_reads_its_stdin_like_a_host_rank(cluster, image):
+    """podman runs with the rank's own stdio (--log-driver=passthrough): srun's stdin reaches the
+    container (podman's default attach would not pass it)."""
+    result = cluster.run(["runuser", "-u", cluster.user, "--", "srun", "-N1", "-n1", f"--container-image={image}",
+                          "sh", "-c", "read line; echo got=$line"], input="from-srun-stdin\n", timeout=120)
+    assert result.stdout.strip() == "got=from-srun-stdin", result.stdout + result.stderr

@@ -60,6 +60,11 @@ def check_mount_targets(path: str, mounts) -> None:
                           f"mount onto a directory the image has (e.g. /mnt), or add --container-writable")
 
 
+def stdio_is_terminal() -> bool:
+    """Is any of this process's stdin, stdout, stderr a terminal?"""
+    return any(os.isatty(fd) for fd in (0, 1, 2))
+
+
 class Podman(Runtime):
     name = "podman"
 
@@ -75,6 +80,12 @@ class Podman(Runtime):
         argv = [self.binary, "run", *self.args, "--log-level=fatal", "--rm", "--name", name,
                 "--label", f"tether.job={spec.job_id}", "--label", f"tether.step={spec.job_id}.{spec.step_id}",
                 "--network=host", "--pid=host"]
+        if not stdio_is_terminal():
+            # the container gets the rank's own stdin/stdout/stderr, as a host rank does: no attach
+            # through conmon (which lost a short rank's output once here, and does not pass stdin)
+            # and no copy of all output in a log file under the user's home. podman refuses it on
+            # a terminal (srun --pty): there the default attach stays.
+            argv.append("--log-driver=passthrough")
         if os.getuid() != 0:
             argv.append("--userns=keep-id")
         if not spec.writable:
