@@ -23,6 +23,8 @@ from typing import Any, Sequence
 from tether.hooks.errors import TetherError
 from tether.hooks.proc import CommandError, run_command
 
+from .mom import job_hosts
+
 DEFAULT_TIMEOUT = 30.0
 JOB_STATES = {"B": "begun", "E": "exiting", "F": "finished", "H": "held", "M": "moved", "Q": "queued",
               "R": "running", "S": "suspended", "T": "transit", "U": "suspended", "W": "waiting",
@@ -55,7 +57,7 @@ class JobStatus:
         self.queue = str(attrs.get("queue", ""))
         exit_status = attrs.get("Exit_status")
         self.exit_status = int(exit_status) if str(exit_status).lstrip("-").isdigit() else None
-        self.hosts = _hosts(attrs.get("exec_host"))
+        self.hosts = tuple(job_hosts(attrs.get("exec_host")))
         self.resources = dict(attrs.get("Resource_List") or {})
         self.variables = {k: str(v) for k, v in (attrs.get("Variable_List") or {}).items()}
         self.comment = str(attrs.get("comment", ""))
@@ -91,11 +93,6 @@ class NodeStatus:
 
     def __repr__(self) -> str:
         return f"NodeStatus({self.name!r}, states={self.states!r})"
-
-
-def _hosts(exec_host: Any) -> tuple[str, ...]:
-    hosts = (part.split("/", 1)[0] for part in str(exec_host or "").split("+"))
-    return tuple(dict.fromkeys(h for h in hosts if h))
 
 
 def _repair(text: str) -> str:

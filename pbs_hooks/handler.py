@@ -17,15 +17,15 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
-TETHER_RESOURCES = {"tether_slots": "slots", "tether_slots_per_node": "slots_per_node",
-                    "tether_slot_type": "slot_type", "tether_gpu_type": "gpu_type"}
+from . import RESOURCES
+
 UMASK_0022 = 0o022
 
 
 def tether_values(resource_list: Any, original: Any = None) -> dict[str, Any]:
     """Request field -> value from a job's Resource_List (qalter: the changes over the original)."""
     values = {}
-    for resource, field in TETHER_RESOURCES.items():
+    for resource, (field, _) in RESOURCES.items():
         value = resource_list[resource]
         if value is None and original is not None:
             value = original[resource]
@@ -36,27 +36,25 @@ def tether_values(resource_list: Any, original: Any = None) -> dict[str, Any]:
 
 def container_values(variables: Any) -> dict[str, str]:
     """--container-* option name -> value from the job's ``-v TETHER_CONTAINER_*`` variables."""
-    from tether.spank.options import OPTIONS
+    from tether.spank.options import BY_NAME, CONTAINER_OPTIONS
 
     values = {}
-    for opt in OPTIONS:
-        if opt.name.startswith("container-"):
-            try:
-                value = variables[opt.env]
-            except (KeyError, TypeError):
-                value = None
-            if value is not None:
-                values[opt.name] = str(value)
+    for name in CONTAINER_OPTIONS:
+        try:
+            value = variables[BY_NAME[name].env]
+        except (KeyError, TypeError):
+            value = None
+        if value is not None:
+            values[name] = str(value)
     return values
 
 
 def pbs_spelling(message: str) -> str:
     """A run-side message as a PBS user wrote the option: ``--container-image`` -> ``TETHER_CONTAINER_IMAGE``."""
-    from tether.spank.options import OPTIONS
+    from tether.spank.options import BY_NAME, CONTAINER_OPTIONS
 
-    for opt in sorted(OPTIONS, key=lambda o: -len(o.name)):
-        if opt.name.startswith("container-"):
-            message = message.replace(f"--{opt.name}", opt.env)
+    for name in sorted(CONTAINER_OPTIONS, key=len, reverse=True):
+        message = message.replace(f"--{name}", BY_NAME[name].env)
     return message.replace("--container-*", "TETHER_CONTAINER_*")
 
 

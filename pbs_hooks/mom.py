@@ -28,11 +28,9 @@ import pwd
 import stat
 import subprocess
 
+from . import RESOURCES
+
 HELPER_TIMEOUT = 20          # seconds; the hook's alarm is 30
-TETHER_RESOURCES = ("tether_slots", "tether_slots_per_node", "tether_slot_type", "tether_gpu_type")
-# TETHER_JOB_* as in the Slurm contract (README, "The rank environment")
-DESCRIBED = {"tether_slots": "TETHER_JOB_SLOTS", "tether_slots_per_node": "TETHER_JOB_SLOTS_PER_NODE",
-             "tether_slot_type": "TETHER_JOB_SLOT_TYPE", "tether_gpu_type": "TETHER_JOB_GPU_TYPE"}
 LAUNCHER_NAMES = ("tether", "tether-run")
 
 
@@ -77,6 +75,12 @@ def job_hosts(exec_host: str | None) -> list[str]:
     return hosts
 
 
+def short_host(name: str) -> str:
+    """A host name up to its first '.': PBS may spell a host short in one place (exec_host) and fully
+    qualified in another (the MoM's node name, the node file); tether-jobdirs compares the same way."""
+    return name.split(".", 1)[0]
+
+
 def master_port(job_id: str) -> int:
     """Every host of a job derives the same port; jobs with neighbouring ids get different ones
     (the Slurm side's rule, with PBS's sequence number as the job id)."""
@@ -94,7 +98,7 @@ def _value(mapping, name: str):
 
 def is_tether_job(job) -> bool:
     """A job with tether resources (flag=m makes them visible here) or a container image."""
-    if any(_value(job.Resource_List, r) is not None for r in TETHER_RESOURCES):
+    if any(_value(job.Resource_List, r) is not None for r in RESOURCES):
         return True
     return bool(_value(job.Variable_List, "TETHER_CONTAINER_IMAGE"))
 
@@ -183,7 +187,7 @@ def _rank_values(env, hosts: list[str], host: str, node_rank: int, job_id: str) 
     if vnode is not None and str(vnode).isdigit() and lines:
         rank = int(str(vnode))
         if rank < len(lines):
-            here = [i for i, name in enumerate(lines) if name.split(".")[0] == lines[rank].split(".")[0]]
+            here = [i for i, name in enumerate(lines) if short_host(name) == short_host(lines[rank])]
             return {"RANK": str(rank), "LOCAL_RANK": str(here.index(rank)), "WORLD_SIZE": str(len(lines)),
                     "LOCAL_WORLD_SIZE": str(len(here))}
     return {"RANK": str(node_rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(len(hosts)),
@@ -196,14 +200,14 @@ def launch(pbs, e, settings: dict) -> None:
     env = e.env
     host = pbs.get_local_nodename()
     hosts = job_hosts(job.exec_host) or [host]
-    short = [h.split(".")[0] for h in hosts]
-    node_rank = short.index(host.split(".")[0]) if host.split(".")[0] in short else 0
+    short = [short_host(h) for h in hosts]
+    node_rank = short.index(short_host(host)) if short_host(host) in short else 0
     job_dir = os.path.join(settings["job_storage_root"], job_dir_name(job.id))
     values = {"TETHER_JOB_DIR": job_dir, "TETHER_NNODES": str(len(hosts)), "NODE_RANK": str(node_rank),
               "MASTER_ADDR": hosts[0], "MASTER_PORT": str(master_port(job.id))}
-    for resource, name in DESCRIBED.items():
+    for resource, (field, _) in RESOURCES.items():    # TETHER_JOB_* as in the Slurm contract
         if _value(job.Resource_List, resource) is not None:
-            values[name] = str(job.Resource_List[resource])
+            values[f"TETHER_JOB_{field.upper()}"] = str(job.Resource_List[resource])
     argv = [str(a) for a in (e.argv or [])]
     if not _is_job_shell(env, argv):
         uid, gid = job_user(job)
@@ -241,7 +245,7 @@ def end(pbs, e, settings: dict) -> None:
     args = ["end", settings["job_storage_root"], job_dir_name(job.id), host, str(uid), str(gid),
             settings.get("launcher") or "-"]
     hosts = job_hosts(job.exec_host)
-    if hosts and hosts[0].split(".")[0] == host.split(".")[0]:
+    if hosts and short_host(hosts[0]) == short_host(host):
         args += hosts        # the first host also removes what the job left in its directory
     run_helper(settings, *args)
 
