@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import stat
 import sys
 import sysconfig
@@ -139,14 +138,12 @@ def compile_plugin(*, module: str, source: str, target: Path, toolchain: Toolcha
     )
     if init_code is not None:
         ffi.embedding_init_code(init_code)
-    target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"tether-build-{module}-") as tmp:
         try:
             built = ffi.compile(tmpdir=tmp, target=str(Path(tmp) / target.name), verbose=verbose)
         except Exception as exc:  # cffi raises VerificationError/CompileError with the compiler's text
             raise BuildError(f"compiling {target.name} failed: {exc}") from None
-        shutil.copyfile(built, target)
-    os.chmod(target, 0o755)
+        install_file(Path(built), target)
     return target
 
 
@@ -160,9 +157,8 @@ def compile_c_plugin(*, source: str, target: Path, toolchain: Toolchain, verbose
 
 
 def compile_c(*, source: str, target: Path, args: Sequence[str] = (), verbose: bool = False) -> Path:
-    """Compile C ``source`` with gcc (-O2 -Wall -Werror plus ``args``) to ``target``, mode 755:
-    a program unless ``args`` ask for a shared object."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """Compile C ``source`` with gcc (-O2 -Wall -Werror plus ``args``) to ``target``, mode 755 and a
+    new inode (a running copy keeps the old one): a program unless ``args`` ask for a shared object."""
     with tempfile.TemporaryDirectory(prefix="tether-build-") as tmp:
         src = Path(tmp) / (target.stem + ".c")
         src.write_text(source)
@@ -174,8 +170,7 @@ def compile_c(*, source: str, target: Path, args: Sequence[str] = (), verbose: b
             raise BuildError(f"compiling {target.name} failed: {exc}") from None
         if verbose:
             print(" ".join(argv) + "\n" + result.stderr, end="")
-        shutil.copyfile(out, target)
-    os.chmod(target, 0o755)
+        install_file(out, target)
     return target
 
 

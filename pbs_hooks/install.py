@@ -21,15 +21,14 @@ from tether.hooks.config import Config
 from tether.hooks.native import compile_c, tether_import_path, write_atomic
 from tether.hooks.proc import CommandError, run_command
 
+from . import RESOURCES
+
 SUBMIT_HOOK, EXEC_HOOK = "tether_submit", "tether_exec"
 HOOK_EVENTS = {SUBMIT_HOOK: "queuejob,modifyjob",
                EXEC_HOOK: "execjob_begin,execjob_launch,execjob_end,execjob_abort"}
 HELPER_NAME = "tether-jobdirs"
 DEFAULT_HOOK_DIR = "/etc/tether"
 DEFAULT_LIBEXEC = "/opt/tether/libexec"
-# type=long for counts; flag=m so the resources reach MoM hooks too (OpenPBS: only with flag=m)
-CUSTOM_RESOURCES = (("tether_slots", "long"), ("tether_slots_per_node", "long"),
-                    ("tether_slot_type", "string"), ("tether_gpu_type", "string"))
 NOTES = """\
 # Then, for GPU slots: ngpus must be a host resource the scheduler schedules on: add it to the
 #   "resources:" line of PBS_HOME/sched_priv/sched_config (e.g. resources: "ncpus, mem, arch, host,
@@ -51,9 +50,7 @@ def helper_source() -> str:
 
 def build_helper(libexec: Path) -> Path:
     """Compile tether-jobdirs into ``libexec`` (mode 755, a new inode)."""
-    built = compile_c(source=helper_source(), target=Path(libexec) / f".{HELPER_NAME}.new")
-    built.rename(Path(libexec) / HELPER_NAME)
-    return Path(libexec) / HELPER_NAME
+    return compile_c(source=helper_source(), target=Path(libexec) / HELPER_NAME)
 
 
 def hook_configs(config: Config, config_path: str | None, libexec: Path) -> dict[str, dict]:
@@ -70,7 +67,8 @@ def hook_configs(config: Config, config_path: str | None, libexec: Path) -> dict
 
 def qmgr_commands(hook_dir: Path) -> list[str]:
     """The qmgr commands, in order."""
-    cmds = [f"create resource {name} type={kind},flag=m" for name, kind in CUSTOM_RESOURCES]
+    # flag=m: the resources reach the MoM hook too (OpenPBS: only with flag=m)
+    cmds = [f"create resource {name} type={kind},flag=m" for name, (_, kind) in RESOURCES.items()]
     for name, events in HOOK_EVENTS.items():
         cmds += [
             f"create hook {name}",
