@@ -70,18 +70,11 @@ static int open_host_dir(int root_fd, const char *root, const char *job, const c
 			 gid_t gid, int fresh, char *shown, size_t len)
 {
 	char host_shown[PATH_MAX];
-	struct stat st;
 	int job_fd, host_fd;
 
 	if (path_join(shown, len, root, job) < 0 || path_join(host_shown, sizeof(host_shown), shown, host) < 0)
 		return -1;
-	if (fresh && fstatat(root_fd, job, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode) &&
-	    st.st_uid != uid) {
-		/* only root creates entries in ROOT: a leftover of an earlier job with this id */
-		tether_info("tether: removing %s left by an earlier job of uid %u", shown, (unsigned)st.st_uid);
-		remove_tree_at(root_fd, job, 0);
-	}
-	job_fd = ensure_dir_at(root_fd, job, 0700, uid, gid, shown);
+	job_fd = fresh ? claim_job_dir(root_fd, job, uid, gid, shown) : ensure_dir_at(root_fd, job, 0700, uid, gid, shown);
 	if (job_fd < 0)
 		return -1;
 	host_fd = ensure_dir_at(job_fd, host, 0700, uid, gid, host_shown);
@@ -99,28 +92,66 @@ static int same_host(const char *a, const char *b)
 	return strcmp(a, b) == 0 || (la == lb && la > 0 && strncmp(a, b, la) == 0);
 }
 
-/* Remove every entry of ``dir_fd`` that is not one of the hosts in ``keep`` (never following a
- * symlink). */
-static void remove_all_but(int dir_fd, char **keep, int nkeep)
+struct hosts {
+	char **names;
+	int count;
+};
+
+/* remove_entries()'s filter at a job's end: another host's directory stays for its own end. */
+static int is_job_host(const char *name, void *arg)
 {
-	int fd = dup(dir_fd);
-	struct dirent *e;
-	DIR *dir;
+	const struct hosts *hosts = arg;
 
-	if (fd < 0 || (dir = fdopendir(fd)) == NULL) {
-		if (fd >= 0)
-			close(fd);
-		return;
-	}
-	while ((e = readdir(dir)) != NULL) {
-		int kept = strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0;
+	for (int i = 0; i < hosts->count; i++)
+		if (same_host(name, hosts->names[i]))
+			return 1;
+	return 0;
+}
 
-		for (int i = 0; i < nkeep && !kept; i++)
-			kept = same_host(e->d_name, keep[i]);
-		if (!kept)
-			remove_tree_at(dir_fd, e->d_name, 0);
+/* ``task``: <host>/task-<TASK>/rank-<RANK>/{tmp,work}; prints the rank directory. 0 or -1. */
+static int make_task_dirs(int host_fd, const char *host_shown, unsigned long task, unsigned long rank,
+			  uid_t uid, gid_t gid)
+{
+	char name[32], shown[PATH_MAX];
+	int task_fd, rc;
+
+	snprintf(name, sizeof(name), "task-%lu", task);
+	if (path_join(shown, sizeof(shown), host_shown, name) < 0)
+		return -1;
+	task_fd = ensure_dir_at(host_fd, name, 0700, uid, gid, shown);
+	if (task_fd < 0)
+		return -1;
+	rc = make_rank_dirs(task_fd, shown, (unsigned)rank, uid, gid);
+	close(task_fd);
+	if (rc == 0)
+		printf("%s/rank-%lu\n", shown, rank);
+	return rc;
+}
+
+/* ``end``: the containers' leftover cleanup (as the user), this host's directory, with the job's
+ * hosts listed whatever else the job left in its directory, and the job's directory when empty. */
+static void end_on_host(int root_fd, const char *root, const char *job, const char *host, uid_t uid,
+			gid_t gid, const char *launcher, struct hosts *hosts)
+{
+	char job_shown[PATH_MAX], host_shown[PATH_MAX], what[300];
+	int job_fd = openat(root_fd, job, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+	if (job_fd >= 0) {
+		if (launcher && has_leftovers(job_fd, host, 1) && path_join(job_shown, sizeof(job_shown), root, job) == 0 &&
+		    path_join(host_shown, sizeof(host_shown), job_shown, host) == 0) {
+			snprintf(what, sizeof(what), "job %s on %s", job, host);
+			run_leftover_cleanup(launcher, host_shown, uid, gid, what);
+		}
+		remove_tree_at(job_fd, host, 0);
+		if (hosts->count > 0) {
+			int fd = dup(job_fd);
+
+			if (fd >= 0)
+				remove_entries(fd, 0, is_job_host, hosts);
+		}
+		close(job_fd);
 	}
-	closedir(dir);
+	unlinkat(root_fd, job, AT_REMOVEDIR); /* only when no other host uses it any more */
 }
 
 static int usage(void)
@@ -134,9 +165,9 @@ static int usage(void)
 int main(int argc, char **argv)
 {
 	unsigned long uid, gid, task = 0, rank = 0;
-	char shown[PATH_MAX], task_shown[PATH_MAX], name[32];
+	char shown[PATH_MAX];
 	const char *cmd, *root, *job, *host, *launcher = NULL;
-	int ids, root_fd, host_fd, task_fd, rc;
+	int ids, root_fd, host_fd, rc;
 
 	openlog("tether-jobdirs", LOG_PID, LOG_DAEMON);
 	if (argc < 2)
@@ -180,51 +211,18 @@ int main(int argc, char **argv)
 		return 1;
 
 	if (strcmp(cmd, "end") == 0) {
-		int job_fd = openat(root_fd, job, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		struct hosts hosts = { argv + 8, argc - 8 };
 
-		if (job_fd >= 0) {
-			char job_shown[PATH_MAX];
-
-			if (launcher && has_leftovers(job_fd, host, 1) &&
-			    path_join(job_shown, sizeof(job_shown), root, job) == 0 &&
-			    path_join(shown, sizeof(shown), job_shown, host) == 0) {
-				char what[300];
-
-				snprintf(what, sizeof(what), "job %s on %s", job, host);
-				run_leftover_cleanup(launcher, shown, (uid_t)uid, (gid_t)gid, what);
-			}
-			remove_tree_at(job_fd, host, 0);
-			if (argc > 8)
-				remove_all_but(job_fd, argv + 8, argc - 8);
-			close(job_fd);
-		}
-		unlinkat(root_fd, job, AT_REMOVEDIR); /* only when no other host uses it any more */
+		end_on_host(root_fd, root, job, host, (uid_t)uid, (gid_t)gid, launcher, &hosts);
 		close(root_fd);
 		return 0;
 	}
-
 	host_fd = open_host_dir(root_fd, root, job, host, (uid_t)uid, (gid_t)gid, strcmp(cmd, "begin") == 0,
 				shown, sizeof(shown));
 	close(root_fd);
 	if (host_fd < 0)
 		return 1;
-	if (strcmp(cmd, "begin") == 0) {
-		close(host_fd);
-		return 0;
-	}
-	snprintf(name, sizeof(name), "task-%lu", task);
-	if (path_join(task_shown, sizeof(task_shown), shown, name) < 0) {
-		close(host_fd);
-		return 1;
-	}
-	task_fd = ensure_dir_at(host_fd, name, 0700, (uid_t)uid, (gid_t)gid, task_shown);
+	rc = strcmp(cmd, "task") == 0 ? make_task_dirs(host_fd, shown, task, rank, (uid_t)uid, (gid_t)gid) : 0;
 	close(host_fd);
-	if (task_fd < 0)
-		return 1;
-	rc = make_rank_dirs(task_fd, task_shown, (unsigned)rank, (uid_t)uid, (gid_t)gid);
-	close(task_fd);
-	if (rc < 0)
-		return 1;
-	printf("%s/rank-%lu\n", task_shown, rank);
-	return 0;
+	return rc < 0 ? 1 : 0;
 }

@@ -162,12 +162,34 @@ static int ensure_dir_at(int dirfd, const char *name, mode_t mode, uid_t uid, gi
 	return fd;
 }
 
+static void remove_tree_at(int parent, const char *name, int depth);
+
+/* Remove the entries of the directory ``fd`` (its own fd: closed here) that ``keep`` (when given)
+ * does not keep, whole trees included, never following a symlink. */
+static void remove_entries(int fd, int depth, int (*keep)(const char *name, void *arg), void *arg)
+{
+	struct dirent *e;
+	DIR *dir = fdopendir(fd);
+
+	if (dir == NULL) {
+		close(fd);
+		return;
+	}
+	while ((e = readdir(dir)) != NULL) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 || (keep && keep(e->d_name, arg)))
+			continue;
+		if (e->d_type == DT_DIR || e->d_type == DT_UNKNOWN)
+			remove_tree_at(dirfd(dir), e->d_name, depth + 1);
+		else
+			unlinkat(dirfd(dir), e->d_name, 0);
+	}
+	closedir(dir);
+}
+
 /* Remove ``name`` under ``parent`` and everything below it, never following a symlink (each
  * level is opened O_NOFOLLOW relative to the level above; a symlink is unlinked, not entered). */
 static void remove_tree_at(int parent, const char *name, int depth)
 {
-	DIR *dir;
-	struct dirent *e;
 	int fd;
 
 	if (depth > TETHER_REMOVE_DEPTH)
@@ -178,21 +200,25 @@ static void remove_tree_at(int parent, const char *name, int depth)
 			unlinkat(parent, name, 0); /* a file or a symlink: the link itself goes */
 		return;
 	}
-	dir = fdopendir(fd);
-	if (dir == NULL) {
-		close(fd);
-		return;
-	}
-	while ((e = readdir(dir)) != NULL) {
-		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-			continue;
-		if (e->d_type == DT_DIR || e->d_type == DT_UNKNOWN)
-			remove_tree_at(dirfd(dir), e->d_name, depth + 1);
-		else
-			unlinkat(dirfd(dir), e->d_name, 0);
-	}
-	closedir(dir);
+	remove_entries(fd, depth, NULL, NULL);
 	unlinkat(parent, name, AT_REMOVEDIR);
+}
+
+/*
+ * The job's directory ``name`` under the storage root ``root_fd`` (``shown``: its path), for
+ * uid:gid; its fd, or -1 (reported). Only root creates entries in the root, so one that another
+ * uid owns is a leftover of an earlier job with this id (ids restart when the scheduler's state is
+ * cleared; no live job owns it): it is removed first.
+ */
+static int claim_job_dir(int root_fd, const char *name, uid_t uid, gid_t gid, const char *shown)
+{
+	struct stat st;
+
+	if (fstatat(root_fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode) && st.st_uid != uid) {
+		tether_info("tether: removing %s left by an earlier job of uid %u", shown, (unsigned)st.st_uid);
+		remove_tree_at(root_fd, name, 0);
+	}
+	return ensure_dir_at(root_fd, name, 0700, uid, gid, shown);
 }
 
 

@@ -120,11 +120,10 @@ static int set_env_u(spank_t sp, const char *name, unsigned long value)
 }
 
 /* slurmstepd, as root, before the user's part: is this a tether step; the job's directory.
- * Never fails itself: a reason to stop the step is kept for user_init (see remote_fail). */
+ * Never fails itself: a reason to stop the step is kept for user_init (see tether_fail). */
 static int remote_post_opt(spank_t sp)
 {
 	char shown[PATH_MAX], name[32];
-	struct stat st;
 	int root_fd, fd;
 
 	for (int i = 0; i < TETHER_NOPTS; i++)
@@ -160,15 +159,7 @@ static int remote_post_opt(spank_t sp)
 	snprintf(name, sizeof(name), "%u", job_id);
 	snprintf(job_dir, sizeof(job_dir), "%s/%s", tether_job_storage_root, name);
 	snprintf(shown, sizeof(shown), "%s", job_dir);
-	if (fstatat(root_fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode) &&
-	    st.st_uid != job_uid) {
-		/* Only root creates entries here: this is a leftover of an earlier job with this id
-		 * (job ids restart when slurmctld's state is cleared); no live job owns it. */
-		slurm_info("tether: removing %s left by an earlier job %u of uid %u", shown, job_id,
-			   (unsigned)st.st_uid);
-		remove_tree_at(root_fd, name, 0);
-	}
-	fd = ensure_dir_at(root_fd, name, 0700, job_uid, job_gid, shown);
+	fd = claim_job_dir(root_fd, name, job_uid, job_gid, shown);
 	close(root_fd);
 	if (fd >= 0) /* -2 (removed under us) cannot happen here: only root removes it */
 		close(fd);
