@@ -18,40 +18,11 @@
  */
 #include <syslog.h>
 
-static void vreport(int priority, const char *fmt, va_list ap)
+/* Every message to stderr (the hook relays its first line) and to syslog. */
+static void tether_report(enum tether_level level, const char *msg)
 {
-	char msg[1024];
-
-	vsnprintf(msg, sizeof(msg), fmt, ap);
 	fprintf(stderr, "%s\n", msg);
-	syslog(priority, "%s", msg);
-}
-
-static void tether_fail(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vreport(LOG_ERR, fmt, ap);
-	va_end(ap);
-}
-
-static void tether_error(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vreport(LOG_ERR, fmt, ap);
-	va_end(ap);
-}
-
-static void tether_info(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vreport(LOG_INFO, fmt, ap);
-	va_end(ap);
+	syslog(level == TETHER_INFO ? LOG_INFO : LOG_ERR, "%s", msg);
 }
 
 static int parse_id(const char *text, unsigned long max, unsigned long *out)

@@ -8,9 +8,9 @@
  * filesystem (and real clusters share job_storage_root): an entry another node or step created
  * first is used (after the same checks). Removal is fd-relative and never enters a symlink.
  *
- * The file these functions are compiled with defines the three reporting functions declared
- * below: tether_fail() (a reason the job cannot run, shown to the user), tether_error() and
- * tether_info() (the daemon's log).
+ * The file these functions are compiled with defines tether_report(), where their messages go:
+ * TETHER_FAIL (a reason the job cannot run, shown to the user), TETHER_ERROR and TETHER_INFO (the
+ * daemon's log).
  */
 #define _GNU_SOURCE /* renameat2, closefrom */
 #include <ctype.h>
@@ -34,9 +34,30 @@
 
 #define TETHER_REMOVE_DEPTH 256
 
-static void tether_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void tether_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void tether_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+enum tether_level { TETHER_FAIL, TETHER_ERROR, TETHER_INFO };
+
+static void tether_report(enum tether_level level, const char *msg);
+
+__attribute__((format(printf, 2, 0)))
+static void tether_vreport(enum tether_level level, const char *fmt, va_list ap)
+{
+	char msg[1024];
+
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	tether_report(level, msg);
+}
+
+#define TETHER_REPORTER(fn, level)                                                  \
+	__attribute__((format(printf, 1, 2))) static void fn(const char *fmt, ...) \
+	{                                                                           \
+		va_list ap;                                                         \
+		va_start(ap, fmt);                                                  \
+		tether_vreport(level, fmt, ap);                                     \
+		va_end(ap);                                                         \
+	}
+TETHER_REPORTER(tether_fail, TETHER_FAIL)
+TETHER_REPORTER(tether_error, TETHER_ERROR)
+TETHER_REPORTER(tether_info, TETHER_INFO)
 
 /* A name tether may use as one path component: [A-Za-z0-9][A-Za-z0-9._-]*, at most ``max``. */
 static int name_ok(const char *value, size_t max)

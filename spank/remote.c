@@ -27,51 +27,19 @@ static char step_dir[PATH_MAX];        /* <root>/<jobid>/<node>/<step> */
 static char remote_failure[1024];      /* why this step cannot run (first reason) */
 
 /*
- * Log why the step cannot run and keep the first reason. Failing in init_post_opt would only reach
- * slurmd's log (the user would read "Plugin initialization failed"), so that part records the
- * reason and user_init -- whose errors reach the user's srun/job output -- fails with it.
+ * tether_fail(): log why the step cannot run and keep the first reason. Failing in init_post_opt
+ * would only reach slurmd's log (the user would read "Plugin initialization failed"), so that part
+ * records the reason and user_init -- whose errors reach the user's srun/job output -- fails with it.
  */
-__attribute__((format(printf, 1, 2)))
-static void tether_fail(const char *fmt, ...)
+static void tether_report(enum tether_level level, const char *msg)
 {
-	char msg[sizeof(remote_failure)];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	slurm_error("%s", msg);
-	if (!remote_failure[0])
-		snprintf(remote_failure, sizeof(remote_failure), "%s", msg);
-}
-
-static void tether_log(int error, const char *fmt, va_list ap)
-{
-	char msg[1024];
-
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	if (error)
-		slurm_error("%s", msg);
-	else
+	if (level == TETHER_INFO) {
 		slurm_info("%s", msg);
-}
-
-static void tether_error(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	tether_log(1, fmt, ap);
-	va_end(ap);
-}
-
-static void tether_info(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	tether_log(0, fmt, ap);
-	va_end(ap);
+		return;
+	}
+	slurm_error("%s", msg);
+	if (level == TETHER_FAIL && !remote_failure[0])
+		snprintf(remote_failure, sizeof(remote_failure), "%s", msg);
 }
 
 static void step_label(uint32_t id, char *buf, size_t len)
