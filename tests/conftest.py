@@ -8,6 +8,7 @@ A cluster that cannot start fails the tests that need it; it never skips them.
 from __future__ import annotations
 
 import os
+import runpy
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -115,3 +116,12 @@ def wait_until(predicate, timeout: float = 30.0, step: float = 0.2):
             return value
         time.sleep(step)
     return predicate()
+
+
+def run_hook_file(path: Path, event):
+    """Run a PBS hook file as PBS does (as ``__main__``) against the stub event set up for it; the
+    hook must end with accept() or reject() (both raise SystemExit). Returns the event."""
+    with pytest.raises(SystemExit):
+        runpy.run_path(str(path), run_name="__main__")
+    assert event.accepted is not None, "the hook ended without accept() or reject()"
+    return event

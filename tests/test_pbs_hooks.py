@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import runpy
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from conftest import REPO, run_hook_file
+
 HOOK = REPO / "pbs_hooks" / "tether_submit.py"
 sys.path.insert(0, str(REPO / "tests" / "pbs_stub"))
 import pbs  # noqa: E402  (the stub)
@@ -35,10 +35,7 @@ def hook(tmp_path):
             config.write_text(config_text)
         event = pbs.stub_event(event_type, config_file=str(hook_config),
                                queues=("workq", "gpu", "aux"), **kw)
-        with pytest.raises(SystemExit):
-            runpy.run_path(str(HOOK), run_name="__main__")
-        assert event.accepted is not None, "the hook ended without accept() or reject()"
-        return event
+        return run_hook_file(HOOK, event)
 
     return run
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import runpy
 import stat
 import shutil
 import subprocess
@@ -18,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_until
+from conftest import REPO, run_hook_file, wait_until
 
-REPO = Path(__file__).resolve().parent.parent
 HOOK = REPO / "pbs_hooks" / "tether_exec.py"
 sys.path.insert(0, str(REPO / "tests" / "pbs_stub"))
 import pbs  # noqa: E402  (the stub)
@@ -83,10 +81,7 @@ def hook(tmp_path, helper, root, launcher):
         event = pbs.stub_event(event_type, config_file=str(config_file or config), resources=resources or {},
                                id=JOB_ID, euser=USER, exec_host=HOSTS, Variable_List=dict(variables or {}),
                                local_node=host, **kw)
-        with pytest.raises(SystemExit):
-            runpy.run_path(str(HOOK), run_name="__main__")
-        assert event.accepted is not None, "the hook ended without accept() or reject()"
-        return event
+        return run_hook_file(HOOK, event)
 
     run.settings = settings
     run.config = config
@@ -320,10 +315,7 @@ def test_a_wrapped_tm_task_runs_in_a_real_podman_container(cluster, helper, publ
                   exec_host="n1/0+n2/0", Variable_List={"TETHER_CONTAINER_IMAGE": image}, local_node="n2")
 
     def run_hook(event_type, **kw):
-        event = pbs.stub_event(event_type, config_file=str(hook_config), **common, **kw)
-        with pytest.raises(SystemExit):
-            runpy.run_path(str(HOOK), run_name="__main__")
-        return event
+        return run_hook_file(HOOK, pbs.stub_event(event_type, config_file=str(hook_config), **common, **kw))
 
     assert run_hook(pbs.EXECJOB_BEGIN).accepted
     command = ("echo RANK=$RANK NODE_RANK=$NODE_RANK WORLD=$WORLD_SIZE TMPDIR=$TMPDIR PWD=$(pwd) UID=$(id -u) "
