@@ -110,25 +110,28 @@ def install_launcher(plugin_dir: Path, config: Config) -> Path:
     return target
 
 
+def _create_dir(path: Path, mode: int) -> bool:
+    """Create ``path`` (and its parents) with exactly ``mode``, whatever the umask; False if it
+    existed already."""
+    if path.exists():
+        return False
+    path.mkdir(mode=mode, parents=True)
+    os.chmod(path, mode)
+    return True
+
+
 def ensure_image_root(path: Path, log=print) -> None:
     """The Apptainer image cache root (root-owned 0755) and its per-user area ``users/`` (1777)."""
-    if not path.exists():
-        path.mkdir(mode=0o755, parents=True)
-        os.chmod(path, 0o755)
+    if _create_dir(path, 0o755):
         log(f"created apptainer_image_root {path} (root, 0755)")
-    users = path / "users"
-    if not users.exists():
-        users.mkdir()
-        os.chmod(users, 0o1777)
-        log(f"created {users} (root, 1777): users convert their own images there")
+    if _create_dir(path / "users", 0o1777):
+        log(f"created {path / 'users'} (root, 1777): users convert their own images there")
 
 
 def ensure_storage_root(path: Path, log=print) -> None:
     """Create job_storage_root (root-owned, 0755) or check an existing one: the SPANK plugin creates
     per-job directories there as root and refuses a root others can write to."""
-    if not path.exists():
-        path.mkdir(mode=0o755, parents=True)
-        os.chmod(path, 0o755)
+    if _create_dir(path, 0o755):
         log(f"created job_storage_root {path} (root, 0755); it must exist on every compute node")
         return
     st = path.lstat()
