@@ -1,8 +1,9 @@
 # The two commands of the README, plus the pieces they are made of. Run as root on Debian 12.
 VENV ?= /opt/tether/venv
 PYTEST_ARGS ?=
+PYTEST = $(VENV)/bin/python -m pytest -p no:cacheprovider
 
-.PHONY: install demo test bench sandbox-up sandbox-down
+.PHONY: install demo test test-unit test-cluster bench sandbox-up sandbox-down generated
 
 install:
 	tests/bootstrap
@@ -11,9 +12,15 @@ install:
 demo: install
 	$(VENV)/bin/tether demo
 
-# The whole test suite, real-cluster tests included.
+# The whole test suite: tests/unit (no daemons, seconds) and tests/cluster (the real sandbox).
 test: install
-	$(VENV)/bin/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
+
+test-unit: install
+	$(PYTEST) tests/unit $(PYTEST_ARGS)
+
+test-cluster: install
+	$(PYTEST) tests/cluster $(PYTEST_ARGS)
 
 bench: install
 	$(VENV)/bin/python bench/plan.py
@@ -26,3 +33,8 @@ sandbox-up: install
 
 sandbox-down:
 	$(VENV)/bin/tether sandbox down
+
+# Files generated from the names table (hooks/surface.py) and committed; a test keeps them equal.
+generated: install
+	$(VENV)/bin/python -c 'from tether.spank.build import names_header; print(names_header(), end="")' \
+		> spank/tether_names.h

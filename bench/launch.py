@@ -17,8 +17,8 @@ import statistics
 
 from tether.container.runtimes import adapter, podman
 from tether.container.spec import LaunchSpec
-from tether.hooks.proc import run_command
-from tether.hooks.sandbox import Sandbox
+from tether.system.proc import run_command
+from tether.sandbox.cluster import Sandbox
 
 from steps import ROOT, arguments, print_medians, step_times, timing_loop
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: plan and render a 10,000-node request (goal: under 10 ms), against a 1-node baseline.
 
-Prints, for each scheduler and table row, the best-of-N time of make_plan + plan_directives for a
+Prints, for each scheduler and table row, the best-of-N time of make_plan + script_directives for a
 10,000-node request and for a 1-node request measured in the same run, and their ratio.
 Run: /opt/tether/venv/bin/python bench/plan.py
 """
@@ -11,8 +11,10 @@ from __future__ import annotations
 import timeit
 
 from tether.hooks.config import validate_config
+from tether.hooks.header import batch_header
 from tether.hooks.plan import make_plan
-from tether.hooks.render import plan_directives
+from tether.hooks.policy import parse_qsub_args, parse_sbatch_args, split_qsub_args
+from tether.hooks.render import script_directives
 from tether.hooks.request import Request
 
 GOAL_MS = 10.0
@@ -40,8 +42,11 @@ def main() -> int:
         timings = []
         for nodes in (1, NODES):
             request = Request(slots=nodes * spn, slots_per_node=spn, slot_type=slot_type, job_id="bench",
-                              scheduler_args=ARGS[scheduler])
-            timings.append(best_ms(lambda r=request, c=config, s=scheduler: plan_directives(make_plan(r, c, s))))
+                              sbatch_args=tuple(parse_sbatch_args(ARGS["slurm"])),
+                              qsub=split_qsub_args(parse_qsub_args(ARGS["pbs"])))
+            header = batch_header(request)
+            timings.append(best_ms(lambda r=request, c=config, s=scheduler, h=header:
+                                   script_directives(make_plan(r, c, s), h)))
         base, big = timings
         worst = max(worst, big)
         print(f"{label:<22} {base:>8.3f}ms {big:>10.3f}ms {big / base:>7.2f}")

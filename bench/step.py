@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import time
 
-from tether.hooks.native import set_conf_line
-from tether.hooks.proc import run_command
-from tether.hooks.sandbox import Sandbox
+from tether.system.files import set_conf_line
+from tether.system.proc import run_command
+from tether.sandbox.cluster import Sandbox
 
 from steps import ROOT, arguments, print_medians, step_times, timing_loop
 

@@ -26,8 +26,8 @@ import statistics
 import time
 from pathlib import Path
 
-from tether.hooks.proc import run_command
-from tether.hooks.sandbox import Sandbox
+from tether.system.proc import run_command
+from tether.sandbox.cluster import Sandbox
 
 ROOT = "/var/lib/tether/sandbox-bench"
 MODES = {"none": None, "lua": "lua", "tether": "tether"}

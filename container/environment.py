@@ -17,6 +17,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
+from ..hooks.surface import HOST_ONLY as _RANK_HOST_ONLY, RANK_NAMES, RUN_ARGV0
 from .spec import CONTAINER_TMP, CONTAINER_WORKDIR, is_env_name
 
 if TYPE_CHECKING:
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
 
     from .spec import LaunchSpec
 
-RANK_NAMES = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-              "MASTER_PORT")
 PASS_NAMES = RANK_NAMES + ("USER", "LOGNAME", "LANG", "LANGUAGE", "TERM", "TZ", "OMP_NUM_THREADS",
                            "SLURMD_NODENAME")
 PASS_PREFIXES = ("SLURM_", "PBS_", "PMI_", "PMIX_", "OMPI_", "I_MPI_", "MPICH_", "UCX_", "NCCL_",
@@ -34,7 +33,7 @@ PASS_PREFIXES = ("SLURM_", "PBS_", "PMI_", "PMIX_", "OMPI_", "I_MPI_", "MPICH_",
 RUNTIME_CONTROL = ("APPTAINER", "SINGULARITY", "ENROOT_", "CONTAINERS_", "PODMAN_", "BUILDAH_",
                    "_CONTAINERS_", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS")
 # Host-side paths of the per-rank directories: meaningless inside, replaced by OVERRIDES.
-HOST_ONLY = ("TETHER_RANK_DIR", "TETHER_STEP_DIR", "TETHER_JOB_DIR", "TETHER_RUN_ARGV0")
+HOST_ONLY = _RANK_HOST_ONLY + (RUN_ARGV0,)
 
 
 def overrides(spec: LaunchSpec) -> dict[str, str]:

@@ -121,7 +121,7 @@ class ImageCache:
                 return final
             self._remove_partials(directory, key)
             partial = os.path.join(directory, f".{key}.{os.getpid()}{PARTIAL}")
-            from tether.hooks.proc import CommandError, run_command
+            from ..system.proc import CommandError, run_command
 
             try:
                 run_command([*build, partial, source], env=env, timeout=timeout)
@@ -132,7 +132,7 @@ class ImageCache:
                 remove_file(partial)
                 raise
             os.chmod(partial, 0o644)
-            from tether.hooks.native import write_atomic
+            from ..system.files import write_atomic
 
             meta = {"source": source, "converted": time.time(), "uid": self.uid}
             write_atomic(os.path.join(directory, key + ".json"), json.dumps(meta) + "\n", 0o644)

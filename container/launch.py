@@ -64,7 +64,7 @@ def run_before(launch: Launch) -> None:
     """The preparation steps (image import, container creation), under the launch's lock."""
     if not launch.before:
         return
-    from tether.hooks.proc import CommandError, run_command
+    from ..system.proc import CommandError, run_command
 
     lock_fd = None
     if launch.lock:
@@ -195,7 +195,7 @@ def _reap_descendants(grace: float) -> None:
 
 
 def _run_quietly(argv: list[str], env: dict[str, str], *, tell: bool = True) -> bool:
-    from tether.hooks.proc import CommandError, run_command
+    from ..system.proc import CommandError, run_command
 
     try:
         run_command(argv, env=env, timeout=30)

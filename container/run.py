@@ -19,6 +19,7 @@ import os
 import sys
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
+from ..hooks.surface import RUN_ARGV0
 from .launch import EXIT_LAUNCH_FAILED, execute, report, report_admin
 from .runtimes import adapter
 from .spec import LaunchError, spec_from_env
@@ -26,7 +27,8 @@ from .spec import LaunchError, spec_from_env
 if TYPE_CHECKING:
     from typing import Any, Mapping, NoReturn, Sequence
 
-ARGV0_VAR = "TETHER_RUN_ARGV0"
+LAUNCHER_NAME = "tether-run"      # written next to the SPANK plugin / into PBS's libexec
+ARGV0_VAR = RUN_ARGV0
 SUBREAPER_VAR = "TETHER_RUN_SUBREAPER"
 CLEANUP_VAR = "TETHER_CLEANUP"    # cleanup mode: slurmstepd, after a container step (see launch.py)
 
@@ -43,8 +45,9 @@ def config_identity(path: str | None) -> list[int] | None:
 
 
 def container_settings(config_path: str | None) -> dict[str, Any]:
-    """The ``container`` section of the effective config (the slow path: YAML and validation)."""
-    from tether.hooks.config import load_config
+    """The ``container`` section of the effective config (the slow path: YAML and validation; not
+    imported at the top: the launcher's fast path reads the settings baked into it)."""
+    from ..hooks.configfile import load_config
 
     return dict(load_config(config_path).data["container"])
 
@@ -109,9 +112,10 @@ handoff({config!r}, {identity!r}, {baked!r})
 
 
 def launcher_text(config_path: str | None, settings: Mapping[str, Any], *, python: str | None = None) -> str:
-    """The launcher script for this Python and the given config."""
-    from tether.hooks.config import plain_data
-    from tether.hooks.native import tether_import_path
+    """The launcher script for this Python and the given config (install time only: imports
+    tether's config and toolchain modules, which a rank's launch never needs)."""
+    from ..hooks.config import plain_data
+    from ..system.toolchain import tether_import_path
 
     # plain dicts, lists and strings: their repr() is a Python literal
     return LAUNCHER_TEMPLATE.format(python=python or sys.executable, paths=[tether_import_path()],

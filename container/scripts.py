@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Mapping, Sequence
 
-from tether.spank.options import BY_NAME
-
+from ..hooks.surface import BY_NAME
 from .spec import LaunchError, check_container_options, is_env_name
 
 

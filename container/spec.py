@@ -8,6 +8,9 @@ directories. Only the standard library is imported here: this runs once per rank
 from __future__ import annotations
 
 import os
+
+from ..hooks.surface import BY_NAME, RUNTIMES
+
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 if TYPE_CHECKING:
@@ -17,7 +20,6 @@ if TYPE_CHECKING:
 CONTAINER_TMP = "/tmp"
 CONTAINER_WORKDIR = "/run/tether/workdir"
 
-RUNTIMES = ("apptainer", "singularity", "podman", "enroot")
 # Plain string checks, not regular expressions: this runs once per rank, and `re` costs milliseconds.
 _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 
@@ -207,8 +209,6 @@ def check_container_options(values: Mapping[str, str], default_runtime: str) -> 
     messages the run side would give: a bad request fails at sbatch, not when its steps start."""
     if not any(name.startswith("container-") for name in values):
         return
-    from tether.spank.options import BY_NAME        # not at the top: the launcher imports this module
-
     env = {BY_NAME[name].env: value for name, value in values.items() if name in BY_NAME}
     if "container-image" not in values:
         raise LaunchError("--container-* options need --container-image")

@@ -1,8 +1,7 @@
-"""tether.hooks: the scheduler-neutral core.
+"""tether.hooks: the scheduler-neutral request rewrite that the Slurm plugin and the PBS hooks call.
 
-config (schema, loader) -> Request (what the user asked) -> Plan (the seed's resource tables and
-the option policy; pure, no I/O) -> renderers (Slurm options, #SBATCH/#PBS lines, PBS select).
-Also the ``tether`` command line and the sandbox cluster used by tests and demos.
+surface (every option, variable and resource name) -> config (schema, validation; configfile reads
+the YAML) -> request (what the user asked) -> plan (the seed's resource tables, pure) -> render
+(Slurm options, #SBATCH/#PBS lines, PBS select) and header (a tether batch script's own options);
+policy (the options tether controls), layout (the directories under job_storage_root), errors.
 """
-
-__version__ = "0.1.0"

@@ -1,7 +1,8 @@
-"""tether's configuration: one YAML file, validated at load, every problem reported at once.
+"""tether's configuration: the schema, validation (every problem reported at once) and ``Config``.
 
-Where it is read from: ``--config FILE``, else ``$TETHER_CONFIG``, else ``/etc/tether/tether.yaml``;
-a missing default file means built-in defaults (an explicitly named file must exist).
+Reading the YAML file is tether.hooks.configfile's; this module imports no YAML parser, because
+the PBS hooks use it inside pbs_server's interpreter, which PBS finalizes and starts again (pyyaml's
+C extension breaks there: see tether.pbs_hooks). They get the validated config as JSON data.
 
 The schema below is the single reference: ``tether config show`` prints it filled in, and the
 README's configuration table is checked against it by the tests.
@@ -9,22 +10,16 @@ README's configuration table is checked against it by the tests.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import yaml
-
 from .errors import ConfigError, RequestError
-from .policy import parse_qsub_args, parse_sbatch_args
-from .request import SLOT_TYPES
+from .policy import Arg, PbsUserRequest, parse_qsub_args, parse_sbatch_args, split_qsub_args
 from .schema import NAME_PATTERN, Bool, Enum, List, Map, SchemaError, Str, Struct, walk_keys
+from .surface import RUNTIMES, SLOT_TYPES
 
-DEFAULT_CONFIG_PATH = "/etc/tether/tether.yaml"
-CONFIG_ENV = "TETHER_CONFIG"
 BUILTIN = "<built-in defaults>"
 
-RUNTIMES = ("apptainer", "singularity", "podman", "enroot")
 ON_FAILURE = ("reject_tether_jobs", "reject_all_jobs")
 PROJECT_SOURCE_PATTERN = r"project|workspace|label(:[A-Za-z0-9_.-]+)?|account|user"
 # Shared by root-run plugins and written into #SBATCH/#PBS lines: keep it to plain characters.
@@ -120,20 +115,28 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
 
 @dataclass(frozen=True)
 class PartitionOverride:
-    """Settings for one partition/queue (``partition_overrides.<name>``)."""
+    """Settings for one partition/queue (``partition_overrides.<name>``), arguments parsed."""
 
     slot_type: str | None
     gpu_type: str | None
-    sbatch_args: tuple[str, ...]
-    pbsbatch_args: tuple[str, ...]
+    sbatch_args: tuple[Arg, ...]
+    qsub: PbsUserRequest
+
+    @classmethod
+    def from_data(cls, raw: Mapping[str, Any]) -> "PartitionOverride":
+        """From validated config data (its argument lists parse: the schema checked them)."""
+        return cls(raw["slot_type"], raw["gpu_type"], tuple(parse_sbatch_args(raw["sbatch_args"])),
+                   split_qsub_args(parse_qsub_args(raw["pbsbatch_args"])))
 
 
 @dataclass(frozen=True)
 class Config:
-    """The validated, effective configuration. ``data`` is the full mapping with defaults."""
+    """The validated, effective configuration. ``data`` is the full mapping with defaults;
+    ``overrides`` the partition overrides, parsed once at load."""
 
     source: str
     data: Mapping[str, Any]
+    overrides: Mapping[str, PartitionOverride] = field(default_factory=dict)
 
     @property
     def slot_type(self) -> str:
@@ -165,17 +168,10 @@ class Config:
 
     def partition_override(self, name: str | None) -> PartitionOverride | None:
         """The override for partition/queue ``name``, if the config has one."""
-        raw = self.data["partition_overrides"].get(name) if name else None
-        if raw is None:
-            return None
-        return PartitionOverride(raw["slot_type"], raw["gpu_type"], tuple(raw["sbatch_args"]),
-                                 tuple(raw["pbsbatch_args"]))
+        return self.overrides.get(name) if name else None
 
     def runtime(self, name: str) -> Mapping[str, Any]:
         return self.data["container"][name]
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(plain_data(self.data), sort_keys=False, default_flow_style=False)
 
 
 def plain_data(value: Any) -> Any:
@@ -187,40 +183,6 @@ def plain_data(value: Any) -> Any:
     return value
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    loader.flatten_mapping(node)
-    out: dict = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            hash(key)
-        except TypeError:
-            raise yaml.constructor.ConstructorError(None, None, "unhashable key", key_node.start_mark)
-        if key in out:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark)
-        out[key] = loader.construct_object(value_node, deep=deep)
-    return out
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def load_yaml(text: str, source: str) -> Any:
-    """Parse YAML strictly; a syntax error becomes a ConfigError naming file, line and column."""
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(source, [f"{where}invalid YAML: {problem}"]) from None
-
-
 def validate_config(data: Any, source: str) -> Config:
     """Validate a parsed document; raises ConfigError listing every problem."""
     errors: list[SchemaError] = []
@@ -229,7 +191,9 @@ def validate_config(data: Any, source: str) -> Config:
     normalized = CONFIG_SCHEMA.check(data, "", errors)
     if errors:
         raise ConfigError(source, errors)
-    return Config(source, normalized)
+    overrides = {name: PartitionOverride.from_data(raw)
+                 for name, raw in normalized["partition_overrides"].items()}
+    return Config(source, normalized, overrides)
 
 
 def default_config() -> Config:
@@ -237,29 +201,15 @@ def default_config() -> Config:
     return validate_config({}, BUILTIN)
 
 
-def config_path(explicit: str | None = None, env: Mapping[str, str] | None = None) -> tuple[str, bool]:
-    """Which file to read, and whether it must exist (explicit file or $TETHER_CONFIG)."""
-    env = os.environ if env is None else env
-    if explicit:
-        return explicit, True
-    if env.get(CONFIG_ENV):
-        return env[CONFIG_ENV], True
-    return DEFAULT_CONFIG_PATH, False
-
-
-def load_config(explicit: str | None = None, env: Mapping[str, str] | None = None) -> Config:
-    """Load and validate the configuration (see the module docstring for the search order)."""
-    path, required = config_path(explicit, env)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        if required:
-            raise ConfigError(path, ["file not found"]) from None
-        return default_config()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(path, [f"cannot read: {exc}"]) from None
-    return validate_config(load_yaml(text, path), path)
+def _flow(value: Any) -> str:
+    """A default as YAML writes it in flow style (``true``, ``null``, ``[]``, ``cuda``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_flow(v) for v in value) + "]"
+    return str(value)
 
 
 def config_reference() -> str:
@@ -268,7 +218,6 @@ def config_reference() -> str:
     for path, node in walk_keys(CONFIG_SCHEMA):
         if isinstance(node, Struct):
             continue
-        default = node.fill_default()
-        shown = "—" if isinstance(node, Map) else f"`{yaml.safe_dump(default, default_flow_style=True).strip().removesuffix('...').strip()}`"
+        shown = "—" if isinstance(node, Map) else f"`{_flow(node.fill_default())}`"
         rows.append(f"| `{path}` | {node.describe()} | {shown} | {node.doc} |")
     return "\n".join(rows) + "\n"

@@ -2,12 +2,13 @@
 
 Source of truth: seed 000, "Slurm Resource Calculations" and "PBS Resource Calculations". Each table
 row below is the seed's row written as data: which slot types and cluster capabilities select it,
-and the options it produces. ``{gpu}`` is ``<gpu_type>:`` when a GPU type is set, ``{slots}`` is
-slots_per_trial, ``{spn}`` slots_per_node and ``{nodes}`` slots_per_trial / slots_per_node. An option
-marked ``SPN`` is emitted only when slots_per_node is known (the seed: "If slots_per_node is
-specified, it is added as --gpus-per-task").
+and which resource fields it sets to which quantity -- ``SLOTS`` is slots_per_trial, ``SPN``
+slots_per_node, ``NODES`` slots_per_trial / slots_per_node. A field marked ``IF_SPN`` is set only
+when slots_per_node is known (the seed: "If slots_per_node is specified, it is added as
+--gpus-per-task"). The Plan holds numbers; text (``--gpus=a100:8``, ``select=2:ngpus=4``) is made
+only at the edge, by tether.hooks.render.
 
-One deliberate difference from the seed's first row: ``--tasks-per-node=1`` is emitted only together
+One deliberate difference from the seed's first row: ``--tasks-per-node=1`` is set only together
 with ``--gpus-per-task``. Without slots_per_node, Slurm 22.05 refuses ``--gpus=6 --nodes=1-6
 --tasks-per-node=1`` on 4-GPU nodes ("Requested node configuration is not available": it derives one
 task from the minimum node count), while ``--gpus=6 --nodes=1-6`` gets 2 nodes with one task each --
@@ -15,115 +16,157 @@ which is what the seed's row describes ("Slurm determines the number of nodes ne
 the requested GPUs. One container is started per node.").
 
 The Plan is the single source of truth: the job_submit plugin, the PBS hooks, generated batch
-scripts and ``tether plan`` all render the same Plan.
+scripts and ``tether plan`` all use the same Plan.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .config import Config
+from .config import Config, PartitionOverride
 from .errors import RequestError
 from .policy import (
-    PbsMerge, check_slurm_args, merge_pbs_args, parse_qsub_args, parse_sbatch_args,
+    SLURM_FIELD_OPTIONS, Arg, PbsMerge, PbsUserRequest, check_slurm_args, merge_pbs_request,
 )
-from .request import (
-    GPU_SLOT_TYPES, JOB_ID_PATTERN, JOB_TYPE_PATTERN, MAX_SLOTS, MAX_SLOTS_PER_NODE, SCHEDULERS,
-    SLOT_TYPES, Request,
-)
+from .request import JOB_ID_PATTERN, JOB_TYPE_PATTERN, SCHEDULERS, Request
 from .schema import NAME_PATTERN
+from .surface import GPU_SLOT_TYPES, MAX_SLOTS, MAX_SLOTS_PER_NODE, SLOT_TYPES
 
-JOB_NAME_PREFIX = "tether_"
 PROJECT_PATTERN = r"[A-Za-z0-9_.:,-]{1,255}"
 
-Option = tuple[str, "str | None"]
-ALWAYS, SPN = "always", "slots_per_node given"
+# Quantities a row uses, and when a field is set.
+SLOTS, SPN, NODES, ONE = "slots_per_trial", "slots_per_node", "slots_per_trial/slots_per_node", "1"
+ALWAYS, IF_SPN = "always", "slots_per_node given"
 
 
 @dataclass(frozen=True)
 class Row:
-    """One row of a seed resource table."""
+    """One row of a seed resource table: when it applies and the fields it sets, in the seed's order."""
 
     key: str
     slot_types: tuple[str, ...]
     tres: bool | None          # None: not applicable (n/a in the seed)
     gres: bool | None
-    options: tuple[tuple[str, str, str], ...]  # Slurm: (option, template, when); PBS: (resource, template, when)
+    sets: tuple[tuple[str, str, str], ...]  # (field, quantity, when)
     seed: str                  # the seed's description of the row
 
 
 # Seed 000, "Slurm Resource Calculations". Zero slots (an auxiliary task) is tether's extra row.
+# Fields are SlurmResources'; ``nodes`` sets min_nodes (``ONE`` here) and max_nodes.
 SLURM_TABLE: tuple[Row, ...] = (
     Row("slurm-gpu-tres-gres", GPU_SLOT_TYPES, True, True,
-        (("--gpus", "{gpu}{slots}", ALWAYS), ("--nodes", "1-{slots}", ALWAYS),
-         ("--tasks-per-node", "1", SPN), ("--gpus-per-task", "{gpu}{spn}", SPN)),
+        (("gpus", SLOTS, ALWAYS), ("min_nodes", ONE, ALWAYS), ("max_nodes", SLOTS, ALWAYS),
+         ("tasks_per_node", ONE, IF_SPN), ("gpus_per_task", SPN, IF_SPN)),
         "Slurm determines the number of nodes necessary to allocate the requested GPUs; one "
         "container per node; slots_per_node, if given, becomes --gpus-per-task"),
     Row("slurm-gpu-gres", GPU_SLOT_TYPES, False, True,
-        (("--nodes", "{nodes}", ALWAYS), ("--ntasks", "{nodes}", ALWAYS), ("--gres", "gpu:{gpu}{spn}", ALWAYS)),
+        (("min_nodes", NODES, ALWAYS), ("max_nodes", NODES, ALWAYS), ("ntasks", NODES, ALWAYS),
+         ("gpus_per_node", SPN, ALWAYS)),
         "slots_per_trial/slots_per_node nodes with slots_per_node GPUs each; one container per node"),
     Row("slurm-cpu", ("cpu",), None, None,
-        (("--nodes", "{nodes}", ALWAYS), ("--ntasks", "{nodes}", ALWAYS), ("--cpus-per-task", "{spn}", ALWAYS)),
+        (("min_nodes", NODES, ALWAYS), ("max_nodes", NODES, ALWAYS), ("ntasks", NODES, ALWAYS),
+         ("cpus_per_task", SPN, ALWAYS)),
         "slots_per_trial/slots_per_node nodes with slots_per_node CPUs each; one container per node"),
     Row("slurm-gpu-nogres", GPU_SLOT_TYPES, False, False,
-        (("--nodes", "{nodes}", ALWAYS), ("--ntasks", "{nodes}", ALWAYS)),
+        (("min_nodes", NODES, ALWAYS), ("max_nodes", NODES, ALWAYS), ("ntasks", NODES, ALWAYS)),
         "slots_per_trial/slots_per_node nodes; the user must make sure they have slots_per_node GPUs "
         "(e.g. a resource pool of such nodes or a constraint)"),
     Row("slurm-aux", SLOT_TYPES, None, None,
-        (("--nodes", "1", ALWAYS), ("--ntasks", "1", ALWAYS)),
+        (("min_nodes", ONE, ALWAYS), ("max_nodes", ONE, ALWAYS), ("ntasks", ONE, ALWAYS)),
         "zero slots: an auxiliary task on one node of the aux resource pool, no dedicated GPUs/CPUs"),
 )
 
-# Seed 000, "PBS Resource Calculations": select=<chunks>:<chunk resources>.
+# Seed 000, "PBS Resource Calculations": select=<chunks>:<chunk resources>, one chunk per node.
 PBS_TABLE: tuple[Row, ...] = (
-    Row("pbs-gpu-gres", GPU_SLOT_TYPES, None, True, (("ngpus", "{spn}", ALWAYS),),
+    Row("pbs-gpu-gres", GPU_SLOT_TYPES, None, True, (("chunks", NODES, ALWAYS), ("ngpus", SPN, ALWAYS)),
         "slots_per_trial/slots_per_node chunks with ngpus=slots_per_node; one container per node"),
-    Row("pbs-gpu-nogres", GPU_SLOT_TYPES, None, False, (),
+    Row("pbs-gpu-nogres", GPU_SLOT_TYPES, None, False, (("chunks", NODES, ALWAYS),),
         "slots_per_trial/slots_per_node chunks; the user must make sure they have slots_per_node "
         "GPUs and set CUDA_VISIBLE_DEVICES"),
-    Row("pbs-cpu", ("cpu",), None, None, (("ncpus", "{spn}", ALWAYS),),
+    Row("pbs-cpu", ("cpu",), None, None, (("chunks", NODES, ALWAYS), ("ncpus", SPN, ALWAYS)),
         "slots_per_trial/slots_per_node chunks with ncpus=slots_per_node"),
-    Row("pbs-aux", SLOT_TYPES, None, None, (),
+    Row("pbs-aux", SLOT_TYPES, None, None, (("chunks", ONE, ALWAYS),),
         "zero slots: one chunk in the aux resource pool, no dedicated GPUs/CPUs"),
 )
 
 ROWS = {row.key: row for row in SLURM_TABLE + PBS_TABLE}
+GPU_FIELDS = ("gpus", "gpus_per_task", "gpus_per_node", "ngpus")
+
+
+@dataclass(frozen=True)
+class SlurmResources:
+    """What a Slurm row asks for; None: tether leaves it to the user or Slurm."""
+
+    min_nodes: int
+    max_nodes: int
+    ntasks: int | None = None
+    tasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    gpus: int | None = None            # --gpus (the job's)
+    gpus_per_task: int | None = None   # --gpus-per-task
+    gpus_per_node: int | None = None   # --gres=gpu:N
+    gpu_type: str | None = None        # the gres type in all three
+
+    @property
+    def task_count(self) -> int | None:
+        """Tasks of the job: ``ntasks``, or what sbatch derives from --gpus / --gpus-per-task."""
+        if self.ntasks is not None:
+            return self.ntasks
+        if self.gpus and self.gpus_per_task:
+            return self.gpus // self.gpus_per_task
+        return None
+
+
+@dataclass(frozen=True)
+class PbsResources:
+    """What a PBS row asks for: ``chunks`` identical chunks of ``chunk`` resources (tether's first,
+    then the user's), one per host (``place`` is scatter plus the user's sharing/grouping)."""
+
+    chunks: int
+    chunk: tuple[tuple[str, str], ...]
+    place: tuple[str, ...] = ("scatter",)
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What tether asks the scheduler for. ``resources`` are the table's options for this request;
-    ``common`` the options tether owns in its batch scripts; ``extra`` the admin's and user's
-    options that passed the policy; ``notices`` are for the user (replaced values, fallbacks)."""
+    """What tether asks the scheduler for: the row's resources (``slurm`` or ``pbs``), the partition or
+    queue, the WCKey/project, and ``notices`` for the user (replaced values, fallbacks).
+    ``extra_args``: the partition override's and the user's other options that passed the policy,
+    for a batch script's header (the job_submit plugin and the PBS hooks have none)."""
 
     scheduler: str
     row: str
     slot_type: str
     slots: int
     slots_per_node: int | None
-    min_nodes: int
-    max_nodes: int
-    tasks_per_node: int
-    gpus: int
     gpu_type: str | None
     partition: str | None
     project: str | None
-    job_name: str
-    log_dir: str
-    resources: tuple[Option, ...]
-    common: tuple[Option, ...]
-    extra: tuple[Option, ...]
-    notices: tuple[str, ...]
+    slurm: SlurmResources | None
+    pbs: PbsResources | None
+    extra_args: tuple[Arg, ...] = ()
+    notices: tuple[str, ...] = ()
+
+    @property
+    def nodes(self) -> tuple[int, int]:
+        """(minimum, maximum) nodes."""
+        if self.slurm is not None:
+            return self.slurm.min_nodes, self.slurm.max_nodes
+        assert self.pbs is not None
+        return self.pbs.chunks, self.pbs.chunks
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the plan asks the scheduler for: every slot on rows that request GPUs, else none."""
+        return self.slots if any(f in GPU_FIELDS for f, _, _ in ROWS[self.row].sets) else 0
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        for key in ("resources", "common", "extra"):
-            out[key] = [list(o) for o in out[key]]
-        out["notices"] = list(self.notices)
+        out["extra_args"] = [[a.name, a.value] for a in self.extra_args]
+        out["nodes"], out["gpus"] = list(self.nodes), self.gpus
         return out
 
 
@@ -145,49 +188,36 @@ def make_plan(request: Request, config: Config, scheduler: str) -> Plan:
         gpu_type = None
 
     row = _select_row(scheduler, slot_type, request.slots, config, notices)
-    uses_gpu_type = any("{gpu}" in tmpl for _, tmpl, _ in row.options)
-    if gpu_type and not uses_gpu_type:
+    typed = scheduler == "slurm" and any(f in GPU_FIELDS for f, _, _ in row.sets)
+    if gpu_type and not typed:
         notices.append(f"{request.name_of('gpu_type')} {gpu_type!r} is not used: this job requests "
                        f"no typed GPUs (slot type {slot_type}, table row {row.key})")
     spn = _slots_per_node(request, row, notices)
-    nodes = request.slots // spn if spn else None
-    values = {"slots": request.slots, "spn": spn, "nodes": nodes,
-              "gpu": f"{gpu_type}:" if gpu_type else ""}
-
-    job_name = _job_name(request)
-    project = project_key(config.job_project_source, request)
-    log_dir = f"{config.job_storage_root.rstrip('/')}/{job_name}"
-
+    values = _fill(row, request.slots, spn)
+    slurm = pbs = None
     if scheduler == "slurm":
-        resources = tuple((opt, _fill(tmpl, values)) for opt, tmpl, when in row.options
-                          if when == ALWAYS or spn is not None)
-        extra = _slurm_extra(request, override, partition, [o for o, _ in resources])
-        common = _slurm_common(job_name, partition, project, log_dir)
-        min_nodes, max_nodes = _node_range(dict(resources)["--nodes"])
+        slurm = SlurmResources(**values, gpu_type=gpu_type if typed else None)
+        extra = _slurm_extra(request, override, partition, [SLURM_FIELD_OPTIONS[f] for f in values])
     else:
-        chunks = nodes if nodes else 1
-        tether_chunk = tuple((res, _fill(tmpl, values)) for res, tmpl, _ in row.options)
-        merge = _pbs_merge(request, override, partition, slot_type, chunks, tether_chunk)
-        notices.extend(merge.notices)
-        chunk = ":".join([str(chunks)] + [f"{k}={v}" for k, v in tether_chunk + merge.chunk_resources])
-        place = ":".join(("scatter",) + merge.place_extra)
-        resources = (("-l", f"select={chunk}"), ("-l", f"place={place}"))
-        extra = tuple((a.name, a.value) for a in merge.args)
-        common = _pbs_common(job_name, partition, project, log_dir)
-        min_nodes = max_nodes = chunks
+        tether_chunk = tuple((name, str(values[name])) for name in ("ngpus", "ncpus") if name in values)
+        merged = _pbs_merge(request, override, partition, slot_type, values["chunks"], tether_chunk)
+        notices.extend(merged.notices)
+        pbs = PbsResources(values["chunks"], tether_chunk + merged.chunk_resources,
+                           ("scatter",) + merged.place_extra)
+        extra = merged.args
 
     return Plan(
         scheduler=scheduler, row=row.key, slot_type=slot_type, slots=request.slots,
-        slots_per_node=spn, min_nodes=min_nodes, max_nodes=max_nodes, tasks_per_node=1,
-        gpus=requested_gpus(row, request.slots), gpu_type=gpu_type if uses_gpu_type else None,
-        partition=partition, project=project, job_name=job_name, log_dir=log_dir,
-        resources=resources, common=common, extra=extra, notices=tuple(notices),
+        slots_per_node=spn, gpu_type=gpu_type if typed else None, partition=partition,
+        project=project_key(config.job_project_source, request), slurm=slurm, pbs=pbs,
+        extra_args=extra, notices=tuple(notices),
     )
 
 
-def requested_gpus(row: Row, slots: int) -> int:
-    """GPUs the plan asks the scheduler for: all slots on rows that request GPUs, else none."""
-    return slots if any(opt in ("--gpus", "--gres", "ngpus") for opt, _, _ in row.options) else 0
+def _fill(row: Row, slots: int, spn: int | None) -> dict[str, int]:
+    """The row's fields with their quantities for this request."""
+    quantity = {SLOTS: slots, SPN: spn, NODES: slots // spn if spn else None, ONE: 1}
+    return {name: quantity[q] for name, q, when in row.sets if when == ALWAYS or spn is not None}
 
 
 def _validate(request: Request) -> None:
@@ -260,20 +290,6 @@ def _divisors_text(n: int) -> str:
     return ", ".join(map(str, divisors))
 
 
-def _fill(template: str, values: dict[str, Any]) -> str:
-    return template.format(**values)
-
-
-def _node_range(value: str) -> tuple[int, int]:
-    lo, _, hi = value.partition("-")
-    return int(lo), int(hi or lo)
-
-
-def _job_name(request: Request) -> str:
-    job_id = request.job_id or hashlib.sha256(repr(request).encode()).hexdigest()[:16]
-    return f"{JOB_NAME_PREFIX}{request.job_type}-{job_id}"
-
-
 def project_key(source: str | None, request: Request) -> str | None:
     """The WCKey / PBS project for ``request`` per ``job_project_source`` (None when unset/empty)."""
     if source is None:
@@ -291,58 +307,28 @@ def project_key(source: str | None, request: Request) -> str | None:
     return value
 
 
-def _slurm_common(job_name: str, partition: str | None, project: str | None,
-                  log_dir: str) -> tuple[Option, ...]:
-    common: list[Option] = [("--job-name", job_name)]
-    if partition:
-        common.append(("--partition", partition))
-    if project:
-        common.append(("--wckey", project))
-    common += [("--no-requeue", None), ("--output", f"{log_dir}/job.out"),
-               ("--error", f"{log_dir}/job.err")]
-    return tuple(common)
-
-
-def _slurm_extra(request: Request, override: Any, partition: str | None,
-                 generated: list[str]) -> tuple[Option, ...]:
-    extra: list[Option] = []
-    sources = []
-    if override is not None and override.sbatch_args:
-        sources.append((override.sbatch_args, f"partition_overrides.{partition}.sbatch_args"))
-    if request.scheduler_args:
-        sources.append((request.scheduler_args, request.name_of("scheduler_args")))
-    for args, source in sources:
-        parsed = parse_sbatch_args(args)
-        extra += [(a.name, a.value) for a in check_slurm_args(parsed, generated, script=True,
-                                                              source=source)]
-    return tuple(extra)
-
-
-def _pbs_merge(request: Request, override: Any, partition: str | None, slot_type: str, chunks: int,
-               tether_chunk: tuple[tuple[str, str], ...]) -> PbsMerge:
-    """Merge the partition override's and then the user's qsub options (the user's win)."""
+def _pbs_merge(request: Request, override: PartitionOverride | None, partition: str | None,
+               slot_type: str, chunks: int, tether_chunk: tuple[tuple[str, str], ...]) -> PbsMerge:
+    """Merge the partition override's and then the user's PBS requests (the user's win)."""
     controlled = ("ngpus",) if slot_type in GPU_SLOT_TYPES else ("ncpus",)
-    sources = []
-    if override is not None and override.pbsbatch_args:
-        sources.append((override.pbsbatch_args, f"partition_overrides.{partition}.pbsbatch_args"))
-    sources.append((request.scheduler_args, request.name_of("scheduler_args")))
-    merged = PbsMerge((), (), (), ())
-    for args, source in sources:
-        part = merge_pbs_args(parse_qsub_args(args), chunks=chunks, controlled_chunk=controlled,
-                              tether_chunk=tether_chunk, script=True, source=source)
-        merged = PbsMerge(tuple({**dict(merged.chunk_resources), **dict(part.chunk_resources)}.items()),
-                          tuple(dict.fromkeys(merged.place_extra + part.place_extra)),
-                          merged.args + part.args, merged.notices + part.notices)
+    sources: list[tuple[PbsUserRequest, str]] = []
+    if override is not None:
+        sources.append((override.qsub, f"partition_overrides.{partition}.pbsbatch_args"))
+    sources.append((request.qsub, request.name_of("scheduler_args")))
+    merged = PbsMerge()
+    for user, source in sources:
+        merged = merged.then(merge_pbs_request(user, chunks=chunks, controlled_chunk=controlled,
+                                               tether_chunk=tether_chunk, script=True, source=source))
     return merged
 
 
-def _pbs_common(job_name: str, queue: str | None, project: str | None,
-                log_dir: str) -> tuple[Option, ...]:
-    common: list[Option] = [("-N", job_name)]
-    if queue:
-        common.append(("-q", queue))
-    common += [("-e", f"{log_dir}/job.err"), ("-o", f"{log_dir}/job.out"), ("-V", None),
-               ("-r", "n"), ("-W", "umask=0022")]
-    if project:
-        common.append(("-P", project))
-    return tuple(common)
+def _slurm_extra(request: Request, override: PartitionOverride | None, partition: str | None,
+                 controlled: list[str]) -> tuple[Arg, ...]:
+    """The partition override's and then the user's sbatch options that pass the policy."""
+    extra: list[Arg] = []
+    if override is not None:
+        extra += check_slurm_args(override.sbatch_args, controlled, script=True,
+                                  source=f"partition_overrides.{partition}.sbatch_args")
+    extra += check_slurm_args(request.sbatch_args, controlled, script=True,
+                              source=request.name_of("scheduler_args"))
+    return tuple(extra)

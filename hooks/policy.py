@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from .errors import RequestError
+from .surface import SLOT_OPTIONS
 
 # --------------------------------------------------------------------------------------------
 # sbatch's option vocabulary (Slurm 22.05.8, read off `sbatch --<letter>` on this machine).
@@ -56,11 +57,8 @@ SBATCH_SHORT_OPTIONS: dict[str, str] = {
     "t": "time", "v": "verbose", "V": "version", "w": "nodelist", "W": "wait", "x": "exclude",
 }
 
-# tether's own options (the SPANK surface, ../shared/DESIGN.md): in a job spec they are keys, not args.
-TETHER_OPTIONS: dict[str, str] = {
-    "slots": "slots_per_trial", "slots-per-node": "slurm.slots_per_node", "slot-type": "slot_type",
-    "gpu-type": "slurm.gpu_type", "resource-pool": "resource_pool",
-}
+# tether's own options (hooks/surface.py): in a job spec they are keys, not sbatch arguments.
+_SPEC_KEYS = {opt.name: opt.spec_name("slurm") for opt in SLOT_OPTIONS}
 
 # --------------------------------------------------------------------------------------------
 # Slurm: options tether controls for a job with a tether request.
@@ -70,6 +68,10 @@ SLURM_LAYOUT_OPTIONS = ("--nodes", "--ntasks", "--ntasks-per-node", "--tasks-per
                         "--ntasks-per-gpu", "--ntasks-per-tres")
 # GPU requests: tether computes them from slots; a user --gres that references a GPU is rejected.
 SLURM_GPU_OPTIONS = ("--gpus", "--gpus-per-node", "--gpus-per-task", "--gpus-per-socket")
+# How each field of a Slurm plan is spelled as an sbatch option (tether.hooks.plan.SlurmResources).
+SLURM_FIELD_OPTIONS = {"min_nodes": "--nodes", "max_nodes": "--nodes", "ntasks": "--ntasks",
+                       "tasks_per_node": "--tasks-per-node", "cpus_per_task": "--cpus-per-task",
+                       "gpus": "--gpus", "gpus_per_task": "--gpus-per-task", "gpus_per_node": "--gres"}
 # Generated only into tether's own batch scripts (seed 000, "Common Slurm Options").
 SLURM_SCRIPT_OPTIONS = ("--job-name", "--partition", "--wckey", "--no-requeue", "--requeue",
                         "--output", "--error")
@@ -111,8 +113,8 @@ def resolve_sbatch_long(word: str, given: str) -> str:
     """Resolve a long option name (without dashes) as getopt_long does: exact, else unique prefix."""
     if word in SBATCH_LONG_OPTIONS:
         return word
-    if word in TETHER_OPTIONS:
-        raise RequestError(f"{given}: --{word} is tether's own option; set {TETHER_OPTIONS[word]} "
+    if word in _SPEC_KEYS:
+        raise RequestError(f"{given}: --{word} is tether's own option; set {_SPEC_KEYS[word]} "
                            f"in the job spec instead of passing it as an sbatch argument")
     matches = sorted(o for o in SBATCH_LONG_OPTIONS if o.startswith(word))
     if len(matches) == 1 and word:
@@ -286,16 +288,6 @@ def parse_qsub_args(args: Sequence[str]) -> list[Arg]:
     return out
 
 
-@dataclass(frozen=True)
-class PbsMerge:
-    """What survives of the user's qsub arguments once tether's PBS policy is applied."""
-
-    chunk_resources: tuple[tuple[str, str], ...]  # appended to each of tether's chunks
-    place_extra: tuple[str, ...]                   # sharing / group parts of -l place
-    args: tuple[Arg, ...]                          # everything else, passed through
-    notices: tuple[str, ...]                       # what was replaced, for the user
-
-
 def split_resource_list(value: str) -> list[tuple[str, str]]:
     """Split a ``-l`` value ``a=1,b=2`` into pairs (select's own ``:``/``+`` stay inside values)."""
     pairs = []
@@ -310,7 +302,7 @@ def split_resource_list(value: str) -> list[tuple[str, str]]:
     return pairs
 
 
-_CHUNK_RE = re.compile(r"(?:(\d+):)?(.*)\Z", re.S)
+_CHUNK_RE = re.compile(r"(?:([0-9]+):)?(.*)\Z", re.S)
 
 
 def parse_select(value: str) -> list[tuple[int, list[tuple[str, str]]]]:
@@ -318,7 +310,7 @@ def parse_select(value: str) -> list[tuple[int, list[tuple[str, str]]]]:
     chunks = []
     for spec in value.split("+"):
         spec = spec.strip()
-        m = re.fullmatch(r"(\d+)", spec)
+        m = re.fullmatch(r"([0-9]+)", spec)
         if m:
             chunks.append((int(m.group(1)), []))
             continue
@@ -335,52 +327,95 @@ def parse_select(value: str) -> list[tuple[int, list[tuple[str, str]]]]:
     return chunks
 
 
-def merge_pbs_args(args: Sequence[Arg], *, chunks: int, controlled_chunk: Sequence[str],
-                   tether_chunk: Sequence[tuple[str, str]], script: bool, source: str) -> PbsMerge:
-    """Apply the PBS option policy.
+@dataclass(frozen=True)
+class PbsUserRequest:
+    """What a user asked PBS for besides tether's slots, split out of qsub arguments
+    (``split_qsub_args``) or read from a job's ``Resource_List`` (the PBS submit hook)."""
+
+    selects: tuple[str, ...] = ()                  # each ``-l select=...``, in order
+    places: tuple[str, ...] = ()                   # each ``-l place=...``
+    jobwide: tuple[tuple[str, str], ...] = ()      # ``-l nodes|nodect|ncpus|ngpus=...`` (refused)
+    args: tuple[Arg, ...] = ()                     # everything else, passed through as given
+
+
+def split_qsub_args(args: Sequence[Arg]) -> PbsUserRequest:
+    """Split parsed qsub arguments into the resources tether's select owns and the rest (other
+    ``-l`` resources stay together as the user grouped them)."""
+    selects: list[str] = []
+    places: list[str] = []
+    jobwide: list[tuple[str, str]] = []
+    rest: list[Arg] = []
+    for arg in args:
+        if arg.name != "-l":
+            rest.append(arg)
+            continue
+        other = []
+        for name, val in split_resource_list(arg.value or ""):
+            if name == "select":
+                selects.append(val)
+            elif name == "place":
+                places.append(val)
+            elif name in PBS_JOBWIDE_FORBIDDEN:
+                jobwide.append((name, val))
+            else:
+                other.append(f"{name}={val}")
+        if other:
+            rest.append(Arg("-l", ",".join(other), arg.given))
+    return PbsUserRequest(tuple(selects), tuple(places), tuple(jobwide), tuple(rest))
+
+
+@dataclass(frozen=True)
+class PbsMerge:
+    """A user's PBS request after tether's policy: what is added to each of tether's chunks, the
+    sharing/grouping parts of ``place``, the arguments that pass through, and what was replaced."""
+
+    chunk_resources: tuple[tuple[str, str], ...] = ()
+    place_extra: tuple[str, ...] = ()
+    args: tuple[Arg, ...] = ()
+    notices: tuple[str, ...] = ()
+
+    def then(self, later: "PbsMerge") -> "PbsMerge":
+        """This merge followed by a later source's (its values win)."""
+        return PbsMerge(tuple({**dict(self.chunk_resources), **dict(later.chunk_resources)}.items()),
+                        tuple(dict.fromkeys(self.place_extra + later.place_extra)),
+                        self.args + later.args, self.notices + later.notices)
+
+
+def merge_pbs_request(user: PbsUserRequest, *, chunks: int, controlled_chunk: Sequence[str],
+                      tether_chunk: Sequence[tuple[str, str]], script: bool, source: str) -> PbsMerge:
+    """Apply the PBS option policy to one source of user requests.
 
     ``controlled_chunk`` are the per-chunk resources tether owns for this slot type (``ngpus`` for
     GPU slots, ``ncpus`` for CPU slots); ``tether_chunk`` are the ones it sets, for the notice text.
+    ``script``: the arguments go into tether's own batch script (its common options are refused).
     """
+    for name, val in user.jobwide:
+        raise RequestError(f"{source}: -l {name}={val} conflicts with the select statement tether "
+                           f"computes from slots; remove it (give other chunk resources in "
+                           f"-l select=..., e.g. -l select=1:mem=10gb)")
     chunk_resources: dict[str, str] = {}
-    place_extra: list[str] = []
-    passed: list[Arg] = []
     notices: list[str] = []
-    set_values = dict(tether_chunk)
-    for arg in args:
-        if arg.name == "-l":
-            rest = []
-            for name, val in split_resource_list(arg.value or ""):
-                if name == "select":
-                    _merge_select(val, chunks, controlled_chunk, set_values, chunk_resources,
-                                  notices, source)
-                elif name == "place":
-                    place_extra.extend(_merge_place(val, notices, source))
-                elif name in PBS_JOBWIDE_FORBIDDEN:
-                    raise RequestError(f"{source}: -l {name}={val} conflicts with the select statement "
-                                       f"tether computes from slots; remove it (give other chunk "
-                                       f"resources in -l select=..., e.g. -l select=1:mem=10gb)")
-                else:
-                    rest.append(f"{name}={val}")
-            if rest:
-                passed.append(Arg("-l", ",".join(rest), arg.given))
-            continue
-        if script and arg.name in PBS_SCRIPT_OPTIONS:
-            raise RequestError(f"{source}: {arg} conflicts with {arg.name}, which tether generates "
-                               f"(job name, queue from resource_pool, logs, -V, -r n, project); "
-                               f"remove it")
-        if script and arg.name == "-W":
-            kept = []
-            for name, val in split_resource_list(arg.value or ""):
-                if name in PBS_SCRIPT_W_ATTRIBUTES:
-                    raise RequestError(f"{source}: {arg} conflicts with -W {name}=..., which tether "
-                                       f"sets (umask=0022); remove it")
-                kept.append(f"{name}={val}")
-            passed.append(Arg("-W", ",".join(kept), arg.given))
-            continue
-        passed.append(arg)
+    for select in user.selects:
+        _merge_select(select, chunks, controlled_chunk, dict(tether_chunk), chunk_resources, notices, source)
+    place_extra: list[str] = []
+    for place in user.places:
+        place_extra.extend(_merge_place(place, notices, source))
+    passed = [_check_script_arg(arg, source) for arg in user.args] if script else list(user.args)
     return PbsMerge(tuple(chunk_resources.items()), tuple(dict.fromkeys(place_extra)), tuple(passed),
                     tuple(notices))
+
+
+def _check_script_arg(arg: Arg, source: str) -> Arg:
+    """A qsub argument for tether's own batch script: its common options are tether's."""
+    if arg.name in PBS_SCRIPT_OPTIONS:
+        raise RequestError(f"{source}: {arg} conflicts with {arg.name}, which tether generates "
+                           f"(job name, queue from resource_pool, logs, -V, -r n, project); remove it")
+    if arg.name == "-W":
+        for name, _ in split_resource_list(arg.value or ""):
+            if name in PBS_SCRIPT_W_ATTRIBUTES:
+                raise RequestError(f"{source}: {arg} conflicts with -W {name}=..., which tether sets "
+                                   f"(umask=0022); remove it")
+    return arg
 
 
 def _merge_select(value: str, chunks: int, controlled: Sequence[str], set_values: dict[str, str],

@@ -1,60 +1,65 @@
 """The job Request: what a user asked tether for, before any table is applied.
 
 A Request comes from a job spec YAML (``tether plan``, generated batch scripts), from the SPANK
-options that reach slurmctld, or from a PBS job's custom resources. ``origin`` only changes how
-fields are named in messages, so a user reads the spelling they typed.
+options that reach slurmctld, or from a PBS job's custom resources. Arguments arrive parsed
+(``Arg``s, a ``PbsUserRequest``): nothing downstream reads scheduler text again. ``origin`` only
+changes how fields are named in messages, so a user reads the spelling they typed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import RequestError
+from .policy import Arg, PbsUserRequest, parse_qsub_args, parse_sbatch_args, split_qsub_args
 from .schema import NAME_PATTERN, Enum, Int, List, SchemaError, Str, Struct
+from .surface import BY_FIELD, GPU_SLOT_TYPES, MAX_SLOTS, MAX_SLOTS_PER_NODE, SLOT_TYPES
 
-SLOT_TYPES = ("cuda", "rocm", "cpu")
-GPU_SLOT_TYPES = ("cuda", "rocm")
+__all__ = ["Request", "request_from_spec", "SLOT_TYPES", "GPU_SLOT_TYPES", "MAX_SLOTS",
+           "MAX_SLOTS_PER_NODE", "SCHEDULERS", "JOB_SPEC_SCHEMA"]
+
 SCHEDULERS = ("slurm", "pbs")
-
-# Upper bounds keep every computed value inside Slurm's and PBS's integer fields
-# (cpus_per_task is a uint16 in job_desc_msg_t; 65534 is NO_VAL16).
-MAX_SLOTS = 10_000_000
-MAX_SLOTS_PER_NODE = 65_533
 
 JOB_TYPE_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 JOB_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 LABEL_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
 
-# How each field is spelled where the request came from.
-_SPEC_NAMES = {"slots": "slots_per_trial", "slot_type": "slot_type", "resource_pool": "resource_pool",
-               "job_type": "job_type", "job_id": "job_id"}
-FIELD_NAMES: Mapping[str, Mapping[str, str]] = {
-    "spec": {**_SPEC_NAMES, "slots_per_node": "slots_per_node", "gpu_type": "gpu_type",
-             "scheduler_args": "scheduler arguments"},
-    "spec-slurm": {**_SPEC_NAMES, "slots_per_node": "slurm.slots_per_node",
-                   "gpu_type": "slurm.gpu_type", "scheduler_args": "slurm.sbatch_args"},
-    "spec-pbs": {**_SPEC_NAMES, "slots_per_node": "pbs.slots_per_node", "gpu_type": "gpu_type",
-                 "scheduler_args": "pbs.pbsbatch_args"},
-    "slurm": {"slots": "--slots", "slots_per_node": "--slots-per-node", "slot_type": "--slot-type",
-              "gpu_type": "--gpu-type", "resource_pool": "--resource-pool",
-              "scheduler_args": "sbatch options"},
-    "pbs": {"slots": "tether_slots", "slots_per_node": "tether_slots_per_node",
-            "slot_type": "tether_slot_type", "gpu_type": "tether_gpu_type",
-            "resource_pool": "queue", "scheduler_args": "qsub options"},
-}
+# Where a request came from -> how its scheduler arguments are named in messages.
+_ARGS_NAMES = {"spec": "scheduler arguments", "spec-slurm": "slurm.sbatch_args",
+               "spec-pbs": "pbs.pbsbatch_args", "slurm": "sbatch options", "pbs": "qsub options"}
+
+
+def field_name(origin: str, key: str) -> str:
+    """How a request field is spelled where the request came from: ``--slots`` (sbatch),
+    ``slots_per_trial`` (a job spec), ``tether_slots`` (qsub)."""
+    if key == "scheduler_args":
+        return _ARGS_NAMES.get(origin, key)
+    opt = BY_FIELD.get(key)
+    if opt is None:
+        return key
+    if origin == "slurm":
+        return opt.flag
+    if origin == "pbs":
+        return opt.pbs_resource or ("queue" if key == "resource_pool" else key)
+    if origin.startswith("spec-"):
+        return opt.spec_name(origin[len("spec-"):]) or key
+    return opt.spec_name("slurm").split(".")[-1] if opt.spec_key else key
 
 
 @dataclass(frozen=True)
 class Request:
-    """What was asked. ``slots`` is the seed's ``slots_per_trial``; 0 means an auxiliary task."""
+    """What was asked. ``slots`` is the seed's ``slots_per_trial``; 0 means an auxiliary task.
+    ``sbatch_args`` are the user's other sbatch options (parsed); ``qsub`` what a PBS user asked
+    for besides slots (their select, place and other qsub options)."""
 
     slots: int = 0
     slots_per_node: int | None = None
     slot_type: str | None = None
     gpu_type: str | None = None
     resource_pool: str | None = None
-    scheduler_args: tuple[str, ...] = ()
+    sbatch_args: tuple[Arg, ...] = ()
+    qsub: PbsUserRequest = PbsUserRequest()
     job_type: str = "cmd"
     job_id: str | None = None
     project: str | None = None
@@ -66,7 +71,7 @@ class Request:
 
     def name_of(self, key: str) -> str:
         """The user's spelling of a request field (``--slots``, ``slots_per_trial``, ...)."""
-        return FIELD_NAMES.get(self.origin, {}).get(key, key)
+        return field_name(self.origin, key)
 
 
 def _scheduler_section(args_key: str, with_gpu_type: bool) -> Struct:
@@ -108,7 +113,7 @@ JOB_SPEC_SCHEMA = Struct(doc="a job spec", fields={
 
 
 def request_from_spec(spec: Any, scheduler: str, source: str = "job spec") -> Request:
-    """Validate a job spec mapping and build the Request for ``scheduler``.
+    """Validate a job spec mapping and build the Request for ``scheduler`` (arguments parsed).
 
     All problems are reported at once in one ``RequestError``.
     """
@@ -116,19 +121,27 @@ def request_from_spec(spec: Any, scheduler: str, source: str = "job spec") -> Re
     doc = JOB_SPEC_SCHEMA.check({} if spec is None else spec, "", errors)
     if errors:
         raise RequestError("\n".join(f"{source}: {e}" for e in errors))
+    origin = f"spec-{scheduler}"
     section = doc["slurm"] if scheduler == "slurm" else doc["pbs"]
-    args_key = "sbatch_args" if scheduler == "slurm" else "pbsbatch_args"
+    try:
+        if scheduler == "slurm":
+            sbatch, qsub = tuple(parse_sbatch_args(section["sbatch_args"])), PbsUserRequest()
+        else:
+            sbatch, qsub = (), split_qsub_args(parse_qsub_args(section["pbsbatch_args"]))
+    except RequestError as exc:
+        raise RequestError(f"{field_name(origin, 'scheduler_args')}: {exc}") from None
     return Request(
         slots=doc["slots_per_trial"],
         slots_per_node=section["slots_per_node"],
         slot_type=doc["slot_type"],
         gpu_type=doc["slurm"]["gpu_type"] if scheduler == "slurm" else None,
         resource_pool=doc["resource_pool"],
-        scheduler_args=tuple(section[args_key]),
+        sbatch_args=sbatch,
+        qsub=qsub,
         job_type=doc["job_type"],
         job_id=doc["job_id"],
         project=doc["project"],
         workspace=doc["workspace"],
         labels=tuple(doc["labels"]),
-        origin=f"spec-{scheduler}",
+        origin=origin,
     )

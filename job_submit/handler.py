@@ -16,20 +16,23 @@ import traceback
 
 import yaml
 
-from tether.hooks.config import ON_FAILURE, Config, config_path, load_config
-from tether.hooks.errors import ConfigError, RequestError
-from tether.hooks.plan import Plan, make_plan
-from tether.hooks.policy import Arg, check_slurm_args, gres_references_gpu, strip_gres_prefix
-from tether.hooks.request import Request
-from tether.container.spec import LaunchError, check_container_options
-from tether.spank.options import BY_NAME, OPTIONS, PLANNER_OPTIONS
+from ..container.spec import LaunchError, check_container_options
+from ..hooks.config import ON_FAILURE, Config
+from ..hooks.configfile import config_path, load_config
+from ..hooks.errors import ConfigError, RequestError
+from ..hooks.plan import Plan, make_plan
+from ..hooks.policy import (
+    SLURM_FIELD_OPTIONS, Arg, check_slurm_args, gres_references_gpu, strip_gres_prefix,
+)
+from ..hooks.request import Request
+from ..hooks.surface import BY_NAME, OPTIONS, SLOT_OPTIONS
 
 ACCEPT, REJECT, FAILED = 1, 2, -1
 SLURM_HINT = "use --slots, --slots-per-node, --slot-type, --gpu-type or --resource-pool instead"
 
 
 # ---- reading the request -------------------------------------------------------------------------
-_BY_CONTROL = {o.control_env: o.name for o in OPTIONS}
+_BY_CONTROL = {o.env: o.name for o in OPTIONS}
 _BY_SPANK = {o.spank_env: o.name for o in OPTIONS}
 CONFIG_CHECK_SECONDS = 0.2   # how often the shim stat()s the config file to validate cached answers
 
@@ -54,7 +57,8 @@ def _count(values: dict[str, str], name: str) -> int | None:
         return None
     text = values[name]
     opt = BY_NAME[name]
-    if not text.isdigit() or not opt.minimum <= int(text) <= opt.maximum:
+    # ASCII digits only: str.isdigit() also takes '²', '١٢' and '４', which int() reads as numbers
+    if not (text.isascii() and text.isdigit()) or len(text) > 18 or not opt.minimum <= int(text) <= opt.maximum:
         raise RequestError(f"--{name}={text}: expected a whole number from {opt.minimum} to {opt.maximum}")
     return int(text)
 
@@ -74,11 +78,12 @@ def user_args(job, lib, ffi) -> list[Arg]:
         nodes = str(job.min_nodes) + (f"-{job.max_nodes}" if job.max_nodes not in (lib.NO_VAL, 0, job.min_nodes)
                                       else "")
         args.append(Arg("--nodes", nodes, f"--nodes={nodes}"))
-    if job.num_tasks not in (lib.NO_VAL, 0):
-        args.append(Arg("--ntasks", str(job.num_tasks), f"--ntasks={job.num_tasks}"))
+    # --ntasks-per-node first: sbatch derives num_tasks from it, and the user typed this one
     if job.ntasks_per_node not in (lib.NO_VAL16, 0):
         args.append(Arg("--ntasks-per-node", str(job.ntasks_per_node),
                         f"--ntasks-per-node={job.ntasks_per_node}"))
+    if job.num_tasks not in (lib.NO_VAL, 0):
+        args.append(Arg("--ntasks", str(job.num_tasks), f"--ntasks={job.num_tasks}"))
     if job.cpus_per_task not in (lib.NO_VAL16, 0):
         args.append(Arg("--cpus-per-task", str(job.cpus_per_task), f"--cpus-per-task={job.cpus_per_task}"))
     for attr, option in (("tres_per_job", "--gpus"), ("tres_per_task", "--gpus-per-task"),
@@ -94,11 +99,6 @@ def user_args(job, lib, ffi) -> list[Arg]:
             given = f"--gres={shown} (or --gpus-per-node)" if option == "--gres" else f"{option}={shown}"
             args.append(Arg(option, shown, given))
     return args
-
-
-def _gpu_count(value: str) -> int:
-    """The count of ``8`` / ``a100:8``."""
-    return int(value.rsplit(":", 1)[-1])
 
 
 # ---- writing the plan --------------------------------------------------------------------------
@@ -118,33 +118,38 @@ def _put(ffi, job, field: str, value: str) -> None:
 
 
 def apply_plan(job, plan: Plan, ffi, prefix: str) -> None:
-    """Fill the answer: the Plan's resource options, partition, WCKey and no-requeue."""
-    options = dict(plan.resources)
-    low, _, high = options["--nodes"].partition("-")
-    job.set_nodes, job.out_min_nodes, job.out_max_nodes = 1, int(low), int(high or low)
-    tasks = options.get("--ntasks")
-    if tasks is None and "--gpus-per-task" in options:
-        # sbatch derives the task count from --gpus / --gpus-per-task on the client; do the same.
-        tasks = _gpu_count(options["--gpus"]) // _gpu_count(options["--gpus-per-task"])
-    if tasks is not None:
-        job.set_num_tasks, job.out_num_tasks = 1, int(tasks)
-    if "--tasks-per-node" in options:
-        job.set_ntasks_per_node, job.out_ntasks_per_node = 1, int(options["--tasks-per-node"])
-    if "--cpus-per-task" in options:
-        job.set_cpus_per_task, job.out_cpus_per_task = 1, int(options["--cpus-per-task"])
-    if "--gpus" in options:
-        _put(ffi, job, "tres_per_job", prefix + "gpu:" + options["--gpus"])
-    if "--gpus-per-task" in options:
-        _put(ffi, job, "tres_per_task", prefix + "gpu:" + options["--gpus-per-task"])
-    if "--gres" in options:
+    """Fill the answer from the Plan's fields: node range, tasks, CPUs/GPUs, partition, WCKey, and
+    no requeue. GPU requests are written as TRES (``gres:gpu[:type]:N`` / ``gres/gpu...`` by version)."""
+    res = plan.slurm
+    assert res is not None
+    job.set_nodes, job.out_min_nodes, job.out_max_nodes = 1, res.min_nodes, res.max_nodes
+    if res.task_count is not None:
+        job.set_num_tasks, job.out_num_tasks = 1, res.task_count
+    if res.tasks_per_node is not None:
+        job.set_ntasks_per_node, job.out_ntasks_per_node = 1, res.tasks_per_node
+    if res.cpus_per_task is not None:
+        job.set_cpus_per_task, job.out_cpus_per_task = 1, res.cpus_per_task
+    gpu = prefix + "gpu:" + (f"{res.gpu_type}:" if res.gpu_type else "")
+    if res.gpus is not None:
+        _put(ffi, job, "tres_per_job", f"{gpu}{res.gpus}")
+    if res.gpus_per_task is not None:
+        _put(ffi, job, "tres_per_task", f"{gpu}{res.gpus_per_task}")
+    if res.gpus_per_node is not None:
         current = cstr(ffi, job.tres_per_node) or ""
         others = [i for i in current.split(",") if i and not gres_references_gpu(i)]
-        _put(ffi, job, "tres_per_node", ",".join(others + [prefix + options["--gres"]]))
+        _put(ffi, job, "tres_per_node", ",".join(others + [f"{gpu}{res.gpus_per_node}"]))
     if plan.partition:
         _put(ffi, job, "partition", plan.partition)
     if plan.project:
         _put(ffi, job, "wckey", plan.project)
     job.set_requeue, job.out_requeue = 1, 0
+
+
+def controlled_options(plan: Plan) -> list[str]:
+    """The sbatch options this plan sets (the user may not give them)."""
+    assert plan.slurm is not None
+    return [SLURM_FIELD_OPTIONS[name] for name, value in vars(plan.slurm).items()
+            if name in SLURM_FIELD_OPTIONS and value is not None]
 
 
 # ---- the handler ---------------------------------------------------------------------------------
@@ -220,14 +225,13 @@ class Handler:
             self._reply(job, f"tether: {exc}")
             job.cacheable = 1
             return REJECT
-        if not any(name in values for name in PLANNER_OPTIONS):
+        if not any(opt.name in values for opt in SLOT_OPTIONS):
             return ACCEPT
         try:
             request = self.request(job, values, self._text(job.partition))
             conflicts = user_args(job, self.lib, self.ffi)
             plan = make_plan(request, config, "slurm")
-            check_slurm_args(conflicts, [o for o, _ in plan.resources], script=False,
-                             source="", hint=SLURM_HINT)
+            check_slurm_args(conflicts, controlled_options(plan), script=False, source="", hint=SLURM_HINT)
             apply_plan(job, plan, self.ffi, self.prefix)
         except RequestError as exc:
             self._reply(job, f"tether: {exc}")
@@ -243,7 +247,7 @@ class Handler:
         """The Request for a job from its tether options, its partition and its other fields."""
         slots = _count(values, "slots")
         if slots is None:
-            given = next(f"--{n}" for n in PLANNER_OPTIONS if n in values)
+            given = next(opt.flag for opt in SLOT_OPTIONS if opt.name in values)
             raise RequestError(f"{given} needs --slots (how many slots the job uses)")
         pool = values.get("resource-pool")
         if pool and partition and pool != partition:
@@ -267,6 +271,9 @@ class Handler:
         if config is None:
             self.log(1, f"update of {job} refused: tether unavailable: {self.reason}")
             return REJECT
+        values = tether_values(self._strings(current.spank_env, current.spank_env_size))
+        if not any(opt.name in values for opt in SLOT_OPTIONS):
+            return ACCEPT                       # container options only: tether planned nothing
         changed = [a.given for a in user_args(update, self.lib, self.ffi)]
         if changed:
             self.log(1, f"update of {job} by uid {submit_uid} refused: {', '.join(changed)} would "
@@ -276,7 +283,6 @@ class Handler:
         partition = self._text(update.partition)
         if partition is None:
             return ACCEPT
-        values = tether_values(self._strings(current.spank_env, current.spank_env_size))
         values.pop("resource-pool", None)       # the new partition is the resource pool now
         try:
             before = make_plan(self.request(current, values, self._text(current.partition)), config, "slurm")
@@ -293,8 +299,7 @@ class Handler:
         except RequestError as exc:
             self.log(1, f"update of {job} to partition {partition} refused: {exc}")
             return REJECT
-        self.log(1, f"{job} re-planned for partition {partition}: "
-                    + " ".join(f"{k}={v}" for k, v in plan.resources))
+        self.log(1, f"{job} re-planned for partition {partition}: {plan.slurm}")
         return ACCEPT
 
     # -- helpers --

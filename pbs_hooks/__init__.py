@@ -1,14 +1,13 @@
-"""tether.pbs_hooks: tether's OpenPBS hooks.
+"""tether.pbs_hooks: tether's OpenPBS hooks, one module per side.
 
-handler (queuejob/modifyjob: slots -> select, place, Rerunable, umask, project, queue; container
-variables checked), mom (execjob_begin/launch/end/abort: directories through the tether-jobdirs
-helper, the rank environment, containers for TM tasks, cleanup), the hook files qmgr imports
-(tether_submit.py, tether_exec.py), ``tether pbs install`` (install.py) and the qstat/pbsnodes/qdel
-helpers (commands.py).
+server (queuejob, modifyjob: slots -> select, place, Rerunable, umask, project, queue; container
+variables checked), mom (execjob_begin, execjob_launch, execjob_end, execjob_abort: directories
+through tether-jobdirs, the rank environment, containers for TM tasks, cleanup), the hook files
+qmgr imports (tether_submit.py, tether_exec.py), tether-jobdirs' main (tether_jobdirs.c), and the
+qstat/pbsnodes/qdel helpers (commands.py).
+
+PBS runs hooks in its own interpreter, which pbs_server finalizes and starts again (on a change of
+the resource definitions, and to bound its memory): nothing the hooks import may be a C extension
+that cannot live through that (pyyaml's cannot: "metaclass conflict"), so the hooks read JSON
+configs that ``tether pbs install`` writes, never YAML.
 """
-
-# tether's custom PBS resources (``qsub -l tether_slots=8 …``): resource -> (the Request field it
-# sets, its PBS type). `tether pbs install` creates them; the submit hook plans from them; the MoM
-# hook describes them to the job as TETHER_JOB_<FIELD> (the Slurm side's names).
-RESOURCES = {"tether_slots": ("slots", "long"), "tether_slots_per_node": ("slots_per_node", "long"),
-             "tether_slot_type": ("slot_type", "string"), "tether_gpu_type": ("gpu_type", "string")}

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from tether.hooks.errors import TetherError
-from tether.hooks.proc import CommandError, run_command
+from ..hooks.errors import TetherError
+from ..system.proc import CommandError, run_command
 
 from .mom import job_hosts
 

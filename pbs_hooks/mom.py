@@ -28,7 +28,9 @@ import pwd
 import stat
 import subprocess
 
-from . import RESOURCES
+from ..hooks.layout import RANK_WORK, job_dir_name
+from ..hooks.surface import PBS_RESOURCES, RUN_ARGV0
+from .attrs import resource, variable
 
 HELPER_TIMEOUT = 20          # seconds; the hook's alarm is 30
 LAUNCHER_NAMES = ("tether", "tether-run")
@@ -38,7 +40,7 @@ class HookFailure(Exception):
     """The job cannot run here; the message is for the user (and the MoM log)."""
 
 
-def pbs_env_value(value: str) -> str:
+def pbs_envvariable(value: str) -> str:
     """``value`` as ``e.env`` must hold it: PBS joins the variables with commas and reads ``\\,``,
     ``\\\\``, ``\\"`` and ``\\'`` back as the plain characters (newlines pass as they are)."""
     out = []
@@ -58,11 +60,6 @@ def pbs_env_plain(value: str | None) -> str | None:
         out.append(value[i])
         i += 1
     return "".join(out)
-
-
-def job_dir_name(job_id: str) -> str:
-    """The job's directory name: its id with array brackets made safe (``12[3].srv`` -> ``12_3_.srv``)."""
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in str(job_id))
 
 
 def job_hosts(exec_host: str | None) -> list[str]:
@@ -88,19 +85,11 @@ def master_port(job_id: str) -> int:
     return 20000 + (int(digits) % 2000) * 16
 
 
-def _value(mapping, name: str):
-    try:
-        value = mapping[name]
-    except (KeyError, TypeError):
-        return None
-    return value
-
-
 def is_tether_job(job) -> bool:
     """A job with tether resources (flag=m makes them visible here) or a container image."""
-    if any(_value(job.Resource_List, r) is not None for r in RESOURCES):
+    if any(resource(job.Resource_List, opt.pbs_resource) is not None for opt in PBS_RESOURCES):
         return True
-    return bool(_value(job.Variable_List, "TETHER_CONTAINER_IMAGE"))
+    return bool(variable(job.Variable_List, "TETHER_CONTAINER_IMAGE"))
 
 
 def job_user(job) -> tuple[int, int]:
@@ -148,7 +137,7 @@ def runs_tether(argv: list[str]) -> bool:
 
 
 def _is_job_shell(env, argv: list[str]) -> bool:
-    task = _value(env, "PBS_TASKNUM")
+    task = variable(env, "PBS_TASKNUM")
     return str(task) == "1" if task is not None else not argv
 
 
@@ -182,8 +171,8 @@ def _rank_values(env, hosts: list[str], host: str, node_rank: int, job_id: str) 
     """RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE of a TM task. pbsdsh gives each task its line
     of the node file (PBS_VNODENUM): that line is the rank. Otherwise the seed's layout applies:
     one task (container) per host, the host's index is the rank."""
-    vnode = _value(env, "PBS_VNODENUM")
-    lines = read_node_file(pbs_env_plain(_value(env, "PBS_NODEFILE")), job_id)
+    vnode = variable(env, "PBS_VNODENUM")
+    lines = read_node_file(pbs_env_plain(variable(env, "PBS_NODEFILE")), job_id)
     if vnode is not None and str(vnode).isdigit() and lines:
         rank = int(str(vnode))
         if rank < len(lines):
@@ -205,21 +194,22 @@ def launch(pbs, e, settings: dict) -> None:
     job_dir = os.path.join(settings["job_storage_root"], job_dir_name(job.id))
     values = {"TETHER_JOB_DIR": job_dir, "TETHER_NNODES": str(len(hosts)), "NODE_RANK": str(node_rank),
               "MASTER_ADDR": hosts[0], "MASTER_PORT": str(master_port(job.id))}
-    for resource, (field, _) in RESOURCES.items():    # TETHER_JOB_* as in the Slurm contract
-        if _value(job.Resource_List, resource) is not None:
-            values[f"TETHER_JOB_{field.upper()}"] = str(job.Resource_List[resource])
+    for opt in PBS_RESOURCES:                          # TETHER_JOB_* as in the Slurm contract
+        value = resource(job.Resource_List, opt.pbs_resource)
+        if value is not None:
+            values[opt.job_env] = str(value)
     argv = [str(a) for a in (e.argv or [])]
     if not _is_job_shell(env, argv):
         uid, gid = job_user(job)
-        task = str(_value(env, "PBS_TASKNUM") or "0")
+        task = str(variable(env, "PBS_TASKNUM") or "0")
         if not task.isdigit():
             raise HookFailure(f"tether: PBS_TASKNUM={task!r} is not a task number")
         values.update(_rank_values(env, hosts, host, node_rank, str(job.id)))
         rank_dir = run_helper(settings, "task", settings["job_storage_root"], job_dir_name(job.id), host,
                               task, values["RANK"], str(uid), str(gid))
         values.update(TETHER_STEP_DIR=os.path.dirname(rank_dir), TETHER_RANK_DIR=rank_dir,
-                      TETHER_WORK_DIR=os.path.join(rank_dir, "work"))
-        image = pbs_env_plain(_value(env, "TETHER_CONTAINER_IMAGE")) or _value(job.Variable_List,
+                      TETHER_WORK_DIR=os.path.join(rank_dir, RANK_WORK))
+        image = pbs_env_plain(variable(env, "TETHER_CONTAINER_IMAGE")) or variable(job.Variable_List,
                                                                              "TETHER_CONTAINER_IMAGE")
         if image and not runs_tether(argv):
             launcher = settings.get("launcher")
@@ -229,12 +219,12 @@ def launch(pbs, e, settings: dict) -> None:
             if not os.access(launcher, os.X_OK):
                 raise HookFailure(f"tether: the container launcher {launcher} is missing on this host "
                                   f"(run `tether pbs install` here)")
-            values["TETHER_RUN_ARGV0"] = argv[0] if argv else str(e.progname)
+            values[RUN_ARGV0] = argv[0] if argv else str(e.progname)
             values["TETHER_RUN_SUBREAPER"] = "0"     # the launcher makes itself a child subreaper
             e.progname = launcher
             e.argv = [launcher, *argv[1:]]
     for name, value in values.items():
-        env[name] = pbs_env_value(value)
+        env[name] = pbs_envvariable(value)
 
 
 def end(pbs, e, settings: dict) -> None:

@@ -1,7 +1,9 @@
 # tether's PBS MoM hook (events execjob_begin, execjob_launch, execjob_end, execjob_abort), imported by qmgr:
 #   qmgr -c "import hook tether_exec application/x-python default tether_exec.py"
-# Its JSON config (application/x-config) names tether's Python path, job_storage_root, and the
-# tether-jobdirs helper and container launcher `tether pbs install` wrote on every host.
+# Its JSON config (application/x-config), written by `tether pbs install`, names tether's Python
+# path, job_storage_root, and the tether-jobdirs helper and container launcher on every host. When
+# tether cannot load, jobs that ask for tether (resources named tether_*, a container image) cannot
+# start here; every other job is untouched.
 import json
 import sys
 
@@ -13,13 +15,12 @@ try:
         settings = json.load(fh)
     sys.path[:0] = [p for p in settings.get("python_path", []) if p not in sys.path]
     from tether.pbs_hooks.mom import handle
-except Exception as exc:  # tether not importable: tether jobs cannot start here, others are untouched
+except Exception as exc:  # tether not loadable: tether jobs cannot start here, others are untouched
     job = e.job
-    tether_job = job is not None and (
-        any(job.Resource_List[r] is not None for r in ("tether_slots", "tether_slots_per_node",
-                                                        "tether_slot_type", "tether_gpu_type"))
+    wanted = job is not None and (
+        any(str(name).startswith("tether_") for name in job.Resource_List.keys())
         or "TETHER_CONTAINER_IMAGE" in (job.Variable_List or {}))
-    if tether_job:
+    if wanted:
         pbs.logmsg(pbs.LOG_ERROR, "tether: cannot load the hook: %s" % exc)
         if e.type in (pbs.EXECJOB_BEGIN, pbs.EXECJOB_LAUNCH):
             e.reject("tether unavailable: the hook cannot load tether (details in the MoM log)")

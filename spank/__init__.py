@@ -1,1 +1,1 @@
-"""tether.spank: the SPANK plugin (cffi C shim and its Python callbacks). Not built yet."""
+"""tether.spank: the SPANK plugin, in C (dispatch, options, client, stepd, jobdirs) and its build."""

@@ -1,19 +1,13 @@
 /*
- * tether's per-job and per-rank directories under job_storage_root: one implementation for the
- * SPANK plugin (inside slurmstepd) and for the tether-jobdirs helper the PBS MoM hooks run.
+ * tether's per-job and per-rank directories (see jobdirs.h): creation that never follows a symlink
+ * and hands ownership over atomically, removal that never leaves the tree, and the cleanup run
+ * for containers a step's end interrupted.
  *
- * Every path is created and opened relative to a directory fd with O_NOFOLLOW: no symlink is ever
- * followed, by root or by the user; a symlink (or a foreign or non-directory entry) where tether
- * expects its own directory is refused with a message naming the path. Several daemons share one
- * filesystem (and real clusters share job_storage_root): an entry another node or step created
- * first is used (after the same checks). Removal is fd-relative and never enters a symlink.
- *
- * The file these functions are compiled with defines tether_report(), where their messages go:
- * TETHER_FAIL (a reason the job cannot run, shown to the user), TETHER_ERROR and TETHER_INFO (the
- * daemon's log).
+ * Several daemons share one filesystem (and real clusters share job_storage_root): an entry another
+ * node or step created first is used after the same checks; one removed under a starting step is
+ * created again by the caller.
  */
 #define _GNU_SOURCE /* renameat2, closefrom */
-#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -27,19 +21,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define TETHER_REMOVE_DEPTH 256
+#include "jobdirs.h"
+#include "tether_names.h"
 
-enum tether_level { TETHER_FAIL, TETHER_ERROR, TETHER_INFO };
+/* Directories removal keeps open at once; a deeper tree is flattened (see remove_at). */
+#define TETHER_REMOVE_OPEN_LEVELS 48
+/* How long the leftover cleanup may run before it is killed, with everything it started. */
+#define TETHER_CLEANUP_SECONDS 120
 
-static void tether_report(enum tether_level level, const char *msg);
-
-__attribute__((format(printf, 2, 0)))
-static void tether_vreport(enum tether_level level, const char *fmt, va_list ap)
+__attribute__((format(printf, 2, 0))) static void vreport(enum tether_level level, const char *fmt,
+							   va_list ap)
 {
 	char msg[1024];
 
@@ -47,35 +44,54 @@ static void tether_vreport(enum tether_level level, const char *fmt, va_list ap)
 	tether_report(level, msg);
 }
 
-#define TETHER_REPORTER(fn, level)                                                  \
-	__attribute__((format(printf, 1, 2))) static void fn(const char *fmt, ...) \
-	{                                                                           \
-		va_list ap;                                                         \
-		va_start(ap, fmt);                                                  \
-		tether_vreport(level, fmt, ap);                                     \
-		va_end(ap);                                                         \
-	}
-TETHER_REPORTER(tether_fail, TETHER_FAIL)
-TETHER_REPORTER(tether_error, TETHER_ERROR)
-TETHER_REPORTER(tether_info, TETHER_INFO)
+void tether_fail(const char *fmt, ...)
+{
+	va_list ap;
 
-/* A name tether may use as one path component: [A-Za-z0-9][A-Za-z0-9._-]*, at most ``max``. */
-static int name_ok(const char *value, size_t max)
+	va_start(ap, fmt);
+	vreport(TETHER_FAIL, fmt, ap);
+	va_end(ap);
+}
+
+void tether_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vreport(TETHER_ERROR, fmt, ap);
+	va_end(ap);
+}
+
+void tether_info(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vreport(TETHER_INFO, fmt, ap);
+	va_end(ap);
+}
+
+static int is_ascii_alnum(unsigned char c)
+{
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+int tether_name_ok(const char *value, size_t max)
 {
 	size_t n = strlen(value);
 
-	if (n == 0 || n > max || !isalnum((unsigned char)value[0]))
+	if (n == 0 || n > max || !is_ascii_alnum((unsigned char)value[0]))
 		return 0;
 	for (size_t i = 0; i < n; i++) {
 		unsigned char c = value[i];
-		if (!isalnum(c) && c != '.' && c != '_' && c != '-')
+
+		if (!is_ascii_alnum(c) && c != '.' && c != '_' && c != '-')
 			return 0;
 	}
 	return 1;
 }
 
-/* ``a``/``b`` into ``out``; -1 (and a message) when it does not fit. */
-static int path_join(char *out, size_t len, const char *a, const char *b)
+int tether_path_join(char *out, size_t len, const char *a, const char *b)
 {
 	int n = snprintf(out, len, "%s/%s", a, b);
 
@@ -86,21 +102,19 @@ static int path_join(char *out, size_t len, const char *a, const char *b)
 	return 0;
 }
 
-/* Open the job storage root; it must be a root-owned directory others cannot write to. */
-static int open_storage_root(const char *root)
+int tether_open_storage_root(const char *root)
 {
 	struct stat st;
 	int fd = open(root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 
 	if (fd < 0) {
-		tether_fail("tether: job_storage_root %s: %m (it must exist on every node: a root-owned "
-			    "directory, mode 0755)", root);
+		tether_fail("tether: job_storage_root %s: %s (it must exist on every node: a root-owned "
+			    "directory, mode 0755)", root, strerror(errno));
 		return -1;
 	}
 	if (fstat(fd, &st) < 0 || st.st_uid != 0 || (st.st_mode & (S_IWGRP | S_IWOTH))) {
 		tether_fail("tether: job_storage_root %s must be owned by root and not writable by group or "
-			    "others (mode 0755): per-job directories are created there as root",
-			    root);
+			    "others (mode 0755): per-job directories are created there as root", root);
 		close(fd);
 		return -1;
 	}
@@ -124,11 +138,11 @@ static int create_owned_dir_at(int dirfd, const char *name, mode_t mode, uid_t u
 			*c = '_';
 	snprintf(tmp, sizeof(tmp), ".%.32s.%.40s.%d", name, host, (int)getpid());
 	if (mkdirat(dirfd, tmp, mode) < 0) {
-		tether_fail("tether: cannot create a directory next to %s: %m", shown);
+		tether_fail("tether: cannot create a directory next to %s: %s", shown, strerror(errno));
 		return -1;
 	}
 	if (fchownat(dirfd, tmp, uid, gid, AT_SYMLINK_NOFOLLOW) < 0) {
-		tether_fail("tether: cannot hand %s to uid %u: %m", shown, (unsigned)uid);
+		tether_fail("tether: cannot hand %s to uid %u: %s", shown, (unsigned)uid, strerror(errno));
 		unlinkat(dirfd, tmp, AT_REMOVEDIR);
 		return -1;
 	}
@@ -137,21 +151,14 @@ static int create_owned_dir_at(int dirfd, const char *name, mode_t mode, uid_t u
 
 		unlinkat(dirfd, tmp, AT_REMOVEDIR);
 		if (err != EEXIST) {
-			errno = err;
-			tether_fail("tether: cannot create %s: %m", shown);
+			tether_fail("tether: cannot create %s: %s", shown, strerror(err));
 			return -1;
 		}
 	}
 	return 0;
 }
 
-/*
- * Make sure ``name`` under ``dirfd`` is a directory owned by ``uid`` (creating it with ``mode``
- * when missing; as root, also handing it to uid:gid) and return an fd on it (O_NOFOLLOW: a symlink
- * there is refused, never followed). ``shown`` is the full path, for messages.
- */
-static int ensure_dir_at(int dirfd, const char *name, mode_t mode, uid_t uid, gid_t gid,
-			 const char *shown)
+int tether_ensure_dir_at(int dirfd, const char *name, mode_t mode, uid_t uid, gid_t gid, const char *shown)
 {
 	struct stat st;
 	int fd;
@@ -160,10 +167,10 @@ static int ensure_dir_at(int dirfd, const char *name, mode_t mode, uid_t uid, gi
 		if (create_owned_dir_at(dirfd, name, mode, uid, gid, shown) < 0)
 			return -1;
 	} else if (mkdirat(dirfd, name, mode) < 0 && errno != EEXIST) {
-		tether_fail("tether: cannot create %s: %m", shown);
+		tether_fail("tether: cannot create %s: %s", shown, strerror(errno));
 		return -1;
 	}
-	fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	if (fd < 0) {
 		if (errno == ENOENT)
 			return -2; /* removed under us (another step ended): the caller tries again */
@@ -171,7 +178,7 @@ static int ensure_dir_at(int dirfd, const char *name, mode_t mode, uid_t uid, gi
 			tether_fail("tether: %s is a symlink where tether's directory belongs; refusing to "
 				    "follow it", shown);
 		else
-			tether_fail("tether: %s is not a directory tether can use: %m", shown);
+			tether_fail("tether: %s is not a directory tether can use: %s", shown, strerror(errno));
 		return -1;
 	}
 	if (fstat(fd, &st) < 0 || st.st_uid != uid) {
@@ -183,89 +190,37 @@ static int ensure_dir_at(int dirfd, const char *name, mode_t mode, uid_t uid, gi
 	return fd;
 }
 
-static void remove_tree_at(int parent, const char *name, int depth);
-
-/* Remove the entries of the directory ``fd`` (its own fd: closed here) that ``keep`` (when given)
- * does not keep, whole trees included, never following a symlink. */
-static void remove_entries(int fd, int depth, int (*keep)(const char *name, void *arg), void *arg)
-{
-	struct dirent *e;
-	DIR *dir = fdopendir(fd);
-
-	if (dir == NULL) {
-		close(fd);
-		return;
-	}
-	while ((e = readdir(dir)) != NULL) {
-		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 || (keep && keep(e->d_name, arg)))
-			continue;
-		if (e->d_type == DT_DIR || e->d_type == DT_UNKNOWN)
-			remove_tree_at(dirfd(dir), e->d_name, depth + 1);
-		else
-			unlinkat(dirfd(dir), e->d_name, 0);
-	}
-	closedir(dir);
-}
-
-/* Remove ``name`` under ``parent`` and everything below it, never following a symlink (each
- * level is opened O_NOFOLLOW relative to the level above; a symlink is unlinked, not entered). */
-static void remove_tree_at(int parent, const char *name, int depth)
-{
-	int fd;
-
-	if (depth > TETHER_REMOVE_DEPTH)
-		return;
-	fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0) {
-		if (errno == ENOTDIR || errno == ELOOP)
-			unlinkat(parent, name, 0); /* a file or a symlink: the link itself goes */
-		return;
-	}
-	remove_entries(fd, depth, NULL, NULL);
-	unlinkat(parent, name, AT_REMOVEDIR);
-}
-
-/*
- * The job's directory ``name`` under the storage root ``root_fd`` (``shown``: its path), for
- * uid:gid; its fd, or -1 (reported). Only root creates entries in the root, so one that another
- * uid owns is a leftover of an earlier job with this id (ids restart when the scheduler's state is
- * cleared; no live job owns it): it is removed first.
- */
-static int claim_job_dir(int root_fd, const char *name, uid_t uid, gid_t gid, const char *shown)
+int tether_claim_job_dir(int root_fd, const char *name, uid_t uid, gid_t gid, const char *shown)
 {
 	struct stat st;
 
+	/* Only root creates entries in the root: one another uid owns is a leftover of an earlier job
+	 * with this id (ids restart when the scheduler's state is cleared; no live job owns it). */
 	if (fstatat(root_fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode) && st.st_uid != uid) {
 		tether_info("tether: removing %s left by an earlier job of uid %u", shown, (unsigned)st.st_uid);
-		remove_tree_at(root_fd, name, 0);
+		tether_remove_tree_at(root_fd, name);
 	}
-	return ensure_dir_at(root_fd, name, 0700, uid, gid, shown);
+	return tether_ensure_dir_at(root_fd, name, 0700, uid, gid, shown);
 }
 
-
-/*
- * One rank's directories below its step (Slurm) or task (PBS) directory ``step_fd`` (shown as
- * ``step_shown``): rank-<rank>/{tmp,work}, mode 0700, owned by uid:gid. 0 or -1 (reported).
- */
-static int make_rank_dirs(int step_fd, const char *step_shown, unsigned rank, uid_t uid, gid_t gid)
+int tether_make_rank_dirs(int step_fd, const char *step_shown, unsigned rank, uid_t uid, gid_t gid)
 {
+	static const char *const subdirs[] = { TETHER_RANK_TMP, TETHER_RANK_WORK };
 	char name[32], shown[PATH_MAX], sub_shown[PATH_MAX];
 	int rank_fd, sub_fd;
 
-	snprintf(name, sizeof(name), "rank-%u", rank);
-	if (path_join(shown, sizeof(shown), step_shown, name) < 0)
+	snprintf(name, sizeof(name), TETHER_RANK_PREFIX "%u", rank);
+	if (tether_path_join(shown, sizeof(shown), step_shown, name) < 0)
 		return -1;
-	rank_fd = ensure_dir_at(step_fd, name, 0700, uid, gid, shown);
+	rank_fd = tether_ensure_dir_at(step_fd, name, 0700, uid, gid, shown);
 	if (rank_fd < 0)
 		return -1;
-	for (int k = 0; k < 2; k++) {
-		const char *sub = k ? "work" : "tmp";
-
-		if (path_join(sub_shown, sizeof(sub_shown), shown, sub) < 0) {
+	for (size_t k = 0; k < sizeof(subdirs) / sizeof(subdirs[0]); k++) {
+		if (tether_path_join(sub_shown, sizeof(sub_shown), shown, subdirs[k]) < 0) {
 			close(rank_fd);
 			return -1;
 		}
-		sub_fd = ensure_dir_at(rank_fd, sub, 0700, uid, gid, sub_shown);
+		sub_fd = tether_ensure_dir_at(rank_fd, subdirs[k], 0700, uid, gid, sub_shown);
 		if (sub_fd < 0) {
 			close(rank_fd);
 			return -1;
@@ -276,11 +231,123 @@ static int make_rank_dirs(int step_fd, const char *step_shown, unsigned rank, ui
 	return 0;
 }
 
-/* Does ``name`` under ``dirfd`` hold cleanup markers a launcher left (".cleanup-<rank>"), directly
- * or -- with depth 2, for a job directory -- in <node>/step-<id>/ below it? Never follows symlinks. */
-static int has_leftovers(int parent, const char *name, int depth)
+/* ---- removal --------------------------------------------------------------------------------
+ * Every level is opened relative to the level above with O_NOFOLLOW: a symlink is unlinked, never
+ * entered. At most TETHER_REMOVE_OPEN_LEVELS levels are open at once (a job user can build a tree
+ * deeper than any fd or stack limit): a directory found below that depth is moved up to the top of
+ * the tree under a new name (renameat within the tree) and removed from there by the top's next pass.
+ */
+struct removal {
+	int top_fd;        /* the tree's top directory */
+	unsigned moved;    /* directories moved up so far (their new names) */
+	int failed;
+};
+
+static void remove_at(struct removal *r, int parent, const char *name, int depth);
+
+/* Remove what ``fd`` (a directory at ``depth``; closed here) holds that ``keep`` does not keep. */
+static void remove_contents(struct removal *r, int fd, int depth, int (*keep)(const char *, void *),
+			    void *arg)
 {
-	int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	struct dirent *e;
+	DIR *dir = fdopendir(fd);
+
+	if (dir == NULL) {
+		close(fd);
+		r->failed = 1;
+		return;
+	}
+	while ((e = readdir(dir)) != NULL) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 || (keep && keep(e->d_name, arg)))
+			continue;
+		if (e->d_type == DT_DIR || e->d_type == DT_UNKNOWN)
+			remove_at(r, dirfd(dir), e->d_name, depth + 1);
+		else if (unlinkat(dirfd(dir), e->d_name, 0) < 0 && errno != ENOENT)
+			r->failed = 1;
+	}
+	closedir(dir);
+}
+
+static void remove_at(struct removal *r, int parent, const char *name, int depth)
+{
+	int fd;
+
+	if (depth >= TETHER_REMOVE_OPEN_LEVELS && r->top_fd >= 0) {
+		char moved[64];
+		int rc, tries = 0;
+
+		do { /* a name the job may have taken already is skipped, never replaced */
+			snprintf(moved, sizeof(moved), ".tether-removing-%u", r->moved++);
+			rc = renameat2(parent, name, r->top_fd, moved, RENAME_NOREPLACE);
+		} while (rc < 0 && errno == EEXIST && ++tries < 1000);
+		if (rc == 0)
+			return; /* the top's next pass removes it */
+		r->failed = 1;
+		return;
+	}
+	fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0) {
+		if ((errno == ENOTDIR || errno == ELOOP) && unlinkat(parent, name, 0) == 0)
+			return; /* a file or a symlink: the link itself goes */
+		if (errno != ENOENT)
+			r->failed = 1;
+		return;
+	}
+	remove_contents(r, fd, depth, NULL, NULL);
+	if (unlinkat(parent, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
+		r->failed = 1;
+}
+
+/* Passes over the top directory ``fd`` until nothing moved up is left (each pass is bounded). */
+static int remove_within(int fd, int (*keep)(const char *, void *), void *arg)
+{
+	struct removal r = { .top_fd = fd };
+	unsigned before;
+
+	do {
+		int pass_fd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+		before = r.moved;
+		if (pass_fd < 0)
+			return -1;
+		remove_contents(&r, pass_fd, 0, keep, arg);
+	} while (r.moved != before && !r.failed);
+	return r.failed ? -1 : 0;
+}
+
+int tether_remove_entries(int fd, int (*keep)(const char *name, void *arg), void *arg)
+{
+	int rc = remove_within(fd, keep, arg);
+
+	close(fd);
+	return rc;
+}
+
+int tether_remove_tree_at(int parent, const char *name)
+{
+	int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	int rc;
+
+	if (fd < 0) {
+		if (errno == ENOENT)
+			return 0;
+		if ((errno == ENOTDIR || errno == ELOOP) && unlinkat(parent, name, 0) == 0)
+			return 0;
+		tether_error("tether: cannot remove %s: %s", name, strerror(errno));
+		return -1;
+	}
+	rc = remove_within(fd, NULL, NULL);
+	close(fd);
+	if (unlinkat(parent, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
+		rc = -1;
+	if (rc < 0)
+		tether_error("tether: %s could not be removed completely", name);
+	return rc;
+}
+
+int tether_has_leftovers(int parent, const char *name, int depth)
+{
+	int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	struct dirent *e;
 	DIR *dir;
 	int found = 0;
@@ -292,83 +359,135 @@ static int has_leftovers(int parent, const char *name, int depth)
 	}
 	while (!found && (e = readdir(dir)) != NULL) {
 		if (e->d_name[0] == '.')
-			found = depth == 0 && strncmp(e->d_name, ".cleanup-", 9) == 0;
+			found = depth == 0 && strncmp(e->d_name, TETHER_CLEANUP_MARKER,
+						      strlen(TETHER_CLEANUP_MARKER)) == 0;
 		else if (depth > 0 && (e->d_type == DT_DIR || e->d_type == DT_UNKNOWN))
-			found = has_leftovers(dirfd(dir), e->d_name, depth - 1);
+			found = tether_has_leftovers(dirfd(dir), e->d_name, depth - 1);
 	}
 	closedir(dir);
 	return found;
 }
 
-/*
+/* ---- the leftover cleanup ---------------------------------------------------------------------
  * A container step whose end killed its launchers' own cleanup (a time limit or scancel signals
- * every process of the step, podman's `rm` included) left markers saying what is still to do.
- * Now that no process of the step is left, run the launcher once more, as the job user, in cleanup
- * mode (TETHER_CLEANUP=<step or job dir>). It must not be part of the step any more -- the daemon kills
- * whatever is left in the step after KillWait, and podman's rm of a killed container can take
- * that long -- so it is double-forked away from this the daemon (no longer a subreaper) and
- * bounded by alarm(120). We only wait until it has read the markers (it closes fd 3), so that the
- * step's directory can go.
+ * every process of the step, podman's `rm` included) left markers saying which containers are still
+ * to remove. Once no process of the step is left, the launcher runs once more, as the job user, in
+ * cleanup mode (TETHER_CLEANUP=<step or job dir>); it removes only containers of this job, with
+ * commands it builds from tether's own config (never from a marker). It must not be part of the step
+ * any more -- the daemon kills whatever is left in the step after KillWait, and podman's rm of a
+ * killed container can take that long -- so it runs in a session of its own, away from the daemon,
+ * with the signal mask and dispositions reset (the daemon blocks several signals) and the resource
+ * limits of a new login; a watcher in that session kills the whole session after
+ * TETHER_CLEANUP_SECONDS. The daemon waits only until the markers are read (fd 3 closes).
  */
-static void run_leftover_cleanup(const char *launcher, const char *where, uid_t job_uid, gid_t job_gid,
+struct cleanup_env {
+	char cleanup[PATH_MAX + 32], home[PATH_MAX + 8], user[300];
+};
+
+static volatile sig_atomic_t cleanup_timed_out;
+
+static void on_cleanup_alarm(int sig)
+{
+	(void)sig;
+	cleanup_timed_out = 1;
+}
+
+/* In the new session, as the user: start the launcher and kill the session when it overruns. */
+__attribute__((noreturn)) static void cleanup_watcher(const char *launcher, struct cleanup_env *env)
+{
+	char *argv[] = { (char *)launcher, NULL };
+	char *envp[] = { env->cleanup, env->home, env->user, "TETHER_CLEANUP_FD=3",
+			 "PATH=/usr/local/bin:/usr/bin:/bin", NULL };
+	struct sigaction sa = { .sa_handler = on_cleanup_alarm };
+	int status;
+	pid_t pid = fork();
+
+	if (pid < 0)
+		_exit(126);
+	if (pid == 0) {
+		execve(launcher, argv, envp);
+		_exit(127);
+	}
+	close(3); /* only the launcher holds the markers' pipe now */
+	sigaction(SIGALRM, &sa, NULL);
+	alarm(TETHER_CLEANUP_SECONDS);
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR && !cleanup_timed_out)
+		;
+	if (cleanup_timed_out)
+		kill(0, SIGKILL); /* the launcher and everything it started in this session, us too */
+	_exit(0);
+}
+
+/* The forked child of the daemon: leave its session, reset what the daemon set, drop to the user. */
+__attribute__((noreturn)) static void cleanup_child(const char *launcher, int pipe_fd, uid_t uid, gid_t gid,
+						    gid_t *groups, int ngroups, struct cleanup_env *env)
+{
+	struct rlimit unlimited = { RLIM_INFINITY, RLIM_INFINITY };
+	sigset_t none;
+	int null_fd;
+
+	setsid();
+	if (fork() != 0)
+		_exit(0); /* the grandchild is re-parented to init: outside the step */
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	for (int s = 1; s < NSIG; s++)
+		if (s != SIGKILL && s != SIGSTOP)
+			signal(s, SIG_DFL);
+	/* the step's limits (a user's ulimit -t, -v) must not break the cleanup; RLIMIT_NPROC etc. stay */
+	setrlimit(RLIMIT_CPU, &unlimited);
+	setrlimit(RLIMIT_AS, &unlimited);
+	/* fd 3: the pipe (without close-on-exec); 0-2: /dev/null; nothing else of the daemon's
+	 * (its sockets and the step's I/O pipes) may stay open in a process that outlives it */
+	if (pipe_fd == 3 ? fcntl(3, F_SETFD, 0) != 0 : dup2(pipe_fd, 3) != 3)
+		_exit(126);
+	null_fd = open("/dev/null", O_RDWR);
+	if (null_fd < 0 || dup2(null_fd, 0) < 0 || dup2(null_fd, 1) < 0 || dup2(null_fd, 2) < 0)
+		_exit(126);
+	closefrom(4);
+	if (setgroups((size_t)ngroups, groups) != 0 || setgid(gid) != 0 || setuid(uid) != 0 ||
+	    (uid != 0 && setuid(0) == 0) || chdir("/") != 0)
+		_exit(126);
+	prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0);
+	cleanup_watcher(launcher, env);
+}
+
+void tether_run_leftover_cleanup(const char *launcher, const char *where, uid_t uid, gid_t gid,
 				 const char *what)
 {
-	char env_cleanup[PATH_MAX + 32], env_home[PATH_MAX + 8], env_user[300], buf[4096];
+	struct cleanup_env env;
 	struct passwd pw, *pwp = NULL;
 	struct pollfd pfd;
 	gid_t groups[256];
 	int ngroups = 256, status, fds[2];
+	char buf[4096];
 	pid_t pid;
 
 	/* Everything that reads NSS happens here, before fork(): the daemon has threads. */
-	if (getpwuid_r(job_uid, &pw, buf, sizeof(buf), &pwp) != 0 || pwp == NULL ||
-	    getgrouplist(pw.pw_name, job_gid, groups, &ngroups) < 0) {
-		tether_error("tether: cleanup after %s: cannot look up uid %u and its groups", what,
-			     (unsigned)job_uid);
+	if (getpwuid_r(uid, &pw, buf, sizeof(buf), &pwp) != 0 || pwp == NULL ||
+	    getgrouplist(pw.pw_name, gid, groups, &ngroups) < 0) {
+		tether_error("tether: cleanup after %s: cannot look up uid %u and its groups", what, (unsigned)uid);
 		return;
 	}
-	snprintf(env_cleanup, sizeof(env_cleanup), "TETHER_CLEANUP=%s", where);
-	snprintf(env_home, sizeof(env_home), "HOME=%s", pw.pw_dir);
-	snprintf(env_user, sizeof(env_user), "USER=%s", pw.pw_name);
+	snprintf(env.cleanup, sizeof(env.cleanup), "TETHER_CLEANUP=%s", where);
+	snprintf(env.home, sizeof(env.home), "HOME=%s", pw.pw_dir);
+	snprintf(env.user, sizeof(env.user), "USER=%s", pw.pw_name);
 	if (pipe2(fds, O_CLOEXEC) < 0) {
-		tether_error("tether: cleanup after %s: pipe: %m", what);
+		tether_error("tether: cleanup after %s: pipe: %s", what, strerror(errno));
 		return;
 	}
 	tether_info("tether: %s ended with its containers' cleanup unfinished; running %s as uid %u",
-		    what, launcher, (unsigned)job_uid);
+		    what, launcher, (unsigned)uid);
 	prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0); /* the cleanup may outlive the step: let it go */
 	pid = fork();
 	if (pid < 0) {
-		tether_error("tether: cleanup after %s: fork: %m", what);
+		tether_error("tether: cleanup after %s: fork: %s", what, strerror(errno));
 		close(fds[0]);
 		close(fds[1]);
 		return;
 	}
-	if (pid == 0) {
-		char *argv[] = { (char *)launcher, NULL };
-		char *envp[] = { env_cleanup, env_home, env_user, "TETHER_CLEANUP_FD=3",
-				 "PATH=/usr/local/bin:/usr/bin:/bin", NULL };
-
-		int null_fd;
-
-		setsid();
-		if (fork() != 0)
-			_exit(0);  /* the grandchild is re-parented to init: outside the step */
-		/* fd 3: the pipe (without close-on-exec); 0-2: /dev/null; nothing else of the daemon's
-		 * (its sockets and the step's I/O pipes) may stay open in a process that outlives it */
-		if (fds[1] == 3 ? fcntl(3, F_SETFD, 0) != 0 : dup2(fds[1], 3) != 3)
-			_exit(126);
-		null_fd = open("/dev/null", O_RDWR);
-		if (null_fd < 0 || dup2(null_fd, 0) < 0 || dup2(null_fd, 1) < 0 || dup2(null_fd, 2) < 0)
-			_exit(126);
-		closefrom(4);
-		if (setgroups((size_t)ngroups, groups) != 0 || setgid(job_gid) != 0 ||
-		    setuid(job_uid) != 0 || setuid(0) == 0 || chdir("/") != 0)
-			_exit(126);
-		alarm(120);
-		execve(launcher, argv, envp);
-		_exit(127);
-	}
+	if (pid == 0)
+		cleanup_child(launcher, fds[1], uid, gid, groups, ngroups, &env);
 	close(fds[1]);
 	waitpid(pid, &status, 0);
 	pfd.fd = fds[0];
@@ -377,4 +496,3 @@ static void run_leftover_cleanup(const char *launcher, const char *where, uid_t 
 		tether_error("tether: cleanup after %s did not read its markers within 10 s", what);
 	close(fds[0]);
 }
-

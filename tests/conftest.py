@@ -1,6 +1,6 @@
 """Shared fixtures: configs, and the real local Slurm cluster for ``@pytest.mark.cluster`` tests.
 
-The cluster (slurmctld + 3 slurmd + munge, see tether.hooks.sandbox) starts once per session in
+The cluster (slurmctld + 3 slurmd + munge, see tether.sandbox.cluster) starts once per session in
 its own directory and on free ports, so it never collides with a sandbox a developer started.
 A cluster that cannot start fails the tests that need it; it never skips them.
 """
@@ -14,9 +14,20 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tether.hooks.config import validate_config
-from tether.hooks.proc import run_command
+from tether.hooks.header import batch_header
+from tether.hooks.policy import parse_qsub_args, parse_sbatch_args, split_qsub_args
+from tether.hooks.render import resource_options, script_directives
+from tether.hooks.request import Request
+from tether.system.proc import run_command
+
+# Hypothesis: `ci` keeps the unit level fast; `thorough` is what the properties were first run with.
+settings.register_profile("ci", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=3000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 TEST_SANDBOX_ROOT = os.environ.get("TETHER_TEST_SANDBOX_DIR", "/var/lib/tether/sandbox-pytest")
 REPO = Path(__file__).resolve().parent.parent
@@ -25,6 +36,32 @@ REPO = Path(__file__).resolve().parent.parent
 def make_config(**data: Any):
     """A validated Config from keyword settings (everything else at defaults)."""
     return validate_config(data, "<test config>")
+
+
+# ---- plans as the seed's tables spell them ------------------------------------------------------
+def options(plan) -> tuple:
+    """A plan's resources as (option, value) pairs: ``(("--gpus", "8"), ("--nodes", "1-8"))``."""
+    return tuple(resource_options(plan))
+
+
+def extra(plan) -> tuple:
+    """The options a plan passes through, as (name, value) pairs."""
+    return tuple((a.name, a.value) for a in plan.extra_args)
+
+
+def with_sbatch_args(args: Sequence[str], **fields: Any) -> Request:
+    """A Request with sbatch arguments, parsed as a job spec's would be."""
+    return Request(sbatch_args=tuple(parse_sbatch_args(list(args))), **fields)
+
+
+def with_qsub_args(args: Sequence[str], **fields: Any) -> Request:
+    """A Request with qsub arguments, parsed as a job spec's would be."""
+    return Request(qsub=split_qsub_args(parse_qsub_args(list(args))), **fields)
+
+
+def directives(request: Request, plan, log_dir: str | None = None) -> list[str]:
+    """The header directives of a tether batch script for ``request`` planned as ``plan``."""
+    return script_directives(plan, batch_header(request, log_dir))
 
 
 class Cluster:
@@ -60,7 +97,7 @@ _cluster_error: list[str] = []
 @pytest.fixture(scope="session")
 def cluster():
     """Start the sandbox once for the session; fail (never skip) when it cannot start."""
-    from tether.hooks.sandbox import Sandbox, SandboxError
+    from tether.sandbox.cluster import Sandbox, SandboxError
 
     if _cluster_error:
         pytest.fail(_cluster_error[0], pytrace=False)
@@ -80,7 +117,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.failed and item.get_closest_marker("cluster") is not None:
-        from tether.hooks.sandbox import Sandbox
+        from tether.sandbox.cluster import Sandbox
 
         report.sections.append(("sandbox daemon logs", Sandbox(TEST_SANDBOX_ROOT).log_tails(40)))
 

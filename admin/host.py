@@ -1,0 +1,45 @@
+"""What every host needs, whatever the scheduler: tether's container launcher, job_storage_root and
+the Apptainer image cache. ``tether slurm install --write`` and ``tether pbs install --apply`` use it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..container.run import LAUNCHER_NAME, launcher_text
+from ..hooks.config import Config
+from ..hooks.configfile import DEFAULT_CONFIG_PATH
+from ..system.files import create_dir, write_atomic
+from ..system.toolchain import BuildError
+
+__all__ = ["LAUNCHER_NAME", "install_launcher", "ensure_image_root", "ensure_storage_root"]
+
+
+def install_launcher(plugin_dir: Path, config: Config) -> Path:
+    """Write the container launcher next to the SPANK plugin (see tether.container.run), with a new
+    inode (running tasks keep the old one)."""
+    source = None if config.source.startswith("<") else config.source
+    text = launcher_text(source or DEFAULT_CONFIG_PATH, config.data["container"])
+    target = plugin_dir / LAUNCHER_NAME
+    write_atomic(target, text, 0o755)
+    return target
+
+
+def ensure_image_root(path: Path, log=print) -> None:
+    """The Apptainer image cache root (root-owned 0755) and its per-user area ``users/`` (1777)."""
+    if create_dir(path, 0o755):
+        log(f"created apptainer_image_root {path} (root, 0755)")
+    if create_dir(path / "users", 0o1777):
+        log(f"created {path / 'users'} (root, 1777): users convert their own images there")
+
+
+def ensure_storage_root(path: Path, log=print) -> None:
+    """Create job_storage_root (root-owned, 0755) or check an existing one: the SPANK plugin creates
+    per-job directories there as root and refuses a root others can write to."""
+    if create_dir(path, 0o755):
+        log(f"created job_storage_root {path} (root, 0755); it must exist on every compute node")
+        return
+    st = path.lstat()
+    if not path.is_dir() or path.is_symlink() or st.st_uid != 0 or st.st_mode & 0o022:
+        raise BuildError(f"job_storage_root {path} must be a root-owned directory that group and "
+                         f"others cannot write to (mode 0755)")

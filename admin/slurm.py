@@ -1,0 +1,138 @@
+"""``tether slurm build`` and ``tether slurm install``: the one path from source to a loaded plugin.
+
+build   compiles spank_tether.so and job_submit_tether.so against the installed Slurm headers and
+        this Python (stamped with the exact Slurm version, in build.json next to them);
+install puts both into Slurm's PluginDir with a new inode and prints -- or, with ``write``, applies --
+        the ``JobSubmitPlugins=tether`` line of slurm.conf and the plugstack.conf line.
+The sandbox cluster and the README demo use exactly these functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..hooks.config import Config
+from ..hooks.configfile import load_config
+from ..job_submit import build as job_submit_build
+from ..spank import build as spank_build
+from ..system.files import install_file, set_conf_line
+from ..system.toolchain import (
+    BuildError, CBuild, Toolchain, find_toolchain, installed_slurm_version, read_stamp, system_plugin_dir,
+    write_stamp,
+)
+from .host import LAUNCHER_NAME, ensure_image_root, ensure_storage_root, install_launcher
+
+DEFAULT_BUILD_ROOT = "/opt/tether/lib"
+DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
+
+
+def source_digest(toolchain: Toolchain) -> str:
+    """A digest of everything compiled into the plugins (to skip identical rebuilds)."""
+    h = hashlib.sha256(repr(toolchain).encode())
+    for directory in (spank_build.source_dir(), job_submit_build.source_dir()):
+        for path in sorted(directory.glob("*.[ch]")):
+            h.update(path.name.encode() + path.read_bytes())
+    for text in (job_submit_build.INIT_CODE, job_submit_build.GLUE):
+        h.update(text.encode())
+    return h.hexdigest()
+
+
+def default_build_dir(toolchain: Toolchain | None = None) -> Path:
+    toolchain = toolchain or find_toolchain()
+    return Path(DEFAULT_BUILD_ROOT) / f"slurm-{toolchain.slurm_version}"
+
+
+def build_plugins(out_dir: Path | None = None, *, verbose: bool = False, reuse: bool = False,
+                  log=print) -> Path:
+    """Compile both plugins into ``out_dir`` (default /opt/tether/lib/slurm-<version>)."""
+    toolchain = find_toolchain()
+    out = Path(out_dir) if out_dir else default_build_dir(toolchain)
+    digest = source_digest(toolchain)
+    if reuse:
+        try:
+            if read_stamp(out).get("source_digest") == digest:
+                return out
+        except BuildError:
+            pass
+    out.mkdir(parents=True, exist_ok=True)
+    os.chmod(out, 0o755)
+    cbuild = CBuild(out, verbose=verbose)
+    files = [spank_build.build(out, toolchain, cbuild), job_submit_build.build(out, toolchain, cbuild)]
+    write_stamp(out, toolchain, files, source_digest=digest)
+    log(f"built {', '.join(f.name for f in files)} for Slurm {toolchain.slurm_version} in {out}")
+    return out
+
+
+@dataclass(frozen=True)
+class SlurmConf:
+    """The few slurm.conf settings the installer needs (keys are case-insensitive)."""
+
+    path: Path
+    plugin_dirs: tuple[str, ...]
+    plugstack: Path
+    job_submit_plugins: tuple[str, ...]
+
+    @classmethod
+    def read(cls, path: Path) -> "SlurmConf":
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise BuildError(f"cannot read {path}: {exc.strerror}") from None
+        settings = {}
+        for line in text.splitlines():
+            m = re.match(r"\s*([A-Za-z]+)\s*=\s*(\S+)", line)
+            if m:
+                settings[m.group(1).lower()] = m.group(2)
+        plugstack = settings.get("plugstackconfig") or str(path.parent / "plugstack.conf")
+        plugin_dirs = tuple(d for d in settings.get("plugindir", "").split(":") if d)
+        jsp = tuple(p for p in settings.get("jobsubmitplugins", "").split(",") if p)
+        return cls(path, plugin_dirs, Path(plugstack), jsp)
+
+
+def plugstack_line(plugin_dir: Path, config: Config) -> str:
+    """The plugstack.conf line: the SPANK plugin and the settings its C side needs from the config."""
+    return (f"required {plugin_dir / spank_build.SO_NAME} job_storage_root={config.job_storage_root} "
+            f"launcher={plugin_dir / LAUNCHER_NAME}")
+
+
+def install_plugins(build_dir: Path | None = None, *, slurm_conf: Path | None = None,
+                    plugin_dir: Path | None = None, config: Config | None = None, write: bool = False,
+                    log=print) -> list[str]:
+    """Print what installing the plugins takes -- or, with ``write``, do it: both .so files and the
+    container launcher into the plugin directory, job_storage_root and the image cache created,
+    slurm.conf's and plugstack.conf's lines written. Returns the two config lines.
+    ``config`` is tether's (default: the effective one) for the settings the SPANK plugin needs."""
+    config = config or load_config()
+    build = Path(build_dir) if build_dir else default_build_dir()
+    stamp = read_stamp(build)
+    built_for = stamp["toolchain"]["slurm_version"]
+    installed = installed_slurm_version()
+    if installed and installed != built_for:
+        raise BuildError(f"the plugins in {build} were built for Slurm {built_for} but Slurm {installed} "
+                         f"is installed; run `tether slurm build` again (plugins must match exactly)")
+    conf = SlurmConf.read(Path(slurm_conf or os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF))
+    plugin_dir = Path(plugin_dir or (conf.plugin_dirs[-1] if conf.plugin_dirs else system_plugin_dir()))
+    plugins = conf.job_submit_plugins + (() if "tether" in conf.job_submit_plugins else ("tether",))
+    jsp_line = f"JobSubmitPlugins={','.join(plugins)}"
+    spank_line = plugstack_line(plugin_dir, config)
+    if not write:
+        log(f"would install {', '.join(stamp['files'])} and {LAUNCHER_NAME} into {plugin_dir}\n"
+            f"add to {conf.path}:\n  {jsp_line}\nadd to {conf.plugstack}:\n  {spank_line}\n"
+            f"(nothing was changed: run this command again with --write to do it, then "
+            f"`scontrol reconfigure`)")
+        return [jsp_line, spank_line]
+    for name in stamp["files"]:
+        install_file(build / name, plugin_dir / name)
+        log(f"installed {plugin_dir / name}")
+    log(f"installed {install_launcher(plugin_dir, config)}")
+    ensure_storage_root(Path(config.job_storage_root), log=log)
+    ensure_image_root(Path(config.data["container"]["apptainer_image_root"]), log=log)
+    set_conf_line(conf.path, r"JobSubmitPlugins\s*=", jsp_line)
+    set_conf_line(conf.plugstack, r"(required|optional)\s+\S*spank_tether\.so", spank_line)
+    log(f"wrote {jsp_line} to {conf.path} and '{spank_line}' to {conf.plugstack}; "
+        f"run `scontrol reconfigure` so slurmctld loads the job_submit plugin")
+    return [jsp_line, spank_line]

@@ -1,0 +1,1 @@
+"""tether.cli: the ``tether`` command (users' and admins' subcommands)."""

@@ -1,0 +1,184 @@
+"""The user's surface in one table: every option, variable and resource name tether gives users.
+
+Everything else is generated from or checked against this module:
+
+* the SPANK plugin's option table and names (``spank/tether_names.h``, written by
+  ``tether.spank.build.names_header()``; a test keeps the committed header equal to it);
+* how the job_submit handler reads option values out of ``spank_job_env``;
+* the PBS custom resources ``tether pbs install`` creates and the submit and MoM hooks read;
+* the ``TETHER_CONTAINER_*`` variables the container launcher reads, and ``tether run``'s flags;
+* the spelling of every option in messages (``--slots``, ``slots_per_trial``, ``tether_slots``);
+* the README's option and rank-environment tables (kept equal by the tests).
+
+The container launcher imports this module once per rank: plain classes only (no ``typing``,
+``re`` or ``dataclasses``, each several milliseconds of start-up).
+"""
+
+from __future__ import annotations
+
+PLUGIN = "tether"  # SPANK_PLUGIN(tether, 1): Slurm forwards options as _SLURM_SPANK_OPTION_tether_<name>
+
+SLOT_TYPES = ("cuda", "rocm", "cpu")
+GPU_SLOT_TYPES = ("cuda", "rocm")
+RUNTIMES = ("apptainer", "singularity", "podman", "enroot")
+
+# Upper bounds keep every computed value inside Slurm's and PBS's integer fields
+# (cpus_per_task is a uint16 in job_desc_msg_t; 65534 is NO_VAL16).
+MAX_SLOTS = 10_000_000
+MAX_SLOTS_PER_NODE = 65_533
+MAX_NAME = 128     # a gpu type, pool or container name
+MAX_TEXT = 4096    # an image, mounts, a directory
+
+# Value kinds: each is checked in C in srun/sbatch/salloc (cheap, with a clear message) and again
+# where the value is used (slurmctld, the PBS server, the launcher).
+KINDS = ("count", "slot_type", "name", "runtime", "text", "env_names", "flag")
+
+
+class Option:
+    """One option: ``--name`` on srun/sbatch/salloc (and ``#SBATCH``), ``TETHER_<NAME>`` in the
+    environment and in ``qsub -v``. Slot options (``field`` set) make a request the planner reads;
+    for them ``spec_key`` is the job spec's key (``{scheduler}``: under ``slurm:`` or ``pbs:``) and
+    ``pbs_resource`` PBS's custom resource."""
+
+    __slots__ = ("name", "arginfo", "kind", "usage", "minimum", "maximum", "field", "spec_key",
+                 "pbs_resource", "pbs_type")
+
+    def __init__(self, name: str, arginfo: str | None, kind: str, usage: str, *, minimum: int = 0,
+                 maximum: int = 0, field: str | None = None, spec_key: str | None = None,
+                 pbs_resource: str | None = None, pbs_type: str | None = None):
+        assert kind in KINDS, kind
+        self.name, self.arginfo, self.kind, self.usage = name, arginfo, kind, usage
+        self.minimum, self.maximum = minimum, maximum
+        self.field, self.spec_key = field, spec_key
+        self.pbs_resource, self.pbs_type = pbs_resource, pbs_type
+
+    def spec_name(self, scheduler: str = "slurm") -> str | None:
+        """The job spec's key for this option (``slurm.slots_per_node`` in a Slurm spec)."""
+        return self.spec_key.format(scheduler=scheduler) if self.spec_key else None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name
+
+    @property
+    def env(self) -> str:
+        """The environment fallback (and the PBS job variable): ``TETHER_SLOTS_PER_NODE``."""
+        return "TETHER_" + self.name.upper().replace("-", "_")
+
+    @property
+    def spank_env(self) -> str:
+        """How Slurm forwards an option given on the command line, in job_desc->spank_job_env."""
+        return f"_SLURM_SPANK_OPTION_{PLUGIN}_{self.name.replace('-', '_')}"
+
+    @property
+    def job_env(self) -> str:
+        """The variable that describes a slot option to the job's ranks: ``TETHER_JOB_SLOTS``."""
+        return "TETHER_JOB_" + self.name.upper().replace("-", "_")
+
+    @property
+    def is_container(self) -> bool:
+        return self.name.startswith("container-")
+
+    def __repr__(self) -> str:
+        return f"Option({self.name!r})"
+
+
+OPTIONS: tuple[Option, ...] = (
+    # --- the slot request (seed 000: slots_per_trial, slots_per_node, slot_type, gpu_type, resource_pool)
+    Option("slots", "N", "count", "slots for the job (the seed's slots_per_trial); 0: an auxiliary task",
+           minimum=0, maximum=MAX_SLOTS, field="slots", spec_key="slots_per_trial",
+           pbs_resource="tether_slots", pbs_type="long"),
+    Option("slots-per-node", "N", "count", "slots each node must provide (slots_per_node)",
+           minimum=1, maximum=MAX_SLOTS_PER_NODE, field="slots_per_node", spec_key="{scheduler}.slots_per_node",
+           pbs_resource="tether_slots_per_node", pbs_type="long"),
+    Option("slot-type", "cuda|rocm|cpu", "slot_type", "what a slot is; overrides the partition's and the cluster's",
+           field="slot_type", spec_key="slot_type", pbs_resource="tether_slot_type", pbs_type="string"),
+    Option("gpu-type", "TYPE", "name", "GPU gres type for --gpus/--gres (gpu_type)",
+           field="gpu_type", spec_key="slurm.gpu_type", pbs_resource="tether_gpu_type", pbs_type="string"),
+    Option("resource-pool", "NAME", "name", "partition to run in (resource_pool)",
+           field="resource_pool", spec_key="resource_pool"),
+    # --- containers (names follow pyxis)
+    Option("container-image", "IMAGE", "text", "docker://..., a .sif, a squashfs or a rootfs directory"),
+    Option("container-runtime", "apptainer|singularity|podman|enroot", "runtime",
+           "container runtime (default from the config)"),
+    Option("container-mounts", "SRC:DST[:ro],...", "text", "bind mounts into the container"),
+    Option("container-workdir", "DIR", "text", "working directory inside the container"),
+    Option("container-env", "NAME,...", "env_names", "host variables that win over the image's"),
+    Option("container-writable", None, "flag", "writable container filesystem where the runtime supports it"),
+    Option("container-name", "NAME", "name", "reuse one container across the job's steps"),
+)
+
+BY_NAME = {opt.name: opt for opt in OPTIONS}
+BY_FIELD = {opt.field: opt for opt in OPTIONS if opt.field}
+SLOT_OPTIONS = tuple(opt for opt in OPTIONS if opt.field)
+CONTAINER_OPTIONS = tuple(opt for opt in OPTIONS if opt.is_container)
+PBS_RESOURCES = tuple(opt for opt in OPTIONS if opt.pbs_resource)
+
+
+class Variable:
+    """A variable the run side sets in a tether step's tasks (README: the rank environment)."""
+
+    __slots__ = ("name", "meaning", "host_only")
+
+    def __init__(self, name: str, meaning: str, *, host_only: bool = False):
+        self.name, self.meaning, self.host_only = name, meaning, host_only
+
+    def __repr__(self) -> str:
+        return f"Variable({self.name!r})"
+
+
+# The rank environment (Slurm: slurmstepd's SPANK plugin; PBS: the MoM hook). ``host_only``:
+# a host path, not passed into a container (where the rank's own directories have fixed paths).
+RANK_ENV: tuple[Variable, ...] = (
+    Variable("RANK", "the task's rank in the step (`SLURM_PROCID`)"),
+    Variable("LOCAL_RANK", "its rank on this node (`SLURM_LOCALID`)"),
+    Variable("NODE_RANK", "this node's index in the step (`SLURM_NODEID`)"),
+    Variable("WORLD_SIZE", "tasks in the step"),
+    Variable("LOCAL_WORLD_SIZE", "tasks of the step on this node"),
+    Variable("MASTER_ADDR", "the step's first node: its `NodeAddr` when slurmstepd can look it up, else its "
+                            "node name"),
+    Variable("MASTER_PORT", "`20000 + (job id mod 2000) × 16 + (step id mod 16)`: the same for all ranks of "
+                            "a step, different for concurrent steps of a job (up to 16) and for jobs with "
+                            "neighbouring ids"),
+    Variable("TMPDIR", "`<rank dir>/tmp` (private to the rank, 0700, removed with the step)"),
+    Variable("TETHER_WORK_DIR", "`<rank dir>/work` (the seed's per-rank work directory)"),
+    Variable("TETHER_RANK_DIR", "the rank's directory", host_only=True),
+    Variable("TETHER_STEP_DIR", "the step's directory on this node", host_only=True),
+    Variable("TETHER_JOB_DIR", "the job's directory", host_only=True),
+    Variable("TETHER_NNODES", "nodes in the step"),
+    Variable("TETHER_SLOT_IDS", "the GPUs Slurm bound to the task (its `CUDA_VISIBLE_DEVICES`), unless "
+                                "`--slot-type=cpu`"),
+    Variable("ROCR_VISIBLE_DEVICES", "the same GPUs, with `--slot-type=rocm`"),
+)
+RANK_NAMES = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT")
+HOST_ONLY = tuple(v.name for v in RANK_ENV if v.host_only)
+# Set by the hand-off to the container launcher (Slurm 22.05 cannot prepend to a task's argv).
+RUN_ARGV0 = "TETHER_RUN_ARGV0"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")   # a pipe would end a Markdown table cell
+
+
+def options_reference() -> str:
+    """The user options as a Markdown table (kept in the README, checked by the tests)."""
+    rows = ["| option | environment | value | meaning |", "|---|---|---|---|"]
+    for opt in OPTIONS:
+        value = opt.arginfo or "(flag)"
+        if opt.kind == "count":
+            value += f" ({opt.minimum}..{opt.maximum})"
+        rows.append(f"| `{opt.flag}` | `{opt.env}` | `{_cell(value)}` | {opt.usage} |")
+    return "\n".join(rows) + "\n"
+
+
+def rank_env_reference() -> str:
+    """The rank environment as a Markdown table (kept in the README, checked by the tests)."""
+    rows = ["| variable | value |", "|---|---|"]
+    rows += [f"| `{v.name}` | {v.meaning} |" for v in RANK_ENV]
+    slots = ", ".join(f"`{o.job_env}`" for o in SLOT_OPTIONS)
+    rows.append(f"| {slots} | the step's slot options, when given |")
+    rows.append("| " + ", ".join(f"`{o.env}`" for o in CONTAINER_OPTIONS[:2])
+                + ", … | the step's `--container-*` options, when given (in a batch script: the defaults "
+                  "its `srun`s pick up); see [Containers](#containers) for what a containerized rank sees |")
+    return "\n".join(rows) + "\n"

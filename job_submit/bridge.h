@@ -1,0 +1,79 @@
+/*
+ * The bridge between the job_submit plugin's C and its Python handler (tether/job_submit/handler.py):
+ * the request snapshot the handler reads and answers in, the answer codes, and the calls each side
+ * makes. cffi reads the declarations between the cdef markers (tether/job_submit/build.py), so the
+ * C and the Python side cannot drift apart.
+ */
+#ifndef TETHER_BRIDGE_H
+#define TETHER_BRIDGE_H
+
+#include <stdint.h>
+
+/* What the handler answers (0 is never success: cffi returns 0 when its init failed). */
+#define TETHER_ACCEPT 1
+#define TETHER_REJECT 2
+
+#define TETHER_STR 1024
+#define TETHER_MSG 2048
+
+/* cdef:begin */
+typedef struct tether_job {
+	/* in: copied from job_desc by the calling slurmctld thread */
+	uint32_t job_id;
+	uint32_t user_id;
+	uint32_t min_nodes;
+	uint32_t max_nodes;
+	uint32_t num_tasks;
+	uint16_t ntasks_per_node;
+	uint16_t cpus_per_task;
+	char *job_id_str;
+	char *partition;
+	char *account;
+	char *tres_per_job;
+	char *tres_per_node;
+	char *tres_per_task;
+	char *tres_per_socket;
+	char **spank_env;
+	uint32_t spank_env_size;
+	/* out: applied to job_desc by the calling thread when the answer is TETHER_ACCEPT */
+	int set_nodes;
+	uint32_t out_min_nodes;
+	uint32_t out_max_nodes;
+	int set_num_tasks;
+	uint32_t out_num_tasks;
+	int set_ntasks_per_node;
+	uint16_t out_ntasks_per_node;
+	int set_cpus_per_task;
+	uint16_t out_cpus_per_task;
+	int set_requeue;
+	uint16_t out_requeue;
+	int set_tres_per_job;
+	char out_tres_per_job[TETHER_STR];
+	int set_tres_per_node;
+	char out_tres_per_node[TETHER_STR];
+	int set_tres_per_task;
+	char out_tres_per_task[TETHER_STR];
+	int set_partition;
+	char out_partition[TETHER_STR];
+	int set_wckey;
+	char out_wckey[TETHER_STR];
+	char msg[TETHER_MSG];   /* for the user: the reason of a rejection, or notes */
+	int cacheable;          /* the answer depends only on the request and the config */
+} tether_job_t;
+
+/* Called by the handler: a line for slurmctld's log (0 error, 1 info, 2 verbose). */
+void tether_log(int level, const char *msg);
+/* Called by the handler: whether tether works now, and why not. */
+void tether_set_health(int broken, int reject_all, const char *reason);
+/* Called by the handler after every config (re)load check: which file its config came from. */
+void tether_config_loaded(const char *path, int exists, unsigned long long ino,
+			  unsigned long long size, long long mtime_ns);
+/* cdef:end */
+
+/* embedding:begin -- implemented in Python (cffi's embedding API) */
+int tether_py_init(void);
+int tether_py_submit(tether_job_t *job, uint32_t submit_uid, int wanted);
+int tether_py_modify(tether_job_t *update, tether_job_t *current, uint32_t submit_uid);
+/* embedding:end */
+
+#endif

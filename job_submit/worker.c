@@ -1,0 +1,266 @@
+/*
+ * The worker thread and the embedded interpreter of the job_submit plugin (see worker.h).
+ *
+ * slurmctld runs each RPC on a new thread; creating a Python thread state per call would cost more
+ * than the work, so one worker thread keeps its thread state for the life of slurmctld and runs the
+ * handler's calls one at a time. Python never touches job_desc (plugin.c copies what the handler
+ * reads and applies its answer), so a call that overruns its time limit is abandoned safely.
+ *
+ * Build-time values (build.py passes them with -D): TETHER_PYTHON_HOME, TETHER_MODULE_PATHS.
+ */
+#define _GNU_SOURCE
+#include <Python.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "worker.h"
+
+#ifndef TETHER_PYTHON_HOME
+#define TETHER_PYTHON_HOME "" /* not configured: tether_worker_start refuses */
+#endif
+#ifndef TETHER_MODULE_PATHS
+#define TETHER_MODULE_PATHS NULL
+#endif
+
+static const char *module_paths[] = { TETHER_MODULE_PATHS, NULL };
+
+/* ---- health ---------------------------------------------------------------------------------- */
+static volatile int broken = 1;
+static volatile int reject_all;
+static char reason[512] = "not initialized";
+static pthread_mutex_t reason_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void tether_set_health(int is_broken, int rejects_all, const char *why)
+{
+	pthread_mutex_lock(&reason_lock);
+	broken = is_broken;
+	reject_all = rejects_all;
+	snprintf(reason, sizeof(reason), "%s", why ? why : "");
+	pthread_mutex_unlock(&reason_lock);
+}
+
+int tether_is_broken(void)
+{
+	return broken;
+}
+
+int tether_rejects_all(void)
+{
+	return broken && reject_all;
+}
+
+void tether_reason(char *buf, size_t len)
+{
+	pthread_mutex_lock(&reason_lock);
+	snprintf(buf, len, "%s", reason);
+	pthread_mutex_unlock(&reason_lock);
+}
+
+/* ---- calls ----------------------------------------------------------------------------------- */
+static pthread_mutex_t worker_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t worker_wake = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t worker_done = PTHREAD_COND_INITIALIZER;
+static struct tether_call *pending;
+static struct tether_call *running;
+static int started;
+
+void tether_job_free(tether_job_t *job)
+{
+	if (job == NULL)
+		return;
+	free(job->job_id_str);
+	free(job->partition);
+	free(job->account);
+	free(job->tres_per_job);
+	free(job->tres_per_node);
+	free(job->tres_per_task);
+	free(job->tres_per_socket);
+	for (uint32_t i = 0; i < job->spank_env_size; i++)
+		free(job->spank_env[i]);
+	free(job->spank_env);
+	free(job);
+}
+
+void tether_call_free(struct tether_call *call)
+{
+	tether_job_free(call->job);
+	tether_job_free(call->current);
+	free(call);
+}
+
+static int dispatch(struct tether_call *call)
+{
+	switch (call->op) {
+	case TETHER_OP_INIT:
+		return tether_py_init();
+	case TETHER_OP_SUBMIT:
+		return tether_py_submit(call->job, call->uid, call->wanted);
+	default:
+		return tether_py_modify(call->job, call->current, call->uid);
+	}
+}
+
+static void *worker(void *unused)
+{
+	sigset_t all;
+
+	(void)unused;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL); /* slurmctld's signals are for its own threads */
+	/* Take a Python thread state and keep it (the counter stays above zero): every later call
+	 * from this thread reuses it instead of creating and destroying one. */
+	PyGILState_Ensure();
+	PyEval_SaveThread();
+
+	pthread_mutex_lock(&worker_lock);
+	for (;;) {
+		struct tether_call *call;
+		int rc;
+
+		while (pending == NULL)
+			pthread_cond_wait(&worker_wake, &worker_lock);
+		call = pending;
+		pending = NULL;
+		running = call;
+		pthread_mutex_unlock(&worker_lock);
+
+		rc = dispatch(call);
+
+		pthread_mutex_lock(&worker_lock);
+		running = NULL;
+		call->rc = rc;
+		call->done = 1;
+		if (call->abandoned)
+			tether_call_free(call);
+		else
+			pthread_cond_broadcast(&worker_done);
+	}
+	return NULL;
+}
+
+int tether_run(struct tether_call *call, int seconds)
+{
+	struct timespec deadline;
+	int rc;
+
+	clock_gettime(CLOCK_REALTIME, &deadline);
+	deadline.tv_sec += seconds;
+	pthread_mutex_lock(&worker_lock);
+	if (running || pending) { /* calls are serialized: this one is stuck */
+		pthread_mutex_unlock(&worker_lock);
+		return TETHER_BUSY;
+	}
+	pending = call;
+	pthread_cond_signal(&worker_wake);
+	while (!call->done) {
+		if (pthread_cond_timedwait(&worker_done, &worker_lock, &deadline) == ETIMEDOUT)
+			break;
+	}
+	if (call->done) {
+		rc = call->rc;
+	} else if (pending == call) { /* never started: take it back */
+		pending = NULL;
+		rc = TETHER_BUSY;
+	} else {
+		call->abandoned = 1;
+		rc = TETHER_TIMEOUT;
+	}
+	pthread_mutex_unlock(&worker_lock);
+	return rc;
+}
+
+int tether_worker_started(void)
+{
+	return started;
+}
+
+/* ---- the interpreter ------------------------------------------------------------------------- */
+
+/* The isolated configuration: explicit search paths, no site, no signal handlers, no bytecode. */
+static PyStatus configure(PyConfig *config)
+{
+	PyStatus status;
+
+	PyConfig_InitIsolatedConfig(config);
+	config->site_import = 0;
+	config->install_signal_handlers = 0;
+	config->write_bytecode = 0;
+	config->user_site_directory = 0;
+	config->parse_argv = 0;
+	config->buffered_stdio = 0;
+	status = PyConfig_SetBytesString(config, &config->home, TETHER_PYTHON_HOME);
+	if (PyStatus_Exception(status))
+		return status;
+	status = PyConfig_SetString(config, &config->program_name, L"slurmctld-tether");
+	if (PyStatus_Exception(status))
+		return status;
+	config->module_search_paths_set = 1;
+	for (const char **p = module_paths; *p; p++) {
+		wchar_t *w = Py_DecodeLocale(*p, NULL);
+
+		if (w == NULL)
+			return PyStatus_NoMemory();
+		status = PyWideStringList_Append(&config->module_search_paths, w);
+		PyMem_RawFree(w);
+		if (PyStatus_Exception(status))
+			return status;
+	}
+	return PyStatus_Ok();
+}
+
+int tether_worker_start(char *why, size_t why_len)
+{
+	struct sigaction saved[NSIG];
+	PyConfig config;
+	PyStatus status;
+	Dl_info info;
+	pthread_t thread;
+	pthread_attr_t attr;
+	int rc = -1;
+
+	if (TETHER_PYTHON_HOME[0] == '\0' || module_paths[0] == NULL) {
+		snprintf(why, why_len, "the plugin was built without its Python paths (run `tether slurm build`)");
+		return -1;
+	}
+	if (Py_IsInitialized()) {
+		snprintf(why, why_len, "another plugin already started Python in this process");
+		return -1;
+	}
+	/* Slurm dlopen()s plugins RTLD_LOCAL: promote libpython so extension modules resolve. */
+	if (dladdr((void *)&Py_IsInitialized, &info) == 0 || info.dli_fname == NULL ||
+	    dlopen(info.dli_fname, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD) == NULL) {
+		snprintf(why, why_len, "cannot promote libpython to global symbols: %s", dlerror());
+		return -1;
+	}
+	for (int s = 1; s < NSIG; s++)
+		sigaction(s, NULL, &saved[s]);
+	status = configure(&config);
+	if (!PyStatus_Exception(status))
+		status = Py_InitializeFromConfig(&config);
+	PyConfig_Clear(&config);
+	if (PyStatus_Exception(status)) {
+		snprintf(why, why_len, "Python did not start: %s", status.err_msg ? status.err_msg : "unknown error");
+		goto out;
+	}
+	PyEval_SaveThread(); /* release the GIL: the worker thread takes it */
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&thread, &attr, worker, NULL) != 0) {
+		snprintf(why, why_len, "cannot start the handler thread: %s", strerror(errno));
+	} else {
+		started = 1;
+		rc = 0;
+	}
+	pthread_attr_destroy(&attr);
+out:
+	for (int s = 1; s < NSIG; s++)
+		if (s != SIGKILL && s != SIGSTOP)
+			sigaction(s, &saved[s], NULL);
+	return rc;
+}

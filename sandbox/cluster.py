@@ -1,0 +1,553 @@
+"""A real local Slurm cluster for tests and demos: slurmctld + three slurmd on localhost.
+
+Everything it starts has its own config directory (``SLURM_CONF``), ports, state, spool, logs,
+pid files and munge socket under one root directory, so it never collides with another Slurm
+(or another sandbox) on the machine. It is stopped by PID, after checking that each PID is still
+the daemon this sandbox started. Root only: it installs Debian packages and starts daemons.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Iterable
+
+import jinja2
+import yaml
+
+from ..admin.slurm import build_plugins, install_plugins
+from ..hooks.configfile import load_config
+from ..hooks.errors import TetherError
+from ..system.files import set_conf_line
+from ..system.proc import CommandError, run_command
+from ..system.toolchain import system_plugin_dir
+
+DEFAULT_ROOT = "/var/lib/tether/sandbox"
+ROOT_ENV = "TETHER_SANDBOX_DIR"
+DEFAULT_PORT_BASE = 17000
+DEFAULT_USER = "tether-demo"
+NODES = ("n1", "n2", "n3")
+GPUS_PER_NODE = 4
+CPUS_PER_NODE = 8
+MEMORY_MB = 4000
+# podman on this machine type: the sandbox lacks CAP_SYS_RESOURCE, so no default ulimits.
+CONTAINERS_CONF = "[containers]\ndefault_ulimits = []\n"
+
+# What a fresh Debian 12 machine needs for the sandbox and the plugins built against it.
+APT_PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "libslurm-dev", "munge",
+                "podman", "runc", "conmon", "uidmap", "fuse-overlayfs", "slirp4netns", "catatonit",
+                "busybox-static", "python3-dev", "gcc")
+
+
+class SandboxError(TetherError):
+    """The sandbox could not be started, checked or stopped; the message says why."""
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """A daemon of the sandbox: its name, pid file and the words its command line must contain."""
+
+    name: str
+    pid_file: Path
+    marker: str  # a string its /proc/PID/cmdline contains (our config or socket path)
+
+    def pid(self) -> int | None:
+        """The PID if the pid file names a live process that is this daemon, else None."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return None
+        if self.marker not in cmdline or state == "Z":
+            return None
+        return pid
+
+
+class Sandbox:
+    """One sandbox cluster rooted at ``root`` (default /var/lib/tether/sandbox)."""
+
+    def __init__(self, root: str | os.PathLike | None = None, port_base: int | None = None,
+                 user: str = DEFAULT_USER):
+        self.root = Path(root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT).absolute()
+        self.user = user
+        self._port_base = port_base
+
+    # ---- layout -------------------------------------------------------------------------
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
+    @property
+    def plugstack_conf(self) -> Path:
+        return self.etc / "plugstack.conf"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def munge_dir(self) -> Path:
+        return self.root / "munge"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.munge_dir / "munge.socket"
+
+    @property
+    def plugin_dir(self) -> Path:
+        """Where tether's plugins for this sandbox go (searched after the system PluginDir)."""
+        return self.root / "plugins"
+
+    @property
+    def work_dir(self) -> Path:
+        """A world-writable (sticky) directory for job scripts and output of the demo/test user."""
+        return self.root / "work"
+
+    @property
+    def tether_conf(self) -> Path:
+        """The tether config the sandbox's daemons read (their $TETHER_CONFIG)."""
+        return self.etc / "tether.yaml"
+
+    @property
+    def build_dir(self) -> Path:
+        return self.root / "build"
+
+    @property
+    def settings_file(self) -> Path:
+        return self.root / "sandbox.json"
+
+    def env(self) -> dict[str, str]:
+        """Variables that point Slurm's commands at this sandbox."""
+        return {"SLURM_CONF": str(self.slurm_conf)}
+
+    def command_env(self) -> dict[str, str]:
+        """os.environ plus :meth:`env`, for running Slurm commands against the sandbox."""
+        return {**os.environ, **self.env()}
+
+    def daemon_env(self) -> dict[str, str]:
+        """The daemons' environment: the sandbox's Slurm config and tether config."""
+        return {**self.command_env(), "TETHER_CONFIG": str(self.tether_conf)}
+
+    # ---- tether's plugins -------------------------------------------------------------------
+    def install_plugins(self, *, log=print) -> None:
+        """Build (when the sources changed) and install tether's plugins into this sandbox."""
+        build = build_plugins(self.build_dir, reuse=True, log=log)
+        install_plugins(build, slurm_conf=self.slurm_conf, plugin_dir=self.plugin_dir,
+                        config=load_config(str(self.tether_conf)), write=True, log=lambda m: None)
+
+    def tether_settings(self) -> dict:
+        """The sandbox's tether config: its own job storage root and image cache; podman as the
+        container runtime, with the settings this machine needs (runc; no default ulimits)."""
+        return {
+            "job_storage_root": str(self.root / "jobs"),
+            "container": {
+                "runtime": "podman",
+                "apptainer_image_root": str(self.root / "images"),
+                "podman": {"args": ["--runtime", "runc"],
+                           "env": {"CONTAINERS_CONF": str(self.etc / "containers.conf")}},
+            },
+        }
+
+    def busybox_image(self) -> str:
+        """A busybox root filesystem under ``<root>/images``: root-owned and read-only to users, as
+        an admin's shared image directory is (podman runs it through an overlay). Built once."""
+        root = self.root / "images" / "busybox-rootfs"
+        if not (root / "mnt").is_dir():
+            build_busybox_rootfs(root)
+        return str(root)
+
+    def restart_slurmctld(self, timeout: float = 60.0) -> None:
+        """Restart slurmctld keeping its state (jobs, nodes): how a changed plugin .so gets loaded."""
+        _stop(next(d for d in self.daemons() if d.name == "slurmctld"))
+        self._start(["slurmctld", "-f", str(self.slurm_conf)], "slurmctld")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if run_command(["scontrol", "ping"], env=self.command_env(), check=False,
+                           timeout=15).stdout.count("UP"):
+                self.wait_idle(max(1.0, deadline - time.monotonic()), busy_ok=True)
+                return
+            time.sleep(0.2)
+        raise SandboxError(f"slurmctld did not answer within {timeout:g} s after a restart\n"
+                           f"{self.log_tails()}")
+
+    def set_job_submit_plugins(self, plugins: str | None) -> None:
+        """Switch slurm.conf's JobSubmitPlugins (None: none) and make slurmctld reload it."""
+        line = f"JobSubmitPlugins={plugins}" if plugins else None
+        set_conf_line(self.slurm_conf, r"JobSubmitPlugins\s*=", line)
+        run_command(["scontrol", "reconfigure"], env=self.command_env(), timeout=60)
+
+    def daemons(self) -> list[Daemon]:
+        """The sandbox's daemons in start order (munged, slurmctld, slurmd n1..n3)."""
+        conf = str(self.slurm_conf)
+        return ([Daemon("munged", self.munge_dir / "munged.pid", str(self.munge_socket)),
+                 Daemon("slurmctld", self.run_dir / "slurmctld.pid", conf)]
+                + [Daemon(f"slurmd-{n}", self.run_dir / f"slurmd-{n}.pid", conf) for n in NODES])
+
+    # ---- settings -----------------------------------------------------------------------
+    def _settings(self) -> dict:
+        try:
+            return json.loads(self.settings_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def port_base(self) -> int:
+        """Ports: slurmctld at base, slurmd n1..n3 at base+1..base+3 (kept across restarts)."""
+        if self._port_base is not None:
+            return self._port_base
+        return int(self._settings().get("port_base", DEFAULT_PORT_BASE))
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def install(self, *, log=print) -> None:
+        """Install the Debian packages the sandbox needs and create its job user (no daemons)."""
+        _require_root()
+        ensure_packages(APT_PACKAGES, log=log)
+        ensure_user(self.user, log=log)
+
+    def up(self, *, install: bool = True, plugins: bool = True, timeout: float = 90.0,
+           log=print) -> None:
+        """Install what is missing, write the configs, build and install tether's plugins the way
+        an admin does (``tether slurm build`` / ``tether slurm install --write``), start the
+        daemons and wait for idle nodes."""
+        if install:
+            self.install(log=log)
+        _require_root()
+        if self.running():
+            log(f"sandbox already running at {self.root}")
+            self.wait_idle(timeout)
+            return
+        self.stop_daemons(log=lambda *_: None)  # leftovers of a half-started sandbox
+        port_base = self._choose_ports()
+        ensure_user(self.user, log=log)
+        self._make_layout()
+        self._write_configs(port_base)
+        if plugins:
+            self.install_plugins(log=log)
+        self.settings_file.write_text(json.dumps({"port_base": port_base, "user": self.user}) + "\n")
+        try:
+            self._start_munged()
+            self._start(["slurmctld", "-f", str(self.slurm_conf)], "slurmctld")
+            for node in NODES:
+                (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
+                self._start(["slurmd", "-f", str(self.slurm_conf), "-N", node], f"slurmd-{node}")
+            self.wait_idle(timeout)
+        except SandboxError as exc:
+            tails = self.log_tails()
+            self.stop_daemons(log=lambda *_: None)
+            raise SandboxError(f"{exc}\n{tails}") from None
+        log(f"sandbox up: {self.root} (slurmctld port {port_base}, slurmd ports "
+            f"{port_base + 1}-{port_base + len(NODES)}); {self.export_line()}")
+
+    def down(self, *, purge: bool = False, log=print) -> list[str]:
+        """Cancel the sandbox's jobs, stop its daemons by PID; ``purge`` removes the directory."""
+        _require_root()
+        if self.root.exists() and self._pid_of("slurmctld"):
+            self._cancel_all_jobs()
+        stopped = self.stop_daemons(log=log)
+        if purge and self.root.exists():
+            shutil.rmtree(self.root)
+            log(f"removed {self.root}")
+        return stopped
+
+    def running(self) -> bool:
+        """True if every daemon of the sandbox is alive."""
+        return self.root.exists() and all(d.pid() for d in self.daemons())
+
+    def status(self) -> dict:
+        """Daemons (pid or None), ports and node states, as a mapping."""
+        info = {"root": str(self.root), "slurm_conf": str(self.slurm_conf),
+                "port_base": self.port_base(),
+                "daemons": {d.name: d.pid() for d in self.daemons()}, "nodes": {}}
+        if info["daemons"]["slurmctld"]:
+            info["nodes"] = self.node_states()
+        return info
+
+    def node_states(self) -> dict[str, str]:
+        """``{node: "idle"|"alloc"|...}`` from sinfo (empty if slurmctld does not answer)."""
+        try:
+            out = run_command(["sinfo", "-h", "-N", "-o", "%N %T %G"], env=self.command_env(),
+                              timeout=15).stdout
+        except CommandError:
+            return {}
+        states = {}
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) >= 2:
+                states[parts[0]] = parts[1] + (f" {parts[2]}" if len(parts) > 2 else "")
+        return states
+
+    def wait_idle(self, timeout: float = 90.0, *, busy_ok: bool = False) -> None:
+        """Wait until all nodes are idle (or, with ``busy_ok``, up and running jobs); fail early on
+        a drained or invalid node."""
+        deadline = time.monotonic() + timeout
+        states: dict[str, str] = {}
+        usable = ("idle", "alloc", "mixed", "completing") if busy_ok else ("idle",)
+        while time.monotonic() < deadline:
+            states = self.node_states()
+            plain = {n: s.split()[0].rstrip("*~#$@+") for n, s in states.items()}
+            if set(plain) >= set(NODES) and all(plain[n] in usable for n in NODES):
+                return
+            bad = {n: s for n, s in plain.items() if s.startswith(("drain", "inval", "fail"))}
+            if bad:
+                reasons = run_command(["sinfo", "-R", "-h"], env=self.command_env(), check=False,
+                                      timeout=15).stdout.strip()
+                raise SandboxError(f"sandbox nodes not usable: {bad}; reasons: {reasons}")
+            time.sleep(0.3)
+        raise SandboxError(f"sandbox nodes did not become idle within {timeout:g} s: {states}")
+
+    def stop_daemons(self, *, log=print) -> list[str]:
+        """SIGTERM each live daemon (slurmd first, munged last), SIGKILL after 15 s."""
+        stopped = []
+        for daemon in reversed(self.daemons()):
+            pid = _stop(daemon)
+            daemon.pid_file.unlink(missing_ok=True)
+            if pid is None:
+                continue
+            stopped.append(f"{daemon.name} (pid {pid})")
+            log(f"stopped {daemon.name} (pid {pid})")
+        return stopped
+
+    def log_tails(self, lines: int = 30) -> str:
+        """The last lines of every daemon log, for failure reports."""
+        out = []
+        for path in sorted(self.log_dir.glob("*.log")) + [self.munge_dir / "munged.log"]:
+            try:
+                text = [line for line in path.read_text(errors="replace").splitlines()
+                        if " Info: " not in line][-lines:]   # munged's per-credential chatter
+            except OSError:
+                continue
+            out.append(f"----- {path} (last {len(text)} lines) -----\n" + "\n".join(text))
+        return "\n".join(out)
+
+    def export_line(self) -> str:
+        return " ".join(f"export {k}={v}" for k, v in self.env().items())
+
+    # ---- internals ----------------------------------------------------------------------
+    def _pid_of(self, name: str) -> int | None:
+        return next((d.pid() for d in self.daemons() if d.name == name), None)
+
+    def _choose_ports(self) -> int:
+        wanted = self.port_base()
+        if _ports_free(wanted):
+            return wanted
+        if self._port_base is not None:
+            raise SandboxError(f"ports {wanted}-{wanted + len(NODES)} on 127.0.0.1 are in use; "
+                               f"choose another --port-base")
+        for base in range(wanted + 10, wanted + 1000, 10):
+            if _ports_free(base):
+                return base
+        raise SandboxError(f"no free ports near {wanted} on 127.0.0.1")
+
+    def _make_layout(self) -> None:
+        for sub in ("etc", "state", "spool", "log", "run", "plugins", "dev", "jobs"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+            os.chmod(self.root / sub, 0o755)
+        os.chmod(self.root, 0o755)
+        for parent in self.root.parents:
+            if parent.exists() and stat.S_IMODE(parent.stat().st_mode) & 0o005 != 0o005:
+                raise SandboxError(f"{parent} is not readable by other users; munge and job users "
+                                   f"need to reach {self.root}")
+        self.work_dir.mkdir(exist_ok=True)
+        os.chmod(self.work_dir, 0o1777)
+        for i in range(GPUS_PER_NODE):
+            dev = self.root / "dev" / f"fakegpu{i}"
+            if not dev.exists():
+                os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # like /dev/null
+        munge = pwd.getpwnam("munge")
+        self.munge_dir.mkdir(exist_ok=True)
+        os.chown(self.munge_dir, munge.pw_uid, munge.pw_gid)
+        os.chmod(self.munge_dir, 0o755)
+        key = self.munge_dir / "munge.key"
+        if not key.exists():
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(os.urandom(1024))
+            os.chown(key, munge.pw_uid, munge.pw_gid)
+
+    def _write_configs(self, port_base: int) -> None:
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+        values = {
+            "cluster_name": "tether-sandbox", "ctld_port": port_base,
+            "slurmd_ports": [port_base + 1 + i for i in range(len(NODES))],
+            "munge_socket": self.munge_socket, "state_dir": self.root / "state",
+            "spool_dir": self.root / "spool", "run_dir": self.run_dir, "log_dir": self.log_dir,
+            "plugin_dir": f"{system_plugin_dir()}:{self.plugin_dir}",
+            "plugstack_conf": self.plugstack_conf,
+            "nodes": len(NODES), "cpus": CPUS_PER_NODE, "memory_mb": MEMORY_MB,
+            "gpus": GPUS_PER_NODE, "dev_dir": self.root / "dev",
+        }
+        for name in ("slurm.conf", "gres.conf"):
+            template = resources.files("tether.sandbox").joinpath(f"{name}.j2").read_text()
+            (self.etc / name).write_text(env.from_string(template).render(**values))
+        self.plugstack_conf.write_text("# tether sandbox: SPANK plugins (see `tether slurm install`)\n")
+        (self.etc / "containers.conf").write_text(CONTAINERS_CONF)
+        self.tether_conf.write_text("# tether configuration of the sandbox cluster (generated)\n"
+                                    + yaml.safe_dump(self.tether_settings(), sort_keys=False))
+
+    def _start_munged(self) -> None:
+        d = self.munge_dir
+        self.munge_socket.unlink(missing_ok=True)
+        self._start(["runuser", "-u", "munge", "--", "munged", f"--socket={self.munge_socket}",
+                     f"--key-file={d / 'munge.key'}", f"--pid-file={d / 'munged.pid'}",
+                     f"--log-file={d / 'munged.log'}", f"--seed-file={d / 'munged.seed'}"], "munged")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            probe = subprocess.run(["munge", "-S", str(self.munge_socket), "-n"],
+                                   capture_output=True)
+            if probe.returncode == 0:
+                return
+            time.sleep(0.1)
+        raise SandboxError(f"munged did not answer on {self.munge_socket}")
+
+    def _start(self, argv: list[str], name: str) -> None:
+        """Start a daemonizing command; its early output goes to log/<name>.start."""
+        start_log = self.log_dir / f"{name}.start"
+        with open(start_log, "wb") as out:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                    env=self.daemon_env(), start_new_session=True)
+            try:
+                rc = proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise SandboxError(f"{name} did not daemonize within 30 s") from None
+        if rc != 0:
+            text = start_log.read_text(errors="replace").strip()
+            raise SandboxError(f"{name} failed to start (exit {rc}): {text}")
+        daemon = next(d for d in self.daemons() if d.name == name)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if daemon.pid():
+                return
+            time.sleep(0.05)
+        raise SandboxError(f"{name} exited right after starting; see {self.log_dir}")
+
+    def _cancel_all_jobs(self) -> None:
+        env = self.command_env()
+        out = run_command(["squeue", "-h", "-o", "%A"], env=env, check=False, timeout=15).stdout
+        jobs = out.split()
+        if not jobs:
+            return
+        run_command(["scancel", *jobs], env=env, check=False, timeout=15)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            left = run_command(["squeue", "-h", "-o", "%A %T"], env=env, check=False,
+                               timeout=15).stdout.strip()
+            if not left:
+                return
+            time.sleep(0.3)
+
+
+def ensure_packages(packages: Iterable[str], *, log=print) -> None:
+    """apt-get install the Debian packages that are not installed yet."""
+    missing = []
+    for pkg in packages:
+        probe = subprocess.run(["dpkg-query", "-W", "-f=${Status}", pkg], capture_output=True,
+                               text=True)
+        if "install ok installed" not in probe.stdout:
+            missing.append(pkg)
+    if not missing:
+        return
+    log(f"installing Debian packages: {' '.join(missing)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        run_command(["apt-get", "update", "-q"], env=env, timeout=600)
+        run_command(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], env=env,
+                    timeout=1800)
+    except CommandError as exc:
+        raise SandboxError(f"could not install {' '.join(missing)}: {exc}") from None
+
+
+def ensure_user(name: str, *, log=print) -> None:
+    """Create the unprivileged job user (with a home directory) if it does not exist."""
+    try:
+        pwd.getpwnam(name)
+        return
+    except KeyError:
+        pass
+    log(f"creating user {name}")
+    try:
+        run_command(["useradd", "--create-home", "--shell", "/bin/bash", name], timeout=60)
+    except CommandError as exc:
+        raise SandboxError(f"could not create user {name}: {exc}") from None
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise SandboxError("the sandbox installs packages and starts Slurm daemons: run it as root")
+
+
+def _ports_free(base: int) -> bool:
+    for port in range(base, base + len(NODES) + 1):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def _stop(daemon: Daemon) -> int | None:
+    """SIGTERM the daemon if it is alive, SIGKILL after 15 s; returns the PID it had (or None)."""
+    pid = daemon.pid()
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        if not _wait_gone(daemon, 15.0):
+            os.kill(pid, signal.SIGKILL)
+            _wait_gone(daemon, 5.0)
+    return pid
+
+
+def _wait_gone(daemon: Daemon, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if daemon.pid() is None:
+            return True
+        time.sleep(0.05)
+    return daemon.pid() is None
+
+
+def build_busybox_rootfs(root: Path) -> None:
+    """A complete small image: busybox-static with every applet, the /etc files and mount targets
+    runtimes expect. Built beside ``root`` and renamed into place."""
+    tmp = root.with_name(f".{root.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
+    for sub in ("bin", "etc", "tmp", "proc", "sys", "dev", "run", "var/tmp", "mnt"):
+        (tmp / sub).mkdir(parents=True)
+    shutil.copy2("/bin/busybox", tmp / "bin" / "busybox")
+    applets = run_command([str(tmp / "bin" / "busybox"), "--list"]).stdout.split()
+    for applet in applets:
+        if applet != "busybox":
+            (tmp / "bin" / applet).symlink_to("busybox")
+    (tmp / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (tmp / "etc" / "group").write_text("root:x:0:\n")
+    for target in ("hosts", "hostname", "resolv.conf"):          # podman's mount targets
+        (tmp / "etc" / target).write_text("")
+    (tmp / "etc" / "mtab").symlink_to("/proc/mounts")
+    os.chmod(tmp / "tmp", 0o1777)
+    os.chmod(tmp / "var" / "tmp", 0o1777)
+    for path in (tmp.parent, tmp):
+        os.chmod(path, 0o755)
+    tmp.rename(root)

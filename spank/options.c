@@ -1,0 +1,263 @@
+/*
+ * tether's SPANK options: values, validation, registration, plugstack.conf arguments.
+ *
+ * Options are registered with spank_option_register() inside slurm_spank_init (the static
+ * spank_options[] table is not read in allocator context). Values are checked here, cheaply and
+ * with a clear message, in srun/sbatch/salloc and again when slurmstepd receives them; slurmctld
+ * and the launcher check them once more where they are used.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <slurm/slurm.h>
+#include <slurm/spank.h>
+
+#include "jobdirs.h"
+#include "options.h"
+
+struct tether_opt tether_opts[TETHER_NOPTS] = TETHER_OPTION_TABLE;
+
+const char *tether_job_storage_root = TETHER_DEFAULT_JOB_STORAGE_ROOT;
+const char *tether_launcher;
+
+const char *tether_opt_value(enum tether_option id)
+{
+	return tether_opts[id].value;
+}
+
+int tether_any_option(void)
+{
+	for (int i = 0; i < TETHER_NOPTS; i++)
+		if (tether_opts[i].value)
+			return 1;
+	return 0;
+}
+
+int tether_one_of(const char *value, const char *const *choices)
+{
+	for (; *choices; choices++)
+		if (strcmp(value, *choices) == 0)
+			return 1;
+	return 0;
+}
+
+/* NAME[,NAME...] where each NAME is a shell variable name (ASCII). */
+static int env_names_ok(const char *value)
+{
+	const char *p = value;
+
+	if (strlen(value) > TETHER_MAX_TEXT)
+		return 0;
+	for (;;) {
+		if (!(isascii((unsigned char)*p) && (isalpha((unsigned char)*p) || *p == '_')))
+			return 0;
+		while (isascii((unsigned char)*p) && (isalnum((unsigned char)*p) || *p == '_'))
+			p++;
+		if (*p == '\0')
+			return 1;
+		if (*p != ',')
+			return 0;
+		p++;
+	}
+}
+
+/* Printable text of at most TETHER_MAX_TEXT bytes: no control characters (UTF-8 letters pass). */
+static int text_ok(const char *value)
+{
+	size_t n = strlen(value);
+
+	if (n == 0 || n > TETHER_MAX_TEXT)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)value[i] < 0x20 || value[i] == 0x7f)
+			return 0;
+	return 1;
+}
+
+/* A whole number of ASCII digits within [min, max]. */
+static int count_ok(const char *value, long min, long max)
+{
+	char *end = NULL;
+	long n;
+
+	for (const char *p = value; *p; p++)
+		if (*p < '0' || *p > '9')
+			return 0;
+	if (value[0] == '\0' || strlen(value) > 18)
+		return 0;
+	errno = 0;
+	n = strtol(value, &end, 10);
+	return errno == 0 && *end == '\0' && n >= min && n <= max;
+}
+
+/* Normalize a flag value (1/0, true/false, yes/no, on/off); returns "1", "0" or NULL. */
+static const char *flag_value(const char *value)
+{
+	static const char *const yes[] = { "1", "true", "yes", "on", NULL };
+	static const char *const no[] = { "0", "false", "no", "off", NULL };
+
+	if (value == NULL || value[0] == '\0') /* slurmstepd hands a set flag over as "" */
+		return "1";
+	if (tether_one_of(value, yes))
+		return "1";
+	if (tether_one_of(value, no))
+		return "0";
+	return NULL;
+}
+
+/* Is ``value`` valid for ``o``? The normalized value, or NULL. */
+static const char *check_value(const struct tether_opt *o, const char *value)
+{
+	static const char *const slot_types[] = { TETHER_SLOT_TYPES, NULL };
+	static const char *const runtimes[] = { TETHER_RUNTIMES, NULL };
+
+	if (o->kind == K_FLAG)
+		return flag_value(value);
+	if (value == NULL)
+		return NULL;
+	switch (o->kind) {
+	case K_COUNT:
+		return count_ok(value, o->minimum, o->maximum) ? value : NULL;
+	case K_SLOT_TYPE:
+		return tether_one_of(value, slot_types) ? value : NULL;
+	case K_RUNTIME:
+		return tether_one_of(value, runtimes) ? value : NULL;
+	case K_NAME:
+		return tether_name_ok(value, TETHER_MAX_NAME) ? value : NULL;
+	case K_ENV_NAMES:
+		return env_names_ok(value) ? value : NULL;
+	case K_TEXT:
+		return text_ok(value) ? value : NULL;
+	default:
+		return NULL;
+	}
+}
+
+/* The message for a value ``o`` refused (tether_fail: in slurmstepd the step fails with it). */
+static void report_bad(const struct tether_opt *o, const char *value, const char *how)
+{
+	const char *shown = value ? value : "";
+
+	switch (o->kind) {
+	case K_COUNT:
+		tether_fail("tether: %s=%.40s: expected a whole number from %ld to %ld", how, shown,
+			    o->minimum, o->maximum);
+		break;
+	case K_SLOT_TYPE:
+		tether_fail("tether: %s=%.40s: expected one of %s", how, shown, TETHER_SLOT_TYPES_TEXT);
+		break;
+	case K_RUNTIME:
+		tether_fail("tether: %s=%.40s: expected one of %s", how, shown, TETHER_RUNTIMES_TEXT);
+		break;
+	case K_NAME:
+		tether_fail("tether: %s: expected a name of letters, digits, '.', '_', '-' (at most %d "
+			    "characters)", how, TETHER_MAX_NAME);
+		break;
+	case K_ENV_NAMES:
+		tether_fail("tether: %s: expected variable names separated by commas (NAME,NAME)", how);
+		break;
+	case K_FLAG:
+		tether_fail("tether: %s=%.40s: expected 1/0, true/false or yes/no", how, shown);
+		break;
+	default:
+		tether_fail("tether: %s: expected printable text of at most %d characters", how,
+			    TETHER_MAX_TEXT);
+	}
+}
+
+int tether_opt_set(int index, const char *value, const char *how, int from_env)
+{
+	struct tether_opt *o = &tether_opts[index];
+	const char *normalized = check_value(o, value);
+	char *copy;
+
+	if (normalized == NULL) {
+		report_bad(o, value, how);
+		return -1;
+	}
+	copy = strdup(normalized);
+	if (copy == NULL) {
+		tether_fail("tether: %s: out of memory", how);
+		return -1;
+	}
+	free(o->value); /* Slurm may call us twice (script and command line): the last one wins */
+	o->value = copy;
+	o->from_env = from_env;
+	return 0;
+}
+
+static int option_cb(int val, const char *optarg, int remote)
+{
+	char how[TETHER_MAX_NAME + 3];
+	int rc;
+
+	if (val < 0 || val >= TETHER_NOPTS)
+		return remote ? 0 : -1;
+	snprintf(how, sizeof(how), "--%s", tether_opts[val].name);
+	rc = tether_opt_set(val, optarg, how, 0);
+	/* In slurmstepd a refused value fails the step's tasks (kept by tether_fail); failing here
+	 * would fail slurmstepd's own start, which drains the node for a batch job. */
+	return remote ? 0 : rc;
+}
+
+int tether_register_options(spank_t sp)
+{
+	for (int i = 0; i < TETHER_NOPTS; i++) {
+		struct spank_option opt = {
+			.name = (char *)tether_opts[i].name,
+			.arginfo = (char *)tether_opts[i].arginfo,
+			.usage = (char *)tether_opts[i].usage,
+			.has_arg = tether_opts[i].arginfo != NULL,
+			.val = i,
+			.cb = option_cb,
+		};
+		spank_err_t rc = spank_option_register(sp, &opt);
+
+		if (rc != ESPANK_SUCCESS) {
+			slurm_error("tether: cannot register --%s: %s", tether_opts[i].name,
+				    spank_strerror(rc));
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* ``arg`` is ``key=/absolute/path``: the path, or NULL. */
+static const char *path_arg(const char *arg, const char *key)
+{
+	size_t n = strlen(key);
+
+	if (strncmp(arg, key, n) != 0 || arg[n] != '=' || arg[n + 1] != '/' || strlen(arg) > 2048)
+		return NULL;
+	return arg + n + 1;
+}
+
+int tether_parse_args(int ac, char **av)
+{
+	for (int i = 0; i < ac; i++) {
+		const char *path;
+
+		if ((path = path_arg(av[i], "job_storage_root")) != NULL)
+			tether_job_storage_root = path;
+		else if ((path = path_arg(av[i], "launcher")) != NULL)
+			tether_launcher = path;
+		else {
+			slurm_error("tether: plugstack.conf argument '%s' is not understood (accepted: "
+				    "job_storage_root=/absolute/path, launcher=/absolute/path)", av[i]);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+void tether_opts_clear(void)
+{
+	for (int i = 0; i < TETHER_NOPTS; i++) {
+		free(tether_opts[i].value);
+		tether_opts[i].value = NULL;
+		tether_opts[i].from_env = 0;
+	}
+}

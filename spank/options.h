@@ -1,0 +1,53 @@
+/*
+ * tether's SPANK options: the table (generated from tether/hooks/surface.py into tether_names.h),
+ * their values in this process, validation with a message naming what is accepted, registration
+ * with Slurm, and the plugstack.conf arguments.
+ */
+#ifndef TETHER_OPTIONS_H
+#define TETHER_OPTIONS_H
+
+#include <slurm/spank.h>
+
+#include "tether_names.h"
+
+struct tether_opt {
+	const char *name;      /* long option name, without "--" */
+	const char *arginfo;   /* NULL for a flag */
+	const char *usage;
+	enum tether_kind kind;
+	const char *env;       /* TETHER_<NAME>: the environment fallback */
+	const char *job_env;   /* TETHER_JOB_<NAME>: how a slot option is described to the ranks; NULL */
+	long minimum, maximum; /* K_COUNT bounds */
+	char *value;           /* effective value (malloc'd), NULL when unset */
+	int from_env;
+};
+
+extern struct tether_opt tether_opts[TETHER_NOPTS];
+
+/* plugstack.conf arguments (`tether slurm install` writes them from tether's config). */
+extern const char *tether_job_storage_root;
+extern const char *tether_launcher; /* the container launcher (tether-run); NULL: no containers */
+
+/* The value of option ``id``, or NULL when it is not set. */
+const char *tether_opt_value(enum tether_option id);
+
+/* Any option set? (a tether step) */
+int tether_any_option(void);
+
+/* Validate ``value`` for option ``index`` and store it (the last call wins). ``how`` is what the
+ * user typed ("--slots" or "TETHER_SLOTS"), for the message. 0 or -1 (reported with slurm_error). */
+int tether_opt_set(int index, const char *value, const char *how, int from_env);
+
+/* Register every option with Slurm (slurm_spank_init, local/allocator/remote contexts). */
+int tether_register_options(spank_t sp);
+
+/* Parse plugstack.conf's arguments; an unknown or malformed one fails the plugin load. */
+int tether_parse_args(int ac, char **av);
+
+/* Forget every value (slurm_spank_exit). */
+void tether_opts_clear(void);
+
+/* Is ``value`` one of the NULL-terminated ``choices``? */
+int tether_one_of(const char *value, const char *const *choices);
+
+#endif

@@ -1,0 +1,423 @@
+/*
+ * tether SPANK plugin, remote side (slurmstepd): per-job and per-rank directories, the rank
+ * environment, the container hand-off, and cleanup. Layout: tether/hooks/layout.py.
+ *
+ * No setup failure ever fails slurmstepd's own part of a step. A plugin error in init_post_opt or
+ * user_init makes slurmd report a launch failure: for a batch job that drains the node ("batch job
+ * complete failure") and leaves the job COMPLETED 0:0; srun even exits 0. So the first reason a step
+ * cannot run is kept, and every task of the step fails with it in task_init -- as the user, with
+ * the message on the task's stderr (the job's output) -- and exits 1: the job or step fails,
+ * visibly, and the node stays in service.
+ *
+ * Nothing the job's environment says decides where root writes: the job's directory is named by
+ * S_JOB_ID, this node's by slurmd's own name (SLURMD_NODENAME in slurmstepd's environment, set from
+ * slurmd's config -- not the job's), the step's by S_JOB_STEPID.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <slurm/slurm.h>
+#include <slurm/spank.h>
+
+#include "jobdirs.h"
+#include "options.h"
+#include "stepd.h"
+
+/* Exported by libslurmfull (not declared in the public headers). */
+extern void slurm_xfree(void **item);
+extern char *slurm_conf_get_nodeaddr(const char *node_hostname);
+
+static struct {
+	int tether;                /* this step carries tether options */
+	int container;             /* ... and its tasks run in a container */
+	uid_t uid;
+	gid_t gid;
+	uint32_t job_id, step_id;
+	char node[256];            /* slurmd's node name */
+	char step_name[64];        /* step-0, step-batch, step-extern, ... */
+	char job_dir[PATH_MAX];    /* <root>/<jobid> */
+	char step_dir[PATH_MAX];   /* <root>/<jobid>/<node>/<step> */
+	char failure[1024];        /* why this step cannot run (the first reason) */
+} step;
+
+/* Where jobdirs.c's messages go (and options.c's, in every context): slurmd's log or the user's
+ * terminal; in slurmstepd a TETHER_FAIL is also kept for the tasks to fail with. */
+void tether_report(enum tether_level level, const char *msg)
+{
+	if (level == TETHER_INFO) {
+		slurm_info("%s", msg);
+		return;
+	}
+	slurm_error("%s", msg);
+	if (level == TETHER_FAIL && spank_context() == S_CTX_REMOTE && !step.failure[0])
+		snprintf(step.failure, sizeof(step.failure), "%s", msg);
+}
+
+static void step_label(uint32_t id, char *buf, size_t len)
+{
+	if (id == SLURM_BATCH_SCRIPT)
+		snprintf(buf, len, TETHER_STEP_PREFIX "batch");
+	else if (id == SLURM_EXTERN_CONT)
+		snprintf(buf, len, TETHER_STEP_PREFIX "extern");
+	else if (id == SLURM_INTERACTIVE_STEP)
+		snprintf(buf, len, TETHER_STEP_PREFIX "interactive");
+	else
+		snprintf(buf, len, TETHER_STEP_PREFIX "%u", id);
+}
+
+static int get_env(spank_t sp, const char *name, char *buf, int len)
+{
+	return spank_getenv(sp, name, buf, len) == ESPANK_SUCCESS;
+}
+
+static int set_env(spank_t sp, const char *name, const char *value)
+{
+	spank_err_t rc = spank_setenv(sp, name, value, 1);
+
+	if (rc != ESPANK_SUCCESS) {
+		tether_fail("tether: cannot set %s: %s", name, spank_strerror(rc));
+		return -1;
+	}
+	return 0;
+}
+
+static int set_env_u(spank_t sp, const char *name, unsigned long value)
+{
+	char buf[32];
+
+	snprintf(buf, sizeof(buf), "%lu", value);
+	return set_env(sp, name, buf);
+}
+
+/*
+ * The TETHER_<NAME> fallbacks, from the job's environment: Slurm hands slurmstepd only the options
+ * given on a command line or in #SBATCH lines, so a step asked for with `TETHER_CONTAINER_IMAGE=IMG
+ * srun ...` (or a job script exporting it) is recognised here, exactly as the option would be.
+ */
+static void env_fallbacks(spank_t sp)
+{
+	char value[TETHER_MAX_TEXT + 2];
+
+	for (int i = 0; i < TETHER_NOPTS; i++) {
+		if (tether_opts[i].value || !get_env(sp, tether_opts[i].env, value, sizeof(value)))
+			continue;
+		tether_opt_set(i, value, tether_opts[i].env, 1); /* a bad value is kept as the failure */
+	}
+}
+
+/* This node's Slurm name: slurmd's own (see the top of this file), usable as a directory name. */
+static int this_node(void)
+{
+	const char *name = getenv("SLURMD_NODENAME");
+
+	if (name == NULL || !tether_name_ok(name, sizeof(step.node) - 1)) {
+		tether_fail("tether: cannot tell this node's name (slurmstepd has no usable SLURMD_NODENAME)");
+		return -1;
+	}
+	snprintf(step.node, sizeof(step.node), "%s", name);
+	return 0;
+}
+
+int tether_stepd_post_opt(spank_t sp)
+{
+	char name[32];
+	int root_fd, fd;
+
+	env_fallbacks(sp);
+	step.tether = tether_any_option();
+	if (!step.tether)
+		return 0; /* not a tether step: nothing at all */
+	if (spank_get_item(sp, S_JOB_UID, &step.uid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_GID, &step.gid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_ID, &step.job_id) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_STEPID, &step.step_id) != ESPANK_SUCCESS) {
+		tether_fail("tether: cannot read the job's uid, gid, id or step id");
+		return 0;
+	}
+	step_label(step.step_id, step.step_name, sizeof(step.step_name));
+	if (this_node() < 0)
+		return 0;
+	/* The tasks of an ordinary step run in the container; the batch script, salloc's interactive
+	 * step and the extern step stay on the host (so srun works inside a batch script). */
+	step.container = tether_opt_value(OPT_CONTAINER_IMAGE) != NULL &&
+			 step.step_id < SLURM_MAX_NORMAL_STEP_ID;
+	if (step.container && tether_launcher == NULL) {
+		tether_fail("tether: --container-image: containers are not set up on this cluster "
+			    "(plugstack.conf has no launcher=; an admin runs `tether slurm install --write`)");
+		return 0;
+	}
+	/* Keep everything a container step starts inside the step: a runtime that double-forks
+	 * (podman's conmon) is caught by the launcher, itself a child subreaper; should the launcher
+	 * die (SIGKILL, the OOM killer), its orphans re-parent to this slurmstepd instead of init, so
+	 * process tracking still signals and kills them with the step (slurmstepd's wait3() loop
+	 * reaps pids that are not tasks without complaint). */
+	if (step.container && prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
+		tether_error("tether: prctl(PR_SET_CHILD_SUBREAPER): %s", strerror(errno));
+	root_fd = tether_open_storage_root(tether_job_storage_root);
+	if (root_fd < 0)
+		return 0;
+	snprintf(name, sizeof(name), "%u", step.job_id);
+	snprintf(step.job_dir, sizeof(step.job_dir), "%s/%s", tether_job_storage_root, name);
+	fd = tether_claim_job_dir(root_fd, name, step.uid, step.gid, step.job_dir);
+	close(root_fd);
+	if (fd >= 0) /* -2 (removed under us) cannot happen here: only root removes it */
+		close(fd);
+	return 0;
+}
+
+/* The n-th node of the step's (or, for the batch step, the job's) node list, from the job's
+ * environment: used only for MASTER_ADDR, a value of the user's own tasks. */
+static char *nth_node(spank_t sp, uint32_t n)
+{
+	char nodelist[8192] = "";
+	hostlist_t hl;
+	char *host = NULL;
+
+	if (!get_env(sp, "SLURM_STEP_NODELIST", nodelist, sizeof(nodelist)) &&
+	    !get_env(sp, "SLURM_JOB_NODELIST", nodelist, sizeof(nodelist)))
+		return NULL;
+	hl = slurm_hostlist_create(nodelist);
+	if (hl == NULL)
+		return NULL;
+	for (uint32_t i = 0; i <= n; i++) {
+		free(host);
+		host = slurm_hostlist_shift(hl);
+		if (host == NULL)
+			break;
+	}
+	slurm_hostlist_destroy(hl);
+	return host;
+}
+
+/* MASTER_ADDR: the address (NodeAddr) of the step's first node, or its name. */
+static int set_master_addr(spank_t sp)
+{
+	char *first = nth_node(sp, 0), *addr;
+	int rc;
+
+	if (first == NULL)
+		return 0;
+	addr = slurm_conf_get_nodeaddr(first);
+	rc = set_env(sp, "MASTER_ADDR", addr ? addr : first);
+	slurm_xfree((void **)&addr);
+	free(first);
+	return rc;
+}
+
+/* <job>/<node>/<step>/ as the user, and each local rank's directories; 0 or -1 (kept as the failure). */
+static int make_step_dirs(spank_t sp, uint32_t nlocal)
+{
+	char shown[PATH_MAX];
+	int job_fd, node_fd = -1, step_fd = -1, rc = -1;
+
+	job_fd = open(step.job_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (job_fd < 0) {
+		tether_fail("tether: cannot open %s: %s", step.job_dir, strerror(errno));
+		return -1;
+	}
+	if (tether_path_join(shown, sizeof(shown), step.job_dir, step.node) < 0 ||
+	    tether_path_join(step.step_dir, sizeof(step.step_dir), shown, step.step_name) < 0)
+		goto out;
+	/* a node or step directory removed under us (another step of this job ended) is made again */
+	for (int attempt = 0; attempt < 3 && step_fd < 0; attempt++) {
+		if (node_fd >= 0)
+			close(node_fd);
+		node_fd = tether_ensure_dir_at(job_fd, step.node, 0700, step.uid, step.gid, shown);
+		if (node_fd == -1)
+			goto out;
+		if (node_fd == -2)
+			continue;
+		step_fd = tether_ensure_dir_at(node_fd, step.step_name, 0700, step.uid, step.gid, step.step_dir);
+		if (step_fd == -1)
+			goto out;
+	}
+	if (step_fd < 0) {
+		tether_fail("tether: %s kept disappearing while this step created it", step.step_dir);
+		goto out;
+	}
+	for (uint32_t local = 0; local < nlocal; local++) {
+		uint32_t global = 0;
+
+		if (spank_get_item(sp, S_JOB_LOCAL_TO_GLOBAL_ID, local, &global) != ESPANK_SUCCESS)
+			global = local;
+		if (tether_make_rank_dirs(step_fd, step.step_dir, global, step.uid, step.gid) < 0)
+			goto out;
+	}
+	rc = 0;
+out:
+	if (step_fd >= 0)
+		close(step_fd);
+	if (node_fd >= 0)
+		close(node_fd);
+	close(job_fd);
+	return rc;
+}
+
+/* The step-wide part of the rank environment, and the options the step's ranks see. */
+static int set_step_env(spank_t sp, uint32_t ntasks, uint32_t nlocal, uint32_t nnodes)
+{
+	int rc;
+
+	if (set_env(sp, "TETHER_JOB_DIR", step.job_dir) || set_env(sp, "TETHER_STEP_DIR", step.step_dir) ||
+	    set_env_u(sp, "WORLD_SIZE", ntasks) || set_env_u(sp, "LOCAL_WORLD_SIZE", nlocal) ||
+	    set_env_u(sp, "TETHER_NNODES", nnodes) || set_master_addr(sp) < 0)
+		return -1;
+	/* Every rank of a step derives the same port; concurrent steps of a job (and jobs with
+	 * neighbouring ids) get different ones: 20000 + (job id mod 2000) * 16 + (step id mod 16). */
+	rc = set_env_u(sp, "MASTER_PORT", 20000 + (step.job_id % 2000) * 16 +
+		       (step.step_id < SLURM_MAX_NORMAL_STEP_ID ? step.step_id % 16 : 15));
+	for (int i = 0; i < TETHER_NOPTS && rc == 0; i++) {
+		const struct tether_opt *o = &tether_opts[i];
+
+		if (o->value && o->job_env) /* a slot option: described as TETHER_JOB_<NAME> */
+			rc = set_env(sp, o->job_env, o->value);
+		else if (o->value) /* a container option: the launcher reads TETHER_CONTAINER_*; in a
+				    * batch script they are the defaults srun picks up for the job's steps */
+			rc = set_env(sp, o->env, o->value);
+	}
+	return rc;
+}
+
+int tether_stepd_user_init(spank_t sp)
+{
+	uint32_t ntasks = 0, nlocal = 0, nnodes = 0;
+
+	if (!step.tether || step.failure[0])
+		return 0; /* the tasks fail with the reason (see the top of this file) */
+	spank_get_item(sp, S_JOB_TOTAL_TASK_COUNT, &ntasks);
+	spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &nlocal);
+	spank_get_item(sp, S_JOB_NNODES, &nnodes);
+	if (step.step_id == SLURM_BATCH_SCRIPT)
+		ntasks = nlocal = nnodes = 1; /* the batch script is one task on one node */
+	if (make_step_dirs(sp, nlocal) == 0)
+		set_step_env(sp, ntasks, nlocal, nnodes);
+	return 0;
+}
+
+/*
+ * Make the task exec tether's container launcher instead of its command. Slurm 22.05 has no
+ * spank_prepend_task_argv(), but S_JOB_ARGV gives the array the task is about to exec (this is the
+ * forked task process, so only the task sees the change): argv[0] becomes the launcher and the
+ * original argv[0] travels in TETHER_RUN_ARGV0; argv[1..] stay. The launcher execs (or, for runtimes
+ * that fork daemons, supervises) the container runtime, so the rank stays slurmstepd's child.
+ */
+static int hand_to_launcher(spank_t sp)
+{
+	int argc = 0;
+	char **argv = NULL;
+	char *launcher;
+
+	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || argc < 1 ||
+	    argv == NULL || argv[0] == NULL) {
+		slurm_error("tether: cannot read the task's command to run it in the container");
+		return -1;
+	}
+	launcher = strdup(tether_launcher);
+	if (launcher == NULL || set_env(sp, TETHER_ENV_RUN_ARGV0, argv[0]) < 0)
+		return -1;
+	/* The launcher supervises runtimes that double-fork as a child subreaper; the flag survives
+	 * execve, so it is set here, where it costs nothing (the launcher would need ctypes). */
+	if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
+		slurm_error("tether: prctl(PR_SET_CHILD_SUBREAPER): %s", strerror(errno));
+		return -1;
+	}
+	argv[0] = launcher; /* the old string belongs to slurmstepd's copy; this process execs now */
+	return 0;
+}
+
+/* The slots this rank got: its GPUs as Slurm bound them (--slot-type=cpu: none). */
+static int set_slot_ids(spank_t sp)
+{
+	const char *slot_type = tether_opt_value(OPT_SLOT_TYPE);
+	char gpus[1024] = "";
+
+	if ((slot_type && strcmp(slot_type, "cpu") == 0) || !get_env(sp, "CUDA_VISIBLE_DEVICES", gpus, sizeof(gpus)))
+		return 0;
+	if (set_env(sp, "TETHER_SLOT_IDS", gpus))
+		return -1;
+	if (slot_type && strcmp(slot_type, "rocm") == 0 && set_env(sp, "ROCR_VISIBLE_DEVICES", gpus))
+		return -1;
+	return 0;
+}
+
+int tether_stepd_task_init(spank_t sp)
+{
+	uint32_t global = 0, node = 0;
+	int local = 0;
+	char rank_dir[PATH_MAX + 32], path[PATH_MAX + 40];
+
+	if (!step.tether)
+		return 0;
+	spank_get_item(sp, S_TASK_ID, &local);
+	if (step.failure[0]) {
+		if (local == 0) /* once per node: the task's stderr is the job's output */
+			slurm_error("%s", step.failure);
+		return -1; /* the task exits 1: the step (or batch job) fails, the node stays */
+	}
+	spank_get_item(sp, S_TASK_GLOBAL_ID, &global);
+	spank_get_item(sp, S_JOB_NODEID, &node);
+	if (step.step_id == SLURM_BATCH_SCRIPT)
+		global = node = 0;
+	snprintf(rank_dir, sizeof(rank_dir), "%s/" TETHER_RANK_PREFIX "%u", step.step_dir, global);
+	if (step.container && hand_to_launcher(sp) < 0)
+		return -1;
+	if (set_env_u(sp, "RANK", global) || set_env_u(sp, "LOCAL_RANK", local) ||
+	    set_env_u(sp, "NODE_RANK", node) || set_env(sp, "TETHER_RANK_DIR", rank_dir))
+		return -1;
+	snprintf(path, sizeof(path), "%s/" TETHER_RANK_TMP, rank_dir);
+	if (set_env(sp, "TMPDIR", path))
+		return -1;
+	snprintf(path, sizeof(path), "%s/" TETHER_RANK_WORK, rank_dir);
+	if (set_env(sp, "TETHER_WORK_DIR", path))
+		return -1;
+	return set_slot_ids(sp);
+}
+
+/*
+ * slurmstepd, as root, when the step ends (normally, failed, cancelled or timed out): the step's
+ * directories, then the node's and the job's when no other step uses them. The end of the batch
+ * step is the end of the job: then the whole job directory goes, whatever the job left in it.
+ */
+void tether_stepd_exit(void)
+{
+	char name[32], what[96];
+	int root_fd, job_fd, node_fd;
+
+	if (!step.tether || !step.step_name[0] || !step.node[0] || !step.job_dir[0])
+		return;
+	snprintf(what, sizeof(what), "step %u.%.40s", step.job_id, step.step_name + strlen(TETHER_STEP_PREFIX));
+	root_fd = open(tether_job_storage_root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (root_fd < 0)
+		return;
+	snprintf(name, sizeof(name), "%u", step.job_id);
+	if (step.step_id == SLURM_BATCH_SCRIPT) {
+		/* the job's end: other steps may still be ending, their markers go with the tree */
+		if (tether_launcher && tether_has_leftovers(root_fd, name, 2))
+			tether_run_leftover_cleanup(tether_launcher, step.job_dir, step.uid, step.gid, what);
+		tether_remove_tree_at(root_fd, name);
+		close(root_fd);
+		return;
+	}
+	job_fd = openat(root_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (job_fd >= 0) {
+		node_fd = openat(job_fd, step.node, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (node_fd >= 0) {
+			if (step.container && tether_launcher && tether_has_leftovers(node_fd, step.step_name, 0))
+				tether_run_leftover_cleanup(tether_launcher, step.step_dir, step.uid, step.gid, what);
+			tether_remove_tree_at(node_fd, step.step_name);
+			close(node_fd);
+		}
+		unlinkat(job_fd, step.node, AT_REMOVEDIR); /* only when empty: no other step here */
+		close(job_fd);
+	}
+	unlinkat(root_fd, name, AT_REMOVEDIR);            /* only when no node uses it any more */
+	close(root_fd);
+}

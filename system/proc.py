@@ -1,0 +1,67 @@
+"""The one subprocess entry point: argv lists, a timeout, one error type.
+
+Every external command tether runs (scheduler commands, runtimes, apt, daemons) goes through
+``run_command``; tests fake commands at this boundary. A command that times out has its whole
+process group killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from typing import Mapping, Sequence
+
+from ..hooks.errors import TetherError
+
+DEFAULT_TIMEOUT = 60.0
+
+
+class CommandError(TetherError):
+    """A command failed: carries argv, exit code (None on timeout/not found), stdout and stderr."""
+
+    def __init__(self, argv: Sequence[str], returncode: int | None, stdout: str, stderr: str,
+                 reason: str = ""):
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        what = reason or f"exit code {returncode}"
+        tail = (stderr or stdout).strip().splitlines()[-8:]
+        detail = ("\n  " + "\n  ".join(tail)) if tail else ""
+        super().__init__(f"command failed ({what}): {' '.join(self.argv)}{detail}")
+
+
+def run_command(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, check: bool = True,
+                input: str | None = None, env: Mapping[str, str] | None = None,
+                cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``argv`` (never through a shell) and return the completed process (text mode).
+
+    Raises CommandError when the command is missing, times out, or (with ``check``) exits non-zero.
+    """
+    argv = [str(a) for a in argv]
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(env) if env is not None else None, cwd=cwd,
+                                start_new_session=True)
+    except FileNotFoundError:
+        raise CommandError(argv, None, "", "", reason=f"command not found: {argv[0]}") from None
+    except PermissionError as exc:
+        raise CommandError(argv, None, "", "", reason=f"cannot execute {argv[0]}: {exc}") from None
+    try:
+        stdout, stderr = proc.communicate(input=input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        stdout, stderr = proc.communicate()
+        raise CommandError(argv, None, stdout, stderr, reason=f"timed out after {timeout:g} s") from None
+    if check and proc.returncode != 0:
+        raise CommandError(argv, proc.returncode, stdout, stderr)
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,32 @@
+"""Fixtures of the real-cluster level: the sandbox's test image, and the jobs that run into their
+time limits -- submitted once, when the first cluster test starts, so that their one-minute waits
+overlap each other and the rest of the level instead of adding up."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _submit(cluster, *argv: str) -> str:
+    out = cluster.as_user(["sbatch", "--parsable", *argv]).stdout
+    return out.strip().split(";")[0]
+
+
+@pytest.fixture(scope="session")
+def image(cluster) -> str:
+    """A busybox rootfs, root-owned and read-only to users (see Sandbox.busybox_image)."""
+    return str(cluster.box.busybox_image())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def time_limited_jobs(request) -> dict[str, str]:
+    """{"plain": id, "container": id} of two jobs that hit their 1-minute limit (checked at the end
+    of test_run_side.py and test_containers_cluster.py)."""
+    cluster = request.getfixturevalue("cluster")
+    image = request.getfixturevalue("image")
+    return {
+        "plain": _submit(cluster, "--time=1", "--slots=2", "--slot-type=cpu", "--output=/dev/null",
+                         "--wrap", "srun sleep 600"),
+        "container": _submit(cluster, "--time=1", "-N2", f"--container-image={image}", "--output=/dev/null",
+                             "--wrap", "srun -N2 sh -c 'while :; do sleep 1; done'"),
+    }

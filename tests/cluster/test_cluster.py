@@ -1,0 +1,193 @@
+"""Real-cluster tests: slurmctld + 3 slurmd + munge on localhost, jobs submitted as a non-root user.
+
+The plans are rendered into batch scripts exactly as tether generates them, submitted with the
+real sbatch, and checked through ``scontrol show job`` and the jobs' own output.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tether.hooks.config import validate_config
+from tether.hooks.header import batch_header
+from tether.hooks.plan import make_plan
+from tether.hooks.render import script_directives
+from tether.hooks.request import Request
+from tether.sandbox.demo import make_job_dir, run_demo, sbatch
+
+from conftest import with_sbatch_args
+
+pytestmark = pytest.mark.cluster
+
+_ids = itertools.count(1)
+
+
+def unique_id() -> str:
+    """Job ids unique across test sessions (the sandbox's jobs directory outlives a session)."""
+    return f"t{os.getpid()}-{next(_ids)}"
+
+
+RANK_BODY = r"""
+srun bash -c 'echo "rank=$SLURM_PROCID node=$SLURMD_NODENAME gpus=${CUDA_VISIBLE_DEVICES:-none} cpus=$SLURM_CPUS_PER_TASK user=$(id -un)"'
+"""
+
+
+def submit_plan(box, request: Request, config, body: str):
+    """A batch script as tether generates one (the Plan's header, logs in the job's own directory),
+    submitted with the real sbatch as the job user; waits for the end."""
+    plan = make_plan(request, config, "slurm")
+    job_dir = make_job_dir(box.work_dir / f"plan-{request.job_id}", box.user)
+    script = job_dir / "job.sbatch"
+    script.write_text("#!/bin/bash\n" + "\n".join(script_directives(plan, batch_header(request, str(job_dir))))
+                      + "\n" + body)
+    os.chown(script, job_dir.stat().st_uid, job_dir.stat().st_gid)
+    return plan, sbatch(box, job_dir, ["--wait", str(script)], timeout=300)
+
+
+def run_plan(cluster, request: Request, **config):
+    request = Request(**{**request.__dict__, "job_id": unique_id()})
+    config = validate_config({"job_storage_root": str(cluster.box.root / "jobs"), **config}, "<sandbox>")
+    plan, job = submit_plan(cluster.box, request, config, RANK_BODY)
+    assert job.returncode == 0, job.stderr + job.output("job.err")
+    ranks = sorted(line for line in job.output().splitlines() if line.startswith("rank="))
+    return plan, cluster.job_fields(job.job_id), ranks
+
+
+def test_three_nodes_in_service_with_four_gpus_each(cluster):
+    """(idle, or mixed: the level's time-limited jobs run on some of their CPUs)"""
+    out = cluster.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N %T %G"]).stdout.split("\n")
+    nodes = sorted(line.replace(" mixed ", " idle ") for line in out if line)
+    assert nodes == ["n1 idle gpu:4", "n2 idle gpu:4", "n3 idle gpu:4"]
+
+
+def test_srun_three_nodes_per_node_output(cluster):
+    out = cluster.as_user(["srun", "-N3", "--label", "bash", "-c",
+                           'echo "$SLURMD_NODENAME $(id -un)"']).stdout
+    assert sorted(out.splitlines()) == [f"{i}: n{i + 1} {cluster.user}" for i in range(3)]
+
+
+def test_multinode_sbatch_wait_as_user(cluster, tmp_path):
+    script = cluster.box.work_dir / "multinode.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH -N3\n#SBATCH --output=multinode-%j.out\n"
+                      "srun --label hostname >/dev/null\nsrun -N3 bash -c 'echo node $SLURMD_NODENAME'\n")
+    result = cluster.as_user(["sbatch", "--wait", "--parsable", str(script)])
+    job_id = result.stdout.strip()
+    lines = (cluster.box.work_dir / f"multinode-{job_id}.out").read_text().splitlines()
+    assert sorted(lines) == ["node n1", "node n2", "node n3"]
+    fields = cluster.job_fields(job_id)
+    assert (fields["JobState"], fields["NumNodes"], fields["ExitCode"]) == ("COMPLETED", "3", "0:0")
+
+
+# ---- the seed's Slurm table on the real cluster ---------------------------------------------------
+def test_tres_gres_row(cluster):
+    plan, fields, ranks = run_plan(cluster, Request(slots=6, slots_per_node=2), job_project_source="project",
+                                   default_compute_resource_pool="gpu")
+    assert plan.row == "slurm-gpu-tres-gres"
+    assert (fields["NumNodes"], fields["NumTasks"]) == ("3", "3")
+    assert fields["TresPerJob"] == "gres:gpu:6" and fields["TresPerTask"] == "gres:gpu:2"
+    assert (fields["Partition"], fields["Requeue"]) == ("gpu", "0")
+    assert fields["JobName"].startswith("tether_cmd-t") and fields["StdOut"].endswith(f"{fields['JobName'][11:]}/job.out")
+    assert ranks == [f"rank={i} node=n{i + 1} gpus=0,1 cpus= user={cluster.user}" for i in range(3)]
+
+
+def test_tres_gres_row_without_slots_per_node(cluster):
+    """6 GPUs do not fit one 4-GPU node: Slurm must pick the nodes, one task (container) each."""
+    plan, fields, ranks = run_plan(cluster, Request(slots=6))
+    assert fields["TresPerJob"] == "gres:gpu:6" and "TresPerTask" not in fields
+    assert fields["NumNodes"] == fields["NumTasks"] == str(len(ranks)) == "2"
+    gpus = sum(len(re.search(r"gpus=(\S+)", r).group(1).split(",")) for r in ranks)
+    assert gpus == 6
+
+
+def test_gres_row(cluster):
+    plan, fields, ranks = run_plan(cluster, Request(slots=8, slots_per_node=4), tres_supported=False)
+    assert plan.row == "slurm-gpu-gres"
+    assert (fields["NumNodes"], fields["NumTasks"], fields["TresPerNode"]) == ("2", "2", "gres:gpu:4")
+    assert [r.split()[2] for r in ranks] == ["gpus=0,1,2,3", "gpus=0,1,2,3"]
+
+
+def test_cpu_row(cluster):
+    plan, fields, ranks = run_plan(cluster, Request(slots=6, slots_per_node=2, slot_type="cpu"))
+    assert (fields["NumNodes"], fields["NumTasks"], fields["CPUs/Task"]) == ("3", "3", "2")
+    assert "TresPerJob" not in fields and "TresPerNode" not in fields
+    assert [r.split()[2:4] for r in ranks] == [["gpus=none", "cpus=2"]] * 3
+
+
+def test_no_gres_row(cluster):
+    plan, fields, ranks = run_plan(cluster, Request(slots=6, slots_per_node=2), tres_supported=False,
+                                   gres_supported=False)
+    assert (fields["NumNodes"], fields["NumTasks"]) == ("3", "3")
+    assert not any(k.startswith("TresPer") for k in fields)
+    assert len(ranks) == 3
+
+
+def test_aux_row_in_the_aux_pool_with_wckey(cluster):
+    request = Request(slots=0, project="vision")
+    plan, fields, ranks = run_plan(cluster, request, default_aux_resource_pool="aux",
+                                   job_project_source="project")
+    assert (fields["NumNodes"], fields["NumTasks"], fields["Partition"]) == ("1", "1", "aux")
+    assert fields["WCKey"].lstrip("*") == "vision"
+    assert len(ranks) == 1
+
+
+def test_user_arguments_with_hostile_text_reach_slurm_unchanged(cluster):
+    comment = """a b#c "q" 'x' $(id) `id` ; rm -rf /"""
+    request = with_sbatch_args([f"--comment={comment}", "--time=5"], slots=3, slot_type="cpu")
+    plan, fields, ranks = run_plan(cluster, request)
+    shown = cluster.run(["scontrol", "show", "job", fields["JobId"]]).stdout
+    assert re.search(r"^\s*Comment=(.*?)\s*$", shown, re.M).group(1) == comment
+    assert fields["TimeLimit"] == "00:05:00"
+
+
+def test_demo_command(cluster, capsys):
+    """`tether demo`'s job: sbatch --slots=6 --slots-per-node=2 through the installed plugins."""
+    logged = []
+    assert run_demo(cluster.box, install=False, log=logged.append) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("3 nodes (n[1-3]), 3 tasks")
+    job = out[0].split()[1].rstrip(":")
+    ranks = sorted(line.split(": ", 1)[1] for line in out[1:])
+    port = ranks[0].split("master=n1:")[1].split()[0]
+    tmp = cluster.box.root / "jobs" / job
+    assert ranks == [f"node=n{i + 1} rank={i} of 3 master=n1:{port} user={cluster.user} "
+                     f"CUDA_VISIBLE_DEVICES=0,1 TMPDIR={tmp}/n{i + 1}/step-0/rank-{i}/tmp" for i in range(3)]
+    assert "NumNodes=3 NumTasks=3" in logged[-1] and "TresPerTask=gres:gpu:2" in logged[-1]
+
+
+# ---- the sandbox as people use it ------------------------------------------------------------------
+def test_second_sandbox_via_cli_does_not_collide_and_stops_cleanly(cluster, tmp_path):
+    """`tether sandbox up|status|down` on another root: its own ports, and nothing left after down."""
+    root = Path("/var/lib/tether/sandbox-pytest-cli")
+    tether = [sys.executable, "-m", "tether.cli.main"]
+    up = subprocess.run([*tether, "sandbox", "up", "--no-install", "--dir", str(root)],
+                        capture_output=True, text=True, timeout=180)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert up.stdout.strip() == f"export SLURM_CONF={root}/etc/slurm.conf"
+        env_line = subprocess.run([*tether, "sandbox", "env", "--dir", str(root)],
+                                  capture_output=True, text=True).stdout.strip()
+        assert env_line == up.stdout.strip()
+        sinfo = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N %T %G"], capture_output=True,
+                               text=True, env={"SLURM_CONF": f"{root}/etc/slurm.conf", "PATH": "/usr/bin"})
+        assert sorted(sinfo.stdout.split("\n")[:-1]) == ["n1 idle gpu:4", "n2 idle gpu:4", "n3 idle gpu:4"]
+        assert cluster.box.port_base() != int((root / "sandbox.json").read_text().split(":")[1].split(",")[0])
+        status = subprocess.run([*tether, "sandbox", "status", "--dir", str(root)], capture_output=True,
+                                text=True)
+        assert status.returncode == 0 and status.stdout.count("pid ") == 5
+        pids = [int(p) for p in re.findall(r"pid (\d+)", status.stdout)]
+    finally:
+        down = subprocess.run([*tether, "sandbox", "down", "--purge", "--dir", str(root)],
+                              capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0, down.stderr
+    for pid in pids:
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", pid
+    assert not root.exists()
+    assert cluster.box.running()  # the session's sandbox was not touched

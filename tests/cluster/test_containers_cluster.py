@@ -1,0 +1,214 @@
+"""Containers on the real cluster: real podman (rootless, as the job user) under real srun/sbatch,
+handed over by the SPANK plugin in slurmstepd to tether's launcher.
+
+The image is a busybox root filesystem the tests build (root-owned and shared, as an admin's
+image directory would be); the sandbox config selects podman with runc (see Sandbox.tether_settings).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import job_entries, parse, user_processes, wait_until
+
+pytestmark = pytest.mark.cluster
+
+SHOW = ("echo RANK=$RANK LOCAL_RANK=$LOCAL_RANK NODE_RANK=$NODE_RANK WORLD_SIZE=$WORLD_SIZE "
+        "TMPDIR=$TMPDIR WORK=$TETHER_WORK_DIR PWD=$(pwd) UID=$(id -u) IN=$(grep -qF \"@IMAGE@ / \" "
+        "/proc/self/mountinfo && echo container || echo host) OWN_TMP=$(ls /tmp | tr '\\n' +) MASTER=$MASTER_ADDR:$MASTER_PORT "
+        "PATH_IN=$PATH SECRET=${SECRET:-unset} OTHER=${OTHER:-unset} JOB=$SLURM_JOB_ID")
+
+
+def show(image: str) -> str:
+    """SHOW for this image: a rank is in the container when its / is the image directory."""
+    return SHOW.replace("@IMAGE@", image)
+
+
+def podman_containers(cluster, job: str) -> list[str]:
+    """The job's containers in the job user's podman storage (running or not)."""
+    conf = cluster.box.etc / "containers.conf"
+    out = cluster.run(["runuser", "-u", cluster.user, "--", "env", f"CONTAINERS_CONF={conf}", "podman", "ps",
+                       "-a", "--format", "{{.Names}}"], check=False, cwd="/").stdout
+    return [n for n in out.split() if n.startswith(f"tether-{job}-")]
+
+
+def of_job(lines: list[str], job: str) -> list[str]:
+    """The ``ps`` lines of processes started for ``job`` (by SLURM_JOB_ID in their environment):
+    the other tests' jobs run meanwhile."""
+    mine = []
+    for line in lines:
+        try:
+            env = Path(f"/proc/{line.split()[0]}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={job}".encode() in env:
+            mine.append(line)
+    return mine
+
+
+def test_srun_runs_each_rank_in_its_own_container(cluster, image):
+    out = cluster.box.work_dir / f"mnt-{os.getpid()}"
+    out.mkdir(exist_ok=True)
+    os.chmod(out, 0o777)
+    result = cluster.run(["runuser", "-u", cluster.user, "--", "env", "SECRET=s3", "OTHER=o", "srun", "-N3",
+                          "-n6", "--ntasks-per-node=2", f"--container-image={image}", f"--container-mounts={out}:/mnt",
+                          "--container-env=SECRET", "sh", "-c",
+                          f"echo $RANK > /tmp/mine; touch /mnt/rank-$RANK; {show(image)}"])
+    ranks = parse(result.stdout)
+    assert [r["RANK"] for r in ranks] == [str(i) for i in range(6)], result.stdout + result.stderr
+    uid = cluster.run(["id", "-u", cluster.user]).stdout.strip()
+    for r in ranks:
+        rank = int(r["RANK"])
+        assert (r["WORLD_SIZE"], r["NODE_RANK"], r["LOCAL_RANK"]) == ("6", str(rank // 2), str(rank % 2)), r
+        assert (r["IN"], r["UID"], r["TMPDIR"], r["WORK"], r["PWD"]) == (
+            "container", uid, "/tmp", "/run/tether/workdir", "/run/tether/workdir"), r
+        assert r["OWN_TMP"] == "mine+", r                       # its own /tmp: nobody else's file
+        assert r["MASTER"] == ranks[0]["MASTER"] and r["PATH_IN"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        assert (r["SECRET"], r["OTHER"]) == ("s3", "unset")     # --container-env passes; others do not
+    assert sorted(p.name for p in out.iterdir()) == [f"rank-{i}" for i in range(6)]
+    assert {p.stat().st_uid for p in out.iterdir()} == {int(uid)}
+    assert podman_containers(cluster, ranks[0]["JOB"]) == []
+
+
+def test_exit_codes_and_start_failures_reach_the_user(cluster, image):
+    fail = cluster.as_user(["srun", "-N2", "-n2", f"--container-image={image}", "sh", "-c", "exit $((RANK+3))"],
+                           check=False)
+    assert fail.returncode != 0
+    assert "task 0: Exited with exit code 3" in fail.stderr and "task 1: Exited with exit code 4" in fail.stderr
+    missing = cluster.as_user(["srun", "-N1", "--container-image=/no/such/image", "true"], check=False)
+    assert "tether: --container-image=/no/such/image: no such file or directory on this node" in missing.stderr
+    assert "Exited with exit code 125" in missing.stderr
+    nocmd = cluster.as_user(["srun", "-N1", f"--container-image={image}", "no-such-command"], check=False)
+    assert "executable file not found" in nocmd.stderr and "podman could not start the container (exit 126)" \
+        in nocmd.stderr
+    bad = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-mounts=rel:/x", "true"],
+                          check=False)
+    assert "tether: --container-mounts source 'rel' must be an absolute path" in bad.stderr
+    target = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-mounts=/etc:/data", "true"],
+                             check=False)
+    assert f"tether: --container-mounts: /data does not exist in the read-only image {image}" in target.stderr
+    writable = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-writable", "true"],
+                               check=False)
+    assert f"tether: --container-writable: podman cannot overlay the shared image {image}" in writable.stderr
+
+
+def test_batch_script_stays_on_the_host_and_its_sruns_run_in_containers(cluster, image):
+    out = cluster.box.work_dir / f"batch-{os.getpid()}.out"
+    result = cluster.as_user(["sbatch", "--wait", "-N3", f"--container-image={image}", f"--output={out}",
+                              "--wrap", f"echo BATCH=$(grep -q ' {image} / ' /proc/self/mountinfo && echo "
+                                        f"container || echo host) IMAGE=$TETHER_CONTAINER_IMAGE; "
+                                        f"srun -N3 -n3 sh -c '{show(image)}'"],
+                             timeout=180)
+    text = out.read_text()
+    assert result.returncode == 0, text
+    assert f"BATCH=host IMAGE={image}" in text
+    assert [r["IN"] for r in parse(text)] == ["container"] * 3, text
+
+
+def conmons(cluster, job: str) -> list[str]:
+    """The job's podman monitors (podman gives conmon a clean environment: found by container name)."""
+    return [line for line in user_processes(cluster, "conmon") if f" -n tether-{job}-" in line]
+
+
+def workload(cluster, job: str) -> list[str]:
+    """The job's containerized shells (not srun, whose arguments hold the same text)."""
+    return of_job([line for line in user_processes(cluster, "while")
+                   if line.split(None, 2)[2].startswith("sh -c")], job)
+
+
+def cpu_seconds(text: str) -> float:
+    """Slurm's [DD-][HH:]MM:SS[.mmm] as seconds."""
+    days, _, rest = text.strip().rpartition("-")
+    total = 0.0
+    for part in rest.split(":"):
+        total = total * 60 + float(part)
+    return total + int(days or 0) * 86400
+
+
+def _running_step(cluster, image, script: str) -> tuple[subprocess.Popen, str]:
+    """A 3-rank containerized step running ``script``; (srun, its job id) once all 3 containers run."""
+    def jobs() -> set[str]:
+        return set(cluster.run(["squeue", "-h", "-u", cluster.user, "-o", "%i"]).stdout.split())
+
+    before = jobs()
+    proc = subprocess.Popen(["runuser", "-u", cluster.user, "--", "srun", "-N3", "-n3", f"--container-image={image}",
+                             "sh", "-c", script], env=cluster.box.command_env(), cwd=str(cluster.box.work_dir),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    new: list[str] = []
+
+    def started() -> bool:
+        new[:] = sorted(jobs() - before)[:1] or new
+        return bool(new) and len(podman_containers(cluster, new[0])) == 3 and len(workload(cluster, new[0])) == 3 \
+            and len(conmons(cluster, new[0])) == 3
+
+    assert wait_until(started, timeout=60), "the containers did not start"
+    return proc, new[0]
+
+
+def _left_behind(cluster, job: str) -> list[str]:
+    return podman_containers(cluster, job) + conmons(cluster, job) \
+        + workload(cluster, job) + of_job(user_processes(cluster, "tether-run"), job)
+
+
+def test_scancel_leaves_no_container_and_no_process(cluster, image):
+    before = job_entries(cluster)
+    proc, job = _running_step(cluster, image, "while :; do sleep 1; done")
+    cluster.run(["scancel", job])
+    proc.communicate(timeout=120)
+    assert wait_until(lambda: _left_behind(cluster, job) == [], timeout=30), _left_behind(cluster, job)
+    assert job not in job_entries(cluster) - before
+
+
+def test_a_killed_launcher_leaves_nothing_behind(cluster, image):
+    """SIGKILL of tether's launcher (what the OOM killer would do): podman's conmon and the container
+    re-parent to slurmstepd (a child subreaper for container steps), so the step still ends them."""
+    proc, job = _running_step(cluster, image, "while :; do sleep 1; done")
+    launchers = [int(line.split()[0]) for line in of_job(user_processes(cluster, "tether-run"), job)]
+    assert len(launchers) == 3
+    for pid in launchers:
+        os.kill(pid, 9)
+    _, err = proc.communicate(timeout=120)
+    assert "Killed" in err
+    assert wait_until(lambda: conmons(cluster, job) + workload(cluster, job) == [],
+                      timeout=30)
+    assert wait_until(lambda: podman_containers(cluster, job) == [], timeout=60)   # cleaned after the step
+    assert wait_until(lambda: job not in job_entries(cluster), timeout=30)
+
+
+def test_cpu_time_of_containerized_ranks_is_accounted(cluster, image):
+    """jobacct_gather sees the containers' CPU time: conmon and the container stay in the step's tree."""
+    proc, job = _running_step(cluster, image, "while :; do :; done")
+    start = time.monotonic()
+    time.sleep(10)
+    fields = cluster.run(["sstat", "-a", "-P", "-n", "-j", f"{job}.0", "-o", "NTasks,AveCPU"]).stdout.split("|")
+    wall = time.monotonic() - start
+    cluster.run(["scancel", job])
+    proc.communicate(timeout=120)
+    ntasks = int(fields[0])
+    cpu = ntasks * cpu_seconds(fields[1])
+    cores = min(ntasks, os.cpu_count() or 1)
+    # 3 CPU-bound ranks on this machine's cores for `wall` seconds (sampled every 2 s): at least 70%
+    print(f"accounted CPU {cpu:.1f} s for {ntasks} ranks over {wall:.1f} s on {cores} cores")
+    assert cpu >= 0.7 * cores * (wall - 2), (cpu, cores, wall)
+    assert wait_until(lambda: _left_behind(cluster, job) == [], timeout=30)
+
+
+def test_a_container_job_that_hits_its_time_limit_leaves_nothing(cluster, time_limited_jobs):
+    job = time_limited_jobs["container"]
+    assert wait_until(lambda: job not in cluster.run(["squeue", "-h", "-o", "%i"]).stdout.split(), timeout=240)
+    state = cluster.run(["scontrol", "-o", "show", "job", job]).stdout
+    assert "JobState=TIMEOUT" in state, state
+    assert wait_until(lambda: _left_behind(cluster, job) == [], timeout=30), _left_behind(cluster, job)
+    assert job not in job_entries(cluster)
+
+
+def test_a_containerized_rank_reads_its_stdin_like_a_host_rank(cluster, image):
+    """podman runs with the rank's own stdio (--log-driver=passthrough): srun's stdin reaches the
+    container (podman's default attach would not pass it)."""
+    result = cluster.run(["runuser", "-u", cluster.user, "--", "srun", "-N1", "-n1", f"--container-image={image}",
+                          "sh", "-c", "read line; echo got=$line"], input="from-srun-stdin\n", timeout=120)
+    assert result.stdout.strip() == "got=from-srun-stdin", result.stdout + result.stderr

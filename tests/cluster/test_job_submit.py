@@ -1,0 +1,355 @@
+"""The Slurm submit side on the real cluster: tether's SPANK options on sbatch/srun/salloc and the
+job_submit plugin loaded by slurmctld, built and installed by `tether slurm build/install`.
+
+Jobs are submitted as the unprivileged sandbox user; results are read from `scontrol show job`,
+the jobs' own output and slurmctld's log.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tether.system.proc import run_command
+from tether.job_submit.handler import CONFIG_CHECK_SECONDS
+
+pytestmark = pytest.mark.cluster
+
+RANKS = "srun bash -c 'echo rank=$SLURM_PROCID node=$SLURMD_NODENAME gpus=${CUDA_VISIBLE_DEVICES:-none}'"
+
+
+@pytest.fixture
+def tether_config(cluster):
+    """Write the sandbox's tether.yaml (the plugin re-reads it on change); restored afterwards."""
+    path = cluster.box.tether_conf
+    original = path.read_text()
+
+    def write(text: str | dict | None = None, **settings) -> None:
+        if text is None:
+            text = yaml.safe_dump({**cluster.box.tether_settings(), **settings})
+        elif isinstance(text, dict):
+            text = yaml.safe_dump(text)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+        time.sleep(CONFIG_CHECK_SECONDS + 0.05)     # the plugin looks for changes this often
+
+    write()
+    yield write
+    path.write_text(original)
+
+
+def sbatch(cluster, *args: str, script: str | None = None, env: dict | None = None, wait: bool = True):
+    """sbatch as the job user; returns (CompletedProcess, job id or None, output text)."""
+    work = cluster.box.work_dir
+    out = work / "job-%j.out"
+    argv = ["sbatch", "--parsable", f"--output={out}"] + (["--wait"] if wait else []) + list(args)
+    if script is not None:
+        path = work / f"script-{os.getpid()}-{len(list(work.iterdir()))}.sh"
+        path.write_text(script)
+        argv.append(str(path))
+    else:
+        argv += ["--wrap", RANKS]
+    if env:
+        prefix = ["env", *[f"{k}={v}" for k, v in env.items()]]
+        result = cluster.run(["runuser", "-u", cluster.user, "--", *prefix, *argv], check=False)
+    else:
+        result = cluster.as_user(argv, check=False)
+    job_id = result.stdout.strip().split(";")[0] or None
+    output = (work / f"job-{job_id}.out").read_text() if job_id and (work / f"job-{job_id}.out").exists() else ""
+    return result, job_id, output
+
+
+def ranks(output: str) -> list[str]:
+    return sorted(line for line in output.splitlines() if line.startswith("rank="))
+
+
+# ---- the seed's Slurm table, one row per case, config switched through tether.yaml -----------------
+ROWS = {
+    "tres+gres with slots per node": (
+        {}, ["--slots=6", "--slots-per-node=2"],
+        {"NumNodes": "3", "NumTasks": "3", "TresPerJob": "gres:gpu:6", "TresPerTask": "gres:gpu:2"},
+        ["gpus=0,1"] * 3),
+    "tres+gres, Slurm places the GPUs": (
+        {}, ["--slots=6"],
+        {"NumNodes": "2", "NumTasks": "2", "TresPerJob": "gres:gpu:6"}, None),
+    "gres only": (
+        {"tres_supported": False}, ["--slots=8", "--slots-per-node=4"],
+        {"NumNodes": "2", "NumTasks": "2", "TresPerNode": "gres:gpu:4"}, ["gpus=0,1,2,3"] * 2),
+    "cpu slots": (
+        {}, ["--slots=6", "--slots-per-node=2", "--slot-type=cpu"],
+        {"NumNodes": "3", "NumTasks": "3", "CPUs/Task": "2"}, ["gpus=none"] * 3),
+    "neither tres nor gres": (
+        {"tres_supported": False, "gres_supported": False}, ["--slots=6", "--slots-per-node=2"],
+        {"NumNodes": "3", "NumTasks": "3"}, ["gpus=none"] * 3),
+    "tres without gres falls back": (
+        {"gres_supported": False}, ["--slots=4", "--slots-per-node=2"],
+        {"NumNodes": "2", "NumTasks": "2"}, ["gpus=none"] * 2),
+    "zero slots in the aux pool": (
+        {"default_aux_resource_pool": "aux"}, ["--slots=0"],
+        {"NumNodes": "1", "NumTasks": "1", "Partition": "aux"}, ["gpus=none"]),
+    "compute pool and WCKey": (
+        {"default_compute_resource_pool": "gpu", "job_project_source": "user"}, ["--slots=2"],
+        {"Partition": "gpu", "WCKey": "tether-demo", "TresPerJob": "gres:gpu:2"}, None),
+}
+
+
+@pytest.mark.parametrize("case", list(ROWS))
+def test_slurm_table_rows_through_sbatch(cluster, tether_config, case):
+    settings, args, expected, rank_gpus = ROWS[case]
+    tether_config(**settings)
+    result, job_id, output = sbatch(cluster, *args)
+    assert result.returncode == 0, result.stderr
+    fields = cluster.job_fields(job_id)
+    shown = {k: fields.get(k, "<absent>").lstrip("*") for k in expected}
+    assert shown == expected
+    assert fields["Requeue"] == "0" and fields["JobState"] == "COMPLETED"
+    assert len(ranks(output)) == int(fields["NumTasks"])
+    if rank_gpus is not None:
+        assert [r.split()[2] for r in ranks(output)] == rank_gpus
+    for key in ("TresPerJob", "TresPerNode", "TresPerTask", "CPUs/Task"):
+        if key not in expected and key != "CPUs/Task":
+            assert key not in fields, f"{key}={fields.get(key)} was not expected"
+
+
+@pytest.mark.parametrize("how", ["options", "#SBATCH lines", "TETHER_* variables"])
+def test_options_script_lines_and_environment_give_the_same_job(cluster, tether_config, how):
+    body = RANKS + "\n"
+    if how == "options":
+        result, job_id, _ = sbatch(cluster, "--slots=4", "--slots-per-node=2", "--slot-type=cuda")
+    elif how == "#SBATCH lines":
+        script = ("#!/bin/bash\n#SBATCH --slots=4\n#SBATCH --slots-per-node=2\n#SBATCH --slot-type=cuda\n"
+                  + body)
+        result, job_id, _ = sbatch(cluster, script=script)
+    else:
+        env = {"TETHER_SLOTS": "4", "TETHER_SLOTS_PER_NODE": "2", "TETHER_SLOT_TYPE": "cuda"}
+        result, job_id, _ = sbatch(cluster, script="#!/bin/bash\n" + body, env=env)
+    assert result.returncode == 0, result.stderr
+    fields = cluster.job_fields(job_id)
+    assert (fields["NumNodes"], fields["NumTasks"], fields["TresPerJob"], fields["TresPerTask"]) == (
+        "2", "2", "gres:gpu:4", "gres:gpu:2")
+
+
+def test_command_line_wins_over_script_lines_and_environment(cluster, tether_config):
+    script = "#!/bin/bash\n#SBATCH --slots=2\n" + RANKS + "\n"
+    result, job_id, _ = sbatch(cluster, "--slots=3", script=script, env={"TETHER_SLOTS": "1"})
+    assert result.returncode == 0, result.stderr
+    assert cluster.job_fields(job_id)["TresPerJob"] == "gres:gpu:3"
+
+
+def test_srun_and_salloc_allocations_are_planned(cluster, tether_config):
+    out = cluster.as_user(["srun", "--slots=4", "--slots-per-node=2", "--label", "bash", "-c",
+                           "echo $SLURM_JOB_ID $CUDA_VISIBLE_DEVICES"]).stdout
+    lines = sorted(out.splitlines())
+    assert [line.split()[-1] for line in lines] == ["0,1", "0,1"]
+    job_id = lines[0].split()[1]
+    assert cluster.job_fields(job_id)["TresPerTask"] == "gres:gpu:2"
+    out = cluster.as_user(["salloc", "--slots=2", "--slot-type=cpu", "--slots-per-node=2",
+                           "bash", "-c", "echo $SLURM_JOB_ID"]).stdout
+    fields = cluster.job_fields(out.split()[-1])
+    assert (fields["NumNodes"], fields["CPUs/Task"]) == ("1", "2")
+
+
+# ---- a job that asks nothing of tether ---------------------------------------------------------
+VOLATILE = {"JobId", "SubmitTime", "EligibleTime", "AccrueTime", "StartTime", "EndTime", "Deadline",
+            "LastSchedEval", "Priority", "StdErr", "StdOut", "StdIn", "Command", "RunTime",
+            "SuspendTime", "SecsPreSuspend", "PreemptEligibleTime", "PreemptTime", "Reason",
+            "AllocNode:Sid"}
+
+
+def test_jobs_without_tether_options_are_untouched(cluster, tether_config):
+    args = ["-H", "-N2", "-n2", "-c2", "--gpus=2", "--gres=gpu:1", "--time=5", "--comment=plain job",
+            "--partition=gpu", "--requeue"]
+    with_plugin = sbatch(cluster, *args, wait=False)[1]
+    cluster.box.set_job_submit_plugins(None)
+    try:
+        without_plugin = sbatch(cluster, *args, wait=False)[1]
+    finally:
+        cluster.box.set_job_submit_plugins("tether")
+    a, b = cluster.job_fields(with_plugin), cluster.job_fields(without_plugin)
+    cluster.run(["scancel", with_plugin, without_plugin])
+    assert {k: v for k, v in a.items() if k not in VOLATILE} == {k: v for k, v in b.items() if k not in VOLATILE}
+
+
+# ---- rejections: tether's message reaches the user --------------------------------------------
+@pytest.mark.parametrize("args,env,message", [
+    (["--slots=-1"], None, "tether: --slots=-1: expected a whole number from 0 to 10000000"),
+    (["--slots=abc"], None, "tether: --slots=abc: expected a whole number"),
+    (["--slots=4", "--slots-per-node=0"], None, "tether: --slots-per-node=0: expected a whole number from 1"),
+    (["--slots=2", "--slot-type=gpu"], None, "tether: --slot-type=gpu: expected one of cuda, rocm, cpu"),
+    (["--slots=2", "--gpu-type=a100;id"], None, "tether: --gpu-type: expected a name of letters"),
+    ([], {"TETHER_SLOTS": "x"}, "tether: TETHER_SLOTS=x: expected a whole number"),
+    (["--slots=8", "--slots-per-node=3"], None,
+     "tether: --slots-per-node=3 does not divide --slots=8; choose one of 1, 2, 4, 8"),
+    (["--slots=2", "--slots-per-node=4"], None, "tether: --slots-per-node=4 is larger than --slots=2"),
+    (["--slots=8", "-N2"], None, "tether: --nodes=2 conflicts with --nodes, which tether sets from the slot request"),
+    (["--slots=8", "--ntasks=4"], None, "tether: --ntasks=4 conflicts with --ntasks"),
+    (["--slots=8", "--gpus=2"], None, "tether: --gpus=2 conflicts with --gpus"),
+    (["--slots=8", "--gres=gpu:2"], None, "tether: --gres=gpu:2 (or --gpus-per-node) requests GPUs"),
+    (["--slots=8", "--gpus-per-node=2"], None, "tether: --gres=gpu:2 (or --gpus-per-node) requests GPUs"),
+    (["--slots=4", "--slot-type=cpu", "-c2"], None, "tether: --cpus-per-task=2 conflicts with --cpus-per-task"),
+    (["--gpu-type=a100"], None, "tether: --gpu-type needs --slots"),
+    (["--slots=2", "-p", "gpu", "--resource-pool=aux"], None,
+     "tether: --partition=gpu conflicts with --resource-pool=aux"),
+])
+def test_rejections_show_tethers_message(cluster, tether_config, args, env, message):
+    result, job_id, _ = sbatch(cluster, *args, env=env, wait=False)
+    assert result.returncode != 0 and job_id is None, result.stdout
+    assert message in result.stderr, result.stderr
+
+
+def test_bad_container_options_are_refused_at_submit(cluster, tether_config):
+    """The run side's checks, at sbatch time: a job never waits in the queue to fail at start."""
+    result, job_id, _ = sbatch(cluster, "--slots=2", "--container-image=/i", "--container-mounts=data:/d",
+                               wait=False)
+    assert result.returncode != 0 and job_id is None
+    assert "tether: --container-mounts source 'data' must be an absolute path" in result.stderr
+    result, job_id, _ = sbatch(cluster, "--container-writable", wait=False)
+    assert job_id is None and "tether: --container-* options need --container-image" in result.stderr
+    env = cluster.run(["runuser", "-u", cluster.user, "--", "env", "TETHER_CONTAINER_IMAGE=/i",
+                       "TETHER_CONTAINER_NAME=dev", "srun", "true"], check=False)
+    assert env.returncode != 0
+    assert "tether: --container-name is supported with --container-runtime=enroot only, not podman" in env.stderr
+
+
+def test_cpus_per_task_is_the_users_for_gpu_slots(cluster, tether_config):
+    result, job_id, _ = sbatch(cluster, "--slots=2", "-c3")
+    assert result.returncode == 0, result.stderr
+    assert cluster.job_fields(job_id)["CPUs/Task"] == "3"
+
+
+# ---- robustness: slurmctld survives, tether jobs are never silently accepted ---------------------
+def ping(cluster) -> bool:
+    return "is UP" in cluster.run(["scontrol", "ping"], check=False).stdout
+
+
+def test_bad_config_keeps_the_last_good_one(cluster, tether_config):
+    tether_config(tres_supported=False)
+    assert sbatch(cluster, "--slots=4", "--slots-per-node=4")[0].returncode == 0
+    tether_config("tres_supported: [broken\n")
+    result, job_id, _ = sbatch(cluster, "--slots=4", "--slots-per-node=4")
+    assert result.returncode == 0, result.stderr
+    assert cluster.job_fields(job_id)["TresPerNode"] == "gres:gpu:4"     # still tres_supported: false
+    assert "configuration not loaded (keeping the last good one)" in cluster.box.log_dir.joinpath(
+        "slurmctld.log").read_text()
+    assert ping(cluster)
+
+
+def test_broken_config_at_start_rejects_tether_jobs_only(cluster, tether_config):
+    tether_config("slot_type: gpu\n")
+    cluster.box.restart_slurmctld()
+    try:
+        result, _, _ = sbatch(cluster, "--slots=2", wait=False)
+        assert result.returncode != 0
+        assert "tether unavailable: bad configuration" in result.stderr
+        assert "slot_type: 'gpu' is not one of cuda, rocm, cpu" in result.stderr
+        plain, job_id, _ = sbatch(cluster, "-N1", wait=False)
+        assert plain.returncode == 0 and job_id
+        assert ping(cluster)
+        tether_config()                                  # fixed: the next tether job loads it
+        result, job_id, _ = sbatch(cluster, "--slots=2")
+        assert result.returncode == 0, result.stderr
+    finally:
+        tether_config()
+        cluster.box.restart_slurmctld()
+
+
+def test_broken_config_with_reject_all_jobs(cluster, tether_config):
+    tether_config("plugin: {on_failure: reject_all_jobs}\nslot_type: gpu\n")
+    cluster.box.restart_slurmctld()
+    try:
+        plain, _, _ = sbatch(cluster, "-N1", wait=False)
+        assert plain.returncode != 0 and "tether unavailable: bad configuration" in plain.stderr
+        assert ping(cluster)
+        tether_config(plugin={"on_failure": "reject_all_jobs"})
+        assert sbatch(cluster, "-N1")[0].returncode == 0
+    finally:
+        tether_config()
+        cluster.box.restart_slurmctld()
+
+
+def test_exception_in_the_handler_rejects_tether_jobs_and_slurmctld_survives(cluster, tether_config, tmp_path):
+    from tether.job_submit import build as job_submit_build
+    from tether.system.files import install_file
+    from tether.system.toolchain import CBuild, find_toolchain
+
+    faulty = job_submit_build.build(tmp_path, find_toolchain(), CBuild(tmp_path),
+                                    extra_init="\n_handler.Handler.submit = lambda self, *a: 1 // 0\n")
+    good = cluster.box.build_dir / job_submit_build.SO_NAME
+    target = cluster.box.plugin_dir / job_submit_build.SO_NAME
+    install_file(faulty, target)
+    cluster.box.restart_slurmctld()
+    try:
+        result, _, _ = sbatch(cluster, "--slots=2", wait=False)
+        assert result.returncode != 0
+        assert "tether unavailable: internal error in the job_submit handler" in result.stderr
+        assert "ZeroDivisionError" in cluster.box.log_dir.joinpath("slurmctld.log").read_text()
+        assert sbatch(cluster, "-N1")[0].returncode == 0
+        assert ping(cluster)
+    finally:
+        install_file(good, target)
+        cluster.box.restart_slurmctld()
+    assert sbatch(cluster, "--slots=2")[0].returncode == 0
+
+
+# ---- job_modify ------------------------------------------------------------------------------------
+def test_scontrol_update_of_a_tether_job(cluster, tether_config):
+    tether_config(partition_overrides={"aux": {"slot_type": "cpu"}})
+    _, job_id, _ = sbatch(cluster, "-H", "--slots=4", "--slots-per-node=2", wait=False)
+    log = cluster.box.log_dir / "slurmctld.log"
+    update = cluster.run(["scontrol", "update", f"job={job_id}", "NumNodes=3"], check=False)
+    assert update.returncode != 0
+    assert f"update of tether job {job_id} by uid 0 refused: --nodes=3" in log.read_text()
+    update = cluster.run(["scontrol", "update", f"job={job_id}", "Partition=aux"], check=False)
+    assert update.returncode != 0
+    assert "from slurm-gpu-tres-gres to slurm-cpu" in log.read_text()
+    cluster.run(["scontrol", "update", f"job={job_id}", "Partition=gpu"])
+    fields = cluster.job_fields(job_id)
+    assert (fields["Partition"], fields["TresPerJob"], fields["NumTasks"]) == ("gpu", "gres:gpu:4", "2")
+    cluster.run(["scontrol", "update", f"job={job_id}", "TimeLimit=7"])      # unrelated: allowed
+    assert cluster.job_fields(job_id)["TimeLimit"] == "00:07:00"
+    plain = sbatch(cluster, "-H", "-N1-3", wait=False)[1]
+    cluster.run(["scontrol", "update", f"job={plain}", "NumNodes=2"])      # not a tether job
+    assert cluster.job_fields(plain)["NumNodes"].startswith("2")
+    cluster.run(["scancel", job_id, plain])
+    assert ping(cluster)
+
+
+# ---- the install path --------------------------------------------------------------------------
+def test_install_prints_the_lines_and_write_applies_them(cluster, tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"ClusterName=x\nPluginDir=/usr/lib/x86_64-linux-gnu/slurm-wlm:{tmp_path}/plugins\n"
+                    f"JobSubmitPlugins=lua\nPlugStackConfig={tmp_path}/plugstack.conf\n")
+    (tmp_path / "plugstack.conf").write_text("optional /old/spank_tether.so\nrequired other.so\n")
+    storage = tmp_path / "jobs"
+    config = tmp_path / "tether.yaml"
+    images = tmp_path / "images"
+    config.write_text(f"job_storage_root: {storage}\ncontainer: {{apptainer_image_root: {images}}}\n")
+    tether = [str(Path(os.sys.executable).with_name("tether"))]
+    common = ["--build-dir", str(cluster.box.build_dir), "--slurm-conf", str(conf), "--config", str(config)]
+    dry = run_command([*tether, "slurm", "install", *common])
+    line = (f"required {tmp_path}/plugins/spank_tether.so job_storage_root={storage} "
+            f"launcher={tmp_path}/plugins/tether-run")
+    assert "JobSubmitPlugins=lua,tether" in dry.stdout and line in dry.stdout
+    assert "JobSubmitPlugins=lua\n" in conf.read_text()                 # not written without --write
+    assert not storage.exists() and not (tmp_path / "plugins").exists()  # nothing installed either
+    assert "nothing was changed" in dry.stdout
+    so = tmp_path / "plugins" / "job_submit_tether.so"
+    run_command([*tether, "slurm", "install", *common, "--write"])
+    inode = so.stat().st_ino
+    run_command([*tether, "slurm", "install", *common, "--write"])
+    assert "JobSubmitPlugins=lua,tether\n" in conf.read_text()
+    assert (tmp_path / "plugstack.conf").read_text() == f"{line}\nrequired other.so\n"
+    assert so.stat().st_ino != inode and oct(so.stat().st_mode & 0o777) == "0o755"
+    assert storage.is_dir() and oct(storage.stat().st_mode & 0o777) == "0o755"
+    assert oct((images / "users").stat().st_mode & 0o7777) == "0o1777"
+    launcher = tmp_path / "plugins" / "tether-run"
+    assert oct(launcher.stat().st_mode & 0o777) == "0o755" and f"handoff({str(config)!r}" in launcher.read_text()
+    os.chmod(storage, 0o777)                                           # unsafe: refused
+    refused = run_command([*tether, "slurm", "install", *common, "--write"], check=False)
+    assert refused.returncode == 1
+    assert f"job_storage_root {storage} must be a root-owned directory" in refused.stderr

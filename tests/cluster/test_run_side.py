@@ -1,0 +1,140 @@
+"""The Slurm run side on the real cluster: per-rank directories, the rank environment and cleanup,
+done by the SPANK plugin inside slurmstepd for steps that carry tether options.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import job_entries, parse, storage, user_processes, wait_until
+
+pytestmark = pytest.mark.cluster
+
+SHOW = ("echo RANK=$RANK LOCAL_RANK=$LOCAL_RANK NODE_RANK=$NODE_RANK WORLD_SIZE=$WORLD_SIZE "
+        "LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT "
+        "TMPDIR=$TMPDIR WORK=$TETHER_WORK_DIR JOB_DIR=$TETHER_JOB_DIR SLOTS=$TETHER_JOB_SLOTS "
+        "SLOT_IDS=${TETHER_SLOT_IDS:-none} ROCR=${ROCR_VISIBLE_DEVICES:-none} "
+        "TMP_STAT=$(stat -c %U:%a $TMPDIR) WORK_STAT=$(stat -c %U:%a $TETHER_WORK_DIR)")
+
+
+def test_six_ranks_get_their_environment_and_private_directories(cluster):
+    result = cluster.as_user(["salloc", "--slots=6", "--slots-per-node=2", "--slot-type=cpu",
+                              "srun", "-N3", "-n6", "-c1", "--label", "bash", "-c", SHOW])
+    ranks = parse(result.stdout)
+    assert [r["RANK"] for r in ranks] == [str(i) for i in range(6)], result.stderr
+    job_dir = ranks[0]["JOB_DIR"]
+    job_id = Path(job_dir).name
+    assert Path(job_dir).parent == storage(cluster)
+    ports = {r["MASTER_PORT"] for r in ranks}
+    assert len(ports) == 1 and 20000 <= int(ports.pop()) < 52000
+    for r in ranks:
+        rank, node = int(r["RANK"]), int(r["RANK"]) // 2
+        assert (r["LOCAL_RANK"], r["NODE_RANK"], r["WORLD_SIZE"], r["LOCAL_WORLD_SIZE"]) == (
+            str(rank % 2), str(node), "6", "2")
+        assert r["MASTER_ADDR"] in ("n1", "127.0.0.1")
+        assert r["TMPDIR"] == f"{job_dir}/n{node + 1}/step-0/rank-{rank}/tmp"
+        assert r["WORK"] == f"{job_dir}/n{node + 1}/step-0/rank-{rank}/work"
+        assert r["TMP_STAT"] == r["WORK_STAT"] == f"{cluster.user}:700"
+        assert (r["SLOTS"], r["SLOT_IDS"]) == ("6", "none")
+    assert wait_until(lambda: job_id not in job_entries(cluster))
+
+
+def test_gpu_ranks_see_their_slot_ids(cluster):
+    out = cluster.as_user(["salloc", "--slots=4", "--slots-per-node=2", "--slot-type=rocm",
+                           "srun", "--label", "bash", "-c", SHOW]).stdout
+    ranks = parse(out)
+    assert len(ranks) == 2
+    assert {(r["SLOT_IDS"], r["ROCR"]) for r in ranks} == {("0,1", "0,1")}
+
+
+def test_concurrent_steps_get_different_master_ports(cluster):
+    script = ("#!/bin/bash\n"
+              "srun -n1 -c1 bash -c 'echo A $MASTER_PORT' &\n"
+              "srun -n1 -c1 bash -c 'echo B $MASTER_PORT' &\n"
+              "wait\n")
+    path = cluster.box.work_dir / f"ports-{os.getpid()}.sh"
+    path.write_text(script)
+    out_file = cluster.box.work_dir / f"ports-{os.getpid()}.out"
+    cluster.as_user(["sbatch", "--wait", "--slots=2", "--slots-per-node=2", "--slot-type=cpu",
+                     f"--output={out_file}", str(path)])
+    ports = dict(line.split() for line in out_file.read_text().splitlines() if line[:2] in ("A ", "B "))
+    assert set(ports) == {"A", "B"} and ports["A"] != ports["B"]
+
+
+def test_steps_without_tether_options_get_nothing(cluster):
+    out = cluster.as_user(["srun", "-N1", "bash", "-c",
+                           "echo RANK=${RANK:-unset} TMPDIR=${TMPDIR:-unset} "
+                           "JOB=${TETHER_JOB_DIR:-unset} ID=$SLURM_JOB_ID; "
+                           f"ls {storage(cluster)}"]).stdout
+    first = out.splitlines()[0]
+    assert "RANK=unset TMPDIR=/tmp JOB=unset" in first      # /tmp: Slurm's own default TMPDIR
+    job_id = first.split("ID=")[1]
+    assert job_id not in out.splitlines()[1:]
+
+
+def test_a_planted_symlink_is_refused_and_never_followed(cluster, tmp_path):
+    target = Path("/var/tmp") / f"tether-target-{os.getpid()}"
+    target.mkdir(mode=0o777)
+    os.chmod(target, 0o777)
+    (target / "keep").write_text("precious\n")
+    script = ("#!/bin/bash\n"
+              f"ln -s {target} $TETHER_JOB_DIR/n2\n"
+              "srun -N1 -n1 -w n2 bash -c 'echo ran-on-n2'\n"
+              f"ln -s {target}/keep $TETHER_JOB_DIR/stray\n")
+    path = cluster.box.work_dir / f"plant-{os.getpid()}.sh"
+    path.write_text(script)
+    out_file = cluster.box.work_dir / f"plant-{os.getpid()}.out"
+    job = cluster.as_user(["sbatch", "--wait", "--parsable", "--slots=3", "--slot-type=cpu",
+                           f"--output={out_file}", str(path)]).stdout.strip()
+    out = out_file.read_text()
+    assert "ran-on-n2" not in out
+    assert (f"tether: {storage(cluster)}/{job}/n2 is a symlink where tether's directory belongs; "
+            f"refusing to follow it") in out
+    assert sorted(p.name for p in target.iterdir()) == ["keep"]
+    assert (target / "keep").read_text() == "precious\n"
+    assert wait_until(lambda: job not in job_entries(cluster))   # the batch step's end removed the links
+    assert target.exists()
+    for p in target.iterdir():
+        p.unlink()
+    target.rmdir()
+
+
+def test_an_unsafe_job_storage_root_stops_the_step_with_a_message(cluster):
+    os.chmod(storage(cluster), 0o777)
+    try:
+        result = cluster.as_user(["srun", "--slots=1", "--slot-type=cpu", "true"], check=False)
+    finally:
+        os.chmod(storage(cluster), 0o755)
+    assert (f"tether: job_storage_root {storage(cluster)} must be owned by root and not writable "
+            f"by group or others") in result.stderr
+
+
+def test_a_failing_command_leaves_nothing(cluster):
+    result = cluster.as_user(["srun", "--slots=2", "--slots-per-node=2", "--slot-type=cpu",
+                              "bash", "-c", "echo $SLURM_JOB_ID; test -d $TMPDIR && exit 3"], check=False)
+    assert result.returncode == 3
+    job = result.stdout.split()[0]
+    assert wait_until(lambda: job not in job_entries(cluster))
+
+
+def test_scancel_of_a_running_step_leaves_nothing(cluster):
+    job = cluster.as_user(["sbatch", "--parsable", "--slots=2", "--slots-per-node=2",
+                           "--slot-type=cpu", "--output=/dev/null", "--wrap",
+                           "srun bash -c 'touch $TMPDIR/x; exec sleep 500'"]).stdout.strip()
+    assert wait_until(lambda: job in job_entries(cluster) and
+                      any(storage(cluster).joinpath(job).rglob("x")), timeout=30)
+    assert user_processes(cluster, "sleep 500")
+    cluster.run(["scancel", f"{job}.0"])                 # the step, not the job
+    assert wait_until(lambda: not user_processes(cluster, "sleep 500"), timeout=30)
+    assert wait_until(lambda: not any(storage(cluster).joinpath(job).glob("*/step-0")), timeout=30)
+    assert wait_until(lambda: job not in job_entries(cluster), timeout=30)   # the batch step ended too
+
+
+def test_a_job_that_hits_its_time_limit_leaves_nothing(cluster, time_limited_jobs):
+    timed_out_job = time_limited_jobs["plain"]
+    assert wait_until(lambda: cluster.job_fields(timed_out_job)["JobState"] == "TIMEOUT",
+                      timeout=150, step=2)
+    assert wait_until(lambda: timed_out_job not in job_entries(cluster), timeout=30)
+    assert not user_processes(cluster, "sleep 600")

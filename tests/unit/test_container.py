@@ -1,0 +1,472 @@
+"""The container wrapper without a cluster: launch specs, the environment contract, each runtime's
+exact argv, the Apptainer image cache, and `tether run` end to end through fake runtime executables
+that record their argv and environment (Apptainer, Singularity and Enroot are not installable here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tether.container.environment import contract_table, passed_from_host
+from tether.container.images import ImageCache, image_key
+from tether.container.runtimes import adapter, available
+from tether.container.runtimes.enroot import enroot_uri
+from tether.container.spec import (
+    CONTAINER_WORKDIR, LaunchError, LaunchSpec, Mount, check_container_options, parse_mounts, spec_from_env,
+)
+
+from conftest import REPO  # noqa: E402
+TETHER = [sys.executable, "-m", "tether.cli.main"]
+
+HOST = {
+    "PATH": "/usr/bin:/bin", "HOME": "/home/u", "LD_PRELOAD": "/x.so", "PYTHONPATH": "/p",
+    "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "6", "MASTER_ADDR": "n1", "MASTER_PORT": "21408",
+    "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "PMIX_RANK": "3",
+    "CUDA_VISIBLE_DEVICES": "0,1", "TETHER_SLOT_IDS": "0,1", "TETHER_RANK_DIR": "/jobs/42/n2/step-0/rank-3",
+    "TMPDIR": "/jobs/42/n2/step-0/rank-3/tmp", "APPTAINER_BIND": "/evil", "APPTAINERENV_X": "1",
+    "CONTAINERS_CONF": "/etc/c.conf", "MYVAR": "a,b\nc 'q' $(x)", "OTHER": "no",
+    "BASH_FUNC_f%%": "() { :; }",
+}
+
+
+def spec(**kw) -> LaunchSpec:
+    base = dict(image="/images/busybox.sif", runtime="apptainer", command=("python", "train.py"),
+                rank_dir="/jobs/42/n2/step-0/rank-3", job_id="42", step_id="0", rank="3")
+    base.update(kw)
+    return LaunchSpec(**base)
+
+
+# ---- launch specs -----------------------------------------------------------------------------
+def test_mounts_parse_and_refuse_what_would_break_a_command_line():
+    assert parse_mounts("/data:/data:ro, /scratch:/s,/opt") == (
+        Mount("/data", "/data", True), Mount("/scratch", "/s"), Mount("/opt", "/opt"))
+    for bad, why in (("data:/d", "absolute"), ("/a:/b:rx", "SRC:DST"), ("/a b:/b", "absolute"),
+                     ("/a:/tmp", "tether's own"), ("/a:/run/tether/workdir", "tether's own"),
+                     ("/a/../etc:/b", "'..'"), ("/a:/b:ro:x", "SRC:DST")):
+        with pytest.raises(LaunchError, match=why):
+            parse_mounts(bad)
+
+
+def test_spec_from_the_task_environment():
+    env = {**HOST, "TETHER_CONTAINER_IMAGE": "docker://busybox", "TETHER_CONTAINER_MOUNTS": "/d:/d:ro",
+           "TETHER_CONTAINER_ENV": "MYVAR", "TETHER_CONTAINER_WRITABLE": "1",
+           "TETHER_JOB_SLOT_TYPE": "rocm"}
+    s = spec_from_env(env, ["cmd"], default_runtime="podman")
+    assert (s.runtime, s.workdir, s.writable, s.gpus, s.slot_type) == ("podman", CONTAINER_WORKDIR, True,
+                                                                        ("0", "1"), "rocm")
+    assert (s.instance, s.mounts, s.env_names) == ("tether-42-0-3", (Mount("/d", "/d", True),), ("MYVAR",))
+    with pytest.raises(LaunchError, match="no container image"):
+        spec_from_env(HOST, ["cmd"], default_runtime="podman")
+    with pytest.raises(LaunchError, match="expected one of apptainer, singularity, podman, enroot"):
+        spec_from_env({"TETHER_CONTAINER_IMAGE": "x", "TETHER_CONTAINER_RUNTIME": "docker"}, ["c"],
+                      default_runtime="podman")
+    with pytest.raises(LaunchError, match="--container-name="):
+        spec_from_env({"TETHER_CONTAINER_IMAGE": "x", "TETHER_CONTAINER_NAME": "a/b"}, ["c"],
+                      default_runtime="podman")
+
+
+def test_submit_time_validation_gives_the_run_sides_messages():
+    check_container_options({"slots": "2"}, "podman")                      # no container options
+    check_container_options({"container-image": "/i", "container-mounts": "/a:/b"}, "podman")
+    with pytest.raises(LaunchError, match="need --container-image"):
+        check_container_options({"container-writable": "1"}, "podman")
+    with pytest.raises(LaunchError, match="enroot only, not podman"):
+        check_container_options({"container-image": "/i", "container-name": "dev"}, "podman")
+    check_container_options({"container-image": "/i", "container-name": "dev",
+                             "container-runtime": "enroot"}, "podman")
+
+
+# ---- the environment contract ----------------------------------------------------------------
+def test_contract_passes_rank_scheduler_and_named_variables_only():
+    passed = passed_from_host(HOST, spec(env_names=("MYVAR", "PATH", "APPTAINER_BIND")))
+    assert set(passed) == {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID",
+                           "SLURM_STEP_ID", "SLURM_PROCID", "PMIX_RANK", "CUDA_VISIBLE_DEVICES",
+                           "TETHER_SLOT_IDS", "MYVAR", "PATH"}
+    assert passed["MYVAR"] == HOST["MYVAR"]
+    # never: host paths, tether's own (TMPDIR is set inside), runtime control, invalid names
+    assert not {"TETHER_RANK_DIR", "TMPDIR", "APPTAINER_BIND", "CONTAINERS_CONF", "BASH_FUNC_f%%",
+                "LD_PRELOAD", "HOME", "OTHER"} & set(passed)
+
+
+def test_contract_table_is_in_the_readme():
+    assert contract_table() in (REPO / "README.md").read_text()
+
+
+# ---- exact argv per runtime --------------------------------------------------------------------
+def test_apptainer_argv_and_environment(tmp_path):
+    image = tmp_path / "busybox.sif"
+    image.write_text("sif")
+    s = spec(image=str(image), mounts=(Mount("/data", "/data", True),), env_names=("MYVAR",),
+             gpus=("0", "1"), writable=True, workdir="/src")
+    launch = adapter("apptainer", {"binary": "/opt/apptainer/bin/apptainer", "args": ["--silent"]}).launch(s, HOST)
+    assert launch.argv == [
+        "/opt/apptainer/bin/apptainer", "exec", "--silent", "--cleanenv",
+        "--env", "TETHER_CONTAINER=1", "--env", "TMPDIR=/tmp", "--env", "TETHER_WORK_DIR=/run/tether/workdir",
+        "--bind", "/jobs/42/n2/step-0/rank-3/tmp:/tmp", "--bind", "/jobs/42/n2/step-0/rank-3/work:/run/tether/workdir",
+        "--bind", "/data:/data:ro", "--pwd", "/src", "--nv", "--writable-tmpfs", str(image), "python", "train.py"]
+    assert not launch.supervise
+    assert launch.env["APPTAINERENV_MYVAR"] == HOST["MYVAR"] and launch.env["APPTAINERENV_RANK"] == "3"
+    assert "APPTAINERENV_X" not in launch.env            # the user's own injection is dropped
+    assert "APPTAINERENV_PATH" not in launch.env and "APPTAINERENV_TETHER_RANK_DIR" not in launch.env
+
+
+def test_singularity_uses_its_own_names_and_rocm(tmp_path):
+    sandbox = tmp_path / "rootfs"
+    sandbox.mkdir()
+    launch = adapter("singularity", {}).launch(spec(image=str(sandbox), runtime="singularity", gpus=("2",),
+                                                    slot_type="rocm"), HOST)
+    assert launch.argv[:3] == ["singularity", "exec", "--cleanenv"] and "--rocm" in launch.argv
+    assert "--nv" not in launch.argv and launch.env["SINGULARITYENV_RANK"] == "3"
+
+
+def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
+    monkeypatch.setattr("tether.container.runtimes.podman.stdio_is_terminal", lambda: False)
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    s = spec(image=str(rootfs), runtime="podman", env_names=("MYVAR",), gpus=("0",),
+             mounts=(Mount("/data", "/data"),))
+    launch = adapter("podman", {"args": ["--runtime", "runc"], "env": {"CONTAINERS_CONF": "/c"}}).launch(s, HOST)
+    keep_id = ["--userns=keep-id"] if os.getuid() != 0 else []
+    passed = ["CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "MYVAR", "PMIX_RANK", "RANK",
+              "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_ID", "TETHER_SLOT_IDS", "WORLD_SIZE"]
+    assert launch.argv == [
+        "podman", "run", "--runtime", "runc", "--log-level=fatal", "--rm", "--name", "tether-42-0-3",
+        "--label", "tether.job=42", "--label", "tether.step=42.0", "--network=host", "--pid=host",
+        "--log-driver=passthrough", *keep_id,
+        "--read-only", *[a for v in passed for a in ("--env", v)],
+        "--env", "TETHER_CONTAINER=1", "--env", "TMPDIR=/tmp", "--env", "TETHER_WORK_DIR=/run/tether/workdir",
+        "--volume", "/jobs/42/n2/step-0/rank-3/tmp:/tmp", "--volume", "/jobs/42/n2/step-0/rank-3/work:/run/tether/workdir",
+        "--volume", "/data:/data", "--workdir", "/run/tether/workdir", "--device", "nvidia.com/gpu=all",
+        "--rootfs", str(rootfs), "python", "train.py"]
+    assert HOST["MYVAR"] not in launch.argv and launch.env["CONTAINERS_CONF"] == "/c"
+    assert launch.supervise and launch.after_abnormal == [
+        ["podman", "rm", "--runtime", "runc", "--force", "--ignore", "--time", "0", "tether-42-0-3"]]
+    assert launch.marker == "/jobs/42/n2/step-0/.cleanup-3" and launch.marker_env["CONTAINERS_CONF"] == "/c"
+    image = adapter("podman", {}).launch(spec(image="docker://busybox:1.36", runtime="podman", writable=True), HOST)
+    assert image.argv[-3:] == ["docker://busybox:1.36", "python", "train.py"] and "--read-only" not in image.argv
+    writable = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", writable=True), HOST)
+    assert writable.argv[-4:-2] == ["--rootfs", f"{rootfs}:O"] and "--read-only" not in writable.argv
+    (tmp_path / "x.sif").write_text("")
+    with pytest.raises(LaunchError, match="not a file"):
+        adapter("podman", {}).launch(spec(image=str(tmp_path / "x.sif"), runtime="podman"), HOST)
+    with pytest.raises(LaunchError, match="enroot only"):
+        adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", name="dev"), HOST)
+    monkeypatch.setattr("tether.container.runtimes.podman.stdio_is_terminal", lambda: True)   # srun --pty
+    on_tty = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), HOST)
+    assert "--log-driver=passthrough" not in on_tty.argv          # podman refuses it on a terminal
+
+
+def test_enroot_imports_creates_starts_and_removes(tmp_path):
+    s = spec(image="docker://nvcr.io/nvidia/pytorch:24.01-py3", runtime="enroot",
+             rank_dir=str(tmp_path / "42/n2/step-0/rank-3"), mounts=(Mount("/data", "/data", True),),
+             env_names=("MYVAR",), writable=True, gpus=("0",))
+    launch = adapter("enroot", {}).launch(s, HOST)
+    node = tmp_path / "42/n2/step-0"                          # the step's directory holds it all
+    sqsh = f"{node}/enroot/{image_key(s.image)[:24]}.sqsh"
+    assert launch.env["ENROOT_DATA_PATH"] == f"{node}/enroot/data"
+    assert launch.before == [(["enroot", "import", "--output", sqsh, "docker://nvcr.io#nvidia/pytorch:24.01-py3"], sqsh),
+                             (["enroot", "create", "--name", "tether-42-0-3", sqsh], f"{node}/enroot/data/tether-42-0-3")]
+    assert launch.lock == f"{node}/enroot/.lock"
+    argv = launch.argv
+    assert argv[:3] == ["enroot", "start", "--rw"] and ["--env", "MYVAR"] in [argv[i:i + 2] for i in range(len(argv))]
+    assert f"{s.rank_dir}/tmp:/tmp:none:x-create=dir,bind" in argv
+    assert "/data:/data:none:x-create=auto,rbind,ro" in argv and "NVIDIA_VISIBLE_DEVICES=all" in argv
+    assert argv[-8:] == ["tether-42-0-3", "/bin/sh", "-c", 'cd "$1" || exit 125; shift; exec "$@"', "sh",
+                         CONTAINER_WORKDIR, "python", "train.py"]
+    assert launch.after == [["enroot", "remove", "--force", "tether-42-0-3"]]
+    named = adapter("enroot", {}).launch(spec(image="docker://busybox", runtime="enroot", name="dev",
+                                              rank_dir=s.rank_dir), HOST)
+    assert named.after == [] and "tether-42-dev" in named.argv
+    assert named.env["ENROOT_DATA_PATH"] == f"{tmp_path}/42/n2/enroot/data"   # kept for the job's steps
+    assert enroot_uri("docker://busybox:1.36") == "docker://busybox:1.36"
+    assert enroot_uri("docker://localhost:5000/a/b") == "docker://localhost:5000#a/b"
+
+
+def test_every_configured_runtime_has_an_adapter():
+    from tether.hooks.config import RUNTIMES
+
+    assert set(RUNTIMES) <= set(available())
+    with pytest.raises(LaunchError, match="unknown container runtime"):
+        adapter("docker", {})
+
+
+# ---- the image cache -------------------------------------------------------------------------
+FAKE_BUILD = textwrap.dedent("""\
+    #!{python}
+    # A fake `apptainer build OUT SOURCE`: counts conversions, takes a while, writes OUT.
+    import os, sys, time
+    with open(os.environ["FAKE_COUNT"], "a") as fh:
+        fh.write(sys.argv[-1] + "\\n")
+    time.sleep(float(os.environ.get("FAKE_SLEEP", "0.5")))
+    if os.environ.get("FAKE_FAIL"):
+        print("FATAL: while making image from oci registry: manifest unknown", file=sys.stderr)
+        sys.exit(255)
+    with open(sys.argv[-2], "w") as fh:
+        fh.write("SIF of " + sys.argv[-1])
+    """)
+
+
+@pytest.fixture
+def fake_apptainer(tmp_path):
+    exe = tmp_path / "bin" / "apptainer"
+    exe.parent.mkdir()
+    exe.write_text(FAKE_BUILD.format(python=sys.executable))
+    exe.chmod(0o755)
+    return exe
+
+
+def _ensure_in_subprocess(root, exe, source, env):
+    code = (f"from tether.container.images import ImageCache;"
+            f"print(ImageCache({str(root)!r}).ensure({source!r}, build=[{str(exe)!r}, 'build']))")
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_six_concurrent_first_uses_convert_exactly_once(tmp_path, fake_apptainer):
+    root = tmp_path / "images"
+    root.mkdir()
+    count = tmp_path / "count"
+    env = {**os.environ, "FAKE_COUNT": str(count)}
+    procs = [_ensure_in_subprocess(root, fake_apptainer, "docker://busybox:1.36", env) for _ in range(6)]
+    paths = {p.communicate(timeout=60)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert count.read_text().splitlines() == ["docker://busybox:1.36"]        # one conversion
+    (path,) = paths
+    assert Path(path).read_text() == "SIF of docker://busybox:1.36" and Path(path).parent == root
+    assert not [e for e in os.listdir(root) if e.endswith(".partial")]
+    assert [(i.source, i.path) for i in ImageCache(str(root)).entries()] == [("docker://busybox:1.36", path)]
+
+
+def test_killed_or_failed_conversion_never_becomes_visible(tmp_path, fake_apptainer):
+    root = tmp_path / "images"
+    root.mkdir()
+    env = {**os.environ, "FAKE_COUNT": str(tmp_path / "count"), "FAKE_SLEEP": "30"}
+    proc = _ensure_in_subprocess(root, fake_apptainer, "docker://big", env)
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "count").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    cache = ImageCache(str(root))
+    assert cache.lookup("docker://big") is None and list(cache.entries()) == []
+    env.update(FAKE_SLEEP="0", FAKE_FAIL="1")
+    failed = _ensure_in_subprocess(root, fake_apptainer, "docker://big", env)
+    _, err = failed.communicate(timeout=60)
+    assert failed.returncode != 0 and "cannot convert docker://big into a SIF image" in err
+    assert "manifest unknown" in err
+    assert cache.lookup("docker://big") is None
+    assert not [e for e in os.listdir(root) if e.endswith(".partial")]     # the killed one's is gone too
+    env.pop("FAKE_FAIL")
+    ok = _ensure_in_subprocess(root, fake_apptainer, "docker://big", env)
+    assert ok.communicate(timeout=60)[0].strip() == str(root / (image_key("docker://big") + ".sif"))
+    assert cache.prune(0) == [str(root / (image_key("docker://big") + ".sif"))]
+    assert list(cache.entries()) == []
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to create files owned by another user")
+def test_users_never_use_an_image_another_user_planted(tmp_path):
+    root = tmp_path / "images"
+    (root / "users").mkdir(parents=True)
+    os.chmod(root / "users", 0o1777)
+    planted = root / (image_key("docker://python:3") + ".sif")
+    planted.write_text("evil")
+    os.chown(planted, 1002, 1002)
+    assert ImageCache(str(root), uid=0).lookup("docker://python:3") is None
+    assert ImageCache(str(root), uid=1003).lookup("docker://python:3") is None
+    (root / "users" / "1003").mkdir()
+    os.chown(root / "users" / "1003", 1002, 1002)                            # squatted by another user
+    with pytest.raises(LaunchError, match="not a directory owned by uid 1003"):
+        ImageCache(str(root), uid=1003).lookup("docker://python:3")
+
+
+# ---- tether run, end to end through fake runtimes ---------------------------------------------
+FAKE_RUNTIME = textwrap.dedent("""\
+    #!{python}
+    # Records argv and environment (one JSON line per call); plays the part of {name}.
+    import json, os, shutil, sys
+    with open(os.environ["FAKE_LOG"], "a") as fh:
+        fh.write(json.dumps({{"argv": sys.argv, "env": dict(os.environ)}}) + "\\n")
+    args = sys.argv[1:]
+    if args[:1] == ["import"]:
+        open(args[args.index("--output") + 1], "w").write("sqsh")
+    elif args[:1] == ["create"]:
+        os.makedirs(os.path.join(os.environ["ENROOT_DATA_PATH"], args[args.index("--name") + 1]))
+    elif args[:1] == ["remove"]:
+        shutil.rmtree(os.path.join(os.environ["ENROOT_DATA_PATH"], args[-1]))
+    elif args[:1] in (["exec"], ["start"]):
+        sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
+    """)
+
+
+@pytest.fixture
+def fake_runtimes(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("apptainer", "singularity", "enroot"):
+        exe = bin_dir / name
+        exe.write_text(FAKE_RUNTIME.format(python=sys.executable, name=name))
+        exe.chmod(0o755)
+    config = tmp_path / "tether.yaml"
+    config.write_text(f"container: {{apptainer_image_root: {tmp_path / 'images'}}}\n")
+    return bin_dir, config
+
+
+def _tether_run(tmp_path, bin_dir, config, *args, **env):
+    run_env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_LOG": str(tmp_path / "log"), "TETHER_CONFIG": str(config),
+               "RANK": "1", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2", "HOME": str(tmp_path),
+               "TETHER_RANK_DIR": str(tmp_path / "7/n1/step-2/rank-1"), "SECRET": "s", **env}
+    proc = subprocess.run([*TETHER, "run", *args], env=run_env, capture_output=True, text=True, timeout=60)
+    calls = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()] \
+        if (tmp_path / "log").exists() else []
+    return proc, calls
+
+
+@pytest.mark.parametrize("runtime", ["apptainer", "singularity"])
+def test_tether_run_execs_apptainer_in_place(tmp_path, fake_runtimes, runtime):
+    bin_dir, config = fake_runtimes
+    image = tmp_path / "img.sif"
+    image.write_text("")
+    proc, calls = _tether_run(tmp_path, bin_dir, config, f"--container-runtime={runtime}",
+                              f"--container-image={image}", "--container-env=SECRET", "--", "echo", "a b",
+                              FAKE_EXIT="3")
+    assert proc.returncode == 3, proc.stderr
+    (call,) = calls
+    assert call["argv"][1:4] == ["exec", "--cleanenv", "--env"] and call["argv"][-3:] == [str(image), "echo", "a b"]
+    prefix = runtime.upper() + "ENV_"
+    assert call["env"][prefix + "RANK"] == "1" and call["env"][prefix + "SECRET"] == "s"
+    assert prefix + "PATH" not in call["env"] and prefix + "HOME" not in call["env"]
+
+
+def test_tether_run_enroot_sequence_and_exit_code(tmp_path, fake_runtimes):
+    bin_dir, config = fake_runtimes
+    proc, calls = _tether_run(tmp_path, bin_dir, config, "--container-runtime=enroot",
+                              "--container-image=docker://busybox", "--", "true", FAKE_EXIT="4")
+    assert proc.returncode == 4, proc.stderr
+    assert [c["argv"][1] for c in calls] == ["import", "create", "start", "remove"]
+    assert calls[2]["argv"][-3:] == ["sh", CONTAINER_WORKDIR, "true"]
+    assert calls[2]["env"]["ENROOT_DATA_PATH"] == str(tmp_path / "7/n1/step-2/enroot/data")
+    # a second launch in the step reuses the imported image: no second import
+    proc, calls = _tether_run(tmp_path, bin_dir, config, "--container-runtime=enroot",
+                              "--container-image=docker://busybox", "--", "true")
+    assert [c["argv"][1] for c in calls][4:] == ["create", "start", "remove"]
+
+
+def test_tether_run_reports_a_missing_runtime_and_a_bad_image(tmp_path, fake_runtimes):
+    bin_dir, config = fake_runtimes
+    (bin_dir / "apptainer").unlink()
+    image = tmp_path / "img.sif"
+    image.write_text("")
+    proc, _ = _tether_run(tmp_path, bin_dir, config, f"--container-image={image}", "--", "true")
+    assert proc.returncode == 125 and "tether: cannot start the container runtime 'apptainer'" in proc.stderr
+    proc, _ = _tether_run(tmp_path, bin_dir, config, "--container-image=/no/such.sif", "--", "true")
+    assert proc.returncode == 125 and "no such file or directory on this node" in proc.stderr
+
+
+def test_supervised_runtime_keeps_double_forked_processes_and_forwards_signals(tmp_path):
+    """The podman-like path: a 'runtime' that daemonizes a child stays our descendant; SIGTERM to the
+    wrapper reaches the runtime; the wrapper ends with the runtime's status."""
+    runtime = tmp_path / "runtime.sh"
+    runtime.write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        ( ( sleep 30 & echo $! > {tmp_path}/daemon.pid ) & )   # double fork, like conmon
+        trap 'echo got-term > {tmp_path}/term; exit 7' TERM
+        while :; do sleep 0.1; done
+        """))
+    runtime.chmod(0o755)
+    code = (f"from tether.container.launch import execute; from tether.container.runtimes import Launch;"
+            f"execute(Launch(argv=[{str(runtime)!r}], env=dict(__import__('os').environ), supervise=True,"
+            f" after_abnormal=[['touch', {str(tmp_path / 'cleaned')!r}]]))")
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "daemon.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    daemon = int((tmp_path / "daemon.pid").read_text())
+    with open(f"/proc/{daemon}/stat") as fh:
+        ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+    assert ppid == proc.pid                                  # re-parented to the wrapper, not init
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 7
+    assert (tmp_path / "term").read_text() == "got-term\n" and (tmp_path / "cleaned").exists()
+    os.kill(daemon, signal.SIGKILL)
+
+
+def test_podman_names_what_a_shared_rootfs_lacks(tmp_path):
+    from tether.container.runtimes.podman import check_shared_rootfs
+
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    (rootfs / "etc" / "passwd").write_text("")
+    os.chmod(rootfs / "etc", 0o555)
+    if os.access(rootfs / "etc", os.W_OK):              # root may write anywhere: nothing to check
+        check_shared_rootfs(str(rootfs))
+        return
+    with pytest.raises(LaunchError, match="lacks /etc/group, /etc/hosts, /etc/hostname, /etc/resolv.conf, "
+                                          "/etc/mtab, /proc, /sys, /dev, /run, /tmp, /var/tmp"):
+        check_shared_rootfs(str(rootfs))
+
+
+def test_podman_mount_targets_must_exist_in_a_read_only_shared_image(tmp_path):
+    from tether.container.runtimes.podman import check_mount_targets
+
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "mnt").mkdir(parents=True)
+    os.chmod(rootfs, 0o555)
+    mounts = parse_mounts("/a:/mnt,/b:/tmp/x,/c:/data")
+    if os.access(rootfs, os.W_OK):                      # root may write anywhere: podman creates them
+        check_mount_targets(str(rootfs), mounts)
+        return
+    with pytest.raises(LaunchError, match="/data does not exist in the read-only image"):
+        check_mount_targets(str(rootfs), mounts)
+
+
+# ---- the subprocess boundary, with pytest-subprocess (unregistered commands fail the test) ------
+def test_enroot_preparation_runs_exactly_import_then_create(fp, tmp_path):
+    from tether.container.launch import run_before
+
+    rank_dir = tmp_path / "42/n2/step-0/rank-3"
+    s = spec(image="docker://ghcr.io/org/app:2", runtime="enroot", rank_dir=str(rank_dir))
+    launch = adapter("enroot", {"binary": "/opt/enroot/bin/enroot"}).launch(s, HOST)
+    sqsh = f"{tmp_path}/42/n2/step-0/enroot/{image_key(s.image)[:24]}.sqsh"
+    fp.register(["/opt/enroot/bin/enroot", "import", "--output", sqsh, "docker://ghcr.io#org/app:2"])
+    fp.register(["/opt/enroot/bin/enroot", "create", "--name", "tether-42-0-3", sqsh])
+    run_before(launch)
+    assert fp.call_count(["/opt/enroot/bin/enroot", "import", fp.any()]) == 1
+    assert fp.call_count(["/opt/enroot/bin/enroot", "create", fp.any()]) == 1
+
+
+def test_enroot_import_failure_is_reported_with_its_message(fp, tmp_path):
+    from tether.container.launch import run_before
+
+    s = spec(image="docker://nope", runtime="enroot", rank_dir=str(tmp_path / "1/n1/step-0/rank-0"))
+    launch = adapter("enroot", {}).launch(s, HOST)
+    fp.register(["enroot", "import", fp.any()], returncode=1, stderr="[ERROR] URL https://registry-1.docker.io "
+                                                                      "returned error code: 401 Unauthorized")
+    with pytest.raises(LaunchError, match="401 Unauthorized"):
+        run_before(launch)
+
+
+def test_apptainer_conversion_is_one_exact_build(fp, tmp_path):
+    root = tmp_path / "images"
+    root.mkdir()
+    key = image_key("docker://python:3.12")
+
+    def build(process):
+        Path(process.args[-2]).write_text("SIF")
+
+    fp.register(["/usr/bin/apptainer", "build", "--disable-cache", fp.any(min=1, max=1), "docker://python:3.12"],
+                callback=build)
+    path = ImageCache(str(root)).ensure("docker://python:3.12",
+                                        build=["/usr/bin/apptainer", "build", "--disable-cache"])
+    assert path == str(root / f"{key}.sif") and Path(path).read_text() == "SIF"
+    assert ImageCache(str(root)).ensure("docker://python:3.12", build=["/usr/bin/apptainer", "build"]) == path
+    assert fp.call_count(["/usr/bin/apptainer", "build", fp.any()]) == 1          # the second use: cached

@@ -1,0 +1,172 @@
+"""The per-node launch scripts, generated and executed: bash -n, hostile values, one container per
+host, and the first failing host ending the job. pbs_tmrsh is a shell function here (OpenPBS is not
+installable); srun, exec'd by the Slurm script, is a small fake executable. `tether` is a fake that
+records what each host's launch received.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tether.container.scripts import pbs_launch_script, slurm_launch_script
+from tether.container.spec import LaunchError
+
+HOSTILE = {"QUOTES": "it's \"quoted\"", "SUBST": "$(touch /tmp/pwned) `id`", "NEWLINE": "line1\nline2",
+           "COMMAS": "a,b\\,c", "EMPTY": ""}
+COMMAND = ["python", "train.py", "--name", "it's $(x) `y`", "multi\nline"]
+OPTIONS = {"container-image": "docker://registry.local:5000/team/img:1.0", "container-runtime": "podman",
+           "container-mounts": "/data:/data:ro", "container-env": "QUOTES,SUBST", "container-writable": "1"}
+
+FAKE_TETHER = textwrap.dedent("""\
+    #!{python}
+    import json, os, sys, time
+    host = os.environ.get("FAKE_HOST", "?")
+    path = os.path.join(os.environ["FAKE_OUT"], host + ".json")
+    with open(path + ".tmp", "w") as fh:                  # whole or not at all: a host may be killed
+        json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "pid": os.getpid()}}, fh)
+    os.rename(path + ".tmp", path)
+    if host == os.environ.get("FAIL_HOST"):
+        sys.exit(3)
+    time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
+    """)
+
+FAKE_SRUN = textwrap.dedent("""\
+    #!/bin/bash
+    # fake srun: records its options, runs the command once per node (FAKE_NODES), first failure wins
+    printf '%s\\n' "$@" > "$FAKE_OUT/srun.args"
+    while [[ "$1" == --* ]]; do shift; done
+    pids=()
+    for host in $FAKE_NODES; do FAKE_HOST=$host "$@" & pids+=($!); done
+    rc=0
+    for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+    exit $rc
+    """)
+
+
+@pytest.fixture
+def fakes(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "out").mkdir()
+    for name, text in (("tether", FAKE_TETHER.format(python=sys.executable)), ("srun", FAKE_SRUN)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_OUT": str(tmp_path / "out"), "HOME": str(tmp_path)}
+    return bin_dir, tmp_path / "out", env
+
+
+def _recorded(out: Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+
+
+def _render(kind: str, tether: str) -> str:
+    make = pbs_launch_script if kind == "pbs" else slurm_launch_script
+    return make(COMMAND, OPTIONS, HOSTILE, tether=tether)
+
+
+@pytest.mark.parametrize("kind", ["slurm", "pbs"])
+def test_scripts_pass_bash_n(tmp_path, kind):
+    script = tmp_path / "launch.sh"
+    script.write_text(_render(kind, "/opt/tether/venv/bin/tether"))
+    result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_pbs_script_starts_one_container_per_host_with_every_value_as_an_argument(tmp_path, fakes):
+    bin_dir, out, env = fakes
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("h1\nh1\nh2\nh2\nh3\n")                 # one line per mpiproc
+    script = tmp_path / "launch.sh"
+    script.write_text(_render("pbs", str(bin_dir / "tether")))
+    runner = ('pbs_tmrsh() { local host=$1; shift; FAKE_HOST=$host exec "$@"; }\n'
+              f'source {script}\n')
+    result = subprocess.run(["bash", "-c", runner], env={**env, "PBS_NODEFILE": str(nodefile)},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    calls = _recorded(out)
+    assert sorted(calls) == ["h1", "h2", "h3"]
+    for rank, host in enumerate(["h1", "h2", "h3"]):
+        call = calls[host]
+        assert call["argv"] == ["run", *[f"--{k}={v}" for k, v in OPTIONS.items() if k != "container-writable"],
+                                "--container-writable", "--", *COMMAND]
+        for name, value in HOSTILE.items():
+            assert call["env"][name] == value                  # exact, unexpanded
+        assert (call["env"]["NODE_RANK"], call["env"]["TETHER_NNODES"], call["env"]["MASTER_ADDR"]) == (
+            str(rank), "3", "h1")
+    assert not Path("/tmp/pwned").exists()
+
+
+def test_pbs_script_ends_the_job_when_one_host_fails(tmp_path, fakes):
+    bin_dir, out, env = fakes
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("h1\nh2\nh3\n")
+    script = tmp_path / "launch.sh"
+    script.write_text(_render("pbs", str(bin_dir / "tether")))
+    runner = f'pbs_tmrsh() {{ local host=$1; shift; FAKE_HOST=$host exec "$@"; }}\nsource {script}\n'
+    start = time.monotonic()
+    result = subprocess.run(["bash", "-c", runner], capture_output=True, text=True, timeout=60,
+                            env={**env, "PBS_NODEFILE": str(nodefile), "FAIL_HOST": "h2", "FAKE_SLEEP": "60"})
+    assert result.returncode == 3 and time.monotonic() - start < 30
+    assert "tether: a host's container exited with status 3; ending the job" in result.stderr
+    for call in _recorded(out).values():        # the other hosts' launches were killed and waited for
+        assert not Path(f"/proc/{call['pid']}").exists() or \
+            Path(f"/proc/{call['pid']}/stat").read_text().split()[2] == "Z"
+
+
+def test_pbs_script_refuses_to_run_outside_a_job(tmp_path, fakes):
+    bin_dir, _, env = fakes
+    script = tmp_path / "launch.sh"
+    script.write_text(_render("pbs", str(bin_dir / "tether")))
+    result = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0 and "PBS_NODEFILE is not set" in result.stderr
+
+
+def test_slurm_script_runs_tether_once_per_node_through_srun(tmp_path, fakes):
+    bin_dir, out, env = fakes
+    script = tmp_path / "launch.sh"
+    script.write_text(_render("slurm", str(bin_dir / "tether")))
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                            env={**env, "FAKE_NODES": "n1 n2 n3", "SLURM_JOB_NUM_NODES": "3",
+                                 "TETHER_CONTAINER_IMAGE": "/would/wrap/twice"})
+    assert result.returncode == 0, result.stderr
+    assert (out / "srun.args").read_text().splitlines()[:3] == ["--nodes=3", "--ntasks-per-node=1",
+                                                                "--kill-on-bad-exit=1"]
+    calls = _recorded(out)
+    assert sorted(calls) == ["n1", "n2", "n3"]
+    for call in calls.values():
+        assert call["argv"][-len(COMMAND) - 1:] == ["--", *COMMAND]
+        assert all(call["env"][k] == v for k, v in HOSTILE.items())
+        assert "TETHER_CONTAINER_IMAGE" not in call["env"]       # srun's task is not wrapped again
+    failing = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                             env={**env, "FAKE_NODES": "n1 n2", "FAIL_HOST": "n2"})
+    assert failing.returncode == 3
+
+
+def test_scripts_refuse_bad_input():
+    with pytest.raises(LaunchError, match="not valid in a launch script"):
+        pbs_launch_script(["true"], {"container-image": "/i"}, {"BAD-NAME": "x"})
+    with pytest.raises(LaunchError, match="needs a command"):
+        slurm_launch_script([], {"container-image": "/i"}, {})
+    with pytest.raises(LaunchError, match="must be an absolute path"):
+        slurm_launch_script(["true"], {"container-image": "/i", "container-mounts": "rel:/x"}, {})
+
+
+def test_pbs_script_collects_every_host_even_when_they_end_at_once(tmp_path):
+    """Hosts whose launches end together are each counted once with their status (an earlier version
+    used `wait -n`, which answered 127 for children bash had already reaped)."""
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("".join(f"h{i}\n" for i in range(8)))
+    script = tmp_path / "launch.sh"
+    script.write_text(pbs_launch_script(["true"], {"container-image": "/i"}, {}, tether="/bin/true"))
+    runner = (f'pbs_tmrsh() {{ shift; exec "$@"; }}\n'
+              f'for i in $(seq 100); do ( source {script} ) || {{ echo "run $i: $?"; exit 1; }}; done\n')
+    result = subprocess.run(["bash", "-c", runner], env={"PATH": "/usr/bin:/bin", "PBS_NODEFILE": str(nodefile)},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr

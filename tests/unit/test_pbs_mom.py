@@ -1,0 +1,363 @@
+"""tether's PBS MoM hook, run as PBS runs it: the real hook file (pbs_hooks/tether_exec.py) against
+the stub ``pbs`` module, with the real tether-jobdirs helper (built from the SPANK plugin's C source)
+creating and removing directories on this machine as root, for a real unprivileged user.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import stat
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_hook_file, wait_until
+
+HOOK = REPO / "pbs_hooks" / "tether_exec.py"
+sys.path.insert(0, str(REPO / "tests" / "pbs_stub"))
+import pbs  # noqa: E402  (the stub)
+
+USER = "tether-demo"
+JOB_ID = "4242.pbs-server"
+HOSTS = "h1/0*2+h2/0*2+h3/0*2"
+
+
+@pytest.fixture(scope="module")
+def public():
+    """A directory the job user can reach (pytest's tmp_path is under a root-only 0700 directory)."""
+    path = Path(tempfile.mkdtemp(prefix="tether-pbs-test-"))
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.fixture(scope="module")
+def helper(public) -> Path:
+    from tether.sandbox.cluster import ensure_user
+    from tether.admin.pbs import build_helper
+
+    ensure_user(USER)
+    libexec = public / "libexec"
+    libexec.mkdir(mode=0o755)
+    return build_helper(libexec)
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    """job_storage_root: root-owned, 0755 (the helper refuses anything else)."""
+    os.chmod(tmp_path, 0o755)
+    path = tmp_path / "jobs"
+    path.mkdir(mode=0o755)
+    os.chmod(path, 0o755)
+    return path
+
+
+@pytest.fixture(scope="module")
+def launcher(public) -> str:
+    """Where the hook config says the launcher is (the hand-off is checked, not the launch)."""
+    path = public / "tether-run"
+    path.write_text("#!/bin/sh\nexit 99\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture
+def hook(tmp_path, helper, root, launcher):
+    """Run the hook file for an event of a job of USER; returns the event."""
+    settings = {"python_path": [], "job_storage_root": str(root), "helper": str(helper), "launcher": launcher}
+    config = tmp_path / "tether_exec.json"
+    config.write_text(json.dumps(settings))
+
+    def run(event_type=pbs.EXECJOB_LAUNCH, *, resources=None, variables=None, host="h1", config_file=None,
+            **kw):
+        if resources is None:
+            resources = {"tether_slots": 6, "tether_slot_type": "cuda"}
+        event = pbs.stub_event(event_type, config_file=str(config_file or config), resources=resources or {},
+                               id=JOB_ID, euser=USER, exec_host=HOSTS, Variable_List=dict(variables or {}),
+                               local_node=host, **kw)
+        return run_hook_file(HOOK, event)
+
+    run.settings = settings
+    run.config = config
+    return run
+
+
+def _owned_private(path: Path) -> bool:
+    st = os.lstat(path)
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == pwd.getpwnam(USER).pw_uid
+            and stat.S_IMODE(st.st_mode) == 0o700)
+
+
+def _task_env(**extra) -> dict:
+    return {"PBS_JOBID": JOB_ID, "TMPDIR": "/var/tmp/pbs.4242", "PATH": "/usr/bin:/bin", **extra}
+
+
+def test_jobs_without_tether_are_untouched(hook, root):
+    for event_type in (pbs.EXECJOB_BEGIN, pbs.EXECJOB_END):
+        assert hook(event_type, resources={}).accepted
+    e = hook(resources={}, env=_task_env(PBS_TASKNUM="2"), progname="/bin/hostname", argv=["hostname"])
+    assert e.accepted and e.progname == "/bin/hostname" and e.env.task_env() == _task_env(PBS_TASKNUM="2")
+    assert list(root.iterdir()) == []
+
+
+def test_begin_creates_the_job_and_host_directories_as_the_user(hook, root):
+    assert hook(pbs.EXECJOB_BEGIN).accepted
+    assert _owned_private(root / JOB_ID) and _owned_private(root / JOB_ID / "h1")
+
+
+def test_the_job_shell_gets_the_job_environment_and_stays_on_the_host(hook, root):
+    hook(pbs.EXECJOB_BEGIN)
+    e = hook(env=_task_env(PBS_TASKNUM="1"), progname="/bin/bash", argv=[],
+             variables={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
+    assert e.accepted, e.reject_msg
+    env = e.env.task_env()
+    assert e.progname == "/bin/bash" and e.argv == []                    # the job shell is never wrapped
+    assert env["TETHER_JOB_DIR"] == str(root / JOB_ID)
+    assert (env["MASTER_ADDR"], env["NODE_RANK"], env["TETHER_NNODES"]) == ("h1", "0", "3")
+    assert env["MASTER_PORT"] == str(20000 + 4242 % 2000 * 16)
+    assert (env["TETHER_JOB_SLOTS"], env["TETHER_JOB_SLOT_TYPE"]) == ("6", "cuda")
+    assert env["TMPDIR"] == "/var/tmp/pbs.4242" and "RANK" not in env    # PBS's own, read-only
+    assert list((root / JOB_ID / "h1").iterdir()) == []                  # no rank directories
+
+
+def test_a_tm_task_of_a_container_job_is_handed_to_the_launcher(hook, root, launcher):
+    hook(pbs.EXECJOB_BEGIN, host="h2")
+    e = hook(env=_task_env(PBS_TASKNUM="3", TETHER_CONTAINER_IMAGE="/images/busybox"), host="h2",
+             progname="/usr/bin/hostname", argv=["hostname", "-f", "it's, odd"],
+             variables={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
+    assert e.accepted, e.reject_msg
+    assert e.progname == launcher and e.argv == [launcher, "-f", "it's, odd"]
+    env = e.env.task_env()
+    assert env["TETHER_RUN_ARGV0"] == "hostname" and env["TETHER_RUN_SUBREAPER"] == "0"
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("1", "0", "3", "1")
+    rank_dir = root / JOB_ID / "h2" / "task-3" / "rank-1"
+    assert env["TETHER_RANK_DIR"] == str(rank_dir) and env["TETHER_WORK_DIR"] == str(rank_dir / "work")
+    for path in (rank_dir, rank_dir / "tmp", rank_dir / "work"):
+        assert _owned_private(path)
+
+
+def test_tether_s_own_per_host_launch_is_not_wrapped_twice(hook):
+    argv = ["/usr/bin/env", "NODE_RANK=0", "MASTER_ADDR=h1", "/opt/tether/venv/bin/tether", "run",
+            "--container-image=/images/busybox", "--", "python", "train.py"]
+    e = hook(env=_task_env(PBS_TASKNUM="2", TETHER_CONTAINER_IMAGE="/images/busybox"), progname="/usr/bin/env",
+             argv=argv)
+    assert e.accepted and e.progname == "/usr/bin/env" and e.argv == argv
+    assert "TETHER_RUN_ARGV0" not in e.env.task_env()
+
+
+def test_tasks_without_an_image_run_on_the_host_with_their_directories(hook, root):
+    e = hook(env=_task_env(PBS_TASKNUM="2"), progname="/bin/sleep", argv=["sleep", "1"])
+    assert e.accepted and e.progname == "/bin/sleep"
+    assert _owned_private(Path(e.env.task_env()["TETHER_RANK_DIR"]))
+
+
+def test_values_with_commas_quotes_newlines_and_backslashes_reach_the_task_exactly(hook, tmp_path):
+    hostile = "a,b 'c' \"d\" \\e\\,f\nline2 $(id) `id`"
+    user_value = "x,y\\z'\"\n"
+    e = hook(resources={"tether_slots": 2, "tether_gpu_type": hostile},
+             env=_task_env(PBS_TASKNUM="2", USER_VAR=user_value), progname="/bin/true", argv=["true"])
+    assert e.accepted, e.reject_msg
+    env = e.env.task_env()
+    assert env["TETHER_JOB_GPU_TYPE"] == hostile          # escaped by the hook, unescaped by PBS
+    assert env["USER_VAR"] == user_value                  # the user's own variables are left alone
+    assert env["TMPDIR"] == "/var/tmp/pbs.4242" and env["PBS_JOBID"] == JOB_ID
+
+
+def test_pbsdsh_tasks_take_their_rank_from_the_node_file(hook, tmp_path):
+    (tmp_path / "aux").mkdir()
+    nodefile = tmp_path / "aux" / JOB_ID                 # PBS_HOME/aux/<job id>, root's
+    nodefile.write_text("h1\nh1\nh2\nh2\n")
+    e = hook(env=_task_env(PBS_TASKNUM="4", PBS_VNODENUM="3", PBS_NODEFILE=str(nodefile)), host="h2",
+             progname="/bin/true", argv=["true"])
+    env = e.env.task_env()
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("3", "1", "4", "2")
+    assert env["NODE_RANK"] == "1" and env["TETHER_RANK_DIR"].endswith("/h2/task-4/rank-3")
+
+
+def test_only_pbs_s_own_node_file_is_read(hook, tmp_path):
+    """As root, the hook must not read a file a task's environment names (a user can set it)."""
+    secret = tmp_path / "secret"
+    secret.write_text("h1\nh2\nh2\nh2\nh2\n")
+    (tmp_path / "aux").mkdir()
+    link = tmp_path / "aux" / JOB_ID
+    link.symlink_to(secret)
+    for path in (secret, link):
+        e = hook(env=_task_env(PBS_TASKNUM="4", PBS_VNODENUM="3", PBS_NODEFILE=str(path)), host="h2",
+                 progname="/bin/true", argv=["true"])
+        env = e.env.task_env()
+        assert (env["RANK"], env["WORLD_SIZE"]) == ("1", "3")  # one task per host: the node file ignored
+
+
+def test_a_planted_symlink_is_refused_not_followed(hook, root, tmp_path):
+    hook(pbs.EXECJOB_BEGIN)
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    os.symlink(target, root / JOB_ID / "h1" / "task-2")       # the user owns h1/: they could do this
+    e = hook(env=_task_env(PBS_TASKNUM="2"), progname="/bin/true", argv=["true"])
+    assert e.accepted is False
+    assert "is a symlink where tether's directory belongs; refusing to follow it" in e.reject_msg
+    assert list(target.iterdir()) == []
+    hook(pbs.EXECJOB_END)
+    assert not (root / JOB_ID).exists() and target.is_dir()   # the link went, not its target
+
+
+def test_end_removes_each_host_and_the_job_directory_with_the_last(hook, root):
+    for host in ("h1", "h2.cluster.example"):          # exec_host says h2: the same host, spelled long
+        hook(pbs.EXECJOB_BEGIN, host=host)
+        hook(env=_task_env(PBS_TASKNUM="2"), host=host, progname="/bin/true", argv=["true"])
+    (root / JOB_ID / "h1" / "task-2" / "rank-0" / "tmp" / "left").write_text("x")
+    (root / JOB_ID / "written-by-the-job-shell").write_text("x")     # $TETHER_JOB_DIR/...
+    os.symlink("/etc", root / JOB_ID / "planted")
+    assert hook(pbs.EXECJOB_END, host="h1").accepted                 # h1: the job's first host
+    assert sorted(p.name for p in (root / JOB_ID).iterdir()) == ["h2.cluster.example"]
+    assert Path("/etc/passwd").exists()
+    assert hook(pbs.EXECJOB_ABORT, host="h2.cluster.example").accepted
+    assert list(root.iterdir()) == []
+
+
+def test_end_runs_the_launcher_s_leftover_cleanup_as_the_user(hook, root, public):
+    out = public / "out"
+    out.mkdir(mode=0o777)
+    os.chmod(out, 0o777)
+    launcher = public / "fake-run"
+    launcher.write_text(f"#!/bin/sh\necho \"$TETHER_CLEANUP $(id -un)\" > {out}/cleanup\nexec 3>&-\n")
+    launcher.chmod(0o755)
+    hook.settings["launcher"] = str(launcher)
+    hook.config.write_text(json.dumps(hook.settings))
+    hook(pbs.EXECJOB_BEGIN)
+    hook(env=_task_env(PBS_TASKNUM="2"), progname="/bin/true", argv=["true"])
+    (root / JOB_ID / "h1" / "task-2" / ".cleanup-0").write_text("{'commands': [], 'env': {}}")
+    assert hook(pbs.EXECJOB_END).accepted
+    wait_until(lambda: (out / "cleanup").exists(), timeout=15)
+    assert (out / "cleanup").read_text() == f"{root / JOB_ID / 'h1'} {USER}\n"
+    assert not (root / JOB_ID).exists()
+
+
+def test_an_unloadable_hook_refuses_tether_jobs_only(hook, tmp_path):
+    missing = tmp_path / "no-such.json"
+    e = hook(env=_task_env(PBS_TASKNUM="2"), progname="/bin/true", argv=["true"], config_file=missing)
+    assert e.accepted is False and e.reject_msg.startswith("tether unavailable")
+    assert hook(resources={}, env=_task_env(PBS_TASKNUM="2"), config_file=missing).accepted
+    assert hook(pbs.EXECJOB_END, config_file=missing).accepted      # never blocks a job's end
+
+
+def test_a_missing_helper_or_launcher_is_named(hook, tmp_path):
+    hook.settings["launcher"] = str(tmp_path / "nowhere" / "tether-run")
+    hook.config.write_text(json.dumps(hook.settings))
+    e = hook(env=_task_env(PBS_TASKNUM="2", TETHER_CONTAINER_IMAGE="/images/busybox"), progname="/bin/true",
+             argv=["true"])
+    assert e.accepted is False and "tether-run is missing on this host" in e.reject_msg
+    hook.settings["helper"] = str(tmp_path / "nowhere" / "tether-jobdirs")
+    hook.config.write_text(json.dumps(hook.settings))
+    e = hook(pbs.EXECJOB_BEGIN)
+    assert e.accepted is False and "tether-jobdirs is missing on this host" in e.reject_msg
+
+
+def test_the_helper_refuses_unsafe_roots_bad_names_and_non_root_callers(helper, root, tmp_path):
+    uid = str(pwd.getpwnam(USER).pw_uid)
+
+    def run(*args, user=None):
+        argv = [str(helper), *args]
+        if user:
+            argv = ["runuser", "-u", user, "--", *argv]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+    open_root = tmp_path / "open"
+    open_root.mkdir()
+    os.chmod(open_root, 0o1777)
+    result = run("begin", str(open_root), "1.s", "h1", uid, uid)
+    assert result.returncode == 1 and "must be owned by root and not writable by group or others" in result.stderr
+    result = run("begin", str(root), "../etc", "h1", uid, uid)
+    assert result.returncode == 1 and "cannot be a job or host directory name" in result.stderr
+    result = run("begin", str(root), "1.s", "h1", uid, uid, user=USER)
+    assert result.returncode == 1 and "runs as root" in result.stderr
+    assert run("begin", str(root), "1.s", "h1", "x", uid).returncode == 2
+    assert list(root.iterdir()) == []
+
+
+def test_the_stub_keeps_pbs_rules_for_mom_events():
+    e = pbs.stub_event(pbs.EXECJOB_LAUNCH, env={"TMPDIR": "/t"})
+    with pytest.raises(pbs.BadAttributeValueError):
+        e.env["TMPDIR"] = "/elsewhere"
+    with pytest.raises(pbs.BadAttributeValueError):
+        e.env["PBS_O_WORKDIR"] = "/elsewhere"
+    e.env["RAW"] = "a,b"                                   # an unescaped comma splits the value
+    assert e.env.task_env()["RAW"] == "a"
+    begin = pbs.stub_event(pbs.EXECJOB_BEGIN)
+    with pytest.raises(pbs.BadAttributeValueError):
+        begin.progname = "/bin/sh"
+
+
+@pytest.mark.cluster
+def test_a_wrapped_tm_task_runs_in_a_real_podman_container(cluster, helper, public):
+    """The whole PBS path but PBS itself: the hook hands a TM task to the real launcher, which this
+    test then starts as pbs_mom would (as the job user, with exactly the task environment PBS
+    builds from e.env); rootless podman runs it in the sandbox's busybox image."""
+    from tether.hooks.configfile import load_config
+    from tether.admin.host import install_launcher
+
+    config = load_config(str(cluster.box.tether_conf))
+    image = cluster.box.busybox_image()
+    launcher = install_launcher(helper.parent, config)
+    settings = {"python_path": [], "job_storage_root": config.job_storage_root, "helper": str(helper),
+                "launcher": str(launcher)}
+    hook_config = public / f"tether_exec-{os.getpid()}.json"
+    hook_config.write_text(json.dumps(settings))
+    job_id = f"{os.getpid()}.pbs-e2e"
+    user = pwd.getpwnam(USER)
+    common = dict(resources={"tether_slots": 2, "tether_slot_type": "cpu"}, id=job_id, euser=USER,
+                  exec_host="n1/0+n2/0", Variable_List={"TETHER_CONTAINER_IMAGE": image}, local_node="n2")
+
+    def run_hook(event_type, **kw):
+        return run_hook_file(HOOK, pbs.stub_event(event_type, config_file=str(hook_config), **common, **kw))
+
+    assert run_hook(pbs.EXECJOB_BEGIN).accepted
+    command = ("echo RANK=$RANK NODE_RANK=$NODE_RANK WORLD=$WORLD_SIZE TMPDIR=$TMPDIR PWD=$(pwd) UID=$(id -u) "
+               "IN=$(grep -qF \"" + image + " / \" /proc/self/mountinfo && echo container || echo host) "
+               "V=\"$ODD\"; sleep 3")
+    task_env = {"PBS_JOBID": job_id, "PBS_TASKNUM": "2", "PBS_ENVIRONMENT": "PBS_BATCH", "TMPDIR": "/tmp",
+                "HOME": user.pw_dir, "USER": USER, "LOGNAME": USER, "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "TETHER_CONTAINER_IMAGE": image, "TETHER_CONTAINER_ENV": "ODD", "ODD": "a,b 'c'"}
+    e = run_hook(pbs.EXECJOB_LAUNCH, env=task_env, progname="/bin/sh", argv=["sh", "-c", command])
+    assert e.accepted, e.reject_msg
+    assert e.progname == str(launcher)
+    env = e.env.task_env()
+    # as pbs_mom starts the task: the job user, in a session of its own, this environment, progname
+    # with argv; no one made it a child subreaper (TETHER_RUN_SUBREAPER=0: the launcher does)
+    task = subprocess.Popen(["runuser", "-u", USER, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()],
+                             e.progname, *e.argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd="/", start_new_session=True)
+    name = f"tether-{os.getpid()}-2-1"
+
+    def conmon_parent() -> str | None:
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and name.encode() in (proc / "cmdline").read_bytes() and \
+                        (proc / "comm").read_text().strip() == "conmon":
+                    ppid = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                    return (Path("/proc") / ppid / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+        return None
+
+    parent = wait_until(conmon_parent, timeout=60)
+    assert str(launcher) in parent                        # conmon stayed under the launcher
+    stdout, stderr = task.communicate(timeout=120)
+    result = subprocess.CompletedProcess(task.args, task.returncode, stdout, stderr)
+    assert result.returncode == 0, result.stdout + result.stderr
+    fields = dict(word.split("=", 1) for word in result.stdout.split("V=")[0].split())
+    assert fields == {"RANK": "1", "NODE_RANK": "1", "WORLD": "2", "TMPDIR": "/tmp", "PWD": "/run/tether/workdir",
+                      "UID": str(user.pw_uid), "IN": "container"}
+    assert result.stdout.split("V=", 1)[1].strip() == "a,b 'c'"
+    assert run_hook(pbs.EXECJOB_END).accepted
+    assert not (Path(config.job_storage_root) / job_id).exists()
+    conf = cluster.box.etc / "containers.conf"
+    names = subprocess.run(["runuser", "-u", USER, "--", "env", f"CONTAINERS_CONF={conf}", "podman", "ps", "-a",
+                            "--format", "{{.Names}}"], capture_output=True, text=True, timeout=60, cwd="/").stdout
+    assert not [n for n in names.split() if n.startswith(f"tether-{os.getpid()}-")]

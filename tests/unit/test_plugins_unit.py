@@ -1,0 +1,145 @@
+"""The plugins' pure parts: the names table and its C header, each C unit compiled on its own,
+reading spank_job_env, build/install helpers."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tether.admin.slurm import SlurmConf
+from tether.hooks.surface import BY_NAME, OPTIONS, PBS_RESOURCES
+from tether.job_submit import build as job_submit_build
+from tether.job_submit.handler import _on_failure_of_broken, gres_prefix, tether_values
+from tether.spank.build import names_header
+from tether.system import toolchain
+from tether.system.files import set_conf_line, world_readable
+from tether.system.toolchain import CFLAGS, BuildError
+
+from conftest import REPO
+
+
+def test_option_names_and_environment():
+    opt = BY_NAME["slots-per-node"]
+    assert (opt.env, opt.spank_env, opt.job_env, opt.pbs_resource) == (
+        "TETHER_SLOTS_PER_NODE", "_SLURM_SPANK_OPTION_tether_slots_per_node", "TETHER_JOB_SLOTS_PER_NODE",
+        "tether_slots_per_node")
+    assert [o.name for o in OPTIONS][:5] == ["slots", "slots-per-node", "slot-type", "gpu-type",
+                                             "resource-pool"]
+    # the PBS hook files recognise tether's resources by this prefix when tether cannot load
+    assert all(opt.pbs_resource.startswith("tether_") for opt in PBS_RESOURCES)
+
+
+def test_committed_names_header_is_generated_from_the_table():
+    """spank/tether_names.h is what names_header() writes (after a change: `make generated`)."""
+    assert (REPO / "spank" / "tether_names.h").read_text() == names_header()
+
+
+C_UNITS = sorted((REPO / "spank").glob("*.c")) + sorted((REPO / "job_submit").glob("*.c")) + [
+    REPO / "pbs_hooks" / "tether_jobdirs.c"]
+
+
+@pytest.mark.parametrize("unit", C_UNITS, ids=[f"{u.parent.name}/{u.name}" for u in C_UNITS])
+def test_each_c_unit_compiles_on_its_own(unit, tmp_path):
+    include = ["-I/usr/include", f"-I{REPO / 'spank'}", f"-I{sysconfig.get_paths()['include']}"]
+    result = subprocess.run(["gcc", *CFLAGS, *include, "-c", str(unit), "-o", str(tmp_path / "unit.o")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_bridge_declarations_reach_cffi():
+    cdef = job_submit_build.cdef()
+    assert "typedef struct tether_job {" in cdef and "char out_wckey[...];" in cdef
+    assert "void tether_log(int level, const char *msg);" in cdef and "/*" not in cdef
+    assert job_submit_build.embedding_api().split() == (
+        "int tether_py_init(void); int tether_py_submit(tether_job_t *job, uint32_t submit_uid, int wanted); "
+        "int tether_py_modify(tether_job_t *update, tether_job_t *current, uint32_t submit_uid);").split()
+
+
+def test_generated_c_option_table():
+    table = names_header().split("#define TETHER_OPTION_TABLE")[1].split("\n\n")[0]
+    assert table.count("{ \"") == len(OPTIONS)
+    assert '{ "slots", "N", "[tether] slots for the job' in table
+    assert '"TETHER_CONTAINER_WRITABLE", NULL, 0L, 0L, NULL, 0 }' in table
+    assert '"container-writable", NULL,' in table          # a flag has no arginfo
+
+
+def test_tether_values_prefers_the_forwarded_value():
+    env = ["_SLURM_SPANK_OPTION_tether_slots=8", "TETHER_SLOTS=4", "OTHER=1",
+           "_SLURM_SPANK_OPTION_tether_slots_per_node=2", "_SLURM_SPANK_OPTION_other_slots=9",
+           "TETHER_GPU_TYPE=a100", "broken-entry"]
+    assert tether_values(env) == {"slots": "4", "slots-per-node": "2", "gpu-type": "a100"}
+
+
+def test_gres_spelling_by_version():
+    assert gres_prefix(0x160508) == "gres:"          # 22.05.8, seen here
+    assert gres_prefix(0x180b05) == "gres/"          # 24.11.5 (../shared/DESIGN.md)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("plugin: {on_failure: reject_all_jobs}\nslot_type: gpu\n", "reject_all_jobs"),
+    ("plugin: {on_failure: nonsense}\n", None),
+    ("plugin: [1]\n", None),
+    ("not: [valid yaml\n", None),
+])
+def test_on_failure_is_read_from_a_broken_file(tmp_path, text, expected):
+    path = tmp_path / "tether.yaml"
+    path.write_text(text)
+    assert _on_failure_of_broken(str(path)) == expected
+    assert _on_failure_of_broken(str(tmp_path / "absent.yaml")) is None
+
+
+def test_slurm_conf_settings(tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("# comment\npluginDir=/a:/b\njobsubmitplugins = lua,pbs\n")
+    read = SlurmConf.read(conf)
+    assert (read.plugin_dirs, read.job_submit_plugins, read.plugstack) == (
+        ("/a", "/b"), ("lua", "pbs"), tmp_path / "plugstack.conf")
+    with pytest.raises(BuildError, match="cannot read"):
+        SlurmConf.read(tmp_path / "absent.conf")
+
+
+def test_set_conf_line_replaces_appends_removes_and_keeps_the_mode(tmp_path):
+    path = tmp_path / "slurm.conf"
+    path.write_text("A=1\nJobSubmitPlugins=lua\nB=2\njobsubmitplugins=x\n")
+    os.chmod(path, 0o640)
+    set_conf_line(path, r"JobSubmitPlugins\s*=", "JobSubmitPlugins=lua,tether")
+    assert path.read_text() == "A=1\nJobSubmitPlugins=lua,tether\nB=2\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    set_conf_line(path, r"Other\s*=", "Other=3")
+    assert path.read_text().endswith("B=2\nOther=3\n")
+    set_conf_line(path, r"JobSubmitPlugins\s*=", None)
+    assert "JobSubmitPlugins" not in path.read_text()
+
+
+def test_world_readable():
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:     # /var/tmp: traversable by all
+        d = Path(tmp)
+        f = d / "f"
+        f.write_text("x")
+        os.chmod(d, 0o755)
+        os.chmod(f, 0o644)
+        assert world_readable(f)
+        os.chmod(f, 0o600)
+        assert not world_readable(f)
+        os.chmod(f, 0o644)
+        os.chmod(d, 0o700)
+        assert not world_readable(f)
+
+
+def test_missing_slurm_headers_are_named(monkeypatch):
+    monkeypatch.setattr(toolchain, "SLURM_INCLUDE_DIRS", ("/nonexistent",))
+    with pytest.raises(BuildError, match="install libslurm-dev"):
+        toolchain.find_toolchain()
+
+
+def test_toolchain_here_embeds_a_readable_python():
+    found = toolchain.find_toolchain()
+    assert found.slurm_version == "22.05.8" and found.slurm_version_number == 0x160508
+    assert found.libpython.startswith("/usr/lib/") and world_readable(found.libpython)
+    assert any(p.endswith("site-packages") for p in found.module_paths)

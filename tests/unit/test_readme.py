@@ -1,0 +1,79 @@
+"""The README stays true: its `tether plan` examples and its configuration table are checked."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tether.cli.main import main
+from tether.hooks.config import config_reference
+from tether.hooks.surface import options_reference
+
+from conftest import REPO
+
+README = (REPO / "README.md").read_text()
+
+
+def fenced_after(marker: str) -> list[tuple[str, str]]:
+    """(marker argument, following fenced block) for every ``<!-- marker: ... -->`` in the README."""
+    pattern = re.compile(rf"<!-- {marker}: (.+?) -->\n```[a-z]*\n(.*?)```", re.S)
+    return pattern.findall(README)
+
+
+SPECS = dict(fenced_after("example-spec"))
+RUNS = fenced_after("example-run")
+
+
+def test_readme_has_examples():
+    assert len(SPECS) >= 2 and len(RUNS) >= 3
+
+
+@pytest.mark.parametrize("command,expected", RUNS, ids=[c for c, _ in RUNS])
+def test_readme_plan_examples(command, expected, tmp_path, capsys, monkeypatch):
+    for name, text in SPECS.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TETHER_CONFIG", raising=False)
+    monkeypatch.setattr("tether.hooks.configfile.DEFAULT_CONFIG_PATH", str(tmp_path / "none.yaml"))
+    argv = shlex.split(command)
+    assert argv[0] == "tether"
+    assert main(argv[1:]) == 0
+    assert capsys.readouterr().out == expected
+
+
+def test_readme_invalid_example(tmp_path, capsys):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("slots_per_trial: 8\nslurm: {slots_per_node: 3}\n")
+    assert main(["plan", str(spec)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"`{err}`" in README.replace("\n", " ")
+
+
+def marked(name: str) -> str:
+    return README.split(f"<!-- {name}:start -->\n")[1].split(f"<!-- {name}:end -->")[0]
+
+
+def test_readme_config_reference_is_current():
+    assert marked("config-reference") == config_reference()
+
+
+def test_readme_options_reference_is_current():
+    assert marked("options-reference") == options_reference()
+
+
+def test_readme_test_command_is_what_ci_runs():
+    section = README.split("## Run the tests")[1]
+    command = re.search(r"`([^`]+)`", section).group(1)
+    assert command == "make test"
+    assert command in (REPO / ".ci" / "run").read_text()
+
+
+def test_readme_pbs_install_commands_are_what_tether_prints():
+    from tether.admin.pbs import qmgr_commands
+
+    block = README.split("### The PBS hooks")[1].split("```")[3]
+    printed = [f"qmgr -c {shlex.quote(cmd)}" for cmd in qmgr_commands(Path("/etc/tether"))]
+    assert [line for line in block.splitlines() if line.startswith("qmgr")] == printed
