@@ -69,6 +69,7 @@ def check_mode(box: Sandbox, mode: str) -> None:
 
 
 def main() -> int:
+    """The benchmark as one linear script (set up, interleaved rounds, report): long, read top down."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=40, help="jobs per mode per round")
     parser.add_argument("--rounds", type=int, default=12)

@@ -132,14 +132,11 @@ def parse_sbatch_args(args: Sequence[str]) -> list[Arg]:
     requires a value may also take it from the next element (``["--time", "10"]``).
     """
     out: list[Arg] = []
-    items = list(args)
+    items = _checked_items(args, "sbatch argument")
     i = 0
     while i < len(items):
         element = items[i]
         i += 1
-        if not isinstance(element, str):
-            raise RequestError(f"sbatch argument {element!r} is not a string")
-        _check_printable(element, "sbatch argument")
         text = element.lstrip()
         if text.startswith("--") and len(text) > 2:
             head, sep, rest = _split_value(text[2:])
@@ -202,10 +199,16 @@ def _split_value(text: str) -> tuple[str, str, str]:
     return name, "", ""
 
 
-def _check_printable(text: str, what: str) -> None:
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
-        raise RequestError(f"{what} {text!r} contains a control character (newline, tab, ...); "
-                           f"remove it")
+def _checked_items(args: Sequence[object], what: str) -> list[str]:
+    """The arguments as a list, each a string without control characters (else a RequestError)."""
+    items = list(args)
+    for item in items:
+        if not isinstance(item, str):
+            raise RequestError(f"{what} {item!r} is not a string")
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in item):
+            raise RequestError(f"{what} {item!r} contains a control character (newline, tab, ...); "
+                               f"remove it")
+    return items
 
 
 def strip_gres_prefix(item: str) -> str:
@@ -260,14 +263,11 @@ def check_slurm_args(args: Sequence[Arg], generated: Iterable[str], *, script: b
 def parse_qsub_args(args: Sequence[str]) -> list[Arg]:
     """Parse qsub arguments (``-l mem=10gb``, ``-lwalltime=1:00:00``, ``["-q", "gpu"]``, ``-V``)."""
     out: list[Arg] = []
-    items = list(args)
+    items = _checked_items(args, "qsub argument")
     i = 0
     while i < len(items):
         element = items[i]
         i += 1
-        if not isinstance(element, str):
-            raise RequestError(f"qsub argument {element!r} is not a string")
-        _check_printable(element, "qsub argument")
         text = element.strip()
         if not (text.startswith("-") and len(text) > 1) or text.startswith("--"):
             raise RequestError(f"qsub argument {element!r} is not a qsub option (expected -x value)")

@@ -51,17 +51,17 @@ static int parse_id(const char *text, unsigned long max, unsigned long *out)
 static int open_host_dir(int root_fd, const char *root, const char *job, const char *host, uid_t uid,
 			 gid_t gid, int fresh, char *shown, size_t len)
 {
-	char host_shown[PATH_MAX];
+	char job_shown[PATH_MAX];
 	int job_fd, host_fd;
 
-	if (tether_path_join(shown, len, root, job) < 0 || tether_path_join(host_shown, sizeof(host_shown), shown, host) < 0)
+	if (tether_path_join(job_shown, sizeof(job_shown), root, job) < 0)
 		return -1;
-	job_fd = fresh ? tether_claim_job_dir(root_fd, job, uid, gid, shown) : tether_ensure_dir_at(root_fd, job, 0700, uid, gid, shown);
+	job_fd = fresh ? tether_claim_job_dir(root_fd, job, uid, gid, job_shown)
+		       : tether_ensure_dir_at(root_fd, job, 0700, uid, gid, job_shown);
 	if (job_fd < 0)
 		return -1;
-	host_fd = tether_ensure_dir_at(job_fd, host, 0700, uid, gid, host_shown);
+	host_fd = tether_ensure_child(job_fd, job_shown, host, uid, gid, shown, len);
 	close(job_fd);
-	snprintf(shown, len, "%s", host_shown);
 	return host_fd < 0 ? -1 : host_fd;
 }
 
@@ -98,9 +98,7 @@ static int make_task_dirs(int host_fd, const char *host_shown, unsigned long tas
 	int task_fd, rc;
 
 	snprintf(name, sizeof(name), TETHER_TASK_PREFIX "%lu", task);
-	if (tether_path_join(shown, sizeof(shown), host_shown, name) < 0)
-		return -1;
-	task_fd = tether_ensure_dir_at(host_fd, name, 0700, uid, gid, shown);
+	task_fd = tether_ensure_child(host_fd, host_shown, name, uid, gid, shown, sizeof(shown));
 	if (task_fd < 0)
 		return -1;
 	rc = tether_make_rank_dirs(task_fd, shown, (unsigned)rank, uid, gid);
@@ -144,67 +142,85 @@ static int usage(void)
 	return 2;
 }
 
-int main(int argc, char **argv)
-{
-	unsigned long uid, gid, task = 0, rank = 0;
-	char shown[PATH_MAX];
-	const char *cmd, *root, *job, *host, *launcher = NULL;
-	int ids, root_fd, host_fd, rc;
+/* A command line, parsed. */
+struct command {
+	const char *cmd, *root, *job, *host, *launcher;
+	unsigned long uid, gid, task, rank;
+	struct hosts hosts; /* end: the job's hosts (given on its first host) */
+};
 
-	openlog("tether-jobdirs", LOG_PID, LOG_DAEMON);
+/* Parse and check the command line: 0, 2 (usage; printed) or 1 (refused; reported). */
+static int parse_command(int argc, char **argv, struct command *c)
+{
+	int ids;
+
 	if (argc < 2)
 		return usage();
-	cmd = argv[1];
-	if (strcmp(cmd, "begin") == 0 && argc == 7)
+	c->cmd = argv[1];
+	if (strcmp(c->cmd, "begin") == 0 && argc == 7)
 		ids = 5;
-	else if (strcmp(cmd, "task") == 0 && argc == 9)
+	else if (strcmp(c->cmd, "task") == 0 && argc == 9)
 		ids = 7;
-	else if (strcmp(cmd, "end") == 0 && argc >= 8)
+	else if (strcmp(c->cmd, "end") == 0 && argc >= 8)
 		ids = 5;
 	else
 		return usage();
-	root = argv[2];
-	job = argv[3];
-	host = argv[4];
-	if (parse_id(argv[ids], (uid_t)-2, &uid) < 0 || parse_id(argv[ids + 1], (gid_t)-2, &gid) < 0 ||
-	    (ids == 7 && (parse_id(argv[5], 0xffffffffUL, &task) < 0 || parse_id(argv[6], 0xffffffffUL, &rank) < 0)))
+	c->root = argv[2];
+	c->job = argv[3];
+	c->host = argv[4];
+	if (parse_id(argv[ids], (uid_t)-2, &c->uid) < 0 || parse_id(argv[ids + 1], (gid_t)-2, &c->gid) < 0 ||
+	    (ids == 7 && (parse_id(argv[5], 0xffffffffUL, &c->task) < 0 ||
+			  parse_id(argv[6], 0xffffffffUL, &c->rank) < 0)))
 		return usage();
-	if (!tether_name_ok(job, 200) || !tether_name_ok(host, 200)) {
-		tether_fail("tether: %s / %s cannot be a job or host directory name", job, host);
+	if (!tether_name_ok(c->job, 200) || !tether_name_ok(c->host, 200)) {
+		tether_fail("tether: %s / %s cannot be a job or host directory name", c->job, c->host);
 		return 1;
 	}
-	if (root[0] != '/') {
-		tether_fail("tether: job_storage_root %s must be an absolute path", root);
+	if (c->root[0] != '/') {
+		tether_fail("tether: job_storage_root %s must be an absolute path", c->root);
 		return 1;
 	}
+	if (strcmp(c->cmd, "end") == 0) {
+		c->launcher = strcmp(argv[7], "-") != 0 ? argv[7] : NULL;
+		c->hosts.names = argv + 8;
+		c->hosts.count = argc - 8;
+		if (c->launcher && c->launcher[0] != '/') {
+			tether_fail("tether: the launcher %s must be an absolute path", c->launcher);
+			return 1;
+		}
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct command c = { 0 };
+	char shown[PATH_MAX];
+	int root_fd, host_fd, rc;
+
+	openlog("tether-jobdirs", LOG_PID, LOG_DAEMON);
+	rc = parse_command(argc, argv, &c);
+	if (rc != 0)
+		return rc;
 	if (geteuid() != 0) {
 		tether_fail("tether-jobdirs runs as root (from the PBS MoM hooks)");
 		return 1;
 	}
-	if (strcmp(cmd, "end") == 0 && strcmp(argv[7], "-") != 0) {
-		launcher = argv[7];
-		if (launcher[0] != '/') {
-			tether_fail("tether: the launcher %s must be an absolute path", launcher);
-			return 1;
-		}
-	}
-	root_fd = tether_open_storage_root(root);
+	root_fd = tether_open_storage_root(c.root);
 	if (root_fd < 0)
 		return 1;
-
-	if (strcmp(cmd, "end") == 0) {
-		struct hosts hosts = { argv + 8, argc - 8 };
-
-		end_on_host(root_fd, root, job, host, (uid_t)uid, (gid_t)gid, launcher, &hosts);
+	if (strcmp(c.cmd, "end") == 0) {
+		end_on_host(root_fd, c.root, c.job, c.host, (uid_t)c.uid, (gid_t)c.gid, c.launcher, &c.hosts);
 		close(root_fd);
 		return 0;
 	}
-	host_fd = open_host_dir(root_fd, root, job, host, (uid_t)uid, (gid_t)gid, strcmp(cmd, "begin") == 0,
-				shown, sizeof(shown));
+	host_fd = open_host_dir(root_fd, c.root, c.job, c.host, (uid_t)c.uid, (gid_t)c.gid,
+				strcmp(c.cmd, "begin") == 0, shown, sizeof(shown));
 	close(root_fd);
 	if (host_fd < 0)
 		return 1;
-	rc = strcmp(cmd, "task") == 0 ? make_task_dirs(host_fd, shown, task, rank, (uid_t)uid, (gid_t)gid) : 0;
+	rc = strcmp(c.cmd, "task") == 0 ? make_task_dirs(host_fd, shown, c.task, c.rank, (uid_t)c.uid, (gid_t)c.gid)
+				      : 0;
 	close(host_fd);
 	return rc < 0 ? 1 : 0;
 }

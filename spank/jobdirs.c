@@ -190,6 +190,14 @@ int tether_ensure_dir_at(int dirfd, const char *name, mode_t mode, uid_t uid, gi
 	return fd;
 }
 
+int tether_ensure_child(int dirfd, const char *parent_shown, const char *name, uid_t uid, gid_t gid,
+			char *shown, size_t len)
+{
+	if (tether_path_join(shown, len, parent_shown, name) < 0)
+		return -1;
+	return tether_ensure_dir_at(dirfd, name, 0700, uid, gid, shown);
+}
+
 int tether_claim_job_dir(int root_fd, const char *name, uid_t uid, gid_t gid, const char *shown)
 {
 	struct stat st;
@@ -207,28 +215,21 @@ int tether_make_rank_dirs(int step_fd, const char *step_shown, unsigned rank, ui
 {
 	static const char *const subdirs[] = { TETHER_RANK_TMP, TETHER_RANK_WORK };
 	char name[32], shown[PATH_MAX], sub_shown[PATH_MAX];
-	int rank_fd, sub_fd;
+	int rank_fd, sub_fd, rc = 0;
 
 	snprintf(name, sizeof(name), TETHER_RANK_PREFIX "%u", rank);
-	if (tether_path_join(shown, sizeof(shown), step_shown, name) < 0)
-		return -1;
-	rank_fd = tether_ensure_dir_at(step_fd, name, 0700, uid, gid, shown);
+	rank_fd = tether_ensure_child(step_fd, step_shown, name, uid, gid, shown, sizeof(shown));
 	if (rank_fd < 0)
 		return -1;
-	for (size_t k = 0; k < sizeof(subdirs) / sizeof(subdirs[0]); k++) {
-		if (tether_path_join(sub_shown, sizeof(sub_shown), shown, subdirs[k]) < 0) {
-			close(rank_fd);
-			return -1;
-		}
-		sub_fd = tether_ensure_dir_at(rank_fd, subdirs[k], 0700, uid, gid, sub_shown);
-		if (sub_fd < 0) {
-			close(rank_fd);
-			return -1;
-		}
-		close(sub_fd);
+	for (size_t k = 0; k < sizeof(subdirs) / sizeof(subdirs[0]) && rc == 0; k++) {
+		sub_fd = tether_ensure_child(rank_fd, shown, subdirs[k], uid, gid, sub_shown, sizeof(sub_shown));
+		if (sub_fd < 0)
+			rc = -1;
+		else
+			close(sub_fd);
 	}
 	close(rank_fd);
-	return 0;
+	return rc;
 }
 
 /* ---- removal --------------------------------------------------------------------------------

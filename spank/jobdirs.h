@@ -41,6 +41,11 @@ int tether_open_storage_root(const char *root);
  * under us (another step ended): try again. ``shown`` is the full path, for messages. */
 int tether_ensure_dir_at(int dirfd, const char *name, mode_t mode, uid_t uid, gid_t gid, const char *shown);
 
+/* tether_ensure_dir_at for ``name`` below ``dirfd`` (shown as ``parent_shown``), mode 0700; the
+ * path in ``shown`` (``len`` bytes). -1 also when the path does not fit (reported). */
+int tether_ensure_child(int dirfd, const char *parent_shown, const char *name, uid_t uid, gid_t gid,
+			char *shown, size_t len);
+
 /* The job's directory ``name`` under the storage root for uid:gid (a leftover of an earlier job with
  * this id, owned by another uid, is removed first); its fd, or -1 (reported). */
 int tether_claim_job_dir(int root_fd, const char *name, uid_t uid, gid_t gid, const char *shown);

@@ -223,19 +223,17 @@ static int make_step_dirs(spank_t sp, uint32_t nlocal)
 		tether_fail("tether: cannot open %s: %s", step.job_dir, strerror(errno));
 		return -1;
 	}
-	if (tether_path_join(shown, sizeof(shown), step.job_dir, step.node) < 0 ||
-	    tether_path_join(step.step_dir, sizeof(step.step_dir), shown, step.step_name) < 0)
-		goto out;
 	/* a node or step directory removed under us (another step of this job ended) is made again */
 	for (int attempt = 0; attempt < 3 && step_fd < 0; attempt++) {
 		if (node_fd >= 0)
 			close(node_fd);
-		node_fd = tether_ensure_dir_at(job_fd, step.node, 0700, step.uid, step.gid, shown);
+		node_fd = tether_ensure_child(job_fd, step.job_dir, step.node, step.uid, step.gid, shown, sizeof(shown));
 		if (node_fd == -1)
 			goto out;
 		if (node_fd == -2)
 			continue;
-		step_fd = tether_ensure_dir_at(node_fd, step.step_name, 0700, step.uid, step.gid, step.step_dir);
+		step_fd = tether_ensure_child(node_fd, shown, step.step_name, step.uid, step.gid, step.step_dir,
+					      sizeof(step.step_dir));
 		if (step_fd == -1)
 			goto out;
 	}

@@ -22,7 +22,7 @@ from tether.hooks.render import script_directives
 from tether.hooks.request import Request
 from tether.sandbox.demo import make_job_dir, run_demo, sbatch
 
-from conftest import with_sbatch_args
+from helpers import with_sbatch_args
 
 pytestmark = pytest.mark.cluster
 

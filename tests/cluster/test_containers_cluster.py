@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import job_entries, parse, user_processes, wait_until
+from helpers import job_entries, parse, user_processes, wait_until
 
 pytestmark = pytest.mark.cluster
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import job_entries, parse, storage, user_processes, wait_until
+from helpers import job_entries, parse, storage, user_processes, wait_until
 
 pytestmark = pytest.mark.cluster
 

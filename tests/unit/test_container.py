@@ -24,7 +24,7 @@ from tether.container.spec import (
     CONTAINER_WORKDIR, LaunchError, LaunchSpec, Mount, check_container_options, parse_mounts, spec_from_env,
 )
 
-from conftest import REPO  # noqa: E402
+from helpers import REPO  # noqa: E402
 TETHER = [sys.executable, "-m", "tether.cli.main"]
 
 HOST = {

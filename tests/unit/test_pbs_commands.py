@@ -9,7 +9,7 @@ import pytest
 
 from tether.pbs_hooks.commands import PBSCommandError, cancel, job_status, node_status, parse_json
 
-from conftest import REPO
+from helpers import REPO
 
 FIXTURES = REPO / "tests" / "fixtures" / "pbs"
 

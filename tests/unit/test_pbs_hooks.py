@@ -16,7 +16,7 @@ import yaml
 
 from tether.system.toolchain import tether_import_path
 
-from conftest import REPO, run_hook_file
+from helpers import REPO, run_hook_file
 
 HOOK = REPO / "pbs_hooks" / "tether_submit.py"
 sys.path.insert(0, str(REPO / "tests" / "pbs_stub"))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_hook_file, wait_until
+from helpers import REPO, run_hook_file, wait_until
 
 HOOK = REPO / "pbs_hooks" / "tether_exec.py"
 sys.path.insert(0, str(REPO / "tests" / "pbs_stub"))

@@ -8,7 +8,7 @@ from tether.hooks.errors import RequestError
 from tether.hooks.plan import PBS_TABLE, make_plan
 from tether.hooks.request import Request
 
-from conftest import directives, extra, make_config, options, with_qsub_args
+from helpers import directives, extra, make_config, options, with_qsub_args
 
 
 def pbs(request: Request, **config):

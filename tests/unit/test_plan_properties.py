@@ -20,7 +20,7 @@ from tether.hooks.render import (
 )
 from tether.hooks.request import SLOT_TYPES, Request
 
-from conftest import make_config, with_sbatch_args
+from helpers import make_config, with_sbatch_args
 
 NAMES = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,12}", fullmatch=True)
 

@@ -21,7 +21,7 @@ from tether.system import toolchain
 from tether.system.files import set_conf_line, world_readable
 from tether.system.toolchain import CFLAGS, BuildError
 
-from conftest import REPO
+from helpers import REPO
 
 
 def test_option_names_and_environment():

@@ -12,7 +12,7 @@ from tether.hooks.policy import (
 )
 from tether.hooks.request import Request
 
-from conftest import extra, make_config, with_sbatch_args
+from helpers import extra, make_config, with_sbatch_args
 
 
 def names(args):

@@ -12,7 +12,7 @@ from tether.cli.main import main
 from tether.hooks.config import config_reference
 from tether.hooks.surface import options_reference
 
-from conftest import REPO
+from helpers import REPO
 
 README = (REPO / "README.md").read_text()
 

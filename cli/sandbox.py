@@ -1,0 +1,63 @@
+"""``tether sandbox`` and ``tether demo``: the local Slurm cluster for tests and demos.
+
+tether.sandbox is imported when one of these runs (~80 ms of imports that other commands should
+not pay; see cli/admin.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import EXIT_FAIL, EXIT_OK, err
+
+
+def sandbox(args: argparse.Namespace) -> int:
+    from ..sandbox.cluster import Sandbox
+
+    box = Sandbox(args.dir, port_base=args.port_base)
+    if args.action == "env":
+        print(box.export_line())
+        return EXIT_OK
+    if args.action == "install":
+        box.install(log=err)
+        return EXIT_OK
+    if args.action == "up":
+        box.up(install=not args.no_install, log=err)
+        print(box.export_line())
+        return EXIT_OK
+    if args.action == "down":
+        if not box.down(purge=args.purge, log=err):
+            err(f"no sandbox daemon was running at {box.root}")
+        return EXIT_OK
+    info = box.status()
+    print(f"sandbox {info['root']}")
+    print(f"  {box.export_line()}")
+    for name, pid in info["daemons"].items():
+        print(f"  {name:<10} {'pid ' + str(pid) if pid else 'not running'}")
+    for node, state in sorted(info["nodes"].items()):
+        print(f"  node {node}: {state}")
+    return EXIT_OK if all(info["daemons"].values()) else EXIT_FAIL
+
+
+def demo(args: argparse.Namespace) -> int:
+    from ..sandbox.cluster import Sandbox
+    from ..sandbox.demo import run_demo
+
+    return run_demo(Sandbox(args.dir, port_base=args.port_base), install=not args.no_install)
+
+
+def add_parsers(sub, common: argparse.ArgumentParser) -> None:
+    for name, helptext, func in (("sandbox", "the local 3-node Slurm cluster for tests and demos", sandbox),
+                                 ("demo", "bring up the sandbox and run the main multi-node job", demo)):
+        p = sub.add_parser(name, parents=[common], help=helptext)
+        if name == "sandbox":
+            p.add_argument("action", choices=("install", "up", "status", "down", "env"),
+                           help="install: the Debian packages and job user only; up: start (installs what is "
+                                "missing); status; down: stop by PID; env: shell exports")
+            p.add_argument("--purge", action="store_true", help="down: also remove the sandbox directory")
+        p.add_argument("--dir", metavar="DIR", help="sandbox root (default: $TETHER_SANDBOX_DIR, else "
+                                                    "/var/lib/tether/sandbox)")
+        p.add_argument("--port-base", type=int, metavar="PORT",
+                       help="slurmctld port; slurmd use the next three (default 17000 or a free range)")
+        p.add_argument("--no-install", action="store_true", help="do not apt-get missing packages")
+        p.set_defaults(func=func)

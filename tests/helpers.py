@@ -1,0 +1,121 @@
+"""Helpers shared by both test levels (fixtures live in the conftest.py files)."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import pytest
+
+from tether.hooks.config import validate_config
+from tether.hooks.header import batch_header
+from tether.hooks.policy import parse_qsub_args, parse_sbatch_args, split_qsub_args
+from tether.hooks.render import resource_options, script_directives
+from tether.hooks.request import Request
+from tether.system.proc import run_command
+
+TEST_SANDBOX_ROOT = os.environ.get("TETHER_TEST_SANDBOX_DIR", "/var/lib/tether/sandbox-pytest")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_config(**data: Any):
+    """A validated Config from keyword settings (everything else at defaults)."""
+    return validate_config(data, "<test config>")
+
+
+# ---- plans as the seed's tables spell them ------------------------------------------------------
+def options(plan) -> tuple:
+    """A plan's resources as (option, value) pairs: ``(("--gpus", "8"), ("--nodes", "1-8"))``."""
+    return tuple(resource_options(plan))
+
+
+def extra(plan) -> tuple:
+    """The options a plan passes through, as (name, value) pairs."""
+    return tuple((a.name, a.value) for a in plan.extra_args)
+
+
+def with_sbatch_args(args: Sequence[str], **fields: Any) -> Request:
+    """A Request with sbatch arguments, parsed as a job spec's would be."""
+    return Request(sbatch_args=tuple(parse_sbatch_args(list(args))), **fields)
+
+
+def with_qsub_args(args: Sequence[str], **fields: Any) -> Request:
+    """A Request with qsub arguments, parsed as a job spec's would be."""
+    return Request(qsub=split_qsub_args(parse_qsub_args(list(args))), **fields)
+
+
+def directives(request: Request, plan, log_dir: str | None = None) -> list[str]:
+    """The header directives of a tether batch script for ``request`` planned as ``plan``."""
+    return script_directives(plan, batch_header(request, log_dir))
+
+
+class Cluster:
+    """Handle on the running sandbox for tests: run Slurm commands as root or as the job user."""
+
+    def __init__(self, box):
+        self.box = box
+        self.user = box.user
+
+    def run(self, argv: Sequence[str], *, check: bool = True, timeout: float = 120, cwd: str | None = None,
+            input: str | None = None):
+        return run_command(list(argv), env=self.box.command_env(), check=check, timeout=timeout,
+                           cwd=cwd or str(self.box.work_dir), input=input)
+
+    def as_user(self, argv: Sequence[str], **kw):
+        """Run ``argv`` as the unprivileged job user (as real users submit jobs)."""
+        return self.run(["runuser", "-u", self.user, "--", *argv], **kw)
+
+    def job_fields(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job -o`` as a mapping (values are Slurm's text)."""
+        out = self.run(["scontrol", "-o", "show", "job", job_id]).stdout
+        fields = {}
+        for word in out.split():
+            key, eq, value = word.partition("=")
+            if eq:
+                fields[key] = value
+        return fields
+
+
+# ---- helpers shared by the run-side and container tests ----------------------------------------
+def parse(lines: str) -> list[dict[str, str]]:
+    out = []
+    for line in lines.splitlines():
+        if "RANK=" in line:
+            out.append(dict(w.split("=", 1) for w in line.split(": ", 1)[-1].split() if "=" in w))
+    return sorted(out, key=lambda r: int(r["RANK"]))
+
+
+def storage(cluster) -> Path:
+    return cluster.box.root / "jobs"
+
+
+def job_entries(cluster) -> set[str]:
+    return {p.name for p in storage(cluster).iterdir() if p.name.isdigit()}
+
+
+def user_processes(cluster, pattern: str) -> list[str]:
+    out = cluster.run(["ps", "-u", cluster.user, "-o", "pid=,stat=,args="], check=False).stdout
+    return [l for l in out.splitlines() if pattern in l and not l.split()[1].startswith("Z")]
+
+
+def wait_until(predicate, timeout: float = 30.0, step: float = 0.2):
+    """Poll ``predicate`` until it returns something true (returned) or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    return predicate()
+
+
+def run_hook_file(path: Path, event):
+    """Run a PBS hook file as PBS does (as ``__main__``) against the stub event set up for it; the
+    hook must end with accept() or reject() (both raise SystemExit). Returns the event."""
+    with pytest.raises(SystemExit):
+        runpy.run_path(str(path), run_name="__main__")
+    assert event.accepted is not None, "the hook ended without accept() or reject()"
+    return event
