@@ -26,11 +26,9 @@ def install_launcher(plugin_dir: Path, config: Config) -> Path:
 
 
 def ensure_image_root(path: Path, log=print) -> None:
-    """The Apptainer image cache root (root-owned 0755) and its per-user area ``users/`` (1777)."""
+    """The shared Apptainer image cache (root-owned 0755: only root converts into it)."""
     if create_dir(path, 0o755):
         log(f"created apptainer_image_root {path} (root, 0755)")
-    if create_dir(path / "users", 0o1777):
-        log(f"created {path / 'users'} (root, 1777): users convert their own images there")
 
 
 def ensure_storage_root(path: Path, log=print) -> None:

@@ -6,7 +6,7 @@ import argparse
 import os
 import time
 
-from ..container.images import ImageCache
+from ..container.images import ImageCache, user_cache_dir
 from ..container.run import container_settings, run_container
 from ..hooks.configfile import load_config
 from ..hooks.surface import CONTAINER_OPTIONS
@@ -31,7 +31,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def images(args: argparse.Namespace) -> int:
-    cache = ImageCache(load_config(config_arg(args)).data["container"]["apptainer_image_root"])
+    settings = load_config(config_arg(args)).data["container"]
+    cache = ImageCache(settings["apptainer_image_root"],
+                       user_dir=user_cache_dir(settings["user_image_cache"], os.getuid(), os.environ.get("HOME")))
     if args.action == "ls":
         print(f"{'SIZE':>10}  {'LAST USED':<16}  {'OWNER':>6}  SOURCE  PATH")
         for image in cache.entries():

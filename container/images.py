@@ -1,18 +1,23 @@
 """The Apptainer/Singularity image cache: a docker:// (or other remote) source converted to SIF once.
 
-Layout under ``container.apptainer_image_root`` (shared by all nodes)::
+Two places, each written by exactly one owner, so nobody ever uses -- and root never walks -- files
+another user controls::
 
-    <root>/<key>.sif, <key>.json             converted by root (an admin's `tether images pull`):
-                                              used by every user
-    <root>/users/<uid>/<key>.sif, .json       converted by that user on first use: used by that user
-    <root>/users/                             root-owned, mode 1777 (like /tmp)
+    <apptainer_image_root>/<key>.sif, .json   the shared cache: converted by root (an admin's
+                                                `tether images pull`), root-owned, read by everyone
+    <user_image_cache>/<key>.sif, .json        a user's own conversions (default
+                                                ~/.cache/tether/images): written and used by that user
 
 Users never use an image another user converted (a user could otherwise plant a poisoned image
-under a popular source's key). ``<key>`` is derived from the source string. Concurrent first uses
-from many ranks and nodes convert exactly once: the converter holds an exclusive ``flock`` on
-``<key>.lock``, builds into a hidden partial file in the same directory, and renames it into place
-only when the build succeeded -- a failed or killed conversion never becomes visible, and its
-partial file is removed by the next converter (which holds the lock) or by ``prune``.
+under a popular source's key), and root's ``tether images ls|prune`` touch only the shared cache.
+``<key>`` is derived from the source string. Concurrent first uses from many ranks and nodes convert
+exactly once: the converter holds an exclusive ``flock`` on ``<key>.lock``, builds into a hidden
+partial file in the same directory, and renames it into place only when the build succeeded -- a
+failed or killed conversion never becomes visible, and its partial file is removed by the next
+converter (which holds the lock) or by ``prune``.
+
+Every file is opened without following symlinks and without blocking (a FIFO named like an image
+or its metadata is skipped, never read), and only regular files of the expected owner count.
 """
 
 from __future__ import annotations
@@ -21,19 +26,39 @@ import fcntl
 import hashlib
 import json
 import os
+import pwd
 import stat
 import time
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
+from ..system.files import write_atomic
+from ..system.proc import CommandError, run_command
 from .launch import remove_file
 from .spec import LaunchError
 
 PARTIAL = ".partial"
+META_LIMIT = 64 * 1024
+DEFAULT_USER_CACHE = "{home}/.cache/tether/images"
 
 
 def image_key(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:32]
+
+
+def _home(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        return None
+
+
+def user_cache_dir(template: str, uid: int, home: str | None) -> str:
+    """The user's own cache directory from the config's template (``{home}``, ``{uid}``)."""
+    if "{home}" in template and not (home and home.startswith("/")):
+        raise LaunchError(f"image cache: uid {uid} has no home directory for container.user_image_cache "
+                          f"({template}); an admin sets one without {{home}}")
+    return template.format(home=(home or "").rstrip("/"), uid=uid)
 
 
 @dataclass(frozen=True)
@@ -45,57 +70,71 @@ class CachedImage:
     last_used: float
 
 
-class ImageCache:
-    """One image cache root (see the module docstring)."""
+def _regular(path: str, owner: int) -> os.stat_result | None:
+    """lstat of ``path`` when it is a regular file of ``owner`` that nobody else can write."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != owner or st.st_mode & 0o022:
+        return None
+    return st
 
-    def __init__(self, root: str, uid: int | None = None):
+
+def read_metadata(path: str) -> dict:
+    """An image's metadata file (``{}`` when it is absent, not a regular file, too big or not JSON)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return {}
+        try:
+            data = json.loads(fh.read(META_LIMIT + 1)[:META_LIMIT])
+        except ValueError:
+            return {}
+    return data if isinstance(data, dict) else {}
+
+
+class ImageCache:
+    """The shared cache at ``root`` and, for a user, their own at ``user_dir`` (module docstring)."""
+
+    def __init__(self, root: str, uid: int | None = None, user_dir: str | None = None):
         self.root = root
         self.uid = os.getuid() if uid is None else uid
+        if user_dir is None:
+            user_dir = user_cache_dir(DEFAULT_USER_CACHE, self.uid, _home(self.uid))
+        self.user_dir = None if self.uid == 0 else user_dir
 
-    # --- where entries live ---
-    def shared_dir(self) -> str:
-        return self.root
+    @property
+    def own_dir(self) -> str:
+        """Where this user's conversions go: the shared cache for root, else their own."""
+        return self.root if self.user_dir is None else self.user_dir
 
-    def user_dir(self, create: bool = False) -> str:
-        """This user's directory (root's is the shared one); created 0700 on demand, never followed
-        through a symlink, refused when someone else owns it."""
-        if self.uid == 0:
-            return self.root
-        users = os.path.join(self.root, "users")
-        path = os.path.join(users, str(self.uid))
-        if create:
-            try:
-                os.mkdir(path, 0o700)
-            except FileExistsError:
-                pass
-            except OSError as exc:
-                raise LaunchError(f"image cache: cannot create {path}: {exc.strerror} (an admin must "
-                                  f"create {users} owned by root with mode 1777)") from None
+    def _checked_own_dir(self, create: bool) -> str:
+        """The own directory, created 0700 on demand; refused unless it is a directory of this user."""
+        path = self.own_dir
+        if create and self.user_dir is not None:
+            os.makedirs(path, mode=0o700, exist_ok=True)
         try:
             st = os.lstat(path)
         except FileNotFoundError:
-            return path
+            raise LaunchError(f"image cache: {path} does not exist (an admin creates apptainer_image_root "
+                              f"with `tether slurm install --write`)") from None
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != self.uid:
-            raise LaunchError(f"image cache: {path} is not a directory owned by uid {self.uid}; refusing "
-                              f"to use it (ask an admin to remove it)")
+            raise LaunchError(f"image cache: {path} is not a directory of uid {self.uid}; refusing to use it")
         return path
-
-    def _trusted(self, path: str, owner: int) -> bool:
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return False
-        return stat.S_ISREG(st.st_mode) and st.st_uid == owner and not st.st_mode & 0o022
 
     def lookup(self, source: str) -> str | None:
         """The converted image for ``source`` this user may use, or None."""
         key = image_key(source)
         shared = os.path.join(self.root, key + ".sif")
-        if self._trusted(shared, 0):
+        if _regular(shared, 0):
             return shared
-        if self.uid != 0:
-            mine = os.path.join(self.user_dir(), key + ".sif")
-            if self._trusted(mine, self.uid):
+        if self.user_dir is not None:
+            mine = os.path.join(self.user_dir, key + ".sif")
+            if _regular(mine, self.uid):
                 return mine
         return None
 
@@ -106,23 +145,18 @@ class ImageCache:
         if found:
             _touch(found)
             return found
-        directory = self.user_dir(create=True)
-        if not os.path.isdir(directory):
-            raise LaunchError(f"image cache: {directory} does not exist (an admin creates "
-                              f"apptainer_image_root with `tether slurm install --write`)")
+        directory = self._checked_own_dir(create=True)
         key = image_key(source)
         final = os.path.join(directory, key + ".sif")
         lock_fd = os.open(os.path.join(directory, key + ".lock"),
                           os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            if self._trusted(final, self.uid):        # another rank converted it meanwhile
+            if _regular(final, self.uid):             # another rank converted it meanwhile
                 _touch(final)
                 return final
             self._remove_partials(directory, key)
             partial = os.path.join(directory, f".{key}.{os.getpid()}{PARTIAL}")
-            from ..system.proc import CommandError, run_command
-
             try:
                 run_command([*build, partial, source], env=env, timeout=timeout)
             except CommandError as exc:
@@ -132,8 +166,6 @@ class ImageCache:
                 remove_file(partial)
                 raise
             os.chmod(partial, 0o644)
-            from ..system.files import write_atomic
-
             meta = {"source": source, "converted": time.time(), "uid": self.uid}
             write_atomic(os.path.join(directory, key + ".json"), json.dumps(meta) + "\n", 0o644)
             os.rename(partial, final)
@@ -148,44 +180,46 @@ class ImageCache:
                 remove_file(os.path.join(directory, entry))
 
     # --- tether images ls | prune ---
+    def _dirs(self) -> list[tuple[str, int]]:
+        """(directory, the owner its images must have) this user lists: the shared cache, and their own."""
+        dirs = [(self.root, 0)]
+        if self.user_dir is not None:
+            dirs.append((self.user_dir, self.uid))
+        return dirs
+
     def entries(self) -> Iterator[CachedImage]:
-        """The images this user can see: the shared ones, and their own (root: everyone's)."""
-        dirs = [self.root]
-        users = os.path.join(self.root, "users")
-        if self.uid == 0 and os.path.isdir(users):
-            dirs += [os.path.join(users, d) for d in sorted(os.listdir(users))]
-        elif self.uid != 0:
-            dirs.append(self.user_dir())
-        for directory in dirs:
-            if not os.path.isdir(directory):
+        """The images this user can see: the shared ones, and their own (root: the shared ones)."""
+        for directory, owner in self._dirs():
+            try:
+                names = sorted(os.listdir(directory))
+            except OSError:
                 continue
-            for entry in sorted(os.listdir(directory)):
+            for entry in names:
                 if not entry.endswith(".sif") or entry.startswith("."):
                     continue
                 path = os.path.join(directory, entry)
-                st = os.lstat(path)
-                try:
-                    with open(path[:-4] + ".json") as fh:
-                        source = json.load(fh).get("source", "?")
-                except (OSError, ValueError):
-                    source = "?"
+                st = _regular(path, owner)
+                if st is None:
+                    continue
+                source = str(read_metadata(path[:-4] + ".json").get("source", "?"))
                 yield CachedImage(path, source, st.st_uid, st.st_size, st.st_mtime)
 
     def prune(self, older_than_days: float, *, now: float | None = None) -> list[str]:
-        """Remove images not used for ``older_than_days`` (and stale partial files this user owns,
-        when no conversion holds their lock); returns the removed paths."""
+        """Remove this user's own images (root: the shared cache's) not used for ``older_than_days``,
+        and stale partial files when no conversion holds their lock; returns the removed paths."""
+        if older_than_days < 0 or older_than_days != older_than_days:   # negative or NaN
+            raise LaunchError(f"--older-than {older_than_days:g}: give a number of days >= 0")
         now = time.time() if now is None else now
         removed = []
+        mine = self.own_dir
         for image in list(self.entries()):
-            if image.owner != self.uid and self.uid != 0:
+            if os.path.dirname(image.path) != mine or now - image.last_used < older_than_days * 86400:
                 continue
-            if now - image.last_used >= older_than_days * 86400:
-                for suffix in (".sif", ".json", ".lock"):
-                    remove_file(image.path[:-4] + suffix)
-                removed.append(image.path)
-        for directory in {os.path.dirname(i.path) for i in self.entries()} | {self.user_dir()}:
-            if os.path.isdir(directory):
-                removed += self._prune_partials(directory)
+            for suffix in (".sif", ".json", ".lock"):
+                remove_file(image.path[:-4] + suffix)
+            removed.append(image.path)
+        if os.path.isdir(mine) and not os.path.islink(mine):
+            removed += self._prune_partials(mine)
         return removed
 
     def _prune_partials(self, directory: str) -> list[str]:
@@ -194,9 +228,8 @@ class ImageCache:
             if not (entry.startswith(".") and entry.endswith(PARTIAL)):
                 continue
             key = entry[1:].split(".", 1)[0]
-            lock = os.path.join(directory, key + ".lock")
             try:
-                fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fd = os.open(os.path.join(directory, key + ".lock"), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
             except OSError:
                 fd = None
             try:

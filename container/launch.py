@@ -117,10 +117,11 @@ def _set_subreaper() -> None:
 
 
 def _supervise(launch: Launch, subreaper: bool) -> int:
+    """Fork the runtime as a child subreaper's child, forward signals, wait, clean up; its status."""
     if not subreaper:
         _set_subreaper()
-    if launch.marker and launch.after_abnormal:
-        _write_marker(launch)
+    if launch.marker and launch.container:
+        write_marker(launch.marker, launch.marker_data or {})
     received: list[int] = []
     children: list[int] = []
 
@@ -145,35 +146,64 @@ def _supervise(launch: Launch, subreaper: bool) -> int:
             os.kill(child, signum)
         except ProcessLookupError:
             pass
-    status = _wait_for(child)
-    abnormal = os.WIFSIGNALED(status) or bool(received)
-    cleaned = all([_run_quietly(argv, launch.env) for argv in
-                   [*launch.after, *(launch.after_abnormal if abnormal else ())]])
+    status, killed = _wait_for(child)
+    monitor_killed = next((sig for name, sig in killed if name == launch.monitor), None)
+    abnormal = os.WIFSIGNALED(status) or bool(received) or monitor_killed is not None
+    cleaned = all([_run_quietly(argv, launch.env) for argv in launch.after])
+    if abnormal and launch.container:
+        cleaned = launch.runtime.remove(launch.container, launch.env) and cleaned
     if launch.marker and cleaned:
         remove_file(launch.marker)
     _reap_descendants(GRACE_SECONDS)
+    return _outcome(launch, status, monitor_killed)
+
+
+def _outcome(launch: Launch, status: int, monitor_killed: int | None) -> int:
+    """End as the runtime did (the same signal, or its exit code) and say what a user must know."""
+    if monitor_killed is not None:
+        report(f"the container's {launch.monitor} was killed ({signal.Signals(monitor_killed).name}): the "
+               f"container's exit status is lost; it was removed")
+        return EXIT_LAUNCH_FAILED
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
         return 128 + sig
     code = os.WEXITSTATUS(status)
-    if code in (125, 126, 127) and launch.argv[0].endswith("podman"):
-        report(f"podman could not start the container (exit {code}); its message is above")
+    if code in (125, 126, 127) and launch.monitor:
+        report(f"{os.path.basename(launch.argv[0])} could not start the container (exit {code}); its "
+               f"message is above")
     return code
 
 
-def _wait_for(child: int) -> int:
-    """Wait for ``child``, reaping re-parented descendants meanwhile; its raw wait status."""
+def _comm(pid: int) -> str:
+    """A process's command name (a zombie's too), or ''."""
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _wait_for(child: int) -> tuple[int, list[tuple[str, int]]]:
+    """Wait for ``child``, reaping re-parented descendants meanwhile: its raw wait status, and the
+    (name, signal) of every descendant reaped on the way that a signal killed (a conmon killed
+    under a running rank is seen here: it was re-parented to this subreaper)."""
+    killed: list[tuple[str, int]] = []
     while True:
         try:
-            pid, status = os.waitpid(-1, 0)
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)   # look before reaping: its name
         except ChildProcessError:
-            return 0
-        except InterruptedError:
+            return 0, killed
+        name = _comm(info.si_pid)
+        try:
+            pid, status = os.waitpid(info.si_pid, 0)
+        except ChildProcessError:
             continue
         if pid == child:
-            return status
+            return status, killed
+        if os.WIFSIGNALED(status):
+            killed.append((name, os.WTERMSIG(status)))
 
 
 def _reap_descendants(grace: float) -> None:
@@ -206,15 +236,16 @@ def _run_quietly(argv: list[str], env: dict[str, str], *, tell: bool = True) -> 
         return False
 
 
-MARKER_PREFIX = ".cleanup-"
+def write_marker(path: str, data: dict) -> None:
+    """Leave the cleanup marker ``data`` at ``path``, whole or not at all (read by
+    tether.container.cleanup when the step's end interrupted this launch)."""
+    import json  # here, not at the top: only supervised launches write markers (per-rank start-up)
 
-
-def _write_marker(launch: Launch) -> None:
-    """Record what must be cleaned if this launch ends abnormally (see Launch.marker)."""
-    tmp = f"{launch.marker}.{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(repr({"commands": list(launch.after_abnormal), "env": dict(launch.marker_env or {})}))
-    os.rename(tmp, launch.marker)
+    tmp = f"{path}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh)
+    os.rename(tmp, path)
 
 
 def remove_file(path: str) -> None:
@@ -223,39 +254,3 @@ def remove_file(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
-
-
-def run_leftovers(step_dir: str) -> int:
-    """Cleanup mode: slurmstepd runs the launcher as the job user with TETHER_CLEANUP=<step dir>
-    after a container step has ended (or <job dir> at the job's end), detached from the step; read what the markers there say,
-    tell slurmstepd (closing fd 3) and do it (each command twice at most: podman's first rm of a
-    container whose conmon was killed only marks it exited). 0 when all done. Failures go to the
-    system log (nobody reads this process's output)."""
-    import ast
-
-    todo = []
-    paths = []
-    for top, dirs, files in os.walk(step_dir):         # a step's directory, or a job's (its end)
-        paths += [os.path.join(top, f) for f in files if f.startswith(MARKER_PREFIX)]
-        depth = top[len(step_dir):].count(os.sep)
-        dirs[:] = [d for d in dirs if depth < 2 and not d.startswith("rank-")]
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            with os.fdopen(fd) as fh:
-                marker = ast.literal_eval(fh.read(65536))
-            todo.append((list(marker["commands"]), dict(marker["env"])))
-        except (OSError, ValueError, SyntaxError, KeyError, TypeError) as exc:
-            report_admin(f"cleanup: ignoring {path}: {exc}")
-    if os.environ.get("TETHER_CLEANUP_FD") == "3":
-        try:
-            os.close(3)                      # markers read: slurmstepd may remove the step's directory
-        except OSError:
-            pass
-    failed = 0
-    for commands, env in todo:
-        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-        for argv in commands:
-            if not (_run_quietly(argv, env, tell=False) or _run_quietly(argv, env)):
-                failed += 1
-    return 1 if failed else 0

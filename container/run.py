@@ -59,7 +59,8 @@ def run_container(env: Mapping[str, str], command: Sequence[str], settings: Mapp
     try:
         spec = spec_from_env(env, command, default_runtime=settings["runtime"])
         runtime = adapter(spec.runtime, settings.get(spec.runtime) or {},
-                          image_root=settings.get("apptainer_image_root", "/var/cache/tether/images"))
+                          image_root=settings.get("apptainer_image_root", "/var/cache/tether/images"),
+                          user_image_cache=settings.get("user_image_cache"))
         launch = runtime.launch(spec, env)
     except LaunchError as exc:
         report(str(exc))
@@ -70,15 +71,7 @@ def run_container(env: Mapping[str, str], command: Sequence[str], settings: Mapp
 def handoff(config_path: str | None, identity: list[int] | None, baked: Mapping[str, Any]) -> NoReturn:
     """The launcher's entry point (see the module docstring)."""
     env = dict(os.environ)
-    if CLEANUP_VAR in env:
-        from .launch import run_leftovers
-
-        sys.exit(run_leftovers(env[CLEANUP_VAR]))
     argv0 = env.pop(ARGV0_VAR, None)
-    if argv0 is None:
-        report(f"{sys.argv[0]} is tether's container launcher: it runs tasks handed over by the "
-               f"SPANK plugin or the PBS MoM hook; use `tether run` by hand")
-        os._exit(EXIT_LAUNCH_FAILED)
     try:
         # a launcher written by another tether version may bake something else: read the config
         if isinstance(baked, dict) and config_identity(config_path) == identity:
@@ -87,6 +80,14 @@ def handoff(config_path: str | None, identity: list[int] | None, baked: Mapping[
             settings = container_settings(config_path)
     except Exception as exc:                       # a broken config: say so in the job's output
         report(f"cannot read tether's configuration: {exc}")
+        os._exit(EXIT_LAUNCH_FAILED)
+    if CLEANUP_VAR in env:                         # run by slurmstepd / tether-jobdirs after a step
+        from .cleanup import run_leftovers
+
+        sys.exit(run_leftovers(env[CLEANUP_VAR], settings))
+    if argv0 is None:
+        report(f"{sys.argv[0]} is tether's container launcher: it runs tasks handed over by the "
+               f"SPANK plugin or the PBS MoM hook; use `tether run` by hand")
         os._exit(EXIT_LAUNCH_FAILED)
     try:
         # the SPANK plugin made this process a child subreaper; PBS's hook cannot (TETHER_RUN_SUBREAPER=0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from ..hooks.surface import BY_NAME, RUNTIMES
+from ..hooks.surface import BY_NAME, MAX_TEXT, RUNTIMES
 
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
@@ -36,6 +36,31 @@ def _is_name(name: str) -> bool:
 
 def _path_bad(value: str) -> bool:
     return any(c in " ,:" or ord(c) < 32 or ord(c) == 127 or c.isspace() for c in value)
+
+
+def _control(value: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in value)
+
+
+# A flag's values, as the SPANK plugin accepts them (spank/options.c): anything else is refused.
+FLAG_VALUES = {"": True, "1": True, "true": True, "yes": True, "on": True,
+               "0": False, "false": False, "no": False, "off": False}
+
+
+def parse_flag(value: str | None, what: str) -> bool:
+    if value is None:
+        return False
+    if value not in FLAG_VALUES:
+        raise LaunchError(f"{what}={value[:40]!r}: expected 1/0, true/false or yes/no")
+    return FLAG_VALUES[value]
+
+
+def _text(env: Mapping[str, str], name: str, what: str) -> str:
+    """A TETHER_CONTAINER_* value: one line of printable text, at most MAX_TEXT bytes."""
+    value = env.get(name, "")
+    if len(value.encode("utf-8", "surrogateescape")) > MAX_TEXT or _control(value):
+        raise LaunchError(f"{what}: expected printable text of at most {MAX_TEXT} characters")
+    return value.strip()
 
 
 class LaunchError(Exception):
@@ -170,30 +195,29 @@ def parse_env_names(text: str | None) -> tuple[str, ...]:
 
 def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_runtime: str) -> LaunchSpec:
     """The launch spec from ``TETHER_CONTAINER_*`` and the rank environment (Slurm or PBS)."""
-    image = env.get("TETHER_CONTAINER_IMAGE", "").strip()
+    image = _text(env, "TETHER_CONTAINER_IMAGE", "--container-image")
     if not image:
         raise LaunchError("no container image: set --container-image (TETHER_CONTAINER_IMAGE)")
-    if any(c in image for c in "\n\x00"):
-        raise LaunchError("--container-image must be one line")
     runtime = env.get("TETHER_CONTAINER_RUNTIME", "").strip() or default_runtime
     if runtime not in RUNTIMES:
         raise LaunchError(f"--container-runtime={runtime!r}: expected one of {', '.join(RUNTIMES)}")
     if not command:
         raise LaunchError("no command to run in the container")
-    workdir = env.get("TETHER_CONTAINER_WORKDIR", "").strip()
+    workdir = _text(env, "TETHER_CONTAINER_WORKDIR", "--container-workdir")
     workdir = _check_path(workdir, "--container-workdir") if workdir else CONTAINER_WORKDIR
     name = env.get("TETHER_CONTAINER_NAME", "").strip() or None
     if name is not None and not _is_name(name):
         raise LaunchError(f"--container-name={name!r}: letters, digits, '.', '_', '-' (at most 63)")
-    writable = env.get("TETHER_CONTAINER_WRITABLE", "").strip().lower() not in ("", "0", "no", "false")
+    writable = parse_flag(env.get("TETHER_CONTAINER_WRITABLE"), "--container-writable")
     job = env.get("SLURM_JOB_ID") or env.get("PBS_JOBID", "0").split(".")[0] or "0"
     step = env.get("SLURM_STEP_ID") or env.get("PBS_TASKNUM") or "0"
     rank = env.get("RANK") or env.get("SLURM_PROCID") or "0"
     gpus = tuple(g for g in (env.get("TETHER_SLOT_IDS") or "").split(",") if g)
     return LaunchSpec(
         image=image, runtime=runtime, command=tuple(command),
-        mounts=parse_mounts(env.get("TETHER_CONTAINER_MOUNTS")), workdir=workdir,
-        env_names=parse_env_names(env.get("TETHER_CONTAINER_ENV")), writable=writable, name=name,
+        mounts=parse_mounts(_text(env, "TETHER_CONTAINER_MOUNTS", "--container-mounts")), workdir=workdir,
+        env_names=parse_env_names(_text(env, "TETHER_CONTAINER_ENV", "--container-env")), writable=writable,
+        name=name,
         rank_dir=env.get("TETHER_RANK_DIR") or None,
         job_id=_safe_id(job), step_id=_safe_id(step), rank=_safe_id(rank), gpus=gpus,
         slot_type=env.get("TETHER_JOB_SLOT_TYPE", "cuda") or "cuda")

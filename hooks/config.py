@@ -25,6 +25,7 @@ PROJECT_SOURCE_PATTERN = r"project|workspace|label(:[A-Za-z0-9_.-]+)?|account|us
 # Shared by root-run plugins and written into #SBATCH/#PBS lines: keep it to plain characters.
 STORAGE_PATH_PATTERN = r"(?:/[A-Za-z0-9_-][A-Za-z0-9._-]*)+/?"
 STORAGE_PATH_ACCEPTED = "an absolute path of letters, digits, '.', '_', '-' (no component starting with '.')"
+USER_CACHE_PATTERN = r"(?:\{home\})?(?:/(?:[A-Za-z0-9_.-]|\{uid\})+)+/?"
 
 
 def _check_sbatch_args(value: list, path: str, errors: list[SchemaError]) -> None:
@@ -99,7 +100,12 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
                         doc="runtime used when a job names an image but no runtime"),
         "apptainer_image_root": Str(default="/var/cache/tether/images", pattern=STORAGE_PATH_PATTERN,
                                     accepted=STORAGE_PATH_ACCEPTED,
-                                        doc="shared cache of converted Apptainer/Singularity images"),
+                                    doc="shared cache of converted Apptainer/Singularity images: filled by "
+                                        "root (tether images pull), used by everyone"),
+        "user_image_cache": Str(default="{home}/.cache/tether/images", pattern=USER_CACHE_PATTERN,
+                                accepted="an absolute path, or one starting with {home}; {uid} is the user's id",
+                                doc="where a user's own image conversions go (only that user writes and "
+                                    "uses them)"),
         "apptainer": _runtime("apptainer", "Apptainer settings"),
         "singularity": _runtime("singularity", "Singularity settings"),
         "podman": _runtime("podman", "Podman settings"),

@@ -158,7 +158,9 @@ class Handler:
 
     def __init__(self, ffi, lib, env: dict[str, str] | None = None):
         self.ffi, self.lib = ffi, lib
-        self.path, _ = config_path(None, os.environ if env is None else env)
+        # required: named by $TETHER_CONFIG, so it must exist (a missing one is an error, never the
+        # built-in defaults); the default /etc/tether/tether.yaml may be absent
+        self.path, self.required = config_path(None, os.environ if env is None else env)
         self.config: Config | None = None
         self._stamp: tuple | None = None
         self._bad_stamp: tuple | None = None
@@ -193,7 +195,7 @@ class Handler:
         if stamp == self._bad_stamp:
             return self.config
         try:
-            config = load_config(self.path if stamp is not None else None, env={})
+            config = load_config(self.path if stamp is not None or self.required else None, env={})
         except ConfigError as exc:
             self._bad_stamp = stamp
             if self.config is None:

@@ -32,8 +32,11 @@
 
 /* Directories removal keeps open at once; a deeper tree is flattened (see remove_at). */
 #define TETHER_REMOVE_OPEN_LEVELS 48
-/* How long the leftover cleanup may run before it is killed, with everything it started. */
+/* How long the leftover cleanup may run before it is killed, with everything it started (a test
+ * build shortens it). */
+#ifndef TETHER_CLEANUP_SECONDS
 #define TETHER_CLEANUP_SECONDS 120
+#endif
 
 __attribute__((format(printf, 2, 0))) static void vreport(enum tether_level level, const char *fmt,
 							   va_list ap)

@@ -34,17 +34,19 @@ class CommandError(TetherError):
 
 def run_command(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, check: bool = True,
                 input: str | None = None, env: Mapping[str, str] | None = None,
-                cwd: str | None = None) -> subprocess.CompletedProcess:
+                cwd: str | None = None, new_session: bool = True) -> subprocess.CompletedProcess:
     """Run ``argv`` (never through a shell) and return the completed process (text mode).
 
     Raises CommandError when the command is missing, times out, or (with ``check``) exits non-zero.
+    ``new_session``: the command gets a session of its own (killed as a group on timeout); without,
+    it stays in the caller's, so whoever bounds the caller's session bounds the command too.
     """
     argv = [str(a) for a in argv]
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=dict(env) if env is not None else None, cwd=cwd,
-                                start_new_session=True)
+                                start_new_session=new_session)
     except FileNotFoundError:
         raise CommandError(argv, None, "", "", reason=f"command not found: {argv[0]}") from None
     except PermissionError as exc:
@@ -52,7 +54,10 @@ def run_command(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, check:
     try:
         stdout, stderr = proc.communicate(input=input, timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        if new_session:
+            _kill_group(proc)
+        else:
+            proc.kill()
         stdout, stderr = proc.communicate()
         raise CommandError(argv, None, stdout, stderr, reason=f"timed out after {timeout:g} s") from None
     if check and proc.returncode != 0:

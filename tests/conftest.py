@@ -8,6 +8,9 @@ A cluster that cannot start fails the tests that need it; it never skips them.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -20,6 +23,15 @@ settings.register_profile("ci", max_examples=300, deadline=None, suppress_health
 settings.register_profile("thorough", max_examples=3000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+@pytest.fixture
+def public_dir():
+    """A directory other users can reach (pytest's tmp_path is under a root-only 0700 directory)."""
+    path = Path(tempfile.mkdtemp(prefix="tether-test-", dir="/var/tmp"))
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
 
 _cluster_error: list[str] = []
 

@@ -35,13 +35,18 @@ class Launch(Record):
         "before": (),
         "lock": None,             # file locked around ``before`` (ranks of a node share it)
         "after": (),              # run when the runtime has exited
-        # run only when it ended abnormally (killed by a signal, or the wrapper was signalled)
-        "after_abnormal": (),
-        # a file that holds ``after_abnormal`` (and ``marker_env``) while the runtime runs, removed
-        # once nothing is left to clean: if the step's end kills the cleanup too, slurmstepd runs
-        # the launcher again in cleanup mode afterwards (tether.container.launch.run_leftovers)
+        # the adapter and the container its ``remove`` takes away after an abnormal end (a signal,
+        # the wrapper signalled, or the container's monitor killed)
+        "runtime": None,
+        "container": None,
+        # a process (by name) that owns the container's state: if it dies by a signal, the
+        # container's exit status is lost and the container must be removed (podman: conmon)
+        "monitor": None,
+        # a file that says which container to remove (``marker_data``) while the runtime runs,
+        # removed once nothing is left to clean: if the step's end kills the cleanup too, slurmstepd
+        # runs the launcher again in cleanup mode afterwards (tether.container.cleanup)
         "marker": None,
-        "marker_env": None,
+        "marker_data": None,
     }
     __slots__ = tuple(FIELDS)
     argv: list[str]
@@ -50,9 +55,11 @@ class Launch(Record):
     before: list[tuple[list[str], str | None]]
     lock: str | None
     after: list[list[str]]
-    after_abnormal: list[list[str]]
+    runtime: "Runtime | None"
+    container: str | None
+    monitor: str | None
     marker: str | None
-    marker_env: dict[str, str] | None
+    marker_data: dict[str, str] | None
 
 
 class Runtime:
@@ -60,14 +67,21 @@ class Runtime:
 
     name = ""
 
-    def __init__(self, settings: Mapping, *, image_root: str = "/var/cache/tether/images"):
+    def __init__(self, settings: Mapping, *, image_root: str = "/var/cache/tether/images",
+                 user_image_cache: str | None = None):
         self.binary = settings.get("binary") or self.name
         self.args = list(settings.get("args") or ())
         self.runtime_env = dict(settings.get("env") or {})
         self.image_root = image_root
+        self.user_image_cache = user_image_cache
 
     def launch(self, spec: LaunchSpec, host_env: Mapping[str, str]) -> Launch:
         raise NotImplementedError
+
+    def remove(self, name: str, env: Mapping[str, str], *, new_session: bool = True) -> bool:
+        """Take container ``name`` away after an abnormal end; False when something stayed (told to
+        the user and the admin). Runtimes that leave nothing behind have nothing to do."""
+        return True
 
     # --- shared pieces ---
     def base_env(self, host_env: Mapping[str, str]) -> dict[str, str]:
@@ -101,8 +115,17 @@ class Runtime:
         """A local image path that must exist (a clear error otherwise)."""
         if not image.startswith("/"):
             raise LaunchError(f"--container-image={image}: give an absolute path or a docker:// reference")
-        if not os.path.exists(image):
-            raise LaunchError(f"--container-image={image}: no such file or directory on this node")
+        try:
+            os.stat(image)
+        except FileNotFoundError:
+            raise LaunchError(f"--container-image={image}: no such file or directory on this node") from None
+        except PermissionError:
+            raise LaunchError(f"--container-image={image}: permission denied (you cannot reach it on this "
+                              f"node: a directory on its path is not open to you)") from None
+        except OSError as exc:
+            raise LaunchError(f"--container-image={image}: {exc.strerror}") from None
+        if not os.access(image, os.R_OK | (os.X_OK if os.path.isdir(image) else 0)):
+            raise LaunchError(f"--container-image={image}: permission denied (it is not readable by you)")
         return image
 
     def gpu_kind(self, spec: LaunchSpec) -> str | None:

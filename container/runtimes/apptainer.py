@@ -2,15 +2,18 @@
 
 ``--cleanenv`` drops the inherited host environment; the contract's host values enter as
 ``APPTAINERENV_<NAME>`` (comma-safe: ``--env`` splits its value on commas) and tether's own values
-as ``--env NAME=VALUE``. docker:// and other remote sources are converted once into the shared
-image cache (tether.container.images); a SIF, a squashfs file or a sandbox directory runs as is.
+as ``--env NAME=VALUE``. docker:// and other remote sources are converted once into the image cache
+(tether.container.images: the shared one, or the user's own); a SIF, a squashfs file or a sandbox
+directory runs as is.
 """
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
+import os
 
 from . import Launch, Runtime
+
+TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 if TYPE_CHECKING:
     from typing import Mapping
@@ -48,10 +51,13 @@ class Apptainer(Runtime):
     def image_path(self, spec: LaunchSpec, env: Mapping[str, str]) -> str:
         if not self.is_remote(spec.image):
             return self.local_image(spec.image)
-        from ..images import ImageCache
+        from ..images import ImageCache, user_cache_dir  # only remote images need the cache's imports
 
-        return ImageCache(self.image_root).ensure(spec.image, build=[self.binary, "build", *self.args],
-                                                  env=env)
+        user_dir = None
+        if self.user_image_cache:
+            user_dir = user_cache_dir(self.user_image_cache, os.getuid(), env.get("HOME"))
+        return ImageCache(self.image_root, user_dir=user_dir).ensure(
+            spec.image, build=[self.binary, "build", *self.args], env=env)
 
 
 ADAPTER = Apptainer

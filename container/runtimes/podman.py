@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
+from ...hooks.layout import CLEANUP_MARKER
+from ..launch import report
 from ..spec import LaunchError
 from . import Launch, Runtime
 
@@ -103,11 +105,50 @@ class Podman(Runtime):
         argv += spec.command
         # After an abnormal end (a signal, the step cancelled) --rm may not have run: remove it. If
         # the step's end kills that too, slurmstepd runs it once the step is over (see ``marker``).
-        cleanup = [self.binary, "rm", *self.global_args(), "--force", "--ignore", "--time", "0", name]
-        marker = os.path.join(os.path.dirname(spec.rank_dir), f".cleanup-{spec.rank}") if spec.rank_dir else None
-        return Launch(argv=argv, env=env, supervise=True, after_abnormal=[cleanup], marker=marker,
-                      marker_env={k: env[k] for k in ("PATH", "HOME", "XDG_RUNTIME_DIR", *self.runtime_env)
-                                  if k in env})
+        marker = os.path.join(os.path.dirname(spec.rank_dir), f"{CLEANUP_MARKER}{spec.rank}") if spec.rank_dir else None
+        data = {"runtime": self.name, "container": name}
+        if env.get("XDG_RUNTIME_DIR"):
+            data["xdg_runtime_dir"] = env["XDG_RUNTIME_DIR"]
+        return Launch(argv=argv, env=env, supervise=True, runtime=self, container=name, monitor="conmon",
+                      marker=marker, marker_data=data)
+
+    def remove(self, name: str, env: Mapping[str, str], *, new_session: bool = True) -> bool:
+        """``podman rm --force`` (twice: the first rm of a container whose conmon was killed only
+        marks it stopped), then the OCI runtime's own state of it, which podman 4.3 leaves behind in
+        that case (``<root>/<container id>/state.json``; seen after every scancel of a step)."""
+        from ...system.proc import CommandError, run_command
+
+        def run(argv: list[str]) -> str | None:
+            try:
+                return run_command(argv, env=env, timeout=30, new_session=new_session).stdout
+            except CommandError as exc:
+                failures.append(exc)
+                return None
+
+        failures: list[CommandError] = []
+        cid = (run([self.binary, "inspect", *self.global_args(), "--format", "{{.Id}}", name]) or "").strip()
+        removed = any(run([self.binary, "rm", *self.global_args(), "--force", "--ignore", "--time", "0", name])
+                      is not None for _ in range(2))
+        if cid and all(c in "0123456789abcdef" for c in cid):
+            for runtime, root in self.oci_state_roots(env):
+                if os.path.isdir(os.path.join(root, cid)):
+                    run([runtime, "--root", root, "delete", "--force", cid])
+        if not removed:
+            report(f"could not remove the container {name}: {failures[-1]}")
+        return removed
+
+    def oci_state_roots(self, env: Mapping[str, str]) -> list[tuple[str, str]]:
+        """(OCI runtime, its state root) pairs where podman may keep a rootless container's state:
+        ``$XDG_RUNTIME_DIR/<runtime>``, else ``/tmp/podman-run-<uid>/<runtime>`` (podman's fallback
+        when XDG_RUNTIME_DIR is unset, as in a Slurm task); root's is ``/run/<runtime>``."""
+        args = self.global_args()
+        chosen = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--runtime"]
+        chosen += [a.split("=", 1)[1] for a in args if a.startswith("--runtime=")]
+        runtimes = chosen or ["crun", "runc"]
+        uid = os.getuid()
+        bases = [env["XDG_RUNTIME_DIR"]] if env.get("XDG_RUNTIME_DIR") else []
+        bases += ["/run"] if uid == 0 else [f"/tmp/podman-run-{uid}"]
+        return [(rt, os.path.join(base, os.path.basename(rt))) for rt in runtimes for base in bases]
 
     def global_args(self) -> list[str]:
         """The configured args that are podman global options (e.g. --runtime runc), for ``rm``."""

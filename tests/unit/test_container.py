@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tether.container.environment import contract_table, passed_from_host
-from tether.container.images import ImageCache, image_key
+from tether.container.images import DEFAULT_USER_CACHE, ImageCache, image_key, user_cache_dir
 from tether.container.runtimes import adapter, available
 from tether.container.runtimes.enroot import enroot_uri
 from tether.container.spec import (
@@ -148,9 +149,9 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
         "--volume", "/data:/data", "--workdir", "/run/tether/workdir", "--device", "nvidia.com/gpu=all",
         "--rootfs", str(rootfs), "python", "train.py"]
     assert HOST["MYVAR"] not in launch.argv and launch.env["CONTAINERS_CONF"] == "/c"
-    assert launch.supervise and launch.after_abnormal == [
-        ["podman", "rm", "--runtime", "runc", "--force", "--ignore", "--time", "0", "tether-42-0-3"]]
-    assert launch.marker == "/jobs/42/n2/step-0/.cleanup-3" and launch.marker_env["CONTAINERS_CONF"] == "/c"
+    assert launch.supervise and (launch.container, launch.monitor) == ("tether-42-0-3", "conmon")
+    assert launch.marker == "/jobs/42/n2/step-0/.cleanup-3"
+    assert launch.marker_data == {"runtime": "podman", "container": "tether-42-0-3"}      # data, no command
     image = adapter("podman", {}).launch(spec(image="docker://busybox:1.36", runtime="podman", writable=True), HOST)
     assert image.argv[-3:] == ["docker://busybox:1.36", "python", "train.py"] and "--read-only" not in image.argv
     writable = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", writable=True), HOST)
@@ -273,20 +274,153 @@ def test_killed_or_failed_conversion_never_becomes_visible(tmp_path, fake_apptai
     assert list(cache.entries()) == []
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="needs root to create files owned by another user")
-def test_users_never_use_an_image_another_user_planted(tmp_path):
+def _as_user(uid: int, fn):
+    """Run ``fn()`` in a child process with uid/gid ``uid`` (the test runs as root); its result."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            result = repr(fn())
+        except Exception as exc:  # reported to the parent
+            result = repr(f"{type(exc).__name__}: {exc}")
+        os.write(write, result.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as fh:
+        out = fh.read()
+    os.waitpid(pid, 0)
+    return eval(out)  # noqa: S307 - our own repr
+
+
+def test_nobody_uses_an_image_another_user_planted(tmp_path):
+    """The shared cache counts only root's regular files; a user's cache only that user's."""
     root = tmp_path / "images"
-    (root / "users").mkdir(parents=True)
-    os.chmod(root / "users", 0o1777)
+    root.mkdir()
     planted = root / (image_key("docker://python:3") + ".sif")
     planted.write_text("evil")
     os.chown(planted, 1002, 1002)
     assert ImageCache(str(root), uid=0).lookup("docker://python:3") is None
-    assert ImageCache(str(root), uid=1003).lookup("docker://python:3") is None
+    assert ImageCache(str(root), uid=1003, user_dir=str(tmp_path / "c")).lookup("docker://python:3") is None
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / (image_key("docker://python:3") + ".sif")).write_text("evil")
+    os.chown(theirs / (image_key("docker://python:3") + ".sif"), 1002, 1002)
+    assert ImageCache(str(root), uid=1003, user_dir=str(theirs)).lookup("docker://python:3") is None
+    os.chown(theirs, 1002, 1002)
+    with pytest.raises(LaunchError, match="is not a directory of uid 1003"):
+        ImageCache(str(root), uid=1003, user_dir=str(theirs)).ensure("docker://x", build=["false"])
+
+
+def test_root_prune_never_touches_files_a_user_controls(tmp_path):
+    """Regression (issue 12): a user planted users/evil -> a victim's directory in the old 1777 area,
+    and root's prune deleted the victim's files. Root now prunes only its shared cache."""
+    root = tmp_path / "images"
+    (root / "users").mkdir(parents=True)
+    os.chmod(root / "users", 0o1777)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    key = image_key("docker://app")
+    for suffix in (".sif", ".json", ".lock"):
+        (victim / (key + suffix)).write_text("{}" if suffix == ".json" else "mine")
+    old = time.time() - 100 * 86400
+    for f in victim.iterdir():
+        os.utime(f, (old, old))
+    (root / "users" / "evil").symlink_to(victim)
     (root / "users" / "1003").mkdir()
-    os.chown(root / "users" / "1003", 1002, 1002)                            # squatted by another user
-    with pytest.raises(LaunchError, match="not a directory owned by uid 1003"):
-        ImageCache(str(root), uid=1003).lookup("docker://python:3")
+    os.chown(root / "users" / "1003", 1002, 1002)
+    cache = ImageCache(str(root), uid=0)
+    assert cache.prune(1) == [] and list(cache.entries()) == []
+    assert sorted(p.name for p in victim.iterdir()) == sorted(key + s for s in (".sif", ".json", ".lock"))
+    with pytest.raises(LaunchError, match="give a number of days >= 0"):
+        cache.prune(-5)
+
+
+def test_ls_skips_a_fifo_named_like_metadata_instead_of_hanging(public_dir):
+    tmp_path = public_dir
+    cache_dir = tmp_path / "mine"
+    cache_dir.mkdir()
+    key = image_key("docker://a")
+    (cache_dir / (key + ".sif")).write_text("sif")
+    os.mkfifo(cache_dir / (key + ".json"))
+    os.chown(cache_dir, 1003, 1003)
+    for f in cache_dir.iterdir():
+        os.chown(f, 1003, 1003, follow_symlinks=False)
+    signal.alarm(20)                                   # the old code blocked here forever
+    try:
+        entries = _as_user(1003, lambda: [(i.source, i.size) for i in ImageCache(
+            str(tmp_path / "shared"), uid=1003, user_dir=str(cache_dir)).entries()])
+    finally:
+        signal.alarm(0)
+    assert entries == [("?", 3)]
+
+
+def test_a_users_conversion_goes_to_their_own_cache(public_dir, fake_apptainer):
+    tmp_path = public_dir
+    exe = tmp_path / "apptainer"
+    shutil.copy(fake_apptainer, exe)
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chown(home, 1003, 1003)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    env = {**os.environ, "FAKE_COUNT": str(home / "count"), "HOME": str(home)}
+    mine = user_cache_dir(DEFAULT_USER_CACHE, 1003, str(home))
+    result = _as_user(1003, lambda: ImageCache(str(shared), user_dir=mine).ensure(
+        "docker://x:1", build=[str(exe), "build"], env=env))
+    assert result == str(home / ".cache" / "tether" / "images" / (image_key("docker://x:1") + ".sif"))
+    assert os.listdir(shared) == []
+
+
+# ---- the leftover cleanup: markers are data --------------------------------------------------------
+def _cleanup_in(where: Path, settings: dict, uid: int = 1003):
+    """run_leftovers as the user ``uid`` (as slurmstepd runs it), for the markers under ``where``."""
+    from tether.container.cleanup import run_leftovers
+
+    return _as_user(uid, lambda: run_leftovers(str(where), settings))
+
+
+def test_cleanup_runs_only_tethers_own_removal_for_what_a_marker_names(public_dir):
+    """Regression (issue 12): a planted marker made the cleanup run the commands it named."""
+    step = public_dir / "step-0"
+    step.mkdir()
+    log = public_dir / "calls"
+    fake = public_dir / "podman"
+    fake.write_text(f"#!/bin/sh\necho \"podman $*\" >> {log}\n"
+                    f"[ \"$1\" = inspect ] && echo {'ab' * 32}\nexit 0\n")
+    fake.chmod(0o755)
+    runc = public_dir / "runc"
+    runc.write_text(f"#!/bin/sh\necho \"runc $*\" >> {log}\n")
+    runc.chmod(0o755)
+    xdg = public_dir / "xdg"
+    (xdg / "runc" / ("ab" * 32)).mkdir(parents=True)             # the state podman 4.3 leaves
+    pwned = public_dir / "pwned"
+    markers = {
+        ".cleanup-0": {"runtime": "podman", "container": "tether-7-0-0", "xdg_runtime_dir": str(xdg)},
+        ".cleanup-1": {"commands": [["touch", str(pwned)]], "env": {}},                # the old format
+        ".cleanup-2": {"runtime": "podman", "container": "x; touch " + str(pwned)},
+        ".cleanup-3": {"runtime": "/bin/sh", "container": "tether-7-0-3"},
+        ".cleanup-4.999": {"runtime": "podman", "container": "tether-7-0-4"},           # half-written
+    }
+    for name, data in markers.items():
+        (step / name).write_text(json.dumps(data))
+    os.mkfifo(step / ".cleanup-5")
+    for p in [public_dir, step, xdg, *step.iterdir()]:
+        os.chown(p, 1003, 1003)
+    settings = {"podman": {"binary": str(fake), "args": ["--runtime", str(runc)], "env": {}}}
+    signal.alarm(30)
+    try:
+        assert _cleanup_in(step, settings) == 0
+    finally:
+        signal.alarm(0)
+    assert log.read_text().splitlines() == [
+        f"podman inspect --runtime {runc} --format {{{{.Id}}}} tether-7-0-0",
+        f"podman rm --runtime {runc} --force --ignore --time 0 tether-7-0-0",
+        f"runc --root {xdg}/runc delete --force {'ab' * 32}"]
+    assert not pwned.exists()
 
 
 # ---- tether run, end to end through fake runtimes ---------------------------------------------
@@ -383,10 +517,7 @@ def test_supervised_runtime_keeps_double_forked_processes_and_forwards_signals(t
         while :; do sleep 0.1; done
         """))
     runtime.chmod(0o755)
-    code = (f"from tether.container.launch import execute; from tether.container.runtimes import Launch;"
-            f"execute(Launch(argv=[{str(runtime)!r}], env=dict(__import__('os').environ), supervise=True,"
-            f" after_abnormal=[['touch', {str(tmp_path / 'cleaned')!r}]]))")
-    proc = subprocess.Popen([sys.executable, "-c", code])
+    proc = subprocess.Popen([sys.executable, "-c", _supervised(runtime, tmp_path / "cleaned")])
     deadline = time.monotonic() + 20
     while not (tmp_path / "daemon.pid").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -396,8 +527,48 @@ def test_supervised_runtime_keeps_double_forked_processes_and_forwards_signals(t
     assert ppid == proc.pid                                  # re-parented to the wrapper, not init
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 7
-    assert (tmp_path / "term").read_text() == "got-term\n" and (tmp_path / "cleaned").exists()
+    assert (tmp_path / "term").read_text() == "got-term\n" and (tmp_path / "cleaned").read_text() == "c1"
     os.kill(daemon, signal.SIGKILL)
+
+
+def _supervised(runtime: Path, removed: Path, monitor: str | None = None) -> str:
+    """Python code that supervises ``runtime`` as the podman adapter's launches are, with a fake
+    adapter whose removal writes the container's name into ``removed``."""
+    return textwrap.dedent(f"""\
+        import os
+        from tether.container.launch import execute
+        from tether.container.runtimes import Launch, Runtime
+        class Fake(Runtime):
+            name = "fake"
+            def remove(self, name, env, *, new_session=True):
+                open({str(removed)!r}, "w").write(name)
+                return True
+        execute(Launch(argv=[{str(runtime)!r}], env=dict(os.environ), supervise=True, runtime=Fake({{}}),
+                       container="c1", monitor={monitor!r}))
+        """)
+
+
+def test_a_killed_monitor_is_reported_and_its_container_removed(tmp_path):
+    """Regression (issue 12): with podman's conmon killed, the rank said "podman could not start the
+    container (exit 127)" for a container that had run, and the record stayed. The monitor here is a
+    double-forked process named conmon; the 'runtime' exits 127 when it dies, as podman does."""
+    conmon = tmp_path / "conmon"
+    conmon.symlink_to("/bin/sleep")
+    runtime = tmp_path / "runtime.sh"
+    runtime.write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        ( ( exec {conmon} 60 & echo $! > {tmp_path}/conmon.pid ) & )
+        while [ ! -s {tmp_path}/conmon.pid ]; do sleep 0.05; done
+        kill -9 "$(cat {tmp_path}/conmon.pid)"
+        sleep 1
+        exit 127
+        """))
+    runtime.chmod(0o755)
+    proc = subprocess.run([sys.executable, "-c", _supervised(runtime, tmp_path / "removed", "conmon")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 125, proc.stderr
+    assert "the container's conmon was killed (SIGKILL): the container's exit status is lost" in proc.stderr
+    assert "could not start" not in proc.stderr and (tmp_path / "removed").read_text() == "c1"
 
 
 def test_podman_names_what_a_shared_rootfs_lacks(tmp_path):

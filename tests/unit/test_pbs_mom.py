@@ -6,6 +6,8 @@ creating and removing directories on this machine as root, for a real unprivileg
 from __future__ import annotations
 
 import json
+import time
+import signal
 import os
 import pwd
 import stat
@@ -237,6 +239,56 @@ def test_end_runs_the_launcher_s_leftover_cleanup_as_the_user(hook, root, public
     wait_until(lambda: (out / "cleanup").exists(), timeout=15)
     assert (out / "cleanup").read_text() == f"{root / JOB_ID / 'h1'} {USER}\n"
     assert not (root / JOB_ID).exists()
+
+
+def test_the_leftover_cleanup_starts_with_clean_signals_and_is_killed_at_its_bound(root, public, tmp_path):
+    """Regression (issue 12): the cleanup inherited the daemon's blocked TERM/HUP/ALRM, so neither
+    `kill` nor its alarm(120) could end it. Here the helper is built with a 3 s bound and started by
+    a parent that blocks those signals, as slurmstepd does."""
+    from tether.admin.pbs import pbs_source_dir
+    from tether.spank.build import source_dir
+    from tether.system.toolchain import CBuild
+
+    cbuild = CBuild(tmp_path / "build")
+    helper = cbuild.link([cbuild.compile(source_dir() / "jobdirs.c", defines=["-DTETHER_CLEANUP_SECONDS=3"]),
+                          cbuild.compile(pbs_source_dir() / "tether_jobdirs.c", include_dirs=[str(source_dir())])],
+                         public / "tether-jobdirs-3s")
+    out = public / "bound"
+    out.mkdir(mode=0o777)
+    os.chmod(out, 0o777)
+    launcher = public / "slow-run"
+    launcher.write_text("#!/usr/bin/python3 -S\n"       # not a shell: dash resets the signal mask itself
+                        "import os, subprocess, time\n"
+                        f"out = {str(out)!r}\n"
+                        "status = open('/proc/self/status').read().splitlines()\n"
+                        "open(out + '/signals', 'w').write('\\n'.join(l for l in status if l.startswith(('SigBlk', 'SigIgn'))))\n"
+                        "os.close(3)\n"
+                        "child = subprocess.Popen(['sleep', '600'])\n"
+                        "open(out + '/child', 'w').write(str(child.pid))\n"
+                        "open(out + '/launcher', 'w').write(str(os.getpid()))\n"
+                        "time.sleep(600)\n")
+    launcher.chmod(0o755)
+    uid, gid = pwd.getpwnam(USER).pw_uid, pwd.getpwnam(USER).pw_gid
+    subprocess.run([str(helper), "begin", str(root), "9", "h1", str(uid), str(gid)], check=True)
+    subprocess.run([str(helper), "task", str(root), "9", "h1", "2", "0", str(uid), str(gid)], check=True,
+                   capture_output=True)
+    (root / "9" / "h1" / "task-2" / ".cleanup-0").write_text("{}")
+    blocked = {signal.SIGTERM, signal.SIGHUP, signal.SIGALRM, signal.SIGINT}
+    started = time.monotonic()
+    pid = os.fork()              # not subprocess: it resets the mask after preexec_fn
+    if pid == 0:
+        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        os.execv(str(helper), [str(helper), "end", str(root), "9", "h1", str(uid), str(gid), str(launcher)])
+    assert os.waitpid(pid, 0)[1] == 0
+    assert wait_until(lambda: (out / "launcher").exists(), timeout=10)
+    masks = {k: int(v, 16) for k, v in (line.split(":") for line in (out / "signals").read_text().splitlines())}
+    bits = sum(1 << (sig - 1) for sig in blocked)
+    assert masks["SigBlk"] & bits == 0 and masks["SigIgn"] & bits == 0, masks
+    pids = [int((out / name).read_text()) for name in ("launcher", "child")]
+    assert all(Path(f"/proc/{pid}").exists() for pid in pids) or time.monotonic() - started > 3
+    assert wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), timeout=15)
+    assert not (root / "9").exists()
 
 
 def test_an_unloadable_hook_refuses_tether_jobs_only(hook, tmp_path):
