@@ -26,6 +26,7 @@ typedef struct tether_job {
 	uint32_t num_tasks;
 	uint16_t ntasks_per_node;
 	uint16_t cpus_per_task;
+	uint32_t req_node_count;    /* nodes in --nodelist (sbatch sets min_nodes from it); 0: none */
 	char *job_id_str;
 	char *partition;
 	char *account;

@@ -121,8 +121,8 @@ char *tether_cache_key(const tether_job_t *job)
 	if (k.text == NULL)
 		return NULL;
 	k.text[0] = '\0';
-	snprintf(num, sizeof(num), "%u %u %u %u %u %u", job->user_id, job->min_nodes, job->max_nodes,
-		 job->num_tasks, (unsigned)job->ntasks_per_node, (unsigned)job->cpus_per_task);
+	snprintf(num, sizeof(num), "%u %u %u %u %u %u %u", job->user_id, job->min_nodes, job->max_nodes,
+		 job->num_tasks, (unsigned)job->ntasks_per_node, (unsigned)job->cpus_per_task, job->req_node_count);
 	key_add(&k, num);
 	key_add(&k, job->partition);
 	key_add(&k, job->account);

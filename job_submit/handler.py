@@ -74,7 +74,10 @@ def user_args(job, lib, ffi) -> list[Arg]:
     """The controlled options the user gave explicitly, as Args for the shared policy check."""
     args: list[Arg] = []
 
-    if job.min_nodes not in (lib.NO_VAL, 0):
+    # a count sbatch derived from --nodelist is not the user's --nodes (Slurm checks the list fits)
+    derived = job.req_node_count and job.min_nodes == job.req_node_count and job.max_nodes in (
+        lib.NO_VAL, 0, job.min_nodes)
+    if job.min_nodes not in (lib.NO_VAL, 0) and not derived:
         nodes = str(job.min_nodes) + (f"-{job.max_nodes}" if job.max_nodes not in (lib.NO_VAL, 0, job.min_nodes)
                                       else "")
         args.append(Arg("--nodes", nodes, f"--nodes={nodes}"))
@@ -153,6 +156,9 @@ def controlled_options(plan: Plan) -> list[str]:
 
 
 # ---- the handler ---------------------------------------------------------------------------------
+_NEVER = ("never",)      # a stamp no file has: nothing loaded or refused yet
+
+
 class Handler:
     """State kept across calls: the last good config and what file it came from."""
 
@@ -162,8 +168,9 @@ class Handler:
         # built-in defaults); the default /etc/tether/tether.yaml may be absent
         self.path, self.required = config_path(None, os.environ if env is None else env)
         self.config: Config | None = None
-        self._stamp: tuple | None = None
-        self._bad_stamp: tuple | None = None
+        # (inode, mtime, size) of the file last loaded / last refused; None: the file is missing
+        self._stamp: tuple | None = _NEVER
+        self._bad_stamp: tuple | None = _NEVER
         self.prefix = gres_prefix(lib.SLURM_VERSION_NUMBER)
         self.reason = "not initialized"
 

@@ -76,6 +76,19 @@ static int copy_env(tether_job_t *job, char **env, uint32_t size)
 	return 0;
 }
 
+/* How many nodes a --nodelist names (0: none or unreadable). */
+static uint32_t node_count(const char *nodelist)
+{
+	hostlist_t hl;
+	uint32_t n;
+
+	if (nodelist == NULL || nodelist[0] == '\0' || (hl = slurm_hostlist_create(nodelist)) == NULL)
+		return 0;
+	n = (uint32_t)slurm_hostlist_count(hl);
+	slurm_hostlist_destroy(hl);
+	return n;
+}
+
 /* Copy what the handler reads out of job_desc (NULL when out of memory). */
 static tether_job_t *job_from(const job_desc_msg_t *jd)
 {
@@ -90,6 +103,7 @@ static tether_job_t *job_from(const job_desc_msg_t *jd)
 	job->num_tasks = jd->num_tasks;
 	job->ntasks_per_node = jd->ntasks_per_node;
 	job->cpus_per_task = jd->cpus_per_task;
+	job->req_node_count = node_count(jd->req_nodes);
 	job->job_id_str = dup_or_null(jd->job_id_str);
 	job->partition = dup_or_null(jd->partition);
 	job->account = dup_or_null(jd->account);

@@ -78,6 +78,47 @@ class Cluster:
                 fields[key] = value
         return fields
 
+    def wait_job(self, job_id: str, timeout: float = 240) -> dict[str, str]:
+        """Wait until the job has ended (polling every 0.2 s: sbatch --wait polls every ~10 s);
+        its final fields."""
+        deadline = time.monotonic() + timeout
+        while True:
+            fields = self.job_fields(job_id)
+            if fields.get("JobState") in FINAL_STATES or time.monotonic() > deadline:
+                return fields
+            time.sleep(0.2)
+
+    def submit(self, *argv: str, env: dict[str, str] | None = None, check: bool = True) -> str:
+        """``sbatch --parsable ARGV`` as the job user (``env``: extra variables); the job id."""
+        prefix = ["env", *[f"{k}={v}" for k, v in (env or {}).items()]] if env else []
+        result = self.run(["runuser", "-u", self.user, "--", *prefix, "sbatch", "--parsable", *argv], check=check)
+        return result.stdout.strip().split(";")[0]
+
+    def ctld_log_mark(self) -> int:
+        """Where slurmctld's log ends now (for ``ctld_log_since``)."""
+        path = self.box.log_dir / "slurmctld.log"
+        return path.stat().st_size if path.exists() else 0
+
+    def ctld_log_since(self, mark: int) -> str:
+        """What slurmctld logged after ``mark`` (other tests' lines stay out)."""
+        with open(self.box.log_dir / "slurmctld.log", "rb") as fh:
+            fh.seek(mark)
+            return fh.read().decode(errors="replace")
+
+    def node_states(self) -> dict[str, str]:
+        """{node: state} with Slurm's flags (drain, down, ...) kept."""
+        out = self.run(["sinfo", "-h", "-N", "-o", "%N %T"]).stdout
+        return dict(line.split() for line in out.splitlines() if line.strip())
+
+    def in_service(self) -> bool:
+        """No node left the idle/allocated states (drained, down, failing)."""
+        return all(state.rstrip("*~#$@+") in ("idle", "mixed", "allocated", "completing")
+                   for state in self.node_states().values())
+
+
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
+                "DEADLINE", "PREEMPTED")
+
 
 # ---- helpers shared by the run-side and container tests ----------------------------------------
 def parse(lines: str) -> list[dict[str, str]]:
