@@ -108,6 +108,54 @@ OPTIONS: tuple[Option, ...] = (
     Option("container-name", "NAME", "name", "reuse one container across the job's steps"),
 )
 
+_ASCII_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+FLAG_VALUES = {"": "1", "1": "1", "true": "1", "yes": "1", "on": "1", "0": "0", "false": "0", "no": "0", "off": "0"}
+
+
+def _printable(value: str) -> bool:
+    return not any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)
+
+
+def _env_name(name: str) -> bool:
+    return bool(name) and (name[0] in _ASCII_ALNUM or name[0] == "_") and not name[0].isdigit() and all(
+        c in _ASCII_ALNUM or c == "_" for c in name)
+
+
+def normalize(opt: Option, value: str) -> str | None:
+    """``value`` as option ``opt`` accepts it (flags become "1"/"0"), or None when it is refused --
+    exactly what the SPANK plugin's C accepts (spank/options.c; a fuzz test holds the two together)."""
+    if opt.kind == "flag":
+        return FLAG_VALUES.get(value)
+    if opt.kind == "count":
+        ok = value.isascii() and value.isdigit() and len(value) <= 18 and opt.minimum <= int(value) <= opt.maximum
+    elif opt.kind == "slot_type":
+        ok = value in SLOT_TYPES
+    elif opt.kind == "runtime":
+        ok = value in RUNTIMES
+    elif opt.kind == "name":
+        ok = 0 < len(value) <= MAX_NAME and value[0] in _ASCII_ALNUM and all(
+            c in _ASCII_ALNUM or c in "._-" for c in value)
+    elif opt.kind == "env_names":
+        ok = len(value.encode("utf-8", "surrogateescape")) <= MAX_TEXT and all(
+            _env_name(n) for n in value.split(","))
+    else:  # text
+        ok = 0 < len(value.encode("utf-8", "surrogateescape")) <= MAX_TEXT and _printable(value)
+    return value if ok else None
+
+
+def expected(opt: Option) -> str:
+    """What option ``opt`` accepts, in the words of the plugin's messages."""
+    return {
+        "count": f"a whole number from {opt.minimum} to {opt.maximum}",
+        "slot_type": "one of " + ", ".join(SLOT_TYPES),
+        "runtime": "one of " + ", ".join(RUNTIMES),
+        "name": f"a name of letters, digits, '.', '_', '-' (at most {MAX_NAME} characters)",
+        "env_names": "variable names separated by commas (NAME,NAME)",
+        "flag": "1/0, true/false or yes/no",
+        "text": f"printable text of at most {MAX_TEXT} characters",
+    }[opt.kind]
+
+
 BY_NAME = {opt.name: opt for opt in OPTIONS}
 BY_FIELD = {opt.field: opt for opt in OPTIONS if opt.field}
 SLOT_OPTIONS = tuple(opt for opt in OPTIONS if opt.field)

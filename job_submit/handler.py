@@ -25,7 +25,7 @@ from ..hooks.policy import (
     SLURM_FIELD_OPTIONS, Arg, check_slurm_args, gres_references_gpu, strip_gres_prefix,
 )
 from ..hooks.request import Request
-from ..hooks.surface import BY_NAME, OPTIONS, SLOT_OPTIONS
+from ..hooks.surface import BY_NAME, OPTIONS, SLOT_OPTIONS, expected, normalize
 
 ACCEPT, REJECT, FAILED = 1, 2, -1
 SLURM_HINT = "use --slots, --slots-per-node, --slot-type, --gpu-type or --resource-pool instead"
@@ -52,15 +52,19 @@ def tether_values(spank_env: list[str]) -> dict[str, str]:
     return {**spank, **control}
 
 
-def _count(values: dict[str, str], name: str) -> int | None:
-    if name not in values:
-        return None
-    text = values[name]
-    opt = BY_NAME[name]
-    # ASCII digits only: str.isdigit() also takes '²', '١٢' and '４', which int() reads as numbers
-    if not (text.isascii() and text.isdigit()) or len(text) > 18 or not opt.minimum <= int(text) <= opt.maximum:
-        raise RequestError(f"--{name}={text}: expected a whole number from {opt.minimum} to {opt.maximum}")
-    return int(text)
+def checked_values(values: dict[str, str]) -> dict[str, str]:
+    """Every value as the SPANK plugin would have accepted it (flags normalized): a client that
+    skipped sbatch's checks (libslurm is open to every user) gets the plugin's message here."""
+    out = {}
+    for name, value in values.items():
+        opt = BY_NAME[name]
+        normalized = normalize(opt, value)
+        if normalized is None:
+            shown = value if len(value) <= 40 else value[:40] + "..."
+            raise RequestError(f"{opt.flag}={shown}: expected {expected(opt)}" if opt.kind in ("count", "slot_type",
+                               "runtime", "flag") else f"{opt.flag}: expected {expected(opt)}")
+        out[name] = normalized
+    return out
 
 
 def cstr(ffi, ptr) -> str | None:
@@ -227,10 +231,10 @@ class Handler:
             return REJECT
         if not wanted:            # reached only in reject_all mode, and the config loads again
             return ACCEPT
-        values = tether_values(self._strings(job.spank_env, job.spank_env_size))
         try:
+            values = checked_values(tether_values(self._strings(job.spank_env, job.spank_env_size)))
             check_container_options(values, config.data["container"]["runtime"])
-        except LaunchError as exc:
+        except (LaunchError, RequestError) as exc:
             self._reply(job, f"tether: {exc}")
             job.cacheable = 1
             return REJECT
@@ -254,7 +258,7 @@ class Handler:
 
     def request(self, job, values: dict[str, str], partition: str | None) -> Request:
         """The Request for a job from its tether options, its partition and its other fields."""
-        slots = _count(values, "slots")
+        slots = int(values["slots"]) if "slots" in values else None
         if slots is None:
             given = next(opt.flag for opt in SLOT_OPTIONS if opt.name in values)
             raise RequestError(f"{given} needs --slots (how many slots the job uses)")
@@ -263,7 +267,7 @@ class Handler:
             raise RequestError(f"--partition={partition} conflicts with --resource-pool={pool}; "
                                f"give one of them")
         return Request(
-            slots=slots, slots_per_node=_count(values, "slots-per-node"),
+            slots=slots, slots_per_node=int(values["slots-per-node"]) if "slots-per-node" in values else None,
             slot_type=values.get("slot-type"), gpu_type=values.get("gpu-type"),
             resource_pool=pool or partition or None, job_type="slurm",
             job_id="submit", account=self._text(job.account) or None,
@@ -280,7 +284,11 @@ class Handler:
         if config is None:
             self.log(1, f"update of {job} refused: tether unavailable: {self.reason}")
             return REJECT
-        values = tether_values(self._strings(current.spank_env, current.spank_env_size))
+        try:
+            values = checked_values(tether_values(self._strings(current.spank_env, current.spank_env_size)))
+        except RequestError as exc:             # a job submitted before tether checked it
+            self.log(1, f"update of {job} refused: {exc}")
+            return REJECT
         if not any(opt.name in values for opt in SLOT_OPTIONS):
             return ACCEPT                       # container options only: tether planned nothing
         changed = [a.given for a in user_args(update, self.lib, self.ffi)]

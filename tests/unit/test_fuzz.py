@@ -1,0 +1,223 @@
+"""Fuzzing everything a user controls that reaches root-run or daemon code (SECURITY.md lists it).
+
+* SPANK option values and the job's environment: the C that validates them in srun/sbatch and in
+  slurmstepd (spank/options.c, built here into a test library) accepts exactly what the Python side
+  accepts (hooks.surface.normalize), byte for byte, for any text -- the two sides cannot drift.
+* job_submit fields: the handler in slurmctld answers every request (accept, or reject with a
+  message); it never fails with an internal error, whatever spank_job_env and job fields say.
+* PBS resources and ``qsub -v`` values: the submit hook accepts or rejects with a message; never
+  "internal error".
+* Cache metadata and cleanup markers: reading them never raises, never blocks, and never yields a
+  command or a name tether would not write.
+
+The number of examples comes from the hypothesis profile (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import cffi
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tether.container import cleanup
+from tether.container.images import read_metadata
+from tether.hooks.surface import OPTIONS, normalize
+from tether.job_submit import build as job_submit_build
+from tether.job_submit.handler import ACCEPT, REJECT, Handler
+from tether.spank.build import source_dir
+from tether.system.toolchain import CBuild
+
+from helpers import REPO, run_hook_file
+
+sys.path.insert(0, str(REPO / "tests" / "pbs_stub"))
+import pbs  # noqa: E402  (the stub)
+
+# Text as users can give it: C strings (no NUL), any code point, control characters, long runs.
+c_text = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=80) | \
+    st.sampled_from(["", "0", "18", "10000000", "10000001", "00", "1" * 19, "cuda", "rocm", "cpu", "CPU",
+                     "podman", "true", "yes", "maybe", "A,B", "A,,B", "_x,Y1", "1A", "a100", ".a", "a" * 128,
+                     "a" * 129, "x" * 4096, "x" * 4097, "é" * 2049, "\x7f", "²", "١٢", "４"])
+
+STUBS = r"""
+/* What the SPANK plugin's options.c needs from Slurm and slurmstepd, for a test library. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <slurm/spank.h>
+#include "jobdirs.h"
+
+char tether_test_message[1024];
+
+void tether_report(enum tether_level level, const char *msg)
+{
+	(void)level;
+	snprintf(tether_test_message, sizeof(tether_test_message), "%s", msg);
+}
+
+void slurm_error(const char *fmt, ...)
+{
+	(void)fmt;
+}
+
+spank_err_t spank_option_register(spank_t sp, struct spank_option *opt)
+{
+	(void)sp;
+	(void)opt;
+	return ESPANK_SUCCESS;
+}
+
+const char *spank_strerror(spank_err_t err)
+{
+	(void)err;
+	return "";
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def options_c(tmp_path_factory):
+    """spank/options.c and jobdirs.c, compiled as the plugin compiles them, in a ctypes library."""
+    work = tmp_path_factory.mktemp("options-c")
+    stubs = work / "stubs.c"
+    stubs.write_text(STUBS)
+    cbuild = CBuild(work)
+    objects = [cbuild.compile(source_dir() / unit) for unit in ("options.c", "jobdirs.c")]
+    objects.append(cbuild.compile(stubs, include_dirs=[str(source_dir())]))
+    lib = ctypes.CDLL(str(cbuild.link(objects, work / "liboptions.so", shared=True)))
+    lib.tether_opt_set.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
+    lib.tether_opt_value.restype = ctypes.c_char_p
+    lib.tether_opt_value.argtypes = [ctypes.c_int]
+    return lib
+
+
+@given(index=st.integers(0, len(OPTIONS) - 1), value=c_text)
+def test_the_c_and_python_validators_accept_exactly_the_same_values(options_c, index, value):
+    opt = OPTIONS[index]
+    options_c.tether_opts_clear()
+    accepted = options_c.tether_opt_set(index, value.encode("utf-8"), b"--x", 0) == 0
+    python = normalize(opt, value)
+    assert accepted == (python is not None), (opt.name, value)
+    if accepted:
+        assert options_c.tether_opt_value(index).decode("utf-8") == python
+
+
+# ---- the job_submit handler ------------------------------------------------------------------------
+def _handler_ffi():
+    """An FFI with bridge.h's struct (array sizes filled in) and a stand-in for the plugin's C."""
+    ffi = cffi.FFI()
+    cdef = job_submit_build.cdef().replace("[...]", "[1024]").replace("char msg[1024]", "char msg[2048]")
+    ffi.cdef("\n".join(line for line in cdef.splitlines() if not line.startswith("#define")))
+    return ffi
+
+
+class FakeLib:
+    NO_VAL, NO_VAL16, SLURM_VERSION_NUMBER = 0xfffffffe, 0xfffe, 0x160508
+
+    def __init__(self):
+        self.log = []
+
+    def tether_log(self, level, msg):
+        self.log.append((level, msg))
+
+    def tether_set_health(self, broken, reject_all, reason):
+        self.health = (broken, reason)
+
+    def tether_config_loaded(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def handler(tmp_path_factory):
+    config = tmp_path_factory.mktemp("config") / "tether.yaml"
+    config.write_text("default_compute_resource_pool: gpu\njob_project_source: user\n")
+    ffi = _handler_ffi()
+    h = Handler(ffi, FakeLib(), env={"TETHER_CONFIG": str(config)})
+    assert h.init() == ACCEPT
+    return ffi, h
+
+
+option_entries = st.lists(st.tuples(st.sampled_from(OPTIONS), st.booleans(), c_text), max_size=6).map(
+    lambda items: [f"{opt.spank_env if raw else opt.env}={value}" for opt, raw, value in items])
+job_numbers = st.sampled_from([0, 1, 2, 7, 0xfffffffe, 0xffffffff])
+small_numbers = st.sampled_from([0, 1, 4, 0xfffe, 0xffff])
+tres = st.one_of(st.none(), st.sampled_from(["gres:gpu:2", "gres/gpu:a100:1", "gres:nic:1", "gpu", ""]), c_text)
+
+
+@given(env=option_entries, min_nodes=job_numbers, max_nodes=job_numbers, num_tasks=job_numbers,
+       per_node=small_numbers, cpus=small_numbers, req=job_numbers, partition=st.one_of(st.none(), c_text),
+       per_job=tres, per_node_tres=tres, per_task=tres)
+def test_the_job_submit_handler_answers_every_request(handler, env, min_nodes, max_nodes, num_tasks, per_node,
+                                                      cpus, req, partition, per_job, per_node_tres, per_task):
+    ffi, h = handler
+    job = ffi.new("tether_job_t *")
+    keep = [ffi.new("char[]", e.encode("utf-8")) for e in env]      # cdata owners stay referenced
+    array = ffi.new("char *[]", keep) if keep else ffi.NULL
+    job.spank_env = array
+    job.spank_env_size = len(keep)
+    job.user_id, job.min_nodes, job.max_nodes, job.num_tasks = 1000, min_nodes, max_nodes, num_tasks
+    job.ntasks_per_node, job.cpus_per_task, job.req_node_count = per_node, cpus, req % 5
+    strings = {}
+    for field, value in (("partition", partition), ("tres_per_job", per_job), ("tres_per_node", per_node_tres),
+                         ("tres_per_task", per_task)):
+        if value is not None:
+            strings[field] = ffi.new("char[]", value.encode("utf-8"))
+            setattr(job, field, strings[field])
+    rc = h.submit(job, 1000, 1)
+    assert rc in (ACCEPT, REJECT), h.lib.log[-3:]
+    message = ffi.string(job.msg).decode("utf-8", "replace")
+    if rc == REJECT:
+        assert message.startswith("tether: ") and "internal error" not in message, message
+
+
+# ---- the PBS submit hook -----------------------------------------------------------------------------
+resource_values = st.one_of(st.integers(-5, 10**7), c_text, st.none())
+
+
+@given(slots=resource_values, spn=resource_values, slot_type=resource_values, select=st.one_of(st.none(), c_text),
+       variables=st.dictionaries(st.sampled_from([o.env for o in OPTIONS if o.is_container] + ["OTHER"]), c_text,
+                                 max_size=4))
+def test_the_pbs_submit_hook_answers_every_request(tmp_path_factory, slots, spn, slot_type, select, variables):
+    hook_config = tmp_path_factory.getbasetemp() / "fuzz_submit.json"
+    if not hook_config.exists():
+        from tether.system.toolchain import tether_import_path
+
+        hook_config.write_text(json.dumps({"python_path": [tether_import_path()], "config": {}}))
+    resources = {k: v for k, v in (("tether_slots", slots), ("tether_slots_per_node", spn),
+                                   ("tether_slot_type", slot_type), ("select", select)) if v is not None}
+    e = run_hook_file(REPO / "pbs_hooks" / "tether_submit.py",
+                      pbs.stub_event(pbs.QUEUEJOB, config_file=str(hook_config), resources=resources,
+                                     Variable_List=variables))
+    if e.accepted is False:
+        assert e.reject_msg.startswith("tether: ") and "internal error" not in e.reject_msg, e.reject_msg
+
+
+# ---- cache metadata and cleanup markers ----------------------------------------------------------------
+files = st.one_of(st.binary(max_size=300), st.builds(lambda d: json.dumps(d).encode(), st.dictionaries(
+    st.sampled_from(["runtime", "container", "xdg_runtime_dir", "source", "commands", "env"]),
+    st.one_of(c_text, st.integers(), st.lists(c_text, max_size=3), st.none()), max_size=5)))
+
+
+@given(content=files)
+def test_reading_metadata_never_fails(tmp_path_factory, content):
+    path = tmp_path_factory.getbasetemp() / "meta.json"
+    path.write_bytes(content)
+    assert isinstance(read_metadata(str(path)), dict)
+
+
+@given(content=files)
+def test_a_marker_yields_only_what_tether_would_write(tmp_path_factory, content):
+    path = tmp_path_factory.getbasetemp() / ".cleanup-0"
+    path.write_bytes(content)
+    marker = cleanup.read_marker(str(path))
+    if marker is not None:
+        assert set(marker) <= {"runtime", "container", "xdg_runtime_dir"}
+        assert marker["runtime"] in ("apptainer", "singularity", "podman", "enroot")
+        assert re.fullmatch(r"tether-[A-Za-z0-9_.-]+", marker["container"])
+    os.unlink(path)
