@@ -1,8 +1,8 @@
 """Apptainer: ``apptainer exec``, exec'd in place (the starter becomes the rank; no daemon).
 
-``--cleanenv`` drops the inherited host environment; the contract's host values enter as
-``APPTAINERENV_<NAME>`` (comma-safe: ``--env`` splits its value on commas) and tether's own values
-as ``--env NAME=VALUE``. docker:// and other remote sources are converted once into the image cache
+``--cleanenv`` drops the inherited host environment; the contract's host values and tether's own
+enter as ``APPTAINERENV_<NAME>`` (``SINGULARITYENV_`` for Singularity): comma-safe (``--env`` splits
+values on commas), and known to every version (SingularityCE before 3.6 has no ``exec --env``). docker:// and other remote sources are converted once into the image cache
 (tether.container.images: the shared one, or the user's own); a SIF, a squashfs file or a sandbox
 directory runs as is.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from ..spec import LaunchError
 from . import Launch, Runtime
 
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
@@ -30,11 +31,11 @@ class Apptainer(Runtime):
         env = {k: v for k, v in self.base_env(host_env).items()
                if not k.startswith(("APPTAINERENV_", "SINGULARITYENV_"))}
         passed, own = self.container_env(spec, host_env)
-        for name, value in passed.items():
+        # <PREFIX>ENV_NAME=value sets NAME inside, with --cleanenv too, in every version (SingularityCE
+        # before 3.6 has no `exec --env`: "Error: unknown flag: --env"); tether's own values last
+        for name, value in {**passed, **own}.items():
             env[self.env_prefix + name] = value
         argv = [self.binary, "exec", *self.args, "--cleanenv"]
-        for name, value in own.items():
-            argv += ["--env", f"{name}={value}"]
         for mount in (*spec.rank_mounts(), *spec.mounts):
             argv += ["--bind", str(mount)]
         argv += ["--pwd", spec.workdir]
@@ -42,11 +43,28 @@ class Apptainer(Runtime):
         if gpu == "cuda":
             argv.append("--nv")
         elif gpu == "rocm":
+            self.require_version((3, 5), "--rocm")
             argv.append("--rocm")
         if spec.writable:
             argv.append("--writable-tmpfs")
         argv += [self.image_path(spec, env), *spec.command]
         return Launch(argv=argv, env=env)
+
+    def require_version(self, minimum: tuple[int, int], flag: str) -> None:
+        """Refuse, with one line naming the minimum, a runtime too old for ``flag`` (asked only when
+        such a flag is needed: running ``--version`` costs every rank a process)."""
+        if self.name != "singularity":            # Apptainer (1.0+) has everything tether uses
+            return
+        from ...system.proc import CommandError, run_command
+
+        try:
+            text = run_command([self.binary, "--version"], timeout=20).stdout
+        except CommandError as exc:
+            raise LaunchError(f"cannot ask {self.binary} for its version: {exc}") from None
+        numbers = [int(n) for n in text.split()[-1].split("-")[0].split(".")[:2] if n.isdigit()]
+        if len(numbers) == 2 and tuple(numbers) < minimum:
+            raise LaunchError(f"{self.binary} {text.split()[-1]} has no {flag}: SingularityCE "
+                              f"{minimum[0]}.{minimum[1]} or newer (or Apptainer) is needed for it")
 
     def image_path(self, spec: LaunchSpec, env: Mapping[str, str]) -> str:
         if not self.is_remote(spec.image):

@@ -45,8 +45,15 @@ class Enroot(Runtime):
         step_dir = os.path.dirname(spec.rank_dir) if spec.rank_dir else None
         node_dir = (os.path.dirname(step_dir) if spec.name else step_dir) if step_dir else None
         if node_dir:
+            # every enroot command first runs `mkdir -p` on its cache, data and runtime paths, and
+            # the runtime path defaults to /run/enroot when XDG_RUNTIME_DIR is unset (as in a Slurm
+            # task): "mkdir: cannot create directory '/run/enroot': Permission denied" in every rank
+            # (enroot 4.1, enroot.in). All three live under the step's (or the job's node)
+            # directory, the runtime path per step even for a named container; its temp path is
+            # ${TMPDIR}, the rank's own tmp directory.
             env.setdefault("ENROOT_DATA_PATH", os.path.join(node_dir, "enroot", "data"))
             env.setdefault("ENROOT_CACHE_PATH", os.path.join(node_dir, "enroot", "cache"))
+            env.setdefault("ENROOT_RUNTIME_PATH", os.path.join(step_dir, "enroot", "run"))
         before = []
         if self.is_remote(spec.image):
             if not spec.image.startswith("docker://"):

@@ -111,21 +111,23 @@ def test_apptainer_argv_and_environment(tmp_path):
     launch = adapter("apptainer", {"binary": "/opt/apptainer/bin/apptainer", "args": ["--silent"]}).launch(s, HOST)
     assert launch.argv == [
         "/opt/apptainer/bin/apptainer", "exec", "--silent", "--cleanenv",
-        "--env", "TETHER_CONTAINER=1", "--env", "TMPDIR=/tmp", "--env", "TETHER_WORK_DIR=/run/tether/workdir",
         "--bind", "/jobs/42/n2/step-0/rank-3/tmp:/tmp", "--bind", "/jobs/42/n2/step-0/rank-3/work:/run/tether/workdir",
         "--bind", "/data:/data:ro", "--pwd", "/src", "--nv", "--writable-tmpfs", str(image), "python", "train.py"]
     assert not launch.supervise
     assert launch.env["APPTAINERENV_MYVAR"] == HOST["MYVAR"] and launch.env["APPTAINERENV_RANK"] == "3"
+    assert (launch.env["APPTAINERENV_TETHER_CONTAINER"], launch.env["APPTAINERENV_TMPDIR"],
+            launch.env["APPTAINERENV_TETHER_WORK_DIR"]) == ("1", "/tmp", "/run/tether/workdir")
     assert "APPTAINERENV_X" not in launch.env            # the user's own injection is dropped
     assert "APPTAINERENV_PATH" not in launch.env and "APPTAINERENV_TETHER_RANK_DIR" not in launch.env
 
 
-def test_singularity_uses_its_own_names_and_rocm(tmp_path):
+def test_singularity_uses_its_own_names_and_rocm(tmp_path, fake_runtimes):
     sandbox = tmp_path / "rootfs"
     sandbox.mkdir()
-    launch = adapter("singularity", {}).launch(spec(image=str(sandbox), runtime="singularity", gpus=("2",),
-                                                    slot_type="rocm"), HOST)
-    assert launch.argv[:3] == ["singularity", "exec", "--cleanenv"] and "--rocm" in launch.argv
+    binary = str(fake_runtimes.bin_dir / "singularity")      # asked for its version: --rocm needs 3.5
+    launch = adapter("singularity", {"binary": binary}).launch(
+        spec(image=str(sandbox), runtime="singularity", gpus=("2",), slot_type="rocm"), HOST)
+    assert launch.argv[:3] == [binary, "exec", "--cleanenv"] and "--rocm" in launch.argv
     assert "--nv" not in launch.argv and launch.env["SINGULARITYENV_RANK"] == "3"
 
 
@@ -423,86 +425,150 @@ def test_cleanup_runs_only_tethers_own_removal_for_what_a_marker_names(public_di
     assert not pwned.exists()
 
 
-# ---- tether run, end to end through fake runtimes ---------------------------------------------
-FAKE_RUNTIME = textwrap.dedent("""\
-    #!{python}
-    # Records argv and environment (one JSON line per call); plays the part of {name}.
-    import json, os, shutil, sys
-    with open(os.environ["FAKE_LOG"], "a") as fh:
-        fh.write(json.dumps({{"argv": sys.argv, "env": dict(os.environ)}}) + "\\n")
-    args = sys.argv[1:]
-    if args[:1] == ["import"]:
-        open(args[args.index("--output") + 1], "w").write("sqsh")
-    elif args[:1] == ["create"]:
-        os.makedirs(os.path.join(os.environ["ENROOT_DATA_PATH"], args[args.index("--name") + 1]))
-    elif args[:1] == ["remove"]:
-        shutil.rmtree(os.path.join(os.environ["ENROOT_DATA_PATH"], args[-1]))
-    elif args[:1] in (["exec"], ["start"]):
-        sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
-    """)
-
-
+# ---- tether run, end to end through the testing kit's fake runtimes (tether.testing.runtimes) ----------
 @pytest.fixture
-def fake_runtimes(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name in ("apptainer", "singularity", "enroot"):
-        exe = bin_dir / name
-        exe.write_text(FAKE_RUNTIME.format(python=sys.executable, name=name))
-        exe.chmod(0o755)
+def runtime_config(tmp_path):
     config = tmp_path / "tether.yaml"
     config.write_text(f"container: {{apptainer_image_root: {tmp_path / 'images'}}}\n")
-    return bin_dir, config
+    return config
 
 
-def _tether_run(tmp_path, bin_dir, config, *args, **env):
-    run_env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_LOG": str(tmp_path / "log"), "TETHER_CONFIG": str(config),
-               "RANK": "1", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2", "HOME": str(tmp_path),
-               "TETHER_RANK_DIR": str(tmp_path / "7/n1/step-2/rank-1"), "SECRET": "s", **env}
-    proc = subprocess.run([*TETHER, "run", *args], env=run_env, capture_output=True, text=True, timeout=60)
-    calls = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()] \
-        if (tmp_path / "log").exists() else []
-    return proc, calls
+def _tether_run(tmp_path, fakes, config, *args, user: int | None = None, rank_dir: Path | None = None, **env):
+    """``tether run ARGS`` with the fakes first on PATH (as ``user`` when given); its result."""
+    rank_dir = rank_dir or tmp_path / "7/n1/step-2/rank-1"
+    run_env = {"PATH": fakes.path_env(), "TETHER_CONFIG": str(config), "RANK": "1", "SLURM_JOB_ID": "7",
+               "SLURM_STEP_ID": "2", "HOME": str(rank_dir.parent), "TETHER_RANK_DIR": str(rank_dir),
+               "SECRET": "s", **env}
+    preexec = None
+    if user is not None:
+        def preexec():
+            os.setgroups([])
+            os.setgid(user)
+            os.setuid(user)
+    return subprocess.run([*TETHER, "run", *args], env=run_env, capture_output=True, text=True, timeout=60,
+                          preexec_fn=preexec, cwd="/")
 
 
 @pytest.mark.parametrize("runtime", ["apptainer", "singularity"])
-def test_tether_run_execs_apptainer_in_place(tmp_path, fake_runtimes, runtime):
-    bin_dir, config = fake_runtimes
+def test_tether_run_execs_apptainer_in_place(tmp_path, fake_runtimes, runtime_config, runtime):
     image = tmp_path / "img.sif"
     image.write_text("")
-    proc, calls = _tether_run(tmp_path, bin_dir, config, f"--container-runtime={runtime}",
-                              f"--container-image={image}", "--container-env=SECRET", "--", "echo", "a b",
-                              FAKE_EXIT="3")
+    fake_runtimes.configure(exit_code=3)
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, f"--container-runtime={runtime}",
+                       f"--container-image={image}", "--container-env=SECRET", "--", "echo", "a b,c",
+                       FAKE_ONLY_ON_HOST="x")
     assert proc.returncode == 3, proc.stderr
-    (call,) = calls
-    assert call["argv"][1:4] == ["exec", "--cleanenv", "--env"] and call["argv"][-3:] == [str(image), "echo", "a b"]
-    prefix = runtime.upper() + "ENV_"
-    assert call["env"][prefix + "RANK"] == "1" and call["env"][prefix + "SECRET"] == "s"
-    assert prefix + "PATH" not in call["env"] and prefix + "HOME" not in call["env"]
+    (call,) = fake_runtimes.calls(runtime)
+    assert call["argv"][1:3] == ["exec", "--cleanenv"] and call["command"] == ["echo", "a b,c"]
+    assert "--env" not in call["argv"] and call["image"] == str(image)
+    inside = call["container_env"]                      # what the program sees
+    assert inside["RANK"] == "1" and inside["SECRET"] == "s" and "FAKE_ONLY_ON_HOST" not in inside
+    assert not any(k.startswith(("APPTAINERENV_", "SINGULARITYENV_")) for k in inside)
 
 
-def test_tether_run_enroot_sequence_and_exit_code(tmp_path, fake_runtimes):
-    bin_dir, config = fake_runtimes
-    proc, calls = _tether_run(tmp_path, bin_dir, config, "--container-runtime=enroot",
-                              "--container-image=docker://busybox", "--", "true", FAKE_EXIT="4")
-    assert proc.returncode == 4, proc.stderr
-    assert [c["argv"][1] for c in calls] == ["import", "create", "start", "remove"]
-    assert calls[2]["argv"][-3:] == ["sh", CONTAINER_WORKDIR, "true"]
-    assert calls[2]["env"]["ENROOT_DATA_PATH"] == str(tmp_path / "7/n1/step-2/enroot/data")
-    # a second launch in the step reuses the imported image: no second import
-    proc, calls = _tether_run(tmp_path, bin_dir, config, "--container-runtime=enroot",
-                              "--container-image=docker://busybox", "--", "true")
-    assert [c["argv"][1] for c in calls][4:] == ["create", "start", "remove"]
-
-
-def test_tether_run_reports_a_missing_runtime_and_a_bad_image(tmp_path, fake_runtimes):
-    bin_dir, config = fake_runtimes
-    (bin_dir / "apptainer").unlink()
+def test_singularity_before_3_6_gets_every_value_without_exec_env(tmp_path, fake_runtimes, runtime_config):
+    """Regression (issue 13, item 4): SingularityCE 3.4 has no `exec --env`: tether's launch failed
+    with "unknown flag: --env" and a page of help. Every value now goes in SINGULARITYENV_<NAME>."""
+    fake_runtimes.configure(profiles={"singularity": "singularity-3.4"})
     image = tmp_path / "img.sif"
     image.write_text("")
-    proc, _ = _tether_run(tmp_path, bin_dir, config, f"--container-image={image}", "--", "true")
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=singularity",
+                       f"--container-image={image}", "--container-env=SECRET", "--", "true",
+                       MASTER_ADDR="n1", MASTER_PORT="20112")
+    assert proc.returncode == 0, proc.stderr
+    inside = fake_runtimes.calls("singularity")[-1]["container_env"]
+    assert (inside["RANK"], inside["SECRET"], inside["MASTER_ADDR"], inside["MASTER_PORT"]) == ("1", "s", "n1", "20112")
+    assert inside["TETHER_WORK_DIR"] == CONTAINER_WORKDIR
+    # a ROCm rank needs --rocm (SingularityCE 3.5): one clear line, no runtime help page
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=singularity",
+                       f"--container-image={image}", "--", "true", TETHER_SLOT_IDS="0",
+                       TETHER_JOB_SLOT_TYPE="rocm")
+    assert proc.returncode == 125
+    assert "singularity 3.4.2-1 has no --rocm: SingularityCE 3.5 or newer (or Apptainer) is needed" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_the_fake_runtimes_refuse_flags_their_version_does_not_know(tmp_path, fake_runtimes):
+    image = tmp_path / "img.sif"
+    image.write_text("")
+    fake_runtimes.configure(profiles={"singularity": "singularity-3.4"})
+    env = {"PATH": fake_runtimes.path_env()}
+    old = subprocess.run(["singularity", "exec", "--env", "A=1", str(image), "true"], env=env, capture_output=True,
+                         text=True)
+    assert old.returncode == 1 and 'Error for command "exec": unknown flag: --env' in old.stderr
+    new = subprocess.run(["apptainer", "exec", "--env", "A=1,B=2", str(image), "true"], env=env, capture_output=True,
+                         text=True)
+    assert new.returncode == 0 and fake_runtimes.calls("apptainer")[-1]["container_env"]["B"] == "2"
+    bogus = subprocess.run(["apptainer", "exec", "--bogus", str(image), "true"], env=env, capture_output=True,
+                           text=True)
+    assert bogus.returncode == 1 and "unknown flag: --bogus" in bogus.stderr
+    enroot = subprocess.run(["enroot", "start", "--bogus", "x"], capture_output=True, text=True,
+                            env={**env, "HOME": str(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path / "run")})
+    assert enroot.returncode == 1 and "Usage: enroot start" in enroot.stderr
+    missing = subprocess.run(["apptainer", "exec", str(tmp_path / "none.sif"), "true"], env=env,
+                             capture_output=True, text=True)
+    assert missing.returncode == 255 and "could not open image" in missing.stderr
+
+
+def test_tether_run_enroot_sequence_and_exit_code(tmp_path, fake_runtimes, runtime_config):
+    fake_runtimes.configure(exit_code=4)
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
+                       "--container-image=docker://busybox", "--", "true")
+    assert proc.returncode == 4, proc.stderr
+    calls = fake_runtimes.calls("enroot")
+    assert [c["argv"][1] for c in calls] == ["import", "create", "start", "remove"]
+    (started,) = fake_runtimes.calls("enroot-container")
+    assert started["command"][-3:] == ["sh", CONTAINER_WORKDIR, "true"] and started["container_env"]["RANK"] == "1"
+    step = tmp_path / "7/n1/step-2"
+    assert calls[2]["paths"]["ENROOT_DATA_PATH"] == str(step / "enroot/data")
+    assert calls[2]["paths"]["ENROOT_RUNTIME_PATH"] == str(step / "enroot/run")
+    # a second launch in the step reuses the imported image: no second import
+    fake_runtimes.configure(exit_code=0)
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
+                       "--container-image=docker://busybox", "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")][4:] == ["create", "start", "remove"]
+
+
+def test_enroot_runs_for_a_user_without_a_runtime_directory(public_dir):
+    """Regression (issue 13, item 3): in a Slurm task (no XDG_RUNTIME_DIR) enroot's runtime path is
+    /run/enroot, which a user cannot create: every rank failed `mkdir: cannot create directory
+    '/run/enroot': Permission denied`. The fake enroot does that mkdir for real, as the user."""
+    from tether.testing.runtimes import FakeRuntimes
+
+    fake_runtimes = FakeRuntimes(public_dir / "fakes")              # reachable by the user
+    runtime_config = public_dir / "tether.yaml"
+    runtime_config.write_text("{}\n")
+    rank_dir = public_dir / "7/n1/step-2/rank-1"
+    rank_dir.mkdir(parents=True)
+    for path in [public_dir / "7", public_dir / "7/n1", rank_dir.parent, rank_dir]:
+        os.chown(path, 65534, 65534)
+    sqsh = public_dir / "img.sqsh"
+    sqsh.write_bytes(b"hsqs" + b"\0" * 60)                   # what unsquashfs -s recognizes
+    proc = _tether_run(public_dir, fake_runtimes, runtime_config, "--container-runtime=enroot",
+                       f"--container-image={sqsh}", "--", "true", user=65534, rank_dir=rank_dir)
+    assert proc.returncode == 0, proc.stderr
+    paths = fake_runtimes.calls("enroot")[0]["paths"]
+    assert paths["ENROOT_RUNTIME_PATH"] == str(rank_dir.parent / "enroot/run")
+    assert (rank_dir.parent / "enroot/run").stat().st_uid == 65534
+    # without tether's paths it fails as the real enroot does: the runtime path defaults to
+    # ${XDG_RUNTIME_DIR:-/run}/enroot, a root-owned directory's child (here a stand-in for /run, so
+    # the test does not depend on what this host's /run holds)
+    run = public_dir / "run"
+    run.mkdir()
+    bare = subprocess.run(["enroot", "list"], capture_output=True, text=True,
+                          env={"PATH": fake_runtimes.path_env(), "HOME": str(rank_dir), "XDG_RUNTIME_DIR": str(run)},
+                          preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)))
+    assert bare.returncode == 1 and f"mkdir: cannot create directory '{run}/enroot': Permission denied" in bare.stderr
+
+
+def test_tether_run_reports_a_missing_runtime_and_a_bad_image(tmp_path, fake_runtimes, runtime_config):
+    image = tmp_path / "img.sif"
+    image.write_text("")
+    (fake_runtimes.bin_dir / "apptainer").unlink()
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, f"--container-image={image}", "--", "true")
     assert proc.returncode == 125 and "tether: cannot start the container runtime 'apptainer'" in proc.stderr
-    proc, _ = _tether_run(tmp_path, bin_dir, config, "--container-image=/no/such.sif", "--", "true")
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-image=/no/such.sif", "--", "true")
     assert proc.returncode == 125 and "no such file or directory on this node" in proc.stderr
 
 

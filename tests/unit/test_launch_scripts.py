@@ -1,6 +1,6 @@
 """The per-node launch scripts, generated and executed: bash -n, hostile values, one container per
 host, and the first failing host ending the job. pbs_tmrsh is a shell function here (OpenPBS is not
-installable); srun, exec'd by the Slurm script, is a small fake executable. `tether` is a fake that
+installable); the Slurm script runs as a batch job of the testing kit's fake Slurm (tether.testing). `tether` is a fake that
 records what each host's launch received.
 """
 
@@ -27,7 +27,7 @@ OPTIONS = {"container-image": "docker://registry.local:5000/team/img:1.0", "cont
 FAKE_TETHER = textwrap.dedent("""\
     #!{python}
     import json, os, sys, time
-    host = os.environ.get("FAKE_HOST", "?")
+    host = os.environ.get("FAKE_HOST") or os.environ.get("SLURMD_NODENAME", "?")
     path = os.path.join(os.environ["FAKE_OUT"], host + ".json")
     with open(path + ".tmp", "w") as fh:                  # whole or not at all: a host may be killed
         json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "pid": os.getpid()}}, fh)
@@ -37,27 +37,13 @@ FAKE_TETHER = textwrap.dedent("""\
     time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
     """)
 
-FAKE_SRUN = textwrap.dedent("""\
-    #!/bin/bash
-    # fake srun: records its options, runs the command once per node (FAKE_NODES), first failure wins
-    printf '%s\\n' "$@" > "$FAKE_OUT/srun.args"
-    while [[ "$1" == --* ]]; do shift; done
-    pids=()
-    for host in $FAKE_NODES; do FAKE_HOST=$host "$@" & pids+=($!); done
-    rc=0
-    for p in "${pids[@]}"; do wait "$p" || rc=$?; done
-    exit $rc
-    """)
-
-
 @pytest.fixture
 def fakes(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (tmp_path / "out").mkdir()
-    for name, text in (("tether", FAKE_TETHER.format(python=sys.executable)), ("srun", FAKE_SRUN)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
+    (bin_dir / "tether").write_text(FAKE_TETHER.format(python=sys.executable))
+    (bin_dir / "tether").chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_OUT": str(tmp_path / "out"), "HOME": str(tmp_path)}
     return bin_dir, tmp_path / "out", env
 
@@ -129,24 +115,28 @@ def test_pbs_script_refuses_to_run_outside_a_job(tmp_path, fakes):
 
 
 def test_slurm_script_runs_tether_once_per_node_through_srun(tmp_path, fakes):
+    """The script as a batch job of the testing kit's fake Slurm: its srun runs one task per node."""
+    from tether.testing import FakeSlurm
+
     bin_dir, out, env = fakes
+    slurm = FakeSlurm(tmp_path / "slurm")
     script = tmp_path / "launch.sh"
-    script.write_text(_render("slurm", str(bin_dir / "tether")))
-    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
-                            env={**env, "FAKE_NODES": "n1 n2 n3", "SLURM_JOB_NUM_NODES": "3",
-                                 "TETHER_CONTAINER_IMAGE": "/would/wrap/twice"})
-    assert result.returncode == 0, result.stderr
-    assert (out / "srun.args").read_text().splitlines()[:3] == ["--nodes=3", "--ntasks-per-node=1",
-                                                                "--kill-on-bad-exit=1"]
+    script.write_text("#!/bin/bash\n" + _render("slurm", str(bin_dir / "tether")))
+    job_id = slurm.sbatch("--nodes=3", str(script), cwd=tmp_path,
+                          env=slurm.env({**env, "TETHER_CONTAINER_IMAGE": "/would/wrap/twice"}))
+    final = slurm.run_job(job_id)
+    assert final["state"] == "COMPLETED", Path(final["stdout"]).read_text()
+    (srun,) = [c for c in slurm.calls() if c["tool"] == "srun"]
+    assert srun["argv"][1:4] == ["--nodes=3", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     calls = _recorded(out)
     assert sorted(calls) == ["n1", "n2", "n3"]
     for call in calls.values():
         assert call["argv"][-len(COMMAND) - 1:] == ["--", *COMMAND]
         assert all(call["env"][k] == v for k, v in HOSTILE.items())
         assert "TETHER_CONTAINER_IMAGE" not in call["env"]       # srun's task is not wrapped again
-    failing = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
-                             env={**env, "FAKE_NODES": "n1 n2", "FAIL_HOST": "n2"})
-    assert failing.returncode == 3
+    failing = slurm.run_job(slurm.sbatch("--nodes=2", str(script), cwd=tmp_path,
+                                         env=slurm.env({**env, "FAIL_HOST": "n2"})))
+    assert failing["state"] == "FAILED" and failing["exit_code"] == "3:0"
 
 
 def test_scripts_refuse_bad_input():

@@ -1,5 +1,5 @@
 """tether's PBS server hook, run as PBS runs it: the real hook file (pbs_hooks/tether_submit.py)
-executed against the stub ``pbs`` module (tests/pbs_stub), with its JSON hook config.
+executed against the stub ``pbs`` module (tether.testing), with its JSON hook config.
 Covers every row of the seed's PBS table, the select-merge rule and the rejections.
 """
 
@@ -19,8 +19,9 @@ from tether.system.toolchain import tether_import_path
 from helpers import REPO, run_hook_file
 
 HOOK = REPO / "pbs_hooks" / "tether_submit.py"
-sys.path.insert(0, str(REPO / "tests" / "pbs_stub"))
-import pbs  # noqa: E402  (the stub)
+from tether.testing.pbs import pbs_module  # noqa: E402
+
+pbs = pbs_module()  # the stand-in (tether.testing)
 
 
 def write_hook_config(path: Path, config_text: str) -> None:
@@ -49,7 +50,7 @@ def hook(tmp_path):
 def test_jobs_without_tether_resources_are_untouched(hook):
     e = hook(resources={"select": "2:ncpus=4", "walltime": "1:00:00"})
     assert e.accepted and e.job._changed == set()
-    assert e.job.Resource_List["select"] == "2:ncpus=4"
+    assert str(e.job.Resource_List["select"]) == "2:ncpus=4"
 
 
 @pytest.mark.parametrize("slot_type,spn,select", [
@@ -62,24 +63,25 @@ def test_table_rows(hook, slot_type, spn, select):
         resources["tether_slots_per_node"] = spn
     e = hook(resources=resources)
     assert e.accepted, e.reject_msg
-    assert e.job.Resource_List["select"] == select and isinstance(e.job.Resource_List["select"], pbs.select)
-    assert e.job.Resource_List["place"] == "scatter"
-    assert (e.job.Rerunable, e.job.umask) == (False, 0o022)
+    assert str(e.job.Resource_List["select"]) == select and isinstance(e.job.Resource_List["select"], pbs.select)
+    assert str(e.job.Resource_List["place"]) == "scatter"
+    assert (bool(e.job.Rerunable), int(e.job.umask)) == (False, 0o022)
+    assert isinstance(e.job.Rerunable, pbs.pbs_bool) and isinstance(e.job.umask, pbs.pbs_int)
 
 
 def test_gpu_without_gres_and_aux_rows(hook):
     e = hook(resources={"tether_slots": 8, "tether_slots_per_node": 4}, config_text="gres_supported: false\n")
-    assert e.accepted and e.job.Resource_List["select"] == "2"
+    assert e.accepted and str(e.job.Resource_List["select"]) == "2"
     aux = hook(resources={"tether_slots": 0}, config_text="default_aux_resource_pool: aux\n")
-    assert aux.accepted and aux.job.Resource_List["select"] == "1" and str(aux.job.queue) == "aux"
+    assert aux.accepted and str(aux.job.Resource_List["select"]) == "1" and str(aux.job.queue) == "aux"
 
 
 def test_select_merge_keeps_chunk_resources_and_says_what_it_replaced(hook):
     e = hook(resources={"tether_slots": 8, "tether_slots_per_node": 4, "select": "3:ngpus=2:mem=10gb",
                         "place": "pack:excl"})
     assert e.accepted, e.reject_msg
-    assert e.job.Resource_List["select"] == "2:ngpus=4:mem=10gb"
-    assert e.job.Resource_List["place"] == "scatter:excl"
+    assert str(e.job.Resource_List["select"]) == "2:ngpus=4:mem=10gb"
+    assert str(e.job.Resource_List["place"]) == "scatter:excl"
     assert "chunk count 3 replaced by 2" in e.job.comment and "ngpus=2 replaced by ngpus=4" in e.job.comment
     assert "arrangement pack replaced by scatter" in e.job.comment
     assert any("replaced" in msg for _, msg in pbs.LOG)
@@ -88,7 +90,7 @@ def test_select_merge_keeps_chunk_resources_and_says_what_it_replaced(hook):
 def test_queue_is_the_resource_pool_and_project_from_config(hook):
     e = hook(resources={"tether_slots": 2}, config_text="default_compute_resource_pool: gpu\n"
                                                         "job_project_source: user\n", requestor="bob")
-    assert e.accepted and str(e.job.queue) == "gpu" and e.job.project == "bob"
+    assert e.accepted and str(e.job.queue) == "gpu" and str(e.job.project) == "bob"
 
 
 @pytest.mark.parametrize("resources,message", [
@@ -98,7 +100,7 @@ def test_queue_is_the_resource_pool_and_project_from_config(hook):
     ({"tether_slots": 2, "ngpus": 2}, "tether: qsub options: -l ngpus=2 conflicts with the select statement"),
 ])
 def test_rejections_carry_a_message_the_user_can_act_on(hook, resources, message):
-    e = hook(resources=resources)
+    e = hook(resources=resources, defined={"ngpus": "long", **pbs.TETHER_RESOURCES})
     assert e.accepted is False and message in e.reject_msg, e.reject_msg
 
 
@@ -121,10 +123,10 @@ def test_qalter_replans_from_the_changes_and_the_original_job(hook):
              original={"tether_slots": 8, "tether_slots_per_node": 4, "select": "2:ngpus=4:mem=10gb",
                        "place": "scatter"})
     assert e.accepted, e.reject_msg
-    assert e.job.Resource_List["select"] == "4:ngpus=2:mem=10gb"
+    assert str(e.job.Resource_List["select"]) == "4:ngpus=2:mem=10gb"
     again = hook(pbs.MODIFYJOB, resources={"select": "4:ngpus=2:mem=10gb"},
                  original={"tether_slots": 8, "tether_slots_per_node": 2, "select": "4:ngpus=2:mem=10gb"})
-    assert again.accepted and again.job.Resource_List["select"] == "4:ngpus=2:mem=10gb"   # idempotent
+    assert again.accepted and str(again.job.Resource_List["select"]) == "4:ngpus=2:mem=10gb"   # idempotent
     assert "queue" not in again.job._changed                   # modifyjob may not move the job
 
 
@@ -136,8 +138,74 @@ def test_the_stub_refuses_what_pbs_refuses():
     e = pbs.stub_event(pbs.MODIFYJOB, resources={})
     with pytest.raises(pbs.BadAttributeValueError):
         e.job.queue = pbs.queue("workq")
-    with pytest.raises(pbs.BadResourceValueError):
-        e.job.Resource_List["select"] = "2:ncpus=1"
+    with pytest.raises(pbs.BadAttributeValueError):        # converted to pbs.select, and refused
+        e.job.Resource_List["select"] = "2:ngpus"
+    e.job.Resource_List["SELECT"] = "2:ncpus=1"               # names match case-insensitively on set
+    assert isinstance(e.job.Resource_List["select"], pbs.select) and str(e.job.Resource_List["select"]) == "2:ncpus=1"
+    with pytest.raises(pbs.UnsetResourceNameError):          # a server hook cannot invent a resource
+        e.job.Resource_List["ngpus"] = 2
+    with pytest.raises(AttributeError):                      # not defined on this server
+        e.job.Resource_List["ngpus"]
+    assert e.job.Resource_List["ncpus"] is None               # defined, not asked for
+    with pytest.raises(pbs.EventIncompatibleError):          # queuejob has no job_o
+        pbs.stub_event(pbs.QUEUEJOB).job_o
+    e = pbs.stub_event(pbs.QUEUEJOB, resources={"tether_slots": "abc", "walltime": "1:00"})
+    assert e.job.Resource_List["tether_slots"] is None        # a malformed custom value is dropped
+    assert int(e.job.Resource_List["walltime"]) == 60 and str(e.job.Resource_List["walltime"]) == "1:00"
+    with pytest.raises(SystemExit):
+        e.accept()
+    with pytest.raises(pbs.BadAttributeValueError):          # nothing changes after accept()
+        e.job.Resource_List["place"] = "scatter"
+
+
+def test_a_stock_server_without_ngpus_accepts_a_gpu_job(hook):
+    """Regression (issue 13, item 1): on a real server ``Resource_List["ngpus"]`` raises
+    AttributeError until an admin creates ngpus; tether's hook read it and rejected every job with
+    "tether unavailable: internal error (AttributeError)". The stand-in raised nothing then."""
+    e = hook(resources={"tether_slots": "2", "tether_slots_per_node": "2"}, defined=pbs.TETHER_RESOURCES)
+    assert e.accepted, e.reject_msg
+    assert str(e.job.Resource_List["select"]) == "1:ngpus=2"
+    with pytest.raises(AttributeError):
+        e.job.Resource_List["ngpus"]
+
+
+def test_the_submit_hook_survives_pbs_servers_interpreter_restart(tmp_path_factory):
+    """Regression (issue 13, item 2): `qmgr -c "create resource ..."` makes pbs_server restart its
+    hook interpreter; the hook then loaded pyyaml's C extension again and every tether job failed
+    with "metaclass conflict" until the server restarted. Run the shipped hook in pbs_server's
+    kind of interpreter (kept across jobs, Py_Finalize + Py_Initialize in between)."""
+    from tether.testing.pbs import ServerInterpreter, submit_hook_config
+    from tether.hooks.configfile import load_config
+
+    work = tmp_path_factory.mktemp("interp")
+    hook_config = work / "tether_submit.json"
+    hook_config.write_text(json.dumps(submit_hook_config(load_config(None, env={}))))
+    job = {"type": "queuejob", "resources": {"tether_slots": "4", "tether_slots_per_node": "2",
+                                             "tether_slot_type": "cpu"}}
+    gpu = {"type": "queuejob", "resources": {"tether_slots": "2"}, "defined": {"ngpus": "long", **pbs.TETHER_RESOURCES}}
+    rounds = ServerInterpreter(work / "build").run(HOOK, hook_config, [[job, gpu, job], [job, gpu], [job]])
+    outcomes = [o for r in rounds for o in r]
+    assert [o["round"] for o in outcomes] == [0, 0, 0, 1, 1, 2]
+    for o in outcomes:
+        assert "exception" not in o and o["accepted"], o
+    assert [o["resources"]["select"] for o in outcomes] == ["2:ncpus=2", "2:ngpus=1", "2:ncpus=2", "2:ncpus=2",
+                                                           "2:ngpus=1", "2:ncpus=2"]
+
+
+def test_the_interpreter_shows_a_c_extension_that_cannot_restart(tmp_path_factory):
+    """The check above can fail: a hook importing pyyaml's C extension fails after the restart, as
+    on the real server."""
+    from tether.testing.pbs import ServerInterpreter
+
+    yaml_dir = str(Path(yaml.__file__).resolve().parent.parent)
+    work = tmp_path_factory.mktemp("interp-yaml")
+    hook = work / "yaml_hook.py"
+    hook.write_text("import sys\nimport pbs\nsys.path.append(%r)\nimport yaml\n"
+                    "class Loader(yaml.CSafeLoader):\n    pass\npbs.event().accept()\n" % yaml_dir)
+    rounds = ServerInterpreter(work / "build").run(hook, work / "none.json", [[{"type": "queuejob"}],
+                                                                              [{"type": "queuejob"}]])
+    assert rounds[0][0]["accepted"] and "exception" not in rounds[0][0]
+    assert "metaclass conflict" in rounds[1][0]["exception"]
 
 
 # ---- tether pbs install ------------------------------------------------------------------------
@@ -230,7 +298,7 @@ def test_container_variables_are_checked_at_qsub_with_the_run_side_s_messages(ho
     e = hook(resources={}, Variable_List={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
     assert e.accepted and e.job._changed == set()               # valid, nothing to plan
     e = hook(resources={"tether_slots": 2}, Variable_List={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
-    assert e.accepted and e.job.Resource_List["select"] == "2:ngpus=1"
+    assert e.accepted and str(e.job.Resource_List["select"]) == "2:ngpus=1"
 
 
 def test_qalter_of_container_variables_is_checked_against_the_job_s_own(hook):

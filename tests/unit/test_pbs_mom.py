@@ -22,8 +22,9 @@ import pytest
 from helpers import REPO, run_hook_file, wait_until
 
 HOOK = REPO / "pbs_hooks" / "tether_exec.py"
-sys.path.insert(0, str(REPO / "tests" / "pbs_stub"))
-import pbs  # noqa: E402  (the stub)
+from tether.testing.pbs import pbs_module  # noqa: E402
+
+pbs = pbs_module()  # the stand-in (tether.testing)
 
 USER = "tether-demo"
 JOB_ID = "4242.pbs-server"

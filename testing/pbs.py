@@ -1,0 +1,481 @@
+"""PBS for tests: the ``pbs`` module stand-in, hook runs (also across interpreter restarts), and a
+stateful fake OpenPBS (qsub, qstat, qdel, pbsnodes, pbs_tmrsh) that runs tether's submit hook.
+
+- ``PBS_MODULE_DIR``: put it first on ``sys.path`` and ``import pbs`` gives the stand-in
+  (testing/pbs_module/pbs.py: its doc says what it mirrors, citing OpenPBS's sources).
+- ``run_hook(path, event)``: run a hook file as pbs_server does (as ``__main__``, ending with
+  ``e.accept()``/``e.reject()``) in this interpreter, against an event from ``pbs.stub_event``.
+- ``ServerInterpreter``: the hook interpreter of pbs_server -- kept across hook runs and restarted
+  (Py_Finalize + Py_Initialize, site off, optimization level 2) as the server restarts it when
+  resources are created or deleted. Built from testing/pbs_interpreter.c with gcc and libpython.
+- ``FakePbs(root, config=...)``: qsub parses options and ``#PBS`` lines as qsub does (POSIX getopt;
+  an unknown option: ``qsub: invalid option -- 'x'`` and the usage, exit 2), hands the request to
+  tether's real submit hook (tether_submit.py with the JSON config ``tether pbs install`` writes
+  for the site's ``tether.yaml``) through the stand-in, and keeps the job: ``qsub: <message>``
+  and exit 32 when the hook rejects (as a real server answers). qstat ``-f -F json`` prints the
+  job as OpenPBS 23.06 does; qdel; pbsnodes ``-a [-F json]``; pbs_tmrsh runs a command "on" a
+  host of the job (this host), refusing outside a job as the real one does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import runpy
+import shlex
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .fakebin import FakeCommands, JobTable, UsageError, getopt_long, install_fakes, record_call, run_main
+
+PBS_MODULE_DIR = Path(__file__).resolve().parent / "pbs_module"
+COMMANDS = ("qsub", "qstat", "qdel", "pbsnodes", "pbs_tmrsh")
+REJECTED = 32                     # qsub's exit status when a hook rejects (seen on OpenPBS 23.06)
+UNKNOWN_JOB = 153                 # PBSE_UNKJOBID (15001) as an exit status: 15001 % 256
+QSUB_GETOPT = "a:A:c:C:e:fhIj:J:k:l:m:M:N:o:p:q:r:R:S:u:v:VW:XzP:"   # src/cmds/qsub_sup.c, GETOPT_ARGS
+QSUB_USAGE = ("usage: qsub [-a date_time] [-A account_string] [-c interval] [-C directive_prefix] "
+              "[-e path] [-f ] [-h ] [-I [-X]] [-j oe|eo] [-J X-Y[:Z]] [-k keep] [-l resource_list] "
+              "[-m mail_options] [-M user_list] [-N jobname] [-o path] [-p priority] [-P project] "
+              "[-q queue] [-r y|n] [-R o|e|oe] [-S path] [-u user_list] [-W otherattributes=value...] "
+              "[-v variable_list] [-V ] [-z] [script | -- command [arg1 ...]]\n       qsub --version")
+
+
+def pbs_module():
+    """The stand-in ``pbs`` module (imported from PBS_MODULE_DIR)."""
+    if str(PBS_MODULE_DIR) not in sys.path:
+        sys.path.insert(0, str(PBS_MODULE_DIR))
+    import pbs
+
+    if Path(pbs.__file__).resolve().parent != PBS_MODULE_DIR:
+        raise RuntimeError(f"another module named pbs was imported first: {pbs.__file__}")
+    return pbs
+
+
+def run_hook(path: str | Path, event: Any) -> Any:
+    """Run the hook file ``path`` as PBS does against ``event`` (from ``pbs.stub_event``); returns
+    the event. A hook must end with accept() or reject(); anything it raises is raised here."""
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit:
+        pass
+    else:
+        raise AssertionError(f"{path} ended without e.accept() or e.reject()")
+    if event.accepted is None:
+        raise AssertionError(f"{path} exited without e.accept() or e.reject()")
+    return event
+
+
+def submit_hook_config(config: Any) -> dict:
+    """The submit hook's JSON config for a validated Config, exactly as ``tether pbs install`` writes it."""
+    from ..admin.pbs import SUBMIT_HOOK, hook_configs
+
+    return hook_configs(config, Path("/opt/tether/libexec"))[SUBMIT_HOOK]
+
+
+def submit_hook_file() -> Path:
+    from ..admin.pbs import hook_file
+
+    return hook_file()
+
+
+# ---- pbs_server's hook interpreter --------------------------------------------------------------------
+class ServerInterpreter:
+    """Runs a hook file in an embedded interpreter the way pbs_server runs it (see the module doc)."""
+
+    SOURCE = Path(__file__).resolve().parent / "pbs_interpreter.c"
+    DRIVER = Path(__file__).resolve().parent / "pbs_interpreter_driver.py"
+
+    def __init__(self, build_dir: Path):
+        self.build_dir = Path(build_dir)
+        self.binary = self.build()
+
+    def build(self) -> Path:
+        """Compile the interpreter program against this Python's libpython (once per build_dir)."""
+        from ..system.toolchain import CBuild
+
+        include = sysconfig.get_paths()["include"]
+        libdir = sysconfig.get_config_var("LIBDIR")
+        version = sysconfig.get_config_var("LDVERSION") or sysconfig.get_config_var("VERSION")
+        target = self.build_dir / "tether-pbs-interpreter"
+        cbuild = CBuild(self.build_dir)
+        obj = cbuild.compile(self.SOURCE, include_dirs=[include])
+        if not target.exists():
+            cbuild.link([obj], target, link_args=[f"-L{libdir}", f"-lpython{version}", f"-Wl,-rpath,{libdir}",
+                                                   "-ldl", "-lm"])
+        return target
+
+    def run(self, hook: str | Path, hook_config: str | Path, rounds: list[list[dict]], *,
+            timeout: float = 120) -> list[list[dict]]:
+        """Run ``hook`` for each round's events (dicts of ``pbs.stub_event`` keywords plus ``type``:
+        "queuejob", "modifyjob", ...), one interpreter per round, restarted in between. Returns
+        each event's outcome: accepted, reject_msg, resources, attributes, log -- and
+        ``exception`` when the hook raised (what PBS reports as "encountered an exception")."""
+        with tempfile.TemporaryDirectory(prefix="tether-pbs-interp-") as tmp:
+            spec = Path(tmp) / "spec.json"
+            output = Path(tmp) / "out.jsonl"
+            spec.write_text(json.dumps({"hook": str(hook), "hook_config": str(hook_config), "rounds": rounds,
+                                        "pbs_module_dir": str(PBS_MODULE_DIR), "output": str(output)}))
+            proc = subprocess.run([str(self.binary), str(len(rounds)), str(self.DRIVER), str(spec)],
+                                  capture_output=True, text=True, timeout=timeout, env={"PATH": "/usr/bin:/bin"})
+            if proc.returncode != 0:
+                raise RuntimeError(f"the interpreter failed ({proc.returncode}): {proc.stderr[-2000:]}")
+            return [json.loads(line) for line in output.read_text().splitlines()]
+
+
+# ---- the fake server ------------------------------------------------------------------------------
+class State(JobTable):
+    """The fake server's state directory: ``server.json`` (set up by FakePbs) and the jobs."""
+
+    EMPTY = {"next": 0, "jobs": {}}
+
+    def __init__(self, path: str | Path):
+        super().__init__(path)
+        self.server = json.loads((self.path / "server.json").read_text())
+
+
+def split_list(text: str) -> list[str]:
+    """qsub's comma-separated lists (``-l``, ``-v``): commas inside quotes do not split."""
+    items, cur, quote = [], [], None
+    for c in text:
+        if quote:
+            if c == quote:
+                quote = None
+            else:
+                cur.append(c)
+        elif c in "'\"":
+            quote = c
+        elif c == ",":
+            items.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+    items.append("".join(cur))
+    return [i for i in items if i]
+
+
+def directive_args(script: str, prefix: str = "#PBS") -> list[str]:
+    """The options of the ``#PBS`` lines before the first command (qsub's rule)."""
+    args: list[str] = []
+    for line in script.splitlines()[1:] if script.startswith("#!") else script.splitlines():
+        stripped = line.strip()
+        if stripped.startswith(prefix):
+            args += shlex.split(stripped[len(prefix):], comments=False)
+            continue
+        if stripped and not stripped.startswith("#"):
+            break
+    return args
+
+
+def _qsub_options(argv: list[str]) -> tuple[list[tuple[str, str | None]], list[str]]:
+    short = {c: (1 if QSUB_GETOPT[i + 1:i + 2] == ":" else 0) for i, c in enumerate(QSUB_GETOPT) if c != ":"}
+    try:
+        return getopt_long("qsub", argv, {"version": 0}, short)
+    except UsageError as exc:
+        raise UsageError(f"{exc}\n{QSUB_USAGE}", status=2) from None
+
+
+def qsub(argv: list[str], state: State) -> int:
+    opts, rest = _qsub_options(argv)
+    if ("version", None) in opts:
+        print("pbs_version = 23.06.06")
+        return 0
+    if rest and argv[argv.index(rest[0]) - 1:argv.index(rest[0])] == ["--"]:
+        script, command = "#!/bin/sh\n" + shlex.join(rest) + "\n", "(command)"
+    elif rest:
+        try:
+            script = Path(rest[0]).read_text()
+        except OSError:
+            raise UsageError(f"qsub: script file:: No such file or directory", status=2) from None
+        command = os.path.abspath(rest[0])
+    else:
+        script, command = sys.stdin.read(), "STDIN"
+    prefix = next((v for n, v in opts if n == "C"), "#PBS")
+    directives, _ = _qsub_options(directive_args(script, prefix))
+    resources: dict[str, str] = {}
+    variables: dict[str, str] = {}
+    attrs: dict[str, Any] = {}
+    for name, value in directives + opts:                    # the command line wins
+        if name == "l":
+            for item in split_list(value):
+                key, eq, val = item.partition("=")
+                if not eq:
+                    raise UsageError(f"qsub: illegal -l value\n{QSUB_USAGE}", status=2)
+                resources[key] = val
+        elif name == "v":
+            for item in split_list(value):
+                key, eq, val = item.partition("=")
+                variables[key] = val if eq else os.environ.get(key, "")
+        elif name == "V":
+            variables.update(os.environ)
+        elif name == "q":
+            attrs["queue"] = value
+        elif name == "N":
+            attrs["Job_Name"] = value
+        elif name == "A":
+            attrs["Account_Name"] = value
+        elif name == "P":
+            attrs["project"] = value
+        elif name in ("o", "e", "j", "r", "W", "m", "M", "a", "k", "S", "h", "J", "p"):
+            attrs.setdefault("other", {})[name] = value
+    server = state.server
+    queue = attrs.get("queue")
+    if queue and queue not in server["queues"]:
+        sys.stderr.write(f"qsub: Unknown queue\n")
+        return 2
+    user = getpass.getuser()
+    variables = {"PBS_O_HOME": os.environ.get("HOME", ""), "PBS_O_LOGNAME": user,
+                 "PBS_O_PATH": os.environ.get("PATH", ""), "PBS_O_SHELL": os.environ.get("SHELL", "/bin/sh"),
+                 "PBS_O_WORKDIR": os.getcwd(), "PBS_O_HOST": socket.gethostname(), **variables}
+    try:
+        outcome = run_submit_hook(state, resources, variables, attrs, user)
+    except Exception as exc:                      # refused before any hook runs, as the server does
+        pbs = pbs_module()
+        if isinstance(exc, pbs.UnsetResourceNameError):
+            name = str(exc).rsplit(" ", 1)[-1]
+            sys.stderr.write(f"qsub: Unknown resource Resource_List.{name}\n")
+        elif isinstance(exc, pbs.BadAttributeValueError):
+            sys.stderr.write(f"qsub: Illegal attribute or resource value Resource_List\n")
+        else:
+            raise
+        return 2                                  # (qsub's exit status here is not verified)
+    record_call(state.path, {"tool": "qsub-hook", "outcome": outcome})
+    if outcome.get("exception"):
+        sys.stderr.write("qsub: request rejected as filter hook 'tether_submit' encountered an exception. "
+                         "Please inform Admin\n")
+        return REJECTED
+    if not outcome["accepted"]:
+        sys.stderr.write(f"qsub: {outcome['reject_msg']}\n")
+        return REJECTED
+    with state.jobs() as data:
+        seq = data["next"]
+        data["next"] += 1
+        job_id = f"{seq}.{server['name']}"
+        name = attrs.get("Job_Name") or (os.path.basename(command) if command.startswith("/") else command)
+        data["jobs"][job_id] = {
+            "id": job_id, "Job_Name": name, "Job_Owner": f"{user}@{socket.gethostname()}", "job_state": "Q",
+            "queue": outcome["attributes"].get("queue") or queue or server["default_queue"],
+            "Resource_List": outcome["resources"], "Variable_List": variables,
+            "comment": outcome["attributes"].get("comment"), "Rerunable": outcome["attributes"].get("Rerunable"),
+            "umask": outcome["attributes"].get("umask"), "project": outcome["attributes"].get("project"),
+            "script": script, "command": command, "qtime": time.strftime("%a %b %d %H:%M:%S %Y"),
+            "Exit_status": None, "workdir": os.getcwd(), "log": outcome["log"]}
+    print(job_id)
+    return 0
+
+
+def run_submit_hook(state: State, resources: dict, variables: dict, attrs: dict, user: str,
+                    event_type: str = "QUEUEJOB") -> dict:
+    """tether's submit hook for a request, through the stand-in; its outcome."""
+    pbs = pbs_module()
+    job_attrs = {k: v for k, v in attrs.items() if k in ("Job_Name", "Account_Name", "project")}
+    event = pbs.stub_event(getattr(pbs, event_type), resources=resources, requestor=user,
+                           config_file=str(state.path / "tether_submit.json"), queues=tuple(state.server["queues"]),
+                           defined=state.server["custom_resources"], Variable_List=variables, **job_attrs)
+    outcome: dict[str, Any] = {}
+    try:
+        run_hook(submit_hook_file(), event)
+    except Exception as exc:                   # what the server reports as "encountered an exception"
+        outcome["exception"] = f"{type(exc).__name__}: {exc}"
+    job = event.job
+    outcome.update(accepted=event.accepted, reject_msg=event.reject_msg, log=[m for _, m in pbs.LOG],
+                   resources={k: str(job.Resource_List[k]) for k in job.Resource_List.keys()},
+                   attributes={k: (None if getattr(job, k) is None else str(getattr(job, k)))
+                               for k in ("queue", "Rerunable", "umask", "project", "comment")})
+    return outcome
+
+
+def _job_json(job: dict) -> dict:
+    """A job as ``qstat -f -F json`` shows it (OpenPBS 23.06 names; values as text)."""
+    out = {"Job_Name": job["Job_Name"], "Job_Owner": job["Job_Owner"], "job_state": job["job_state"],
+           "queue": job["queue"], "qtime": job["qtime"], "Rerunable": "True" if job.get("Rerunable") in ("1", "True") else "False",
+           "Resource_List": dict(job["Resource_List"]), "Variable_List": dict(job["Variable_List"])}
+    for key in ("comment", "project", "umask", "Exit_status", "exec_host"):
+        if job.get(key) is not None:
+            out[key] = job[key]
+    return out
+
+
+def qstat(argv: list[str], state: State) -> int:
+    short = {c: 0 for c in "aeinpqrstwxfGHJMQEBT1"}
+    short.update({"u": 1, "W": 1, "F": 1, "D": 1})
+    try:
+        opts, ids = getopt_long("qstat", argv, {"version": 0}, short)
+    except UsageError as exc:
+        raise UsageError(f"{exc}\nusage:\n\tqstat [-f] [-J] [-p] [-t] [-x] [-E] [-F format] [-D delim] "
+                         f"[ job_identifier... | destination... ]", status=2) from None
+    given = dict(opts)
+    with state.jobs() as data:
+        jobs = data["jobs"]
+    server = state.server["name"]
+    selected = {}
+    for job_id in ids:
+        full = job_id if "." in job_id else f"{job_id}.{server}"
+        if full not in jobs or (jobs[full]["job_state"] == "F" and "x" not in given):
+            sys.stderr.write(f"qstat: Unknown Job Id {full}\n" if full not in jobs else
+                             f"qstat: {full} Job has finished, use -x or -H to obtain historical job information\n")
+            return UNKNOWN_JOB
+        selected[full] = jobs[full]
+    if not ids:
+        selected = {k: v for k, v in jobs.items() if v["job_state"] != "F" or "x" in given}
+    if "f" in given and given.get("F") == "json":
+        print(json.dumps({"timestamp": int(time.time()), "pbs_version": "23.06.06", "pbs_server": server,
+                          "Jobs": {k: _job_json(v) for k, v in selected.items()}}, indent=4))
+        return 0
+    if "F" in given:
+        raise UsageError(f"qstat: -F {given['F']} is not supported by this fake (json is)", status=2)
+    if "f" in given:
+        for job_id, job in selected.items():
+            print(f"Job Id: {job_id}")
+            for key, value in _job_json(job).items():
+                if key == "Resource_List":
+                    for k, v in value.items():
+                        print(f"    Resource_List.{k} = {v}")
+                elif key == "Variable_List":
+                    print("    Variable_List = " + ",".join(f"{k}={v}" for k, v in value.items()))
+                else:
+                    print(f"    {key} = {value}")
+            print()
+        return 0
+    if selected:
+        print("Job id            Name             User              Time Use S Queue")
+        print("----------------  ---------------- ----------------  -------- - -----")
+        for job_id, job in selected.items():
+            print(f"{job_id:<17} {job['Job_Name'][:16]:<16} {job['Job_Owner'].split('@')[0][:16]:<16}  "
+                  f"{'0':>8} {job['job_state']} {job['queue']}")
+    return 0
+
+
+def qdel(argv: list[str], state: State) -> int:
+    try:
+        opts, ids = getopt_long("qdel", argv, {"version": 0}, {"W": 1, "x": 0})
+    except UsageError as exc:
+        raise UsageError(f"{exc}\nusage: qdel [-W force|suppress_email=X] [-x] job_identifier...\n"
+                         f"       qdel --version", status=2) from None
+    if not ids:
+        raise UsageError("usage: qdel [-W force|suppress_email=X] [-x] job_identifier...", status=2)
+    status = 0
+    with state.jobs() as data:
+        for job_id in ids:
+            full = job_id if "." in job_id else f"{job_id}.{state.server['name']}"
+            job = data["jobs"].get(full)
+            if job is None or job["job_state"] == "F":
+                sys.stderr.write(f"qdel: Unknown Job Id {full}\n" if job is None else
+                                 f"qdel: Job has finished {full}\n")
+                status = UNKNOWN_JOB if job is None else 35
+                continue
+            if job.get("pid"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(job["pid"], 15)
+            job["job_state"], job["Exit_status"] = "F", -3 if job["job_state"] == "Q" else 271
+    return status
+
+
+def pbsnodes(argv: list[str], state: State) -> int:
+    try:
+        opts, names = getopt_long("pbsnodes", argv, {"version": 0},
+                                  {**{c: 0 for c in "acdHjlLoqrSv"}, "C": 1, "D": 1, "F": 1, "s": 1})
+    except UsageError as exc:
+        raise UsageError(f"{exc}\nusage:\tpbsnodes [-o|-r] [-C comment] [-s server] host host ...\n"
+                         f"\tpbsnodes -a [-F json|dsv] [-s server]", status=1) from None
+    given = dict(opts)
+    nodes = state.server["nodes"]
+    if "o" in given or "r" in given:
+        if os.getuid() != 0:
+            sys.stderr.write(f"pbsnodes: Unauthorized Request  {' '.join(names)}\n")
+            return 1
+        for name in names:
+            nodes[name]["state"] = "offline" if "o" in given else "free"
+        (state.path / "server.json").write_text(json.dumps(state.server))
+        return 0
+    shown = {n: v for n, v in nodes.items() if not names or n in names}
+    if given.get("F") == "json":
+        print(json.dumps({"timestamp": int(time.time()), "pbs_version": "23.06.06",
+                          "pbs_server": state.server["name"], "nodes": shown}, indent=4))
+        return 0
+    for name, node in shown.items():
+        print(name)
+        for key, value in node.items():
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    print(f"     {key}.{k} = {v}")
+            else:
+                print(f"     {key} = {value}")
+        print()
+    return 0
+
+
+def pbs_tmrsh(argv: list[str], state: State) -> int:
+    """A task "on" a host of the job: here. Refuses as the real one outside a job (exit 255)."""
+    if len(argv) < 2 or argv[0].startswith("-"):
+        sys.stderr.write("usage: pbs_tmrsh [-n][-l username] host [-n][-l username] command\n")
+        return 255
+    for var in ("PBS_ENVIRONMENT", "PBS_JOBID", "PBS_NODEFILE"):
+        if var not in os.environ:
+            sys.stderr.write(f"pbs_tmrsh: {var} not set\n")
+            return 255
+    host, command = argv[0], argv[1:]
+    with open(os.environ["PBS_NODEFILE"]) as fh:
+        hosts = {line.strip().split(".")[0] for line in fh if line.strip()}
+    if host.split(".")[0] not in hosts:
+        sys.stderr.write(f"pbs_tmrsh: host \"{host}\" is not a node of job {os.environ['PBS_JOBID']}\n")
+        return 255
+    return subprocess.run(command).returncode
+
+
+_DISPATCH = {"qsub": qsub, "qstat": qstat, "qdel": qdel, "pbsnodes": pbsnodes, "pbs_tmrsh": pbs_tmrsh}
+
+
+def main(name: str, argv: list[str], state_dir: str) -> int:
+    state = State(state_dir)
+    record_call(state_dir, {"tool": name, "argv": [name, *argv], "cwd": os.getcwd()})
+    return run_main(name, lambda: _DISPATCH[name](argv, state))
+
+
+class FakePbs(FakeCommands):
+    """The fake server: commands in ``bin_dir``, state in ``state_dir``; see the module doc."""
+
+    def __init__(self, root: Path, *, config: str | Path | None = None, nodes: int = 3, name: str = "pbs",
+                 queues: list[str] | None = None, custom_resources: dict[str, str] | None = None):
+        """``custom_resources``: the server's custom resources (name -> long|string|size|...), by
+        default tether's own as ``tether pbs install`` creates them -- no ``ngpus`` unless given,
+        as on a stock server."""
+        from ..hooks.configfile import load_config
+
+        self.root = Path(root)
+        self.bin_dir, self.state_dir = self.root / "bin", self.root / "state"
+        install_fakes(self.bin_dir, "pbs", COMMANDS, self.state_dir)
+        site = load_config(str(config) if config else None, env={})
+        if queues is None:
+            pools = [site.data.get("default_compute_resource_pool"), site.data.get("default_aux_resource_pool")]
+            queues = ["workq", *dict.fromkeys(p for p in pools if p and p != "workq")]
+        (self.state_dir / "tether_submit.json").write_text(json.dumps(submit_hook_config(site)))
+        node_table = {f"n{i}": {"Mom": f"n{i}", "state": "free", "resources_available": {"ncpus": 2, "host": f"n{i}"}}
+                      for i in range(1, nodes + 1)}
+        pbs = pbs_module()
+        server = {"name": name, "queues": queues, "default_queue": queues[0], "nodes": node_table,
+                  "custom_resources": dict(pbs.TETHER_RESOURCES if custom_resources is None else custom_resources)}
+        (self.state_dir / "server.json").write_text(json.dumps(server))
+        self.state = State(self.state_dir)
+
+    def qsub(self, *argv: str, **kwargs) -> str:
+        """Submit with the fake qsub; the job id. Raises SubmissionRefused when the hook rejects."""
+        result = self.run("qsub", *argv, **kwargs)
+        if result.returncode != 0:
+            from .slurm import SubmissionRefused
+
+            raise SubmissionRefused(result.returncode, result.stderr)
+        return result.stdout.strip()
+
+    def job(self, job_id: str) -> dict:
+        """A job's record: Resource_List (select, place, ... as the hook left them), queue, comment..."""
+        with self.state.jobs() as data:
+            return data["jobs"][job_id]
+

@@ -1,0 +1,413 @@
+"""Fake ``apptainer``, ``singularity`` and ``enroot`` that check what the real ones check.
+
+No package archive here has them, so tether's launcher is tested against these. Each knows the
+flags of one real version and refuses any other with that version's message; each computes the
+environment the containerized program would see by the documented rules and records it with the
+call (``<state>/calls.jsonl``: argv, the runtime's own environment, ``container_env``, ``cwd``;
+enroot records each call as ``enroot`` and, for a container it starts, an ``enroot-container``
+entry with what the program sees).
+What a fake then does is up to the test (``<state>/behaviour.json``): exit with ``exit_code``
+(default 0), or ``run`` the command on the host with the container's environment.
+
+Sources, per behaviour:
+- Apptainer / SingularityCE flags: ``cmd/internal/cli/action_flags.go`` of SingularityCE 3.4.2
+  (no ``--rocm``, ``--env``, ``--env-file``), 3.5.3 (``--rocm``), 3.6.0 (``--env``, ``--env-file``);
+  Apptainer 1.x has all of them. An unknown flag: ``Error for command "exec": unknown flag: --env``
+  followed by the command's options, exit 1 (``cmd/internal/cli/singularity.go``, ExecuteSingularity).
+  Flags end at the image: pflag does not intersperse for action commands.
+- Their environment (Apptainer docs, "Environment and Metadata"): ``--cleanenv`` drops the host's
+  variables (a few are set by the runtime: HOME, USER, LANG, TERM are kept); ``<PREFIX>ENV_NAME=v``
+  sets NAME inside (``APPTAINERENV_``; ``SINGULARITYENV_`` for Singularity and, deprecated, for
+  Apptainer); ``--env NAME=v`` sets NAME and wins over the prefixed variables.
+- A missing image: ``FATAL:   could not open image IMG: failed to retrieve path for IMG: lstat IMG:
+  no such file or directory``, exit 255.
+- Enroot 4.1.2 (``enroot.in``): the defaults of its paths (``ENROOT_RUNTIME_PATH`` =
+  ``${XDG_RUNTIME_DIR:-/run}/enroot``, cache/data under ``XDG_CACHE_HOME``/``XDG_DATA_HOME``, temp
+  ``${TMPDIR:-/tmp}``), then ``(umask 077 && mkdir -p CACHE DATA RUNTIME)`` before any command -- done
+  here for real, as the calling user, so an unwritable default fails as it does in a Slurm task:
+  ``mkdir: cannot create directory '/run/enroot': Permission denied``; each command's option loop
+  (an unknown ``-?*`` prints the command's usage and exits 1); ``src/runtime.sh``: create refuses an
+  existing name ("File already exists: ..."), a file that is not squashfs ("Invalid image format"),
+  a name with '/'; start needs an existing container ("No such file or directory: ...") and checks
+  ``--env`` names and ``--mount`` specs ("Invalid argument: ..."); enroot clears the environment
+  and passes ``--env NAME`` from its own environment, ``--env NAME=VALUE`` as given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .fakebin import FakeCommands, UsageError, install_fakes, record_call, run_main
+
+SQUASHFS_MAGIC = b"hsqs"      # the first four bytes of every squashfs image (what unsquashfs -s checks)
+
+# ---- Apptainer / Singularity -------------------------------------------------------------------
+_VALUE_FLAGS_34 = {"app", "bind", "home", "overlay", "scratch", "workdir", "pwd", "hostname", "network",
+                   "network-args", "dns", "security", "apply-cgroups", "vm-ram", "vm-cpu", "vm-ip",
+                   "containlibs", "passphrase", "pem-path", "fusemount", "docker-username", "docker-password",
+                   "tmpdir", "add-caps", "drop-caps"}
+_BOOL_FLAGS_34 = {"disable-cache", "shell", "nonet", "boot", "fakeroot", "cleanenv", "contain", "containall",
+                  "nv", "writable", "writable-tmpfs", "no-home", "no-init", "nohttps", "docker-login", "no-nv",
+                  "vm", "vm-err", "syos", "pid", "ipc", "net", "uts", "userns", "keep-privs", "no-privs",
+                  "allow-setuid"}
+_SHORTHANDS = {"B": "bind", "H": "home", "o": "overlay", "S": "scratch", "W": "workdir", "e": "cleanenv",
+               "c": "contain", "C": "containall", "w": "writable", "u": "userns", "f": "fakeroot", "p": "pid",
+               "i": "ipc", "n": "net"}
+
+
+def _profile(value_flags: set, bool_flags: set, version: str, prog: str, prefixes: tuple[str, ...]) -> dict:
+    return {"value": value_flags, "bool": bool_flags, "version": version, "prog": prog, "prefixes": prefixes}
+
+
+PROFILES = {
+    "singularity-3.4": _profile(_VALUE_FLAGS_34, _BOOL_FLAGS_34, "singularity version 3.4.2-1", "singularity",
+                                ("SINGULARITYENV_",)),
+    "singularity-3.5": _profile(_VALUE_FLAGS_34, _BOOL_FLAGS_34 | {"rocm", "no-rocm"},
+                                "singularity version 3.5.3-1", "singularity", ("SINGULARITYENV_",)),
+    "singularity-3.6": _profile(_VALUE_FLAGS_34 | {"env", "env-file"}, _BOOL_FLAGS_34 | {"rocm", "no-rocm"},
+                                "singularity version 3.6.0-1", "singularity", ("SINGULARITYENV_",)),
+    "singularity-4": _profile(_VALUE_FLAGS_34 | {"env", "env-file", "mount"},
+                              _BOOL_FLAGS_34 | {"rocm", "no-rocm", "nvccli", "no-mount", "unsquash", "compat",
+                                                "no-eval", "no-umask", "no-https"},
+                              "singularity-ce version 4.1.0", "singularity", ("SINGULARITYENV_",)),
+    "apptainer-1": _profile(_VALUE_FLAGS_34 | {"env", "env-file", "mount"},
+                            _BOOL_FLAGS_34 | {"rocm", "no-rocm", "nvccli", "no-mount", "unsquash", "compat",
+                                              "no-eval", "no-umask", "no-https"},
+                            "apptainer version 1.2.5", "apptainer", ("APPTAINERENV_", "SINGULARITYENV_")),
+}
+KEPT_WITH_CLEANENV = ("HOME", "USER", "LANG", "TERM")
+_GLOBAL_FLAGS = {"debug", "quiet", "silent", "verbose", "nocolor"}
+_GLOBAL_SHORT = {"d": "debug", "q": "quiet", "s": "silent", "v": "verbose"}
+
+
+def _pflag(command: str, argv: list[str], values: set, bools: set) -> tuple[dict[str, list[str]], list[str]]:
+    """pflag with interspersing off: flags until the first operand; ``--f v``, ``--f=v``, ``-B v``."""
+    flags: dict[str, list[str]] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return flags, argv[i + 1:]
+        if not arg.startswith("-") or arg == "-":
+            return flags, argv[i:]
+        if arg.startswith("--"):
+            name, eq, value = arg[2:].partition("=")
+        else:
+            letter, value = arg[1:2], arg[2:]
+            name, eq = _SHORTHANDS.get(letter, ""), "=" if value else ""
+            if not name or (name not in values and name not in bools):
+                raise UsageError(f'Error for command "{command}": unknown shorthand flag: \'{letter}\' in {arg}')
+        if name in bools:
+            flags.setdefault(name, []).append(value if eq else "true")
+        elif name in values:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise UsageError(f'Error for command "{command}": flag needs an argument: --{name}')
+                i += 1
+                value = argv[i]
+            flags.setdefault(name, []).append(value)
+        else:
+            raise UsageError(f'Error for command "{command}": unknown flag: --{name}\n\n'
+                             f"Options for {command} command:\n\n  (the flags of this version)")
+        i += 1
+    return flags, []
+
+
+def apptainer_main(profile_name: str, argv: list[str], state: str) -> int:
+    profile = PROFILES[profile_name]
+    prog = profile["prog"]
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):       # global flags
+        flag = argv[i].lstrip("-")
+        if argv[i] == "--version":
+            print(profile["version"])
+            return 0
+        if flag not in _GLOBAL_FLAGS and _GLOBAL_SHORT.get(flag) is None:
+            raise UsageError(f'Error for command "{prog}": unknown flag: {argv[i]}')
+        i += 1
+    if i >= len(argv):
+        raise UsageError(f"Usage:\n  {prog} [global options...]")
+    command, args = argv[i], argv[i + 1:]
+    if command == "version":
+        print(profile["version"].split()[-1])
+        return 0
+    if command == "build":
+        return _apptainer_build(prog, args, state)
+    if command != "exec":
+        raise UsageError(f'Error for command "{prog}": unknown command "{command}" for "{prog}"')
+    flags, operands = _pflag("exec", args, profile["value"], profile["bool"])
+    if len(operands) < 2:
+        raise UsageError(f'Error for command "exec": requires at least 2 arg(s), only received {len(operands)}')
+    image, command_argv = operands[0], operands[1:]
+    container_env = _apptainer_env(profile, flags, os.environ)
+    cwd = (flags.get("pwd") or [None])[-1]
+    record_call(state, {"tool": prog, "profile": profile_name, "argv": [prog, *argv], "env": dict(os.environ),
+                        "flags": flags, "image": image, "command": command_argv, "container_env": container_env,
+                        "cwd": cwd})
+    if not image.startswith(("docker://", "library://", "oras://", "shub://")) and not os.path.exists(image):
+        sys.stderr.write(f"FATAL:   could not open image {image}: failed to retrieve path for {image}: "
+                         f"lstat {image}: no such file or directory\n")
+        return 255
+    return _act(state, command_argv, container_env, cwd)
+
+
+def _apptainer_env(profile: dict, flags: dict[str, list[str]], host: os._Environ | dict) -> dict[str, str]:
+    """The program's environment inside, by the documented rules (see the module doc)."""
+    if "cleanenv" in flags or "containall" in flags:
+        env = {k: host[k] for k in KEPT_WITH_CLEANENV if k in host}
+    else:
+        env = {k: v for k, v in host.items() if not k.startswith(("APPTAINERENV_", "SINGULARITYENV_"))}
+    for prefix in reversed(profile["prefixes"]):           # the first prefix wins
+        for key, value in host.items():
+            if key.startswith(prefix) and len(key) > len(prefix):
+                env[key[len(prefix):]] = value
+    for item in flags.get("env", []):
+        for pair in item.split(","):                       # --env splits its value on commas
+            key, eq, value = pair.partition("=")
+            if eq:
+                env[key] = value
+    return env
+
+
+def _apptainer_build(prog: str, args: list[str], state: str) -> int:
+    flags, operands = _pflag("build", args, {"arch", "bind", "build-arg", "section", "library", "mount"},
+                             {"force", "sandbox", "fakeroot", "notest", "nohttps", "no-https", "disable-cache",
+                              "update", "fix-perms", "ignore-fakeroot-command"})
+    if len(operands) != 2:
+        raise UsageError(f'Error for command "build": requires exactly 2 arg(s), only received {len(operands)}')
+    out, source = operands
+    record_call(state, {"tool": prog, "argv": [prog, "build", *args], "env": dict(os.environ), "flags": flags,
+                        "output": out, "source": source})
+    if os.path.exists(out) and "force" not in flags:
+        sys.stderr.write(f"FATAL:   While performing build: full path {out} already exists\n")
+        return 255
+    behaviour = _behaviour(state)
+    if behaviour.get("build_fails"):
+        sys.stderr.write(f"FATAL:   While performing build: conveyor failed to get: {source}\n")
+        return 255
+    Path(out).write_bytes(b"SIF_MAGIC" + source.encode())
+    return 0
+
+
+# ---- Enroot --------------------------------------------------------------------------------------
+ENROOT_OPTIONS = {
+    # command: {option: takes a value?} from each command's option loop in enroot.in (4.1.2)
+    "import": {"-a": True, "--arch": True, "-o": True, "--output": True},
+    "create": {"-f": False, "--force": False, "-n": True, "--name": True},
+    "start": {"-c": True, "--conf": True, "-m": True, "--mount": True, "-e": True, "--env": True,
+              "-r": False, "--root": False, "--rc": True, "-w": False, "--rw": False},
+    "remove": {"-f": False, "--force": False},
+    "list": {"-f": False, "--fancy": False},
+}
+
+
+def _enroot_opts(command: str, argv: list[str]) -> tuple[dict[str, list[str]], list[str]]:
+    known = ENROOT_OPTIONS[command]
+    long_of = {"-a": "--arch", "-o": "--output", "-f": "--force", "-n": "--name", "-c": "--conf",
+               "-m": "--mount", "-e": "--env", "-r": "--root", "-w": "--rw"}
+    opts: dict[str, list[str]] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return opts, argv[i + 1:]
+        if not arg.startswith("-") or arg == "-":
+            return opts, argv[i:]
+        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if name not in known or (eq and not known[name]):
+            raise UsageError(f"Usage: enroot {command} [options] [--] ...", status=1)
+        if known[name] and not eq:
+            if i + 1 >= len(argv) or not argv[i + 1]:
+                raise UsageError(f"Usage: enroot {command} [options] [--] ...", status=1)
+            i += 1
+            value = argv[i]
+        elif eq and not value:
+            raise UsageError(f"Usage: enroot {command} [options] [--] ...", status=1)
+        opts.setdefault(long_of.get(name, name), []).append(value if known[name] else "")
+        i += 1
+    return opts, []
+
+
+def _enroot_err(message: str) -> int:
+    sys.stderr.write(f"[ERROR] {message}\n")
+    return 1
+
+
+def enroot_main(argv: list[str], state: str) -> int:
+    env = os.environ
+    home = env.get("HOME") or os.path.expanduser("~")
+    xdg_runtime = env.get("XDG_RUNTIME_DIR") or "/run"
+    paths = {
+        "ENROOT_RUNTIME_PATH": env.get("ENROOT_RUNTIME_PATH") or f"{xdg_runtime}/enroot",
+        "ENROOT_CACHE_PATH": env.get("ENROOT_CACHE_PATH") or f"{env.get('XDG_CACHE_HOME') or home + '/.cache'}/enroot",
+        "ENROOT_DATA_PATH": env.get("ENROOT_DATA_PATH") or f"{env.get('XDG_DATA_HOME') or home + '/.local/share'}/enroot",
+        "ENROOT_TEMP_PATH": env.get("ENROOT_TEMP_PATH") or env.get("TMPDIR") or "/tmp",
+    }
+    entry = {"tool": "enroot", "argv": ["enroot", *argv], "env": dict(env), "paths": paths}
+    record_call(state, entry)
+    if argv[:1] in (["--version"], ["version"]):
+        print("4.1.2")
+        return 0
+    if not argv or argv[0] not in ENROOT_OPTIONS:
+        raise UsageError("Usage: enroot COMMAND [ARG...]", status=1)
+    # (umask 077 && mkdir -p CACHE DATA RUNTIME), as the calling user
+    old = os.umask(0o077)
+    try:
+        for key in ("ENROOT_CACHE_PATH", "ENROOT_DATA_PATH", "ENROOT_RUNTIME_PATH"):
+            try:
+                os.makedirs(paths[key], exist_ok=True)
+            except PermissionError:
+                sys.stderr.write(f"mkdir: cannot create directory '{_first_missing(paths[key])}': Permission denied\n")
+                return 1
+    finally:
+        os.umask(old)
+    command = argv[0]
+    opts, operands = _enroot_opts(command, argv[1:])
+    data = paths["ENROOT_DATA_PATH"]
+    if command == "import":
+        if len(operands) != 1:
+            raise UsageError("Usage: enroot import [options] [--] URI", status=1)
+        uri = operands[0]
+        if not re.fullmatch(r"docker://([^@#/]+@)?([^#/]+#)?[^#]+", uri):
+            return _enroot_err(f"Invalid argument: {uri}")
+        out = (opts.get("--output") or [None])[-1] or re.sub(r"[/:#@]", "+", uri.split("://", 1)[1]) + ".sqsh"
+        if os.path.exists(out):
+            return _enroot_err(f"File already exists: {out}")
+        if _behaviour(state).get("import_fails"):
+            return _enroot_err(f"Could not fetch the image manifest for {uri}")
+        Path(out).write_bytes(SQUASHFS_MAGIC + json.dumps({"source": uri}).encode())
+        return 0
+    if command == "create":
+        if len(operands) != 1:
+            raise UsageError("Usage: enroot create [options] [--] IMAGE", status=1)
+        image = operands[0]
+        if not os.path.isfile(image):
+            return _enroot_err(f"No such file or directory: {os.path.realpath(image)}")
+        with open(image, "rb") as fh:
+            if fh.read(4) != SQUASHFS_MAGIC:
+                return _enroot_err(f"Invalid image format: {os.path.realpath(image)}")
+        name = (opts.get("--name") or [None])[-1] or os.path.basename(image).removesuffix(".sqsh")
+        if "/" in name:
+            return _enroot_err(f"Invalid argument: {name}")
+        rootfs = os.path.join(data, name)
+        if os.path.exists(rootfs) and "--force" not in opts:
+            return _enroot_err(f"File already exists: {os.path.realpath(rootfs)}")
+        os.makedirs(os.path.join(rootfs, "etc"), exist_ok=True)
+        Path(rootfs, "etc", "environment").write_text("PATH=/usr/local/bin:/usr/bin:/bin\n")
+        return 0
+    if command == "remove":
+        for name in operands:
+            rootfs = os.path.join(data, name)
+            if "/" in name:
+                return _enroot_err(f"Invalid argument: {name}")
+            if not os.path.isdir(rootfs):
+                return _enroot_err(f"No such file or directory: {os.path.realpath(rootfs)}")
+            if "--force" not in opts:
+                sys.stderr.write(f"Do you really want to delete {rootfs}? [y/N] ")
+                if not sys.stdin.readline().strip().lower().startswith("y"):
+                    continue
+            shutil.rmtree(rootfs)
+        return 0
+    if command == "list":
+        for name in sorted(os.listdir(data)):
+            print(name)
+        return 0
+    # start
+    if not operands:
+        raise UsageError("Usage: enroot start [options] [--] NAME|IMAGE [COMMAND] [ARG...]", status=1)
+    name, command_argv = operands[0], operands[1:]
+    if "/" in name and not os.path.isfile(name):
+        return _enroot_err(f"Invalid argument: {name}")
+    rootfs = os.path.join(data, name)
+    if "/" not in name and not os.path.isdir(rootfs):
+        return _enroot_err(f"No such file or directory: {os.path.realpath(rootfs)}")
+    for mount in opts.get("--mount", []):
+        if not re.fullmatch(r"[^\s]+(:[^\s]+)*", mount):
+            return _enroot_err(f"Invalid argument: {mount}")
+    container_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TERM": env.get("TERM", "xterm")}
+    for item in opts.get("--env", []):
+        if not re.match(r"[A-Za-z_][A-Za-z0-9_]*(=|$)", item):
+            return _enroot_err(f"Invalid argument: {item}")
+        key, eq, value = item.partition("=")
+        if eq:
+            container_env[key] = value
+        elif key in env:
+            container_env[key] = env[key]
+    record_call(state, {**entry, "tool": "enroot-container", "container": name, "command": command_argv,
+                        "container_env": container_env, "writable": "--rw" in opts,
+                        "mounts": opts.get("--mount", [])})
+    return _act(state, command_argv or ["/bin/sh"], container_env, None)
+
+
+def _first_missing(path: str) -> str:
+    """The first directory of ``path`` that does not exist (what ``mkdir -p`` names in its error)."""
+    parts = Path(path).parts
+    for i in range(1, len(parts) + 1):
+        candidate = os.path.join(*parts[:i])
+        if not os.path.exists(candidate):
+            return candidate
+    return path
+
+
+# ---- shared ----------------------------------------------------------------------------------
+def _behaviour(state: str) -> dict:
+    try:
+        with open(os.path.join(state, "behaviour.json")) as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        return {}
+
+
+def _act(state: str, command: list[str], env: dict[str, str], cwd: str | None) -> int:
+    """What the containerized program does: the test's exit code, or run it on the host."""
+    behaviour = _behaviour(state)
+    if behaviour.get("run"):
+        try:
+            return subprocess.run(command, env=env, cwd=cwd if cwd and os.path.isdir(cwd) else None).returncode
+        except FileNotFoundError:
+            sys.stderr.write(f"FATAL:   \"{command[0]}\": executable file not found in $PATH\n")
+            return 255
+    return int(behaviour.get("exit_code", 0))
+
+
+def main(name: str, argv: list[str], state: str) -> int:
+    profile = _behaviour(state).get("profiles", {}).get(name) or {"apptainer": "apptainer-1",
+                                                                   "singularity": "singularity-4"}.get(name)
+    if name == "enroot":
+        return run_main("enroot", lambda: enroot_main(argv, state))
+    return run_main(name, lambda: apptainer_main(profile, argv, state))
+
+
+class FakeRuntimes(FakeCommands):
+    """``apptainer``, ``singularity`` and ``enroot`` in ``bin_dir``; their calls and behaviour."""
+
+    NAMES = ("apptainer", "singularity", "enroot")
+
+    def __init__(self, root: Path, *, singularity: str = "singularity-4", apptainer: str = "apptainer-1"):
+        self.root = Path(root)
+        self.bin_dir, self.state_dir = self.root / "bin", self.root / "state"
+        install_fakes(self.bin_dir, "runtimes", self.NAMES, self.state_dir)
+        os.chmod(self.state_dir, 0o777)                  # ranks may run as another user
+        self.configure(profiles={"singularity": singularity, "apptainer": apptainer})
+
+    def configure(self, **behaviour) -> None:
+        """Change what the fakes do: ``exit_code``, ``run``, ``profiles`` (name -> profile),
+        ``build_fails``, ``import_fails``."""
+        current = _behaviour(str(self.state_dir))
+        current.update(behaviour)
+        path = self.state_dir / "behaviour.json"
+        path.write_text(json.dumps(current))
+        path.chmod(0o644)
+
+    def calls(self, tool: str | None = None) -> list[dict]:
+        """The recorded calls (of ``tool`` only: apptainer, singularity, enroot, enroot-container)."""
+        return [c for c in super().calls() if tool is None or c["tool"] == tool]
+
+    def path_env(self, base: str = "/usr/bin:/bin") -> str:
+        return f"{self.bin_dir}:{base}"
