@@ -36,5 +36,4 @@ sandbox-down:
 
 # Files generated from the names table (hooks/surface.py) and committed; a test keeps them equal.
 generated: install
-	$(VENV)/bin/python -c 'from tether.spank.build import names_header; print(names_header(), end="")' \
-		> spank/tether_names.h
+	$(VENV)/bin/python tools/regenerate.py

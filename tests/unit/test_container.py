@@ -392,7 +392,7 @@ def test_cleanup_runs_only_tethers_own_removal_for_what_a_marker_names(public_di
     log = public_dir / "calls"
     fake = public_dir / "podman"
     fake.write_text(f"#!/bin/sh\necho \"podman $*\" >> {log}\n"
-                    f"[ \"$1\" = inspect ] && echo {'ab' * 32}\nexit 0\n")
+                    f"[ \"$1\" = inspect ] && echo {'ab' * 32}\n[ \"$1\" = container ] && exit 1\nexit 0\n")
     fake.chmod(0o755)
     runc = public_dir / "runc"
     runc.write_text(f"#!/bin/sh\necho \"runc $*\" >> {log}\n")
@@ -421,8 +421,31 @@ def test_cleanup_runs_only_tethers_own_removal_for_what_a_marker_names(public_di
     assert log.read_text().splitlines() == [
         f"podman inspect --runtime {runc} --format {{{{.Id}}}} tether-7-0-0",
         f"podman rm --runtime {runc} --force --ignore --time 0 tether-7-0-0",
+        f"podman container exists --runtime {runc} tether-7-0-0",
         f"runc --root {xdg}/runc delete --force {'ab' * 32}"]
     assert not pwned.exists()
+
+
+@pytest.mark.parametrize("stays_for,removed", [(2, True), (99, False)])
+def test_podman_removal_counts_only_a_container_podman_no_longer_knows(tmp_path, stays_for, removed):
+    """Regression (issue 12, soak): `podman rm` answered 0 at a time limit and left a stopped
+    container (its record stayed, the marker went). Removal now checks `podman container exists`
+    and tries again; a container that stays keeps its marker for the cleanup run."""
+    count = tmp_path / "rm-count"
+    fake = tmp_path / "podman"
+    fake.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case "$1" in
+          rm) echo x >> {count}; exit 0 ;;
+          container) [ "$(wc -l < {count})" -gt {stays_for} ] && exit 1; exit 0 ;;
+        esac
+        exit 0
+        """))
+    fake.chmod(0o755)
+    count.write_text("")
+    assert adapter("podman", {"binary": str(fake)}).remove("tether-1-0-0", {"PATH": "/usr/bin:/bin"},
+                                                          new_session=False) is removed
+    assert len(count.read_text().splitlines()) == (3 if removed else 4)
 
 
 # ---- tether run, end to end through the testing kit's fake runtimes (tether.testing.runtimes) ----------

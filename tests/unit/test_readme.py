@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fnmatch
 import re
+import os
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +80,36 @@ def test_readme_pbs_install_commands_are_what_tether_prints():
     block = README.split("### The PBS hooks")[1].split("```")[3]
     printed = [f"qmgr -c {shlex.quote(cmd)}" for cmd in qmgr_commands(Path("/etc/tether"))]
     assert [line for line in block.splitlines() if line.startswith("qmgr")] == printed
+
+
+def test_readme_tables_are_current():
+    """Every marked table (options, config, container environment, rank environment) is what
+    `make generated` would write now."""
+    sys.path.insert(0, str(REPO / "tools"))
+    from regenerate import readme_with_tables
+
+    assert readme_with_tables(README) == README, "run `make generated`"
+
+
+IGNORED_DIRS = {".git", "__pycache__", "build", "dist", ".pytest_cache", ".hypothesis"}   # .gitignore
+
+
+def repository_files() -> list[str]:
+    """The checkout's files (a CI checkout may have no .git): what .gitignore does not exclude."""
+    files = []
+    for root, dirs, names in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in IGNORED_DIRS and not d.endswith(".egg-info")]
+        files += [os.path.relpath(os.path.join(root, n), REPO) for n in names if not n.endswith((".so", ".o", ".pyc"))]
+    return files
+
+
+def test_the_file_map_names_every_file_of_the_repository():
+    """docs/architecture.md maps every tracked file, and nothing that is not there."""
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    rows = doc.split("<!-- file-map:start -->\n")[1].split("<!-- file-map:end -->")[0].splitlines()[2:]
+    patterns = [name for row in rows for name in re.findall(r"`([^`]+)`", row.split("|")[1])]
+    tracked = repository_files()
+    unmapped = [f for f in tracked if not any(fnmatch.fnmatch(f, p) for p in patterns)]
+    stale = [p for p in patterns if not any(fnmatch.fnmatch(f, p) for f in tracked)]
+    assert not unmapped, f"files missing from docs/architecture.md: {unmapped}"
+    assert not stale, f"docs/architecture.md names files that do not exist: {stale}"
