@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from ..hooks.imageref import ImageRefError, parse_image
 from ..hooks.surface import BY_NAME, MAX_TEXT, RUNTIMES
 
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
@@ -198,6 +199,10 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
     image = _text(env, "TETHER_CONTAINER_IMAGE", "--container-image")
     if not image:
         raise LaunchError("no container image: set --container-image (TETHER_CONTAINER_IMAGE)")
+    try:
+        parse_image(image)
+    except ImageRefError as exc:
+        raise LaunchError(str(exc)) from None
     runtime = env.get("TETHER_CONTAINER_RUNTIME", "").strip() or default_runtime
     if runtime not in RUNTIMES:
         raise LaunchError(f"--container-runtime={runtime!r}: expected one of {', '.join(RUNTIMES)}")

@@ -16,6 +16,9 @@ The container launcher imports this module once per rank: plain classes only (no
 
 from __future__ import annotations
 
+from .imageref import FORMS as IMAGE_FORMS
+from .imageref import valid_reference
+
 PLUGIN = "tether"  # SPANK_PLUGIN(tether, 1): Slurm forwards options as _SLURM_SPANK_OPTION_tether_<name>
 
 SLOT_TYPES = ("cuda", "rocm", "cpu")
@@ -31,7 +34,7 @@ MAX_TEXT = 4096    # an image, mounts, a directory
 
 # Value kinds: each is checked in C in srun/sbatch/salloc (cheap, with a clear message) and again
 # where the value is used (slurmctld, the PBS server, the launcher).
-KINDS = ("count", "slot_type", "name", "runtime", "text", "env_names", "flag")
+KINDS = ("count", "slot_type", "name", "runtime", "text", "env_names", "flag", "image")
 
 
 class Option:
@@ -98,7 +101,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("resource-pool", "NAME", "name", "partition to run in (resource_pool)",
            field="resource_pool", spec_key="resource_pool"),
     # --- containers (names follow pyxis)
-    Option("container-image", "IMAGE", "text", "docker://..., a .sif, a squashfs or a rootfs directory"),
+    Option("container-image", "IMAGE", "image",
+           "an absolute path (.sif, squashfs, rootfs directory) or a registry image: ubuntu:22.04, "
+           "nvcr.io#nvidia/pytorch:24.01-py3, docker://..."),
     Option("container-runtime", "apptainer|singularity|podman|enroot", "runtime",
            "container runtime (default from the config)"),
     Option("container-mounts", "SRC:DST[:ro],...", "text", "bind mounts into the container"),
@@ -135,6 +140,8 @@ def normalize(opt: Option, value: str) -> str | None:
     elif opt.kind == "name":
         ok = 0 < len(value) <= MAX_NAME and value[0] in _ASCII_ALNUM and all(
             c in _ASCII_ALNUM or c in "._-" for c in value)
+    elif opt.kind == "image":
+        ok = valid_reference(value)
     elif opt.kind == "env_names":
         ok = len(value.encode("utf-8", "surrogateescape")) <= MAX_TEXT and all(
             _env_name(n) for n in value.split(","))
@@ -153,6 +160,7 @@ def expected(opt: Option) -> str:
         "env_names": "variable names separated by commas (NAME,NAME)",
         "flag": "1/0, true/false or yes/no",
         "text": f"printable text of at most {MAX_TEXT} characters",
+        "image": IMAGE_FORMS,
     }[opt.kind]
 
 

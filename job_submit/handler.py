@@ -59,10 +59,16 @@ def checked_values(values: dict[str, str]) -> dict[str, str]:
     for name, value in values.items():
         opt = BY_NAME[name]
         normalized = normalize(opt, value)
+        if normalized is None and opt.kind == "image":       # the parser's message has a hint
+            from ..hooks.imageref import ImageRefError, parse_image
+            try:
+                parse_image(value)
+            except ImageRefError as exc:
+                raise RequestError(str(exc)) from None
         if normalized is None:
             shown = value if len(value) <= 40 else value[:40] + "..."
             raise RequestError(f"{opt.flag}={shown}: expected {expected(opt)}" if opt.kind in ("count", "slot_type",
-                               "runtime", "flag") else f"{opt.flag}: expected {expected(opt)}")
+                               "runtime", "flag", "image") else f"{opt.flag}: expected {expected(opt)}")
         out[name] = normalized
     return out
 

@@ -19,7 +19,7 @@ from ..hooks.config import CONFIG_SCHEMA
 from ..system.toolchain import CBuild, Toolchain, c_string
 
 SO_NAME = "spank_tether.so"
-UNITS = ("dispatch.c", "options.c", "client.c", "stepd.c", "jobdirs.c")
+UNITS = ("dispatch.c", "options.c", "imageref.c", "client.c", "stepd.c", "jobdirs.c")
 HEADER = "tether_names.h"
 
 
@@ -69,6 +69,7 @@ def names_header() -> str:
         f"#define TETHER_RUNTIMES_TEXT {c_string(', '.join(surface.RUNTIMES))}",
         f"#define TETHER_MAX_NAME {surface.MAX_NAME}",
         f"#define TETHER_MAX_TEXT {surface.MAX_TEXT}",
+        f"#define TETHER_IMAGE_FORMS {c_string(surface.IMAGE_FORMS)}",
         f"#define TETHER_ENV_RUN_ARGV0 {c_string(surface.RUN_ARGV0)}",
         "",
         "/* the layout under job_storage_root */",

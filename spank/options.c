@@ -15,6 +15,7 @@
 #include <slurm/slurm.h>
 #include <slurm/spank.h>
 
+#include "imageref.h"
 #include "jobdirs.h"
 #include "options.h"
 
@@ -131,6 +132,8 @@ static const char *check_value(const struct tether_opt *o, const char *value)
 		return env_names_ok(value) ? value : NULL;
 	case K_TEXT:
 		return text_ok(value) ? value : NULL;
+	case K_IMAGE:
+		return tether_image_ok(value) ? value : NULL;
 	default:
 		return NULL;
 	}
@@ -161,6 +164,10 @@ static void report_bad(const struct tether_opt *o, const char *value, const char
 		break;
 	case K_FLAG:
 		tether_fail("tether: %s=%.40s: expected 1/0, true/false or yes/no", how, shown);
+		break;
+	case K_IMAGE:
+		tether_fail("tether: %s=%.60s: expected %s%s", how, shown, TETHER_IMAGE_FORMS,
+			    tether_image_looks_local(shown) ? " (a local image needs its absolute path)" : "");
 		break;
 	default:
 		tether_fail("tether: %s: expected printable text of at most %d characters", how,

@@ -3,7 +3,7 @@
 #ifndef TETHER_NAMES_H
 #define TETHER_NAMES_H
 
-enum tether_kind { K_COUNT, K_SLOT_TYPE, K_NAME, K_RUNTIME, K_TEXT, K_ENV_NAMES, K_FLAG };
+enum tether_kind { K_COUNT, K_SLOT_TYPE, K_NAME, K_RUNTIME, K_TEXT, K_ENV_NAMES, K_FLAG, K_IMAGE };
 
 enum tether_option {
 	OPT_SLOTS,
@@ -29,7 +29,7 @@ enum tether_option {
 		{ "slot-type", "cuda|rocm|cpu", "[tether] what a slot is; overrides the partition's and the cluster's", K_SLOT_TYPE, "TETHER_SLOT_TYPE", "TETHER_JOB_SLOT_TYPE", 0L, 0L, NULL, 0 }, \
 		{ "gpu-type", "TYPE", "[tether] GPU gres type for --gpus/--gres (gpu_type)", K_NAME, "TETHER_GPU_TYPE", "TETHER_JOB_GPU_TYPE", 0L, 0L, NULL, 0 }, \
 		{ "resource-pool", "NAME", "[tether] partition to run in (resource_pool)", K_NAME, "TETHER_RESOURCE_POOL", "TETHER_JOB_RESOURCE_POOL", 0L, 0L, NULL, 0 }, \
-		{ "container-image", "IMAGE", "[tether] docker://..., a .sif, a squashfs or a rootfs directory", K_TEXT, "TETHER_CONTAINER_IMAGE", NULL, 0L, 0L, NULL, 0 }, \
+		{ "container-image", "IMAGE", "[tether] an absolute path (.sif, squashfs, rootfs directory) or a registry image: ubuntu:22.04, nvcr.io#nvidia/pytorch:24.01-py3, docker://...", K_IMAGE, "TETHER_CONTAINER_IMAGE", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-runtime", "apptainer|singularity|podman|enroot", "[tether] container runtime (default from the config)", K_RUNTIME, "TETHER_CONTAINER_RUNTIME", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-mounts", "SRC:DST[:ro],...", "[tether] bind mounts into the container", K_TEXT, "TETHER_CONTAINER_MOUNTS", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-workdir", "DIR", "[tether] working directory inside the container", K_TEXT, "TETHER_CONTAINER_WORKDIR", NULL, 0L, 0L, NULL, 0 }, \
@@ -44,6 +44,7 @@ enum tether_option {
 #define TETHER_RUNTIMES_TEXT "apptainer, singularity, podman, enroot"
 #define TETHER_MAX_NAME 128
 #define TETHER_MAX_TEXT 4096
+#define TETHER_IMAGE_FORMS "an absolute path (a .sif or squashfs file, a rootfs directory), a registry image ([USER@][REGISTRY#]IMAGE[:TAG|@DIGEST], e.g. ubuntu:22.04 or nvcr.io#nvidia/pytorch:24.01-py3; or REGISTRY/IMAGE[:TAG]) or a docker:// reference"
 #define TETHER_ENV_RUN_ARGV0 "TETHER_RUN_ARGV0"
 
 /* the layout under job_storage_root */

@@ -12,6 +12,7 @@ import importlib
 import os
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
+from ...hooks.imageref import ImageRef, ImageRefError, parse_image
 from ..environment import overrides, passed_from_host
 from ..spec import LaunchError, Record
 
@@ -20,9 +21,6 @@ if TYPE_CHECKING:
 
     from ..spec import LaunchSpec
 
-# Image sources a runtime pulls or converts, as opposed to a local file or directory.
-REMOTE_SCHEMES = ("docker://", "oras://", "library://", "shub://", "docker-archive:", "oci-archive:",
-                  "oci:", "docker-daemon:")
 
 
 class Launch(Record):
@@ -107,8 +105,16 @@ class Runtime:
         return args
 
     @staticmethod
-    def is_remote(image: str) -> bool:
-        return image.startswith(REMOTE_SCHEMES)
+    def reference(image: str) -> ImageRef:
+        """The parsed image reference (tether.hooks.imageref; checked already when the spec was made)."""
+        try:
+            return parse_image(image)
+        except ImageRefError as exc:
+            raise LaunchError(str(exc)) from None
+
+    def is_remote(self, image: str) -> bool:
+        """A registry image or a URI the runtime fetches, as opposed to a path on this node."""
+        return self.reference(image).remote
 
     @staticmethod
     def local_image(image: str) -> str:

@@ -74,8 +74,9 @@ class Apptainer(Runtime):
         user_dir = None
         if self.user_image_cache:
             user_dir = user_cache_dir(self.user_image_cache, os.getuid(), env.get("HOME"))
+        # one spelling per image (ubuntu:22.04 = docker://docker.io/library/ubuntu:22.04): one conversion
         return ImageCache(self.image_root, user_dir=user_dir).ensure(
-            spec.image, build=[self.binary, "build", *self.args], env=env)
+            self.reference(spec.image).docker_uri(), build=[self.binary, "build", *self.args], env=env)
 
 
 ADAPTER = Apptainer

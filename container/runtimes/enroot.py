@@ -14,6 +14,7 @@ import hashlib
 import os
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
+from ...hooks.imageref import ImageRefError, parse_image
 from ..spec import LaunchError
 from . import Launch, Runtime
 
@@ -26,12 +27,11 @@ CD_PROLOGUE = 'cd "$1" || exit 125; shift; exec "$@"'
 
 
 def enroot_uri(image: str) -> str:
-    """docker://registry/repo:tag -> enroot's docker://registry#repo:tag (its registry separator)."""
-    rest = image[len("docker://"):]
-    first, sep, tail = rest.partition("/")
-    if sep and "#" not in rest and ("." in first or ":" in first or first == "localhost"):
-        return f"docker://{first}#{tail}"
-    return image
+    """A registry image in enroot's spelling: ``docker://[USER@][REGISTRY#]IMAGE[:TAG]``."""
+    try:
+        return parse_image(image).enroot_uri()
+    except ImageRefError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 class Enroot(Runtime):
@@ -56,12 +56,10 @@ class Enroot(Runtime):
             env.setdefault("ENROOT_RUNTIME_PATH", os.path.join(step_dir, "enroot", "run"))
         before = []
         if self.is_remote(spec.image):
-            if not spec.image.startswith("docker://"):
-                raise LaunchError(f"--container-image={spec.image}: enroot imports docker:// images "
-                                  f"or runs a squashfs file")
+            uri = enroot_uri(spec.image)
             store = os.path.join(node_dir or env.get("TMPDIR", "/tmp"), "enroot")
-            sqsh = os.path.join(store, hashlib.sha256(spec.image.encode()).hexdigest()[:24] + ".sqsh")
-            before.append(([self.binary, "import", "--output", sqsh, enroot_uri(spec.image)], sqsh))
+            sqsh = os.path.join(store, hashlib.sha256(uri.encode()).hexdigest()[:24] + ".sqsh")
+            before.append(([self.binary, "import", "--output", sqsh, uri], sqsh))
         else:
             sqsh = self.local_image(spec.image)
             if os.path.isdir(sqsh):

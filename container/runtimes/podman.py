@@ -182,8 +182,12 @@ class Podman(Runtime):
         return out
 
     def image_args(self, image: str, writable: bool, mounts=()) -> list[str]:
-        if self.is_remote(image):
-            return [image]
+        ref = self.reference(image)
+        if ref.kind == "registry":
+            return [ref.docker_uri()]
+        if ref.kind == "uri":
+            raise LaunchError(f"--container-image={image}: podman runs a registry image or a rootfs "
+                              f"directory; {image.split(':', 1)[0]} images are for Apptainer/Singularity")
         path = self.local_image(image)
         if os.path.isdir(path):
             check_shared_rootfs(path)
@@ -198,7 +202,7 @@ class Podman(Runtime):
             # (podman 4.3 leaves the overlay's empty work directories in its run root afterwards).
             return ["--rootfs", f"{path}:O" if writable else path]
         raise LaunchError(f"--container-image={image}: podman runs a rootfs directory or a registry "
-                          f"image (docker://...), not a file")
+                          f"image (ubuntu:22.04, docker://...), not a file")
 
 
 ADAPTER = Podman

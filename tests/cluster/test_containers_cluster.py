@@ -96,6 +96,20 @@ def test_exit_codes_and_start_failures_reach_the_user(cluster, image):
     assert f"tether: --container-writable: podman cannot overlay the shared image {image}" in writable.stderr
 
 
+def test_image_references_are_checked_where_they_are_typed(cluster):
+    """Issue 14: `--container-image=ubuntu:22.04` (pyxis's spelling) was refused, and only on the
+    node after the queue wait. Registry references are accepted at submit; a bad one is refused by
+    sbatch (job_submit) and, inside an allocation, by srun itself (the SPANK plugin's client check)."""
+    held = cluster.submit("-H", "--container-image=ubuntu:22.04", "--wrap", "true")
+    cluster.run(["scancel", held])
+    bad = cluster.as_user(["sbatch", "-H", "--container-image=img.sif", "--wrap", "true"], check=False)
+    assert bad.returncode != 0 and "tether: --container-image=img.sif: expected an absolute path" in bad.stderr
+    assert "(a local image needs its absolute path)" in bad.stderr
+    inside = cluster.as_user(["salloc", "-N1", "srun", "--container-image=Ubuntu", "true"], check=False)
+    assert inside.returncode != 0 and "tether: --container-image=Ubuntu: expected an absolute path" in inside.stderr
+    assert "nvcr.io#nvidia/pytorch:24.01-py3" in inside.stderr           # the accepted forms, by example
+
+
 def test_batch_script_stays_on_the_host_and_its_sruns_run_in_containers(cluster, image):
     out = cluster.box.work_dir / f"batch-{os.getpid()}.out"
     result = cluster.as_user(["sbatch", "--wait", "-N3", f"--container-image={image}", f"--output={out}",

@@ -155,7 +155,7 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
     assert launch.marker == "/jobs/42/n2/step-0/.cleanup-3"
     assert launch.marker_data == {"runtime": "podman", "container": "tether-42-0-3"}      # data, no command
     image = adapter("podman", {}).launch(spec(image="docker://busybox:1.36", runtime="podman", writable=True), HOST)
-    assert image.argv[-3:] == ["docker://busybox:1.36", "python", "train.py"] and "--read-only" not in image.argv
+    assert image.argv[-3:] == ["docker://docker.io/library/busybox:1.36", "python", "train.py"] and "--read-only" not in image.argv
     writable = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", writable=True), HOST)
     assert writable.argv[-4:-2] == ["--rootfs", f"{rootfs}:O"] and "--read-only" not in writable.argv
     (tmp_path / "x.sif").write_text("")
@@ -174,7 +174,7 @@ def test_enroot_imports_creates_starts_and_removes(tmp_path):
              env_names=("MYVAR",), writable=True, gpus=("0",))
     launch = adapter("enroot", {}).launch(s, HOST)
     node = tmp_path / "42/n2/step-0"                          # the step's directory holds it all
-    sqsh = f"{node}/enroot/{image_key(s.image)[:24]}.sqsh"
+    sqsh = f"{node}/enroot/{image_key(enroot_uri(s.image))[:24]}.sqsh"   # one file per image, whatever its spelling
     assert launch.env["ENROOT_DATA_PATH"] == f"{node}/enroot/data"
     assert launch.before == [(["enroot", "import", "--output", sqsh, "docker://nvcr.io#nvidia/pytorch:24.01-py3"], sqsh),
                              (["enroot", "create", "--name", "tether-42-0-3", sqsh], f"{node}/enroot/data/tether-42-0-3")]
@@ -696,7 +696,7 @@ def test_enroot_preparation_runs_exactly_import_then_create(fp, tmp_path):
     rank_dir = tmp_path / "42/n2/step-0/rank-3"
     s = spec(image="docker://ghcr.io/org/app:2", runtime="enroot", rank_dir=str(rank_dir))
     launch = adapter("enroot", {"binary": "/opt/enroot/bin/enroot"}).launch(s, HOST)
-    sqsh = f"{tmp_path}/42/n2/step-0/enroot/{image_key(s.image)[:24]}.sqsh"
+    sqsh = f"{tmp_path}/42/n2/step-0/enroot/{image_key(enroot_uri(s.image))[:24]}.sqsh"   # one file per image, whatever its spelling
     fp.register(["/opt/enroot/bin/enroot", "import", "--output", sqsh, "docker://ghcr.io#org/app:2"])
     fp.register(["/opt/enroot/bin/enroot", "create", "--name", "tether-42-0-3", sqsh])
     run_before(launch)
@@ -730,3 +730,36 @@ def test_apptainer_conversion_is_one_exact_build(fp, tmp_path):
     assert path == str(root / f"{key}.sif") and Path(path).read_text() == "SIF"
     assert ImageCache(str(root)).ensure("docker://python:3.12", build=["/usr/bin/apptainer", "build"]) == path
     assert fp.call_count(["/usr/bin/apptainer", "build", fp.any()]) == 1          # the second use: cached
+
+
+# ---- image references (tether.hooks.imageref) ------------------------------------------------------
+@pytest.mark.parametrize("text,docker,enroot", [
+    ("ubuntu:22.04", "docker://docker.io/library/ubuntu:22.04", "docker://ubuntu:22.04"),
+    ("ubuntu", "docker://docker.io/library/ubuntu:latest", "docker://ubuntu"),
+    ("docker://busybox", "docker://docker.io/library/busybox:latest", "docker://busybox"),
+    ("nvcr.io#nvidia/pytorch:24.01-py3", "docker://nvcr.io/nvidia/pytorch:24.01-py3",
+     "docker://nvcr.io#nvidia/pytorch:24.01-py3"),
+    ("alice@nvcr.io#nvidia/pytorch", "docker://nvcr.io/nvidia/pytorch:latest", "docker://alice@nvcr.io#nvidia/pytorch"),
+    ("127.0.0.1:5000/team/app:1.0", "docker://127.0.0.1:5000/team/app:1.0", "docker://127.0.0.1:5000#team/app:1.0"),
+    ("docker://localhost:5000/a/b", "docker://localhost:5000/a/b:latest", "docker://localhost:5000#a/b"),
+    ("team/app@sha256:" + "a" * 64, "docker://docker.io/team/app@sha256:" + "a" * 64,
+     "docker://team/app@sha256:" + "a" * 64),
+])
+def test_one_image_has_one_spelling_per_runtime(text, docker, enroot):
+    from tether.hooks.imageref import parse_image
+
+    ref = parse_image(text)
+    assert ref.remote and ref.docker_uri() == docker and ref.enroot_uri() == enroot
+
+
+@pytest.mark.parametrize("text,hint", [("img.sif", "absolute path"), ("./x.sqsh", "absolute path"),
+                                       ("Ubuntu:22.04", "lowercase"), ("a b", "")])
+def test_a_bad_image_is_refused_at_submit_naming_the_accepted_forms(text, hint):
+    """Issue 14: `--container-image=ubuntu:22.04` was refused (and only on the node); a bad one is
+    now refused wherever it is given, with the forms tether accepts."""
+    with pytest.raises(LaunchError) as info:
+        check_container_options({"container-image": text}, "podman")
+    assert "expected an absolute path" in str(info.value) and "ubuntu:22.04" in str(info.value)
+    assert hint in str(info.value)
+    check_container_options({"container-image": "ubuntu:22.04"}, "podman")      # accepted
+    check_container_options({"container-image": "nvcr.io#nvidia/pytorch:24.01-py3"}, "enroot")

@@ -88,7 +88,7 @@ def options_c(tmp_path_factory):
     stubs = work / "stubs.c"
     stubs.write_text(STUBS)
     cbuild = CBuild(work)
-    objects = [cbuild.compile(source_dir() / unit) for unit in ("options.c", "jobdirs.c")]
+    objects = [cbuild.compile(source_dir() / unit) for unit in ("options.c", "imageref.c", "jobdirs.c")]
     objects.append(cbuild.compile(stubs, include_dirs=[str(source_dir())]))
     lib = ctypes.CDLL(str(cbuild.link(objects, work / "liboptions.so", shared=True)))
     lib.tether_opt_set.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
@@ -106,6 +106,40 @@ def test_the_c_and_python_validators_accept_exactly_the_same_values(options_c, i
     assert accepted == (python is not None), (opt.name, value)
     if accepted:
         assert options_c.tether_opt_value(index).decode("utf-8") == python
+
+
+IMAGE = OPTIONS.index(next(o for o in OPTIONS if o.kind == "image"))
+IMAGE_EXAMPLES = [
+    # accepted
+    "/scratch/img.sif", "/opt/images/busybox", "ubuntu", "ubuntu:22.04", "nvcr.io#nvidia/pytorch:24.01-py3",
+    "alice@nvcr.io#nvidia/pytorch:24.01-py3", "docker://busybox", "docker://nvcr.io#nvidia/pytorch",
+    "127.0.0.1:5000/team/app:1.0", "localhost/app", "registry.example.com/a/b/c:v1.2-rc_3",
+    "ubuntu@sha256:" + "a" * 64, "ghcr.io/org/app:2@sha256:" + "0" * 64, "oras://ghcr.io/org/app:1",
+    "library://alpine:3.18", "docker-archive:/tmp/x.tar", "oci-archive:/tmp/x.tar", "a.b_c-d/e", "a__b",
+    # refused
+    "", "Ubuntu", "ubuntu:", ":tag", "ubuntu::1", "img.sif", "./img.sif", "../x", "a b", "a//b", "team/img.sqsh:1", "x.squashfs", "/a\nb",
+    "-flag", "ubuntu:-x", "reg#", "#repo", "user@", "@sha256:" + "a" * 64, "alice@127.0.0.1:5000/app",
+    "host:port/app", "host:123456/app", "a.b:5000#app", "a_#b", "oras://", "library:", "oras://a b",
+    "docker://", "docker:///abs", "ubuntu@sha256:abc", "ubuntu:" + "t" * 129, "x" * 4097, "é", "/" + "x" * 4096,
+]
+
+
+@pytest.mark.parametrize("value", IMAGE_EXAMPLES)
+def test_image_references_are_checked_alike_in_c_and_python(options_c, value):
+    options_c.tether_opts_clear()
+    accepted = options_c.tether_opt_set(IMAGE, value.encode("utf-8"), b"--container-image", 0) == 0
+    assert accepted == (normalize(OPTIONS[IMAGE], value) is not None), value
+
+
+reference_text = st.lists(st.sampled_from(list("abz09AZ._-:/@#") + ["docker://", "sha256:" + "f" * 32, "oras://"]),
+                          max_size=20).map("".join)
+
+
+@given(value=reference_text)
+def test_reference_like_text_is_checked_alike_in_c_and_python(options_c, value):
+    options_c.tether_opts_clear()
+    accepted = options_c.tether_opt_set(IMAGE, value.encode("utf-8"), b"--container-image", 0) == 0
+    assert accepted == (normalize(OPTIONS[IMAGE], value) is not None), value
 
 
 # ---- the job_submit handler ------------------------------------------------------------------------
