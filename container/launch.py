@@ -22,6 +22,7 @@ import fcntl
 import os
 import signal
 import sys
+import time
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from .spec import LaunchError
@@ -61,26 +62,52 @@ def report_admin(message: str) -> None:
 
 
 def run_before(launch: Launch) -> None:
-    """The preparation steps (image import, container creation), under the launch's lock."""
+    """The preparation steps (image pull or import, container creation), under the launch's lock:
+    the ranks of a node wait for the first one's pull instead of pulling too (a rank that waits
+    says so), and a labelled step reports when it starts and how long it took."""
     if not launch.before:
         return
     from ..system.proc import CommandError, run_command
+
+    def done(check) -> bool:
+        if check is None:
+            return False
+        if isinstance(check, str):
+            return os.path.exists(check)
+        try:
+            run_command(check, env=launch.env, timeout=120)
+        except CommandError:
+            return False
+        return True
 
     lock_fd = None
     if launch.lock:
         os.makedirs(os.path.dirname(launch.lock), mode=0o700, exist_ok=True)
         lock_fd = os.open(launch.lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            labels = [step[2] for step in launch.before if len(step) > 2 and not done(step[1])]
+            if labels:
+                report(f"waiting for another rank on this node: {labels[0]}")
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
     try:
-        for argv, creates in launch.before:
-            if creates and os.path.exists(creates):
+        for step in launch.before:
+            argv, check = step[0], step[1]
+            label = step[2] if len(step) > 2 else None
+            if done(check):
                 continue
-            if creates:
-                os.makedirs(os.path.dirname(creates), mode=0o700, exist_ok=True)
+            if isinstance(check, str):
+                os.makedirs(os.path.dirname(check), mode=0o700, exist_ok=True)
+            started = time.monotonic()
+            if label:
+                report(f"{label} ...")
             try:
                 run_command(argv, env=launch.env, timeout=3600)
             except CommandError as exc:
                 raise LaunchError(str(exc)) from None
+            if label:
+                report(f"{label}: done in {time.monotonic() - started:.1f} s")
     finally:
         if lock_fd is not None:
             os.close(lock_fd)

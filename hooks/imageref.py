@@ -71,6 +71,10 @@ class ImageRef:
             raise ImageRefError(f"{self.text} is a local image")
         return f"docker://{self._name()}{self._suffix()}"
 
+    def qualified(self) -> str:
+        """``REGISTRY/REPOSITORY:TAG`` in full: the name podman stores a pulled image under."""
+        return self.docker_uri()[len("docker://"):]
+
     def enroot_uri(self) -> str:
         """enroot's spelling: ``docker://[USER@][REGISTRY#]IMAGE[:TAG]``."""
         if self.kind != "registry":

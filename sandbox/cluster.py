@@ -46,7 +46,26 @@ CONTAINERS_CONF = "[containers]\ndefault_ulimits = []\n"
 # What a fresh Debian 12 machine needs for the sandbox and the plugins built against it.
 APT_PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "libslurm-dev", "munge",
                 "podman", "runc", "conmon", "uidmap", "fuse-overlayfs", "slirp4netns", "catatonit",
-                "busybox-static", "python3-dev", "gcc")
+                "busybox-static", "python3-dev", "gcc", "docker-registry")
+# The sandbox's image registry (Debian's docker-registry, 2.8): on 127.0.0.1 at port base + 5, its
+# own config and storage; the images the tests pull are pushed into it by the sandbox.
+REGISTRY_OFFSET = 5
+REGISTRY_CONFIG = """\
+# tether sandbox: the image registry (docker-registry), loopback only
+version: 0.1
+log:
+  level: warn
+  accesslog:
+    disabled: false
+storage:
+  filesystem:
+    rootdirectory: {data}
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:{port}
+"""
+BUSYBOX_REPOSITORY, BUSYBOX_TAG = "tether/busybox", "1"
 
 
 class SandboxError(TetherError):
@@ -131,6 +150,15 @@ class Sandbox:
         return self.etc / "tether.yaml"
 
     @property
+    def registry_conf(self) -> Path:
+        return self.etc / "registry.yml"
+
+    @property
+    def registry_address(self) -> str:
+        """``127.0.0.1:PORT`` of the sandbox's registry."""
+        return f"127.0.0.1:{self.port_base() + REGISTRY_OFFSET}"
+
+    @property
     def build_dir(self) -> Path:
         return self.root / "build"
 
@@ -166,7 +194,8 @@ class Sandbox:
                 "runtime": "podman",
                 "apptainer_image_root": str(self.root / "images"),
                 "podman": {"args": ["--runtime", "runc"],
-                           "env": {"CONTAINERS_CONF": str(self.etc / "containers.conf")}},
+                           "env": {"CONTAINERS_CONF": str(self.etc / "containers.conf"),
+                                   "CONTAINERS_REGISTRIES_CONF": str(self.etc / "registries.conf")}},
             },
         }
 
@@ -199,9 +228,10 @@ class Sandbox:
         run_command(["scontrol", "reconfigure"], env=self.command_env(), timeout=60)
 
     def daemons(self) -> list[Daemon]:
-        """The sandbox's daemons in start order (munged, slurmctld, slurmd n1..n3)."""
+        """The sandbox's daemons in start order (registry, munged, slurmctld, slurmd n1..n3)."""
         conf = str(self.slurm_conf)
-        return ([Daemon("munged", self.munge_dir / "munged.pid", str(self.munge_socket)),
+        return ([Daemon("registry", self.run_dir / "registry.pid", str(self.registry_conf)),
+                 Daemon("munged", self.munge_dir / "munged.pid", str(self.munge_socket)),
                  Daemon("slurmctld", self.run_dir / "slurmctld.pid", conf)]
                 + [Daemon(f"slurmd-{n}", self.run_dir / f"slurmd-{n}.pid", conf) for n in NODES])
 
@@ -246,6 +276,7 @@ class Sandbox:
             self.install_plugins(log=log)
         self.settings_file.write_text(json.dumps({"port_base": port_base, "user": self.user}) + "\n")
         try:
+            self._start_registry()
             self._start_munged()
             self._start(["slurmctld", "-f", str(self.slurm_conf)], "slurmctld")
             for node in NODES:
@@ -257,7 +288,8 @@ class Sandbox:
             self.stop_daemons(log=lambda *_: None)
             raise SandboxError(f"{exc}\n{tails}") from None
         log(f"sandbox up: {self.root} (slurmctld port {port_base}, slurmd ports "
-            f"{port_base + 1}-{port_base + len(NODES)}); {self.export_line()}")
+            f"{port_base + 1}-{port_base + len(NODES)}, registry {self.registry_address}); "
+            f"{self.export_line()}")
 
     def down(self, *, purge: bool = False, log=print) -> list[str]:
         """Cancel the sandbox's jobs, stop its daemons by PID; ``purge`` removes the directory."""
@@ -402,8 +434,78 @@ class Sandbox:
             (self.etc / name).write_text(env.from_string(template).render(**values))
         self.plugstack_conf.write_text("# tether sandbox: SPANK plugins (see `tether slurm install`)\n")
         (self.etc / "containers.conf").write_text(CONTAINERS_CONF)
+        registry = f"127.0.0.1:{port_base + REGISTRY_OFFSET}"
+        (self.root / "registry").mkdir(exist_ok=True)
+        self.registry_conf.write_text(REGISTRY_CONFIG.format(data=self.root / "registry", port=port_base + REGISTRY_OFFSET))
+        # the sandbox registry speaks plain http on loopback: podman must be told so
+        (self.etc / "registries.conf").write_text(f'[[registry]]\nlocation = "{registry}"\ninsecure = true\n')
         self.tether_conf.write_text("# tether configuration of the sandbox cluster (generated)\n"
                                     + yaml.safe_dump(self.tether_settings(), sort_keys=False))
+
+    def _start_registry(self) -> None:
+        """docker-registry runs in the foreground: started in its own session, its PID recorded,
+        ready when its port answers."""
+        log = open(self.log_dir / "registry.log", "ab")
+        with log:
+            proc = subprocess.Popen(["docker-registry", "serve", str(self.registry_conf)], stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=log, start_new_session=True)
+        (self.run_dir / "registry.pid").write_text(f"{proc.pid}\n")
+        host, port = self.registry_address.split(":")
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SandboxError(f"docker-registry exited ({proc.returncode}); see {self.log_dir / 'registry.log'}")
+            with socket.socket() as sock:
+                if sock.connect_ex((host, int(port))) == 0:
+                    return
+            time.sleep(0.1)
+        raise SandboxError(f"docker-registry does not answer on {self.registry_address}")
+
+    def registry_image(self, *, log=print) -> str:
+        """The busybox image in the sandbox's registry (pushed there once, by root, with a podman
+        store of the sandbox's own); its reference as a user writes it."""
+        ref = f"{self.registry_address}/{BUSYBOX_REPOSITORY}:{BUSYBOX_TAG}"
+        if self._registry_has(BUSYBOX_REPOSITORY, BUSYBOX_TAG):
+            return ref
+        rootfs = Path(self.busybox_image())
+        store = ["--root", str(self.root / "podman" / "root"), "--runroot", str(self.root / "podman" / "run"),
+                 "--storage-driver", "vfs"]
+        env = {**os.environ, "CONTAINERS_CONF": str(self.etc / "containers.conf"),
+               "CONTAINERS_REGISTRIES_CONF": str(self.etc / "registries.conf")}
+        tar = self.root / "podman" / "busybox.tar"
+        tar.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            run_command(["tar", "-C", str(rootfs), "-cf", str(tar), "."], timeout=120)
+            local = f"localhost/{BUSYBOX_REPOSITORY}:{BUSYBOX_TAG}"
+            run_command(["podman", *store, "import", "--change", "CMD /bin/sh", str(tar), local], env=env, timeout=300)
+            # Docker v2s2: enroot's importer gets 404 on the OCI manifest (DESIGN.md, verified)
+            run_command(["podman", *store, "push", "--tls-verify=false", "--format", "v2s2", local, f"docker://{ref}"],
+                        env=env, timeout=300)
+        except CommandError as exc:
+            raise SandboxError(f"could not push the test image to the sandbox registry: {exc}") from None
+        finally:
+            tar.unlink(missing_ok=True)
+        log(f"pushed {ref} into the sandbox registry")
+        return ref
+
+    def _registry_has(self, repository: str, tag: str) -> bool:
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(f"http://{self.registry_address}/v2/{repository}/manifests/{tag}",
+                                         method="HEAD", headers={
+                                             "Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def registry_access_log(self) -> list[str]:
+        """The registry's access log lines so far (one per HTTP request)."""
+        path = self.log_dir / "registry.log"
+        return [line for line in path.read_text(errors="replace").splitlines() if '"GET /v2/' in line
+                or '"HEAD /v2/' in line] if path.exists() else []
 
     def _start_munged(self) -> None:
         d = self.munge_dir
@@ -470,12 +572,22 @@ def ensure_packages(packages: Iterable[str], *, log=print) -> None:
         return
     log(f"installing Debian packages: {' '.join(missing)}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    # packages with a daemon (docker-registry listens on every address by default) are installed
+    # without starting it: policy-rc.d answers "denied" while apt runs (kept if the host has one)
+    policy = Path("/usr/sbin/policy-rc.d")
+    own_policy = not policy.exists()
+    if own_policy:
+        policy.write_text("#!/bin/sh\n# tether sandbox: no daemon starts while packages install\nexit 101\n")
+        policy.chmod(0o755)
     try:
         run_command(["apt-get", "update", "-q"], env=env, timeout=600)
         run_command(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], env=env,
                     timeout=1800)
     except CommandError as exc:
         raise SandboxError(f"could not install {' '.join(missing)}: {exc}") from None
+    finally:
+        if own_policy:
+            policy.unlink(missing_ok=True)
 
 
 def ensure_user(name: str, *, log=print) -> None:
@@ -498,7 +610,7 @@ def _require_root() -> None:
 
 
 def _ports_free(base: int) -> bool:
-    for port in range(base, base + len(NODES) + 1):
+    for port in [*range(base, base + len(NODES) + 1), base + REGISTRY_OFFSET]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:

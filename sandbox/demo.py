@@ -2,9 +2,12 @@
 
 The sandbox builds and installs tether's Slurm plugins exactly as an admin does (``tether slurm
 build`` / ``tether slurm install --write``). The demo then submits, as the unprivileged demo user,
-an ordinary ``sbatch --slots=6 --slots-per-node=2`` job: the SPANK plugin carries the options to
-slurmctld, the job_submit plugin turns them into the seed's resource request (3 nodes, 2 GPUs
-each), and each rank prints what it got. Later issues grow this into a containerized job.
+an ordinary ``sbatch --slots=6 --slots-per-node=2 --slot-type=cpu --container-image=IMAGE`` job,
+IMAGE being a busybox image in the sandbox's own registry: the SPANK plugin carries the options to
+slurmctld, the job_submit plugin turns them into the seed's resource request (3 nodes, 2 CPU
+slots each), the batch script runs on the host, and its ``srun`` starts one container per rank --
+the image pulled once per node -- in which each rank prints what it got. (CPU slots: GPU slots in
+a container need a CDI spec for the GPUs, which the sandbox's fake GPUs do not have yet.)
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from pathlib import Path
 from ..system.proc import run_command
 from .cluster import Sandbox
 
-DEMO_OPTIONS = ["--slots=6", "--slots-per-node=2", "--time=5"]
+DEMO_OPTIONS = ["--slots=6", "--slots-per-node=2", "--slot-type=cpu", "--time=5"]
 DEMO_BODY = r"""#!/bin/bash
-echo "job $SLURM_JOB_ID: $SLURM_JOB_NUM_NODES nodes ($SLURM_JOB_NODELIST), $SLURM_NTASKS tasks"
-srun --label bash -c 'echo "node=$SLURMD_NODENAME rank=$RANK of $WORLD_SIZE master=$MASTER_ADDR:$MASTER_PORT user=$(id -un) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES TMPDIR=$TMPDIR"'
+echo "job $SLURM_JOB_ID: $SLURM_JOB_NUM_NODES nodes ($SLURM_JOB_NODELIST), $SLURM_NTASKS tasks, image $TETHER_CONTAINER_IMAGE"
+srun --label sh -c 'echo "node=$SLURMD_NODENAME rank=$RANK of $WORLD_SIZE master=$MASTER_ADDR:$MASTER_PORT uid=$(id -u) cpus=$(nproc) TMPDIR=$TMPDIR in=$(test -e /etc/debian_version && echo host || echo container)"'
 """
 SHOWN_FIELDS = ("NumNodes", "NumTasks", "CPUs/Task", "TresPerJob", "TresPerNode", "TresPerTask", "Partition",
                 "WCKey", "Requeue")
@@ -65,7 +68,8 @@ def run_demo(box: Sandbox, *, install: bool = True, log=print) -> int:
     script = job_dir / "demo.sh"
     script.write_text(DEMO_BODY)
     os.chmod(script, 0o755)
-    argv = ["--wait", *DEMO_OPTIONS, f"--output={job_dir}/job.out", str(script)]
+    image = box.registry_image(log=log)
+    argv = ["--wait", *DEMO_OPTIONS, f"--container-image={image}", f"--output={job_dir}/job.out", str(script)]
     log(f"as {box.user}: sbatch {' '.join(argv)}")
     job = sbatch(box, job_dir, argv, timeout=300)
     if job.returncode != 0:

@@ -29,7 +29,9 @@ class Launch(Record):
     FIELDS = {
         "argv": None, "env": None,
         "supervise": False,       # fork and wait as a subreaper; False: exec in place
-        # run first, in order, each must succeed; a step whose path (the second item) exists is skipped
+        # run first, in order, each must succeed: (argv, done[, label]). ``done`` is a path (the
+        # step is skipped when it exists) or an argv (skipped when that command succeeds: podman
+        # image exists); ``label`` makes the step say what it does on stderr (a pull: its progress)
         "before": (),
         "lock": None,             # file locked around ``before`` (ranks of a node share it)
         "after": (),              # run when the runtime has exited
@@ -50,7 +52,7 @@ class Launch(Record):
     argv: list[str]
     env: dict[str, str]
     supervise: bool
-    before: list[tuple[list[str], str | None]]
+    before: list[tuple]
     lock: str | None
     after: list[list[str]]
     runtime: "Runtime | None"

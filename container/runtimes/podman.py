@@ -109,8 +109,20 @@ class Podman(Runtime):
         data = {"runtime": self.name, "container": name}
         if env.get("XDG_RUNTIME_DIR"):
             data["xdg_runtime_dir"] = env["XDG_RUNTIME_DIR"]
+        before, lock = [], None
+        ref = self.reference(spec.image)
+        if ref.kind == "registry":
+            # one pull per node (the ranks of a node share the lock under the job's node directory)
+            # and none once the user's store has the image; the run itself then never pulls
+            name = ref.qualified()                          # as podman's store names it
+            glob = self.global_args()
+            before.append(([self.binary, *glob, "pull", "--quiet", name],
+                           [self.binary, *glob, "image", "exists", name], f"pulling {spec.image} (podman)"))
+            step_dir = os.path.dirname(spec.rank_dir) if spec.rank_dir else None
+            if step_dir:
+                lock = os.path.join(os.path.dirname(step_dir), "podman", ".pull-lock")
         return Launch(argv=argv, env=env, supervise=True, runtime=self, container=name, monitor="conmon",
-                      marker=marker, marker_data=data)
+                      marker=marker, marker_data=data, before=before, lock=lock)
 
     def remove(self, name: str, env: Mapping[str, str], *, new_session: bool = True) -> bool:
         """``podman rm --force`` (twice: the first rm of a container whose conmon was killed only
@@ -184,7 +196,7 @@ class Podman(Runtime):
     def image_args(self, image: str, writable: bool, mounts=()) -> list[str]:
         ref = self.reference(image)
         if ref.kind == "registry":
-            return [ref.docker_uri()]
+            return ["--pull=never", ref.qualified()]        # pulled before, once per node (``before``)
         if ref.kind == "uri":
             raise LaunchError(f"--container-image={image}: podman runs a registry image or a rootfs "
                               f"directory; {image.split(':', 1)[0]} images are for Apptainer/Singularity")

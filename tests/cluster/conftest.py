@@ -18,6 +18,13 @@ def image(cluster) -> str:
     return str(cluster.box.busybox_image())
 
 
+@pytest.fixture(scope="session")
+def registry_image(cluster) -> str:
+    """The busybox image in the sandbox's own registry (docker-registry on loopback), as a user
+    writes it: ``127.0.0.1:PORT/tether/busybox:1``."""
+    return cluster.box.registry_image()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def time_limited_jobs(request) -> dict[str, str]:
     """{"plain": id, "container": id} of two jobs that hit their 1-minute limit (checked at the end

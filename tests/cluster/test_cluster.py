@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import pwd
 import re
 import subprocess
 import sys
@@ -147,18 +148,20 @@ def test_user_arguments_with_hostile_text_reach_slurm_unchanged(cluster):
 
 
 def test_demo_command(cluster, capsys):
-    """`tether demo`'s job: sbatch --slots=6 --slots-per-node=2 through the installed plugins."""
+    """`tether demo`'s job: sbatch --slots=6 --slots-per-node=2 --slot-type=cpu with an image from the
+    sandbox's registry, through the installed plugins; each rank reports from its container."""
     logged = []
     assert run_demo(cluster.box, install=False, log=logged.append) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].endswith("3 nodes (n[1-3]), 3 tasks")
+    image = cluster.box.registry_image()
+    assert out[0].endswith(f"3 nodes (n[1-3]), 3 tasks, image {image}")
     job = out[0].split()[1].rstrip(":")
-    ranks = sorted(line.split(": ", 1)[1] for line in out[1:])
-    port = ranks[0].split("master=n1:")[1].split()[0]
-    tmp = cluster.box.root / "jobs" / job
-    assert ranks == [f"node=n{i + 1} rank={i} of 3 master=n1:{port} user={cluster.user} "
-                     f"CUDA_VISIBLE_DEVICES=0,1 TMPDIR={tmp}/n{i + 1}/step-0/rank-{i}/tmp" for i in range(3)]
-    assert "NumNodes=3 NumTasks=3" in logged[-1] and "TresPerTask=gres:gpu:2" in logged[-1]
+    ranks = sorted(line.split(": ", 1)[1] for line in out[1:] if ": node=" in line)
+    port = 20000 + (int(job) % 2000) * 16
+    uid = pwd.getpwnam(cluster.user).pw_uid
+    assert [re.sub(r"cpus=\d+", "cpus=N", r) for r in ranks] == [
+        f"node=n{i + 1} rank={i} of 3 master=n1:{port} uid={uid} cpus=N TMPDIR=/tmp in=container" for i in range(3)]
+    assert "NumNodes=3 NumTasks=3 CPUs/Task=2" in logged[-1]
 
 
 # ---- the sandbox as people use it ------------------------------------------------------------------
@@ -180,7 +183,7 @@ def test_second_sandbox_via_cli_does_not_collide_and_stops_cleanly(cluster, tmp_
         assert cluster.box.port_base() != int((root / "sandbox.json").read_text().split(":")[1].split(",")[0])
         status = subprocess.run([*tether, "sandbox", "status", "--dir", str(root)], capture_output=True,
                                 text=True)
-        assert status.returncode == 0 and status.stdout.count("pid ") == 5
+        assert status.returncode == 0 and status.stdout.count("pid ") == 6   # registry, munged, slurmctld, 3 slurmd
         pids = [int(p) for p in re.findall(r"pid (\d+)", status.stdout)]
     finally:
         down = subprocess.run([*tether, "sandbox", "down", "--purge", "--dir", str(root)],

@@ -110,6 +110,32 @@ def test_image_references_are_checked_where_they_are_typed(cluster):
     assert "nvcr.io#nvidia/pytorch:24.01-py3" in inside.stderr           # the accepted forms, by example
 
 
+def test_a_registry_image_is_pulled_once_per_node_and_then_never(cluster, registry_image):
+    """Issue 14: a real registry (the sandbox's docker-registry), real rootless podman: 3 nodes x 2
+    ranks of a cold image cause one pull per node -- counted in the registry's own access log --
+    with the node's other rank waiting (and saying so); the next job pulls nothing."""
+    env = ["env", f"CONTAINERS_CONF={cluster.box.etc / 'containers.conf'}",
+           f"CONTAINERS_REGISTRIES_CONF={cluster.box.etc / 'registries.conf'}"]
+    cluster.run(["runuser", "-u", cluster.user, "--", *env, "podman", "rmi", "--force", registry_image],
+                check=False, cwd="/")                                   # cold: not in the user's store
+    repository = registry_image.split("/", 1)[1].split(":")[0]
+    runs = []
+    for _ in range(2):
+        before = len(cluster.box.registry_access_log())
+        result = cluster.as_user(["srun", "-N3", "-n6", f"--container-image={registry_image}", "sh", "-c",
+                                  "echo rank=$RANK in=$(test -e /etc/debian_version && echo host || echo container)"])
+        requests = cluster.box.registry_access_log()[before:]
+        runs.append((result, requests))
+    (cold, cold_requests), (warm, warm_requests) = runs
+    assert sorted(cold.stdout.split("\n")[:-1]) == [f"rank={r} in=container" for r in range(6)]
+    manifests = [r for r in cold_requests if f"/v2/{repository}/manifests/" in r and '"GET ' in r]
+    assert len(manifests) == 3, cold_requests                         # one pull per node
+    assert cold.stderr.count(f"tether: pulling {registry_image} (podman) ...") == 3, cold.stderr
+    assert cold.stderr.count("tether: waiting for another rank on this node") <= 3
+    assert warm_requests == [] and "pulling" not in warm.stderr       # the next job: nothing
+    assert sorted(warm.stdout.split("\n")[:-1]) == [f"rank={r} in=container" for r in range(6)]
+
+
 def test_batch_script_stays_on_the_host_and_its_sruns_run_in_containers(cluster, image):
     out = cluster.box.work_dir / f"batch-{os.getpid()}.out"
     result = cluster.as_user(["sbatch", "--wait", "-N3", f"--container-image={image}", f"--output={out}",

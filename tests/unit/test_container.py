@@ -155,7 +155,7 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
     assert launch.marker == "/jobs/42/n2/step-0/.cleanup-3"
     assert launch.marker_data == {"runtime": "podman", "container": "tether-42-0-3"}      # data, no command
     image = adapter("podman", {}).launch(spec(image="docker://busybox:1.36", runtime="podman", writable=True), HOST)
-    assert image.argv[-3:] == ["docker://docker.io/library/busybox:1.36", "python", "train.py"] and "--read-only" not in image.argv
+    assert image.argv[-3:] == ["docker.io/library/busybox:1.36", "python", "train.py"] and "--read-only" not in image.argv
     writable = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", writable=True), HOST)
     assert writable.argv[-4:-2] == ["--rootfs", f"{rootfs}:O"] and "--read-only" not in writable.argv
     (tmp_path / "x.sif").write_text("")
@@ -763,3 +763,35 @@ def test_a_bad_image_is_refused_at_submit_naming_the_accepted_forms(text, hint):
     assert hint in str(info.value)
     check_container_options({"container-image": "ubuntu:22.04"}, "podman")      # accepted
     check_container_options({"container-image": "nvcr.io#nvidia/pytorch:24.01-py3"}, "enroot")
+
+
+def test_podman_pulls_a_registry_image_once_per_node_before_running_it(tmp_path):
+    s = spec(image="127.0.0.1:5000/team/app:1", runtime="podman", rank_dir=str(tmp_path / "42/n2/step-0/rank-3"))
+    launch = adapter("podman", {"args": ["--runtime", "runc"]}).launch(s, HOST)
+    name = "127.0.0.1:5000/team/app:1"
+    assert launch.before == [(["podman", "--runtime", "runc", "pull", "--quiet", name],
+                              ["podman", "--runtime", "runc", "image", "exists", name],
+                              "pulling 127.0.0.1:5000/team/app:1 (podman)")]
+    assert launch.lock == str(tmp_path / "42/n2/podman/.pull-lock")    # the node's ranks share it
+    assert launch.argv[-4:-2] == ["--pull=never", name]
+
+
+def test_ranks_of_a_node_wait_for_one_pull_and_say_so(tmp_path):
+    """The first rank pulls (saying so and how long it took); the others wait on the node's lock,
+    say that they wait, and then find the image there."""
+    marker, pulls = tmp_path / "present", tmp_path / "pulls"
+    script = textwrap.dedent(f"""\
+        import sys
+        from tether.container.launch import run_before
+        from tether.container.runtimes import Launch
+        run_before(Launch(argv=["true"], env={{"PATH": "/usr/bin:/bin"}}, lock={str(tmp_path / 'node/.lock')!r},
+                          before=[(["sh", "-c", "echo x >> {pulls}; sleep 3; touch {marker}"],
+                                   ["test", "-e", {str(marker)!r}], "pulling img (podman)")]))
+        """)
+    procs = [subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    errs = [p.communicate(timeout=60)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errs
+    assert pulls.read_text() == "x\n"                                  # one pull
+    text = "".join(errs)
+    assert text.count("tether: pulling img (podman) ...") == 1 and "pulling img (podman): done in" in text
+    assert text.count("tether: waiting for another rank on this node: pulling img (podman)") == 2
