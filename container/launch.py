@@ -175,7 +175,15 @@ def _supervise(launch: Launch, subreaper: bool) -> int:
             pass
     status, killed = _wait_for(child)
     monitor_killed = next((sig for name, sig in killed if name == launch.monitor), None)
-    abnormal = os.WIFSIGNALED(status) or bool(received) or monitor_killed is not None
+    # abnormal: the runtime or its monitor died by a signal, this launcher got one -- or the
+    # runtime says its container died by one (128+N) or could not start (125-127). At a step's
+    # cancel Slurm signals the step's processes one by one: podman run may exit 143 before this
+    # launcher's SIGTERM arrives, and conmon be killed before it records the exit; the container
+    # then stays "running" in podman's records (1 in 100 jobs of the soak test). Removal is
+    # idempotent and checked, so removing whenever the exit looks like this costs little.
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+    abnormal = (os.WIFSIGNALED(status) or bool(received) or monitor_killed is not None
+                or (launch.monitor is not None and code is not None and code >= 125))
     cleaned = all([_run_quietly(argv, launch.env) for argv in launch.after])
     if abnormal and launch.container:
         cleaned = launch.runtime.remove(launch.container, launch.env) and cleaned

@@ -637,6 +637,19 @@ def _supervised(runtime: Path, removed: Path, monitor: str | None = None) -> str
         """)
 
 
+@pytest.mark.parametrize("code,removed", [(143, True), (125, True), (3, False), (0, False)])
+def test_a_runtime_that_reports_a_killed_container_gets_it_removed(tmp_path, code, removed):
+    """Regression (issue 12, soak): at a step's cancel podman run exited 143 before the launcher's own
+    SIGTERM arrived, so nothing looked abnormal, the marker went, and conmon -- killed before it
+    recorded the exit -- left the container "running" in podman's records."""
+    runtime = tmp_path / "runtime.sh"
+    runtime.write_text(f"#!/bin/sh\nexit {code}\n")
+    runtime.chmod(0o755)
+    marker = tmp_path / "removed"
+    proc = subprocess.run([sys.executable, "-c", _supervised(runtime, marker, monitor="conmon")], timeout=60)
+    assert proc.returncode == code and marker.exists() is removed
+
+
 def test_a_killed_monitor_is_reported_and_its_container_removed(tmp_path):
     """Regression (issue 12): with podman's conmon killed, the rank said "podman could not start the
     container (exit 127)" for a container that had run, and the record stayed. The monitor here is a
