@@ -38,7 +38,8 @@ def getopt_long(prog: str, argv: list[str], long_opts: Mapping[str, int], short_
     unambiguous prefixes of long names, ``--`` ends options. ``short_names`` maps a short letter to
     its long name (options are reported by long name when there is one). Stops at the first
     operand unless ``permute``. Errors use glibc's wording: ``unrecognized option '--x'``,
-    ``option '--x' requires an argument``, ``invalid option -- 'x'``."""
+    ``option '--x' requires an argument``, ``invalid option -- 'x'``. (One function, a little over
+    60 lines: it follows glibc's own loop, long and short options side by side.)"""
     short_names = short_names or {}
     opts: list[tuple[str, str | None]] = []
     rest: list[str] = []

@@ -182,27 +182,25 @@ def _qsub_options(argv: list[str]) -> tuple[list[tuple[str, str | None]], list[s
         raise UsageError(f"{exc}\n{QSUB_USAGE}", status=2) from None
 
 
-def qsub(argv: list[str], state: State) -> int:
-    opts, rest = _qsub_options(argv)
-    if ("version", None) in opts:
-        print("pbs_version = 23.06.06")
-        return 0
+def _qsub_script(argv: list[str], rest: list[str]) -> tuple[str, str]:
+    """(the job script, what qsub records as its command): a file, ``-- command``, or stdin."""
     if rest and argv[argv.index(rest[0]) - 1:argv.index(rest[0])] == ["--"]:
-        script, command = "#!/bin/sh\n" + shlex.join(rest) + "\n", "(command)"
-    elif rest:
+        return "#!/bin/sh\n" + shlex.join(rest) + "\n", "(command)"
+    if rest:
         try:
-            script = Path(rest[0]).read_text()
+            return Path(rest[0]).read_text(), os.path.abspath(rest[0])
         except OSError:
-            raise UsageError(f"qsub: script file:: No such file or directory", status=2) from None
-        command = os.path.abspath(rest[0])
-    else:
-        script, command = sys.stdin.read(), "STDIN"
-    prefix = next((v for n, v in opts if n == "C"), "#PBS")
-    directives, _ = _qsub_options(directive_args(script, prefix))
+            raise UsageError("qsub: script file:: No such file or directory", status=2) from None
+    return sys.stdin.read(), "STDIN"
+
+
+def _qsub_request(options: list[tuple[str, str | None]]) -> tuple[dict, dict, dict]:
+    """(resources, variables, job attributes) from qsub's options, the later ones winning."""
     resources: dict[str, str] = {}
     variables: dict[str, str] = {}
     attrs: dict[str, Any] = {}
-    for name, value in directives + opts:                    # the command line wins
+    named = {"q": "queue", "N": "Job_Name", "A": "Account_Name", "P": "project"}
+    for name, value in options:
         if name == "l":
             for item in split_list(value):
                 key, eq, val = item.partition("=")
@@ -215,16 +213,22 @@ def qsub(argv: list[str], state: State) -> int:
                 variables[key] = val if eq else os.environ.get(key, "")
         elif name == "V":
             variables.update(os.environ)
-        elif name == "q":
-            attrs["queue"] = value
-        elif name == "N":
-            attrs["Job_Name"] = value
-        elif name == "A":
-            attrs["Account_Name"] = value
-        elif name == "P":
-            attrs["project"] = value
-        elif name in ("o", "e", "j", "r", "W", "m", "M", "a", "k", "S", "h", "J", "p"):
+        elif name in named:
+            attrs[named[name]] = value
+        else:
             attrs.setdefault("other", {})[name] = value
+    return resources, variables, attrs
+
+
+def qsub(argv: list[str], state: State) -> int:
+    opts, rest = _qsub_options(argv)
+    if ("version", None) in opts:
+        print("pbs_version = 23.06.06")
+        return 0
+    script, command = _qsub_script(argv, rest)
+    prefix = next((v for n, v in opts if n == "C"), "#PBS")
+    directives, _ = _qsub_options(directive_args(script, prefix))
+    resources, variables, attrs = _qsub_request(directives + opts)      # the command line wins
     server = state.server
     queue = attrs.get("queue")
     if queue and queue not in server["queues"]:

@@ -240,6 +240,7 @@ def _enroot_err(message: str) -> int:
 
 
 def enroot_main(argv: list[str], state: str) -> int:
+    """enroot.in: its paths' defaults, ``mkdir -p`` of them as the caller, then the command."""
     env = os.environ
     home = env.get("HOME") or os.path.expanduser("~")
     xdg_runtime = env.get("XDG_RUNTIME_DIR") or "/run"
@@ -256,8 +257,7 @@ def enroot_main(argv: list[str], state: str) -> int:
         return 0
     if not argv or argv[0] not in ENROOT_OPTIONS:
         raise UsageError("Usage: enroot COMMAND [ARG...]", status=1)
-    # (umask 077 && mkdir -p CACHE DATA RUNTIME), as the calling user
-    old = os.umask(0o077)
+    old = os.umask(0o077)                        # (umask 077 && mkdir -p CACHE DATA RUNTIME)
     try:
         for key in ("ENROOT_CACHE_PATH", "ENROOT_DATA_PATH", "ENROOT_RUNTIME_PATH"):
             try:
@@ -267,58 +267,69 @@ def enroot_main(argv: list[str], state: str) -> int:
                 return 1
     finally:
         os.umask(old)
-    command = argv[0]
-    opts, operands = _enroot_opts(command, argv[1:])
-    data = paths["ENROOT_DATA_PATH"]
-    if command == "import":
-        if len(operands) != 1:
-            raise UsageError("Usage: enroot import [options] [--] URI", status=1)
-        uri = operands[0]
-        if not re.fullmatch(r"docker://([^@#/]+@)?([^#/]+#)?[^#]+", uri):
-            return _enroot_err(f"Invalid argument: {uri}")
-        out = (opts.get("--output") or [None])[-1] or re.sub(r"[/:#@]", "+", uri.split("://", 1)[1]) + ".sqsh"
-        if os.path.exists(out):
-            return _enroot_err(f"File already exists: {out}")
-        if _behaviour(state).get("import_fails"):
-            return _enroot_err(f"Could not fetch the image manifest for {uri}")
-        Path(out).write_bytes(SQUASHFS_MAGIC + json.dumps({"source": uri}).encode())
-        return 0
-    if command == "create":
-        if len(operands) != 1:
-            raise UsageError("Usage: enroot create [options] [--] IMAGE", status=1)
-        image = operands[0]
-        if not os.path.isfile(image):
-            return _enroot_err(f"No such file or directory: {os.path.realpath(image)}")
-        with open(image, "rb") as fh:
-            if fh.read(4) != SQUASHFS_MAGIC:
-                return _enroot_err(f"Invalid image format: {os.path.realpath(image)}")
-        name = (opts.get("--name") or [None])[-1] or os.path.basename(image).removesuffix(".sqsh")
+    opts, operands = _enroot_opts(argv[0], argv[1:])
+    commands = {"import": _enroot_import, "create": _enroot_create, "remove": _enroot_remove,
+                "list": _enroot_list, "start": _enroot_start}
+    return commands[argv[0]](opts, operands, paths["ENROOT_DATA_PATH"], state, entry)
+
+
+def _enroot_import(opts: dict, operands: list[str], data: str, state: str, entry: dict) -> int:
+    if len(operands) != 1:
+        raise UsageError("Usage: enroot import [options] [--] URI", status=1)
+    uri = operands[0]
+    if not re.fullmatch(r"docker://([^@#/]+@)?([^#/]+#)?[^#]+", uri):
+        return _enroot_err(f"Invalid argument: {uri}")
+    out = (opts.get("--output") or [None])[-1] or re.sub(r"[/:#@]", "+", uri.split("://", 1)[1]) + ".sqsh"
+    if os.path.exists(out):
+        return _enroot_err(f"File already exists: {out}")
+    if _behaviour(state).get("import_fails"):
+        return _enroot_err(f"Could not fetch the image manifest for {uri}")
+    Path(out).write_bytes(SQUASHFS_MAGIC + json.dumps({"source": uri}).encode())
+    return 0
+
+
+def _enroot_create(opts: dict, operands: list[str], data: str, state: str, entry: dict) -> int:
+    if len(operands) != 1:
+        raise UsageError("Usage: enroot create [options] [--] IMAGE", status=1)
+    image = operands[0]
+    if not os.path.isfile(image):
+        return _enroot_err(f"No such file or directory: {os.path.realpath(image)}")
+    with open(image, "rb") as fh:
+        if fh.read(4) != SQUASHFS_MAGIC:
+            return _enroot_err(f"Invalid image format: {os.path.realpath(image)}")
+    name = (opts.get("--name") or [None])[-1] or os.path.basename(image).removesuffix(".sqsh")
+    if "/" in name:
+        return _enroot_err(f"Invalid argument: {name}")
+    rootfs = os.path.join(data, name)
+    if os.path.exists(rootfs) and "--force" not in opts:
+        return _enroot_err(f"File already exists: {os.path.realpath(rootfs)}")
+    os.makedirs(os.path.join(rootfs, "etc"), exist_ok=True)
+    Path(rootfs, "etc", "environment").write_text("PATH=/usr/local/bin:/usr/bin:/bin\n")
+    return 0
+
+
+def _enroot_remove(opts: dict, operands: list[str], data: str, state: str, entry: dict) -> int:
+    for name in operands:
+        rootfs = os.path.join(data, name)
         if "/" in name:
             return _enroot_err(f"Invalid argument: {name}")
-        rootfs = os.path.join(data, name)
-        if os.path.exists(rootfs) and "--force" not in opts:
-            return _enroot_err(f"File already exists: {os.path.realpath(rootfs)}")
-        os.makedirs(os.path.join(rootfs, "etc"), exist_ok=True)
-        Path(rootfs, "etc", "environment").write_text("PATH=/usr/local/bin:/usr/bin:/bin\n")
-        return 0
-    if command == "remove":
-        for name in operands:
-            rootfs = os.path.join(data, name)
-            if "/" in name:
-                return _enroot_err(f"Invalid argument: {name}")
-            if not os.path.isdir(rootfs):
-                return _enroot_err(f"No such file or directory: {os.path.realpath(rootfs)}")
-            if "--force" not in opts:
-                sys.stderr.write(f"Do you really want to delete {rootfs}? [y/N] ")
-                if not sys.stdin.readline().strip().lower().startswith("y"):
-                    continue
-            shutil.rmtree(rootfs)
-        return 0
-    if command == "list":
-        for name in sorted(os.listdir(data)):
-            print(name)
-        return 0
-    # start
+        if not os.path.isdir(rootfs):
+            return _enroot_err(f"No such file or directory: {os.path.realpath(rootfs)}")
+        if "--force" not in opts:
+            sys.stderr.write(f"Do you really want to delete {rootfs}? [y/N] ")
+            if not sys.stdin.readline().strip().lower().startswith("y"):
+                continue
+        shutil.rmtree(rootfs)
+    return 0
+
+
+def _enroot_list(opts: dict, operands: list[str], data: str, state: str, entry: dict) -> int:
+    for name in sorted(os.listdir(data)):
+        print(name)
+    return 0
+
+
+def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry: dict) -> int:
     if not operands:
         raise UsageError("Usage: enroot start [options] [--] NAME|IMAGE [COMMAND] [ARG...]", status=1)
     name, command_argv = operands[0], operands[1:]
@@ -330,7 +341,9 @@ def enroot_main(argv: list[str], state: str) -> int:
     for mount in opts.get("--mount", []):
         if not re.fullmatch(r"[^\s]+(:[^\s]+)*", mount):
             return _enroot_err(f"Invalid argument: {mount}")
-    container_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TERM": env.get("TERM", "xterm")}
+    env = os.environ
+    container_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": env.get("HOME", "/"),
+                     "TERM": env.get("TERM", "xterm")}
     for item in opts.get("--env", []):
         if not re.match(r"[A-Za-z_][A-Za-z0-9_]*(=|$)", item):
             return _enroot_err(f"Invalid argument: {item}")
