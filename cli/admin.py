@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from ..hooks.configfile import load_config
-from .common import EXIT_OK, config_arg
+from .common import EXIT_FAIL, EXIT_OK, config_arg, err
 
 
 def slurm(args: argparse.Namespace) -> int:
@@ -30,6 +30,40 @@ def pbs(args: argparse.Namespace) -> int:
 
     config = load_config(config_arg(args))                 # refuse to install a broken config
     install(config, hook_dir=Path(args.hook_dir), libexec=Path(args.libexec), apply=args.apply, log=print)
+    return EXIT_OK
+
+
+def pbs_status(args: argparse.Namespace) -> int:
+    """One line per job: state, queue, what tether planned (select/place) and its notes."""
+    from ..pbs_hooks.commands import PBSCommandError, job_status
+
+    try:
+        jobs = job_status(args.jobs, history=args.history)
+    except PBSCommandError as exc:
+        err(str(exc))
+        return EXIT_FAIL
+    for job in jobs.values():
+        res = job.resources
+        planned = " ".join(f"{k}={res[k]}" for k in ("select", "place") if k in res)
+        slots = " ".join(f"{k}={v}" for k, v in res.items() if str(k).startswith("tether_"))
+        exit_status = "" if job.exit_status is None else f" exit={job.exit_status}"
+        print(f"{job.job_id} {job.state} queue={job.queue} {planned} {slots}{exit_status}"
+              + (f"  # {job.comment}" if job.comment else ""))
+    return EXIT_OK
+
+
+def pbs_nodes(args: argparse.Namespace) -> int:
+    """One line per node: usable or not, its states, GPUs, jobs."""
+    from ..pbs_hooks.commands import PBSCommandError, node_status
+
+    try:
+        nodes = node_status()
+    except PBSCommandError as exc:
+        err(str(exc))
+        return EXIT_FAIL
+    for node in nodes.values():
+        print(f"{node.name} {'usable' if node.usable else 'unusable'} state={','.join(node.states)} "
+              f"ngpus={node.gpus} jobs={','.join(node.jobs) or '-'}")
     return EXIT_OK
 
 
@@ -62,3 +96,10 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     inst.add_argument("--apply", action="store_true",
                       help="build and write this host's files and run the qmgr commands")
     inst.set_defaults(func=pbs)
+    status = actions.add_parser("status", parents=[common],
+                                help="PBS jobs as tether planned them (qstat -f -F json): state, select, place")
+    status.add_argument("--history", action="store_true", help="include finished jobs (qstat -x)")
+    status.add_argument("jobs", nargs="*", metavar="JOB", help="job ids (default: every job you can see)")
+    status.set_defaults(func=pbs_status)
+    actions.add_parser("nodes", parents=[common], help="PBS nodes (pbsnodes -a -F json): usable, GPUs, jobs") \
+        .set_defaults(func=pbs_nodes)

@@ -38,8 +38,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``tether plan … -- COMMAND…``: the words after ``--`` are the job's command (options may
+    follow SPEC.yaml, so argparse's REMAINDER cannot take them)."""
+    words = [i for i, w in enumerate(argv) if not w.startswith("-") and (i == 0 or argv[i - 1] != "--config")]
+    if not words or argv[words[0]] != "plan" or "--" not in argv[words[0]:]:
+        return argv, None
+    cut = argv.index("--", words[0])
+    return argv[:cut], argv[cut + 1:]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv, command = _split_command(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
+    if command is not None:
+        args.cmd = command
     try:
         return args.func(args)
     except TetherError as exc:

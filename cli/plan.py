@@ -13,6 +13,7 @@ from ..hooks.header import batch_header
 from ..hooks.plan import make_plan
 from ..hooks.render import option_words, script_directives, script_options
 from ..hooks.request import request_from_spec
+from ..hooks.surface import CONTAINER_OPTIONS
 from .common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, config_arg, err
 
 
@@ -59,6 +60,9 @@ def plan(args: argparse.Namespace) -> int:
     except RequestError as exc:
         err(str(exc))
         return EXIT_USAGE
+    command = list(args.cmd)                     # the words after `--` (tether.cli.main)
+    if command:                                  # a whole batch script: directives and the launch body
+        return _batch_script(args, planned, directives, command, config)
     if args.format == "json":
         print(json.dumps({"directives": directives,
                           "args": option_words(script_options(planned, header), planned.scheduler),
@@ -68,6 +72,47 @@ def plan(args: argparse.Namespace) -> int:
         err(f"note: {notice}")
     print("\n".join(directives))
     return EXIT_OK
+
+
+def _batch_script(args: argparse.Namespace, planned, directives: list[str], command: list[str], config) -> int:
+    """Print a complete batch script: the directives, then one container per node running
+    ``command`` (seed 000: srun with one task per node; PBS: pbs_tmrsh per host), through
+    ``tether run`` with the --container-* options given here."""
+    from ..container.scripts import pbs_launch_script, slurm_launch_script
+    from ..container.spec import LaunchError
+    from ..hooks.surface import CONTAINER_OPTIONS
+
+    options = {}
+    for opt in CONTAINER_OPTIONS:
+        value = getattr(args, opt.name.replace("-", "_"), None)
+        if value:
+            options[opt.name] = "1" if value is True else value
+    if "container-image" not in options:
+        err("tether plan: a batch script with a command needs --container-image (one container per node)")
+        return EXIT_USAGE
+    render = pbs_launch_script if planned.scheduler == "pbs" else slurm_launch_script
+    try:
+        body = render(command, options, {}, tether=args.tether,
+                      default_runtime=config.data["container"]["runtime"])
+    except LaunchError as exc:
+        err(str(exc))
+        return EXIT_USAGE
+    for notice in planned.notices:
+        err(f"note: {notice}")
+    lines = body.splitlines()
+    shebang, rest = (lines[0], lines[1:]) if lines and lines[0].startswith("#!") else ("#!/bin/bash", lines)
+    print("\n".join([shebang, *directives, *rest]))
+    return EXIT_OK
+
+
+def _add_container_options(p: argparse.ArgumentParser) -> None:
+    for opt in CONTAINER_OPTIONS:                # with -- COMMAND: the containers of the batch script
+        if opt.kind == "flag":
+            p.add_argument(opt.flag, action="store_true", help=f"with a command: {opt.usage}")
+        else:
+            p.add_argument(opt.flag, metavar=opt.arginfo, help=f"with a command: {opt.usage}")
+    p.add_argument("--tether", default="tether", metavar="PATH",
+                   help="with a command: the tether command on the compute nodes (default: tether)")
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
@@ -81,11 +126,16 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     config_sub.add_parser("reference", help="print every config key as a Markdown table") \
         .set_defaults(func=config_reference_cmd)
 
-    p = sub.add_parser("plan", parents=[common], help="print the batch-script directives tether generates for a job spec")
+    p = sub.add_parser("plan", parents=[common], usage="tether plan [options] SPEC.yaml [-- COMMAND [ARG...]]",
+                       help="print the batch-script directives tether generates for a job spec; with -- "
+                            "COMMAND, a whole batch script running COMMAND in one container per node")
     p.add_argument("--scheduler", choices=("slurm", "pbs"), default="slurm")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--log-dir", metavar="DIR",
                    help="where the job's output and error logs go (default: <job name>.out and .err in the "
                         "directory the script is submitted from)")
     p.add_argument("spec", metavar="SPEC.yaml", help="job spec (YAML); - reads stdin")
-    p.set_defaults(func=plan)
+    _add_container_options(p)
+    # `-- COMMAND [ARG...]` after everything else: a whole batch script that runs COMMAND in one
+    # container per node (split off before argparse: tether.cli.main)
+    p.set_defaults(func=plan, cmd=[])

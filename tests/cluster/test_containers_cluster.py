@@ -8,7 +8,9 @@ image directory would be); the sandbox config selects podman with runc (see Sand
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -134,6 +136,28 @@ def test_a_registry_image_is_pulled_once_per_node_and_then_never(cluster, regist
     assert cold.stderr.count("tether: waiting for another rank on this node") <= 3
     assert warm_requests == [] and "pulling" not in warm.stderr       # the next job: nothing
     assert sorted(warm.stdout.split("\n")[:-1]) == [f"rank={r} in=container" for r in range(6)]
+
+
+def test_a_batch_script_from_tether_plan_runs_one_container_per_node(cluster, registry_image, tmp_path):
+    """`tether plan SPEC -- COMMAND` writes the seed's batch script; submitted as it is, it starts
+    one container per node (srun, one task per node, `tether run` in each)."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text("resource_pool: null\nslots_per_trial: 6\nslot_type: cpu\nslurm: {slots_per_node: 2}\n")
+    out = cluster.box.work_dir / f"plan-{os.getpid()}"
+    script = subprocess.run(
+        [str(Path(sys.executable).with_name("tether")), "plan", "--config", str(cluster.box.tether_conf), str(spec),
+         f"--container-image={registry_image}", f"--log-dir={out}", "--", "sh", "-c",
+         "echo node=$SLURMD_NODENAME in=$(test -e /etc/debian_version && echo host || echo container)"],
+        capture_output=True, text=True, check=True).stdout
+    out.mkdir()
+    account = pwd.getpwnam(cluster.user)
+    os.chown(out, account.pw_uid, account.pw_gid)
+    path = out / "job.sh"
+    path.write_text(script)
+    job = cluster.submit(str(path), env={"TETHER_CONFIG": str(cluster.box.tether_conf)})
+    assert cluster.wait_job(job)["JobState"] == "COMPLETED"
+    lines = sorted((out / "job.out").read_text().splitlines())
+    assert lines == [f"node=n{i} in=container" for i in (1, 2, 3)], (out / "job.err").read_text()
 
 
 def test_batch_script_stays_on_the_host_and_its_sruns_run_in_containers(cluster, image):

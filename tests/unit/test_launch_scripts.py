@@ -160,3 +160,29 @@ def test_pbs_script_collects_every_host_even_when_they_end_at_once(tmp_path):
     result = subprocess.run(["bash", "-c", runner], env={"PATH": "/usr/bin:/bin", "PBS_NODEFILE": str(nodefile)},
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+CPU_SPEC = "resource_pool: null\nslots_per_trial: 6\nslot_type: cpu\nslurm: {slots_per_node: 2}\npbs: {slots_per_node: 2}\n"
+
+
+@pytest.mark.parametrize("scheduler,directive,launch", [
+    ("slurm", "#SBATCH --nodes=3", "exec srun --nodes="), ("pbs", "#PBS -l select=3:ncpus=2", "pbs_tmrsh")])
+def test_tether_plan_with_a_command_prints_a_whole_batch_script(tmp_path, capsys, scheduler, directive, launch):
+    """`tether plan SPEC -- COMMAND` (the seed's generated batch script): the directives, then one
+    container per node running COMMAND through `tether run`; options may follow SPEC.yaml."""
+    from tether.cli.main import main
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(CPU_SPEC)
+    script = tmp_path / "job.sh"
+    assert main(["plan", "--scheduler", scheduler, str(spec), "--container-image=ubuntu:22.04", "--",
+                 "python", "train.py", "--lr", "it's"]) == 0
+    script.write_text(capsys.readouterr().out)
+    text = script.read_text()
+    assert text.startswith("#!/bin/bash\n") and directive in text and launch in text
+    assert "--container-image=ubuntu:22.04" in text and "'it'\"'\"'s'" in text
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert main(["plan", str(spec), "--", "true"]) == 2                        # no image: refused
+    assert "needs --container-image" in capsys.readouterr().err
+    assert main(["plan", str(spec), "--container-image=img.sif", "--", "true"]) == 2
+    assert "expected an absolute path" in capsys.readouterr().err

@@ -182,3 +182,19 @@ def test_the_readme_example_runs_with_pytest_p_tether_testing_in_an_empty_direct
     failing = subprocess.run([sys.executable, "-m", "pytest", "-p", "tether.testing", "-q", "-p", "no:cacheprovider",
                               "test_site.py"], cwd=site_dir, env=env, capture_output=True, text=True, timeout=300)
     assert failing.returncode == 1 and "1 failed" in failing.stdout, failing.stdout + failing.stderr
+
+
+def test_tether_pbs_status_and_nodes_read_the_fake_servers_output(tmp_path, site):
+    """`tether pbs status` / `nodes` (tether.pbs_hooks.commands) against the kit's qstat and pbsnodes."""
+    pbs = FakePbs(tmp_path / "pbs", config=site, queues=["workq", "gpu"])
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\nhostname\n")
+    job_id = pbs.qsub("-l", "tether_slots=8,tether_slots_per_node=4", str(script))
+    tether = [sys.executable, "-m", "tether.cli.main"]
+    status = subprocess.run([*tether, "pbs", "status", job_id], env=pbs.env(), capture_output=True, text=True)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.split()[:5] == [job_id, "queued", "queue=gpu", "select=2:ngpus=4", "place=scatter"]
+    missing = subprocess.run([*tether, "pbs", "status", "99.pbs"], env=pbs.env(), capture_output=True, text=True)
+    assert missing.returncode == 1 and "Unknown Job Id 99.pbs" in missing.stderr
+    nodes = subprocess.run([*tether, "pbs", "nodes"], env=pbs.env(), capture_output=True, text=True)
+    assert nodes.returncode == 0 and nodes.stdout.splitlines()[0] == "n1 usable state=free ngpus=0 jobs=-"
