@@ -34,7 +34,7 @@ from typing import Iterator, Mapping, Sequence
 
 from ..system.files import write_atomic
 from ..system.proc import CommandError, run_command
-from .launch import remove_file
+from .launch import progress, remove_file
 from .spec import LaunchError
 
 PARTIAL = ".partial"
@@ -151,12 +151,18 @@ class ImageCache:
         lock_fd = os.open(os.path.join(directory, key + ".lock"),
                           os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:                   # another rank of this user converts it now
+                progress(f"waiting for another rank's conversion of {source} into a SIF image")
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
             if _regular(final, self.uid):             # another rank converted it meanwhile
                 _touch(final)
                 return final
             self._remove_partials(directory, key)
             partial = os.path.join(directory, f".{key}.{os.getpid()}{PARTIAL}")
+            started = time.monotonic()
+            progress(f"converting {source} into a SIF image ({os.path.basename(build[0])}) ...")
             try:
                 run_command([*build, partial, source], env=env, timeout=timeout)
             except CommandError as exc:
@@ -169,6 +175,7 @@ class ImageCache:
             meta = {"source": source, "converted": time.time(), "uid": self.uid}
             write_atomic(os.path.join(directory, key + ".json"), json.dumps(meta) + "\n", 0o644)
             os.rename(partial, final)
+            progress(f"converted {source}: {os.path.getsize(final) / 1e6:.1f} MB in {time.monotonic() - started:.1f} s")
             return final
         finally:
             os.close(lock_fd)

@@ -49,6 +49,11 @@ def report(message: str) -> None:
     report_admin(message)
 
 
+def progress(message: str) -> None:
+    """A progress line for the user only (stderr: the job's output); not an error, not syslogged."""
+    print(f"tether: {message}", file=sys.stderr, flush=True)
+
+
 def report_admin(message: str) -> None:
     """The system log (what the admin reads), tagged tether-run, with the user's uid."""
     try:
@@ -89,7 +94,7 @@ def run_before(launch: Launch) -> None:
         except BlockingIOError:
             labels = [step[2] for step in launch.before if len(step) > 2 and not done(step[1])]
             if labels:
-                report(f"waiting for another rank on this node: {labels[0]}")
+                progress(f"waiting for another rank on this node: {labels[0]}")
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
     try:
         for step in launch.before:
@@ -101,13 +106,13 @@ def run_before(launch: Launch) -> None:
                 os.makedirs(os.path.dirname(check), mode=0o700, exist_ok=True)
             started = time.monotonic()
             if label:
-                report(f"{label} ...")
+                progress(f"{label} ...")
             try:
                 run_command(argv, env=launch.env, timeout=3600)
             except CommandError as exc:
                 raise LaunchError(str(exc)) from None
             if label:
-                report(f"{label}: done in {time.monotonic() - started:.1f} s")
+                progress(f"{label}: done in {time.monotonic() - started:.1f} s")
     finally:
         if lock_fd is not None:
             os.close(lock_fd)

@@ -41,6 +41,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from .fakebin import FakeCommands, UsageError, install_fakes, record_call, run_main
@@ -188,8 +189,9 @@ def _apptainer_build(prog: str, args: list[str], state: str) -> int:
         sys.stderr.write(f"FATAL:   While performing build: full path {out} already exists\n")
         return 255
     behaviour = _behaviour(state)
+    time.sleep(float(behaviour.get("build_seconds", 0)))          # a conversion takes a while
     if behaviour.get("build_fails"):
-        sys.stderr.write(f"FATAL:   While performing build: conveyor failed to get: {source}\n")
+        sys.stderr.write(f"FATAL:   While performing build: conveyor failed to get: {source}: manifest unknown\n")
         return 255
     Path(out).write_bytes(b"SIF_MAGIC" + source.encode())
     return 0
@@ -411,7 +413,7 @@ class FakeRuntimes(FakeCommands):
 
     def configure(self, **behaviour) -> None:
         """Change what the fakes do: ``exit_code``, ``run``, ``profiles`` (name -> profile),
-        ``build_fails``, ``import_fails``."""
+        ``build_seconds``, ``build_fails``, ``import_fails``."""
         current = _behaviour(str(self.state_dir))
         current.update(behaviour)
         path = self.state_dir / "behaviour.json"

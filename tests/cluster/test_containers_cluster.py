@@ -138,6 +138,15 @@ def test_a_registry_image_is_pulled_once_per_node_and_then_never(cluster, regist
     assert sorted(warm.stdout.split("\n")[:-1]) == [f"rank={r} in=container" for r in range(6)]
 
 
+def test_a_mount_onto_a_target_the_registry_image_lacks_just_works(cluster, registry_image):
+    """Issue 14: with a shared rootfs directory a mount needs its target in the image (podman
+    cannot create it there: tether says so); a registry image lives in the user's own store, where
+    podman creates the missing target, as pyxis/enroot users expect."""
+    result = cluster.as_user(["srun", "-N1", f"--container-image={registry_image}",
+                              "--container-mounts=/etc/debian_version:/data/version:ro", "cat", "/data/version"])
+    assert result.stdout.strip() == Path("/etc/debian_version").read_text().strip()
+
+
 def test_a_batch_script_from_tether_plan_runs_one_container_per_node(cluster, registry_image, tmp_path):
     """`tether plan SPEC -- COMMAND` writes the seed's batch script; submitted as it is, it starts
     one container per node (srun, one task per node, `tether run` in each)."""

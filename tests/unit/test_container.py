@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -203,31 +202,19 @@ def test_every_configured_runtime_has_an_adapter():
 
 
 # ---- the image cache -------------------------------------------------------------------------
-FAKE_BUILD = textwrap.dedent("""\
-    #!{python}
-    # A fake `apptainer build OUT SOURCE`: counts conversions, takes a while, writes OUT.
-    import os, sys, time
-    with open(os.environ["FAKE_COUNT"], "a") as fh:
-        fh.write(sys.argv[-1] + "\\n")
-    time.sleep(float(os.environ.get("FAKE_SLEEP", "0.5")))
-    if os.environ.get("FAKE_FAIL"):
-        print("FATAL: while making image from oci registry: manifest unknown", file=sys.stderr)
-        sys.exit(255)
-    with open(sys.argv[-2], "w") as fh:
-        fh.write("SIF of " + sys.argv[-1])
-    """)
-
-
 @pytest.fixture
-def fake_apptainer(tmp_path):
-    exe = tmp_path / "bin" / "apptainer"
-    exe.parent.mkdir()
-    exe.write_text(FAKE_BUILD.format(python=sys.executable))
-    exe.chmod(0o755)
-    return exe
+def fake_apptainer(fake_runtimes):
+    """The testing kit's apptainer (its `build` records each conversion and takes build_seconds)."""
+    fake_runtimes.configure(build_seconds=0.5)
+    return fake_runtimes
 
 
-def _ensure_in_subprocess(root, exe, source, env):
+def _conversions(fakes) -> list[str]:
+    return [c["source"] for c in fakes.calls("apptainer") if c["argv"][1] == "build"]
+
+
+def _ensure_in_subprocess(root, fakes, source, env):
+    exe = fakes.bin_dir / "apptainer"
     code = (f"from tether.container.images import ImageCache;"
             f"print(ImageCache({str(root)!r}).ensure({source!r}, build=[{str(exe)!r}, 'build']))")
     return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
@@ -237,14 +224,19 @@ def _ensure_in_subprocess(root, exe, source, env):
 def test_six_concurrent_first_uses_convert_exactly_once(tmp_path, fake_apptainer):
     root = tmp_path / "images"
     root.mkdir()
-    count = tmp_path / "count"
-    env = {**os.environ, "FAKE_COUNT": str(count)}
+    env = dict(os.environ)
     procs = [_ensure_in_subprocess(root, fake_apptainer, "docker://busybox:1.36", env) for _ in range(6)]
-    paths = {p.communicate(timeout=60)[0].strip() for p in procs}
+    outputs = [p.communicate(timeout=60) for p in procs]
+    paths = {out.strip() for out, _ in outputs}
     assert all(p.returncode == 0 for p in procs)
-    assert count.read_text().splitlines() == ["docker://busybox:1.36"]        # one conversion
+    assert _conversions(fake_apptainer) == ["docker://busybox:1.36"]        # one conversion
     (path,) = paths
-    assert Path(path).read_text() == "SIF of docker://busybox:1.36" and Path(path).parent == root
+    assert Path(path).read_bytes() == b"SIF_MAGICdocker://busybox:1.36" and Path(path).parent == root
+    # progress: the converting rank says what and how long; ranks that came meanwhile say they wait
+    errs = "".join(err for _, err in outputs)
+    assert errs.count("tether: converting docker://busybox:1.36 into a SIF image (apptainer) ...") == 1
+    assert errs.count("tether: converted docker://busybox:1.36: 0.0 MB in ") == 1
+    assert errs.count("tether: waiting for another rank's conversion of docker://busybox:1.36") >= 1
     assert not [e for e in os.listdir(root) if e.endswith(".partial")]
     assert [(i.source, i.path) for i in ImageCache(str(root)).entries()] == [("docker://busybox:1.36", path)]
 
@@ -252,24 +244,25 @@ def test_six_concurrent_first_uses_convert_exactly_once(tmp_path, fake_apptainer
 def test_killed_or_failed_conversion_never_becomes_visible(tmp_path, fake_apptainer):
     root = tmp_path / "images"
     root.mkdir()
-    env = {**os.environ, "FAKE_COUNT": str(tmp_path / "count"), "FAKE_SLEEP": "30"}
+    env = dict(os.environ)
+    fake_apptainer.configure(build_seconds=30)
     proc = _ensure_in_subprocess(root, fake_apptainer, "docker://big", env)
     deadline = time.monotonic() + 20
-    while not (tmp_path / "count").exists() and time.monotonic() < deadline:
+    while not _conversions(fake_apptainer) and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
     cache = ImageCache(str(root))
     assert cache.lookup("docker://big") is None and list(cache.entries()) == []
-    env.update(FAKE_SLEEP="0", FAKE_FAIL="1")
+    fake_apptainer.configure(build_seconds=0, build_fails=True)
     failed = _ensure_in_subprocess(root, fake_apptainer, "docker://big", env)
     _, err = failed.communicate(timeout=60)
     assert failed.returncode != 0 and "cannot convert docker://big into a SIF image" in err
     assert "manifest unknown" in err
     assert cache.lookup("docker://big") is None
     assert not [e for e in os.listdir(root) if e.endswith(".partial")]     # the killed one's is gone too
-    env.pop("FAKE_FAIL")
+    fake_apptainer.configure(build_fails=False)
     ok = _ensure_in_subprocess(root, fake_apptainer, "docker://big", env)
     assert ok.communicate(timeout=60)[0].strip() == str(root / (image_key("docker://big") + ".sif"))
     assert cache.prune(0) == [str(root / (image_key("docker://big") + ".sif"))]
@@ -360,16 +353,17 @@ def test_ls_skips_a_fifo_named_like_metadata_instead_of_hanging(public_dir):
     assert entries == [("?", 3)]
 
 
-def test_a_users_conversion_goes_to_their_own_cache(public_dir, fake_apptainer):
+def test_a_users_conversion_goes_to_their_own_cache(public_dir):
+    from tether.testing.runtimes import FakeRuntimes
+
     tmp_path = public_dir
-    exe = tmp_path / "apptainer"
-    shutil.copy(fake_apptainer, exe)
+    exe = FakeRuntimes(tmp_path / "fakes").bin_dir / "apptainer"          # reachable by the user
     home = tmp_path / "home"
     home.mkdir()
     os.chown(home, 1003, 1003)
     shared = tmp_path / "shared"
     shared.mkdir()
-    env = {**os.environ, "FAKE_COUNT": str(home / "count"), "HOME": str(home)}
+    env = {**os.environ, "HOME": str(home)}
     mine = user_cache_dir(DEFAULT_USER_CACHE, 1003, str(home))
     result = _as_user(1003, lambda: ImageCache(str(shared), user_dir=mine).ensure(
         "docker://x:1", build=[str(exe), "build"], env=env))
