@@ -81,8 +81,11 @@ def run_before(launch: Launch) -> None:
             return os.path.exists(check)
         try:
             run_command(check, env=launch.env, timeout=120)
-        except CommandError:
-            return False
+        except CommandError as exc:
+            # a check that failed because the runtime's state is stale says nothing: repair, ask again
+            if launch.runtime is None or not launch.runtime.recover_state(launch.env, exc.stderr or ""):
+                return False
+            return done(check)
         return True
 
     lock_fd = None
@@ -108,7 +111,12 @@ def run_before(launch: Launch) -> None:
             if label:
                 progress(f"{label} ...")
             try:
-                run_command(argv, env=launch.env, timeout=3600)
+                try:
+                    run_command(argv, env=launch.env, timeout=3600)
+                except CommandError as exc:
+                    if launch.runtime is None or not launch.runtime.recover_state(launch.env, exc.stderr or ""):
+                        raise
+                    run_command(argv, env=launch.env, timeout=3600)
             except CommandError as exc:
                 raise LaunchError(str(exc)) from None
             if label:
@@ -167,18 +175,15 @@ def _supervise(launch: Launch, subreaper: bool) -> int:
 
     for sig in FORWARDED:            # before fork: a signal in between is not lost (nor fatal)
         signal.signal(sig, forward)
-    child = os.fork()
-    if child == 0:
-        for sig in FORWARDED:
-            signal.signal(sig, signal.SIG_DFL)
-        _exec(launch)
-    children.append(child)
-    for signum in list(received):    # arrived before the runtime existed: it gets them now
-        try:
-            os.kill(child, signum)
-        except ProcessLookupError:
-            pass
-    status, killed = _wait_for(child)
+    status, killed = _run_child(launch, children, received)
+    if _never_started(launch, status, received, killed) and launch.runtime.recover_state(launch.env):
+        # the runtime failed before it created the container (its own state was stale): nothing
+        # of the user's ran, so one more try is safe
+        children.clear()
+        status, killed = _run_child(launch, children, received)
+    not_created = _never_started(launch, status, received, killed)
+    if launch.created:
+        remove_file(launch.created)
     monitor_killed = next((sig for name, sig in killed if name == launch.monitor), None)
     # abnormal: the runtime or its monitor died by a signal, this launcher got one -- or the
     # runtime says its container died by one (128+N) or could not start (125-127). At a step's
@@ -195,10 +200,35 @@ def _supervise(launch: Launch, subreaper: bool) -> int:
     if launch.marker and cleaned:
         remove_file(launch.marker)
     _reap_descendants(GRACE_SECONDS)
-    return _outcome(launch, status, monitor_killed)
+    return _outcome(launch, status, monitor_killed, not_created)
 
 
-def _outcome(launch: Launch, status: int, monitor_killed: int | None) -> int:
+def _never_started(launch: Launch, status: int, received: list[int], killed: list) -> bool:
+    """Did the runtime fail (exit 1 or 125+) without creating the container, unsignalled?"""
+    return (launch.created is not None and launch.runtime is not None and not received and not killed
+            and os.WIFEXITED(status) and os.WEXITSTATUS(status) in (1, 125, 126, 127)
+            and not os.path.exists(launch.created))
+
+
+def _run_child(launch: Launch, children: list[int], received: list[int]) -> tuple[int, list[tuple[str, int]]]:
+    """Fork and exec the runtime, pass it the signals that came before it existed, wait for it."""
+    if launch.created:
+        remove_file(launch.created)      # podman refuses to overwrite a --cidfile
+    child = os.fork()
+    if child == 0:
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_DFL)
+        _exec(launch)
+    children.append(child)
+    for signum in list(received):    # arrived before the runtime existed: it gets them now
+        try:
+            os.kill(child, signum)
+        except ProcessLookupError:
+            pass
+    return _wait_for(child)
+
+
+def _outcome(launch: Launch, status: int, monitor_killed: int | None, not_created: bool = False) -> int:
     """End as the runtime did (the same signal, or its exit code) and say what a user must know."""
     if monitor_killed is not None:
         report(f"the container's {launch.monitor} was killed ({signal.Signals(monitor_killed).name}): the "
@@ -213,6 +243,9 @@ def _outcome(launch: Launch, status: int, monitor_killed: int | None) -> int:
     if code in (125, 126, 127) and launch.monitor:
         report(f"{os.path.basename(launch.argv[0])} could not start the container (exit {code}); its "
                f"message is above")
+    elif not_created:
+        report(f"{os.path.basename(launch.argv[0])} exited {code} before it created the container; "
+               f"`{os.path.basename(launch.argv[0])} info`, run as this user on this node, usually says why")
     return code
 
 

@@ -26,6 +26,7 @@ import jinja2
 import yaml
 
 from ..admin.slurm import build_plugins, install_plugins
+from ..container.runtimes.podman import STALE_STATE
 from ..hooks.configfile import load_config
 from ..hooks.errors import TetherError
 from ..system.files import set_conf_line
@@ -272,6 +273,7 @@ class Sandbox:
         ensure_user(self.user, log=log)
         self._make_layout()
         self._write_configs(port_base)
+        self._heal_podman(log=log)
         if plugins:
             self.install_plugins(log=log)
         self.settings_file.write_text(json.dumps({"port_base": port_base, "user": self.user}) + "\n")
@@ -441,6 +443,24 @@ class Sandbox:
         (self.etc / "registries.conf").write_text(f'[[registry]]\nlocation = "{registry}"\ninsecure = true\n')
         self.tether_conf.write_text("# tether configuration of the sandbox cluster (generated)\n"
                                     + yaml.safe_dump(self.tether_settings(), sort_keys=False))
+
+    def _heal_podman(self, *, log=print) -> None:
+        """The job user's rootless podman state may name processes that are gone (this machine's
+        processes were killed, not stopped: a snapshot, a crash): podman then refuses every command
+        until `podman system migrate` (see Podman.recover_state, which jobs use too)."""
+        settings = self.tether_settings()["container"]["podman"]
+        env = ["env", *(f"{k}={v}" for k, v in settings["env"].items())]
+        podman = ["runuser", "-u", self.user, "--", *env, "podman", *settings["args"]]
+        for attempt in range(3):
+            try:
+                run_command([*podman, "ps", "--quiet"], timeout=120, cwd="/")
+                return
+            except CommandError as exc:
+                if not STALE_STATE.search(exc.stderr or "") or attempt == 2:
+                    raise SandboxError(f"podman does not work for {self.user}: {exc}") from None
+            log(f"podman's run state for {self.user} is stale: podman system migrate")
+            # exits 125 when a container recorded as running is gone, yet repairs the state
+            run_command([*podman, "system", "migrate"], timeout=120, cwd="/", check=False)
 
     def _start_registry(self) -> None:
         """docker-registry runs in the foreground: started in its own session, its PID recorded,

@@ -47,6 +47,10 @@ class Launch(Record):
         # runs the launcher again in cleanup mode afterwards (tether.container.cleanup)
         "marker": None,
         "marker_data": None,
+        # a file the runtime writes once it has created the container (podman's --cidfile): a run
+        # that failed without it never started anything of the user's, so it may be tried again
+        # after ``runtime.recover_state`` repaired the runtime's state
+        "created": None,
     }
     __slots__ = tuple(FIELDS)
     argv: list[str]
@@ -60,6 +64,7 @@ class Launch(Record):
     monitor: str | None
     marker: str | None
     marker_data: dict[str, str] | None
+    created: str | None
 
 
 class Runtime:
@@ -82,6 +87,13 @@ class Runtime:
         """Take container ``name`` away after an abnormal end; False when something stayed (told to
         the user and the admin). Runtimes that leave nothing behind have nothing to do."""
         return True
+
+    def recover_state(self, env: Mapping[str, str], output: str | None = None) -> bool:
+        """After a failed runtime command (its ``output``, or None when the output went to the
+        rank): repair the runtime's per-user state on this node if it is the known kind of stale,
+        telling the user; True when the command is worth one more try. Most runtimes keep no
+        such state."""
+        return False
 
     # --- shared pieces ---
     def base_env(self, host_env: Mapping[str, str]) -> dict[str, str]:

@@ -15,10 +15,11 @@ tether's own.
 from __future__ import annotations
 
 import os
+import re
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.layout import CLEANUP_MARKER
-from ..launch import report
+from ..launch import progress, report
 from ..spec import LaunchError
 from . import Launch, Runtime
 
@@ -67,6 +68,12 @@ def stdio_is_terminal() -> bool:
     return any(os.isatty(fd) for fd in (0, 1, 2))
 
 
+# podman 4.3 (cmd/podman/root.go -> pkg/domain/infra/abi/system.go SetupRootless): no process it
+# could join the user namespace of -- "could not find any running process" (all gone) or "cannot
+# re-exec process to join the existing user namespace" (only a dead, unreaped one left) -- exit 1
+STALE_STATE = re.compile(r"invalid internal status, try resetting the pause process")
+
+
 class Podman(Runtime):
     name = "podman"
 
@@ -79,7 +86,10 @@ class Podman(Runtime):
             env.pop("TMPDIR", None)
         passed, own = self.container_env(spec, host_env)
         name = spec.instance
+        # podman writes the container's id here once it exists (see Launch.created)
+        created = os.path.join(os.path.dirname(spec.rank_dir), f".cid-{spec.rank}") if spec.rank_dir else None
         argv = [self.binary, "run", *self.args, "--log-level=fatal", "--rm", "--name", name,
+                *(["--cidfile", created] if created else []),
                 "--label", f"tether.job={spec.job_id}", "--label", f"tether.step={spec.job_id}.{spec.step_id}",
                 "--network=host", "--pid=host"]
         if not stdio_is_terminal():
@@ -122,7 +132,41 @@ class Podman(Runtime):
             if step_dir:
                 lock = os.path.join(os.path.dirname(step_dir), "podman", ".pull-lock")
         return Launch(argv=argv, env=env, supervise=True, runtime=self, container=name, monitor="conmon",
-                      marker=marker, marker_data=data, before=before, lock=lock)
+                      marker=marker, marker_data=data, before=before, lock=lock, created=created)
+
+    def recover_state(self, env: Mapping[str, str], output: str | None = None) -> bool:
+        """Rootless podman joins the user namespace of its pause process, or else of a container it
+        believes running. When every such process is gone -- killed with the step that started
+        it (SIGKILL at a time limit, the OOM killer, a node's processes killed) while its run state
+        stayed (``$XDG_RUNTIME_DIR`` or ``/tmp/podman-run-<uid>`` outlives them) -- every podman
+        command of that user on this node fails with "invalid internal status, try resetting the
+        pause process with "podman system migrate": ..." (exit 1). Since
+        no process of that state lives, no running container is harmed by doing what it says."""
+        from ...system.proc import CommandError, run_command
+
+        def stale() -> bool:    # ask podman again, cheaply
+            try:
+                run_command([self.binary, *self.global_args(), "container", "exists", "tether-probe"],
+                            env=env, timeout=30)
+                return False
+            except CommandError as exc:
+                return bool(STALE_STATE.search(exc.stderr or ""))
+
+        if not (stale() if output is None else STALE_STATE.search(output)):
+            return False
+        progress("podman's run state on this node is stale (the processes it names are gone): "
+                 "`podman system migrate`, then trying again")
+        try:
+            # exits 125 when it cannot stop a container recorded as running whose processes are
+            # gone ("container not running"), yet leaves the state usable: what counts is the probe
+            run_command([self.binary, *self.global_args(), "system", "migrate"], env=env, timeout=120)
+        except CommandError:
+            pass
+        if stale():
+            progress("podman's run state is still stale after `podman system migrate` (see \"podman's run "
+                     "state is stale\" in tether's README, troubleshooting)")
+            return False
+        return True
 
     def remove(self, name: str, env: Mapping[str, str], *, new_session: bool = True) -> bool:
         """``podman rm --force`` (twice: the first rm of a container whose conmon was killed only

@@ -147,6 +147,46 @@ def test_a_mount_onto_a_target_the_registry_image_lacks_just_works(cluster, regi
     assert result.stdout.strip() == Path("/etc/debian_version").read_text().strip()
 
 
+def test_a_stale_podman_state_left_by_killed_processes_heals_itself(cluster, image):
+    """A step's processes killed outright (a node's processes killed, the OOM killer, SIGKILL at a
+    time limit before podman's cleanup) leave rootless podman's run state naming a pause process
+    and a running container that are gone; every podman command of that user on that node then
+    fails ("invalid internal status ... podman system migrate"; silently under --log-level=fatal:
+    the rank just exited 1). It did so in CI on a machine restored from a snapshot. The launcher
+    repairs the state (nothing of the user had run) and the step runs."""
+    conf = cluster.box.etc / "containers.conf"
+    podman = ["runuser", "-u", cluster.user, "--", "env", f"CONTAINERS_CONF={conf}", "podman", "--runtime", "runc"]
+    name = f"tether-stale-{os.getpid()}"
+    cluster.run([*podman, "run", "-d", "--name", name, "--network=host", "--userns=keep-id", "--read-only",
+                 "--rootfs", image, "sleep", "300"], cwd="/", timeout=60)
+    uid = pwd.getpwnam(cluster.user).pw_uid
+    pause = Path(f"/tmp/podman-run-{uid}/libpod/tmp/pause.pid")
+    victims = [int(pause.read_text())] if pause.exists() else []
+    for proc in Path("/proc").iterdir():        # the container's conmon and everything under it
+        try:
+            if proc.name.isdigit() and proc.stat().st_uid == uid and name.encode() in (proc / "cmdline").read_bytes():
+                victims.append(int(proc.name))
+        except OSError:
+            continue
+    assert victims, "no conmon found for the detached container"
+    for pid in victims:
+        os.kill(pid, 9)
+    for proc in Path("/proc").iterdir():        # the container's sleep (its conmon is gone)
+        try:
+            if proc.name.isdigit() and proc.stat().st_uid == uid and (proc / "cmdline").read_bytes() == b"sleep\x00300\x00":
+                os.kill(int(proc.name), 9)
+        except OSError:
+            continue
+    broken = cluster.run([*podman, "ps"], check=False, cwd="/")
+    assert broken.returncode != 0 and "podman system migrate" in broken.stderr, broken   # the stale state exists
+    result = cluster.as_user(["srun", "-N1", f"--container-image={image}", "sh", "-c",
+                              "echo in=$(grep -qF ' " + image + " / ' /proc/self/mountinfo && echo container)"])
+    assert result.stdout.strip() == "in=container", result.stderr
+    assert "podman's run state on this node is stale" in result.stderr
+    assert cluster.run([*podman, "ps"], check=False, cwd="/").returncode == 0
+    cluster.run([*podman, "rm", "--force", "--ignore", name], check=False, cwd="/")
+
+
 def test_a_batch_script_from_tether_plan_runs_one_container_per_node(cluster, registry_image, tmp_path):
     """`tether plan SPEC -- COMMAND` writes the seed's batch script; submitted as it is, it starts
     one container per node (srun, one task per node, `tether run` in each)."""

@@ -142,6 +142,7 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
               "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_ID", "TETHER_SLOT_IDS", "WORLD_SIZE"]
     assert launch.argv == [
         "podman", "run", "--runtime", "runc", "--log-level=fatal", "--rm", "--name", "tether-42-0-3",
+        "--cidfile", "/jobs/42/n2/step-0/.cid-3",
         "--label", "tether.job=42", "--label", "tether.step=42.0", "--network=host", "--pid=host",
         "--log-driver=passthrough", *keep_id,
         "--read-only", *[a for v in passed for a in ("--env", v)],
@@ -642,6 +643,36 @@ def test_a_runtime_that_reports_a_killed_container_gets_it_removed(tmp_path, cod
     marker = tmp_path / "removed"
     proc = subprocess.run([sys.executable, "-c", _supervised(runtime, marker, monitor="conmon")], timeout=60)
     assert proc.returncode == code and marker.exists() is removed
+
+
+@pytest.mark.parametrize("created", [False, True])
+def test_a_run_that_failed_before_creating_its_container_is_tried_again_after_repair(tmp_path, created):
+    """A runtime whose own state was stale exits 1 before it creates the container (podman: no
+    --cidfile written). The adapter repairs the state and the run is tried once more -- but a run
+    that created its container (the user's command ran and exited 1) is never run twice."""
+    runs, cid = tmp_path / "runs", tmp_path / "cid"
+    runtime = tmp_path / "runtime.sh"
+    write_cid = f"echo c1 > {cid}" if created else ":"
+    runtime.write_text(f"#!/bin/sh\necho run >> {runs}\n[ -e {tmp_path}/repaired ] && exit 0\n{write_cid}\nexit 1\n")
+    runtime.chmod(0o755)
+    code = textwrap.dedent(f"""\
+        import os
+        from tether.container.launch import execute
+        from tether.container.runtimes import Launch, Runtime
+        class Fake(Runtime):
+            name = "fake"
+            def recover_state(self, env, output=None):
+                open({str(tmp_path / "repaired")!r}, "w").close()
+                return True
+        execute(Launch(argv=[{str(runtime)!r}], env=dict(os.environ), supervise=True, runtime=Fake({{}}),
+                       container="c1", monitor="conmon", created={str(cid)!r}))
+        """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    if created:
+        assert proc.returncode == 1 and runs.read_text() == "run\n" and not (tmp_path / "repaired").exists()
+    else:
+        assert proc.returncode == 0 and runs.read_text() == "run\nrun\n", proc.stderr
+    assert not cid.exists()
 
 
 def test_a_killed_monitor_is_reported_and_its_container_removed(tmp_path):
