@@ -1,4 +1,4 @@
-"""``tether slurm build|install`` and ``tether pbs install``: an admin's setup commands.
+"""``tether slurm build|install``, ``tether pbs install`` and ``tether doctor``: an admin's commands.
 
 tether.admin is imported when one of these runs, not when ``tether`` starts: its builds pull in
 cffi and the sandbox's dependencies, ~80 ms of imports (measured with ``python -X importtime``) that
@@ -23,6 +23,13 @@ def slurm(args: argparse.Namespace) -> int:
         install_plugins(args.build_dir, slurm_conf=args.slurm_conf, plugin_dir=args.plugin_dir,
                         config=load_config(config_arg(args)), write=args.write, log=print)
     return EXIT_OK
+
+
+def doctor(args: argparse.Namespace) -> int:
+    """One line per check of this host's setup; exit 1 when any failed."""
+    from ..admin.doctor import doctor as run_doctor
+
+    return run_doctor(config_arg(args), args.slurm_conf, tuple(args.user or ()), log=print)
 
 
 def pbs(args: argparse.Namespace) -> int:
@@ -84,6 +91,14 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     inst.add_argument("--write", action="store_true",
                       help="install the plugins and the launcher, edit slurm.conf and plugstack.conf")
     inst.set_defaults(func=slurm)
+
+    p = sub.add_parser("doctor", parents=[common],
+                       help="check this host's setup (Slurm and plugins, plugstack.conf and slurm.conf, the "
+                            "config slurmctld reads, runtimes, job users' subuid, CDI, storage); exit 1 on a failure")
+    p.add_argument("--slurm-conf", metavar="FILE", help="slurm.conf (default $SLURM_CONF, else /etc/slurm/slurm.conf)")
+    p.add_argument("--user", action="append", metavar="NAME",
+                   help="a job user to check rootless podman's needs for (repeatable)")
+    p.set_defaults(func=doctor)
 
     p = sub.add_parser("pbs", help="install tether's PBS hooks")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -141,10 +141,19 @@ def execute(launch: Launch, *, subreaper: bool = False) -> NoReturn:
 
 def _exec(launch: Launch) -> NoReturn:
     try:
+        for source, target in (launch.fds or {}).items():
+            if source != target:
+                os.dup2(source, target)         # inheritable: the runtime gets it
+            else:
+                os.set_inheritable(target, True)
         os.execvpe(launch.argv[0], launch.argv, launch.env)
     except OSError as exc:
+        if exc.filename is None:   # dup2
+            report(f"cannot pass file descriptors {launch.fds} to the container runtime: {exc.strerror}")
+            os._exit(EXIT_LAUNCH_FAILED)
+        name = launch.runtime.name if launch.runtime is not None else os.path.basename(launch.argv[0])
         report(f"cannot start the container runtime {launch.argv[0]!r}: {exc.strerror} "
-               f"(set container.<runtime>.binary in tether's config)")
+               f"(install it on this node, or set container.{name}.binary in tether's config)")
         os._exit(EXIT_LAUNCH_FAILED)
 
 

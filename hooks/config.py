@@ -45,7 +45,7 @@ def _check_override(value: dict, path: str, errors: list[SchemaError]) -> None:
             errors.append(SchemaError(f"{path}.pbsbatch_args", str(exc)))
 
 
-def _runtime(binary: str, doc: str) -> Struct:
+def _runtime(binary: str, doc: str, **extra) -> Struct:
     return Struct(doc=doc, fields={
         "binary": Str(default=binary, pattern=r"[^\s]+", accepted="a command name or path",
                       doc="the runtime's executable (looked up in PATH unless absolute)"),
@@ -55,6 +55,7 @@ def _runtime(binary: str, doc: str) -> Struct:
                    key_accepted="letters, digits and '_', not starting with a digit",
                    doc="variables set for the runtime process itself (e.g. podman: CONTAINERS_CONF); "
                        "they do not enter the container"),
+        **extra,
     })
 
 
@@ -108,7 +109,16 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
                                     "uses them)"),
         "apptainer": _runtime("apptainer", "Apptainer settings"),
         "singularity": _runtime("singularity", "Singularity settings"),
-        "podman": _runtime("podman", "Podman settings"),
+        "podman": _runtime(
+            "podman", "Podman settings",
+            cdi_kind=Str(default="nvidia.com/gpu", pattern=r"[a-z0-9][a-z0-9.-]*/[a-zA-Z0-9][a-zA-Z0-9_.-]*",
+                         accepted="a CDI kind, vendor/class", doc="the CDI kind of the node's GPUs: a rank "
+                         "with GPU slots gets --device KIND=ID for each of its GPUs (nvidia-ctk cdi generate "
+                         "writes nvidia.com/gpu)"),
+            cdi_spec_dirs=List(item=Str(pattern=r"/.*", accepted="an absolute path"),
+                               default=["/etc/cdi", "/var/run/cdi"],
+                               doc="where podman finds CDI specs (podman's own default): checked for the "
+                                   "GPU kind before a GPU rank starts")),
         "enroot": _runtime("enroot", "Enroot settings"),
     }),
     "plugin": Struct(doc="plugin behaviour", fields={

@@ -88,7 +88,7 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     # --- the slot request (seed 000: slots_per_trial, slots_per_node, slot_type, gpu_type, resource_pool)
-    Option("slots", "N", "count", "slots for the job (the seed's slots_per_trial); 0: an auxiliary task",
+    Option("slots", "N", "count", "slots for the job (slots_per_trial in a job spec); 0: an auxiliary task",
            minimum=0, maximum=MAX_SLOTS, field="slots", spec_key="slots_per_trial",
            pbs_resource="tether_slots", pbs_type="long"),
     Option("slots-per-node", "N", "count", "slots each node must provide (slots_per_node)",
@@ -103,7 +103,8 @@ OPTIONS: tuple[Option, ...] = (
     # --- containers (names follow pyxis)
     Option("container-image", "IMAGE", "image",
            "an absolute path (.sif, squashfs, rootfs directory) or a registry image: ubuntu:22.04, "
-           "nvcr.io#nvidia/pytorch:24.01-py3, docker://..."),
+           "nvcr.io#nvidia/pytorch:24.01-py3, docker://...; empty (--container-image=): this step on the "
+           "host"),
     Option("container-runtime", "apptainer|singularity|podman|enroot", "runtime",
            "container runtime (default from the config)"),
     Option("container-mounts", "SRC:DST[:ro],...", "text", "bind mounts into the container"),
@@ -140,8 +141,8 @@ def normalize(opt: Option, value: str) -> str | None:
     elif opt.kind == "name":
         ok = 0 < len(value) <= MAX_NAME and value[0] in _ASCII_ALNUM and all(
             c in _ASCII_ALNUM or c in "._-" for c in value)
-    elif opt.kind == "image":
-        ok = valid_reference(value)
+    elif opt.kind == "image":   # empty: no container (one step on the host in a container job)
+        ok = value == "" or valid_reference(value)
     elif opt.kind == "env_names":
         ok = len(value.encode("utf-8", "surrogateescape")) <= MAX_TEXT and all(
             _env_name(n) for n in value.split(","))
@@ -197,7 +198,7 @@ RANK_ENV: tuple[Variable, ...] = (
                             "a step, different for concurrent steps of a job (up to 16) and for jobs with "
                             "neighbouring ids"),
     Variable("TMPDIR", "`<rank dir>/tmp` (private to the rank, 0700, removed with the step)"),
-    Variable("TETHER_WORK_DIR", "`<rank dir>/work` (the seed's per-rank work directory)"),
+    Variable("TETHER_WORK_DIR", "`<rank dir>/work` (the rank's own work directory)"),
     Variable("TETHER_RANK_DIR", "the rank's directory", host_only=True),
     Variable("TETHER_STEP_DIR", "the step's directory on this node", host_only=True),
     Variable("TETHER_JOB_DIR", "the job's directory", host_only=True),

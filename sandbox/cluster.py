@@ -39,6 +39,10 @@ DEFAULT_PORT_BASE = 17000
 DEFAULT_USER = "tether-demo"
 NODES = ("n1", "n2", "n3")
 GPUS_PER_NODE = 4
+# fake GPUs /dev/tether-fakegpu0..3 and their CDI spec (see write_fake_gpus)
+FAKE_GPU_PREFIX = "/dev/tether-fakegpu"
+FAKE_GPU_CDI_KIND = "sandbox.tether/gpu"
+FAKE_GPU_CDI_SPEC = Path("/etc/cdi/tether-sandbox.yaml")
 CPUS_PER_NODE = 8
 MEMORY_MB = 4000
 # podman on this machine type: the sandbox lacks CAP_SYS_RESOURCE, so no default ulimits.
@@ -47,7 +51,8 @@ CONTAINERS_CONF = "[containers]\ndefault_ulimits = []\n"
 # What a fresh Debian 12 machine needs for the sandbox and the plugins built against it.
 APT_PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "libslurm-dev", "munge",
                 "podman", "runc", "conmon", "uidmap", "fuse-overlayfs", "slirp4netns", "catatonit",
-                "busybox-static", "python3-dev", "gcc", "docker-registry")
+                "busybox-static", "python3-dev", "gcc", "docker-registry", "openmpi-bin", "libopenmpi-dev",
+                "libpmi2-0-dev")
 # The sandbox's image registry (Debian's docker-registry, 2.8): on 127.0.0.1 at port base + 5, its
 # own config and storage; the images the tests pull are pushed into it by the sandbox.
 REGISTRY_OFFSET = 5
@@ -150,6 +155,13 @@ class Sandbox:
         """The tether config the sandbox's daemons read (their $TETHER_CONFIG)."""
         return self.etc / "tether.yaml"
 
+    @staticmethod
+    def tmpfs_dir(port_base: int) -> Path:
+        """TmpFS per node (``<this>/<node>``): under /tmp as on real nodes, where a container's /tmp
+        (the rank's own) can hold the mount of the PMIx client directory Slurm makes there; one per
+        sandbox (by its port base)."""
+        return Path(f"/tmp/tether-sandbox-{port_base}")
+
     @property
     def registry_conf(self) -> Path:
         return self.etc / "registry.yml"
@@ -168,8 +180,9 @@ class Sandbox:
         return self.root / "sandbox.json"
 
     def env(self) -> dict[str, str]:
-        """Variables that point Slurm's commands at this sandbox."""
-        return {"SLURM_CONF": str(self.slurm_conf)}
+        """Variables that point Slurm's commands, and tether's (``tether config check``, ``tether
+        plan``, ``tether run``), at this sandbox's configuration."""
+        return {"SLURM_CONF": str(self.slurm_conf), "TETHER_CONFIG": str(self.tether_conf)}
 
     def command_env(self) -> dict[str, str]:
         """os.environ plus :meth:`env`, for running Slurm commands against the sandbox."""
@@ -194,7 +207,7 @@ class Sandbox:
             "container": {
                 "runtime": "podman",
                 "apptainer_image_root": str(self.root / "images"),
-                "podman": {"args": ["--runtime", "runc"],
+                "podman": {"args": ["--runtime", "runc"], "cdi_kind": FAKE_GPU_CDI_KIND,
                            "env": {"CONTAINERS_CONF": str(self.etc / "containers.conf"),
                                    "CONTAINERS_REGISTRIES_CONF": str(self.etc / "registries.conf")}},
             },
@@ -206,6 +219,14 @@ class Sandbox:
         root = self.root / "images" / "busybox-rootfs"
         if not (root / "mnt").is_dir():
             build_busybox_rootfs(root)
+        return str(root)
+
+    def mpi_image(self) -> str:
+        """The busybox image plus OpenMPI and libpmi2 (from the host's packages), ``tether-mpi-ping``
+        and ``tether-pmi2-ping``: the image MPI tests run in. Built once."""
+        root = self.root / "images" / "mpi-rootfs"
+        if not all((root / p.lstrip("/")).exists() for p in (MPI_PING, PMI2_PING, "/usr/share/openmpi")):
+            build_busybox_rootfs(root, extra=add_mpi)
         return str(root)
 
     def restart_slurmctld(self, timeout: float = 60.0) -> None:
@@ -283,6 +304,8 @@ class Sandbox:
             self._start(["slurmctld", "-f", str(self.slurm_conf)], "slurmctld")
             for node in NODES:
                 (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
+                (self.tmpfs_dir(port_base) / node).mkdir(parents=True, exist_ok=True)
+                os.chmod(self.tmpfs_dir(port_base) / node, 0o1777)
                 self._start(["slurmd", "-f", str(self.slurm_conf), "-N", node], f"slurmd-{node}")
             self.wait_idle(timeout)
         except SandboxError as exc:
@@ -404,10 +427,7 @@ class Sandbox:
                                    f"need to reach {self.root}")
         self.work_dir.mkdir(exist_ok=True)
         os.chmod(self.work_dir, 0o1777)
-        for i in range(GPUS_PER_NODE):
-            dev = self.root / "dev" / f"fakegpu{i}"
-            if not dev.exists():
-                os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # like /dev/null
+        write_fake_gpus()
         munge = pwd.getpwnam("munge")
         self.munge_dir.mkdir(exist_ok=True)
         os.chown(self.munge_dir, munge.pw_uid, munge.pw_gid)
@@ -425,11 +445,11 @@ class Sandbox:
             "cluster_name": "tether-sandbox", "ctld_port": port_base,
             "slurmd_ports": [port_base + 1 + i for i in range(len(NODES))],
             "munge_socket": self.munge_socket, "state_dir": self.root / "state",
-            "spool_dir": self.root / "spool", "run_dir": self.run_dir, "log_dir": self.log_dir,
+            "spool_dir": self.root / "spool", "tmpfs_dir": self.tmpfs_dir(port_base), "run_dir": self.run_dir, "log_dir": self.log_dir,
             "plugin_dir": f"{system_plugin_dir()}:{self.plugin_dir}",
             "plugstack_conf": self.plugstack_conf,
             "nodes": len(NODES), "cpus": CPUS_PER_NODE, "memory_mb": MEMORY_MB,
-            "gpus": GPUS_PER_NODE, "dev_dir": self.root / "dev",
+            "gpus": GPUS_PER_NODE, "gpu_prefix": FAKE_GPU_PREFIX,
         }
         for name in ("slurm.conf", "gres.conf"):
             template = resources.files("tether.sandbox").joinpath(f"{name}.j2").read_text()
@@ -610,6 +630,26 @@ def ensure_packages(packages: Iterable[str], *, log=print) -> None:
             policy.unlink(missing_ok=True)
 
 
+def write_fake_gpus() -> None:
+    """The sandbox's fake GPUs: character devices like /dev/null, under /dev because rootless
+    podman bind-mounts a CDI device from the same path on the host (see DESIGN, CDI), and the CDI
+    spec that names them (kind FAKE_GPU_CDI_KIND, not a vendor's: no real GPU tooling mistakes
+    them). Shared by every sandbox on this machine; written whole, left in place."""
+    devices = []
+    for i in range(GPUS_PER_NODE):
+        dev = Path(f"{FAKE_GPU_PREFIX}{i}")
+        if not dev.exists():
+            os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        os.chmod(dev, 0o666)
+        devices.append({"name": str(i), "containerEdits": {"deviceNodes": [{"path": str(dev)}]}})
+    spec = {"cdiVersion": "0.5.0", "kind": FAKE_GPU_CDI_KIND, "devices": devices}
+    FAKE_GPU_CDI_SPEC.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    tmp = FAKE_GPU_CDI_SPEC.with_name(f".{FAKE_GPU_CDI_SPEC.name}.{os.getpid()}")
+    tmp.write_text(yaml.safe_dump(spec, sort_keys=False))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, FAKE_GPU_CDI_SPEC)
+
+
 def ensure_user(name: str, *, log=print) -> None:
     """Create the unprivileged job user (with a home directory) if it does not exist."""
     try:
@@ -660,9 +700,9 @@ def _wait_gone(daemon: Daemon, timeout: float) -> bool:
     return daemon.pid() is None
 
 
-def build_busybox_rootfs(root: Path) -> None:
+def build_busybox_rootfs(root: Path, *, extra=None) -> None:
     """A complete small image: busybox-static with every applet, the /etc files and mount targets
-    runtimes expect. Built beside ``root`` and renamed into place."""
+    runtimes expect; ``extra(tmp)`` adds more. Built beside ``root`` and renamed into place."""
     tmp = root.with_name(f".{root.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(root, ignore_errors=True)
@@ -680,6 +720,67 @@ def build_busybox_rootfs(root: Path) -> None:
     (tmp / "etc" / "mtab").symlink_to("/proc/mounts")
     os.chmod(tmp / "tmp", 0o1777)
     os.chmod(tmp / "var" / "tmp", 0o1777)
+    if extra is not None:
+        extra(tmp)
     for path in (tmp.parent, tmp):
         os.chmod(path, 0o755)
     tmp.rename(root)
+
+
+# Debian packages whose files, with everything they depend on, make the MPI image's runtime
+MPI_IMAGE_PACKAGES = ("libopenmpi3", "openmpi-common", "libpmi2-0")
+MPI_PING = "/usr/local/bin/tether-mpi-ping"        # OpenMPI (srun --mpi=pmix)
+PMI2_PING = "/usr/local/bin/tether-pmi2-ping"      # Slurm's libpmi2 (srun --mpi=pmi2)
+_SKIPPED_SHARE = ("/usr/share/doc/", "/usr/share/man/", "/usr/share/locale/", "/usr/share/info/",
+                  "/usr/share/lintian/", "/usr/share/bug/")
+
+
+def installed_closure(packages: Iterable[str]) -> list[str]:
+    """The installed Debian packages ``packages`` need (Depends and Pre-Depends, recursively; of
+    alternatives the first one installed), themselves included."""
+    def installed(name: str) -> bool:
+        out = run_command(["dpkg-query", "-W", "-f", "${Status}", name], check=False).stdout
+        return out.endswith("install ok installed")
+
+    seen: set[str] = set()
+    todo = list(packages)
+    while todo:
+        package = todo.pop()
+        if package in seen:
+            continue
+        seen.add(package)
+        fields = run_command(["dpkg-query", "-W", "-f", "${Depends},${Pre-Depends}", package]).stdout
+        for group in filter(None, (g.strip() for g in fields.split(","))):
+            names = [alt.strip().split(" ")[0].split(":")[0] for alt in group.split("|")]
+            todo += [n for n in names if installed(n)][:1]
+    return sorted(seen)
+
+
+def add_mpi(tmp: Path) -> None:
+    """OpenMPI's runtime, copied from the host's Debian packages (the same OpenMPI as the host's:
+    srun's PMIx is the host's) and Slurm's libpmi2, and the ping programs (sandbox/mpi_ping.c with
+    mpicc, sandbox/pmi2_ping.c with libpmi2)."""
+    for package in installed_closure(MPI_IMAGE_PACKAGES):
+        for path in run_command(["dpkg", "-L", package]).stdout.splitlines():
+            if not path.startswith("/") or path.startswith(_SKIPPED_SHARE) or path in ("/.", "/"):
+                continue
+            source = Path(path)
+            if source.is_dir():          # directories (and Debian's merged-/usr links) come below
+                continue
+            # under the directory's real path: /lib/x86_64-linux-gnu/libc.so.6 lands in /usr/lib/...
+            target = tmp / os.path.realpath(source.parent).lstrip("/") / source.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if source.is_symlink():
+                if not target.is_symlink() and not target.exists():
+                    target.symlink_to(os.readlink(source))
+            elif source.is_file():
+                shutil.copy2(source, target)
+    for link in ("lib", "lib64"):        # merged /usr, as on the host
+        if (tmp / "usr" / link).is_dir() and not os.path.lexists(tmp / link):
+            (tmp / link).symlink_to(f"usr/{link}")
+    for name, program, compiler in (("mpi_ping.c", MPI_PING, ["mpicc"]), ("pmi2_ping.c", PMI2_PING, ["gcc"])):
+        target = tmp / program.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with resources.as_file(resources.files("tether.sandbox").joinpath(name)) as path:
+            libs = ["-lpmi2"] if name.startswith("pmi2") else []
+            run_command([*compiler, "-O2", "-o", str(target), str(path), *libs], timeout=120)

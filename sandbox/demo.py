@@ -6,8 +6,8 @@ an ordinary ``sbatch --slots=6 --slots-per-node=2 --slot-type=cpu --container-im
 IMAGE being a busybox image in the sandbox's own registry: the SPANK plugin carries the options to
 slurmctld, the job_submit plugin turns them into the seed's resource request (3 nodes, 2 CPU
 slots each), the batch script runs on the host, and its ``srun`` starts one container per rank --
-the image pulled once per node -- in which each rank prints what it got. (CPU slots: GPU slots in
-a container need a CDI spec for the GPUs, which the sandbox's fake GPUs do not have yet.)
+the image pulled once per node -- in which each rank prints what it got. (CPU slots, so the
+output shows every node's CPUs; GPU slots in containers are in the tests.)
 """
 
 from __future__ import annotations

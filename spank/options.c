@@ -117,6 +117,8 @@ static const char *check_value(const struct tether_opt *o, const char *value)
 
 	if (o->kind == K_FLAG)
 		return flag_value(value);
+	if (o->kind == K_IMAGE && value == NULL) /* slurmstepd may hand an empty argument over so */
+		return "";
 	if (value == NULL)
 		return NULL;
 	switch (o->kind) {
@@ -132,8 +134,8 @@ static const char *check_value(const struct tether_opt *o, const char *value)
 		return env_names_ok(value) ? value : NULL;
 	case K_TEXT:
 		return text_ok(value) ? value : NULL;
-	case K_IMAGE:
-		return tether_image_ok(value) ? value : NULL;
+	case K_IMAGE: /* empty: no container for this step (--container-image= in a container job) */
+		return value[0] == '\0' || tether_image_ok(value) ? value : NULL;
 	default:
 		return NULL;
 	}

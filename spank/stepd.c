@@ -148,6 +148,7 @@ int tether_stepd_post_opt(spank_t sp)
 	/* The tasks of an ordinary step run in the container; the batch script, salloc's interactive
 	 * step and the extern step stay on the host (so srun works inside a batch script). */
 	step.container = tether_opt_value(OPT_CONTAINER_IMAGE) != NULL &&
+			 tether_opt_value(OPT_CONTAINER_IMAGE)[0] != '\0' && /* empty: this step on the host */
 			 step.step_id < SLURM_MAX_NORMAL_STEP_ID;
 	if (step.container && tether_launcher == NULL) {
 		tether_fail("tether: --container-image: containers are not set up on this cluster "

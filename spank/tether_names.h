@@ -24,12 +24,12 @@ enum tether_option {
 /* struct tether_opt initializers (options.h), in enum tether_option's order */
 #define TETHER_OPTION_TABLE \
 	{ \
-		{ "slots", "N", "[tether] slots for the job (the seed's slots_per_trial); 0: an auxiliary task", K_COUNT, "TETHER_SLOTS", "TETHER_JOB_SLOTS", 0L, 10000000L, NULL, 0 }, \
+		{ "slots", "N", "[tether] slots for the job (slots_per_trial in a job spec); 0: an auxiliary task", K_COUNT, "TETHER_SLOTS", "TETHER_JOB_SLOTS", 0L, 10000000L, NULL, 0 }, \
 		{ "slots-per-node", "N", "[tether] slots each node must provide (slots_per_node)", K_COUNT, "TETHER_SLOTS_PER_NODE", "TETHER_JOB_SLOTS_PER_NODE", 1L, 65533L, NULL, 0 }, \
 		{ "slot-type", "cuda|rocm|cpu", "[tether] what a slot is; overrides the partition's and the cluster's", K_SLOT_TYPE, "TETHER_SLOT_TYPE", "TETHER_JOB_SLOT_TYPE", 0L, 0L, NULL, 0 }, \
 		{ "gpu-type", "TYPE", "[tether] GPU gres type for --gpus/--gres (gpu_type)", K_NAME, "TETHER_GPU_TYPE", "TETHER_JOB_GPU_TYPE", 0L, 0L, NULL, 0 }, \
 		{ "resource-pool", "NAME", "[tether] partition to run in (resource_pool)", K_NAME, "TETHER_RESOURCE_POOL", "TETHER_JOB_RESOURCE_POOL", 0L, 0L, NULL, 0 }, \
-		{ "container-image", "IMAGE", "[tether] an absolute path (.sif, squashfs, rootfs directory) or a registry image: ubuntu:22.04, nvcr.io#nvidia/pytorch:24.01-py3, docker://...", K_IMAGE, "TETHER_CONTAINER_IMAGE", NULL, 0L, 0L, NULL, 0 }, \
+		{ "container-image", "IMAGE", "[tether] an absolute path (.sif, squashfs, rootfs directory) or a registry image: ubuntu:22.04, nvcr.io#nvidia/pytorch:24.01-py3, docker://...; empty (--container-image=): this step on the host", K_IMAGE, "TETHER_CONTAINER_IMAGE", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-runtime", "apptainer|singularity|podman|enroot", "[tether] container runtime (default from the config)", K_RUNTIME, "TETHER_CONTAINER_RUNTIME", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-mounts", "SRC:DST[:ro],...", "[tether] bind mounts into the container", K_TEXT, "TETHER_CONTAINER_MOUNTS", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-workdir", "DIR", "[tether] working directory inside the container", K_TEXT, "TETHER_CONTAINER_WORKDIR", NULL, 0L, 0L, NULL, 0 }, \

@@ -51,6 +51,9 @@ class Launch(Record):
         # that failed without it never started anything of the user's, so it may be tried again
         # after ``runtime.recover_state`` repaired the runtime's state
         "created": None,
+        # file descriptors the runtime gets at other numbers ({from: to}, dup2'ed just before it
+        # starts): the PMI-2 socket moves to 3, the first fd podman's --preserve-fds passes on
+        "fds": None,
     }
     __slots__ = tuple(FIELDS)
     argv: list[str]
@@ -65,6 +68,7 @@ class Launch(Record):
     marker: str | None
     marker_data: dict[str, str] | None
     created: str | None
+    fds: dict[int, int] | None
 
 
 class Runtime:

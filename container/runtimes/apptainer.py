@@ -48,7 +48,7 @@ class Apptainer(Runtime):
         if spec.writable:
             argv.append("--writable-tmpfs")
         argv += [self.image_path(spec, env), *spec.command]
-        return Launch(argv=argv, env=env)
+        return Launch(argv=argv, env=env, runtime=self)
 
     def require_version(self, minimum: tuple[int, int], flag: str) -> None:
         """Refuse, with one line naming the minimum, a runtime too old for ``flag`` (asked only when

@@ -84,7 +84,7 @@ class Enroot(Runtime):
         argv += [name, "/bin/sh", "-c", CD_PROLOGUE, "sh", spec.workdir, *spec.command]
         after = [] if spec.name else [[self.binary, "remove", "--force", name]]
         lock = os.path.join(node_dir, "enroot", ".lock") if node_dir else None
-        return Launch(argv=argv, env=env, supervise=True, before=before, lock=lock, after=after)
+        return Launch(argv=argv, env=env, supervise=True, before=before, lock=lock, after=after, runtime=self)
 
 
 ADAPTER = Enroot

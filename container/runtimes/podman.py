@@ -24,7 +24,7 @@ from ..spec import LaunchError
 from . import Launch, Runtime
 
 if TYPE_CHECKING:
-    from typing import Mapping
+    from typing import Mapping, Sequence
 
     from ..spec import LaunchSpec
 
@@ -74,8 +74,132 @@ def stdio_is_terminal() -> bool:
 STALE_STATE = re.compile(r"invalid internal status, try resetting the pause process")
 
 
+def spec_has_kind(directory: str, kind: str) -> bool:
+    """Does a CDI spec (``*.yaml``/``*.json``) in ``directory`` declare ``kind``?"""
+    pattern = re.compile(r'^\s*"?kind"?\s*:\s*["\']?' + re.escape(kind) + r'["\']?\s*,?\s*$', re.M)
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return False
+    for name in names:
+        if not name.endswith((".yaml", ".yml", ".json")):
+            continue
+        try:
+            with open(os.path.join(directory, name), encoding="utf-8", errors="replace") as fh:
+                if pattern.search(fh.read(1 << 20)):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def gpu_device_ids(local: Sequence[str], host_env: Mapping[str, str]) -> list[str]:
+    """The node's device indices of a rank's GPUs -- the names ``nvidia-ctk cdi generate`` gives them.
+    Slurm binds a task with CUDA_VISIBLE_DEVICES (``local``) and lists the step's GPUs by their
+    gres.conf device index in SLURM_STEP_GPUS (the batch step: SLURM_JOB_GPUS). Without device
+    confinement the two agree; with ConstrainDevices the local ids count from 0 over the step's
+    GPUs, so local id k is the k-th of the step's (gres_common.c: common_gres_set_env)."""
+    step = [g for g in (host_env.get("SLURM_STEP_GPUS") or host_env.get("SLURM_JOB_GPUS") or "").split(",") if g]
+    if not step or sorted(local) == sorted(step) or set(local) <= set(step) and not _devices_confined():
+        return list(local)
+    try:
+        return [step[int(k)] for k in local]
+    except (ValueError, IndexError):
+        return list(local)
+
+
+PMIX_SERVER_DIR = "/run/tether/pmix"     # where a step's PMIx server directory appears inside
+
+
+def mpi_pass_through(host_env: Mapping[str, str], passed: dict[str, str],
+                     own: dict[str, str]) -> tuple[dict[int, int] | None, list[str]]:
+    """What an MPI rank needs from the step into its container (adjusts ``passed``/``own``):
+    PMI-2 (srun --mpi=pmi2): the socket slurmstepd gave the task as PMI_FD, moved to fd 3 and
+    passed with --preserve-fds=1 (podman passes fds 3..2+N and refuses a closed one), PMI_FD=3
+    inside. PMIx (srun --mpi=pmix): the PMIx server's directory (its shared-memory stores,
+    PMIX_SERVER_TMPDIR) at PMIX_SERVER_DIR; the server itself is reached over TCP
+    (PMIX_SERVER_URI*, the container shares the host's network); the PMIX_* variables pass as
+    MPI variables do."""
+    fds, args = None, []
+    pmi_fd = host_env.get("PMI_FD", "")
+    if pmi_fd.isdigit() and int(pmi_fd) > 2 and _fd_open(int(pmi_fd)):
+        fds = {int(pmi_fd): 3}
+        passed.pop("PMI_FD", None)
+        own["PMI_FD"] = "3"
+        args.append("--preserve-fds=1")
+    server = host_env.get("PMIX_SERVER_TMPDIR", "").rstrip("/")
+    if server.startswith("/") and ":" not in server and "," not in server and os.path.isdir(server):
+        # mounted under /run (podman's tmpfs in a --read-only container, so the target can be made
+        # in any image) and the variables that name it rewritten: PMIX_SERVER_TMPDIR and the
+        # shared-memory stores' PMIX_DSTORE_*_BASE_PATH
+        args += ["--volume", f"{server}:{PMIX_SERVER_DIR}"]
+        for name in sorted(passed):
+            value = passed[name]
+            if name.startswith("PMIX_") and (value == server or value.startswith(server + "/")):
+                own[name] = PMIX_SERVER_DIR + value[len(server):]
+                del passed[name]
+        client = pmix_client_dir(host_env)
+        if client:   # named to the client through PMIx itself (pmix.tmpdir): the same path inside
+            args += ["--volume", f"{client}:{client}"]
+    return fds, args
+
+
+def pmix_client_dir(host_env: Mapping[str, str]) -> str | None:
+    """The step's PMIx client directory on this node, which Slurm's PMIx plugin (22.05,
+    pmixp_info.c) makes at ``<base>/spmix_appdir_<uid>_<job>.<step>``, base = SLURM_PMIX_TMPDIR of
+    the job, else slurm.conf's TmpFS (``%n``: the node's name), else /tmp. Open MPI puts its session
+    directory there (pmix.tmpdir). None when it is not there or not usable as a mount."""
+    job, step = host_env.get("SLURM_JOB_ID", ""), host_env.get("SLURM_STEP_ID", "")
+    if not (job.isdigit() and step.isdigit()):
+        return None
+    base = host_env.get("SLURM_PMIX_TMPDIR") or _slurm_tmpfs(host_env) or "/tmp"
+    for name in (f"spmix_appdir_{os.getuid()}_{job}.{step}", f"spmix_appdir_{job}.{step}"):
+        path = os.path.join(base, name)
+        if path.startswith("/") and ":" not in path and "," not in path and os.path.isdir(path):
+            return path
+    return None
+
+
+def _slurm_tmpfs(host_env: Mapping[str, str]) -> str | None:
+    """slurm.conf's TmpFS for this node (``%n`` and ``%h`` expanded), or None."""
+    conf = host_env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    try:
+        with open(conf, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read(1 << 20).splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, eq, value = line.split("#", 1)[0].strip().partition("=")
+        if eq and key.strip().lower() == "tmpfs" and value.strip():
+            node = host_env.get("SLURMD_NODENAME") or os.uname().nodename
+            return value.strip().replace("%n", node).replace("%h", os.uname().nodename)
+    return None
+
+
+def _fd_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def _devices_confined() -> bool:
+    """Does this process sit in a Slurm devices cgroup (cgroup v1: ConstrainDevices=yes)?"""
+    try:
+        with open("/proc/self/cgroup", encoding="ascii", errors="replace") as fh:
+            return any(":devices:" in line and "/slurm" in line for line in fh)
+    except OSError:
+        return False
+
+
 class Podman(Runtime):
     name = "podman"
+
+    def __init__(self, settings: Mapping, **kw):
+        super().__init__(settings, **kw)
+        self.cdi_kind = settings.get("cdi_kind") or "nvidia.com/gpu"
+        self.cdi_spec_dirs = list(settings.get("cdi_spec_dirs") or ("/etc/cdi", "/var/run/cdi"))
 
     def launch(self, spec: LaunchSpec, host_env: Mapping[str, str]) -> Launch:
         self.refuse_name(spec)
@@ -85,6 +209,12 @@ class Podman(Runtime):
             # a Slurm task): not in the rank's own /tmp, which the container sees
             env.pop("TMPDIR", None)
         passed, own = self.container_env(spec, host_env)
+        gpu = self.gpu_kind(spec)
+        devices = self.cdi_devices(spec, host_env) if gpu == "cuda" else []
+        if devices:   # inside, only the rank's GPUs exist: CUDA counts them from 0
+            passed.pop("CUDA_VISIBLE_DEVICES", None)
+            own["CUDA_VISIBLE_DEVICES"] = ",".join(str(n) for n in range(len(devices) // 2))
+        fds, mpi_args = mpi_pass_through(host_env, passed, own)
         name = spec.instance
         # podman writes the container's id here once it exists (see Launch.created)
         created = os.path.join(os.path.dirname(spec.rank_dir), f".cid-{spec.rank}") if spec.rank_dir else None
@@ -102,14 +232,13 @@ class Podman(Runtime):
             argv.append("--userns=keep-id")
         if not spec.writable:
             argv.append("--read-only")
+        argv += mpi_args
         argv += self.env_args(passed, own)
         for mount in (*spec.rank_mounts(), *spec.mounts):
             argv += ["--volume", str(mount)]
         argv += ["--workdir", spec.workdir]
-        gpu = self.gpu_kind(spec)
-        if gpu == "cuda":
-            argv += ["--device", "nvidia.com/gpu=all"]
-        elif gpu == "rocm":
+        argv += devices
+        if gpu == "rocm":
             argv += ["--device", "/dev/kfd", "--device", "/dev/dri"]
         argv += self.image_args(spec.image, spec.writable, spec.mounts)
         argv += spec.command
@@ -132,7 +261,18 @@ class Podman(Runtime):
             if step_dir:
                 lock = os.path.join(os.path.dirname(step_dir), "podman", ".pull-lock")
         return Launch(argv=argv, env=env, supervise=True, runtime=self, container=name, monitor="conmon",
-                      marker=marker, marker_data=data, before=before, lock=lock, created=created)
+                      marker=marker, marker_data=data, before=before, lock=lock, created=created,
+                      fds=fds)
+
+    def cdi_devices(self, spec: LaunchSpec, host_env: Mapping[str, str]) -> list[str]:
+        """``--device KIND=ID`` for exactly the rank's GPUs (not ``=all``: the node's other GPUs
+        belong to other jobs). Refused with the fix when no CDI spec of that kind is on this node."""
+        kind = self.cdi_kind
+        if not any(spec_has_kind(d, kind) for d in self.cdi_spec_dirs):
+            raise LaunchError(f"GPU slots in a podman container need a CDI spec for {kind} on this node "
+                              f"(none in {', '.join(self.cdi_spec_dirs)}): an admin runs `nvidia-ctk cdi "
+                              f"generate --output=/etc/cdi/nvidia.yaml` (see tether's README, GPUs)")
+        return [a for i in gpu_device_ids(spec.gpus, host_env) for a in ("--device", f"{kind}={i}")]
 
     def recover_state(self, env: Mapping[str, str], output: str | None = None) -> bool:
         """Rootless podman joins the user namespace of its pause process, or else of a container it

@@ -25,6 +25,13 @@ def registry_image(cluster) -> str:
     return cluster.box.registry_image()
 
 
+@pytest.fixture(scope="session")
+def mpi_image(cluster) -> str:
+    """The busybox rootfs plus the host's OpenMPI and libpmi2 and two ping programs (see
+    Sandbox.mpi_image)."""
+    return cluster.box.mpi_image()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def time_limited_jobs(request) -> dict[str, str]:
     """{"plain": id, "container": id} of two jobs that hit their 1-minute limit (checked at the end

@@ -187,6 +187,56 @@ def test_a_stale_podman_state_left_by_killed_processes_heals_itself(cluster, ima
     cluster.run([*podman, "rm", "--force", "--ignore", name], check=False, cwd="/")
 
 
+def test_a_gpu_rank_in_a_container_sees_exactly_its_own_gpus(cluster, image):
+    """Issue 15: GPU slots in a podman container got every GPU of the node (CDI nvidia.com/gpu=all)
+    and failed without a CDI spec. Each rank now gets --device KIND=ID for its own GPUs only (the
+    sandbox's fake GPUs, /dev/tether-fakegpuN, described by its CDI spec), counted from 0 inside.
+    Another job holds GPU 0 of every node, so this step's GPU is the node's GPU 1."""
+    job = cluster.submit("--slots=3", "--slots-per-node=1", "--wrap", "sleep 120")
+    try:
+        assert wait_until(lambda: cluster.job_fields(job)["JobState"] == "RUNNING", timeout=60)
+        result = cluster.as_user(["srun", "--slots=2", "--slots-per-node=1", f"--container-image={image}", "sh", "-c",
+                                  "echo RANK=$RANK NODE=$SLURMD_NODENAME CUDA=$CUDA_VISIBLE_DEVICES "
+                                  "IDS=$TETHER_SLOT_IDS DEVS=$(ls /dev | grep tether-fakegpu | tr '\\n' +)"])
+    finally:
+        cluster.run(["scancel", job], check=False)
+    ranks = parse(result.stdout)
+    assert len(ranks) == 2 and len({r["NODE"] for r in ranks}) == 2, result.stdout + result.stderr
+    for r in ranks:
+        assert (r["IDS"], r["DEVS"], r["CUDA"]) == ("1", "tether-fakegpu1+", "0"), r
+
+
+@pytest.mark.parametrize("mpi,program", [("pmix", "/usr/local/bin/tether-mpi-ping"),
+                                         ("pmi2", "/usr/local/bin/tether-pmi2-ping")])
+def test_mpi_ranks_in_containers_on_three_nodes_exchange_messages(cluster, mpi_image, mpi, program):
+    """Issue 15: MPI could not work in podman containers (PMI_FD was not passed). Three ranks on
+    three nodes, each in its own container: OpenMPI over srun's PMIx (the server's directory is
+    mounted), and Slurm's own PMI-2 (the PMI_FD socket passed as fd 3) -- rank 0 prints what the
+    others sent."""
+    env = ["env", "OMPI_MCA_pml=ob1", "OMPI_MCA_btl=self,tcp", "OMPI_MCA_btl_tcp_if_include=lo"]
+    result = cluster.as_user([*env, "srun", "-N3", "-n3", f"--mpi={mpi}", f"--container-image={mpi_image}",
+                              program], timeout=180)
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    if mpi == "pmix":
+        assert lines == ["rank 0 of 3", "rank 1 of 3 says hello", "rank 2 of 3 says hello"], result.stderr
+    else:
+        assert lines == [f"rank {r} of 3 says hello" for r in range(3)], result.stderr
+
+
+def test_an_empty_container_image_runs_one_step_of_a_container_job_on_the_host(cluster, image):
+    """Issue 15: `--container-image=` (pyxis users' way to run one step outside the image) was
+    refused with "expected printable text"; now that step runs on the host, the others in the
+    job's container."""
+    out = cluster.box.work_dir / f"host-step-{os.getpid()}.out"
+    where = f"\\$(grep -qF ' {image} / ' /proc/self/mountinfo && echo container || echo host)"  # in the step
+    result = cluster.as_user(["sbatch", "--wait", "-N1", f"--container-image={image}", f"--output={out}", "--wrap",
+                              f"srun sh -c \"echo default={where}\"; "
+                              f"srun --container-image= sh -c \"echo empty={where}\""], timeout=180)
+    text = out.read_text()
+    assert result.returncode == 0, text
+    assert "default=container" in text and "empty=host" in text, text
+
+
 def test_a_batch_script_from_tether_plan_runs_one_container_per_node(cluster, registry_image, tmp_path):
     """`tether plan SPEC -- COMMAND` writes the seed's batch script; submitted as it is, it starts
     one container per node (srun, one task per node, `tether run` in each)."""

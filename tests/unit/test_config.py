@@ -25,7 +25,8 @@ def test_defaults():
     assert cfg.job_project_source is None
     assert cfg.job_storage_root == "/var/lib/tether/jobs"
     assert cfg.data["container"]["runtime"] == "apptainer"
-    assert cfg.runtime("podman") == {"binary": "podman", "args": [], "env": {}}
+    assert cfg.runtime("podman") == {"binary": "podman", "args": [], "env": {}, "cdi_kind": "nvidia.com/gpu",
+                                     "cdi_spec_dirs": ["/etc/cdi", "/var/run/cdi"]}
     assert cfg.data["plugin"]["on_failure"] == "reject_tether_jobs"
 
 
@@ -115,7 +116,7 @@ def test_unknown_key_wrong_type_and_bad_enum_are_all_reported(tmp_path):
     ("container:\n  podman:\n    env: {BAD-NAME: x}\n",
      "container.podman.env.BAD-NAME: 'BAD-NAME' is not a valid variable name (letters, digits and '_', not "
      "starting with a digit)"),
-    ("container:\n  podman:\n    argz: []\n", "container.podman.argz: unknown key; accepted keys here: binary, args, env"),
+    ("container:\n  podman:\n    argz: []\n", "container.podman.argz: unknown key; accepted keys here: binary, args, env, cdi_kind, cdi_spec_dirs"),
     ("plugin:\n  on_failure: accept\n", "plugin.on_failure: 'accept' is not one of reject_tether_jobs, reject_all_jobs"),
     ("container: 3\n", "container: expected a mapping with keys runtime"),
     ("- a\n- b\n", ": expected a mapping with keys slot_type"),

@@ -136,9 +136,13 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
     rootfs.mkdir()
     s = spec(image=str(rootfs), runtime="podman", env_names=("MYVAR",), gpus=("0",),
              mounts=(Mount("/data", "/data"),))
-    launch = adapter("podman", {"args": ["--runtime", "runc"], "env": {"CONTAINERS_CONF": "/c"}}).launch(s, HOST)
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    (cdi / "nvidia.yaml").write_text('cdiVersion: "0.5.0"\nkind: "nvidia.com/gpu"\ndevices: []\n')
+    launch = adapter("podman", {"args": ["--runtime", "runc"], "env": {"CONTAINERS_CONF": "/c"},
+                                "cdi_spec_dirs": [str(cdi)]}).launch(s, HOST)
     keep_id = ["--userns=keep-id"] if os.getuid() != 0 else []
-    passed = ["CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "MYVAR", "PMIX_RANK", "RANK",
+    passed = ["LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "MYVAR", "PMIX_RANK", "RANK",
               "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_ID", "TETHER_SLOT_IDS", "WORLD_SIZE"]
     assert launch.argv == [
         "podman", "run", "--runtime", "runc", "--log-level=fatal", "--rm", "--name", "tether-42-0-3",
@@ -147,8 +151,9 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
         "--log-driver=passthrough", *keep_id,
         "--read-only", *[a for v in passed for a in ("--env", v)],
         "--env", "TETHER_CONTAINER=1", "--env", "TMPDIR=/tmp", "--env", "TETHER_WORK_DIR=/run/tether/workdir",
+        "--env", "CUDA_VISIBLE_DEVICES=0",
         "--volume", "/jobs/42/n2/step-0/rank-3/tmp:/tmp", "--volume", "/jobs/42/n2/step-0/rank-3/work:/run/tether/workdir",
-        "--volume", "/data:/data", "--workdir", "/run/tether/workdir", "--device", "nvidia.com/gpu=all",
+        "--volume", "/data:/data", "--workdir", "/run/tether/workdir", "--device", "nvidia.com/gpu=0",
         "--rootfs", str(rootfs), "python", "train.py"]
     assert HOST["MYVAR"] not in launch.argv and launch.env["CONTAINERS_CONF"] == "/c"
     assert launch.supervise and (launch.container, launch.monitor) == ("tether-42-0-3", "conmon")
@@ -586,6 +591,7 @@ def test_tether_run_reports_a_missing_runtime_and_a_bad_image(tmp_path, fake_run
     (fake_runtimes.bin_dir / "apptainer").unlink()
     proc = _tether_run(tmp_path, fake_runtimes, runtime_config, f"--container-image={image}", "--", "true")
     assert proc.returncode == 125 and "tether: cannot start the container runtime 'apptainer'" in proc.stderr
+    assert "set container.apptainer.binary in tether's config" in proc.stderr     # issue 15: no <runtime>
     proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-image=/no/such.sif", "--", "true")
     assert proc.returncode == 125 and "no such file or directory on this node" in proc.stderr
 
@@ -696,6 +702,86 @@ def test_a_killed_monitor_is_reported_and_its_container_removed(tmp_path):
     assert proc.returncode == 125, proc.stderr
     assert "the container's conmon was killed (SIGKILL): the container's exit status is lost" in proc.stderr
     assert "could not start" not in proc.stderr and (tmp_path / "removed").read_text() == "c1"
+
+
+def test_podman_gpu_ranks_need_a_cdi_spec_and_get_only_their_gpus(tmp_path, monkeypatch):
+    """Issue 15: `--device nvidia.com/gpu=all` handed every GPU of the node to each rank and failed
+    with "unresolvable CDI devices" on a node without a spec."""
+    monkeypatch.setattr("tether.container.runtimes.podman.stdio_is_terminal", lambda: False)
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    settings = {"cdi_spec_dirs": [str(cdi), str(tmp_path / "absent")]}
+    s = spec(image=str(rootfs), runtime="podman", gpus=("1", "3"))
+    with pytest.raises(LaunchError, match=r"need a CDI spec for nvidia.com/gpu on this node .*nvidia-ctk cdi generate"):
+        adapter("podman", settings).launch(s, HOST)
+    (cdi / "other.json").write_text('{"cdiVersion": "0.5.0", "kind": "amd.com/gpu", "devices": []}')
+    with pytest.raises(LaunchError, match="need a CDI spec"):
+        adapter("podman", settings).launch(s, HOST)
+    (cdi / "nvidia.json").write_text('{"cdiVersion": "0.5.0",\n "kind": "nvidia.com/gpu",\n "devices": []}')
+    argv = adapter("podman", settings).launch(s, HOST).argv
+    devices = [argv[i + 1] for i, a in enumerate(argv) if a == "--device"]
+    assert devices == ["nvidia.com/gpu=1", "nvidia.com/gpu=3"] and "CUDA_VISIBLE_DEVICES=0,1" in argv
+    cpu = adapter("podman", {"cdi_spec_dirs": []}).launch(spec(image=str(rootfs), runtime="podman",
+                                                                gpus=("1",), slot_type="cpu"), HOST).argv
+    assert "--device" not in cpu
+
+
+@pytest.mark.parametrize("local,step,confined,expected", [
+    (["1", "2"], "1,2", False, ["1", "2"]),      # the task has all of the step's GPUs
+    (["2"], "1,2", False, ["2"]),                # bound to one, no device cgroup: ids are the node's
+    (["1"], "1,2", True, ["2"]),                 # ConstrainDevices: local ids count over the step's
+    (["0"], "2,3", False, ["2"]),                # 0 is not one of the step's: it counts over them
+    (["0"], "", False, ["0"]),                   # no SLURM_STEP_GPUS (PBS, tether run): as given
+])
+def test_gpu_device_ids_follow_slurms_numbering(monkeypatch, local, step, confined, expected):
+    from tether.container.runtimes import podman
+
+    monkeypatch.setattr(podman, "_devices_confined", lambda: confined)
+    assert podman.gpu_device_ids(local, {"SLURM_STEP_GPUS": step} if step else {}) == expected
+
+
+def test_podman_passes_the_pmi2_socket_and_the_pmix_server_directory(tmp_path, monkeypatch):
+    """Issue 15: `srun --mpi=pmi2` ranks found no PMI_FD socket in the container; PMIx clients no
+    server directory."""
+    monkeypatch.setattr("tether.container.runtimes.podman.stdio_is_terminal", lambda: False)
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    server = tmp_path / "pmix.42.0"
+    server.mkdir()
+    r, w = os.pipe()
+    try:
+        host = {**HOST, "PMI_FD": str(w), "PMIX_SERVER_TMPDIR": f"{server}/",
+                "PMIX_DSTORE_21_BASE_PATH": f"{server}//pmix_dstor_ds21_7", "PMIX_NAMESPACE": "slurm.pmix.42.0"}
+        launch = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), host)
+    finally:
+        os.close(r)
+        os.close(w)
+    argv = launch.argv
+    assert launch.fds == {w: 3} and "--preserve-fds=1" in argv and "PMI_FD=3" in argv and "PMI_FD" not in argv
+    assert f"{server}:/run/tether/pmix" in argv and "PMIX_SERVER_TMPDIR=/run/tether/pmix/" in argv
+    assert "PMIX_DSTORE_21_BASE_PATH=/run/tether/pmix//pmix_dstor_ds21_7" in argv and "PMIX_NAMESPACE" in argv
+    closed = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), {**HOST, "PMI_FD": "250"})
+    assert closed.fds is None and "--preserve-fds=1" not in closed.argv
+
+
+def test_the_pmix_client_directory_is_found_where_slurm_makes_it(tmp_path):
+    """Slurm's PMIx plugin makes <base>/spmix_appdir_<uid>_<job>.<step>: base SLURM_PMIX_TMPDIR, else
+    TmpFS (with %n), else /tmp; Open MPI learns it through PMIx, so it is mounted at its own path."""
+    from tether.container.runtimes.podman import pmix_client_dir
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"ClusterName=x\n  tmpfs = {tmp_path}/tmpfs/%n  # per node\n")
+    client = tmp_path / "tmpfs" / "n2" / f"spmix_appdir_{os.getuid()}_42.0"
+    client.mkdir(parents=True)
+    env = {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_CONF": str(conf), "SLURMD_NODENAME": "n2"}
+    assert pmix_client_dir(env) == str(client)
+    assert pmix_client_dir({**env, "SLURM_STEP_ID": "1"}) is None                # not made: nothing to mount
+    own = tmp_path / "own" / "spmix_appdir_42.0"
+    own.mkdir(parents=True)
+    assert pmix_client_dir({**env, "SLURM_PMIX_TMPDIR": str(tmp_path / "own")}) == str(own)
+    assert pmix_client_dir({**env, "SLURM_JOB_ID": "../x"}) is None
 
 
 def test_podman_names_what_a_shared_rootfs_lacks(tmp_path):

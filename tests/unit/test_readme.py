@@ -113,3 +113,32 @@ def test_the_file_map_names_every_file_of_the_repository():
     stale = [p for p in patterns if not any(fnmatch.fnmatch(f, p) for f in tracked)]
     assert not unmapped, f"files missing from docs/architecture.md: {unmapped}"
     assert not stale, f"docs/architecture.md names files that do not exist: {stale}"
+
+
+def readme_commands(program: str) -> list[str]:
+    """Every ``program …`` command line in the README's fenced blocks (continuations joined)."""
+    lines = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", README, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #", 1)[0].strip()
+            if line.startswith(f"{program} ") and "--slots" in line:
+                lines.append(line)
+    return lines
+
+
+@pytest.mark.parametrize("command", readme_commands("sbatch") + readme_commands("srun"))
+def test_readme_slot_commands_are_accepted(command, fake_slurm):
+    """Issue 15: the README's own `sbatch -N3 --slots=6 --slots-per-node=2 …` was refused ("--nodes=3
+    conflicts with --nodes"). Each slot command line of the README goes through tether's real
+    job_submit handler (the testing kit's sbatch) and must be accepted."""
+    words = shlex.split(command)[1:]
+    options = []
+    for word in words:
+        if not word.startswith("-"):
+            break
+        options.append(word)
+    fake_slurm.sbatch(*options, "--wrap", "true")
+
+
+def test_readme_has_slot_commands():
+    assert len(readme_commands("sbatch")) >= 3

@@ -1,0 +1,307 @@
+"""``tether doctor``: what an admin gets wrong, checked on this host, one line per check.
+
+Each check says ``ok``, ``warn`` or ``FAIL`` with what it found and, for a failure, the fix. The
+exit status is 1 when any check failed. Nothing is changed.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ..container.run import LAUNCHER_NAME
+from ..hooks.config import Config
+from ..hooks.configfile import ConfigError, config_path, load_config
+from ..spank import build as spank_build
+from ..system.proc import CommandError, run_command
+from ..system.toolchain import BuildError, installed_slurm_version, read_stamp
+from .slurm import DEFAULT_SLURM_CONF, SlurmConf, default_build_dir
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check's outcome."""
+
+    status: str
+    name: str
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.status:<4}  {self.name}: {self.detail}"
+
+
+class Doctor:
+    """The checks, over one tether config, one slurm.conf and the job users to check for."""
+
+    def __init__(self, config_file: str | None, slurm_conf: str | None = None, users: tuple[str, ...] = ()):
+        self.config_file = config_file
+        self.slurm_conf = Path(slurm_conf or os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF)
+        self.users = users
+        self.config: Config | None = None
+        self.conf: SlurmConf | None = None
+
+    def run(self) -> list[Finding]:
+        findings: list[Finding] = []
+        for check in self.checks():
+            try:
+                findings.extend(check())
+            except Exception as exc:  # a check that breaks is a finding, not a crash
+                findings.append(Finding(FAIL, check.__name__.replace("check_", "").replace("_", " "),
+                                        f"the check itself failed: {exc}"))
+        return findings
+
+    def checks(self) -> list[Callable[[], Iterator[Finding]]]:
+        return [self.check_config, self.check_slurm, self.check_plugins, self.check_plugstack,
+                self.check_slurmctld_config, self.check_storage, self.check_runtimes, self.check_job_users,
+                self.check_gpus]
+
+    # --- the checks --------------------------------------------------------------------------
+    def check_config(self) -> Iterator[Finding]:
+        path, _ = config_path(self.config_file)
+        try:
+            self.config = load_config(self.config_file)
+        except ConfigError as exc:
+            yield Finding(FAIL, "config", f"{exc} (`tether config check` lists every problem)")
+            return
+        yield Finding(OK, "config", f"{self.config.source} is valid" if os.path.exists(path)
+                      else f"{path} does not exist: the built-in defaults apply")
+
+    def check_slurm(self) -> Iterator[Finding]:
+        version = installed_slurm_version()
+        if version is None:
+            yield Finding(FAIL, "slurm", "neither slurmctld nor srun is installed on this host")
+            return
+        try:
+            self.conf = SlurmConf.read(self.slurm_conf)
+        except BuildError as exc:
+            yield Finding(FAIL, "slurm", f"Slurm {version}; {exc}")
+            return
+        yield Finding(OK, "slurm", f"Slurm {version}, {self.slurm_conf}")
+        if "tether" in self.conf.job_submit_plugins:
+            yield Finding(OK, "slurm.conf", f"JobSubmitPlugins={','.join(self.conf.job_submit_plugins)}")
+        else:
+            yield Finding(FAIL, "slurm.conf", f"JobSubmitPlugins does not name tether in {self.slurm_conf}: "
+                          f"`tether slurm install --write`, then `scontrol reconfigure`")
+
+    def _plugin_dir(self) -> Path | None:
+        if self.conf is None:
+            return None
+        line = self._plugstack_line()
+        if line:
+            return Path(line.split()[1]).parent
+        return Path(self.conf.plugin_dirs[-1]) if self.conf.plugin_dirs else None
+
+    def check_plugins(self) -> Iterator[Finding]:
+        plugin_dir = self._plugin_dir()
+        if plugin_dir is None:
+            return
+        build = default_build_dir()
+        try:
+            stamp = read_stamp(build)
+        except BuildError:
+            stamp = None
+        names = stamp["files"] if stamp else [spank_build.SO_NAME]
+        missing = [n for n in [*names, LAUNCHER_NAME] if not (plugin_dir / n).is_file()]
+        if missing:
+            yield Finding(FAIL, "plugins", f"{', '.join(missing)} missing in {plugin_dir}: "
+                          f"`tether slurm build`, then `tether slurm install --write`")
+            return
+        installed = installed_slurm_version()
+        built_for = stamp["toolchain"]["slurm_version"] if stamp else None
+        if built_for and installed and built_for != installed:
+            yield Finding(FAIL, "plugins", f"built for Slurm {built_for}, but Slurm {installed} is installed: "
+                          f"`tether slurm build`, then `tether slurm install --write`")
+            return
+        stale = [n for n in names if stamp and (build / n).is_file()
+                 and (build / n).read_bytes() != (plugin_dir / n).read_bytes()]
+        if stale:
+            yield Finding(WARN, "plugins", f"{', '.join(stale)} in {plugin_dir} differ from the last build in "
+                          f"{build}: `tether slurm install --write` installs it")
+            return
+        yield Finding(OK, "plugins", f"{', '.join(names)} and {LAUNCHER_NAME} in {plugin_dir}"
+                      + (f", built for Slurm {built_for}" if built_for else ""))
+
+    def _plugstack_line(self) -> str | None:
+        try:
+            text = self.conf.plugstack.read_text() if self.conf else ""
+        except OSError:
+            return None
+        for line in text.splitlines():
+            words = line.split("#", 1)[0].split()
+            if len(words) >= 2 and words[0] in ("required", "optional") and words[1].endswith(spank_build.SO_NAME):
+                return " ".join(words)
+        return None
+
+    def check_plugstack(self) -> Iterator[Finding]:
+        if self.conf is None:
+            return
+        line = self._plugstack_line()
+        if line is None:
+            yield Finding(FAIL, "plugstack.conf", f"no {spank_build.SO_NAME} line in {self.conf.plugstack}: "
+                          f"`tether slurm install --write`")
+            return
+        args = dict(w.split("=", 1) for w in line.split()[2:] if "=" in w)
+        if self.config and args.get("job_storage_root") != self.config.job_storage_root:
+            yield Finding(FAIL, "plugstack.conf", f"job_storage_root={args.get('job_storage_root')} there, "
+                          f"{self.config.job_storage_root} in {self.config.source}: `tether slurm install --write` "
+                          f"again after changing the config")
+            return
+        launcher = args.get("launcher")
+        if not launcher or not os.access(launcher, os.X_OK):
+            yield Finding(FAIL, "plugstack.conf", f"launcher={launcher} is not an executable file: "
+                          f"`tether slurm install --write`")
+            return
+        yield Finding(OK, "plugstack.conf", f"{self.conf.plugstack}: {line}")
+
+    def check_slurmctld_config(self) -> Iterator[Finding]:
+        """The config slurmctld's job_submit plugin reads ($TETHER_CONFIG in its environment, else
+        the default) must be the one checked here."""
+        pid = self._slurmctld_pid()
+        if pid is None:
+            yield Finding(WARN, "slurmctld", "not running on this host (or its pid file is unreadable): the "
+                          "config its job_submit plugin reads was not compared")
+            return
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError as exc:
+            yield Finding(WARN, "slurmctld", f"cannot read its environment ({exc.strerror}; run as root)")
+            return
+        env = dict(e.decode(errors="replace").split("=", 1) for e in environ if b"=" in e)
+        theirs, _ = config_path(None, env)
+        ours, _ = config_path(self.config_file)
+        if os.path.realpath(theirs) != os.path.realpath(ours):
+            yield Finding(FAIL, "slurmctld", f"its job_submit plugin reads {theirs}, this check read {ours}: "
+                          f"run `tether doctor --config {theirs}` (or make both the same file)")
+            return
+        yield Finding(OK, "slurmctld", f"pid {pid} reads {theirs}")
+
+    def _slurmctld_pid(self) -> int | None:
+        pid_file = "/run/slurmctld.pid"
+        try:
+            for line in self.slurm_conf.read_text().splitlines():
+                m = re.match(r"\s*SlurmctldPidFile\s*=\s*(\S+)", line, re.I)
+                if m:
+                    pid_file = m.group(1)
+            pid = int(Path(pid_file).read_text().split()[0])
+            os.kill(pid, 0)
+            return pid
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def check_storage(self) -> Iterator[Finding]:
+        if self.config is None:
+            return
+        for name, path, shared in (("job_storage_root", self.config.job_storage_root, False),
+                                   ("apptainer_image_root", self.config.data["container"]["apptainer_image_root"],
+                                    True)):
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                status = WARN if shared else FAIL
+                yield Finding(status, name, f"{path} does not exist: `tether slurm install --write` creates it "
+                              f"(on every compute node)")
+                continue
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+                yield Finding(FAIL, name, f"{path} must be a root-owned directory that group and others cannot "
+                              f"write to: `chown root: {path}; chmod 755 {path}`")
+                continue
+            yield Finding(OK, name, f"{path} (root, {stat.S_IMODE(st.st_mode):04o})")
+
+    def check_runtimes(self) -> Iterator[Finding]:
+        if self.config is None:
+            return
+        container = self.config.data["container"]
+        default = container["runtime"]
+        for name in ("apptainer", "singularity", "podman", "enroot"):
+            binary = container[name]["binary"]
+            found = binary if os.path.isabs(binary) and os.access(binary, os.X_OK) else shutil.which(binary)
+            if not found:
+                if name == default:
+                    yield Finding(FAIL, f"runtime {name}", f"{binary} not found (the default runtime): install "
+                                  f"it or set container.{name}.binary")
+                continue
+            try:
+                version = run_command([found, "--version"], timeout=20).stdout.strip().splitlines()[0]
+            except (CommandError, IndexError) as exc:
+                yield Finding(FAIL if name == default else WARN, f"runtime {name}",
+                              f"{found} --version failed: {exc}")
+                continue
+            yield Finding(OK, f"runtime {name}", f"{found}: {version}" + (" (default)" if name == default else ""))
+
+    def check_job_users(self) -> Iterator[Finding]:
+        """Rootless podman needs subordinate ids for each job user, and a run directory it owns."""
+        if self.config is None or not self._uses("podman"):
+            return
+        if not self.users:
+            yield Finding(WARN, "job users", "none named: `tether doctor --user NAME` checks subuid/subgid and "
+                          "podman's run directory for them")
+            return
+        for user in self.users:
+            try:
+                account = pwd.getpwnam(user)
+            except KeyError:
+                yield Finding(FAIL, f"user {user}", "no such user on this host")
+                continue
+            missing = [f for f in ("/etc/subuid", "/etc/subgid") if not _has_subids(f, account)]
+            if missing:
+                yield Finding(FAIL, f"user {user}", f"no range in {' and '.join(missing)} (rootless podman needs "
+                              f"one): `usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}`")
+                continue
+            run = Path(f"/tmp/podman-run-{account.pw_uid}")
+            # a Slurm task has no XDG_RUNTIME_DIR: podman keeps its run state in /tmp/podman-run-<uid>
+            if run.exists() and (run.is_symlink() or run.lstat().st_uid != account.pw_uid):
+                yield Finding(FAIL, f"user {user}", f"{run} is not owned by {user}: podman refuses it; remove it")
+                continue
+            yield Finding(OK, f"user {user}", "subuid and subgid ranges; podman's run directory "
+                          f"{'is ' + str(run) if run.exists() else 'will be ' + str(run)} (no XDG_RUNTIME_DIR in tasks)")
+
+    def check_gpus(self) -> Iterator[Finding]:
+        """GPU slots in podman containers need a CDI spec for the configured kind."""
+        if self.config is None or not self._uses("podman"):
+            return
+        slot_types = {self.config.data["slot_type"]} | {
+            o.get("slot_type") for o in self.config.data["partition_overrides"].values() if o.get("slot_type")}
+        if "cuda" not in slot_types:
+            return
+        podman = self.config.data["container"]["podman"]
+        from ..container.runtimes.podman import spec_has_kind
+
+        dirs = podman["cdi_spec_dirs"]
+        if not any(spec_has_kind(d, podman["cdi_kind"]) for d in dirs):
+            yield Finding(FAIL, "cdi", f"GPU slots are configured but no CDI spec for {podman['cdi_kind']} is in "
+                          f"{', '.join(dirs)}: `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml` on every "
+                          f"GPU node")
+            return
+        yield Finding(OK, "cdi", f"a CDI spec for {podman['cdi_kind']} in {', '.join(dirs)}")
+
+    def _uses(self, runtime: str) -> bool:
+        return self.config is not None and self.config.data["container"]["runtime"] == runtime
+
+
+def _has_subids(path: str, account: pwd.struct_passwd) -> bool:
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return False
+    names = {account.pw_name, str(account.pw_uid)}
+    return any(line.split(":", 1)[0] in names for line in lines if ":" in line)
+
+
+def doctor(config_file: str | None, slurm_conf: str | None = None, users: tuple[str, ...] = (),
+           log=print) -> int:
+    """Run every check, print one line each; 1 when any failed."""
+    findings = Doctor(config_file, slurm_conf, users).run()
+    for finding in findings:
+        log(finding.line())
+    failed = sum(f.status == FAIL for f in findings)
+    log(f"{len(findings)} checks: {failed} failed" if failed else f"{len(findings)} checks: all ok"
+        + (f" ({sum(f.status == WARN for f in findings)} warnings)" if any(f.status == WARN for f in findings) else ""))
+    return 1 if failed else 0
