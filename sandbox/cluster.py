@@ -323,8 +323,10 @@ class Sandbox:
             self._cancel_all_jobs()
         stopped = self.stop_daemons(log=log)
         if purge and self.root.exists():
+            tmpfs = self.tmpfs_dir(self.port_base())
             shutil.rmtree(self.root)
-            log(f"removed {self.root}")
+            shutil.rmtree(tmpfs, ignore_errors=True)
+            log(f"removed {self.root} and {tmpfs}")
         return stopped
 
     def running(self) -> bool:

@@ -237,6 +237,23 @@ def test_an_empty_container_image_runs_one_step_of_a_container_job_on_the_host(c
     assert "default=container" in text and "empty=host" in text, text
 
 
+def test_tether_variables_work_on_the_node_as_their_options_do(cluster, image):
+    """Issue 15: `TETHER_CONTAINER_IMAGE=IMG srun …` ran on the host without a word, and
+    `TETHER_SLOTS=2 TETHER_SLOTS_PER_NODE=1 srun …` got the plan but no rank setup. The remote side
+    now reads the job's TETHER_* variables exactly as the options."""
+    where = f"$(grep -qF ' {image} / ' /proc/self/mountinfo && echo container || echo host)"
+    contained = cluster.as_user(["env", f"TETHER_CONTAINER_IMAGE={image}", "srun", "-N1", "sh", "-c",
+                                 f"echo IN={where}"])
+    assert contained.stdout.strip() == "IN=container", contained.stderr
+    slots = cluster.as_user(["env", "TETHER_SLOTS=2", "TETHER_SLOTS_PER_NODE=1", "TETHER_SLOT_TYPE=cpu", "srun",
+                             "sh", "-c", "echo RANK=$RANK WORLD_SIZE=$WORLD_SIZE TMPDIR=$TMPDIR NODE=$SLURMD_NODENAME"])
+    ranks = sorted(parse(slots.stdout), key=lambda r: r["RANK"])
+    assert [r["RANK"] for r in ranks] == ["0", "1"] and {r["WORLD_SIZE"] for r in ranks} == {"2"}, slots.stdout
+    assert len({r["NODE"] for r in ranks}) == 2
+    root = str(cluster.box.root / "jobs")
+    assert all(r["TMPDIR"].startswith(root + "/") and r["TMPDIR"].endswith(f"/rank-{r['RANK']}/tmp") for r in ranks)
+
+
 def test_a_batch_script_from_tether_plan_runs_one_container_per_node(cluster, registry_image, tmp_path):
     """`tether plan SPEC -- COMMAND` writes the seed's batch script; submitted as it is, it starts
     one container per node (srun, one task per node, `tether run` in each)."""
