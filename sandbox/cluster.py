@@ -307,6 +307,10 @@ class Sandbox:
                 (self.tmpfs_dir(port_base) / node).mkdir(parents=True, exist_ok=True)
                 os.chmod(self.tmpfs_dir(port_base) / node, 0o1777)
                 self._start(["slurmd", "-f", str(self.slurm_conf), "-N", node], f"slurmd-{node}")
+            # jobs of an earlier life whose processes were killed outright (a crash, a machine
+            # restored from a snapshot) stay "running" in slurmctld's saved state and keep their
+            # nodes busy for minutes: a sandbox starting afresh cancels them
+            self._cancel_all_jobs(log=log)
             self.wait_idle(timeout)
         except SandboxError as exc:
             tails = self.log_tails()
@@ -586,12 +590,20 @@ class Sandbox:
             time.sleep(0.05)
         raise SandboxError(f"{name} exited right after starting; see {self.log_dir}")
 
-    def _cancel_all_jobs(self) -> None:
+    def _cancel_all_jobs(self, *, log=None) -> None:
         env = self.command_env()
-        out = run_command(["squeue", "-h", "-o", "%A"], env=env, check=False, timeout=15).stdout
+        out = ""
+        for _ in range(50):           # slurmctld may take a moment to answer after its start
+            result = run_command(["squeue", "-h", "-o", "%A"], env=env, check=False, timeout=15)
+            if result.returncode == 0:
+                out = result.stdout
+                break
+            time.sleep(0.2)
         jobs = out.split()
         if not jobs:
             return
+        if log:
+            log(f"cancelling {len(jobs)} job(s) left from the sandbox's previous run: {' '.join(jobs)}")
         run_command(["scancel", *jobs], env=env, check=False, timeout=15)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

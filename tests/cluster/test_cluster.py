@@ -10,8 +10,10 @@ import itertools
 import os
 import pwd
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,9 @@ from tether.hooks.header import batch_header
 from tether.hooks.plan import make_plan
 from tether.hooks.render import script_directives
 from tether.hooks.request import Request
+from tether.sandbox.cluster import Sandbox
 from tether.sandbox.demo import make_job_dir, run_demo, sbatch
+from tether.system.proc import run_command
 
 from helpers import with_sbatch_args
 
@@ -196,3 +200,38 @@ def test_second_sandbox_via_cli_does_not_collide_and_stops_cleanly(cluster, tmp_
         assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", pid
     assert not root.exists() and not tmpfs.exists()
     assert cluster.box.running()  # the session's sandbox was not touched
+
+
+def test_a_sandbox_whose_processes_were_killed_outright_starts_again(cluster, tmp_path):
+    """CI ran on a machine restored from a snapshot taken mid-run: every process gone, slurmctld's
+    saved state still holding running jobs, which kept a node busy past `up`'s 90 s (87 errors).
+    `up` now cancels the jobs of the sandbox's earlier life."""
+    root = Path("/var/lib/tether/sandbox-pytest-crash")
+    box = Sandbox(root)
+    box.up(install=False, log=lambda m: None)
+    try:
+        mark = box.work_dir / "stepd.pid"
+        job = run_command(["runuser", "-u", box.user, "--", "sbatch", "--parsable", "-N1", "--wrap",
+                           f"echo $PPID > {mark}; exec sleep 600"], env=box.command_env()).stdout.strip()
+        deadline = time.monotonic() + 60
+        while not (mark.exists() and mark.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        victims = [int(mark.read_text())] + [d.pid() for d in box.daemons() if d.pid()]
+        sleeper = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _is_child_of(p, victims[0])]
+        for pid in victims + sleeper:                    # as a snapshot's restore leaves them: gone
+            os.kill(pid, signal.SIGKILL)
+        assert not box.running()
+        started = time.monotonic()
+        box.up(install=False, log=lambda m: None)
+        assert time.monotonic() - started < 60
+        state = run_command(["squeue", "-h", "-j", job, "-o", "%T"], env=box.command_env(), check=False).stdout
+        assert state.strip() in ("", "CANCELLED"), state
+    finally:
+        box.down(purge=True, log=lambda m: None)
+
+
+def _is_child_of(proc: Path, parent: int) -> bool:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent
+    except (OSError, ValueError, IndexError):
+        return False
