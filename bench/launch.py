@@ -6,7 +6,14 @@ allocation, as the job user, with real rootless podman and the sandbox's busybox
   tether   srun -N3 --container-image=IMG true   (SPANK hand-off, per-rank directories, the rank
            environment, tether's launcher supervising podman; goal <= 1.10 x direct)
 
-The two kinds of steps are interleaved so drift hits both alike; the medians are printed, and the
+and the same with the sandbox registry's busybox image (issue 14), warm (in the user's store) and
+cold (removed from it before each round, untimed):
+
+  direct   srun -N3 podman run … --pull=missing REGISTRY/tether/busybox:1 true   (each rank pulls)
+  tether   srun -N3 --container-image=REGISTRY/tether/busybox:1 true  (one pull per node, then
+           run --pull=never; goal warm <= 1.10 x direct)
+
+The kinds of steps are interleaved so drift hits all alike; the medians are printed, and the
 median of the per-round ratios (this 2-core VM runs 3 ranks on 2 cores: single steps are noisy). Run as root: /opt/tether/venv/bin/python bench/launch.py
 """
 
@@ -27,7 +34,7 @@ def direct_podman(box: Sandbox, image: str) -> str:
     settings = box.tether_settings()["container"]["podman"]
     podman.stdio_is_terminal = lambda: False      # srun's tasks never are; this script may run on one
     launch = adapter("podman", settings).launch(LaunchSpec(image=image, runtime="podman", command=("true",)), {})
-    argv = launch.argv[:-1]
+    argv = ["--pull=missing" if a == "--pull=never" else a for a in launch.argv[:-1]]
     at = argv.index("--name")                      # three ranks on one host: podman picks names
     del argv[at:at + 2]
     return shlex.join(["env", *[f"{k}={v}" for k, v in settings["env"].items()], *argv])
@@ -39,23 +46,43 @@ def main() -> int:
     box = Sandbox(ROOT)
     box.up(install=False, log=lambda m: None)
     image = box.busybox_image()
-    loop = timing_loop(args.rounds, {"direct": ("", f"srun -N3 -n3 {direct_podman(box, image)} true"),
-                                     "tether": ("", f"srun -N3 -n3 --container-image={image} true")})
+    remote = box.registry_image()
+    settings = box.tether_settings()["container"]["podman"]
+    podman_cmd = shlex.join(["env", *[f"{k}={v}" for k, v in settings["env"].items()], "podman",
+                             *settings["args"]])
+    forget = f"{podman_cmd} rmi --force {shlex.quote(remote)} >/dev/null 2>&1"
+    rootfs = {"direct": ("", f"srun -N3 -n3 {direct_podman(box, image)} true"),
+              "tether": ("", f"srun -N3 -n3 --container-image={image} true")}
+    registry = {"direct-warm": ("", f"srun -N3 -n3 {direct_podman(box, remote)} true"),
+                "tether-warm": ("", f"srun -N3 -n3 --container-image={remote} true"),
+                "direct-cold": (forget, f"srun -N3 -n3 {direct_podman(box, remote)} true"),
+                "tether-cold": (forget, f"srun -N3 -n3 --container-image={remote} true")}
     try:
-        out = run_command(["runuser", "-u", box.user, "--", "salloc", "-N3", "--time=30", "bash", "-c", loop],
-                          env=box.command_env(), cwd=str(box.work_dir), timeout=1800).stdout
+        out = {name: run_command(["runuser", "-u", box.user, "--", "salloc", "-N3", "--time=30", "bash", "-c",
+                                  timing_loop(args.rounds, cases)],
+                                 env=box.command_env(), cwd=str(box.work_dir), timeout=1800).stdout
+               for name, cases in (("rootfs", rootfs), ("registry", registry))}
     finally:
         if not args.keep:
             box.down(purge=False, log=lambda m: None)
 
-    times = step_times(out, ("direct", "tether"))
+    times = step_times(out["rootfs"], ("direct", "tether"))
     print_medians(f"containerized srun -N3 true inside a 3-node allocation, {args.rounds} interleaved rounds",
                   times)
-    ratios = sorted(t / d for t, d in zip(times["tether"], times["direct"]))
-    q1, ratio, q3 = statistics.quantiles(ratios, n=4)
-    print(f"tether / direct = {ratio:.3f} (median of per-round ratios; quartiles {q1:.3f}..{q3:.3f}; "
-          f"goal <= 1.10: {'ok' if ratio <= 1.10 else 'MISSED'})")
+    report("tether / direct", times["tether"], times["direct"], goal=1.10)
+    times = step_times(out["registry"], tuple(registry))
+    print_medians(f"the same with a registry image ({remote}), warm and cold", times)
+    report("warm: tether / direct", times["tether-warm"], times["direct-warm"], goal=1.10)
+    report("cold: tether / direct", times["tether-cold"], times["direct-cold"], goal=None)
     return 0
+
+
+def report(what: str, tether: list[float], direct: list[float], goal: float | None) -> None:
+    """The median of the per-round ratios, its quartiles, and the goal."""
+    ratios = sorted(t / d for t, d in zip(tether, direct))
+    q1, ratio, q3 = statistics.quantiles(ratios, n=4)
+    verdict = f"; goal <= {goal:.2f}: {'ok' if ratio <= goal else 'MISSED'}" if goal else ""
+    print(f"{what} = {ratio:.3f} (median of per-round ratios; quartiles {q1:.3f}..{q3:.3f}{verdict})")
 
 
 if __name__ == "__main__":

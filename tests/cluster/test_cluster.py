@@ -212,10 +212,13 @@ def test_a_sandbox_whose_processes_were_killed_outright_starts_again(cluster, tm
     try:
         mark = box.work_dir / "stepd.pid"
         job = run_command(["runuser", "-u", box.user, "--", "sbatch", "--parsable", "-N1", "--wrap",
-                           f"echo $PPID > {mark}; exec sleep 600"], env=box.command_env()).stdout.strip()
-        deadline = time.monotonic() + 60
+                           f"echo $PPID > {mark}; exec sleep 600"], env=box.command_env(),
+                          cwd=str(box.work_dir)).stdout.strip()        # its output file goes there
+        deadline = time.monotonic() + 120
         while not (mark.exists() and mark.read_text().strip()) and time.monotonic() < deadline:
             time.sleep(0.2)
+        assert mark.exists(), run_command(["scontrol", "-o", "show", "job", job], env=box.command_env(),
+                                          check=False).stdout + box.log_tails()
         victims = [int(mark.read_text())] + [d.pid() for d in box.daemons() if d.pid()]
         sleeper = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _is_child_of(p, victims[0])]
         for pid in victims + sleeper:                    # as a snapshot's restore leaves them: gone
