@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import re
 import shutil
 import stat
 from dataclasses import dataclass
@@ -184,13 +183,10 @@ class Doctor:
         yield Finding(OK, "slurmctld", f"pid {pid} reads {theirs}")
 
     def _slurmctld_pid(self) -> int | None:
-        pid_file = "/run/slurmctld.pid"
+        if self.conf is None:
+            return None
         try:
-            for line in self.slurm_conf.read_text().splitlines():
-                m = re.match(r"\s*SlurmctldPidFile\s*=\s*(\S+)", line, re.I)
-                if m:
-                    pid_file = m.group(1)
-            pid = int(Path(pid_file).read_text().split()[0])
+            pid = int(self.conf.slurmctld_pid_file.read_text().split()[0])
             os.kill(pid, 0)
             return pid
         except (OSError, ValueError, IndexError):

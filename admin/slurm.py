@@ -75,6 +75,7 @@ class SlurmConf:
     plugin_dirs: tuple[str, ...]
     plugstack: Path
     job_submit_plugins: tuple[str, ...]
+    slurmctld_pid_file: Path
 
     @classmethod
     def read(cls, path: Path) -> "SlurmConf":
@@ -90,7 +91,8 @@ class SlurmConf:
         plugstack = settings.get("plugstackconfig") or str(path.parent / "plugstack.conf")
         plugin_dirs = tuple(d for d in settings.get("plugindir", "").split(":") if d)
         jsp = tuple(p for p in settings.get("jobsubmitplugins", "").split(",") if p)
-        return cls(path, plugin_dirs, Path(plugstack), jsp)
+        pid_file = Path(settings.get("slurmctldpidfile") or "/run/slurmctld.pid")
+        return cls(path, plugin_dirs, Path(plugstack), jsp, pid_file)
 
 
 def plugstack_line(plugin_dir: Path, config: Config) -> str:

@@ -302,10 +302,9 @@ class Sandbox:
             self._start_registry()
             self._start_munged()
             self._start(["slurmctld", "-f", str(self.slurm_conf)], "slurmctld")
+            make_tmpfs_dirs(self.tmpfs_dir(port_base))
             for node in NODES:
                 (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
-                (self.tmpfs_dir(port_base) / node).mkdir(parents=True, exist_ok=True)
-                os.chmod(self.tmpfs_dir(port_base) / node, 0o1777)
                 self._start(["slurmd", "-f", str(self.slurm_conf), "-N", node], f"slurmd-{node}")
             # jobs of an earlier life whose processes were killed outright (a crash, a machine
             # restored from a snapshot) stay "running" in slurmctld's saved state and keep their
@@ -642,6 +641,24 @@ def ensure_packages(packages: Iterable[str], *, log=print) -> None:
     finally:
         if own_policy:
             policy.unlink(missing_ok=True)
+
+
+def make_tmpfs_dirs(base: Path) -> None:
+    """``base`` (in /tmp, which every user can write) root-owned 0755 and one 1777 directory per
+    node in it, as /tmp is. Root never follows what a user may have put there first: an existing
+    entry that is not root's own plain directory is refused."""
+    for path, mode in [(base, 0o755)] + [(base / node, 0o1777) for node in NODES]:
+        try:
+            os.mkdir(path, mode)
+        except FileExistsError:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+                raise SandboxError(f"{path} exists and is not a root-owned directory; remove it") from None
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
 
 
 def write_fake_gpus() -> None:
