@@ -100,7 +100,7 @@ def gpu_device_ids(local: Sequence[str], host_env: Mapping[str, str]) -> list[st
     confinement the two agree; with ConstrainDevices the local ids count from 0 over the step's
     GPUs, so local id k is the k-th of the step's (gres_common.c: common_gres_set_env)."""
     step = [g for g in (host_env.get("SLURM_STEP_GPUS") or host_env.get("SLURM_JOB_GPUS") or "").split(",") if g]
-    if not step or sorted(local) == sorted(step) or set(local) <= set(step) and not _devices_confined():
+    if not step or sorted(local) == sorted(step) or (set(local) <= set(step) and not _devices_confined()):
         return list(local)
     try:
         return [step[int(k)] for k in local]
