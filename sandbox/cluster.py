@@ -26,7 +26,7 @@ import jinja2
 import yaml
 
 from ..admin.slurm import build_plugins, install_plugins
-from ..container.runtimes.podman import STALE_STATE
+from ..container.runtimes.podman import repair_stale_state
 from ..hooks.configfile import load_config
 from ..hooks.errors import TetherError
 from ..system.files import set_conf_line
@@ -472,20 +472,15 @@ class Sandbox:
     def _heal_podman(self, *, log=print) -> None:
         """The job user's rootless podman state may name processes that are gone (this machine's
         processes were killed, not stopped: a snapshot, a crash): podman then refuses every command
-        until `podman system migrate` (see Podman.recover_state, which jobs use too)."""
+        until it is repaired, as jobs repair it (podman.repair_stale_state)."""
         settings = self.tether_settings()["container"]["podman"]
         env = ["env", *(f"{k}={v}" for k, v in settings["env"].items())]
         podman = ["runuser", "-u", self.user, "--", *env, "podman", *settings["args"]]
-        for attempt in range(3):
-            try:
-                run_command([*podman, "ps", "--quiet"], timeout=120, cwd="/")
-                return
-            except CommandError as exc:
-                if not STALE_STATE.search(exc.stderr or "") or attempt == 2:
-                    raise SandboxError(f"podman does not work for {self.user}: {exc}") from None
-            log(f"podman's run state for {self.user} is stale: podman system migrate")
-            # exits 125 when a container recorded as running is gone, yet repairs the state
-            run_command([*podman, "system", "migrate"], timeout=120, cwd="/", check=False)
+        repair_stale_state(podman, tell=lambda m: log(f"{self.user}: {m}"), cwd="/")
+        try:
+            run_command([*podman, "ps", "--quiet"], timeout=120, cwd="/")
+        except CommandError as exc:
+            raise SandboxError(f"podman does not work for {self.user}: {exc}") from None
 
     def _start_registry(self) -> None:
         """docker-registry runs in the foreground: started in its own session, its PID recorded,
@@ -769,10 +764,8 @@ _SKIPPED_SHARE = ("/usr/share/doc/", "/usr/share/man/", "/usr/share/locale/", "/
 def installed_closure(packages: Iterable[str]) -> list[str]:
     """The installed Debian packages ``packages`` need (Depends and Pre-Depends, recursively; of
     alternatives the first one installed), themselves included."""
-    def installed(name: str) -> bool:
-        out = run_command(["dpkg-query", "-W", "-f", "${Status}", name], check=False).stdout
-        return out.endswith("install ok installed")
-
+    listing = run_command(["dpkg-query", "-W", "-f", "${Package} ${Status}\n"]).stdout
+    installed = {line.split(" ", 1)[0] for line in listing.splitlines() if line.endswith("install ok installed")}
     seen: set[str] = set()
     todo = list(packages)
     while todo:
@@ -783,7 +776,7 @@ def installed_closure(packages: Iterable[str]) -> list[str]:
         fields = run_command(["dpkg-query", "-W", "-f", "${Depends},${Pre-Depends}", package]).stdout
         for group in filter(None, (g.strip() for g in fields.split(","))):
             names = [alt.strip().split(" ")[0].split(":")[0] for alt in group.split("|")]
-            todo += [n for n in names if installed(n)][:1]
+            todo += [n for n in names if n in installed][:1]
     return sorted(seen)
 
 

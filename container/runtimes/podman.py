@@ -74,6 +74,42 @@ def stdio_is_terminal() -> bool:
 STALE_STATE = re.compile(r"invalid internal status, try resetting the pause process")
 
 
+def repair_stale_state(podman: Sequence[str], *, env: Mapping[str, str] | None = None, output: str | None = None,
+                       tell=progress, cwd: str | None = None) -> bool:
+    """Rootless podman joins the user namespace of its pause process, or else of a container it
+    believes running. When every such process is gone -- killed with the step that started it
+    (SIGKILL at a time limit, the OOM killer, a node's processes killed) while its run state
+    stayed (``$XDG_RUNTIME_DIR`` or ``/tmp/podman-run-<uid>`` outlives them) -- every podman
+    command of that user on this node fails with "invalid internal status, try resetting the pause
+    process with "podman system migrate": ..." (exit 1). Since no process of that state lives, no
+    running container is harmed by doing what it says. ``podman``: the command that runs podman as
+    that user; ``output``: a failed command's stderr (None: ask podman). True when it repaired."""
+    from ...system.proc import CommandError, run_command
+
+    def stale() -> bool:    # ask podman again, cheaply
+        try:
+            run_command([*podman, "container", "exists", "tether-probe"], env=env, timeout=30, cwd=cwd)
+            return False
+        except CommandError as exc:
+            return bool(STALE_STATE.search(exc.stderr or ""))
+
+    if not (stale() if output is None else STALE_STATE.search(output)):
+        return False
+    tell("podman's run state on this node is stale (the processes it names are gone): "
+         "`podman system migrate`, then trying again")
+    try:
+        # exits 125 when it cannot stop a container recorded as running whose processes are
+        # gone ("container not running"), yet leaves the state usable: what counts is the probe
+        run_command([*podman, "system", "migrate"], env=env, timeout=120, cwd=cwd)
+    except CommandError:
+        pass
+    if stale():
+        tell("podman's run state is still stale after `podman system migrate` (see \"podman's run "
+             "state is stale\" in tether's README, troubleshooting)")
+        return False
+    return True
+
+
 def spec_has_kind(directory: str, kind: str) -> bool:
     """Does a CDI spec (``*.yaml``/``*.json``) in ``directory`` declare ``kind``?"""
     pattern = re.compile(r'^\s*"?kind"?\s*:\s*["\']?' + re.escape(kind) + r'["\']?\s*,?\s*$', re.M)
@@ -275,38 +311,8 @@ class Podman(Runtime):
         return [a for i in gpu_device_ids(spec.gpus, host_env) for a in ("--device", f"{kind}={i}")]
 
     def recover_state(self, env: Mapping[str, str], output: str | None = None) -> bool:
-        """Rootless podman joins the user namespace of its pause process, or else of a container it
-        believes running. When every such process is gone -- killed with the step that started
-        it (SIGKILL at a time limit, the OOM killer, a node's processes killed) while its run state
-        stayed (``$XDG_RUNTIME_DIR`` or ``/tmp/podman-run-<uid>`` outlives them) -- every podman
-        command of that user on this node fails with "invalid internal status, try resetting the
-        pause process with "podman system migrate": ..." (exit 1). Since
-        no process of that state lives, no running container is harmed by doing what it says."""
-        from ...system.proc import CommandError, run_command
-
-        def stale() -> bool:    # ask podman again, cheaply
-            try:
-                run_command([self.binary, *self.global_args(), "container", "exists", "tether-probe"],
-                            env=env, timeout=30)
-                return False
-            except CommandError as exc:
-                return bool(STALE_STATE.search(exc.stderr or ""))
-
-        if not (stale() if output is None else STALE_STATE.search(output)):
-            return False
-        progress("podman's run state on this node is stale (the processes it names are gone): "
-                 "`podman system migrate`, then trying again")
-        try:
-            # exits 125 when it cannot stop a container recorded as running whose processes are
-            # gone ("container not running"), yet leaves the state usable: what counts is the probe
-            run_command([self.binary, *self.global_args(), "system", "migrate"], env=env, timeout=120)
-        except CommandError:
-            pass
-        if stale():
-            progress("podman's run state is still stale after `podman system migrate` (see \"podman's run "
-                     "state is stale\" in tether's README, troubleshooting)")
-            return False
-        return True
+        """See repair_stale_state: this user's podman on this node, telling the rank's stderr."""
+        return repair_stale_state([self.binary, *self.global_args()], env=env, output=output)
 
     def remove(self, name: str, env: Mapping[str, str], *, new_session: bool = True) -> bool:
         """``podman rm --force`` (twice: the first rm of a container whose conmon was killed only
