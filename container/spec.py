@@ -241,6 +241,10 @@ def check_container_options(values: Mapping[str, str], default_runtime: str) -> 
     env = {BY_NAME[name].env: value for name, value in values.items() if name in BY_NAME}
     if "container-image" not in values:
         raise LaunchError("--container-* options need --container-image")
+    if values["container-image"] == "":     # --container-image= : no container (a step on the host)
+        if len([name for name in values if name.startswith("container-")]) > 1:
+            raise LaunchError("--container-* options need --container-image (it is empty: no container)")
+        return
     spec = spec_from_env(env, ["true"], default_runtime=default_runtime)
     if spec.name and spec.runtime != "enroot":
         raise LaunchError(f"--container-name is supported with --container-runtime=enroot only, not "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.layout import CLEANUP_MARKER
@@ -118,15 +119,30 @@ def spec_has_kind(directory: str, kind: str) -> bool:
     except OSError:
         return False
     for name in names:
-        if not name.endswith((".yaml", ".yml", ".json")):
-            continue
-        try:
-            with open(os.path.join(directory, name), encoding="utf-8", errors="replace") as fh:
-                if pattern.search(fh.read(1 << 20)):
-                    return True
-        except OSError:
-            continue
+        text = read_regular(os.path.join(directory, name)) if name.endswith((".yaml", ".yml", ".json")) else None
+        if text is not None and pattern.search(text):
+            return True
     return False
+
+
+def read_regular(path: str, limit: int = 1 << 20) -> str | None:
+    """The first ``limit`` bytes of ``path`` as text if it is a regular file, else None: never
+    blocks on a FIFO or a device (opened non-blocking, checked before reading)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+GPU_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,79}", re.ASCII)   # 3, GPU-<uuid>, MIG-<uuid>
 
 
 def gpu_device_ids(local: Sequence[str], host_env: Mapping[str, str]) -> list[str]:
@@ -138,10 +154,9 @@ def gpu_device_ids(local: Sequence[str], host_env: Mapping[str, str]) -> list[st
     step = [g for g in (host_env.get("SLURM_STEP_GPUS") or host_env.get("SLURM_JOB_GPUS") or "").split(",") if g]
     if not step or sorted(local) == sorted(step) or (set(local) <= set(step) and not _devices_confined()):
         return list(local)
-    try:
+    if all(k.isascii() and k.isdigit() and len(k) < 6 for k in local) and all(int(k) < len(step) for k in local):
         return [step[int(k)] for k in local]
-    except (ValueError, IndexError):
-        return list(local)
+    return list(local)
 
 
 PMIX_SERVER_DIR = "/run/tether/pmix"     # where a step's PMIx server directory appears inside
@@ -157,8 +172,8 @@ def mpi_pass_through(host_env: Mapping[str, str], passed: dict[str, str],
     (PMIX_SERVER_URI*, the container shares the host's network); the PMIX_* variables pass as
     MPI variables do."""
     fds, args = None, []
-    pmi_fd = host_env.get("PMI_FD", "")
-    if pmi_fd.isdigit() and int(pmi_fd) > 2 and _fd_open(int(pmi_fd)):
+    pmi_fd = host_env.get("PMI_FD", "")           # the job's to set: a small open fd, or nothing
+    if pmi_fd.isascii() and pmi_fd.isdigit() and len(pmi_fd) <= 6 and int(pmi_fd) > 2 and _fd_open(int(pmi_fd)):
         fds = {int(pmi_fd): 3}
         passed.pop("PMI_FD", None)
         own["PMI_FD"] = "3"
@@ -198,13 +213,8 @@ def pmix_client_dir(host_env: Mapping[str, str]) -> str | None:
 
 def _slurm_tmpfs(host_env: Mapping[str, str]) -> str | None:
     """slurm.conf's TmpFS for this node (``%n`` and ``%h`` expanded), or None."""
-    conf = host_env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
-    try:
-        with open(conf, encoding="utf-8", errors="replace") as fh:
-            lines = fh.read(1 << 20).splitlines()
-    except OSError:
-        return None
-    for line in lines:
+    text = read_regular(host_env.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    for line in (text or "").splitlines():
         key, eq, value = line.split("#", 1)[0].strip().partition("=")
         if eq and key.strip().lower() == "tmpfs" and value.strip():
             node = host_env.get("SLURMD_NODENAME") or os.uname().nodename
@@ -216,7 +226,7 @@ def _fd_open(fd: int) -> bool:
     try:
         os.fstat(fd)
         return True
-    except OSError:
+    except (OSError, OverflowError):
         return False
 
 
@@ -308,7 +318,11 @@ class Podman(Runtime):
             raise LaunchError(f"GPU slots in a podman container need a CDI spec for {kind} on this node "
                               f"(none in {', '.join(self.cdi_spec_dirs)}): an admin runs `nvidia-ctk cdi "
                               f"generate --output=/etc/cdi/nvidia.yaml` (see tether's README, GPUs)")
-        return [a for i in gpu_device_ids(spec.gpus, host_env) for a in ("--device", f"{kind}={i}")]
+        ids = gpu_device_ids(spec.gpus, host_env)
+        bad = [i for i in ids if not GPU_ID.fullmatch(i)]
+        if bad:   # CUDA_VISIBLE_DEVICES is the job's to set where Slurm did not
+            raise LaunchError(f"GPU {bad[0][:40]!r} (CUDA_VISIBLE_DEVICES) is not a GPU index or UUID")
+        return [a for i in ids for a in ("--device", f"{kind}={i}")]
 
     def recover_state(self, env: Mapping[str, str], output: str | None = None) -> bool:
         """See repair_stale_state: this user's podman on this node, telling the rank's stderr."""

@@ -766,6 +766,46 @@ def test_podman_passes_the_pmi2_socket_and_the_pmix_server_directory(tmp_path, m
     assert closed.fds is None and "--preserve-fds=1" not in closed.argv
 
 
+@pytest.mark.parametrize("pmi_fd", ["9" * 30, "٣", "-3", "3 ", "", "0"])
+def test_a_hostile_pmi_fd_is_ignored_not_a_crash(tmp_path, monkeypatch, pmi_fd):
+    """PMI_FD is the job's to set: a huge number raised OverflowError in the launcher (a Python
+    traceback for the rank); any value that is not a small open fd is simply not passed."""
+    monkeypatch.setattr("tether.container.runtimes.podman.stdio_is_terminal", lambda: False)
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    launch = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), {**HOST, "PMI_FD": pmi_fd})
+    assert launch.fds is None and "--preserve-fds=1" not in launch.argv
+
+
+@pytest.mark.parametrize("ids", [("0", "../../dev/sda"), ("GPU-1=x",), ("٣",), ("a" * 300,)])
+def test_gpu_ids_that_are_not_device_names_are_refused(tmp_path, monkeypatch, ids):
+    """The rank's GPU ids become CDI device names; the job can set CUDA_VISIBLE_DEVICES itself, so
+    only index or UUID-like names are accepted (an error for the step, never an odd --device)."""
+    monkeypatch.setattr("tether.container.runtimes.podman.stdio_is_terminal", lambda: False)
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    (cdi / "n.yaml").write_text("kind: nvidia.com/gpu\n")
+    with pytest.raises(LaunchError, match="not a GPU index or UUID"):
+        adapter("podman", {"cdi_spec_dirs": [str(cdi)]}).launch(
+            spec(image=str(rootfs), runtime="podman", gpus=ids), HOST)
+
+
+def test_a_fifo_among_cdi_specs_or_as_slurm_conf_does_not_hang(tmp_path):
+    """Reading a FIFO blocks until a writer comes: only regular files are read."""
+    from tether.container.runtimes.podman import pmix_client_dir, spec_has_kind
+
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    os.mkfifo(cdi / "a.yaml")
+    (cdi / "b.yaml").write_text("kind: nvidia.com/gpu\n")
+    assert spec_has_kind(str(cdi), "nvidia.com/gpu")
+    os.mkfifo(tmp_path / "slurm.conf")
+    env = {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_CONF": str(tmp_path / "slurm.conf")}
+    assert pmix_client_dir(env) is None
+
+
 def test_the_pmix_client_directory_is_found_where_slurm_makes_it(tmp_path):
     """Slurm's PMIx plugin makes <base>/spmix_appdir_<uid>_<job>.<step>: base SLURM_PMIX_TMPDIR, else
     TmpFS (with %n), else /tmp; Open MPI learns it through PMIx, so it is mounted at its own path."""

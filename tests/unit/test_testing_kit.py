@@ -15,6 +15,7 @@ import pytest
 
 from tether.hooks.configfile import load_config
 from tether.hooks.plan import make_plan
+from tether.testing.slurm import SubmissionRefused
 from tether.hooks.request import Request
 from tether.testing import FakePbs, FakeSlurm, SubmissionRefused
 
@@ -198,3 +199,12 @@ def test_tether_pbs_status_and_nodes_read_the_fake_servers_output(tmp_path, site
     assert missing.returncode == 1 and "Unknown Job Id 99.pbs" in missing.stderr
     nodes = subprocess.run([*tether, "pbs", "nodes"], env=pbs.env(), capture_output=True, text=True)
     assert nodes.returncode == 0 and nodes.stdout.splitlines()[0] == "n1 usable state=free ngpus=0 jobs=-"
+
+
+def test_an_empty_container_image_means_no_container_at_submit(fake_slurm):
+    """`--container-image=` runs a step on the host (issue 15); at sbatch it was refused with "no
+    container image" while srun accepted it. Alone it is accepted; with other container options
+    it is still an error."""
+    fake_slurm.sbatch("--container-image=", "--wrap", "true")
+    with pytest.raises(SubmissionRefused, match="--container-\\* options need --container-image"):
+        fake_slurm.sbatch("--container-image=", "--container-mounts=/a:/b", "--wrap", "true")
