@@ -1,16 +1,20 @@
 """The environment contract: which host variables enter a container, whatever the runtime.
 
-One rule for apptainer, singularity, podman and enroot (each adapter only spells it differently):
+One rule for apptainer, singularity, podman and enroot (each adapter only spells it differently),
+in two modes the admin chooses (``container.environment``):
 
 * **tether's values** win over everything: ``TMPDIR=/tmp`` and ``TETHER_WORK_DIR`` (the per-rank
   directories as seen inside), ``TETHER_CONTAINER=1``; host-only paths (``TETHER_RANK_DIR``, ...) are
   not passed.
-* **passed from the host** (and winning over the image's own values): the rank variables, the
-  resource manager's (``SLURM_*``, ``PBS_*``), MPI/PMI launch variables, GPU selection, ``TETHER_*``,
-  locale and terminal, plus every name the user lists in ``--container-env``.
-* **never passed** (the image's own value, or the runtime's default, applies): everything else,
-  notably ``PATH``, ``LD_LIBRARY_PATH``, ``LD_PRELOAD``, ``HOME``, ``PYTHON*`` and the runtimes' own
-  control variables -- unless named in ``--container-env`` (the runtimes' control variables never).
+* ``inherit`` (the default, what pyxis and Apptainer users know): **every variable of the job**
+  enters with its host value (winning over the image's own value of the same name), **except**
+  those where the image must win -- ``PATH``, the dynamic loader's ``LD_*``, ``HOME``,
+  ``PYTHONHOME``/``PYTHONPATH``, shell start-up and bookkeeping (``BASH_ENV``, ``ENV``, ``PWD``,
+  ``OLDPWD``, ``SHLVL``, ``_``), the host's ``TMPDIR`` -- and the runtimes' own control variables.
+* ``allowlist``: only the rank variables, the resource manager's (``SLURM_*``, ``PBS_*``), MPI/PMI
+  launch variables, GPU selection, ``TETHER_*``, locale and terminal enter.
+* In both, a name listed in ``--container-env`` enters with the host's value even where the image
+  would win (``--container-env=PATH``); the runtimes' control variables never enter.
 """
 
 from __future__ import annotations
@@ -25,10 +29,19 @@ if TYPE_CHECKING:
 
     from .spec import LaunchSpec
 
+MODES = ("inherit", "allowlist")
+DEFAULT_MODE = "inherit"
+
+# allowlist mode: what enters besides --container-env
 PASS_NAMES = RANK_NAMES + ("USER", "LOGNAME", "LANG", "LANGUAGE", "TERM", "TZ", "OMP_NUM_THREADS",
                            "SLURMD_NODENAME")
 PASS_PREFIXES = ("SLURM_", "PBS_", "PMI_", "PMIX_", "OMPI_", "I_MPI_", "MPICH_", "UCX_", "NCCL_",
                  "CUDA_", "ROCR_", "HIP_", "TETHER_", "LC_")
+# inherit mode: where the image (or the runtime's default) must win -- host paths and start-up
+# files that mean something else, or nothing, inside
+IMAGE_NAMES = ("PATH", "HOME", "PYTHONHOME", "PYTHONPATH", "BASH_ENV", "ENV", "TMPDIR", "PWD", "OLDPWD",
+               "SHLVL", "_")
+IMAGE_PREFIXES = ("LD_",)
 # The runtimes read these themselves; inside a container they mean nothing or something harmful.
 RUNTIME_CONTROL = ("APPTAINER", "SINGULARITY", "ENROOT_", "CONTAINERS_", "PODMAN_", "BUILDAH_",
                    "_CONTAINERS_", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS")
@@ -44,39 +57,58 @@ def overrides(spec: LaunchSpec) -> dict[str, str]:
     return values
 
 
-def _is_control(name: str) -> bool:
+def is_control(name: str) -> bool:
+    """A runtime's own control variable (never passed into a container)."""
     return name.startswith(RUNTIME_CONTROL)
 
 
-def passed_from_host(host: Mapping[str, str], spec: LaunchSpec) -> dict[str, str]:
+def image_wins(name: str) -> bool:
+    """In inherit mode: a variable whose host value is not passed (the image's own applies)."""
+    return name in IMAGE_NAMES or name.startswith(IMAGE_PREFIXES)
+
+
+def allowed(name: str) -> bool:
+    """In allowlist mode: a variable passed without being named in --container-env."""
+    return name in PASS_NAMES or name.startswith(PASS_PREFIXES)
+
+
+def passed_from_host(host: Mapping[str, str], spec: LaunchSpec, mode: str = DEFAULT_MODE) -> dict[str, str]:
     """The host variables that enter the container with their host values (see the module doc)."""
+    if mode not in MODES:
+        raise ValueError(f"container environment mode {mode!r}: expected one of {', '.join(MODES)}")
     own = overrides(spec)
+    named = set(spec.env_names)
+    inherit = mode == "inherit"
     chosen = {}
     for name, value in host.items():
-        if name in own or name in HOST_ONLY or not is_env_name(name) or _is_control(name):
+        if name in own or name in HOST_ONLY or not is_env_name(name) or is_control(name):
             continue
-        if name in PASS_NAMES or name.startswith(PASS_PREFIXES) or name in spec.env_names:
+        if name in named or (not image_wins(name) if inherit else allowed(name)):
             chosen[name] = value
     return chosen
 
 
+def _names(items) -> str:
+    return ", ".join(f"`{n}`" for n in items)
+
+
 def contract_table() -> str:
     """The contract as a Markdown table (kept in the README, checked by the tests)."""
+    control = ", ".join(f"`{p}`" if p.isupper() and not p.endswith("_") and "_" in p else f"`{p}*`"
+                        for p in RUNTIME_CONTROL)
     rows = [
-        "| variables | inside the container | precedence |",
+        "| variables | `inherit` (default) | `allowlist` |",
         "|---|---|---|",
         f"| `TMPDIR`, `TETHER_WORK_DIR`, `TETHER_CONTAINER` | `{CONTAINER_TMP}`, `{CONTAINER_WORKDIR}` "
-        "(the rank's own directories, in a tether step), `1` | tether's value, always |",
-        "| " + ", ".join(f"`{n}`" for n in RANK_NAMES) + " | the rank's values | host value wins over the image's |",
-        "| " + ", ".join(f"`{p}*`" for p in PASS_PREFIXES) + " | passed | host value wins over the image's |",
-        "| " + ", ".join(f"`{n}`" for n in PASS_NAMES if n not in RANK_NAMES)
-        + " | passed | host value wins over the image's |",
-        "| names in `--container-env` | passed | host value wins over the image's |",
-        "| " + ", ".join(f"`{n}`" for n in HOST_ONLY) + " | not passed (host paths) | — |",
-        "| " + ", ".join(f"`{p}`" if p.isupper() and not p.endswith("_") and "_" in p else f"`{p}*`"
-                         for p in RUNTIME_CONTROL)
-        + " | never passed, even when named in `--container-env` | — |",
-        "| everything else (`PATH`, `LD_LIBRARY_PATH`, `HOME`, `PYTHONPATH`, ...) | not passed | "
-        "the image's own value (or the runtime's default) |",
+        "(the rank's own directories, in a tether step), `1`: tether's value, always | the same |",
+        f"| the rank's ({_names(RANK_NAMES)}) | the rank's values | the same |",
+        f"| {', '.join(f'`{p}*`' for p in PASS_PREFIXES)}; "
+        f"{_names(n for n in PASS_NAMES if n not in RANK_NAMES)} | passed | passed |",
+        "| everything else the job has (`FOO`, `HF_HOME`, `OMP_PLACES`, ...) | passed | "
+        "not passed, unless named in `--container-env` |",
+        f"| {_names(IMAGE_NAMES)}, {', '.join(f'`{p}*`' for p in IMAGE_PREFIXES)} | not passed: the image's "
+        "own value (or the runtime's default), unless named in `--container-env` | the same |",
+        f"| {_names(HOST_ONLY)} | not passed (host paths) | the same |",
+        f"| {control} | never passed, even when named in `--container-env` | the same |",
     ]
     return "\n".join(rows) + "\n"

@@ -60,7 +60,8 @@ def run_container(env: Mapping[str, str], command: Sequence[str], settings: Mapp
         spec = spec_from_env(env, command, default_runtime=settings["runtime"])
         runtime = adapter(spec.runtime, settings.get(spec.runtime) or {},
                           image_root=settings.get("apptainer_image_root", "/var/cache/tether/images"),
-                          user_image_cache=settings.get("user_image_cache"))
+                          user_image_cache=settings.get("user_image_cache"),
+                          environment=settings.get("environment") or "inherit")
         launch = runtime.launch(spec, env)
     except LaunchError as exc:
         report(str(exc))

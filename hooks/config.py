@@ -103,6 +103,13 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
                                     accepted=STORAGE_PATH_ACCEPTED,
                                     doc="shared cache of converted Apptainer/Singularity images: filled by "
                                         "root (tether images pull), used by everyone"),
+        "environment": Enum(choices=("inherit", "allowlist"), default="inherit",
+                            doc="which of the job's variables enter a container: inherit = all but the "
+                                "few where the image must win (PATH, LD_*, HOME, PYTHONHOME/PYTHONPATH, "
+                                "the runtimes' own), as pyxis and Apptainer users expect; allowlist = only "
+                                "the rank's, the resource manager's, MPI/GPU and locale variables and the "
+                                "names in --container-env (stricter: nothing the image did not ask for leaks "
+                                "in, but users must name every other variable they need)"),
         "user_image_cache": Str(default="{home}/.cache/tether/images", pattern=USER_CACHE_PATTERN,
                                 accepted="an absolute path, or one starting with {home}; {uid} is the user's id",
                                 doc="where a user's own image conversions go (only that user writes and "

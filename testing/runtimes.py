@@ -15,10 +15,12 @@ Sources, per behaviour:
   Apptainer 1.x has all of them. An unknown flag: ``Error for command "exec": unknown flag: --env``
   followed by the command's options, exit 1 (``cmd/internal/cli/singularity.go``, ExecuteSingularity).
   Flags end at the image: pflag does not intersperse for action commands.
-- Their environment (Apptainer docs, "Environment and Metadata"): ``--cleanenv`` drops the host's
-  variables (a few are set by the runtime: HOME, USER, LANG, TERM are kept); ``<PREFIX>ENV_NAME=v``
-  sets NAME inside (``APPTAINERENV_``; ``SINGULARITYENV_`` for Singularity and, deprecated, for
-  Apptainer); ``--env NAME=v`` sets NAME and wins over the prefixed variables.
+- Their environment (Apptainer docs, "Environment and Metadata"; ``internal/pkg/util/env/create.go``):
+  ``--cleanenv`` drops the host's variables but ``TERM`` and the proxies and sets ``LANG=C``;
+  ``<PREFIX>ENV_NAME=v`` sets NAME inside (``APPTAINERENV_``; ``SINGULARITYENV_`` for Singularity
+  and, deprecated, for Apptainer; ``HOME`` refused with a warning, ``PATH``/``PREPEND_PATH``/
+  ``APPEND_PATH`` change PATH); ``HOME`` is the user's, ``PATH`` the default; ``--env NAME=v`` sets
+  NAME and wins over the prefixed variables.
 - A missing image: ``FATAL:   could not open image IMG: failed to retrieve path for IMG: lstat IMG:
   no such file or directory``, exit 255.
 - Enroot 4.1.2 (``enroot.in``): the defaults of its paths (``ENROOT_RUNTIME_PATH`` =
@@ -29,8 +31,14 @@ Sources, per behaviour:
   (an unknown ``-?*`` prints the command's usage and exits 1); ``src/runtime.sh``: create refuses an
   existing name ("File already exists: ..."), a file that is not squashfs ("Invalid image format"),
   a name with '/'; start needs an existing container ("No such file or directory: ...") and checks
-  ``--env`` names and ``--mount`` specs ("Invalid argument: ..."); enroot clears the environment
-  and passes ``--env NAME`` from its own environment, ``--env NAME=VALUE`` as given.
+  ``--env`` names and ``--mount`` specs ("Invalid argument: ..."), and a ``--conf`` script (a
+  regular file after realpath, ``bash -n`` clean); the container's environment is built as
+  ``runtime::_do_environ`` builds it -- the image's ``/etc/environment``, the script's ``environ()``
+  (run here by bash for real), the ``--env`` items (``NAME`` alone: its value in enroot's own
+  environment, empty when unset) -- formatted twice by ``common::envfmt`` and loaded by
+  enroot-switchroot (``clearenv``, then each valid line, the last one winning; then ``TERM``,
+  ``HOME``, ``SHELL``, ``USER``, ``LOGNAME`` and ``PATH`` where still unset).
+
 """
 
 from __future__ import annotations
@@ -82,7 +90,6 @@ PROFILES = {
                                               "no-eval", "no-umask", "no-https"},
                             "apptainer version 1.2.5", "apptainer", ("APPTAINERENV_", "SINGULARITYENV_")),
 }
-KEPT_WITH_CLEANENV = ("HOME", "USER", "LANG", "TERM")
 _GLOBAL_FLAGS = {"debug", "quiet", "silent", "verbose", "nocolor"}
 _GLOBAL_SHORT = {"d": "debug", "q": "quiet", "s": "silent", "v": "verbose"}
 
@@ -158,21 +165,60 @@ def apptainer_main(profile_name: str, argv: list[str], state: str) -> int:
     return _act(state, command_argv, container_env, cwd)
 
 
+# Apptainer internal/pkg/util/env (create.go, env.go) and 99-runtimevars.sh: the exact rules
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+ALWAYS_PASS = ("TERM", "http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY",
+               "all_proxy", "ALL_PROXY", "ftp_proxy", "FTP_PROXY")
+# name -> may a <PREFIX>ENV_ variable override it
+ALWAYS_OMIT = {"HOME": False, "PATH": False, "APPTAINER_SHELL": False, "APPTAINER_APPNAME": False,
+               "SINGULARITY_SHELL": False, "SINGULARITY_APPNAME": False, "LD_LIBRARY_PATH": True}
+PATH_KEYS = {"PREPEND_PATH": "SING_USER_DEFINED_PREPEND_PATH", "APPEND_PATH": "SING_USER_DEFINED_APPEND_PATH",
+             "PATH": "SING_USER_DEFINED_PATH"}
+
+
 def _apptainer_env(profile: dict, flags: dict[str, list[str]], host: os._Environ | dict) -> dict[str, str]:
-    """The program's environment inside, by the documented rules (see the module doc)."""
-    if "cleanenv" in flags or "containall" in flags:
-        env = {k: host[k] for k in KEPT_WITH_CLEANENV if k in host}
-    else:
-        env = {k: v for k, v in host.items() if not k.startswith(("APPTAINERENV_", "SINGULARITYENV_"))}
-    for prefix in reversed(profile["prefixes"]):           # the first prefix wins
+    """The program's environment inside, by create.go's SetContainerEnv (see the module doc)."""
+    import pwd
+
+    clean = "cleanenv" in flags or "containall" in flags
+    prefixes = profile["prefixes"]
+    control = ("APPTAINER_", "SINGULARITY_") if profile["prog"] == "apptainer" else ("SINGULARITY_",)
+    env: dict[str, str] = {"LANG": "C"} if clean else {}
+    overridden: dict[str, str] = {}
+    for prefix in prefixes:                                # the first prefix wins
         for key, value in host.items():
-            if key.startswith(prefix) and len(key) > len(prefix):
-                env[key[len(prefix):]] = value
+            if not key.startswith(prefix) or len(key) == len(prefix):
+                continue
+            name = key[len(prefix):]
+            if name in PATH_KEYS:
+                name = PATH_KEYS[name]
+            elif ALWAYS_OMIT.get(name) is False:
+                sys.stderr.write(f"WARNING: Overriding {name} environment variable with {key} is not permitted\n")
+                continue
+            if name not in overridden:
+                overridden[name] = value
+    for key, value in host.items():
+        if key.startswith(control) or key.startswith(prefixes) or key in overridden:
+            continue
+        if key in ALWAYS_PASS or (key not in ALWAYS_OMIT and not clean):
+            env[key] = value
+    env.update(overridden)
     for item in flags.get("env", []):
         for pair in item.split(","):                       # --env splits its value on commas
             key, eq, value = pair.partition("=")
             if eq:
                 env[key] = value
+    env["HOME"] = pwd.getpwuid(os.getuid()).pw_dir
+    env["PATH"] = DEFAULT_PATH
+    # /.singularity.d/env/99-runtimevars.sh, inside the container
+    if env.get("SING_USER_DEFINED_PREPEND_PATH"):
+        env["PATH"] = f"{env['SING_USER_DEFINED_PREPEND_PATH']}:{env['PATH']}"
+    if env.get("SING_USER_DEFINED_APPEND_PATH"):
+        env["PATH"] = f"{env['PATH']}:{env['SING_USER_DEFINED_APPEND_PATH']}"
+    if env.get("SING_USER_DEFINED_PATH"):
+        env["PATH"] = env["SING_USER_DEFINED_PATH"]
+    for key in PATH_KEYS.values():
+        env.pop(key, None)
     return env
 
 
@@ -344,20 +390,62 @@ def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry:
         if not re.fullmatch(r"[^\s]+(:[^\s]+)*", mount):
             return _enroot_err(f"Invalid argument: {mount}")
     env = os.environ
-    container_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": env.get("HOME", "/"),
-                     "TERM": env.get("TERM", "xterm")}
     for item in opts.get("--env", []):
         if not re.match(r"[A-Za-z_][A-Za-z0-9_]*(=|$)", item):
             return _enroot_err(f"Invalid argument: {item}")
-        key, eq, value = item.partition("=")
-        if eq:
+    conf = (opts.get("--conf") or [None])[-1]
+    if conf is not None:
+        conf = os.path.realpath(conf)
+        if not os.path.isfile(conf):
+            return _enroot_err(f"No such file or directory: {conf}")
+        if subprocess.run(["bash", "-n", conf], capture_output=True).returncode != 0:
+            return _enroot_err(f"Invalid argument: {conf}")
+    # runtime::_do_environ: the image's /etc/environment (envsubst'ed), the config's environ(), the
+    # --env arguments (awk: NAME alone takes ENVIRON[NAME], empty when unset) -- one file
+    lines = []
+    etc_environment = Path(rootfs if "/" not in name else "/nonexistent", "etc", "environment")
+    if etc_environment.is_file():
+        lines += [re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: env.get(m.group(1), ""), line)
+                  for line in etc_environment.read_text().splitlines()]
+    if conf is not None:
+        script = 'source "$1" && if declare -F environ > /dev/null; then environ; fi'
+        run = subprocess.run(["bash", "--norc", "-c", script, "bash", conf], capture_output=True,
+                             env={**env, "ENROOT_ROOTFS": rootfs, "ENROOT_ENVIRON": "/dev/null"})
+        if run.returncode != 0:
+            sys.stderr.buffer.write(run.stderr)
+            return run.returncode
+        lines += run.stdout.decode("utf-8", "surrogateescape").split("\n")
+    for item in opts.get("--env", []):
+        lines.append(item if "=" in item else f"{item}={env.get(item, '')}")
+    lines = _envfmt(_envfmt(lines))         # before and after the hooks
+    container_env = {}                      # enroot-switchroot: clearenv(), then the file, last wins
+    for line in lines:
+        key, eq, value = line.partition("=")
+        if eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             container_env[key] = value
-        elif key in env:
-            container_env[key] = env[key]
+    import pwd
+
+    user = pwd.getpwuid(os.getuid())        # then its login defaults where still unset
+    for key, value in (("TERM", "dumb"), ("HOME", user.pw_dir), ("SHELL", user.pw_shell), ("USER", user.pw_name),
+                       ("LOGNAME", user.pw_name), ("PATH", "/usr/local/bin:/bin:/usr/bin")):
+        container_env.setdefault(key, value)
     record_call(state, {**entry, "tool": "enroot-container", "container": name, "command": command_argv,
                         "container_env": container_env, "writable": "--rw" in opts,
                         "mounts": opts.get("--mount", [])})
     return _act(state, command_argv or ["/bin/sh"], container_env, None)
+
+
+def _envfmt(lines: list[str]) -> list[str]:
+    """common::envfmt (src/common.sh): leading blanks go; comments, empty and ill-formed lines and
+    ENROOT_* go; a pair of quotes around a whole value goes."""
+    out = []
+    for line in lines:
+        line = re.sub(r"^[ \t\n\v\f\r]+", "", line)
+        if not line or line.startswith("#") or not re.match(r"[A-Za-z_][A-Za-z0-9_]*=", line) \
+                or line.startswith("ENROOT_"):
+            continue
+        out.append(re.sub(r"^([A-Za-z_][A-Za-z0-9_]*)=[\"'](.*)[\"'][ \t\v\f\r]*$", r"\1=\2", line))
+    return out
 
 
 def _first_missing(path: str) -> str:

@@ -13,7 +13,7 @@ import os
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.imageref import ImageRef, ImageRefError, parse_image
-from ..environment import overrides, passed_from_host
+from ..environment import DEFAULT_MODE, overrides, passed_from_host
 from ..spec import LaunchError, Record
 
 if TYPE_CHECKING:
@@ -77,8 +77,9 @@ class Runtime:
     name = ""
 
     def __init__(self, settings: Mapping, *, image_root: str = "/var/cache/tether/images",
-                 user_image_cache: str | None = None):
+                 user_image_cache: str | None = None, environment: str = DEFAULT_MODE):
         self.binary = settings.get("binary") or self.name
+        self.environment = environment      # the config's container.environment (inherit | allowlist)
         self.args = list(settings.get("args") or ())
         self.runtime_env = dict(settings.get("env") or {})
         self.image_root = image_root
@@ -106,18 +107,14 @@ class Runtime:
         env.update(self.runtime_env)
         return env
 
-    @staticmethod
-    def container_env(spec: LaunchSpec, host_env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-        """(host values passed by name, tether's own values) per the environment contract."""
-        return passed_from_host(host_env, spec), overrides(spec)
+    def container_env(self, spec: LaunchSpec, host_env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+        """(host values passed, tether's own values) per the environment contract and its mode."""
+        return passed_from_host(host_env, spec, self.environment), overrides(spec)
 
     @staticmethod
-    def env_args(passed: Mapping[str, str], own: Mapping[str, str]) -> list[str]:
-        """``--env NAME`` for host values (the runtime copies them from its own environment: values
-        never appear on the command line), ``--env NAME=VALUE`` for tether's own (podman, enroot)."""
+    def own_env_args(own: Mapping[str, str]) -> list[str]:
+        """``--env NAME=VALUE`` for tether's own values (plain, short: safe on a command line)."""
         args = []
-        for name in sorted(passed):
-            args += ["--env", name]
         for name, value in own.items():
             args += ["--env", f"{name}={value}"]
         return args

@@ -2,7 +2,9 @@
 
 ``--cleanenv`` drops the inherited host environment; the contract's host values and tether's own
 enter as ``APPTAINERENV_<NAME>`` (``SINGULARITYENV_`` for Singularity): comma-safe (``--env`` splits
-values on commas), and known to every version (SingularityCE before 3.6 has no ``exec --env``). docker:// and other remote sources are converted once into the image cache
+values on commas), known to every version (SingularityCE before 3.6 has no ``exec --env``), and
+winning over the image's own values as on the other runtimes (without --cleanenv a def file's
+%environment would win over an inherited host value, while docker ENV loses to it). docker:// and other remote sources are converted once into the image cache
 (tether.container.images: the shared one, or the user's own); a SIF, a squashfs file or a sandbox
 directory runs as is.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import os
 
+from ..launch import progress
 from ..spec import LaunchError
 from . import Launch, Runtime
 
@@ -22,6 +25,19 @@ if TYPE_CHECKING:
     from ..spec import LaunchSpec
 
 
+# Names <PREFIX>ENV_ cannot set (Apptainer internal/pkg/util/env/create.go: HOME is "not permitted";
+# PREPEND_PATH / APPEND_PATH are read as changes to PATH)
+NOT_BY_PREFIX = ("HOME", "PREPEND_PATH", "APPEND_PATH")
+# What the runtime reads in its own (host-side) environment: kept there as well as passed in
+HOST_SIDE = ("PATH", "HOME", "TMPDIR", "USER", "LOGNAME", "TERM", "LANG", "LANGUAGE", "TZ", "SSL_CERT_FILE",
+             "SSL_CERT_DIR", "http_proxy", "https_proxy", "no_proxy", "all_proxy", "ftp_proxy", "HTTP_PROXY",
+             "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "FTP_PROXY")
+
+
+def host_side(name: str) -> bool:
+    return name in HOST_SIDE or name.startswith(("LC_", "XDG_"))
+
+
 class Apptainer(Runtime):
     name = "apptainer"
     env_prefix = "APPTAINERENV_"
@@ -31,10 +47,22 @@ class Apptainer(Runtime):
         env = {k: v for k, v in self.base_env(host_env).items()
                if not k.startswith(("APPTAINERENV_", "SINGULARITYENV_"))}
         passed, own = self.container_env(spec, host_env)
+        refused = sorted(n for n in passed if n in NOT_BY_PREFIX)
+        if refused:
+            progress(f"not passed into the {self.name} container: {', '.join(refused)} ({self.env_prefix}HOME is "
+                     f"refused by {self.name}, which sets HOME itself; {self.env_prefix}PREPEND_PATH and "
+                     f"APPEND_PATH change PATH instead)")
         # <PREFIX>ENV_NAME=value sets NAME inside, with --cleanenv too, in every version (SingularityCE
-        # before 3.6 has no `exec --env`: "Error: unknown flag: --env"); tether's own values last
+        # before 3.6 has no `exec --env`: "Error: unknown flag: --env"), winning over the image's
+        # %environment and docker ENV; tether's own values last. The host copy goes (the runtime does
+        # not read it, and a large environment twice may not fit execve's limit), except what the
+        # runtime itself reads on the host.
         for name, value in {**passed, **own}.items():
+            if name in NOT_BY_PREFIX:
+                continue
             env[self.env_prefix + name] = value
+            if name in passed and not host_side(name):
+                env.pop(name, None)
         argv = [self.binary, "exec", *self.args, "--cleanenv"]
         for mount in (*spec.rank_mounts(), *spec.mounts):
             argv += ["--bind", str(mount)]

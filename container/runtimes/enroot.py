@@ -1,7 +1,9 @@
 """Enroot: per-user ``import``/``create`` with job-scoped names, ``start``, ``remove`` at the end.
 
-Enroot clears the environment (``--env NAME`` copies a host value from enroot's own environment,
-``--env NAME=VALUE`` sets one), starts in $HOME (tether changes to the work directory with a
+Enroot clears the environment; the contract's host variables enter through an ``--conf`` script
+whose ``environ()`` prints them (values in a private file, not on a command line; one enroot call
+however many there are -- each ``--env NAME`` costs enroot an ``awk`` process), tether's own as
+``--env NAME=VALUE``. It starts in $HOME (tether changes to the work directory with a
 ``/bin/sh`` prologue), keeps the root filesystem read-only unless ``--rw``, and always uses a user
 namespace. The imported image and the container root live under the step's directory
 (``ENROOT_DATA_PATH``), so whatever a killed rank leaves goes with the step; ``--container-name``
@@ -15,6 +17,7 @@ import os
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.imageref import ImageRefError, parse_image
+from ..launch import progress
 from ..spec import LaunchError
 from . import Launch, Runtime
 
@@ -32,6 +35,49 @@ def enroot_uri(image: str) -> str:
         return parse_image(image).enroot_uri()
     except ImageRefError as exc:
         raise LaunchError(str(exc)) from None
+
+
+END_OF_ENVIRONMENT = "TETHER_END_OF_ENVIRONMENT"
+
+
+def carried(value: str) -> bool:
+    """Can enroot's environment file carry ``value`` unchanged? It is one ``NAME=VALUE`` per line
+    (enroot-switchroot's load_environment), and enroot's ``common::envfmt`` (run twice: before and
+    after the hooks) strips a pair of quotes around a whole value."""
+    if "\n" in value or "\r" in value:
+        return False
+    stripped = value.rstrip(" \t\v\f")
+    return not (len(stripped) >= 2 and stripped[0] in "\"'" and stripped[-1] in "\"'")
+
+
+def write_environ_conf(path: str | None, values: Mapping[str, str]) -> str:
+    """An ``enroot start --conf`` script whose ``environ()`` prints the variables (enroot appends
+    its output to the container's environment file after the image's /etc/environment, so these
+    win over the image's). The values are in the file -- mode 0600, in the user's own step
+    directory -- never on a command line; a quoted here-document: bash expands nothing in them.
+    Values the environment file cannot carry are left out, and the user is told which."""
+    lines, dropped = [], []
+    for name in sorted(values):
+        (lines if carried(values[name]) else dropped).append(name)
+    if dropped:
+        shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
+        progress(f"not passed into the enroot container: {shown} (a line break, or quotes around the whole "
+                 f"value: enroot's environment file cannot carry them)")
+    text = ("# tether: the job's environment for this container (see tether.container.environment)\n"
+            "environ() {\n"
+            f"cat <<'{END_OF_ENVIRONMENT}'\n"
+            + "".join(f"{name}={values[name]}\n" for name in lines)
+            + f"{END_OF_ENVIRONMENT}\n}}\n")
+    if path is None:
+        import tempfile                       # only by hand: it costs a rank milliseconds
+
+        fd, path = tempfile.mkstemp(prefix="tether-enroot-", suffix=".conf")
+    else:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
+        fh.write(text)
+    return path
 
 
 class Enroot(Runtime):
@@ -73,7 +119,14 @@ class Enroot(Runtime):
         argv = [self.binary, "start", *self.args]
         if spec.writable:
             argv.append("--rw")
-        argv += self.env_args(passed, own)
+        after = []
+        if passed:
+            conf = os.path.join(step_dir, "enroot", f"environ-{spec.rank}.conf") if step_dir else None
+            conf = write_environ_conf(conf, passed)
+            argv += ["--conf", conf]
+            if not step_dir:                  # tether run by hand: nothing removes it with a step
+                after.append(["rm", "-f", conf])
+        argv += self.own_env_args(own)
         if self.gpu_kind(spec) == "cuda":
             argv += ["--env", "NVIDIA_VISIBLE_DEVICES=all"]
         for mount in spec.rank_mounts():
@@ -82,7 +135,8 @@ class Enroot(Runtime):
             argv += ["--mount", f"{mount.source}:{mount.target}:none:x-create=auto,rbind"
                      + (",ro" if mount.readonly else "")]
         argv += [name, "/bin/sh", "-c", CD_PROLOGUE, "sh", spec.workdir, *spec.command]
-        after = [] if spec.name else [[self.binary, "remove", "--force", name]]
+        if not spec.name:
+            after.insert(0, [self.binary, "remove", "--force", name])
         lock = os.path.join(node_dir, "enroot", ".lock") if node_dir else None
         return Launch(argv=argv, env=env, supervise=True, before=before, lock=lock, after=after, runtime=self)
 

@@ -7,13 +7,15 @@ Slurm's process tracking, accounting and kill reach them. Host network and host 
 when not root, so files in the per-rank directories and mounts keep the user's ownership; a
 rootfs directory runs read-only as it is (``--read-only --rootfs DIR``: a shared image is never
 written), or with --container-writable, for a rootfs the user owns, through an overlay whose
-changes are discarded (``--rootfs DIR:O``). Environment: not inherited; ``--env NAME`` copies the contract's host values from
-podman's own environment (values never appear on the command line), ``--env NAME=VALUE`` sets
-tether's own.
+changes are discarded (``--rootfs DIR:O``). Environment (tether.container.environment): the
+contract's host variables are named in an ``--env-file`` (a memfd) from which podman copies their
+values out of its own environment -- values never appear on a command line, however many there
+are; ``--env NAME=VALUE`` sets tether's own.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import stat
@@ -222,6 +224,21 @@ def _slurm_tmpfs(host_env: Mapping[str, str]) -> str | None:
     return None
 
 
+def env_names_fd(names) -> int:
+    """A memfd holding ``names`` one per line, at fd 10 or above (below are the rank's and the fds
+    passed into the container: PMI_FD goes to 3), inheritable where the launch execs podman."""
+    fd = os.memfd_create("tether-env-names")
+    try:
+        data = "".join(f"{name}\n" for name in sorted(names)).encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+    finally:
+        os.close(fd)
+    return high
+
+
 def _fd_open(fd: int) -> bool:
     try:
         os.fstat(fd)
@@ -279,7 +296,14 @@ class Podman(Runtime):
         if not spec.writable:
             argv.append("--read-only")
         argv += mpi_args
-        argv += self.env_args(passed, own)
+        if passed:
+            # the names in a file podman reads (--env-file, a memfd: nothing on disk, nothing on the
+            # command line); a name without '=' makes podman copy the value from its own
+            # environment (pkg/env ParseFile/parseEnv), so any value -- newlines too -- arrives as is
+            names_fd = env_names_fd(passed)
+            fds = {**(fds or {}), names_fd: names_fd}
+            argv += ["--env-file", f"/dev/fd/{names_fd}"]
+        argv += self.own_env_args(own)
         for mount in (*spec.rank_mounts(), *spec.mounts):
             argv += ["--volume", str(mount)]
         argv += ["--workdir", spec.workdir]

@@ -86,15 +86,31 @@ def test_submit_time_validation_gives_the_run_sides_messages():
 
 
 # ---- the environment contract ----------------------------------------------------------------
-def test_contract_passes_rank_scheduler_and_named_variables_only():
-    passed = passed_from_host(HOST, spec(env_names=("MYVAR", "PATH", "APPTAINER_BIND")))
+def test_contract_inherits_the_job_environment_but_where_the_image_must_win():
+    passed = passed_from_host(HOST, spec(env_names=("PYTHONPATH", "APPTAINER_BIND")))
+    assert set(passed) == {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID",
+                           "SLURM_STEP_ID", "SLURM_PROCID", "PMIX_RANK", "CUDA_VISIBLE_DEVICES",
+                           "TETHER_SLOT_IDS", "MYVAR", "OTHER", "PYTHONPATH"}
+    assert passed["MYVAR"] == HOST["MYVAR"] and passed["PYTHONPATH"] == "/p"   # named: the host's value
+    # never: host paths, tether's own (TMPDIR is set inside), runtime control (even when named),
+    # invalid names; the image's own: PATH, HOME, LD_*
+    assert not {"TETHER_RANK_DIR", "TMPDIR", "APPTAINER_BIND", "APPTAINERENV_X", "CONTAINERS_CONF",
+                "BASH_FUNC_f%%", "LD_PRELOAD", "HOME", "PATH"} & set(passed)
+    shell = {"PWD": "/h", "OLDPWD": "/o", "SHLVL": "2", "_": "/bin/env", "BASH_ENV": "/h/.b", "ENV": "/h/.e",
+             "LD_LIBRARY_PATH": "/l", "LD_AUDIT": "/a", "PYTHONHOME": "/py", "HF_HOME": "/hf", "OMP_PLACES": "cores"}
+    assert set(passed_from_host(shell, spec())) == {"HF_HOME", "OMP_PLACES"}
+    assert passed_from_host({"TMPDIR": "/host/tmp"}, spec(rank_dir=None)) == {}     # the runtime's default
+    assert passed_from_host({"TMPDIR": "/host/tmp"}, spec(rank_dir=None, env_names=("TMPDIR",))) == {
+        "TMPDIR": "/host/tmp"}
+
+
+def test_contract_allowlist_mode_passes_rank_scheduler_and_named_variables_only():
+    passed = passed_from_host(HOST, spec(env_names=("MYVAR", "PATH", "APPTAINER_BIND")), "allowlist")
     assert set(passed) == {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID",
                            "SLURM_STEP_ID", "SLURM_PROCID", "PMIX_RANK", "CUDA_VISIBLE_DEVICES",
                            "TETHER_SLOT_IDS", "MYVAR", "PATH"}
-    assert passed["MYVAR"] == HOST["MYVAR"]
-    # never: host paths, tether's own (TMPDIR is set inside), runtime control, invalid names
-    assert not {"TETHER_RANK_DIR", "TMPDIR", "APPTAINER_BIND", "CONTAINERS_CONF", "BASH_FUNC_f%%",
-                "LD_PRELOAD", "HOME", "OTHER"} & set(passed)
+    with pytest.raises(ValueError, match="expected one of inherit, allowlist"):
+        passed_from_host(HOST, spec(), "everything")
 
 
 def test_contract_table_is_in_the_readme():
@@ -118,6 +134,20 @@ def test_apptainer_argv_and_environment(tmp_path):
             launch.env["APPTAINERENV_TETHER_WORK_DIR"]) == ("1", "/tmp", "/run/tether/workdir")
     assert "APPTAINERENV_X" not in launch.env            # the user's own injection is dropped
     assert "APPTAINERENV_PATH" not in launch.env and "APPTAINERENV_TETHER_RANK_DIR" not in launch.env
+    # inherited, under the prefix only: a large environment is not doubled for execve
+    assert launch.env["APPTAINERENV_OTHER"] == "no" and "OTHER" not in launch.env and "RANK" not in launch.env
+    assert launch.env["PATH"] == HOST["PATH"] and launch.env["HOME"] == HOST["HOME"]   # apptainer's own
+    strict = adapter("apptainer", {}, environment="allowlist").launch(s, HOST)
+    assert "APPTAINERENV_OTHER" not in strict.env and strict.env["APPTAINERENV_MYVAR"] == HOST["MYVAR"]
+
+
+def test_apptainer_says_which_names_its_prefix_cannot_set(tmp_path, capsys):
+    image = tmp_path / "busybox.sif"
+    image.write_text("sif")
+    launch = adapter("apptainer", {}).launch(spec(image=str(image), env_names=("HOME",)),
+                                             {**HOST, "APPEND_PATH": "/x"})
+    assert "APPTAINERENV_HOME" not in launch.env and "APPTAINERENV_APPEND_PATH" not in launch.env
+    assert "not passed into the apptainer container: APPEND_PATH, HOME" in capsys.readouterr().err
 
 
 def test_singularity_uses_its_own_names_and_rocm(tmp_path, fake_runtimes):
@@ -142,14 +172,17 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
     launch = adapter("podman", {"args": ["--runtime", "runc"], "env": {"CONTAINERS_CONF": "/c"},
                                 "cdi_spec_dirs": [str(cdi)]}).launch(s, HOST)
     keep_id = ["--userns=keep-id"] if os.getuid() != 0 else []
-    passed = ["LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "MYVAR", "PMIX_RANK", "RANK",
+    passed = ["LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "MYVAR", "OTHER", "PMIX_RANK", "RANK",
               "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_ID", "TETHER_SLOT_IDS", "WORLD_SIZE"]
+    (names_fd,) = [fd for fd in launch.fds if fd >= 10]
+    assert launch.fds == {names_fd: names_fd}                # kept open for podman, at 10 or above
+    assert Path(f"/proc/self/fd/{names_fd}").read_text().split() == passed   # podman copies the values
     assert launch.argv == [
         "podman", "run", "--runtime", "runc", "--log-level=fatal", "--rm", "--name", "tether-42-0-3",
         "--cidfile", "/jobs/42/n2/step-0/.cid-3",
         "--label", "tether.job=42", "--label", "tether.step=42.0", "--network=host", "--pid=host",
         "--log-driver=passthrough", *keep_id,
-        "--read-only", *[a for v in passed for a in ("--env", v)],
+        "--read-only", "--env-file", f"/dev/fd/{names_fd}",
         "--env", "TETHER_CONTAINER=1", "--env", "TMPDIR=/tmp", "--env", "TETHER_WORK_DIR=/run/tether/workdir",
         "--env", "CUDA_VISIBLE_DEVICES=0",
         "--volume", "/jobs/42/n2/step-0/rank-3/tmp:/tmp", "--volume", "/jobs/42/n2/step-0/rank-3/work:/run/tether/workdir",
@@ -185,7 +218,13 @@ def test_enroot_imports_creates_starts_and_removes(tmp_path):
                              (["enroot", "create", "--name", "tether-42-0-3", sqsh], f"{node}/enroot/data/tether-42-0-3")]
     assert launch.lock == f"{node}/enroot/.lock"
     argv = launch.argv
-    assert argv[:3] == ["enroot", "start", "--rw"] and ["--env", "MYVAR"] in [argv[i:i + 2] for i in range(len(argv))]
+    conf = f"{node}/enroot/environ-3.conf"
+    assert argv[:5] == ["enroot", "start", "--rw", "--conf", conf]
+    assert ["--env", "TETHER_CONTAINER=1"] in [argv[i:i + 2] for i in range(len(argv))]
+    assert HOST["MYVAR"] not in " ".join(argv) and oct(os.stat(conf).st_mode & 0o777) == "0o600"
+    text = Path(conf).read_text()
+    assert "OTHER=no\n" in text and "RANK=3\n" in text and "PATH=" not in text
+    assert "MYVAR" not in text                      # a line break: enroot's file cannot carry it
     assert f"{s.rank_dir}/tmp:/tmp:none:x-create=dir,bind" in argv
     assert "/data:/data:none:x-create=auto,rbind,ro" in argv and "NVIDIA_VISIBLE_DEVICES=all" in argv
     assert argv[-8:] == ["tether-42-0-3", "/bin/sh", "-c", 'cd "$1" || exit 125; shift; exec "$@"', "sh",
@@ -485,7 +524,8 @@ def test_tether_run_execs_apptainer_in_place(tmp_path, fake_runtimes, runtime_co
     assert call["argv"][1:3] == ["exec", "--cleanenv"] and call["command"] == ["echo", "a b,c"]
     assert "--env" not in call["argv"] and call["image"] == str(image)
     inside = call["container_env"]                      # what the program sees
-    assert inside["RANK"] == "1" and inside["SECRET"] == "s" and "FAKE_ONLY_ON_HOST" not in inside
+    assert inside["RANK"] == "1" and inside["SECRET"] == "s" and inside["FAKE_ONLY_ON_HOST"] == "x"
+    assert inside["PATH"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"   # the runtime's
     assert not any(k.startswith(("APPTAINERENV_", "SINGULARITYENV_")) for k in inside)
 
 
@@ -742,6 +782,17 @@ def test_gpu_device_ids_follow_slurms_numbering(monkeypatch, local, step, confin
     assert podman.gpu_device_ids(local, {"SLURM_STEP_GPUS": step} if step else {}) == expected
 
 
+def passed_fds(launch) -> dict[int, int]:
+    """The fds a podman launch passes into the container (not the --env-file memfd, at 10 and up)."""
+    return {k: v for k, v in (launch.fds or {}).items() if v < 10}
+
+
+def env_file_names(launch) -> set[str]:
+    """The names in a podman launch's --env-file (a memfd of this process)."""
+    path = launch.argv[launch.argv.index("--env-file") + 1]
+    return set(Path(path.replace("/dev/fd/", "/proc/self/fd/")).read_text().split())
+
+
 def test_podman_passes_the_pmi2_socket_and_the_pmix_server_directory(tmp_path, monkeypatch):
     """Issue 15: `srun --mpi=pmi2` ranks found no PMI_FD socket in the container; PMIx clients no
     server directory."""
@@ -759,11 +810,13 @@ def test_podman_passes_the_pmi2_socket_and_the_pmix_server_directory(tmp_path, m
         os.close(r)
         os.close(w)
     argv = launch.argv
-    assert launch.fds == {w: 3} and "--preserve-fds=1" in argv and "PMI_FD=3" in argv and "PMI_FD" not in argv
+    assert passed_fds(launch) == {w: 3} and "--preserve-fds=1" in argv and "PMI_FD=3" in argv
     assert f"{server}:/run/tether/pmix" in argv and "PMIX_SERVER_TMPDIR=/run/tether/pmix/" in argv
-    assert "PMIX_DSTORE_21_BASE_PATH=/run/tether/pmix//pmix_dstor_ds21_7" in argv and "PMIX_NAMESPACE" in argv
+    assert "PMIX_DSTORE_21_BASE_PATH=/run/tether/pmix//pmix_dstor_ds21_7" in argv
+    names = env_file_names(launch)
+    assert "PMIX_NAMESPACE" in names and not {"PMI_FD", "PMIX_SERVER_TMPDIR", "PMIX_DSTORE_21_BASE_PATH"} & names
     closed = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), {**HOST, "PMI_FD": "250"})
-    assert closed.fds is None and "--preserve-fds=1" not in closed.argv
+    assert passed_fds(closed) == {} and "--preserve-fds=1" not in closed.argv
 
 
 @pytest.mark.parametrize("pmi_fd", ["9" * 30, "٣", "-3", "3 ", "", "0"])
@@ -774,7 +827,7 @@ def test_a_hostile_pmi_fd_is_ignored_not_a_crash(tmp_path, monkeypatch, pmi_fd):
     rootfs = tmp_path / "rootfs"
     rootfs.mkdir()
     launch = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), {**HOST, "PMI_FD": pmi_fd})
-    assert launch.fds is None and "--preserve-fds=1" not in launch.argv
+    assert passed_fds(launch) == {} and "--preserve-fds=1" not in launch.argv
 
 
 @pytest.mark.parametrize("ids", [("0", "../../dev/sda"), ("GPU-1=x",), ("٣",), ("a" * 300,)])
@@ -959,3 +1012,25 @@ def test_ranks_of_a_node_wait_for_one_pull_and_say_so(tmp_path):
     text = "".join(errs)
     assert text.count("tether: pulling img (podman) ...") == 1 and "pulling img (podman): done in" in text
     assert text.count("tether: waiting for another rank on this node: pulling img (podman)") == 2
+
+
+def test_enroot_leaves_out_only_values_its_environment_file_would_change(tmp_path, fake_runtimes, runtime_config):
+    """enroot's environment file is one NAME=VALUE per line, and common::envfmt strips quotes around
+    a whole value (twice): those values are left out and named; everything else arrives exactly
+    (checked through the fake, which sources the --conf script with bash and applies envfmt)."""
+    from tether.container.runtimes.enroot import carried
+
+    assert [carried(v) for v in ("plain", "it's", "a\"b'", "'x'", '"x"  ', "x\ny", "x\r", "")] == [
+        True, True, True, False, False, False, False, True]
+    values = {"Q1": "'quoted'", "NL": "a\nb", "OK1": "$(id) `id` ${HOME} \\ '", "NL2": "EOF\nTETHER",
+              "OK3": "TETHER_END_OF_ENVIRONMENT", "OK4": "=a=b=", "OK5": ""}
+    fake_runtimes.configure(exit_code=0)
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
+                       "--container-image=docker://busybox", "--", "true", **values)
+    assert proc.returncode == 0, proc.stderr
+    assert "not passed into the enroot container: NL, NL2, Q1 (a line break, or quotes" in proc.stderr
+    (started,) = fake_runtimes.calls("enroot-container")
+    inside = started["container_env"]
+    for name in ("OK1", "OK3", "OK4", "OK5"):
+        assert inside[name] == values[name], name
+    assert not {"Q1", "NL", "NL2"} & set(inside)

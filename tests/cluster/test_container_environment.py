@@ -1,0 +1,155 @@
+"""Issue 22: the job's environment inside the container, on the real cluster, for every runtime.
+
+Podman runs for real; Apptainer, Singularity and Enroot are the testing kit's strict fakes
+(tether.testing.runtimes: they build the program's environment by the runtimes' own rules -- enroot's
+``--conf`` script really sourced by bash, its envfmt, Apptainer's create.go -- and record it), named
+as the runtimes' binaries in the sandbox's tether.yaml for the length of a test. Each step is a real
+``srun`` as the job user, handed to tether's launcher by the SPANK plugin in slurmstepd.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tether.job_submit.handler import CONFIG_CHECK_SECONDS
+from tether.testing.runtimes import FakeRuntimes
+
+pytestmark = pytest.mark.cluster
+
+PRINT = "for v in FOO PATH LD_LIBRARY_PATH HF_HOME RANK TMPDIR; do eval \"echo $v=\\${$v-unset}\"; done"
+HOST_PATH = "/opt/host-only/bin:/usr/local/bin:/usr/bin:/bin"
+
+
+@pytest.fixture(scope="module")
+def fakes(cluster) -> FakeRuntimes:
+    """The fake runtimes where the job user can run them (under the sandbox's root)."""
+    root = cluster.box.root / "fake-runtimes"
+    (root / "state" / "calls.jsonl").unlink(missing_ok=True)    # an earlier session's
+    fakes = FakeRuntimes(root)
+    for path in (root, fakes.bin_dir):
+        os.chmod(path, 0o755)
+    (root / "img.sif").write_text("")                    # an image file apptainer can open
+    os.chmod(root / "img.sif", 0o644)
+    return fakes
+
+
+@pytest.fixture
+def settings(cluster, fakes):
+    """Switch the sandbox's tether.yaml for one test (the launcher re-reads a changed config); restored."""
+    path = cluster.box.tether_conf
+    original = path.read_text()
+
+    def write(environment: str = "inherit") -> None:
+        data = cluster.box.tether_settings()
+        data["container"]["environment"] = environment
+        for name in ("apptainer", "singularity", "enroot"):
+            data["container"][name] = {"binary": str(fakes.bin_dir / name)}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(data))
+        os.replace(tmp, path)
+        time.sleep(CONFIG_CHECK_SECONDS + 0.05)
+
+    yield write
+    path.write_text(original)
+
+
+def srun(cluster, fakes, runtime: str, image: str, *options: str, env: dict[str, str] | None = None,
+         command: str = PRINT):
+    """One task on one node as the job user with ``env`` exported; (result, what the program saw).
+    Podman's program prints; a fake's recorded environment is the answer for the others."""
+    before = len(fakes.calls())
+    variables = {"FOO": "bar", "PATH": HOST_PATH, "LD_LIBRARY_PATH": "/host/lib", **(env or {})}
+    argv = ["runuser", "-u", cluster.user, "--", "env", *(f"{k}={v}" for k, v in variables.items()),
+            "srun", "-N1", "-n1", f"--container-runtime={runtime}",
+            f"--container-image={image if runtime == 'podman' else fake_image(fakes, runtime)}", *options,
+            "sh", "-c", command]
+    result = cluster.run(argv, check=False, timeout=180)
+    if runtime == "podman":
+        seen = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    else:
+        tool = "enroot-container" if runtime == "enroot" else runtime
+        calls = [c for c in fakes.calls()[before:] if c["tool"] == tool]
+        assert len(calls) == 1, (result.stdout, result.stderr, fakes.calls()[before:])
+        seen = calls[0]["container_env"]
+    return result, seen
+
+
+def fake_image(fakes, runtime: str) -> str:
+    return "docker://busybox:1.36" if runtime == "enroot" else str(fakes.root / "img.sif")
+
+
+RUNTIMES = ["podman", "apptainer", "singularity", "enroot"]
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_the_job_environment_reaches_the_container_but_path_is_the_images(cluster, image, fakes, settings,
+                                                                          runtime):
+    settings("inherit")
+    result, seen = srun(cluster, fakes, runtime, image, env={"HF_HOME": "/scratch/hf"})
+    assert result.returncode == 0, result.stderr
+    assert (seen.get("FOO"), seen.get("HF_HOME"), seen.get("RANK"), seen.get("TMPDIR")) == (
+        "bar", "/scratch/hf", "0", "/tmp"), (result.stdout, result.stderr, seen)
+    assert "/opt/host-only" not in seen.get("PATH", ""), seen          # the image's (or runtime's) PATH
+    assert seen.get("LD_LIBRARY_PATH", "unset") == "unset", seen       # never the host's loader settings
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_container_env_makes_path_the_hosts(cluster, image, fakes, settings, runtime):
+    settings("inherit")
+    result, seen = srun(cluster, fakes, runtime, image, "--container-env=PATH")
+    assert result.returncode == 0, result.stderr
+    assert seen.get("PATH") == HOST_PATH and seen.get("FOO") == "bar", (result.stdout, result.stderr, seen)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_allowlist_mode_keeps_the_strict_contract(cluster, image, fakes, settings, runtime):
+    settings("allowlist")
+    result, seen = srun(cluster, fakes, runtime, image, "--container-env=HF_HOME", env={"HF_HOME": "/scratch/hf"})
+    assert result.returncode == 0, result.stderr
+    assert seen.get("FOO", "unset") == "unset" and seen.get("HF_HOME") == "/scratch/hf", (result.stdout, seen)
+    assert seen.get("RANK") == "0" and "/opt/host-only" not in seen.get("PATH", ""), seen
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_large_and_hostile_environment_still_works(cluster, image, fakes, settings, runtime):
+    """10,000 variables (about 600 kB) and one 100 kB value; values with quotes, `$(...)`, commas,
+    '=' and line breaks; nothing of them on any command line (only names are)."""
+    settings("inherit")
+    big = {f"TETHERBIG_{i:05d}": f"value-{i}-" + "x" * 40 for i in range(10_000)}
+    hostile = {"HOSTILE_SUBST": "$(touch /tmp/pwned) `id` ${HOME}", "HOSTILE_COMMA": "a,b=c,d",
+               "HOSTILE_QUOTE": "it's \"quoted\" here", "HOSTILE_LONG": "y" * 100_000,
+               "HOSTILE_NEWLINE": "one\nLD_PRELOAD=/evil.so"}
+    command = ("echo COUNT=$(env | grep -c ^TETHERBIG_); echo LAST=$TETHERBIG_09999; echo LONG=${#HOSTILE_LONG}; "
+               "echo SUBST=$HOSTILE_SUBST; echo COMMA=$HOSTILE_COMMA; echo QUOTE=$HOSTILE_QUOTE; "
+               "echo LD=${LD_PRELOAD-unset}${LD_LIBRARY_PATH-unset}; echo NL_LINES=$(printf '%s' \"$HOSTILE_NEWLINE\" | wc -l)")
+    result, seen = srun(cluster, fakes, runtime, image, env={**big, **hostile}, command=command)
+    assert result.returncode == 0, result.stderr[-2000:]
+    if runtime == "podman":
+        assert (seen["COUNT"], seen["LAST"], seen["LONG"]) == ("10000", big["TETHERBIG_09999"], "100000"), seen
+        assert (seen["SUBST"], seen["COMMA"], seen["QUOTE"]) == (
+            hostile["HOSTILE_SUBST"], hostile["HOSTILE_COMMA"], hostile["HOSTILE_QUOTE"]), seen
+        assert (seen["LD"], seen["NL_LINES"]) == ("unsetunset", "1"), seen       # one line break, kept
+    else:
+        assert sum(k.startswith("TETHERBIG_") for k in seen) == 10_000 and seen["TETHERBIG_09999"] == big[
+            "TETHERBIG_09999"]
+        for name in ("HOSTILE_SUBST", "HOSTILE_COMMA", "HOSTILE_QUOTE", "HOSTILE_LONG"):
+            assert seen[name] == hostile[name], name
+        assert "LD_PRELOAD" not in seen and "LD_LIBRARY_PATH" not in seen
+        if runtime == "enroot":            # its environment file cannot carry a line break: left out, said so
+            assert "HOSTILE_NEWLINE" not in seen
+            assert "not passed into the enroot container: HOSTILE_NEWLINE" in result.stderr
+        else:
+            assert seen["HOSTILE_NEWLINE"] == hostile["HOSTILE_NEWLINE"]
+    assert not Path("/tmp/pwned").exists()
+    # no value on a command line: the runtime's argv holds names at most
+    if runtime != "podman":
+        tool = "enroot" if runtime == "enroot" else runtime
+        for call in [c for c in fakes.calls() if c["tool"] == tool][-3:]:
+            text = json.dumps(call["argv"])
+            assert "value-9999-" not in text and "pwned" not in text and "yyyy" not in text
