@@ -169,8 +169,24 @@ int tether_stepd_post_opt(spank_t sp)
 	snprintf(step.job_dir, sizeof(step.job_dir), "%s/%s", tether_job_storage_root, name);
 	fd = tether_claim_job_dir(root_fd, name, step.uid, step.gid, step.job_dir);
 	close(root_fd);
-	if (fd >= 0) /* -2 (removed under us) cannot happen here: only root removes it */
+	if (fd >= 0) { /* -2 (removed under us) cannot happen here: only root removes it */
+		/* This node's and this step's directories too, now, as root: a job directory (or node
+		 * directory) holding them is never empty, so a step of the same job ending on another
+		 * node sharing the job storage root (one host here, a shared filesystem at a site), or
+		 * on this node, cannot remove it before this step's tasks fill it (the tasks, running as
+		 * the user, could not make the job directory again in the root-owned storage root). */
+		char shown[PATH_MAX];
+		int node_fd = tether_ensure_child(fd, step.job_dir, step.node, step.uid, step.gid, shown, sizeof(shown));
+
+		if (node_fd >= 0) {
+			int step_fd = tether_ensure_child(node_fd, shown, step.step_name, step.uid, step.gid,
+							  step.step_dir, sizeof(step.step_dir));
+			if (step_fd >= 0)
+				close(step_fd);
+			close(node_fd);
+		}
 		close(fd);
+	}
 	return 0;
 }
 
