@@ -175,8 +175,12 @@ def _supervise(launch: Launch, subreaper: bool) -> int:
     children: list[int] = []
 
     def forward(signum, frame):
+        # to the runtime and to every process below it, as the resource manager signals every
+        # process of a step: a runtime may keep the container's processes in a cgroup of its own
+        # below the step's (podman's runc does, with cgroup v1), where Slurm's proctrack/cgroup does
+        # not reach them, and podman passes a signal to the container's first process only
         received.append(signum)
-        for pid in children:
+        for pid in children + [p for p in _descendants(os.getpid()) if p not in children]:
             try:
                 os.kill(pid, signum)
             except ProcessLookupError:
@@ -286,6 +290,29 @@ def _wait_for(child: int) -> tuple[int, list[tuple[str, int]]]:
             return status, killed
         if os.WIFSIGNALED(status):
             killed.append((name, os.WTERMSIG(status)))
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (``/proc/<pid>/task/<tid>/children``), nearest first."""
+    found: list[int] = []
+    queue = [pid]
+    while queue:
+        parent = queue.pop(0)
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children", encoding="ascii") as fh:
+                    kids = [int(k) for k in fh.read().split()]
+            except (OSError, ValueError):
+                continue
+            for kid in kids:
+                if kid not in found:
+                    found.append(kid)
+                    queue.append(kid)
+    return found
 
 
 def _reap_descendants(grace: float) -> None:

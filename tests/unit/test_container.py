@@ -638,7 +638,7 @@ def test_tether_run_reports_a_missing_runtime_and_a_bad_image(tmp_path, fake_run
 
 def test_supervised_runtime_keeps_double_forked_processes_and_forwards_signals(tmp_path):
     """The podman-like path: a 'runtime' that daemonizes a child stays our descendant; SIGTERM to the
-    wrapper reaches the runtime; the wrapper ends with the runtime's status."""
+    wrapper reaches the runtime and its descendants; the wrapper ends with the runtime's status."""
     runtime = tmp_path / "runtime.sh"
     runtime.write_text(textwrap.dedent(f"""\
         #!/bin/bash
@@ -658,7 +658,21 @@ def test_supervised_runtime_keeps_double_forked_processes_and_forwards_signals(t
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 7
     assert (tmp_path / "term").read_text() == "got-term\n" and (tmp_path / "cleaned").read_text() == "c1"
-    os.kill(daemon, signal.SIGKILL)
+    # the double-forked 'conmon' got the SIGTERM too: every process below the runtime does, as Slurm
+    # signals every process of a step (podman's runc keeps the container's out of Slurm's reach)
+    deadline = time.monotonic() + 10
+    while _alive(daemon) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(daemon)
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (this machine's PID 1 does not reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _supervised(runtime: Path, removed: Path, monitor: str | None = None) -> str:
