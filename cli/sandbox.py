@@ -22,7 +22,8 @@ def sandbox(args: argparse.Namespace) -> int:
         box.install(log=err)
         return EXIT_OK
     if args.action == "up":
-        box.up(install=not args.no_install, log=err)
+        quick = True if args.quick else (False if args.full else None)
+        box.up(install=not args.no_install, quick=quick, log=err)
         print(box.export_line())
         return EXIT_OK
     if args.action == "down":
@@ -55,6 +56,12 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
                            help="install: the Debian packages and job user only; up: start (installs what is "
                                 "missing); status; down: stop by PID; env: shell exports")
             p.add_argument("--purge", action="store_true", help="down: also remove the sandbox directory")
+            size = p.add_mutually_exclusive_group()
+            size.add_argument("--quick", action="store_true",
+                              help="up: without the accounting database (slurmdbd, MariaDB) and cgroups")
+            size.add_argument("--full", action="store_true",
+                              help="up: with slurmdbd, MariaDB and cgroups (the default for a new sandbox; "
+                                   "without either flag a sandbox starts as it last ran)")
         p.add_argument("--dir", metavar="DIR", help="sandbox root (default: $TETHER_SANDBOX_DIR, else "
                                                     "/var/lib/tether/sandbox)")
         p.add_argument("--port-base", type=int, metavar="PORT",

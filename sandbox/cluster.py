@@ -42,6 +42,11 @@ GPUS_PER_NODE = 4
 # fake GPUs /dev/tether-fakegpu0..3 and their CDI spec (see write_fake_gpus)
 FAKE_GPU_PREFIX = "/dev/tether-fakegpu"
 FAKE_GPU_CDI_KIND = "sandbox.tether/gpu"
+# Their device numbers: char major 60 is "LOCAL/EXPERIMENTAL USE" (the kernel's devices.txt), never
+# given to a driver, so opening one fails with ENXIO -- unless the devices cgroup denies it first
+# (EPERM): ConstrainDevices shows as EPERM versus ENXIO. Distinct numbers per GPU, because the
+# devices cgroup tells them apart by number (twins of /dev/null made Slurm deny /dev/null itself).
+FAKE_GPU_MAJOR = 60
 FAKE_GPU_CDI_SPEC = Path("/etc/cdi/tether-sandbox.yaml")
 CPUS_PER_NODE = 8
 MEMORY_MB = 4000
@@ -52,7 +57,23 @@ CONTAINERS_CONF = "[containers]\ndefault_ulimits = []\n"
 APT_PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "libslurm-dev", "munge",
                 "podman", "runc", "conmon", "uidmap", "fuse-overlayfs", "slirp4netns", "catatonit",
                 "busybox-static", "python3-dev", "gcc", "docker-registry", "openmpi-bin", "libopenmpi-dev",
-                "libpmi2-0-dev")
+                "libpmi2-0-dev", "slurmdbd", "mariadb-server", "mariadb-client")
+# The accounting database (MariaDB, own data directory and socket, loopback port base + 7) and
+# slurmdbd (port base + 6), as sites run them; `tether sandbox up --quick` runs without both and
+# without cgroups.
+DBD_OFFSET, MARIADB_OFFSET = 6, 7
+CGROUP_CONF = """\
+# tether sandbox: cgroup v1 (this machine's hierarchy), as sites constrain steps. Three slurmd on
+# one host keep apart because Slurm built for multiple slurmd puts each node's cgroups under
+# /slurm_<node> (CgroupPrepend's default there, src/plugins/cgroup/v1).
+CgroupPlugin=cgroup/v1
+CgroupMountpoint=/sys/fs/cgroup
+ConstrainRAMSpace=yes
+ConstrainSwapSpace=yes
+AllowedSwapSpace=0
+ConstrainCores=yes
+ConstrainDevices=yes
+"""
 # The sandbox's image registry (Debian's docker-registry, 2.8): on 127.0.0.1 at port base + 5, its
 # own config and storage; the images the tests pull are pushed into it by the sandbox.
 REGISTRY_OFFSET = 5
@@ -163,6 +184,19 @@ class Sandbox:
         return Path(f"/tmp/tether-sandbox-{port_base}")
 
     @property
+    def mariadb_dir(self) -> Path:
+        return self.root / "mariadb"
+
+    @property
+    def slurmdbd_conf(self) -> Path:
+        """Where slurmdbd finds its config: beside slurm.conf (it reads $SLURM_CONF's directory)."""
+        return self.etc / "slurmdbd.conf"
+
+    def quick(self) -> bool:
+        """A quick sandbox: no accounting database, no cgroups (kept across restarts)."""
+        return bool(self._settings().get("quick", False))
+
+    @property
     def registry_conf(self) -> Path:
         return self.etc / "registry.yml"
 
@@ -252,8 +286,13 @@ class Sandbox:
     def daemons(self) -> list[Daemon]:
         """The sandbox's daemons in start order (registry, munged, slurmctld, slurmd n1..n3)."""
         conf = str(self.slurm_conf)
+        accounting = [] if self.quick() else [
+            Daemon("mariadb", self.mariadb_dir / "mariadb.pid", str(self.mariadb_dir / "data")),
+            # slurmdbd takes no config path (it reads $SLURM_CONF's directory): its pid file is ours
+            Daemon("slurmdbd", self.run_dir / "slurmdbd.pid", "slurmdbd")]
         return ([Daemon("registry", self.run_dir / "registry.pid", str(self.registry_conf)),
                  Daemon("munged", self.munge_dir / "munged.pid", str(self.munge_socket)),
+                 *accounting,
                  Daemon("slurmctld", self.run_dir / "slurmctld.pid", conf)]
                 + [Daemon(f"slurmd-{n}", self.run_dir / f"slurmd-{n}.pid", conf) for n in NODES])
 
@@ -278,29 +317,38 @@ class Sandbox:
         ensure_user(self.user, log=log)
 
     def up(self, *, install: bool = True, plugins: bool = True, timeout: float = 90.0,
-           log=print) -> None:
+           quick: bool | None = None, log=print) -> None:
         """Install what is missing, write the configs, build and install tether's plugins the way
         an admin does (``tether slurm build`` / ``tether slurm install --write``), start the
-        daemons and wait for idle nodes."""
+        daemons and wait for idle nodes. ``quick``: without the accounting database and cgroups
+        (None: as the sandbox was last started; a new one has both)."""
         if install:
             self.install(log=log)
         _require_root()
+        if quick is not None and quick != self.quick() and self.running():
+            log(f"restarting the sandbox at {self.root} {'without' if quick else 'with'} accounting and cgroups")
+            self.down(log=log)
         if self.running():
             log(f"sandbox already running at {self.root}")
             self.wait_idle(timeout)
             return
         self.stop_daemons(log=lambda *_: None)  # leftovers of a half-started sandbox
+        if quick is None:
+            quick = self.quick()
         port_base = self._choose_ports()
         ensure_user(self.user, log=log)
         self._make_layout()
+        self.settings_file.write_text(json.dumps({"port_base": port_base, "user": self.user, "quick": quick}) + "\n")
         self._write_configs(port_base)
         self._heal_podman(log=log)
         if plugins:
             self.install_plugins(log=log)
-        self.settings_file.write_text(json.dumps({"port_base": port_base, "user": self.user}) + "\n")
         try:
             self._start_registry()
             self._start_munged()
+            if not quick:
+                self._start_mariadb(port_base + MARIADB_OFFSET)
+                self._start_slurmdbd(port_base + DBD_OFFSET)
             self._start(["slurmctld", "-f", str(self.slurm_conf)], "slurmctld")
             make_tmpfs_dirs(self.tmpfs_dir(port_base))
             for node in NODES:
@@ -315,8 +363,10 @@ class Sandbox:
             tails = self.log_tails()
             self.stop_daemons(log=lambda *_: None)
             raise SandboxError(f"{exc}\n{tails}") from None
+        extra = ("quick: no accounting, no cgroups" if quick else
+                 f"slurmdbd {port_base + DBD_OFFSET}, MariaDB {port_base + MARIADB_OFFSET}, cgroups")
         log(f"sandbox up: {self.root} (slurmctld port {port_base}, slurmd ports "
-            f"{port_base + 1}-{port_base + len(NODES)}, registry {self.registry_address}); "
+            f"{port_base + 1}-{port_base + len(NODES)}, registry {self.registry_address}, {extra}); "
             f"{self.export_line()}")
 
     def down(self, *, purge: bool = False, log=print) -> list[str]:
@@ -445,7 +495,7 @@ class Sandbox:
             os.chown(key, munge.pw_uid, munge.pw_gid)
 
     def _write_configs(self, port_base: int) -> None:
-        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True)
         values = {
             "cluster_name": "tether-sandbox", "ctld_port": port_base,
             "slurmd_ports": [port_base + 1 + i for i in range(len(NODES))],
@@ -455,12 +505,18 @@ class Sandbox:
             "plugstack_conf": self.plugstack_conf,
             "nodes": len(NODES), "cpus": CPUS_PER_NODE, "memory_mb": MEMORY_MB,
             "gpus": GPUS_PER_NODE, "gpu_prefix": FAKE_GPU_PREFIX,
+            "cgroups": not self.quick(), "accounting": not self.quick(), "dbd_port": port_base + DBD_OFFSET,
         }
         for name in ("slurm.conf", "gres.conf"):
             template = resources.files("tether.sandbox").joinpath(f"{name}.j2").read_text()
             (self.etc / name).write_text(env.from_string(template).render(**values))
         self.plugstack_conf.write_text("# tether sandbox: SPANK plugins (see `tether slurm install`)\n")
         (self.etc / "containers.conf").write_text(CONTAINERS_CONF)
+        cgroup_conf = self.etc / "cgroup.conf"
+        if self.quick():
+            cgroup_conf.unlink(missing_ok=True)
+        else:
+            cgroup_conf.write_text(CGROUP_CONF)
         registry = f"127.0.0.1:{port_base + REGISTRY_OFFSET}"
         (self.root / "registry").mkdir(exist_ok=True)
         self.registry_conf.write_text(REGISTRY_CONFIG.format(data=self.root / "registry", port=port_base + REGISTRY_OFFSET))
@@ -546,6 +602,106 @@ class Sandbox:
         path = self.log_dir / "registry.log"
         return [line for line in path.read_text(errors="replace").splitlines() if '"GET /v2/' in line
                 or '"HEAD /v2/' in line] if path.exists() else []
+
+    # ---- accounting: MariaDB and slurmdbd ---------------------------------------------------
+    def _mariadb(self, sql: str) -> str:
+        """Run SQL as MariaDB's root (unix-socket authentication: this process is root)."""
+        return run_command(["mariadb", "--no-defaults", f"--socket={self.mariadb_dir / 'mysqld.sock'}", "-u",
+                            "root", "-N", "-B", "-e", sql], timeout=60).stdout
+
+    def _start_mariadb(self, port: int) -> None:
+        """MariaDB with its own data directory, socket and pid file, on 127.0.0.1:``port``; the
+        database and user slurmdbd needs (its password generated once, kept in slurmdbd.conf)."""
+        mysql = pwd.getpwnam("mysql")
+        base, data = self.mariadb_dir, self.mariadb_dir / "data"
+        base.mkdir(exist_ok=True)
+        os.chown(base, mysql.pw_uid, mysql.pw_gid)
+        os.chmod(base, 0o750)
+        if not (data / "mysql").is_dir():
+            shutil.rmtree(data, ignore_errors=True)
+            try:
+                run_command(["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=mysql",
+                             "--auth-root-authentication-method=socket", "--skip-test-db"], timeout=300)
+            except CommandError as exc:
+                raise SandboxError(f"mariadb-install-db failed: {exc}") from None
+        (base / "mysqld.sock").unlink(missing_ok=True)
+        log = open(self.log_dir / "mariadb.log", "ab")
+        with log:
+            proc = subprocess.Popen(
+                ["mariadbd", "--no-defaults", f"--datadir={data}", "--user=mysql", f"--socket={base / 'mysqld.sock'}",
+                 f"--pid-file={base / 'mariadb.pid'}", f"--port={port}", "--bind-address=127.0.0.1",
+                 "--skip-name-resolve", "--innodb-buffer-pool-size=32M", "--innodb-log-file-size=16M",
+                 "--performance-schema=OFF"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SandboxError(f"mariadbd exited ({proc.returncode}); see {self.log_dir / 'mariadb.log'}")
+            try:
+                self._mariadb("SELECT 1")
+                break
+            except CommandError:
+                time.sleep(0.2)
+        else:
+            raise SandboxError(f"MariaDB does not answer on {base / 'mysqld.sock'}")
+        password = self._dbd_password()
+        self._mariadb("CREATE DATABASE IF NOT EXISTS slurm_acct_db; "
+                      f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+                      f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+                      "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES")
+
+    def _dbd_password(self) -> str:
+        """slurmdbd's database password: made once, kept in a root-only file (hex: safe in SQL)."""
+        path = self.mariadb_dir / "slurm.password"
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            password = os.urandom(16).hex()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(password + "\n")
+            return password
+
+    def _start_slurmdbd(self, port: int) -> None:
+        """slurmdbd on 127.0.0.1:``port`` (foreground, its PID recorded), then the sandbox's
+        cluster, account and users in it (sacctmgr), as an admin sets them up."""
+        text = (f"# tether sandbox: slurmdbd (generated)\nAuthType=auth/munge\nAuthInfo=socket={self.munge_socket}\n"
+                f"DbdHost=localhost\nDbdAddr=127.0.0.1\nDbdPort={port}\nSlurmUser=root\n"
+                f"PidFile={self.run_dir / 'slurmdbd.pid'}\nLogFile={self.log_dir / 'slurmdbd.log'}\nDebugLevel=info\n"
+                f"StorageType=accounting_storage/mysql\nStorageHost=127.0.0.1\n"
+                f"StoragePort={port - DBD_OFFSET + MARIADB_OFFSET}\nStorageUser=slurm\n"
+                f"StoragePass={self._dbd_password()}\nStorageLoc=slurm_acct_db\n")
+        fd = os.open(self.slurmdbd_conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:     # slurmdbd refuses a config others can read
+            fh.write(text)
+        os.chmod(self.slurmdbd_conf, 0o600)
+        log = open(self.log_dir / "slurmdbd.start", "ab")
+        with log:
+            proc = subprocess.Popen(["slurmdbd", "-D"], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    env=self.daemon_env(), start_new_session=True)
+        (self.run_dir / "slurmdbd.pid").write_text(f"{proc.pid}\n")
+        env = self.command_env()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SandboxError(f"slurmdbd exited ({proc.returncode}); see {self.log_dir / 'slurmdbd.log'}")
+            if run_command(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], env=env, check=False,
+                           timeout=20).returncode == 0:
+                break
+            time.sleep(0.3)
+        else:
+            raise SandboxError("slurmdbd does not answer sacctmgr")
+        clusters = run_command(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], env=env,
+                               timeout=20).stdout.split()
+        if "tether-sandbox" not in clusters:
+            run_command(["sacctmgr", "-i", "add", "cluster", "tether-sandbox"], env=env, timeout=30)
+        users = run_command(["sacctmgr", "-n", "-P", "show", "user", "format=user"], env=env, timeout=20).stdout.split()
+        run_command(["sacctmgr", "-i", "add", "account", "tether", "cluster=tether-sandbox",
+                     "description=tether sandbox", "organization=tether"], env=env, check=False, timeout=30)
+        for user in ("root", self.user):
+            if user not in users or user == self.user:
+                run_command(["sacctmgr", "-i", "add", "user", user, "account=tether", "cluster=tether-sandbox"],
+                            env=env, check=False, timeout=30)
 
     def _start_munged(self) -> None:
         d = self.munge_dir
@@ -657,15 +813,22 @@ def make_tmpfs_dirs(base: Path) -> None:
 
 
 def write_fake_gpus() -> None:
-    """The sandbox's fake GPUs: character devices like /dev/null, under /dev because rootless
+    """The sandbox's fake GPUs: character devices FAKE_GPU_MAJOR:N, under /dev because rootless
     podman bind-mounts a CDI device from the same path on the host (see DESIGN, CDI), and the CDI
     spec that names them (kind FAKE_GPU_CDI_KIND, not a vendor's: no real GPU tooling mistakes
     them). Shared by every sandbox on this machine; written whole, left in place."""
     devices = []
     for i in range(GPUS_PER_NODE):
         dev = Path(f"{FAKE_GPU_PREFIX}{i}")
+        number = os.makedev(FAKE_GPU_MAJOR, i)
+        try:
+            st = os.lstat(dev)
+            if not stat.S_ISCHR(st.st_mode) or st.st_rdev != number:
+                dev.unlink()            # an older sandbox's (they were /dev/null's twins)
+        except FileNotFoundError:
+            pass
         if not dev.exists():
-            os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            os.mknod(dev, 0o666 | stat.S_IFCHR, number)
         os.chmod(dev, 0o666)
         devices.append({"name": str(i), "containerEdits": {"deviceNodes": [{"path": str(dev)}]}})
     spec = {"cdiVersion": "0.5.0", "kind": FAKE_GPU_CDI_KIND, "devices": devices}
@@ -696,7 +859,7 @@ def _require_root() -> None:
 
 
 def _ports_free(base: int) -> bool:
-    for port in [*range(base, base + len(NODES) + 1), base + REGISTRY_OFFSET]:
+    for port in [*range(base, base + len(NODES) + 1), base + REGISTRY_OFFSET, base + DBD_OFFSET, base + MARIADB_OFFSET]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:

@@ -159,3 +159,12 @@ def run_hook_file(path: Path, event):
     from tether.testing.pbs import run_hook
 
     return run_hook(path, event)
+
+
+def cpu_seconds(text: str) -> float:
+    """Slurm's [DD-][HH:]MM:SS[.mmm] as seconds."""
+    days, _, rest = text.strip().rpartition("-")
+    total = 0.0
+    for part in rest.split(":"):
+        total = total * 60 + float(part)
+    return total + int(days or 0) * 86400

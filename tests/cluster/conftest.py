@@ -4,6 +4,8 @@ overlap each other and the rest of the level instead of adding up."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 
@@ -38,9 +40,17 @@ def time_limited_jobs(request) -> dict[str, str]:
     of test_run_side.py and test_containers_cluster.py)."""
     cluster = request.getfixturevalue("cluster")
     image = request.getfixturevalue("image")
+    out = cluster.box.work_dir / "timeout-signals"
+    out.mkdir(exist_ok=True)
+    os.chmod(out, 0o777)
+    trap = ("srun -N1 sh -c 'trap \"echo term > /mnt/term-$SLURM_JOB_ID\" TERM; "
+            "while :; do sleep 1; done'")
     return {
         "plain": _submit(cluster, "--time=1", "--slots=2", "--slot-type=cpu", "--output=/dev/null",
                          "--wrap", "srun sleep 600"),
         "container": _submit(cluster, "--time=1", "-N2", f"--container-image={image}", "--output=/dev/null",
                              "--wrap", "srun -N2 sh -c 'while :; do sleep 1; done'"),
+        # its step traps SIGTERM inside the container and writes term-<job> to the mount on /mnt (issue 16)
+        "container_trap": _submit(cluster, "--time=1", "-N1", f"--container-image={image}",
+                                  f"--container-mounts={out}:/mnt", "--output=/dev/null", "--wrap", trap),
     }
