@@ -247,6 +247,21 @@ def _fd_open(fd: int) -> bool:
         return False
 
 
+def in_slurm_cgroup(text: str | None = None) -> bool:
+    """Is this process in a step cgroup Slurm tracks (cgroup v1: freezer or memory under /slurm...)?"""
+    if text is None:
+        try:
+            with open("/proc/self/cgroup", encoding="ascii", errors="replace") as fh:
+                text = fh.read()
+        except OSError:
+            return False
+    for line in text.splitlines():
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if set(controllers.split(",")) & {"freezer", "memory"} and path.startswith("/slurm"):
+            return True
+    return False
+
+
 def _devices_confined() -> bool:
     """Does this process sit in a Slurm devices cgroup (cgroup v1: ConstrainDevices=yes)?"""
     try:
@@ -266,6 +281,13 @@ class Podman(Runtime):
 
     def launch(self, spec: LaunchSpec, host_env: Mapping[str, str]) -> Launch:
         self.refuse_name(spec)
+        if os.getuid() == 0 and in_slurm_cgroup():
+            # seen on the cgroup sandbox: memory/freezer/devices:/libpod_parent/libpod-<id>; a
+            # --cgroup-parent under the task's cgroup fails under ConstrainDevices (runc cannot
+            # write "c *:* m" to devices.allow) -- never silently loose: refused
+            raise LaunchError("podman as root moves the container into a cgroup of its own (/libpod_parent), out "
+                              "of the step's: Slurm would neither account, limit nor stop it. Run container "
+                              "steps as a regular user (rootless podman stays in the step)")
         env = self.base_env(host_env)
         if "TMPDIR" not in self.runtime_env:
             # rootless podman keeps its run state under $TMPDIR when XDG_RUNTIME_DIR is unset (as in

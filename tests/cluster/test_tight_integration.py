@@ -254,3 +254,11 @@ def test_a_time_limit_sends_sigterm_into_the_container_first(cluster, time_limit
     assert rows[job]["State"] == "TIMEOUT", rows
     assert (cluster.box.work_dir / "timeout-signals" / f"term-{job}").read_text().strip() == "term"
     assert wait_until(lambda: _containers(cluster, f"tether-{job}-") == [], timeout=60)
+
+
+def test_podman_as_root_is_refused_in_a_cgroup_step(cluster, image):
+    """Part 3: root's podman would move the container to /libpod_parent, out of the step: refused
+    with the reason, not run loose."""
+    result = cluster.run(["srun", "-N1", "-n1", f"--container-image={image}", "true"], check=False, timeout=120)
+    assert result.returncode == 125, result.stdout + result.stderr
+    assert "tether: podman as root moves the container into a cgroup of its own (/libpod_parent)" in result.stderr

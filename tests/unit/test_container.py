@@ -1048,3 +1048,20 @@ def test_enroot_leaves_out_only_values_its_environment_file_would_change(tmp_pat
     for name in ("OK1", "OK3", "OK4", "OK5"):
         assert inside[name] == values[name], name
     assert not {"Q1", "NL", "NL2"} & set(inside)
+
+
+def test_podman_as_root_in_a_slurm_cgroup_is_refused_not_silently_loose(tmp_path, monkeypatch):
+    """Issue 16: as root, podman moves the container to /libpod_parent, out of the step's cgroup."""
+    from tether.container.runtimes import podman
+
+    assert podman.in_slurm_cgroup("6:freezer:/slurm_n1/uid_0/job_5/step_0\n4:memory:/slurm_n1/uid_0/job_5/step_0/task_0\n")
+    assert podman.in_slurm_cgroup("4:memory:/slurm/uid_0/job_5/step_0/task_0\n")
+    assert not podman.in_slurm_cgroup("6:freezer:/\n4:memory:/process_api/abc\n0::/\n")
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    monkeypatch.setattr(podman.os, "getuid", lambda: 0)
+    monkeypatch.setattr(podman, "in_slurm_cgroup", lambda: True)
+    with pytest.raises(LaunchError, match="podman as root moves the container into a cgroup of its own"):
+        adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), HOST)
+    monkeypatch.setattr(podman, "in_slurm_cgroup", lambda: False)      # process-tree tracking: fine
+    assert adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), HOST).argv[:2] == ["podman", "run"]
