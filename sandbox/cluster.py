@@ -605,9 +605,11 @@ class Sandbox:
 
     # ---- accounting: MariaDB and slurmdbd ---------------------------------------------------
     def _mariadb(self, sql: str) -> str:
-        """Run SQL as MariaDB's root (unix-socket authentication: this process is root)."""
+        """Run SQL as MariaDB's root (unix-socket authentication: this process is root). The SQL
+        goes in on stdin, never on the command line: it may hold slurmdbd's password, and `ps`
+        shows every user the command lines of this machine."""
         return run_command(["mariadb", "--no-defaults", f"--socket={self.mariadb_dir / 'mysqld.sock'}", "-u",
-                            "root", "-N", "-B", "-e", sql], timeout=60).stdout
+                            "root", "-N", "-B"], input=sql + ";\n", timeout=60).stdout
 
     def _start_mariadb(self, port: int) -> None:
         """MariaDB with its own data directory, socket and pid file, on 127.0.0.1:``port``; the
