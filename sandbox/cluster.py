@@ -539,23 +539,35 @@ class Sandbox:
             raise SandboxError(f"podman does not work for {self.user}: {exc}") from None
 
     def _start_registry(self) -> None:
-        """docker-registry runs in the foreground: started in its own session, its PID recorded,
-        ready when its port answers."""
-        log = open(self.log_dir / "registry.log", "ab")
-        with log:
-            proc = subprocess.Popen(["docker-registry", "serve", str(self.registry_conf)], stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=log, start_new_session=True)
-        (self.run_dir / "registry.pid").write_text(f"{proc.pid}\n")
+        """docker-registry runs in the foreground; ready when its port answers."""
         host, port = self.registry_address.split(":")
-        deadline = time.monotonic() + 15
+
+        def answers() -> bool:
+            with socket.socket() as sock:
+                return sock.connect_ex((host, int(port))) == 0
+
+        self._start_foreground(["docker-registry", "serve", str(self.registry_conf)], "registry",
+                               self.log_dir / "registry.log", answers, timeout=15,
+                               pid_file=self.run_dir / "registry.pid")
+
+    def _start_foreground(self, argv: list[str], name: str, log_path: Path, ready, *, timeout: float,
+                          pid_file: Path | None = None, env: dict[str, str] | None = None) -> None:
+        """Start a daemon that stays in the foreground, in a session of its own with its output in
+        ``log_path``; record its PID in ``pid_file`` (None: it writes its own); wait until
+        ``ready()`` -- a SandboxError if it exits first or ``timeout`` passes."""
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                    start_new_session=True)
+        if pid_file is not None:
+            pid_file.write_text(f"{proc.pid}\n")
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise SandboxError(f"docker-registry exited ({proc.returncode}); see {self.log_dir / 'registry.log'}")
-            with socket.socket() as sock:
-                if sock.connect_ex((host, int(port))) == 0:
-                    return
-            time.sleep(0.1)
-        raise SandboxError(f"docker-registry does not answer on {self.registry_address}")
+                raise SandboxError(f"{name} exited ({proc.returncode}); see {log_path}")
+            if ready():
+                return
+            time.sleep(0.2)
+        raise SandboxError(f"{name} did not become ready within {timeout:g} s; see {log_path}")
 
     def registry_image(self, *, log=print) -> str:
         """The busybox image in the sandbox's registry (pushed there once, by root, with a podman
@@ -627,25 +639,19 @@ class Sandbox:
             except CommandError as exc:
                 raise SandboxError(f"mariadb-install-db failed: {exc}") from None
         (base / "mysqld.sock").unlink(missing_ok=True)
-        log = open(self.log_dir / "mariadb.log", "ab")
-        with log:
-            proc = subprocess.Popen(
-                ["mariadbd", "--no-defaults", f"--datadir={data}", "--user=mysql", f"--socket={base / 'mysqld.sock'}",
-                 f"--pid-file={base / 'mariadb.pid'}", f"--port={port}", "--bind-address=127.0.0.1",
-                 "--skip-name-resolve", "--innodb-buffer-pool-size=32M", "--innodb-log-file-size=16M",
-                 "--performance-schema=OFF"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise SandboxError(f"mariadbd exited ({proc.returncode}); see {self.log_dir / 'mariadb.log'}")
+
+        def answers() -> bool:
             try:
                 self._mariadb("SELECT 1")
-                break
+                return True
             except CommandError:
-                time.sleep(0.2)
-        else:
-            raise SandboxError(f"MariaDB does not answer on {base / 'mysqld.sock'}")
+                return False
+
+        self._start_foreground(
+            ["mariadbd", "--no-defaults", f"--datadir={data}", "--user=mysql", f"--socket={base / 'mysqld.sock'}",
+             f"--pid-file={base / 'mariadb.pid'}", f"--port={port}", "--bind-address=127.0.0.1",
+             "--skip-name-resolve", "--innodb-buffer-pool-size=32M", "--innodb-log-file-size=16M",
+             "--performance-schema=OFF"], "mariadbd", self.log_dir / "mariadb.log", answers, timeout=60)
         password = self._dbd_password()
         self._mariadb("CREATE DATABASE IF NOT EXISTS slurm_acct_db; "
                       f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
@@ -677,33 +683,24 @@ class Sandbox:
         with os.fdopen(fd, "w") as fh:     # slurmdbd refuses a config others can read
             fh.write(text)
         os.chmod(self.slurmdbd_conf, 0o600)
-        log = open(self.log_dir / "slurmdbd.start", "ab")
-        with log:
-            proc = subprocess.Popen(["slurmdbd", "-D"], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    env=self.daemon_env(), start_new_session=True)
-        (self.run_dir / "slurmdbd.pid").write_text(f"{proc.pid}\n")
         env = self.command_env()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise SandboxError(f"slurmdbd exited ({proc.returncode}); see {self.log_dir / 'slurmdbd.log'}")
-            if run_command(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], env=env, check=False,
-                           timeout=20).returncode == 0:
-                break
-            time.sleep(0.3)
-        else:
-            raise SandboxError("slurmdbd does not answer sacctmgr")
-        clusters = run_command(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], env=env,
-                               timeout=20).stdout.split()
-        if "tether-sandbox" not in clusters:
-            run_command(["sacctmgr", "-i", "add", "cluster", "tether-sandbox"], env=env, timeout=30)
-        users = run_command(["sacctmgr", "-n", "-P", "show", "user", "format=user"], env=env, timeout=20).stdout.split()
-        run_command(["sacctmgr", "-i", "add", "account", "tether", "cluster=tether-sandbox",
-                     "description=tether sandbox", "organization=tether"], env=env, check=False, timeout=30)
+
+        def sacctmgr(*args: str, check: bool = True):
+            return run_command(["sacctmgr", *args], env=env, check=check, timeout=30)
+
+        def answers() -> bool:
+            return sacctmgr("-n", "-P", "show", "cluster", "format=cluster", check=False).returncode == 0
+
+        self._start_foreground(["slurmdbd", "-D"], "slurmdbd", self.log_dir / "slurmdbd.start", answers, timeout=60,
+                               pid_file=self.run_dir / "slurmdbd.pid", env=self.daemon_env())
+        # each is refused ("Nothing new added") once it exists: run them all, every start
+        sacctmgr("-i", "add", "cluster", "tether-sandbox", check=False)
+        sacctmgr("-i", "add", "account", "tether", "cluster=tether-sandbox", "description=tether sandbox",
+                 "organization=tether", check=False)
         for user in ("root", self.user):
-            if user not in users or user == self.user:
-                run_command(["sacctmgr", "-i", "add", "user", user, "account=tether", "cluster=tether-sandbox"],
-                            env=env, check=False, timeout=30)
+            sacctmgr("-i", "add", "user", user, "account=tether", "cluster=tether-sandbox", check=False)
+        if "tether-sandbox" not in sacctmgr("-n", "-P", "show", "cluster", "format=cluster").stdout.split():
+            raise SandboxError("slurmdbd does not list the cluster tether-sandbox after `sacctmgr add cluster`")
 
     def _start_munged(self) -> None:
         d = self.munge_dir
