@@ -873,19 +873,27 @@ def _stop(daemon: Daemon) -> int | None:
     pid = daemon.pid()
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
-        if not _wait_gone(daemon, 15.0):
+        if not _wait_gone(pid, 15.0):
             os.kill(pid, signal.SIGKILL)
-            _wait_gone(daemon, 5.0)
+            _wait_gone(pid, 5.0)
     return pid
 
 
-def _wait_gone(daemon: Daemon, timeout: float) -> bool:
+def _wait_gone(pid: int, timeout: float) -> bool:
+    """Wait until process ``pid`` has exited (gone, or a zombie). The process itself, not its pid
+    file: mariadbd and slurmdbd remove theirs while still shutting down, with their port still bound
+    and, for mariadbd, its data directory still locked."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if daemon.pid() is None:
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
             return True
+        if state == "Z":
+            return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.05)
-    return daemon.pid() is None
 
 
 def build_busybox_rootfs(root: Path, *, extra=None) -> None:
