@@ -20,6 +20,7 @@ import sys
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ..hooks.surface import RUN_ARGV0
+from .environment import DEFAULT_MODE
 from .launch import EXIT_LAUNCH_FAILED, execute, report, report_admin
 from .runtimes import adapter
 from .spec import LaunchError, spec_from_env
@@ -61,7 +62,7 @@ def run_container(env: Mapping[str, str], command: Sequence[str], settings: Mapp
         runtime = adapter(spec.runtime, settings.get(spec.runtime) or {},
                           image_root=settings.get("apptainer_image_root", "/var/cache/tether/images"),
                           user_image_cache=settings.get("user_image_cache"),
-                          environment=settings.get("environment") or "inherit")
+                          environment=settings.get("environment") or DEFAULT_MODE)
         launch = runtime.launch(spec, env)
     except LaunchError as exc:
         report(str(exc))

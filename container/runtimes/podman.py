@@ -247,28 +247,31 @@ def _fd_open(fd: int) -> bool:
         return False
 
 
-def in_slurm_cgroup(text: str | None = None) -> bool:
-    """Is this process in a step cgroup Slurm tracks (cgroup v1: freezer or memory under /slurm...)?"""
+def slurm_controllers(text: str | None = None) -> set[str]:
+    """The cgroup v1 controllers in which this process sits under a Slurm step (paths below
+    ``/slurm``, ``/slurm_<node>``), from ``/proc/self/cgroup`` (or ``text``)."""
     if text is None:
         try:
             with open("/proc/self/cgroup", encoding="ascii", errors="replace") as fh:
                 text = fh.read()
         except OSError:
-            return False
+            return set()
+    found: set[str] = set()
     for line in text.splitlines():
         _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        if set(controllers.split(",")) & {"freezer", "memory"} and path.startswith("/slurm"):
-            return True
-    return False
+        if "/slurm" in path:
+            found.update(controllers.split(","))
+    return found
+
+
+def in_slurm_cgroup(text: str | None = None) -> bool:
+    """Is this process in a step cgroup Slurm tracks (cgroup v1: freezer or memory under /slurm...)?"""
+    return bool(slurm_controllers(text) & {"freezer", "memory"})
 
 
 def _devices_confined() -> bool:
     """Does this process sit in a Slurm devices cgroup (cgroup v1: ConstrainDevices=yes)?"""
-    try:
-        with open("/proc/self/cgroup", encoding="ascii", errors="replace") as fh:
-            return any(":devices:" in line and "/slurm" in line for line in fh)
-    except OSError:
-        return False
+    return "devices" in slurm_controllers()
 
 
 class Podman(Runtime):
