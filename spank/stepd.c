@@ -126,6 +126,23 @@ static int this_node(void)
 	return 0;
 }
 
+/* <job>/<node>/<step> below the open job directory, each made for the job's uid when missing
+ * (fd-relative, never following a symlink: tether_ensure_child); the step directory's fd, -1
+ * (failed, and said why) or -2 (a level was removed under us: the caller may try again). */
+static int open_node_and_step(int job_fd)
+{
+	char shown[PATH_MAX];
+	int node_fd, step_fd;
+
+	node_fd = tether_ensure_child(job_fd, step.job_dir, step.node, step.uid, step.gid, shown, sizeof(shown));
+	if (node_fd < 0)
+		return node_fd;
+	step_fd = tether_ensure_child(node_fd, shown, step.step_name, step.uid, step.gid, step.step_dir,
+				      sizeof(step.step_dir));
+	close(node_fd);
+	return step_fd;
+}
+
 int tether_stepd_post_opt(spank_t sp)
 {
 	char name[32];
@@ -175,16 +192,10 @@ int tether_stepd_post_opt(spank_t sp)
 		 * node sharing the job storage root (one host here, a shared filesystem at a site), or
 		 * on this node, cannot remove it before this step's tasks fill it (the tasks, running as
 		 * the user, could not make the job directory again in the root-owned storage root). */
-		char shown[PATH_MAX];
-		int node_fd = tether_ensure_child(fd, step.job_dir, step.node, step.uid, step.gid, shown, sizeof(shown));
+		int step_fd = open_node_and_step(fd);
 
-		if (node_fd >= 0) {
-			int step_fd = tether_ensure_child(node_fd, shown, step.step_name, step.uid, step.gid,
-							  step.step_dir, sizeof(step.step_dir));
-			if (step_fd >= 0)
-				close(step_fd);
-			close(node_fd);
-		}
+		if (step_fd >= 0)
+			close(step_fd);
 		close(fd);
 	}
 	return 0;
@@ -232,8 +243,7 @@ static int set_master_addr(spank_t sp)
 /* <job>/<node>/<step>/ as the user, and each local rank's directories; 0 or -1 (kept as the failure). */
 static int make_step_dirs(spank_t sp, uint32_t nlocal)
 {
-	char shown[PATH_MAX];
-	int job_fd, node_fd = -1, step_fd = -1, rc = -1;
+	int job_fd, step_fd = -2, rc = -1;
 
 	job_fd = open(step.job_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (job_fd < 0) {
@@ -241,23 +251,12 @@ static int make_step_dirs(spank_t sp, uint32_t nlocal)
 		return -1;
 	}
 	/* a node or step directory removed under us (another step of this job ended) is made again */
-	for (int attempt = 0; attempt < 3 && step_fd < 0; attempt++) {
-		if (node_fd >= 0)
-			close(node_fd);
-		node_fd = tether_ensure_child(job_fd, step.job_dir, step.node, step.uid, step.gid, shown, sizeof(shown));
-		if (node_fd == -1)
-			goto out;
-		if (node_fd == -2)
-			continue;
-		step_fd = tether_ensure_child(node_fd, shown, step.step_name, step.uid, step.gid, step.step_dir,
-					      sizeof(step.step_dir));
-		if (step_fd == -1)
-			goto out;
-	}
-	if (step_fd < 0) {
+	for (int attempt = 0; attempt < 3 && step_fd == -2; attempt++)
+		step_fd = open_node_and_step(job_fd);
+	if (step_fd == -2)
 		tether_fail("tether: %s kept disappearing while this step created it", step.step_dir);
+	if (step_fd < 0)
 		goto out;
-	}
 	for (uint32_t local = 0; local < nlocal; local++) {
 		uint32_t global = 0;
 
@@ -270,8 +269,6 @@ static int make_step_dirs(spank_t sp, uint32_t nlocal)
 out:
 	if (step_fd >= 0)
 		close(step_fd);
-	if (node_fd >= 0)
-		close(node_fd);
 	close(job_fd);
 	return rc;
 }
