@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -178,8 +179,6 @@ PATH_KEYS = {"PREPEND_PATH": "SING_USER_DEFINED_PREPEND_PATH", "APPEND_PATH": "S
 
 def _apptainer_env(profile: dict, flags: dict[str, list[str]], host: os._Environ | dict) -> dict[str, str]:
     """The program's environment inside, by create.go's SetContainerEnv (see the module doc)."""
-    import pwd
-
     clean = "cleanenv" in flags or "containall" in flags
     prefixes = profile["prefixes"]
     control = ("APPTAINER_", "SINGULARITY_") if profile["prog"] == "apptainer" else ("SINGULARITY_",)
@@ -408,7 +407,10 @@ def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry:
         lines += [re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: env.get(m.group(1), ""), line)
                   for line in etc_environment.read_text().splitlines()]
     if conf is not None:
-        script = 'source "$1" && if declare -F environ > /dev/null; then environ; fi'
+        # as enroot.in runs it: bash with `set -euo pipefail` and lastpipe (a config that uses an
+        # unset variable or a failing command fails the start)
+        script = ('set -euo pipefail; shopt -s lastpipe; source "$1"; '
+                  'if declare -F environ > /dev/null; then environ; fi')
         run = subprocess.run(["bash", "--norc", "-c", script, "bash", conf], capture_output=True,
                              env={**env, "ENROOT_ROOTFS": rootfs, "ENROOT_ENVIRON": "/dev/null"})
         if run.returncode != 0:
@@ -423,8 +425,6 @@ def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry:
         key, eq, value = line.partition("=")
         if eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             container_env[key] = value
-    import pwd
-
     user = pwd.getpwuid(os.getuid())        # then its login defaults where still unset
     for key, value in (("TERM", "dumb"), ("HOME", user.pw_dir), ("SHELL", user.pw_shell), ("USER", user.pw_name),
                        ("LOGNAME", user.pw_name), ("PATH", "/usr/local/bin:/bin:/usr/bin")):

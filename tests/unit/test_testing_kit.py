@@ -208,3 +208,26 @@ def test_an_empty_container_image_means_no_container_at_submit(fake_slurm):
     fake_slurm.sbatch("--container-image=", "--wrap", "true")
     with pytest.raises(SubmissionRefused, match="--container-\\* options need --container-image"):
         fake_slurm.sbatch("--container-image=", "--container-mounts=/a:/b", "--wrap", "true")
+
+
+def test_fake_enroot_runs_a_conf_script_as_strictly_as_enroot(tmp_path, fake_runtimes):
+    """enroot.in runs with `set -euo pipefail`: a --conf script whose environ() uses an unset
+    variable fails the start; one that is not a regular file or not valid bash is refused."""
+    env = {**os.environ, "PATH": fake_runtimes.path_env(), "HOME": str(tmp_path),
+           "XDG_RUNTIME_DIR": str(tmp_path / "run"), "ENROOT_DATA_PATH": str(tmp_path / "data")}
+    image = tmp_path / "img.sqsh"
+    image.write_bytes(b"hsqs")
+    assert subprocess.run(["enroot", "create", "--name", "c", str(image)], env=env).returncode == 0
+    unset = tmp_path / "unset.conf"
+    unset.write_text("environ() {\n  echo X=$NO_SUCH_VARIABLE\n}\n")
+    run = subprocess.run(["enroot", "start", "--conf", str(unset), "c", "true"], env=env, capture_output=True, text=True)
+    assert run.returncode != 0 and "NO_SUCH_VARIABLE: unbound variable" in run.stderr
+    bad = tmp_path / "bad.conf"
+    bad.write_text("environ() {\n")
+    run = subprocess.run(["enroot", "start", "--conf", str(bad), "c", "true"], env=env, capture_output=True, text=True)
+    assert run.returncode == 1 and f"Invalid argument: {bad}" in run.stderr
+    fifo = tmp_path / "fifo.conf"
+    os.mkfifo(fifo)
+    run = subprocess.run(["enroot", "start", "--conf", str(fifo), "c", "true"], env=env, capture_output=True,
+                         text=True, timeout=30)
+    assert run.returncode == 1 and f"No such file or directory: {fifo}" in run.stderr
