@@ -68,15 +68,18 @@ def write_environ_conf(path: str | None, values: Mapping[str, str]) -> str:
             f"cat <<'{END_OF_ENVIRONMENT}'\n"
             + "".join(f"{name}={values[name]}\n" for name in lines)
             + f"{END_OF_ENVIRONMENT}\n}}\n")
-    if path is None:
-        import tempfile                       # only by hand: it costs a rank milliseconds
+    try:
+        if path is None:
+            import tempfile                   # only by hand: it costs a rank milliseconds
 
-        fd, path = tempfile.mkstemp(prefix="tether-enroot-", suffix=".conf")
-    else:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
-        fh.write(text)
+            fd, path = tempfile.mkstemp(prefix="tether-enroot-", suffix=".conf")
+        else:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
+            fh.write(text)
+    except OSError as exc:            # something else where the file belongs (a symlink: ELOOP)
+        raise LaunchError(f"cannot write enroot's environment script {path}: {exc.strerror}") from None
     return path
 
 

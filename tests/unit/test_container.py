@@ -1065,3 +1065,17 @@ def test_podman_as_root_in_a_slurm_cgroup_is_refused_not_silently_loose(tmp_path
         adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), HOST)
     monkeypatch.setattr(podman, "in_slurm_cgroup", lambda: False)      # process-tree tracking: fine
     assert adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), HOST).argv[:2] == ["podman", "run"]
+
+
+def test_enroot_environment_script_is_never_written_through_a_planted_symlink(tmp_path):
+    """The step's directory is the user's: a symlink where the script belongs is refused with a
+    clear launch error (exit 125), never followed."""
+    from tether.container.runtimes.enroot import write_environ_conf
+
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    (tmp_path / "enroot").mkdir()
+    (tmp_path / "enroot" / "environ-0.conf").symlink_to(target)
+    with pytest.raises(LaunchError, match="cannot write enroot's environment script"):
+        write_environ_conf(str(tmp_path / "enroot" / "environ-0.conf"), {"A": "1"})
+    assert target.read_text() == "keep"
