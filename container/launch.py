@@ -7,7 +7,9 @@ workload -- nothing between slurmstepd (or pbs_mom) and the rank.
 and forks the runtime. Whatever the runtime double-forks (podman's conmon and the container's
 processes) is re-parented to the wrapper instead of init, so it stays in the step's process tree:
 Slurm's process tracking signals it, job accounting counts its CPU time, and it is killed with the
-step. Signals the wrapper receives are forwarded to the runtime; when the runtime exits, the
+step. Signals the wrapper receives are passed on (in a Slurm step's cgroup to the container's
+first process, as Slurm signals a host rank's first process; elsewhere to the runtime and every
+process below it: see ``_supervise``); when the runtime exits, the
 ``after`` commands run (e.g. removing a container an abnormal end left behind), the remaining
 descendants get a short grace, and the wrapper ends as the runtime did (same exit code, or the same
 signal).
@@ -174,13 +176,25 @@ def _supervise(launch: Launch, subreaper: bool) -> int:
     received: list[int] = []
     children: list[int] = []
 
+    tracked = slurm_tracked_cgroup()
+
     def forward(signum, frame):
-        # to the runtime and to every process below it, as the resource manager signals every
-        # process of a step: a runtime may keep the container's processes in a cgroup of its own
-        # below the step's (podman's runc does, with cgroup v1), where Slurm's proctrack/cgroup does
-        # not reach them, and podman passes a signal to the container's first process only
         received.append(signum)
-        for pid in children + [p for p in _descendants(os.getpid()) if p not in children]:
+        below = [p for p in _descendants(os.getpid()) if p not in children]
+        if tracked is None:
+            # process-tree tracking (proctrack/linuxproc), PBS: the runtime and everything below it
+            targets = children + below
+        else:
+            # In a Slurm step's cgroup, as for a host rank: proctrack/cgroup sends a signal other
+            # than SIGKILL to the step's tasks only -- here this launcher -- and SIGKILL to every
+            # process in the step's freezer cgroup (the container's too, kept there by the SPANK
+            # plugin: spank/cgkeeper.c). So the signal goes to what the task would be on the host,
+            # the container's first process (the monitor's child); to the runtime while there is
+            # no container yet (podman run itself, on SIGTERM, ends and takes the container with
+            # it); and to any process a runtime moved out of Slurm's reach.
+            first = _children_of(below, launch.monitor) if launch.monitor else []
+            targets = (first or children) + [p for p in below if p not in first and freezer_cgroup(p) != tracked]
+        for pid in targets:
             try:
                 os.kill(pid, signum)
             except ProcessLookupError:
@@ -290,6 +304,51 @@ def _wait_for(child: int) -> tuple[int, list[tuple[str, int]]]:
             return status, killed
         if os.WIFSIGNALED(status):
             killed.append((name, os.WTERMSIG(status)))
+
+
+def _children_of(pids: list[int], name: str) -> list[int]:
+    """The children of the processes in ``pids`` whose command name is ``name`` (e.g. conmon's)."""
+    found: list[int] = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm", encoding="ascii", errors="replace") as fh:
+                if fh.read().strip() != name:
+                    continue
+        except OSError:
+            continue
+        found += [p for p in pids if _parent(p) == pid]
+    return found
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def freezer_cgroup(pid: int | str = "self") -> str | None:
+    """The cgroup v1 freezer path of ``pid`` (None: none, or gone)."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                _, controllers, path = (line.rstrip("\n").split(":", 2) + ["", ""])[:3]
+                if "freezer" in controllers.split(","):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def slurm_tracked_cgroup() -> str | None:
+    """This process's freezer cgroup when it is a Slurm step's (``.../job_<id>/step_<id>``: Slurm's
+    proctrack/cgroup signals every process in it), else None."""
+    path = freezer_cgroup()
+    if path is None:
+        return None
+    parts = path.split("/")
+    return path if any(a.startswith("job_") and b.startswith("step_") for a, b in zip(parts, parts[1:])) else None
 
 
 def _descendants(pid: int) -> list[int]:

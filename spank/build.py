@@ -19,7 +19,7 @@ from ..hooks.config import CONFIG_SCHEMA
 from ..system.toolchain import CBuild, Toolchain, c_string
 
 SO_NAME = "spank_tether.so"
-UNITS = ("dispatch.c", "options.c", "imageref.c", "client.c", "stepd.c", "jobdirs.c")
+UNITS = ("dispatch.c", "options.c", "imageref.c", "client.c", "stepd.c", "jobdirs.c", "cgkeeper.c")
 HEADER = "tether_names.h"
 
 

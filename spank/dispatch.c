@@ -60,6 +60,20 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	return spank_context() == S_CTX_REMOTE ? tether_stepd_task_init(sp) : 0;
 }
 
+int slurm_spank_task_post_fork(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	return spank_context() == S_CTX_REMOTE ? tether_stepd_task_post_fork(sp) : 0;
+}
+
+int slurm_spank_task_exit(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	return spank_context() == S_CTX_REMOTE ? tether_stepd_task_exit(sp) : 0;
+}
+
 int slurm_spank_exit(spank_t sp, int ac, char **av)
 {
 	(void)sp;

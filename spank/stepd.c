@@ -27,6 +27,7 @@
 #include <slurm/slurm.h>
 #include <slurm/spank.h>
 
+#include "cgkeeper.h"
 #include "jobdirs.h"
 #include "options.h"
 #include "stepd.h"
@@ -394,6 +395,40 @@ int tether_stepd_task_init(spank_t sp)
 }
 
 /*
+ * slurmstepd, as root, once the first task is forked (its cgroups exist by then): a container
+ * step's processes are kept in Slurm's own cgroups (cgkeeper.c). Never fails the step.
+ */
+int tether_stepd_task_post_fork(spank_t sp)
+{
+	char slurm_step[32];
+
+	(void)sp;
+	if (!step.tether || !step.container || step.failure[0])
+		return 0;
+	snprintf(slurm_step, sizeof(slurm_step), "step_%u", step.step_id); /* Slurm's own name */
+	if (tether_cgkeeper_start(step.job_id, slurm_step) < 0)
+		slurm_debug("tether: no cgroup v1 step directories to keep the container in");
+	return 0;
+}
+
+/*
+ * slurmstepd, as root, as each task exits: once the last of this node's tasks has, the keeper
+ * stops and removes the emptied child cgroups -- now, before Slurm removes the step's own
+ * cgroups (it cannot while a child is left: they leaked, one set per container step).
+ */
+int tether_stepd_task_exit(spank_t sp)
+{
+	static uint32_t exited;
+	uint32_t ntasks = 0;
+
+	if (!step.tether || !step.container)
+		return 0;
+	if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &ntasks) != ESPANK_SUCCESS || ++exited >= ntasks)
+		tether_cgkeeper_stop();
+	return 0;
+}
+
+/*
  * slurmstepd, as root, when the step ends (normally, failed, cancelled or timed out): the step's
  * directories, then the node's and the job's when no other step uses them. The end of the batch
  * step is the end of the job: then the whole job directory goes, whatever the job left in it.
@@ -403,6 +438,7 @@ void tether_stepd_exit(void)
 	char name[32], what[96];
 	int root_fd, job_fd, node_fd;
 
+	tether_cgkeeper_stop();
 	if (!step.tether || !step.step_name[0] || !step.node[0] || !step.job_dir[0])
 		return;
 	snprintf(what, sizeof(what), "step %u.%.40s", step.job_id, step.step_name + strlen(TETHER_STEP_PREFIX));

@@ -10,6 +10,8 @@
 int tether_stepd_post_opt(spank_t sp);  /* root, before the user's part; never fails */
 int tether_stepd_user_init(spank_t sp); /* as the user, before the tasks fork; never fails */
 int tether_stepd_task_init(spank_t sp); /* in each task, as the user, just before exec */
+int tether_stepd_task_post_fork(spank_t sp); /* root, in slurmstepd, once each task is forked */
+int tether_stepd_task_exit(spank_t sp);      /* root, in slurmstepd, as each task exits */
 void tether_stepd_exit(void);           /* root, when the step has ended */
 
 #endif

@@ -43,7 +43,7 @@ def time_limited_jobs(request) -> dict[str, str]:
     out = cluster.box.work_dir / "timeout-signals"
     out.mkdir(exist_ok=True)
     os.chmod(out, 0o777)
-    trap = ("srun -N1 sh -c 'trap \"echo term > /mnt/term-$SLURM_JOB_ID\" TERM; "
+    trap = ("srun -N1 sh -c 'trap \"echo term >> /mnt/term-$SLURM_JOB_ID\" TERM; "
             "while :; do sleep 1; done'")
     return {
         "plain": _submit(cluster, "--time=1", "--slots=2", "--slot-type=cpu", "--output=/dev/null",

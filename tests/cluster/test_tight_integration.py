@@ -84,37 +84,74 @@ def test_the_sandbox_runs_slurm_as_sites_do(cluster):
 
 
 # ---- 1. processes: conmon and the container stay in the step's cgroup ------------------------------
-def test_conmon_and_the_container_stay_in_the_steps_cgroup(cluster, image):
-    proc = subprocess.Popen(["runuser", "-u", cluster.user, "--", "srun", "--job-name=tight", "-N1", "-n1",
-                             f"--container-image={image}", "sh", "-c", "echo $SLURM_JOB_ID; exec sleep 61"],
+def _cgroups_of_a_running_step(cluster, argv: list[str], mark: str) -> tuple[str, dict[str, dict[str, str]]]:
+    """Run ``srun ARGV`` (it prints its job id, then runs ``sleep 61``); the job id and, for conmon
+    and for the ``sleep 61`` of that job, their cgroup v1 paths by controller."""
+    proc = subprocess.Popen(["runuser", "-u", cluster.user, "--", "srun", "--job-name=tight", "-N1", "-n1", *argv],
                             env=cluster.box.command_env(), cwd=str(cluster.box.work_dir), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         job = proc.stdout.readline().strip()
         assert job.isdigit(), proc.stderr.read() if proc.poll() is not None else job
 
-        def found() -> list[str]:
-            return [line for line in user_processes(cluster, "conmon") if f"-n tether-{job}-" in line] + \
-                [line for line in user_processes(cluster, "sleep 61") if line.split(None, 2)[2] == "sleep 61"
-                 and f"SLURM_JOB_ID={job}".encode() in environ(line.split()[0])]
+        def found() -> dict[str, str]:
+            conmon = [line.split()[0] for line in user_processes(cluster, "conmon") if mark.format(job=job) in line]
+            # the container's first process (sleep, exec'd) is conmon's child
+            sleep = [line.split()[0] for line in user_processes(cluster, "sleep 61")
+                     if line.split(None, 2)[2] == "sleep 61" and parent(line.split()[0]) in conmon]
+            return {conmon[0]: "conmon", sleep[0]: "sleep"} if conmon and sleep else {}
 
-        assert wait_until(lambda: len(found()) >= 2, timeout=30), found()
-        for line in found():
-            pid = line.split()[0]
-            groups = Path(f"/proc/{pid}/cgroup").read_text()
-            for controller in ("memory", "devices", "freezer", "cpuset"):
-                path = next(g for g in groups.splitlines() if f":{controller}:" in g).split(":", 2)[2]
-                assert re.search(rf"/job_{job}/step_0(/|$)", path), (line, controller, path)
+        pids = wait_until(found, timeout=30)
+        assert pids, (user_processes(cluster, "conmon"), user_processes(cluster, "sleep"))
+        paths = {}
+        for pid, what in pids.items():
+            groups = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+            paths[what] = {c: next(g for g in groups if f":{c}:" in g).split(":", 2)[2]
+                           for c in ("memory", "devices", "freezer", "cpuset")}
+        return job, paths
     finally:
         cluster.run(["scancel", "-n", "tight", "-u", cluster.user], check=False)
         proc.communicate(timeout=120)
 
 
-def environ(pid: str) -> bytes:
+def test_the_containers_processes_are_in_slurms_own_cgroups_of_the_step(cluster, image):
+    job, paths = _cgroups_of_a_running_step(
+        cluster, [f"--container-image={image}", "sh", "-c", "echo $SLURM_JOB_ID; exec sleep 61"],
+        "-n tether-{job}-")
+    # Slurm's own directories, exactly: where a host rank is, so Slurm's OOM accounting and its
+    # signals (proctrack/cgroup reads the step's own cgroup.procs) see them
+    for controller in ("memory", "devices"):
+        assert re.search(rf"/job_{job}/step_0/task_0$", paths["sleep"][controller]), paths
+    for controller in ("freezer", "cpuset"):
+        assert re.search(rf"/job_{job}/step_0$", paths["sleep"][controller]), paths
+    for controller, path in paths["conmon"].items():
+        assert re.search(rf"/job_{job}/step_0(/|$)", path), (controller, paths)
+
+
+def test_podman_by_hand_under_srun_leaves_slurms_cgroups_for_a_child_of_its_own(cluster, image):
+    """The loose baseline: runc's own cgroup below the task's -- still limited, but Slurm's OOM
+    accounting and signals do not see it (what the keeper in spank/cgkeeper.c corrects)."""
+    job, paths = _cgroups_of_a_running_step(
+        cluster, ["sh", "-c", "echo $SLURM_JOB_ID; exec " + " ".join(
+            podman_loose(cluster, image, "--rm", "--name", "loose-$SLURM_JOB_ID")) + " sleep 61"], "-n loose-{job}")
+    assert re.search(rf"/job_{job}/step_0/task_0/[0-9a-f]{{64}}$", paths["sleep"]["memory"]), paths
+    assert re.search(rf"/job_{job}/step_0/[0-9a-f]{{64}}$", paths["sleep"]["freezer"]), paths
+
+
+def environ(pid: str) -> str:
     try:
-        return Path(f"/proc/{pid}/environ").read_bytes()
+        return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
     except OSError:
-        return b""
+        return ""
+
+
+def parent(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return ""
+
+
 
 
 # ---- 2. CPU time: sacct's TotalCPU of a containerized burner is the host burner's ---------------------
@@ -135,31 +172,25 @@ def test_cpu_time_of_a_containerized_rank_is_accounted_like_a_host_rank(cluster,
 ALLOC = "dd if=/dev/zero of=/dev/null bs=300M count=1 && echo survived"
 
 
-def test_a_containerized_rank_past_its_memory_is_killed_by_the_cgroup(cluster, image):
-    host, host_job = srun_job(cluster, "-N1", "-n1", "--mem=100M", "busybox", "sh", "-c", ALLOC)
-    host_rows = accounted(cluster, host_job)
-    tether, tether_job = srun_job(cluster, "-N1", "-n1", "--mem=100M", f"--container-image={image}", "sh", "-c",
-                                  ALLOC)
-    tether_rows = accounted(cluster, tether_job)
-    assert "survived" not in host.stdout and host.returncode != 0, host.stdout + host.stderr
-    assert "survived" not in tether.stdout and tether.returncode != 0, tether.stdout + tether.stderr
-    assert "Killed" in tether.stderr or "137" in tether.stderr, tether.stderr
-    assert host_rows[next(k for k in host_rows if k.endswith(".0"))]["State"] == "OUT_OF_MEMORY", host_rows
-    step = tether_rows[next(k for k in tether_rows if k.endswith(".0"))]
-    assert step["State"] in ("FAILED", "OUT_OF_MEMORY"), tether_rows
-
-
-@pytest.mark.xfail(strict=True, reason="podman's runc puts the container in a cgroup below the task's; Slurm "
-                   "22.05 (cgroup/v1) counts only OOM kills local to its own step/task cgroups, so the kill is "
-                   "enforced but the step ends FAILED (137), not OUT_OF_MEMORY -- see docs/tight-integration.md")
-def test_a_containerized_rank_past_its_memory_ends_out_of_memory_like_a_host_rank(cluster, image):
-    _, job = srun_job(cluster, "-N1", "-n1", "--mem=100M", f"--container-image={image}", "sh", "-c", ALLOC)
-    rows = accounted(cluster, job)
-    assert rows[next(k for k in rows if k.endswith(".0"))]["State"] == "OUT_OF_MEMORY", rows
+def test_a_containerized_rank_past_its_memory_is_killed_and_ends_out_of_memory_like_a_host_rank(cluster, image):
+    runs = {"host": ["busybox", "sh", "-c", ALLOC],
+            "tether": [f"--container-image={image}", "sh", "-c", ALLOC],
+            "loose": [*podman_loose(cluster, image, "--rm"), "sh", "-c", ALLOC]}
+    states = {}
+    for mode, argv in runs.items():
+        result, job = srun_job(cluster, "-N1", "-n1", "--mem=100M", *argv)
+        assert "survived" not in result.stdout and result.returncode != 0, (mode, result.stdout + result.stderr)
+        rows = accounted(cluster, job)
+        states[mode] = rows[next(k for k in rows if k.endswith(".0"))]["State"]
+    print(f"step state past --mem: {states}")
+    assert states["host"] == "OUT_OF_MEMORY" and states["tether"] == "OUT_OF_MEMORY", states
+    # by hand, the kill happens in runc's child cgroup: Slurm 22.05 does not count it
+    assert states["loose"] == "FAILED", states
 
 
 # ---- 4. signals: scancel sends SIGTERM into the container, SIGKILL after KillWait; nothing stays -------
-TRAP = ("trap 'echo term > /mnt/term-{tag}; sleep 30' TERM; echo up > /mnt/up-{tag}; "
+# each SIGTERM appends a line (a host rank's trap gets one); the loop runs on until SIGKILL
+TRAP = ("trap 'echo term >> /mnt/term-{tag}' TERM; echo up > /mnt/up-{tag}; "
         "while :; do sleep 1; done")
 
 
@@ -198,8 +229,11 @@ def test_scancel_reaches_the_container_with_sigterm_first_and_leaves_nothing(clu
     tag = "tether"
     job = _cancel_when_up(cluster, [f"--container-image={image}", f"--container-mounts={out}:/mnt", "sh", "-c",
                               TRAP.format(tag=tag)], out, tag)
-    assert (out / f"term-{tag}").read_text().strip() == "term"        # SIGTERM reached the trap first
-    assert wait_until(lambda: [l for l in user_processes(cluster, "sleep 30")] == [], timeout=30)
+    # SIGTERM reached the trap first, once -- as a host rank's (Slurm signals the container's
+    # processes itself; the launcher does not signal them again, nor does podman's proxy add one)
+    assert (out / f"term-{tag}").read_text() == "term\n"
+    assert wait_until(lambda: not [line for line in user_processes(cluster, "sleep 1") if f"SLURM_JOB_ID={job}"
+                                   in (environ(line.split()[0]) or "")], timeout=30)
     assert wait_until(lambda: _containers(cluster, f"tether-{job}-") == [], timeout=60), _containers(cluster, "tether-")
 
 
@@ -252,7 +286,7 @@ def test_a_time_limit_sends_sigterm_into_the_container_first(cluster, time_limit
     assert wait_until(lambda: job not in cluster.run(["squeue", "-h", "-o", "%i"]).stdout.split(), timeout=240)
     rows = accounted(cluster, job, "JobID,State")
     assert rows[job]["State"] == "TIMEOUT", rows
-    assert (cluster.box.work_dir / "timeout-signals" / f"term-{job}").read_text().strip() == "term"
+    assert (cluster.box.work_dir / "timeout-signals" / f"term-{job}").read_text() == "term\n"   # once
     assert wait_until(lambda: _containers(cluster, f"tether-{job}-") == [], timeout=60)
 
 

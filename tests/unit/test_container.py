@@ -666,6 +666,54 @@ def test_supervised_runtime_keeps_double_forked_processes_and_forwards_signals(t
     assert not _alive(daemon)
 
 
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not FREEZER.is_dir(), reason="needs root and the cgroup v1 freezer")
+def test_in_a_slurm_step_signals_go_only_where_slurm_does_not_reach(tmp_path):
+    """In a step's freezer cgroup (Slurm's proctrack/cgroup signals every process in it), the
+    launcher signals the runtime and the processes a runtime moved into a cgroup of its own -- not
+    those Slurm signals itself, which would otherwise get every signal twice."""
+    step = FREEZER / f"tether-unit-{os.getpid()}" / "job_1" / "step_0"
+    own = step / "runc-like"
+    own.mkdir(parents=True)
+    runtime = tmp_path / "runtime.sh"
+    runtime.write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        ( ( sleep 30 & echo $! > {tmp_path}/kept.pid ) & )
+        ( ( sleep 31 & echo $! > {tmp_path}/moved.pid ) & )
+        trap 'exit 7' TERM
+        while :; do sleep 0.1; done
+        """))
+    runtime.chmod(0o755)
+    kept = moved = None
+    try:
+        proc = subprocess.Popen(["sh", "-c", f'echo $$ > {step}/cgroup.procs && exec "$@"', "sh", sys.executable,
+                                 "-c", _supervised(runtime, tmp_path / "cleaned")])
+        deadline = time.monotonic() + 20
+        while not ((tmp_path / "kept.pid").exists() and (tmp_path / "moved.pid").exists()) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        kept, moved = int((tmp_path / "kept.pid").read_text()), int((tmp_path / "moved.pid").read_text())
+        (own / "cgroup.procs").write_text(str(moved))             # what podman's runc does
+        assert f"{step.relative_to(FREEZER)}" in Path(f"/proc/{kept}/cgroup").read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 7                         # the runtime got it
+        assert not _alive(moved)                                  # out of Slurm's reach: from the launcher
+        assert _alive(kept)                                       # Slurm's to signal: not twice
+    finally:
+        for pid in (kept, moved):
+            if pid and _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        for path in (own, step, step.parent, step.parent.parent):
+            while path.exists() and time.monotonic() < deadline:
+                try:
+                    path.rmdir()
+                except OSError:
+                    time.sleep(0.05)
+
+
 def _alive(pid: int) -> bool:
     """A process that exists and is not a zombie (this machine's PID 1 does not reap)."""
     try:
