@@ -78,7 +78,7 @@ STALE_STATE = re.compile(r"invalid internal status, try resetting the pause proc
 
 
 def repair_stale_state(podman: Sequence[str], *, env: Mapping[str, str] | None = None, output: str | None = None,
-                       tell=progress, cwd: str | None = None) -> bool:
+                       tell=progress, cwd: str | None = None) -> bool | None:
     """Rootless podman joins the user namespace of its pause process, or else of a container it
     believes running. When every such process is gone -- killed with the step that started it
     (SIGKILL at a time limit, the OOM killer, a node's processes killed) while its run state
@@ -86,7 +86,8 @@ def repair_stale_state(podman: Sequence[str], *, env: Mapping[str, str] | None =
     command of that user on this node fails with "invalid internal status, try resetting the pause
     process with "podman system migrate": ..." (exit 1). Since no process of that state lives, no
     running container is harmed by doing what it says. ``podman``: the command that runs podman as
-    that user; ``output``: a failed command's stderr (None: ask podman). True when it repaired."""
+    that user; ``output``: a failed command's stderr (None: ask podman). True when it repaired,
+    False when it could not, None when the state was not stale."""
     from ...system.proc import CommandError, run_command
 
     def stale() -> bool:    # ask podman again, cheaply
@@ -97,18 +98,20 @@ def repair_stale_state(podman: Sequence[str], *, env: Mapping[str, str] | None =
             return bool(STALE_STATE.search(exc.stderr or ""))
 
     if not (stale() if output is None else STALE_STATE.search(output)):
-        return False
+        return None
     tell("podman's run state on this node is stale (the processes it names are gone): "
          "`podman system migrate`, then trying again")
+    said = ""
     try:
         # exits 125 when it cannot stop a container recorded as running whose processes are
         # gone ("container not running"), yet leaves the state usable: what counts is the probe
         run_command([*podman, "system", "migrate"], env=env, timeout=120, cwd=cwd)
-    except CommandError:
-        pass
+    except CommandError as exc:
+        lines = (exc.stderr or exc.reason or "").strip().splitlines()
+        said = f" (it said: {lines[-1]})" if lines else ""
     if stale():
-        tell("podman's run state is still stale after `podman system migrate` (see \"podman's run "
-             "state is stale\" in tether's README, troubleshooting)")
+        tell(f"podman's run state is still stale after `podman system migrate`{said} (see \"podman's "
+             f"run state is stale\" in tether's README, troubleshooting)")
         return False
     return True
 
@@ -374,8 +377,17 @@ class Podman(Runtime):
         return [a for i in ids for a in ("--device", f"{kind}={i}")]
 
     def recover_state(self, env: Mapping[str, str], output: str | None = None) -> bool:
-        """See repair_stale_state: this user's podman on this node, telling the rank's stderr."""
-        return repair_stale_state([self.binary, *self.global_args()], env=env, output=output)
+        """See repair_stale_state: this user's podman on this node, telling the rank's stderr. After
+        a run that ended before it created the container (``output`` None: its message went to the
+        rank), one more try also when the state is not stale: rebuilding its state after the
+        processes it named were killed, podman 4.3 sometimes exits 1 without a word, and the next
+        run works (seen in the stale-state test, about 1 in 2 on this machine)."""
+        repaired = repair_stale_state([self.binary, *self.global_args()], env=env, output=output)
+        if repaired is None and output is None:
+            progress("podman exited before it created the container, and its state checks out now: trying "
+                     "once more (nothing of this rank ran yet)")
+            return True
+        return bool(repaired)
 
     def remove(self, name: str, env: Mapping[str, str], *, new_session: bool = True) -> bool:
         """``podman rm --force`` (twice: the first rm of a container whose conmon was killed only

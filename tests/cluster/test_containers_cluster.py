@@ -182,7 +182,10 @@ def test_a_stale_podman_state_left_by_killed_processes_heals_itself(cluster, ima
     result = cluster.as_user(["srun", "-N1", f"--container-image={image}", "sh", "-c",
                               "echo in=$(grep -qF ' " + image + " / ' /proc/self/mountinfo && echo container)"])
     assert result.stdout.strip() == "in=container", result.stderr
-    assert "podman's run state on this node is stale" in result.stderr
+    # either the launcher found the state stale and repaired it, or podman's first run rebuilt it
+    # but exited 1 without a word (about 1 in 2 here) and the launcher tried once more
+    assert ("podman's run state on this node is stale" in result.stderr
+            or "its state checks out now: trying once more" in result.stderr), result.stderr
     assert cluster.run([*podman, "ps"], check=False, cwd="/").returncode == 0
     cluster.run([*podman, "rm", "--force", "--ignore", name], check=False, cwd="/")
 

@@ -1127,3 +1127,49 @@ def test_enroot_environment_script_is_never_written_through_a_planted_symlink(tm
     with pytest.raises(LaunchError, match="cannot write enroot's environment script"):
         write_environ_conf(str(tmp_path / "enroot" / "environ-0.conf"), {"A": "1"})
     assert target.read_text() == "keep"
+
+
+def _fake_podman(tmp_path: Path, *, stale: bool, migrate_heals: bool = True) -> Path:
+    """A podman that answers ``container exists`` as 4.3 does with a stale run state (the message,
+    exit 1) or a sound one (exit 1, no such container), and records ``system migrate``."""
+    state = tmp_path / "stale"
+    if stale:
+        state.write_text("")
+    script = tmp_path / "podman"
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        echo "$*" >> {tmp_path}/calls
+        case "$*" in
+          *"system migrate"*) {'rm -f ' + str(state) if migrate_heals else 'true'}; exit 0 ;;
+          *"container exists"*)
+            if [ -e {state} ]; then
+              echo 'Error: invalid internal status, try resetting the pause process with "podman system migrate"' >&2
+            fi
+            exit 1 ;;
+        esac
+        exit 1
+        """))
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize("stale,heals,expected,said", [
+    (True, True, True, "run state on this node is stale"),       # repaired: one more try
+    (True, False, False, "still stale after `podman system migrate`"),
+    (False, True, True, "its state checks out now: trying once more"),   # exit 1 without a word
+])
+def test_podman_after_a_run_that_never_created_the_container(tmp_path, capsys, stale, heals, expected, said):
+    from tether.container.runtimes.podman import Podman
+
+    podman = Podman({"binary": str(_fake_podman(tmp_path, stale=stale, migrate_heals=heals))})
+    assert podman.recover_state(dict(os.environ)) is expected
+    assert said in capsys.readouterr().err
+    assert ("system migrate" in (tmp_path / "calls").read_text()) is stale
+
+
+def test_podman_a_failed_command_whose_output_says_nothing_stale_is_not_retried(tmp_path, capsys):
+    from tether.container.runtimes.podman import Podman
+
+    podman = Podman({"binary": str(_fake_podman(tmp_path, stale=False))})
+    assert podman.recover_state(dict(os.environ), "Error: no such image") is False
+    assert capsys.readouterr().err == ""
