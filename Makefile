@@ -27,6 +27,7 @@ bench: install
 	$(VENV)/bin/python bench/submit.py
 	$(VENV)/bin/python bench/step.py
 	$(VENV)/bin/python bench/launch.py
+	$(VENV)/bin/python bench/tight.py
 
 sandbox-up: install
 	$(VENV)/bin/tether sandbox up
