@@ -214,6 +214,9 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
     if name is not None and not _is_name(name):
         raise LaunchError(f"--container-name={name!r}: letters, digits, '.', '_', '-' (at most 63)")
     writable = parse_flag(env.get("TETHER_CONTAINER_WRITABLE"), "--container-writable")
+    if writable and parse_flag(env.get("TETHER_CONTAINER_READONLY"), "--container-readonly"):
+        raise LaunchError("--container-writable and --container-readonly ask for opposite things: give one "
+                          "(read-only is the default)")
     job = env.get("SLURM_JOB_ID") or env.get("PBS_JOBID", "0").split(".")[0] or "0"
     step = env.get("SLURM_STEP_ID") or env.get("PBS_TASKNUM") or "0"
     rank = env.get("RANK") or env.get("SLURM_PROCID") or "0"

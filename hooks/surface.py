@@ -111,6 +111,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("container-workdir", "DIR", "text", "working directory inside the container"),
     Option("container-env", "NAME,...", "env_names", "host variables that win over the image's"),
     Option("container-writable", None, "flag", "writable container filesystem where the runtime supports it"),
+    Option("container-readonly", None, "flag", "read-only container filesystem: the default (pyxis's name for it)"),
     Option("container-name", "NAME", "name", "reuse one container across the job's steps"),
 )
 

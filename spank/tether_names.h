@@ -17,6 +17,7 @@ enum tether_option {
 	OPT_CONTAINER_WORKDIR,
 	OPT_CONTAINER_ENV,
 	OPT_CONTAINER_WRITABLE,
+	OPT_CONTAINER_READONLY,
 	OPT_CONTAINER_NAME,
 	TETHER_NOPTS
 };
@@ -35,6 +36,7 @@ enum tether_option {
 		{ "container-workdir", "DIR", "[tether] working directory inside the container", K_TEXT, "TETHER_CONTAINER_WORKDIR", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-env", "NAME,...", "[tether] host variables that win over the image's", K_ENV_NAMES, "TETHER_CONTAINER_ENV", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-writable", NULL, "[tether] writable container filesystem where the runtime supports it", K_FLAG, "TETHER_CONTAINER_WRITABLE", NULL, 0L, 0L, NULL, 0 }, \
+		{ "container-readonly", NULL, "[tether] read-only container filesystem: the default (pyxis's name for it)", K_FLAG, "TETHER_CONTAINER_READONLY", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-name", "NAME", "[tether] reuse one container across the job's steps", K_NAME, "TETHER_CONTAINER_NAME", NULL, 0L, 0L, NULL, 0 }, \
 	}
 

@@ -405,3 +405,16 @@ def test_a_containerized_rank_reads_its_stdin_like_a_host_rank(cluster, image):
     result = cluster.run(["runuser", "-u", cluster.user, "--", "srun", "-N1", "-n1", f"--container-image={image}",
                           "sh", "-c", "read line; echo got=$line"], input="from-srun-stdin\n", timeout=120)
     assert result.stdout.strip() == "got=from-srun-stdin", result.stdout + result.stderr
+
+
+def test_pyxis_container_readonly_is_the_default_and_contradicting_writable_is_refused_at_submit(cluster, image):
+    """pyxis scripts say --container-readonly; tether accepts it (read-only is its default) and
+    refuses it with --container-writable before the job is queued."""
+    result = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-readonly", "sh", "-c",
+                              "touch /x 2>&1; echo rc=$?"])
+    assert "Read-only file system" in result.stdout and "rc=1" in result.stdout, result.stdout
+    for command in (["srun", "-N1"], ["sbatch", "--wrap", "true"]):
+        refused = cluster.as_user([*command, f"--container-image={image}", "--container-readonly",
+                                   "--container-writable", *([] if command[0] == "sbatch" else ["true"])], check=False)
+        assert refused.returncode != 0, refused
+        assert "--container-writable and --container-readonly ask for opposite things" in refused.stderr, refused.stderr

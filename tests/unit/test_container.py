@@ -83,6 +83,13 @@ def test_submit_time_validation_gives_the_run_sides_messages():
         check_container_options({"container-image": "/i", "container-name": "dev"}, "podman")
     check_container_options({"container-image": "/i", "container-name": "dev",
                              "container-runtime": "enroot"}, "podman")
+    # pyxis's --container-readonly is the default; with --container-writable it is a contradiction
+    check_container_options({"container-image": "/i", "container-readonly": "1"}, "podman")
+    with pytest.raises(LaunchError, match="--container-writable and --container-readonly ask for opposite"):
+        check_container_options({"container-image": "/i", "container-readonly": "1", "container-writable": "1"},
+                                "podman")
+    assert not spec_from_env({"TETHER_CONTAINER_IMAGE": "/i", "TETHER_CONTAINER_READONLY": "1"}, ["c"],
+                             default_runtime="podman").writable
 
 
 # ---- the environment contract ----------------------------------------------------------------
