@@ -1136,18 +1136,22 @@ def test_enroot_environment_script_is_never_written_through_a_planted_symlink(tm
     assert target.read_text() == "keep"
 
 
-def _fake_podman(tmp_path: Path, *, stale: bool, migrate_heals: bool = True) -> Path:
+def _fake_podman(tmp_path: Path, *, stale: bool, migrate_heals: bool = True, second: bool = False) -> Path:
     """A podman that answers ``container exists`` as 4.3 does with a stale run state (the message,
-    exit 1) or a sound one (exit 1, no such container), and records ``system migrate``."""
+    exit 1) or a sound one (exit 1, no such container), and records ``system migrate`` (which
+    heals the state, or only on its second call: ``second``)."""
     state = tmp_path / "stale"
     if stale:
         state.write_text("")
+    heal = f"rm -f {state}"
+    if second:
+        heal = f"if [ -e {tmp_path}/migrated ]; then rm -f {state}; fi; touch {tmp_path}/migrated"
     script = tmp_path / "podman"
     script.write_text(textwrap.dedent(f"""\
         #!/bin/sh
         echo "$*" >> {tmp_path}/calls
         case "$*" in
-          *"system migrate"*) {'rm -f ' + str(state) if migrate_heals else 'true'}; exit 0 ;;
+          *"system migrate"*) {heal if migrate_heals else 'true'}; exit 0 ;;
           *"container exists"*)
             if [ -e {state} ]; then
               echo 'Error: invalid internal status, try resetting the pause process with "podman system migrate"' >&2
@@ -1160,18 +1164,20 @@ def _fake_podman(tmp_path: Path, *, stale: bool, migrate_heals: bool = True) -> 
     return script
 
 
-@pytest.mark.parametrize("stale,heals,expected,said", [
-    (True, True, True, "run state on this node is stale"),       # repaired: one more try
-    (True, False, False, "still stale after `podman system migrate`"),
-    (False, True, True, "its state checks out now: trying once more"),   # exit 1 without a word
+@pytest.mark.parametrize("stale,heals,second,expected,said,migrations", [
+    (True, True, False, True, "run state on this node is stale", 1),       # repaired: one more try
+    (True, True, True, True, "run state on this node is stale", 2),        # healed by the second pass
+    (True, False, False, False, "still stale after `podman system migrate` twice", 2),
+    (False, True, False, True, "its state checks out now: trying once more", 0),   # exit 1 without a word
 ])
-def test_podman_after_a_run_that_never_created_the_container(tmp_path, capsys, stale, heals, expected, said):
+def test_podman_after_a_run_that_never_created_the_container(tmp_path, capsys, stale, heals, second, expected,
+                                                             said, migrations):
     from tether.container.runtimes.podman import Podman
 
-    podman = Podman({"binary": str(_fake_podman(tmp_path, stale=stale, migrate_heals=heals))})
+    podman = Podman({"binary": str(_fake_podman(tmp_path, stale=stale, migrate_heals=heals, second=second))})
     assert podman.recover_state(dict(os.environ)) is expected
     assert said in capsys.readouterr().err
-    assert ("system migrate" in (tmp_path / "calls").read_text()) is stale
+    assert (tmp_path / "calls").read_text().count("system migrate") == migrations
 
 
 def test_podman_a_failed_command_whose_output_says_nothing_stale_is_not_retried(tmp_path, capsys):
