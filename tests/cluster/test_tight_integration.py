@@ -134,8 +134,18 @@ def test_podman_by_hand_under_srun_leaves_slurms_cgroups_for_a_child_of_its_own(
     job, paths = _cgroups_of_a_running_step(
         cluster, ["sh", "-c", "echo $SLURM_JOB_ID; exec " + " ".join(
             podman_loose(cluster, image, "--rm", "--name", "loose-$SLURM_JOB_ID")) + " sleep 61"], "-n loose-{job}")
+    _remove_loose(cluster, f"loose-{job}")
     assert re.search(rf"/job_{job}/step_0/task_0/[0-9a-f]{{64}}$", paths["sleep"]["memory"]), paths
     assert re.search(rf"/job_{job}/step_0/[0-9a-f]{{64}}$", paths["sleep"]["freezer"]), paths
+
+
+def _remove_loose(cluster, name: str) -> None:
+    """podman by hand leaves its container behind when the step is cancelled: remove it (twice --
+    the first rm of a container whose conmon was killed only marks it stopped)."""
+    conf = cluster.box.etc / "containers.conf"
+    for _ in range(2):
+        cluster.run(["runuser", "-u", cluster.user, "--", "env", f"CONTAINERS_CONF={conf}", "podman", "rm", "-f",
+                     "--ignore", name], check=False, cwd="/")
 
 
 def environ(pid: str) -> str:
@@ -254,9 +264,7 @@ def test_podman_started_by_hand_under_srun_fails_what_tether_keeps(cluster, imag
         print(f"loose: SIGTERM reached the trap: {delivered}; container left behind: {left}")
         assert not delivered or left, "podman by hand behaved as tether does: the test cannot tell them apart"
     finally:
-        conf = cluster.box.etc / "containers.conf"
-        cluster.run(["runuser", "-u", cluster.user, "--", "env", f"CONTAINERS_CONF={conf}", "podman", "rm", "-f",
-                     name], check=False, cwd="/")
+        _remove_loose(cluster, name)
 
 
 # ---- 5. devices: only the step's GPUs, inside the container too ------------------------------------------
