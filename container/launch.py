@@ -316,29 +316,28 @@ def _children_of(pids: list[int], name: str) -> list[int]:
                     continue
         except OSError:
             continue
-        found += [p for p in pids if _parent(p) == pid]
+        found += _children(pid)
     return found
 
 
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
+def cgroup_paths(text: str) -> dict[str, str]:
+    """cgroup v1 controller -> path, from the text of a ``/proc/<pid>/cgroup``."""
+    paths: dict[str, str] = {}
+    for line in text.splitlines():
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        for controller in controllers.split(","):
+            if controller:
+                paths[controller] = path
+    return paths
 
 
 def freezer_cgroup(pid: int | str = "self") -> str | None:
     """The cgroup v1 freezer path of ``pid`` (None: none, or gone)."""
     try:
         with open(f"/proc/{pid}/cgroup", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                _, controllers, path = (line.rstrip("\n").split(":", 2) + ["", ""])[:3]
-                if "freezer" in controllers.split(","):
-                    return path
+            return cgroup_paths(fh.read()).get("freezer")
     except OSError:
-        pass
-    return None
+        return None
 
 
 def slurm_tracked_cgroup() -> str | None:
@@ -351,26 +350,31 @@ def slurm_tracked_cgroup() -> str | None:
     return path if any(a.startswith("job_") and b.startswith("step_") for a, b in zip(parts, parts[1:])) else None
 
 
+def _children(pid: int) -> list[int]:
+    """The children of ``pid`` (``/proc/<pid>/task/<tid>/children``, every thread's)."""
+    kids: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as fh:
+                kids += [int(k) for k in fh.read().split() if int(k) not in kids]
+        except (OSError, ValueError):
+            continue
+    return kids
+
+
 def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (``/proc/<pid>/task/<tid>/children``), nearest first."""
+    """Every process below ``pid``, nearest first."""
     found: list[int] = []
     queue = [pid]
     while queue:
-        parent = queue.pop(0)
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{task}/children", encoding="ascii") as fh:
-                    kids = [int(k) for k in fh.read().split()]
-            except (OSError, ValueError):
-                continue
-            for kid in kids:
-                if kid not in found:
-                    found.append(kid)
-                    queue.append(kid)
+        for kid in _children(queue.pop(0)):
+            if kid not in found:
+                found.append(kid)
+                queue.append(kid)
     return found
 
 

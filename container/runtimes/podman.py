@@ -23,7 +23,7 @@ import time
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.layout import CLEANUP_MARKER
-from ..launch import progress, report
+from ..launch import cgroup_paths, progress, report
 from ..spec import LaunchError
 from . import Launch, Runtime
 
@@ -264,12 +264,7 @@ def slurm_controllers(text: str | None = None) -> set[str]:
                 text = fh.read()
         except OSError:
             return set()
-    found: set[str] = set()
-    for line in text.splitlines():
-        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        if "/slurm" in path:
-            found.update(controllers.split(","))
-    return found
+    return {controller for controller, path in cgroup_paths(text).items() if "/slurm" in path}
 
 
 def in_slurm_cgroup(text: str | None = None) -> bool:
