@@ -113,12 +113,15 @@ def run_before(launch: Launch) -> None:
             if label:
                 progress(f"{label} ...")
             try:
-                try:
-                    run_command(argv, env=launch.env, timeout=3600)
-                except CommandError as exc:
-                    if launch.runtime is None or not launch.runtime.recover_state(launch.env, exc.stderr or ""):
-                        raise
-                    run_command(argv, env=launch.env, timeout=3600)
+                if callable(argv):       # a step tether runs itself (a rootfs import: tar | podman)
+                    argv(launch.env)
+                else:
+                    try:
+                        run_command(argv, env=launch.env, timeout=3600)
+                    except CommandError as exc:
+                        if launch.runtime is None or not launch.runtime.recover_state(launch.env, exc.stderr or ""):
+                            raise
+                        run_command(argv, env=launch.env, timeout=3600)
             except CommandError as exc:
                 raise LaunchError(str(exc)) from None
             if label:

@@ -26,6 +26,8 @@ PROJECT_SOURCE_PATTERN = r"project|workspace|label(:[A-Za-z0-9_.-]+)?|account|us
 STORAGE_PATH_PATTERN = r"(?:/[A-Za-z0-9_-][A-Za-z0-9._-]*)+/?"
 STORAGE_PATH_ACCEPTED = "an absolute path of letters, digits, '.', '_', '-' (no component starting with '.')"
 USER_CACHE_PATTERN = r"(?:\{home\})?(?:/(?:[A-Za-z0-9_.-]|\{uid\})+)+/?"
+# a per-user directory on each node: absolute, {uid} in it (one per user), or empty
+PODMAN_STORE_PATTERN = r"|(?:/(?:[A-Za-z0-9_.-]|\{uid\})+)*/(?:[A-Za-z0-9_.-]*\{uid\}[A-Za-z0-9_.-]*)(?:/[A-Za-z0-9_.-]+)*/?"
 
 
 def _check_sbatch_args(value: list, path: str, errors: list[SchemaError]) -> None:
@@ -125,8 +127,21 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
             cdi_spec_dirs=List(item=Str(pattern=r"/.*", accepted="an absolute path"),
                                default=["/etc/cdi", "/var/run/cdi"],
                                doc="where podman finds CDI specs (podman's own default): checked for the "
-                                   "GPU kind before a GPU rank starts")),
-        "enroot": _runtime("enroot", "Enroot settings"),
+                                   "GPU kind before a GPU rank starts"),
+            store=Str(default="/var/tmp/tether-podman-{uid}", pattern=PODMAN_STORE_PATTERN,
+                      accepted="empty, or an absolute path on a node-local disk with {uid} in it",
+                      doc="each user's image store on each node (node-local; the storage driver is podman's choice, "
+                          "storage.conf's: registry images are "
+                          "pulled and rootfs directories imported once per user per node, never into a home "
+                          "directory many nodes share); made 0700 by the user's first container; empty: "
+                          "podman's own default store of the user (~/.local/share/containers)")),
+        "enroot": _runtime(
+            "enroot", "Enroot settings",
+            store=Str(default="/var/tmp/tether-enroot-{uid}", pattern=PODMAN_STORE_PATTERN,
+                      accepted="empty, or an absolute path on a node-local disk with {uid} in it",
+                      doc="each user's imported images (squashfs) on each node: a registry image is imported "
+                          "once per user per node and kept for the next steps and jobs; made 0700 by the "
+                          "user's first container; empty: imported per step into the step's directory")),
     }),
     "plugin": Struct(doc="plugin behaviour", fields={
         "on_failure": Enum(choices=ON_FAILURE, default="reject_tether_jobs",

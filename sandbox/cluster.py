@@ -26,7 +26,7 @@ import jinja2
 import yaml
 
 from ..admin.slurm import build_plugins, install_plugins
-from ..container.runtimes.podman import repair_stale_state
+from ..container.runtimes.podman import Podman, repair_stale_state
 from ..hooks.configfile import load_config
 from ..hooks.errors import TetherError
 from ..system.files import set_conf_line
@@ -92,6 +92,16 @@ storage:
 http:
   addr: 127.0.0.1:{port}
 """
+# A second registry that asks for a login (htpasswd, bcrypt): private-registry credentials are
+# tested against it. Its user's password is made at the first `up` and kept root-only in etc/.
+PRIVATE_REGISTRY_OFFSET = 8
+PRIVATE_REGISTRY_AUTH = """\
+auth:
+  htpasswd:
+    realm: tether-sandbox
+    path: {htpasswd}
+"""
+PRIVATE_REGISTRY_USER = "tether"
 BUSYBOX_REPOSITORY, BUSYBOX_TAG = "tether/busybox", "1"
 
 
@@ -247,6 +257,32 @@ class Sandbox:
             },
         }
 
+    def user_podman(self) -> list[str]:
+        """The job user's podman as jobs run it: the sandbox's podman env and args and the user's
+        tether store on this node (container.podman.store), through ``runuser``."""
+        settings = self.tether_settings()["container"]["podman"]
+        adapter = Podman(settings)
+        env = ["env", *(f"{k}={v}" for k, v in settings["env"].items())]
+        return ["runuser", "-u", self.user, "--", *env, "podman",
+                *adapter.global_args({}, uid=pwd.getpwnam(self.user).pw_uid)]
+
+    def bare_busybox_image(self) -> str:
+        """busybox and nothing else (no /etc, no mount targets): a rootfs as users download them,
+        root-owned and read-only to users. Built once."""
+        root = self.root / "images" / "bare-busybox"
+        if not (root / "bin" / "mkdir").exists():
+            tmp = root.with_name(f".{root.name}.tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
+            (tmp / "bin").mkdir(parents=True)
+            shutil.copy2("/bin/busybox", tmp / "bin" / "busybox")
+            for applet in ("sh", "ls", "cat", "id", "echo", "touch", "test", "true", "mkdir"):
+                (tmp / "bin" / applet).symlink_to("busybox")
+            for path in (tmp.parent, tmp, tmp / "bin"):
+                os.chmod(path, 0o755)
+            tmp.rename(root)
+        return str(root)
+
     def busybox_image(self) -> str:
         """A busybox root filesystem under ``<root>/images``: root-owned and read-only to users, as
         an admin's shared image directory is (podman runs it through an overlay). Built once."""
@@ -291,6 +327,7 @@ class Sandbox:
             # slurmdbd takes no config path (it reads $SLURM_CONF's directory): its pid file is ours
             Daemon("slurmdbd", self.run_dir / "slurmdbd.pid", "slurmdbd")]
         return ([Daemon("registry", self.run_dir / "registry.pid", str(self.registry_conf)),
+                 Daemon("private-registry", self.run_dir / "private-registry.pid", str(self.private_registry_conf)),
                  Daemon("munged", self.munge_dir / "munged.pid", str(self.munge_socket)),
                  *accounting,
                  Daemon("slurmctld", self.run_dir / "slurmctld.pid", conf)]
@@ -518,10 +555,19 @@ class Sandbox:
         else:
             cgroup_conf.write_text(CGROUP_CONF)
         registry = f"127.0.0.1:{port_base + REGISTRY_OFFSET}"
+        private = f"127.0.0.1:{port_base + PRIVATE_REGISTRY_OFFSET}"
         (self.root / "registry").mkdir(exist_ok=True)
+        (self.root / "private-registry").mkdir(exist_ok=True)
         self.registry_conf.write_text(REGISTRY_CONFIG.format(data=self.root / "registry", port=port_base + REGISTRY_OFFSET))
-        # the sandbox registry speaks plain http on loopback: podman must be told so
-        (self.etc / "registries.conf").write_text(f'[[registry]]\nlocation = "{registry}"\ninsecure = true\n')
+        htpasswd = self.etc / "private-registry.htpasswd"
+        if not htpasswd.exists() or not self._private_password_file.exists():
+            self._make_private_password(htpasswd)
+        self.private_registry_conf.write_text(
+            REGISTRY_CONFIG.format(data=self.root / "private-registry", port=port_base + PRIVATE_REGISTRY_OFFSET)
+            + PRIVATE_REGISTRY_AUTH.format(htpasswd=htpasswd))
+        # the sandbox registries speak plain http on loopback: podman must be told so
+        (self.etc / "registries.conf").write_text("".join(f'[[registry]]\nlocation = "{r}"\ninsecure = true\n\n'
+                                                          for r in (registry, private)))
         self.tether_conf.write_text("# tether configuration of the sandbox cluster (generated)\n"
                                     + yaml.safe_dump(self.tether_settings(), sort_keys=False))
 
@@ -529,9 +575,7 @@ class Sandbox:
         """The job user's rootless podman state may name processes that are gone (this machine's
         processes were killed, not stopped: a snapshot, a crash): podman then refuses every command
         until it is repaired, as jobs repair it (podman.repair_stale_state)."""
-        settings = self.tether_settings()["container"]["podman"]
-        env = ["env", *(f"{k}={v}" for k, v in settings["env"].items())]
-        podman = ["runuser", "-u", self.user, "--", *env, "podman", *settings["args"]]
+        podman = self.user_podman()
         repair_stale_state(podman, tell=lambda m: log(f"{self.user}: {m}"), cwd="/")
         try:
             run_command([*podman, "ps", "--quiet"], timeout=120, cwd="/")
@@ -539,16 +583,83 @@ class Sandbox:
             raise SandboxError(f"podman does not work for {self.user}: {exc}") from None
 
     def _start_registry(self) -> None:
-        """docker-registry runs in the foreground; ready when its port answers."""
-        host, port = self.registry_address.split(":")
+        """docker-registry runs in the foreground; ready when its port answers. Both registries."""
+        for name, conf, address in (("registry", self.registry_conf, self.registry_address),
+                                    ("private-registry", self.private_registry_conf, self.private_registry_address)):
+            host, port = address.split(":")
 
-        def answers() -> bool:
-            with socket.socket() as sock:
-                return sock.connect_ex((host, int(port))) == 0
+            def answers(host=host, port=port) -> bool:
+                with socket.socket() as sock:
+                    return sock.connect_ex((host, int(port))) == 0
 
-        self._start_foreground(["docker-registry", "serve", str(self.registry_conf)], "registry",
-                               self.log_dir / "registry.log", answers, timeout=15,
-                               pid_file=self.run_dir / "registry.pid")
+            self._start_foreground(["docker-registry", "serve", str(conf)], name, self.log_dir / f"{name}.log",
+                                   answers, timeout=15, pid_file=self.run_dir / f"{name}.pid")
+
+    @property
+    def _private_password_file(self) -> Path:
+        return self.etc / "private-registry.password"
+
+    def _make_private_password(self, htpasswd: Path) -> None:
+        """A random password for the private registry's user: bcrypt in its htpasswd file (what
+        docker-registry reads), the clear text root-only beside it (what the tests log in with)."""
+        import secrets
+        import warnings
+
+        with warnings.catch_warnings():        # deprecated (gone in Python 3.13); Debian 12 has 3.11
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import crypt                       # glibc's (libxcrypt) bcrypt; docker-registry takes $2b$
+
+        password = secrets.token_urlsafe(18)
+        hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
+        if not hashed or not hashed.startswith("$2"):
+            raise SandboxError("this Python's crypt cannot make a bcrypt hash for the private registry")
+        fd = os.open(self._private_password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(password + "\n")
+        htpasswd.write_text(f"{PRIVATE_REGISTRY_USER}:{hashed}\n")
+
+    @property
+    def private_registry_conf(self) -> Path:
+        return self.etc / "private-registry.yml"
+
+    @property
+    def private_registry_address(self) -> str:
+        """``127.0.0.1:PORT`` of the sandbox's registry that asks for a login."""
+        return f"127.0.0.1:{self.port_base() + PRIVATE_REGISTRY_OFFSET}"
+
+    def private_registry_credentials(self) -> tuple[str, str]:
+        """(user, password) of the private registry."""
+        return PRIVATE_REGISTRY_USER, self._private_password_file.read_text().strip()
+
+    def private_registry_image(self, *, log=print) -> str:
+        """The busybox image in the registry that asks for a login (pushed once, by root, with an
+        auth file -- the password never on a command line); its reference as a user writes it."""
+        ref = f"{self.private_registry_address}/{BUSYBOX_REPOSITORY}:{BUSYBOX_TAG}"
+        user, password = self.private_registry_credentials()
+        if self._registry_has(BUSYBOX_REPOSITORY, BUSYBOX_TAG, address=self.private_registry_address,
+                              login=(user, password)):
+            return ref
+        public = self.registry_image(log=log)
+        auth = self.root / "podman" / "private-auth.json"
+        auth.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(auth, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(registry_auth(self.private_registry_address, user, password), fh)
+        env = {**os.environ, "CONTAINERS_CONF": str(self.etc / "containers.conf"),
+               "CONTAINERS_REGISTRIES_CONF": str(self.etc / "registries.conf")}
+        store = ["--root", str(self.root / "podman" / "root"), "--runroot", str(self.root / "podman" / "run"),
+                 "--storage-driver", "vfs"]
+        try:
+            # registry to registry, through root's own store of the sandbox
+            run_command(["podman", *store, "pull", "--quiet", "--tls-verify=false", public], env=env, timeout=300)
+            run_command(["podman", *store, "push", "--quiet", "--tls-verify=false", "--format", "v2s2",
+                         "--authfile", str(auth), public, f"docker://{ref}"], env=env, timeout=300)
+        except CommandError as exc:
+            raise SandboxError(f"could not push the test image to the private registry: {exc}") from None
+        finally:
+            auth.unlink(missing_ok=True)
+        log(f"pushed {ref} into the sandbox's private registry")
+        return ref
 
     def _start_foreground(self, argv: list[str], name: str, log_path: Path, ready, *, timeout: float,
                           pid_file: Path | None = None, env: dict[str, str] | None = None) -> None:
@@ -596,13 +707,17 @@ class Sandbox:
         log(f"pushed {ref} into the sandbox registry")
         return ref
 
-    def _registry_has(self, repository: str, tag: str) -> bool:
+    def _registry_has(self, repository: str, tag: str, *, address: str | None = None,
+                      login: tuple[str, str] | None = None) -> bool:
+        import base64
         import urllib.error
         import urllib.request
 
-        request = urllib.request.Request(f"http://{self.registry_address}/v2/{repository}/manifests/{tag}",
-                                         method="HEAD", headers={
-                                             "Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+        headers = {"Accept": "application/vnd.docker.distribution.manifest.v2+json"}
+        if login:
+            headers["Authorization"] = "Basic " + base64.b64encode(":".join(login).encode()).decode()
+        request = urllib.request.Request(f"http://{address or self.registry_address}/v2/{repository}/manifests/{tag}",
+                                         method="HEAD", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
                 return response.status == 200
@@ -978,3 +1093,10 @@ def add_mpi(tmp: Path) -> None:
         with resources.as_file(resources.files("tether.sandbox").joinpath(name)) as path:
             libs = ["-lpmi2"] if name.startswith("pmi2") else []
             run_command([*compiler, "-O2", "-o", str(target), str(path), *libs], timeout=120)
+
+
+def registry_auth(address: str, user: str, password: str) -> dict:
+    """An ``auth.json`` (containers-auth.json(5), Docker's config.json) holding one login."""
+    import base64
+
+    return {"auths": {address: {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}}}

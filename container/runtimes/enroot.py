@@ -5,7 +5,9 @@ whose ``environ()`` prints them (values in a private file, not on a command line
 however many there are -- each ``--env NAME`` costs enroot an ``awk`` process), tether's own as
 ``--env NAME=VALUE``. It starts in $HOME (tether changes to the work directory with a
 ``/bin/sh`` prologue), keeps the root filesystem read-only unless ``--rw``, and always uses a user
-namespace. The imported image and the container root live under the step's directory
+namespace. A registry image is imported once per user per node into the user's store
+(``container.enroot.store``, a squashfs file renamed into place only when complete, under a lock
+the user's ranks and jobs on the node share); the container root lives under the step's directory
 (``ENROOT_DATA_PATH``), so whatever a killed rank leaves goes with the step; ``--container-name``
 keeps one container per node for all steps of the job, under the job's node directory.
 """
@@ -20,6 +22,9 @@ from ...hooks.imageref import ImageRefError, parse_image
 from ..launch import progress
 from ..spec import LaunchError
 from . import Launch, Runtime
+from .podman import store_directory
+
+DEFAULT_STORE = "/var/tmp/tether-enroot-{uid}"     # container.enroot.store's default
 
 if TYPE_CHECKING:
     from typing import Mapping
@@ -86,6 +91,10 @@ def write_environ_conf(path: str | None, values: Mapping[str, str]) -> str:
 class Enroot(Runtime):
     name = "enroot"
 
+    def __init__(self, settings: Mapping, **kw):
+        super().__init__(settings, **kw)
+        self.store_template = settings.get("store", DEFAULT_STORE) or ""
+
     def launch(self, spec: LaunchSpec, host_env: Mapping[str, str]) -> Launch:
         env = self.base_env(host_env)
         # Where the import and the container root live: the step's directory (removed when the
@@ -103,12 +112,19 @@ class Enroot(Runtime):
             env.setdefault("ENROOT_DATA_PATH", os.path.join(node_dir, "enroot", "data"))
             env.setdefault("ENROOT_CACHE_PATH", os.path.join(node_dir, "enroot", "cache"))
             env.setdefault("ENROOT_RUNTIME_PATH", os.path.join(step_dir, "enroot", "run"))
-        before = []
+        before, lock = [], None
         if self.is_remote(spec.image):
             uri = enroot_uri(spec.image)
-            store = os.path.join(node_dir or env.get("TMPDIR", "/tmp"), "enroot")
+            store = store_directory(self.store_template, os.getuid()) if self.store_template else None
+            if store is None:
+                store = os.path.join(node_dir or env.get("TMPDIR", "/tmp"), "enroot")
             sqsh = os.path.join(store, hashlib.sha256(uri.encode()).hexdigest()[:24] + ".sqsh")
-            before.append(([self.binary, "import", "--output", sqsh, uri], sqsh))
+            # into a file of this rank's own, renamed into place once complete: a killed import
+            # never leaves a half-written image where the next job would take it for done
+            partial = f"{sqsh[:-5]}.{os.getpid()}.partial"
+            before += [([self.binary, "import", "--output", partial, uri], sqsh, f"importing {spec.image} (enroot)"),
+                       (["mv", "-f", partial, sqsh], sqsh)]
+            lock = os.path.join(store, ".import-lock")
         else:
             sqsh = self.local_image(spec.image)
             if os.path.isdir(sqsh):
@@ -117,7 +133,8 @@ class Enroot(Runtime):
         name = spec.instance
         data = env.get("ENROOT_DATA_PATH") or os.path.join(
             env.get("XDG_DATA_HOME") or os.path.join(env.get("HOME", "/"), ".local/share"), "enroot")
-        before.append(([self.binary, "create", "--name", name, sqsh], os.path.join(data, name)))
+        before.append(([self.binary, "create", "--name", name, sqsh], os.path.join(data, name),
+                       f"unpacking the container root of {spec.image} (enroot create)"))
         passed, own = self.container_env(spec, host_env)
         argv = [self.binary, "start", *self.args]
         if spec.writable:
@@ -140,7 +157,8 @@ class Enroot(Runtime):
         argv += [name, "/bin/sh", "-c", CD_PROLOGUE, "sh", spec.workdir, *spec.command]
         if not spec.name:
             after.insert(0, [self.binary, "remove", "--force", name])
-        lock = os.path.join(node_dir, "enroot", ".lock") if node_dir else None
+        if lock is None and node_dir:
+            lock = os.path.join(node_dir, "enroot", ".lock")
         return Launch(argv=argv, env=env, supervise=True, before=before, lock=lock, after=after, runtime=self)
 
 

@@ -33,38 +33,14 @@ if TYPE_CHECKING:
     from ..spec import LaunchSpec
 
 
-# Mount targets podman needs in a rootfs; it creates them itself only where the user may write.
+# Mount targets podman needs in a rootfs; it creates them itself only where the user may write
+# (a shared rootfs without them is imported into the user's store: Podman.image_plan).
 ROOTFS_TARGETS = ("etc/passwd", "etc/group", "etc/hosts", "etc/hostname", "etc/resolv.conf", "etc/mtab",
                   "proc", "sys", "dev", "run", "tmp", "var/tmp")
 
 
-def check_shared_rootfs(path: str) -> None:
-    """A rootfs the user cannot write to (a shared, admin-owned image) must already hold podman's
-    mount targets; say which are missing instead of podman's "permission denied"."""
-    etc = os.path.join(path, "etc")
-    if os.access(etc if os.path.isdir(etc) else path, os.W_OK):
-        return
-    missing = [t for t in ROOTFS_TARGETS if not os.path.lexists(os.path.join(path, t))]
-    if missing:
-        raise LaunchError(f"--container-image={path}: this shared rootfs lacks {', '.join('/' + m for m in missing)}; "
-                          f"podman needs them as mount targets (an admin creates them: empty files in "
-                          f"/etc, /etc/mtab a symlink to /proc/mounts, the others directories)")
-
-
 # Where podman mounts a tmpfs in a --read-only container: mount targets below them can be created.
 TMPFS_DIRS = ("/tmp/", "/run/", "/var/tmp/", "/dev/")
-
-
-def check_mount_targets(path: str, mounts) -> None:
-    """A read-only rootfs the user cannot write to gets no new mount points: each --container-mounts
-    target must exist in it already (or lie on one of podman's tmpfs)."""
-    if os.access(path, os.W_OK):
-        return
-    missing = [m.target for m in mounts
-               if not m.target.startswith(TMPFS_DIRS) and not os.path.lexists(path + m.target)]
-    if missing:
-        raise LaunchError(f"--container-mounts: {', '.join(missing)} does not exist in the read-only image {path}; "
-                          f"mount onto a directory the image has (e.g. /mnt), or add --container-writable")
 
 
 def stdio_is_terminal() -> bool:
@@ -277,6 +253,49 @@ def _devices_confined() -> bool:
     return "devices" in slurm_controllers()
 
 
+def _own_directory(path: str, uid: int, what: str, *, private: bool) -> None:
+    """Refuse ``path`` unless it is a real directory (not a symlink) of ``uid``; ``private``: and
+    nobody else may enter it (made so when it is the user's own)."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise LaunchError(f"{what} {path}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+        raise LaunchError(f"{what} {path} is not a directory of yours (uid {uid}): podman will not use a store "
+                          f"another user could change; an admin removes it")
+    if private and st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
+DEFAULT_STORE = "/var/tmp/tether-podman-{uid}"     # container.podman.store's default
+
+
+def store_directory(template: str, uid: int) -> str | None:
+    """This user's podman store on this node from ``container.podman.store`` (None: podman's own
+    default). Made 0700 on first use; every directory from the first one named after the user down
+    must be the user's own -- a store planted by another user (a symlink, a directory of theirs)
+    would let them change the images this user runs."""
+    if not template:
+        return None
+    path = template.replace("{uid}", str(uid)).rstrip("/")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise LaunchError(f"podman store {path} (container.podman.store): cannot create it: {exc.strerror}") from None
+    parts = path.split("/")
+    first = template.split("{uid}", 1)[0].count("/")
+    for end in range(first + 1, len(parts) + 1):
+        _own_directory("/".join(parts[:end]), uid, "podman store", private=end == len(parts))
+    return path
+
+
+def run_base(env: Mapping[str, str], uid: int) -> str:
+    """Where rootless podman keeps its run state: ``$XDG_RUNTIME_DIR``, else /tmp/podman-run-<uid>."""
+    if uid == 0:
+        return "/run"
+    return env.get("XDG_RUNTIME_DIR") or f"/tmp/podman-run-{uid}"
+
+
 class Podman(Runtime):
     name = "podman"
 
@@ -284,6 +303,44 @@ class Podman(Runtime):
         super().__init__(settings, **kw)
         self.cdi_kind = settings.get("cdi_kind") or "nvidia.com/gpu"
         self.cdi_spec_dirs = list(settings.get("cdi_spec_dirs") or ("/etc/cdi", "/var/run/cdi"))
+        self.store_template = settings.get("store", DEFAULT_STORE) or ""
+
+    def store_args(self, env: Mapping[str, str], *, create: bool = False, uid: int | None = None) -> list[str]:
+        """podman's global options for this user's store on this node (container.podman.store):
+        the images in ``<store>/storage``, the storage's run state beside podman's own (a
+        tmpfs or /tmp, emptied at boot, as podman expects) -- nothing when the store is podman's
+        default.
+        ``create``: make and check the store directory (the launch does, as the user); ``uid``:
+        another user's (root's tools that run podman as that user)."""
+        if not self.store_template:
+            return []
+        uid = os.getuid() if uid is None else uid
+        if create:
+            store = store_directory(self.store_template, uid)
+            base = run_base(env, uid)
+            if uid != 0:
+                try:
+                    os.mkdir(base, 0o700)
+                except FileExistsError:
+                    pass
+                except OSError as exc:
+                    raise LaunchError(f"podman's run directory {base}: {exc.strerror}") from None
+                _own_directory(base, uid, "podman's run directory", private=False)
+        else:
+            store = self.store_template.replace("{uid}", str(uid)).rstrip("/")
+        # Not --tmpdir: libpod's state there (the boot marker whose absence makes podman reset
+        # its records, the pause process) goes with the per-user SHM lock segment, which every
+        # store of the user shares. A second tmpdir made podman reset -- free every lock of --
+        # the other store's records, and ranks hung on libpod locks (seen here).
+        # The storage driver stays podman's choice (storage.conf; here: vfs). Forcing rootless
+        # overlay wedged the store here once processes were SIGKILLed mid-creation: an incomplete
+        # layer whose mount stayed busy, and every later podman command of the user hung on it.
+        run = os.path.join(run_base(env, uid), "tether-podman")
+        return ["--root", f"{store}/storage", "--runroot", f"{run}/storage"]
+
+    def store_path(self) -> str | None:
+        """This user's store directory on this node, or None (podman's default store)."""
+        return self.store_template.replace("{uid}", str(os.getuid())).rstrip("/") if self.store_template else None
 
     def launch(self, spec: LaunchSpec, host_env: Mapping[str, str]) -> Launch:
         self.refuse_name(spec)
@@ -309,7 +366,9 @@ class Podman(Runtime):
         name = spec.instance
         # podman writes the container's id here once it exists (see Launch.created)
         created = os.path.join(os.path.dirname(spec.rank_dir), f".cid-{spec.rank}") if spec.rank_dir else None
-        argv = [self.binary, "run", *self.args, "--log-level=fatal", "--rm", "--name", name,
+        store = self.store_args(env, create=True)       # made and checked here, as the user
+        glob = self.global_args(env)
+        argv = [self.binary, "run", *self.args, *store, "--log-level=fatal", "--rm", "--name", name,
                 *(["--cidfile", created] if created else []),
                 "--label", f"tether.job={spec.job_id}", "--label", f"tether.step={spec.job_id}.{spec.step_id}",
                 "--network=host", "--pid=host"]
@@ -338,7 +397,8 @@ class Podman(Runtime):
         argv += devices
         if gpu == "rocm":
             argv += ["--device", "/dev/kfd", "--device", "/dev/dri"]
-        argv += self.image_args(spec.image, spec.writable, spec.mounts)
+        image_argv, before = self.image_plan(spec, glob)
+        argv += image_argv
         argv += spec.command
         # After an abnormal end (a signal, the step cancelled) --rm may not have run: remove it. If
         # the step's end kills that too, slurmstepd runs it once the step is over (see ``marker``).
@@ -346,17 +406,15 @@ class Podman(Runtime):
         data = {"runtime": self.name, "container": name}
         if env.get("XDG_RUNTIME_DIR"):
             data["xdg_runtime_dir"] = env["XDG_RUNTIME_DIR"]
-        before, lock = [], None
-        ref = self.reference(spec.image)
-        if ref.kind == "registry":
-            # one pull per node (the ranks of a node share the lock under the job's node directory)
-            # and none once the user's store has the image; the run itself then never pulls
-            name = ref.qualified()                          # as podman's store names it
-            glob = self.global_args()
-            before.append(([self.binary, *glob, "pull", "--quiet", name],
-                           [self.binary, *glob, "image", "exists", name], f"pulling {spec.image} (podman)"))
+        lock = None
+        if before:
+            # one pull or import per user per node: the ranks (and jobs) of a user on a node share
+            # the lock in their store (podman's default store: the ranks of this job's node)
+            store_dir = self.store_path()
             step_dir = os.path.dirname(spec.rank_dir) if spec.rank_dir else None
-            if step_dir:
+            if store_dir:
+                lock = os.path.join(store_dir, ".pull-lock")
+            elif step_dir:
                 lock = os.path.join(os.path.dirname(step_dir), "podman", ".pull-lock")
         return Launch(argv=argv, env=env, supervise=True, runtime=self, container=name, monitor="conmon",
                       marker=marker, marker_data=data, before=before, lock=lock, created=created,
@@ -382,7 +440,7 @@ class Podman(Runtime):
         rank), one more try also when the state is not stale: rebuilding its state after the
         processes it named were killed, podman 4.3 sometimes exits 1 without a word, and the next
         run works (seen in the stale-state test, about 1 in 2 on this machine)."""
-        repaired = repair_stale_state([self.binary, *self.global_args()], env=env, output=output)
+        repaired = repair_stale_state([self.binary, *self.global_args(env)], env=env, output=output)
         if repaired is None and output is None:
             progress("podman exited before it created the container, and its state checks out now: trying "
                      "once more (nothing of this rank ran yet)")
@@ -407,21 +465,22 @@ class Podman(Runtime):
         def gone() -> bool:
             # `podman container exists`: 0 it exists, 1 it does not (anything else: unknown)
             try:
-                run_command([self.binary, "container", "exists", *self.global_args(), name], env=env, timeout=30,
+                run_command([self.binary, "container", "exists", *glob, name], env=env, timeout=30,
                             new_session=new_session)
             except CommandError as exc:
                 return exc.returncode == 1
             return False
 
         failures: list[CommandError] = []
-        cid = (run([self.binary, "inspect", *self.global_args(), "--format", "{{.Id}}", name]) or "").strip()
+        glob = self.global_args(env)
+        cid = (run([self.binary, "inspect", *glob, "--format", "{{.Id}}", name]) or "").strip()
         removed = False
         # `rm` can answer 0 and leave a stopped container behind when it races podman run's own
         # --rm cleanup at a time limit (seen once in 100 jobs: the record stayed, the marker went):
         # only a container podman no longer knows counts as removed
         for attempt in range(4):
             time.sleep(0.5 * attempt)                    # 0, 0.5, 1, 1.5 s: 3 s at most
-            run([self.binary, "rm", *self.global_args(), "--force", "--ignore", "--time", "0", name])
+            run([self.binary, "rm", *glob, "--force", "--ignore", "--time", "0", name])
             if gone():
                 removed = True
                 break
@@ -437,7 +496,7 @@ class Podman(Runtime):
         """(OCI runtime, its state root) pairs where podman may keep a rootless container's state:
         ``$XDG_RUNTIME_DIR/<runtime>``, else ``/tmp/podman-run-<uid>/<runtime>`` (podman's fallback
         when XDG_RUNTIME_DIR is unset, as in a Slurm task); root's is ``/run/<runtime>``."""
-        args = self.global_args()
+        args = list(self.args)
         chosen = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--runtime"]
         chosen += [a.split("=", 1)[1] for a in args if a.startswith("--runtime=")]
         runtimes = chosen or ["crun", "runc"]
@@ -446,8 +505,10 @@ class Podman(Runtime):
         bases += ["/run"] if uid == 0 else [f"/tmp/podman-run-{uid}"]
         return [(rt, os.path.join(base, os.path.basename(rt))) for rt in runtimes for base in bases]
 
-    def global_args(self) -> list[str]:
-        """The configured args that are podman global options (e.g. --runtime runc), for ``rm``."""
+    def global_args(self, env: Mapping[str, str] | None = None, *, create: bool = False,
+                    uid: int | None = None) -> list[str]:
+        """podman's global options for every command of this user: the configured args that are
+        global options (e.g. --runtime runc) and the store's (``store_args``)."""
         out, args = [], list(self.args)
         while args:
             arg = args.pop(0)
@@ -456,30 +517,91 @@ class Podman(Runtime):
             elif arg.split("=", 1)[0] in ("--runtime", "--root", "--runroot", "--storage-driver",
                                            "--cgroup-manager"):
                 out.append(arg)
-        return out
+        return out + self.store_args(os.environ if env is None else env, create=create, uid=uid)
 
-    def image_args(self, image: str, writable: bool, mounts=()) -> list[str]:
+    def image_plan(self, spec: LaunchSpec, glob: list[str]) -> tuple[list[str], list[tuple]]:
+        """(podman run's image arguments, the steps before the run: a pull or an import).
+
+        A registry image is pulled once per user per node into the store, then run with
+        ``--pull=never``. A rootfs directory runs as it is (``--rootfs``, nothing copied) when it
+        can: read-only and holding every mount target (podman's and --container-mounts'), or one
+        the user owns (podman makes targets itself; writable through a discarded overlay). Any
+        other -- a shared rootfs without /etc/hosts, /data or /run, or --container-writable on a
+        shared one -- is imported once per user per node into the store as an image, so mount
+        targets and writes go into the container's own layer, as with a registry image."""
+        image = spec.image
         ref = self.reference(image)
         if ref.kind == "registry":
-            return ["--pull=never", ref.qualified()]        # pulled before, once per node (``before``)
+            name = ref.qualified()                          # as podman's store names it
+            return (["--pull=never", name],
+                    [([self.binary, *glob, "pull", "--quiet", name], [self.binary, *glob, "image", "exists", name],
+                      f"pulling {image} (podman)")])
         if ref.kind == "uri":
             raise LaunchError(f"--container-image={image}: podman runs a registry image or a rootfs "
                               f"directory; {image.split(':', 1)[0]} images are for Apptainer/Singularity")
         path = self.local_image(image)
-        if os.path.isdir(path):
-            check_shared_rootfs(path)
-            if not writable:
-                check_mount_targets(path, mounts)
-            elif not os.access(path, os.W_OK):
-                raise LaunchError(f"--container-writable: podman cannot overlay the shared image {path}, which "
-                                  f"you cannot write to (rootless overlays need a rootfs you own); drop "
-                                  f"--container-writable, or use a registry image")
-            # Read-only: the directory itself, never written (keep-id bind-mounts its own passwd).
-            # Writable (a rootfs the user owns): through an overlay whose changes are discarded
-            # (podman 4.3 leaves the overlay's empty work directories in its run root afterwards).
-            return ["--rootfs", f"{path}:O" if writable else path]
-        raise LaunchError(f"--container-image={image}: podman runs a rootfs directory or a registry "
-                          f"image (ubuntu:22.04, docker://...), not a file")
+        if not os.path.isdir(path):
+            raise LaunchError(f"--container-image={image}: podman runs a rootfs directory or a registry "
+                              f"image (ubuntu:22.04, docker://...), not a file")
+        if os.access(path, os.W_OK):
+            # the user's own rootfs: read-only as it is, or writable through an overlay whose
+            # changes are discarded (podman 4.3 leaves the overlay's empty work directories behind)
+            return ["--rootfs", f"{path}:O" if spec.writable else path], []
+        missing = missing_targets(path, spec.mounts)
+        if not spec.writable and not missing:
+            return ["--rootfs", path], []           # a shared image, never written, nothing copied
+        name = rootfs_image_name(path)
+        why = "--container-writable" if spec.writable else f"no {', '.join(missing[:3])} in it"
+        return (["--pull=never", name],
+                [(lambda env: import_rootfs(path, [self.binary, *glob], name, env),
+                  [self.binary, *glob, "image", "exists", name],
+                  f"importing the rootfs {path} into your podman store on this node ({why})")])
+
+
+def missing_targets(path: str, mounts=()) -> list[str]:
+    """What a shared rootfs lacks of podman's mount targets and of the --container-mounts targets
+    (those on one of podman's tmpfs in the container excepted)."""
+    missing = ["/" + t for t in ROOTFS_TARGETS if not os.path.lexists(os.path.join(path, t))]
+    missing += [m.target for m in mounts
+                if not m.target.startswith(TMPFS_DIRS) and not os.path.lexists(path + m.target)]
+    return missing
+
+
+def rootfs_image_name(path: str) -> str:
+    """The store's name for an imported rootfs directory: its path and identity (device, inode,
+    change time), so a directory replaced or changed in place is imported anew."""
+    import hashlib
+
+    st = os.stat(path)
+    key = hashlib.sha256(f"{path}\0{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}".encode()).hexdigest()
+    return f"localhost/tether-rootfs:{key[:24]}"
+
+
+def import_rootfs(path: str, podman: Sequence[str], name: str, env: Mapping[str, str] | None = None) -> None:
+    """``tar -C PATH -c . | podman import - NAME`` (as the user: what the user cannot read is not
+    in the image -- they could not read it in the container either -- and is counted)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryFile() as errors:
+        tar = subprocess.Popen(["tar", "-C", path, "--one-file-system", "--numeric-owner", "-cf", "-", "."],
+                               stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL)
+        try:
+            imp = subprocess.run([*podman, "import", "--quiet", "--message", f"tether: rootfs {path}", "-", name],
+                                 stdin=tar.stdout, capture_output=True, env=env, timeout=3600)
+        finally:
+            tar.stdout.close()
+            tar_code = tar.wait()
+        errors.seek(0)
+        unreadable = errors.read().decode(errors="replace").splitlines()
+    if imp.returncode != 0:
+        said = (imp.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+        raise LaunchError(f"could not import the rootfs {path} into podman's store: {said}")
+    if tar_code not in (0, 2) or (tar_code == 2 and not unreadable):
+        raise LaunchError(f"could not read the rootfs {path} (tar exited {tar_code})")
+    if unreadable:
+        progress(f"{len(unreadable)} file(s) of {path} are not readable by you and are not in the image "
+                 f"(first: {unreadable[0]})")
 
 
 ADAPTER = Podman

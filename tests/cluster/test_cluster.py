@@ -189,7 +189,7 @@ def test_second_sandbox_via_cli_does_not_collide_and_stops_cleanly(cluster, tmp_
         assert cluster.box.port_base() != int((root / "sandbox.json").read_text().split(":")[1].split(",")[0])
         status = subprocess.run([*tether, "sandbox", "status", "--dir", str(root)], capture_output=True,
                                 text=True)
-        assert status.returncode == 0 and status.stdout.count("pid ") == 8   # registry, munged, mariadb, slurmdbd, slurmctld, 3 slurmd
+        assert status.returncode == 0 and status.stdout.count("pid ") == 9   # 2 registries, munged, mariadb, slurmdbd, slurmctld, 3 slurmd
         pids = [int(p) for p in re.findall(r"pid (\d+)", status.stdout)]
     finally:
         down = subprocess.run([*tether, "sandbox", "down", "--purge", "--dir", str(root)],

@@ -7,6 +7,7 @@ image directory would be); the sandbox config selects podman with runc (see Sand
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import subprocess
@@ -31,10 +32,8 @@ def show(image: str) -> str:
 
 
 def podman_containers(cluster, job: str) -> list[str]:
-    """The job's containers in the job user's podman storage (running or not)."""
-    conf = cluster.box.etc / "containers.conf"
-    out = cluster.run(["runuser", "-u", cluster.user, "--", "env", f"CONTAINERS_CONF={conf}", "podman", "ps",
-                       "-a", "--format", "{{.Names}}"], check=False, cwd="/").stdout
+    """The job's containers in the job user's podman store (running or not)."""
+    out = cluster.run([*cluster.box.user_podman(), "ps", "-a", "--format", "{{.Names}}"], check=False, cwd="/").stdout
     return [n for n in out.split() if n.startswith(f"tether-{job}-")]
 
 
@@ -90,12 +89,13 @@ def test_exit_codes_and_start_failures_reach_the_user(cluster, image):
     bad = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-mounts=rel:/x", "true"],
                           check=False)
     assert "tether: --container-mounts source 'rel' must be an absolute path" in bad.stderr
-    target = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-mounts=/etc:/data", "true"],
-                             check=False)
-    assert f"tether: --container-mounts: /data does not exist in the read-only image {image}" in target.stderr
+    # these two were refused until the shared rootfs could be imported into the user's store
+    target = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-mounts=/etc:/data",
+                              "test", "-d", "/data/slurm"], check=False)
+    assert target.returncode == 0, target.stderr
     writable = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-writable", "true"],
                                check=False)
-    assert f"tether: --container-writable: podman cannot overlay the shared image {image}" in writable.stderr
+    assert writable.returncode == 0, writable.stderr
 
 
 def test_image_references_are_checked_where_they_are_typed(cluster):
@@ -114,11 +114,11 @@ def test_image_references_are_checked_where_they_are_typed(cluster):
 
 def test_a_registry_image_is_pulled_once_per_node_and_then_never(cluster, registry_image):
     """Issue 14: a real registry (the sandbox's docker-registry), real rootless podman: 3 nodes x 2
-    ranks of a cold image cause one pull per node -- counted in the registry's own access log --
-    with the node's other rank waiting (and saying so); the next job pulls nothing."""
-    env = ["env", f"CONTAINERS_CONF={cluster.box.etc / 'containers.conf'}",
-           f"CONTAINERS_REGISTRIES_CONF={cluster.box.etc / 'registries.conf'}"]
-    cluster.run(["runuser", "-u", cluster.user, "--", *env, "podman", "rmi", "--force", registry_image],
+    ranks of a cold image cause one pull per store -- counted in the registry's own access log --
+    with the other ranks waiting (and saying so); the next job pulls nothing. The store is per user
+    per node on a node-local disk (container.podman.store); the sandbox's three nodes share this
+    host's /var/tmp, so here that is one pull for all three (on a cluster: one per node)."""
+    cluster.run([*cluster.box.user_podman(), "rmi", "--force", registry_image],
                 check=False, cwd="/")                                   # cold: not in the user's store
     repository = registry_image.split("/", 1)[1].split(":")[0]
     runs = []
@@ -131,40 +131,35 @@ def test_a_registry_image_is_pulled_once_per_node_and_then_never(cluster, regist
     (cold, cold_requests), (warm, warm_requests) = runs
     assert sorted(cold.stdout.split("\n")[:-1]) == [f"rank={r} in=container" for r in range(6)]
     manifests = [r for r in cold_requests if f"/v2/{repository}/manifests/" in r and '"GET ' in r]
-    assert len(manifests) == 3, cold_requests                         # one pull per node
-    assert cold.stderr.count(f"tether: pulling {registry_image} (podman) ...") == 3, cold.stderr
-    assert cold.stderr.count("tether: waiting for another rank on this node") <= 3
+    assert len(manifests) == 1, cold_requests                         # one pull per store
+    assert cold.stderr.count(f"tether: pulling {registry_image} (podman) ...") == 1, cold.stderr
+    assert cold.stderr.count("tether: waiting for another rank on this node") <= 5
     assert warm_requests == [] and "pulling" not in warm.stderr       # the next job: nothing
     assert sorted(warm.stdout.split("\n")[:-1]) == [f"rank={r} in=container" for r in range(6)]
 
 
 def test_a_mount_onto_a_target_the_registry_image_lacks_just_works(cluster, registry_image):
-    """Issue 14: with a shared rootfs directory a mount needs its target in the image (podman
-    cannot create it there: tether says so); a registry image lives in the user's own store, where
-    podman creates the missing target, as pyxis/enroot users expect."""
+    """Issue 14: a registry image lives in the user's own store, where podman creates the missing
+    target in the container's own layer, as pyxis/enroot users expect."""
     result = cluster.as_user(["srun", "-N1", f"--container-image={registry_image}",
                               "--container-mounts=/etc/debian_version:/data/version:ro", "cat", "/data/version"])
     assert result.stdout.strip() == Path("/etc/debian_version").read_text().strip()
 
 
-def test_a_stale_podman_state_left_by_killed_processes_heals_itself(cluster, image):
-    """A step's processes killed outright (a node's processes killed, the OOM killer, SIGKILL at a
-    time limit before podman's cleanup) leave rootless podman's run state naming a pause process
-    and a running container that are gone; every podman command of that user on that node then
-    fails ("invalid internal status ... podman system migrate"; silently under --log-level=fatal:
-    the rank just exited 1). It did so in CI on a machine restored from a snapshot. The launcher
-    repairs the state (nothing of the user had run) and the step runs."""
-    conf = cluster.box.etc / "containers.conf"
-    podman = ["runuser", "-u", cluster.user, "--", "env", f"CONTAINERS_CONF={conf}", "podman", "--runtime", "runc"]
-    name = f"tether-stale-{os.getpid()}"
+
+def _make_stale(cluster, podman: list[str], name: str, image: str) -> None:
+    """A detached container whose conmon, the user's pause processes and the payload are then
+    SIGKILLed."""
+    uid = pwd.getpwnam(cluster.user).pw_uid
     cluster.run([*podman, "run", "-d", "--name", name, "--network=host", "--userns=keep-id", "--read-only",
                  "--rootfs", image, "sleep", "300"], cwd="/", timeout=60)
-    uid = pwd.getpwnam(cluster.user).pw_uid
-    pause = Path(f"/tmp/podman-run-{uid}/libpod/tmp/pause.pid")
-    victims = [int(pause.read_text())] if pause.exists() else []
-    for proc in Path("/proc").iterdir():        # the container's conmon and everything under it
+    victims = []
+    for proc in Path("/proc").iterdir():        # the user's pause processes, the container's conmon
         try:
-            if proc.name.isdigit() and proc.stat().st_uid == uid and name.encode() in (proc / "cmdline").read_bytes():
+            if not (proc.name.isdigit() and proc.stat().st_uid == uid):
+                continue
+            cmdline = (proc / "cmdline").read_bytes()
+            if name.encode() in cmdline or cmdline.startswith(b"catatonit\x00-P"):
                 victims.append(int(proc.name))
         except OSError:
             continue
@@ -177,7 +172,26 @@ def test_a_stale_podman_state_left_by_killed_processes_heals_itself(cluster, ima
                 os.kill(int(proc.name), 9)
         except OSError:
             continue
-    broken = cluster.run([*podman, "ps"], check=False, cwd="/")
+
+
+def test_a_stale_podman_state_left_by_killed_processes_heals_itself(cluster, image):
+    """A step's processes killed outright (a node's processes killed, the OOM killer, SIGKILL at a
+    time limit before podman's cleanup) leave rootless podman's run state naming a pause process
+    and a running container that are gone; every podman command of that user on that node then
+    fails ("invalid internal status ... podman system migrate"; silently under --log-level=fatal:
+    the rank just exited 1). It did so in CI on a machine restored from a snapshot. The launcher
+    repairs the state (nothing of the user had run) and the step runs."""
+    podman = cluster.box.user_podman()              # the user's store as jobs use it
+    name = f"tether-stale-{os.getpid()}"
+    for attempt in range(3):
+        # podman rebuilds a fresh namespace instead of failing when its records name no running
+        # container (seen once here): then make the state again
+        _make_stale(cluster, podman, name, image)
+        broken = cluster.run([*podman, "ps"], check=False, cwd="/")
+        if broken.returncode != 0:
+            break
+        for _ in range(2):
+            cluster.run([*podman, "rm", "--force", "--ignore", name], check=False, cwd="/")
     assert broken.returncode != 0 and "podman system migrate" in broken.stderr, broken   # the stale state exists
     result = cluster.as_user(["srun", "-N1", f"--container-image={image}", "sh", "-c",
                               "echo in=$(grep -qF ' " + image + " / ' /proc/self/mountinfo && echo container)"])
@@ -419,3 +433,82 @@ def test_pyxis_container_readonly_is_the_default_and_contradicting_writable_is_r
                                    "--container-writable", *([] if command[0] == "sbatch" else ["true"])], check=False)
         assert refused.returncode != 0, refused
         assert "--container-writable and --container-readonly ask for opposite things" in refused.stderr, refused.stderr
+
+
+# ---- images (issue 14); last: a podman process of theirs may outlive a step for a moment, and
+# the stale-state test above needs none of the user's podman processes alive ----------------------
+def test_a_bare_shared_rootfs_runs_and_takes_mounts_onto_missing_targets(cluster):
+    """Issue 14: a root-owned rootfs directory holding only busybox -- no /etc, none of podman's
+    mount targets, no /data -- used to be refused ("this shared rootfs lacks /etc/passwd, ...").
+    Now it is imported once into the user's store on the node (the ranks wait for it), and runs
+    read-only with a mount onto a target it lacks, and writable (changes gone with the container)."""
+    bare = cluster.box.bare_busybox_image()
+    assert not Path(bare, "etc").exists() and not os.access(bare, os.W_OK | os.X_OK) or os.getuid() == 0
+    podman = cluster.box.user_podman()
+    before = cluster.run([*podman, "images", "--format", "{{.Repository}}:{{.Tag}}"], check=False, cwd="/").stdout
+    for name in before.split():
+        if name.startswith("localhost/tether-rootfs:"):
+            cluster.run([*podman, "rmi", "--force", name], check=False, cwd="/")     # cold
+    result = cluster.as_user(["srun", "-N3", "-n6", f"--container-image={bare}",
+                              "--container-mounts=/etc/debian_version:/data/version:ro",
+                              "sh", "-c", "echo rank=$RANK $(cat /data/version) $(touch /x 2>&1)"])
+    version = Path("/etc/debian_version").read_text().strip()
+    assert sorted(result.stdout.splitlines()) == [f"rank={r} {version} touch: /x: Read-only file system"
+                                                  for r in range(6)], result.stderr
+    said = [line for line in result.stderr.splitlines() if line.startswith(f"tether: importing the rootfs {bare} ")]
+    assert len(said) == 2 and said[0].endswith(") ...") and ": done in " in said[1], result.stderr   # once
+    # writable: the container's own layer takes writes (where the user may write: the image's /
+    # is its root's, and the user keeps their uid inside, as with Apptainer)
+    again = cluster.as_user(["srun", "-N1", f"--container-image={bare}", "--container-writable", "sh", "-c",
+                             "mkdir -p /tmp/made && echo hi > /tmp/made/f && cat /tmp/made/f; touch /x 2>&1; id -u"])
+    uid = str(pwd.getpwnam(cluster.user).pw_uid)
+    assert again.stdout.split("\n")[:3] == ["hi", "touch: /x: Permission denied", uid], again
+    assert "importing" not in again.stderr, again.stderr
+    assert not Path(bare, "tmp").exists()
+
+
+def _write_as(user: str, path: Path, text: str) -> None:
+    """``path`` (and the directories made for it) owned by ``user``, the file 0600."""
+    entry = pwd.getpwnam(user)
+    missing = [p for p in reversed(path.parents) if not p.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for directory in missing:
+        os.chown(directory, entry.pw_uid, entry.pw_gid)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chown(path, entry.pw_uid, entry.pw_gid)
+
+
+def test_a_private_registry_image_runs_with_the_users_own_login(cluster):
+    """Issue 14: images from a registry that asks for a login (the sandbox's second registry,
+    htpasswd). The credentials are the user's own -- podman's ~/.config/containers/auth.json, or
+    the file $REGISTRY_AUTH_FILE names -- never tether's config, never a command line: without
+    one the step fails with the registry's refusal; with one it runs."""
+    from tether.sandbox.cluster import registry_auth
+
+    ref = cluster.box.private_registry_image()
+    user, password = cluster.box.private_registry_credentials()
+    home = Path(pwd.getpwnam(cluster.user).pw_dir)
+    default_auth, elsewhere = home / ".config/containers/auth.json", home / f"tether-auth-{os.getpid()}.json"
+    podman = cluster.box.user_podman()
+    login = json.dumps(registry_auth(cluster.box.private_registry_address, user, password))
+    show = ["sh", "-c", "echo in=$(test -e /etc/debian_version && echo host || echo container)"]
+    try:
+        default_auth.unlink(missing_ok=True)
+        cluster.run([*podman, "rmi", "--force", ref], check=False, cwd="/")
+        denied = cluster.as_user(["srun", "-N1", f"--container-image={ref}", "true"], check=False)
+        assert denied.returncode != 0 and "authentication required" in denied.stderr, denied.stderr
+        assert password not in denied.stderr
+        _write_as(cluster.user, default_auth, login)
+        ok = cluster.as_user(["srun", "-N2", f"--container-image={ref}", *show])
+        assert ok.stdout.split() == ["in=container", "in=container"], ok.stderr
+        default_auth.unlink()
+        cluster.run([*podman, "rmi", "--force", ref], check=False, cwd="/")
+        _write_as(cluster.user, elsewhere, login)
+        named = cluster.as_user(["env", f"REGISTRY_AUTH_FILE={elsewhere}", "srun", "-N1",
+                                 f"--container-image={ref}", *show])
+        assert named.stdout.split() == ["in=container"] and "pulling" in named.stderr, named.stderr
+    finally:
+        default_auth.unlink(missing_ok=True)
+        elsewhere.unlink(missing_ok=True)

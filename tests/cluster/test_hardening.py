@@ -250,9 +250,7 @@ def _comm(pid: int) -> str:
 
 
 def podman_records(cluster) -> list[str]:
-    env = f"CONTAINERS_CONF={cluster.box.etc / 'containers.conf'}"
-    out = cluster.run(["runuser", "-u", cluster.user, "--", "env", env, "podman", "--runtime", "runc", "ps", "-a",
-                       "--format", "{{.Names}}"], check=False, cwd="/tmp").stdout
+    out = cluster.run([*cluster.box.user_podman(), "ps", "-a", "--format", "{{.Names}}"], check=False, cwd="/tmp").stdout
     return [line for line in out.splitlines() if line.startswith("tether-")]
 
 

@@ -226,9 +226,7 @@ def last_running(cluster) -> str:
 
 
 def _containers(cluster, prefix: str) -> list[str]:
-    conf = cluster.box.etc / "containers.conf"
-    out = cluster.run(["runuser", "-u", cluster.user, "--", "env", f"CONTAINERS_CONF={conf}", "podman", "ps", "-a",
-                       "--format", "{{.Names}}"], check=False, cwd="/").stdout
+    out = cluster.run([*cluster.box.user_podman(), "ps", "-a", "--format", "{{.Names}}"], check=False, cwd="/").stdout
     return [n for n in out.split() if n.startswith(prefix)]
 
 

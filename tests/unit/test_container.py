@@ -167,6 +167,13 @@ def test_singularity_uses_its_own_names_and_rocm(tmp_path, fake_runtimes):
     assert "--nv" not in launch.argv and launch.env["SINGULARITYENV_RANK"] == "3"
 
 
+@pytest.fixture(autouse=True)
+def _podman_store_in_tmp(tmp_path, monkeypatch):
+    """The podman adapter's default store, made by each launch, goes under the test's tmp_path."""
+    monkeypatch.setattr("tether.container.runtimes.podman.DEFAULT_STORE", str(tmp_path / "podman-store-{uid}"))
+    monkeypatch.setattr("tether.container.runtimes.enroot.DEFAULT_STORE", str(tmp_path / "enroot-store-{uid}"))
+
+
 def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
     monkeypatch.setattr("tether.container.runtimes.podman.stdio_is_terminal", lambda: False)
     rootfs = tmp_path / "rootfs"
@@ -179,13 +186,16 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
     launch = adapter("podman", {"args": ["--runtime", "runc"], "env": {"CONTAINERS_CONF": "/c"},
                                 "cdi_spec_dirs": [str(cdi)]}).launch(s, HOST)
     keep_id = ["--userns=keep-id"] if os.getuid() != 0 else []
+    run = "/run/tether-podman" if os.getuid() == 0 else f"/tmp/podman-run-{os.getuid()}/tether-podman"
     passed = ["LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "MYVAR", "OTHER", "PMIX_RANK", "RANK",
               "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_ID", "TETHER_SLOT_IDS", "WORLD_SIZE"]
     (names_fd,) = [fd for fd in launch.fds if fd >= 10]
     assert launch.fds == {names_fd: names_fd}                # kept open for podman, at 10 or above
     assert Path(f"/proc/self/fd/{names_fd}").read_text().split() == passed   # podman copies the values
     assert launch.argv == [
-        "podman", "run", "--runtime", "runc", "--log-level=fatal", "--rm", "--name", "tether-42-0-3",
+        "podman", "run", "--runtime", "runc", "--root", f"{tmp_path}/podman-store-{os.getuid()}/storage",
+        "--runroot", f"{run}/storage",
+        "--log-level=fatal", "--rm", "--name", "tether-42-0-3",
         "--cidfile", "/jobs/42/n2/step-0/.cid-3",
         "--label", "tether.job=42", "--label", "tether.step=42.0", "--network=host", "--pid=host",
         "--log-driver=passthrough", *keep_id,
@@ -218,12 +228,22 @@ def test_enroot_imports_creates_starts_and_removes(tmp_path):
              rank_dir=str(tmp_path / "42/n2/step-0/rank-3"), mounts=(Mount("/data", "/data", True),),
              env_names=("MYVAR",), writable=True, gpus=("0",))
     launch = adapter("enroot", {}).launch(s, HOST)
-    node = tmp_path / "42/n2/step-0"                          # the step's directory holds it all
-    sqsh = f"{node}/enroot/{image_key(enroot_uri(s.image))[:24]}.sqsh"   # one file per image, whatever its spelling
+    node = tmp_path / "42/n2/step-0"                          # the step's directory holds the container
+    store = tmp_path / f"enroot-store-{os.getuid()}"            # the user's store on the node, the image
+    sqsh = f"{store}/{image_key(enroot_uri(s.image))[:24]}.sqsh"   # one file per image, whatever its spelling
+    partial = f"{sqsh[:-5]}.{os.getpid()}.partial"
     assert launch.env["ENROOT_DATA_PATH"] == f"{node}/enroot/data"
-    assert launch.before == [(["enroot", "import", "--output", sqsh, "docker://nvcr.io#nvidia/pytorch:24.01-py3"], sqsh),
-                             (["enroot", "create", "--name", "tether-42-0-3", sqsh], f"{node}/enroot/data/tether-42-0-3")]
-    assert launch.lock == f"{node}/enroot/.lock"
+    assert launch.before == [
+        (["enroot", "import", "--output", partial, "docker://nvcr.io#nvidia/pytorch:24.01-py3"], sqsh,
+         f"importing {s.image} (enroot)"),
+        (["mv", "-f", partial, sqsh], sqsh),                  # in place only once complete
+        (["enroot", "create", "--name", "tether-42-0-3", sqsh], f"{node}/enroot/data/tether-42-0-3",
+         f"unpacking the container root of {s.image} (enroot create)")]
+    assert launch.lock == f"{store}/.import-lock"             # the user's ranks and jobs on the node
+    assert os.stat(store).st_mode & 0o777 == 0o700
+    per_step = adapter("enroot", {"store": ""}).launch(s, HOST)         # no store: per step, as before
+    assert per_step.before[0][1] == f"{node}/enroot/{image_key(enroot_uri(s.image))[:24]}.sqsh"
+    assert per_step.lock == f"{node}/enroot/.import-lock"
     argv = launch.argv
     conf = f"{node}/enroot/environ-3.conf"
     assert argv[:5] == ["enroot", "start", "--rw", "--conf", conf]
@@ -458,16 +478,19 @@ def test_cleanup_runs_only_tethers_own_removal_for_what_a_marker_names(public_di
     os.mkfifo(step / ".cleanup-5")
     for p in [public_dir, step, xdg, *step.iterdir()]:
         os.chown(p, 1003, 1003)
-    settings = {"podman": {"binary": str(fake), "args": ["--runtime", str(runc)], "env": {}}}
+    settings = {"podman": {"binary": str(fake), "args": ["--runtime", str(runc)], "env": {},
+                           "store": "/var/tmp/store-{uid}"}}
     signal.alarm(30)
     try:
         assert _cleanup_in(step, settings) == 0
     finally:
         signal.alarm(0)
+    # the user's store (its run state under the marker's XDG_RUNTIME_DIR), as the launch used it
+    store = f"--root /var/tmp/store-1003/storage --runroot {xdg}/tether-podman/storage"
     assert log.read_text().splitlines() == [
-        f"podman inspect --runtime {runc} --format {{{{.Id}}}} tether-7-0-0",
-        f"podman rm --runtime {runc} --force --ignore --time 0 tether-7-0-0",
-        f"podman container exists --runtime {runc} tether-7-0-0",
+        f"podman inspect --runtime {runc} {store} --format {{{{.Id}}}} tether-7-0-0",
+        f"podman rm --runtime {runc} {store} --force --ignore --time 0 tether-7-0-0",
+        f"podman container exists --runtime {runc} {store} tether-7-0-0",
         f"runc --root {xdg}/runc delete --force {'ab' * 32}"]
     assert not pwned.exists()
 
@@ -498,7 +521,8 @@ def test_podman_removal_counts_only_a_container_podman_no_longer_knows(tmp_path,
 @pytest.fixture
 def runtime_config(tmp_path):
     config = tmp_path / "tether.yaml"
-    config.write_text(f"container: {{apptainer_image_root: {tmp_path / 'images'}}}\n")
+    config.write_text(f"container: {{apptainer_image_root: {tmp_path / 'images'}, "
+                      f"enroot: {{store: '{tmp_path}/enroot-{{uid}}'}}, podman: {{store: '{tmp_path}/podman-{{uid}}'}}}}\n")
     return config
 
 
@@ -947,32 +971,91 @@ def test_the_pmix_client_directory_is_found_where_slurm_makes_it(tmp_path):
 
 
 def test_podman_names_what_a_shared_rootfs_lacks(tmp_path):
-    from tether.container.runtimes.podman import check_shared_rootfs
+    from tether.container.runtimes.podman import missing_targets
 
     rootfs = tmp_path / "rootfs"
     (rootfs / "etc").mkdir(parents=True)
+    (rootfs / "mnt").mkdir()
     (rootfs / "etc" / "passwd").write_text("")
-    os.chmod(rootfs / "etc", 0o555)
-    if os.access(rootfs / "etc", os.W_OK):              # root may write anywhere: nothing to check
-        check_shared_rootfs(str(rootfs))
-        return
-    with pytest.raises(LaunchError, match="lacks /etc/group, /etc/hosts, /etc/hostname, /etc/resolv.conf, "
-                                          "/etc/mtab, /proc, /sys, /dev, /run, /tmp, /var/tmp"):
-        check_shared_rootfs(str(rootfs))
-
-
-def test_podman_mount_targets_must_exist_in_a_read_only_shared_image(tmp_path):
-    from tether.container.runtimes.podman import check_mount_targets
-
-    rootfs = tmp_path / "rootfs"
-    (rootfs / "mnt").mkdir(parents=True)
-    os.chmod(rootfs, 0o555)
+    assert missing_targets(str(rootfs)) == ["/etc/group", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf",
+                                            "/etc/mtab", "/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp"]
     mounts = parse_mounts("/a:/mnt,/b:/tmp/x,/c:/data")
-    if os.access(rootfs, os.W_OK):                      # root may write anywhere: podman creates them
-        check_mount_targets(str(rootfs), mounts)
-        return
-    with pytest.raises(LaunchError, match="/data does not exist in the read-only image"):
-        check_mount_targets(str(rootfs), mounts)
+    assert missing_targets(str(rootfs), mounts)[-1:] == ["/data"]     # /mnt exists, /tmp/x is on a tmpfs
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to make a root-owned image and drop to nobody")
+def test_podman_imports_a_shared_rootfs_that_cannot_run_as_it_is():
+    """A shared (root-owned) rootfs runs as it is only read-only and complete; without podman's
+    mount targets, with a mount onto a target it lacks, or writable, it is imported into the
+    user's store first (one step, under the store's lock) and run from there."""
+    import shutil
+    import tempfile
+
+    from tether.container.runtimes.podman import Podman
+
+    base = tempfile.mkdtemp(dir="/var/tmp")
+    try:
+        os.chmod(base, 0o755)
+        full = os.path.join(base, "full")
+        for target in ("etc/passwd", "etc/group", "etc/hosts", "etc/hostname", "etc/resolv.conf", "etc/mtab"):
+            os.makedirs(os.path.join(full, os.path.dirname(target)), exist_ok=True)
+            open(os.path.join(full, target), "w").close()
+        for target in ("proc", "sys", "dev", "run", "tmp", "var/tmp", "mnt"):
+            os.makedirs(os.path.join(full, target))
+        bare = os.path.join(base, "bare")
+        os.makedirs(os.path.join(bare, "bin"))
+        for root, dirs, _ in os.walk(base):
+            for d in dirs:
+                os.chmod(os.path.join(root, d), 0o755)
+        store = os.path.join(base, "store-{uid}")
+        os.chmod(base, 0o1777)
+
+        def plan(image, writable=False, mounts=""):
+            def call():
+                adapter = Podman({"store": store})
+                spec = type("Spec", (), {"image": image, "writable": writable, "mounts": parse_mounts(mounts)})()
+                argv, before = adapter.image_plan(spec, adapter.global_args({"XDG_RUNTIME_DIR": f"{base}/xdg"},
+                                                                            create=True))
+                return argv, [(step[1], step[2]) for step in before]
+            return _as_user(65534, call)
+
+        assert plan(full) == (["--rootfs", full], [])                       # as it is: nothing copied
+        assert plan(full, mounts="/etc:/mnt")[1] == []
+        for image, writable, mounts, why in ((bare, False, "", "no /etc/passwd, /etc/group, /etc/hosts in it"),
+                                             (full, False, "/etc:/data", "no /data in it"),
+                                             (full, True, "", "--container-writable")):
+            argv, before = plan(image, writable, mounts)
+            assert argv[0] == "--pull=never" and argv[1].startswith("localhost/tether-rootfs:")
+            (check, label), = before
+            assert check[-3:] == ["image", "exists", argv[1]] and f"--root {base}/store-65534/storage" in " ".join(check)
+            assert label == f"importing the rootfs {image} into your podman store on this node ({why})"
+        assert plan(bare)[0] != plan(full, True)[0]                            # one image per directory
+        assert os.stat(os.path.join(base, "store-65534")).st_mode & 0o777 == 0o700
+    finally:
+        shutil.rmtree(base)
+
+
+def test_a_podman_store_another_user_could_change_is_refused(tmp_path):
+    from tether.container.runtimes.podman import store_directory
+
+    base = tmp_path / "base"
+    base.mkdir()
+    uid = os.getuid()
+    made = store_directory(f"{base}/s-{{uid}}/podman", uid)
+    assert made == f"{base}/s-{uid}/podman" and os.stat(made).st_mode & 0o777 == 0o700
+    os.chmod(made, 0o755)
+    store_directory(f"{base}/s-{{uid}}/podman", uid)                 # the user's own: made private again
+    assert os.stat(made).st_mode & 0o777 == 0o700
+    (base / f"l-{uid}").symlink_to(base / f"s-{uid}")                # planted: a symlink
+    with pytest.raises(LaunchError, match="is not a directory of yours"):
+        store_directory(f"{base}/l-{{uid}}/podman", uid)
+    assert store_directory("", uid) is None                          # podman's own default store
+    if uid == 0:                                                     # another user's directory
+        other = base / "o-0"
+        other.mkdir()
+        os.chown(other, 65534, 65534)
+        with pytest.raises(LaunchError, match="is not a directory of yours"):
+            store_directory(f"{base}/o-{{uid}}", 0)
 
 
 # ---- the subprocess boundary, with pytest-subprocess (unregistered commands fail the test) ------
@@ -982,12 +1065,19 @@ def test_enroot_preparation_runs_exactly_import_then_create(fp, tmp_path):
     rank_dir = tmp_path / "42/n2/step-0/rank-3"
     s = spec(image="docker://ghcr.io/org/app:2", runtime="enroot", rank_dir=str(rank_dir))
     launch = adapter("enroot", {"binary": "/opt/enroot/bin/enroot"}).launch(s, HOST)
-    sqsh = f"{tmp_path}/42/n2/step-0/enroot/{image_key(enroot_uri(s.image))[:24]}.sqsh"   # one file per image, whatever its spelling
-    fp.register(["/opt/enroot/bin/enroot", "import", "--output", sqsh, "docker://ghcr.io#org/app:2"])
+    sqsh = f"{tmp_path}/enroot-store-{os.getuid()}/{image_key(enroot_uri(s.image))[:24]}.sqsh"  # one file per image
+    partial = f"{sqsh[:-5]}.{os.getpid()}.partial"
+    fp.register(["/opt/enroot/bin/enroot", "import", "--output", partial, "docker://ghcr.io#org/app:2"])
+    fp.register(["mv", "-f", partial, sqsh], callback=lambda process: Path(sqsh).write_text("sqsh"))
     fp.register(["/opt/enroot/bin/enroot", "create", "--name", "tether-42-0-3", sqsh])
     run_before(launch)
     assert fp.call_count(["/opt/enroot/bin/enroot", "import", fp.any()]) == 1
     assert fp.call_count(["/opt/enroot/bin/enroot", "create", fp.any()]) == 1
+    fp.register(["/opt/enroot/bin/enroot", "create", "--name", "tether-42-1-3", sqsh])
+    run_before(adapter("enroot", {"binary": "/opt/enroot/bin/enroot"}).launch(
+        spec(image="docker://ghcr.io/org/app:2", runtime="enroot", rank_dir=str(tmp_path / "42/n2/step-1/rank-3"),
+             step_id="1"), HOST))
+    assert fp.call_count(["/opt/enroot/bin/enroot", "import", fp.any()]) == 1    # the next step: no import
 
 
 def test_enroot_import_failure_is_reported_with_its_message(fp, tmp_path):
@@ -1055,11 +1145,17 @@ def test_podman_pulls_a_registry_image_once_per_node_before_running_it(tmp_path)
     s = spec(image="127.0.0.1:5000/team/app:1", runtime="podman", rank_dir=str(tmp_path / "42/n2/step-0/rank-3"))
     launch = adapter("podman", {"args": ["--runtime", "runc"]}).launch(s, HOST)
     name = "127.0.0.1:5000/team/app:1"
-    assert launch.before == [(["podman", "--runtime", "runc", "pull", "--quiet", name],
-                              ["podman", "--runtime", "runc", "image", "exists", name],
+    store = launch.argv[4:8]
+    assert store[:2] == ["--root", f"{tmp_path}/podman-store-{os.getuid()}/storage"]
+    assert launch.before == [(["podman", "--runtime", "runc", *store, "pull", "--quiet", name],
+                              ["podman", "--runtime", "runc", *store, "image", "exists", name],
                               "pulling 127.0.0.1:5000/team/app:1 (podman)")]
-    assert launch.lock == str(tmp_path / "42/n2/podman/.pull-lock")    # the node's ranks share it
+    # the user's ranks and jobs on this node share the store's lock
+    assert launch.lock == f"{tmp_path}/podman-store-{os.getuid()}/.pull-lock"
     assert launch.argv[-4:-2] == ["--pull=never", name]
+    own = adapter("podman", {"args": ["--runtime", "runc"], "store": ""}).launch(s, HOST)   # podman's default
+    assert own.before[0][0] == ["podman", "--runtime", "runc", "pull", "--quiet", name]
+    assert own.lock == str(tmp_path / "42/n2/podman/.pull-lock")        # the node's ranks of this job
 
 
 def test_ranks_of_a_node_wait_for_one_pull_and_say_so(tmp_path):

@@ -410,7 +410,6 @@ def test_a_wrapped_tm_task_runs_in_a_real_podman_container(cluster, helper, publ
     assert result.stdout.split("V=", 1)[1].strip() == "a,b 'c'"
     assert run_hook(pbs.EXECJOB_END).accepted
     assert not (Path(config.job_storage_root) / job_id).exists()
-    conf = cluster.box.etc / "containers.conf"
-    names = subprocess.run(["runuser", "-u", USER, "--", "env", f"CONTAINERS_CONF={conf}", "podman", "ps", "-a",
-                            "--format", "{{.Names}}"], capture_output=True, text=True, timeout=60, cwd="/").stdout
+    names = subprocess.run([*cluster.box.user_podman(), "ps", "-a", "--format", "{{.Names}}"],
+                           capture_output=True, text=True, timeout=60, cwd="/").stdout
     assert not [n for n in names.split() if n.startswith(f"tether-{os.getpid()}-")]
