@@ -6,10 +6,9 @@ import argparse
 import os
 import time
 
-from ..container.images import ImageCache, user_cache_dir
 from ..container.run import container_settings, run_container
 from ..hooks.configfile import load_config
-from ..hooks.surface import CONTAINER_OPTIONS
+from ..hooks.surface import CONTAINER_OPTIONS, RUNTIMES
 from .common import EXIT_OK, EXIT_USAGE, config_arg, err
 
 
@@ -30,18 +29,45 @@ def run(args: argparse.Namespace) -> int:
     run_container(env, command, container_settings(config_arg(args)))
 
 
+def _image_runtimes(settings, names):
+    """(name, adapter) for the runtimes ``tether images`` covers: those named, else every runtime
+    whose program is on this node (Apptainer's cache also without it: it is only files)."""
+    import shutil
+
+    from ..container.runtimes import adapter
+    from ..hooks.surface import RUNTIMES
+
+    chosen = names or [r for r in RUNTIMES if r == "apptainer"
+                       or shutil.which((settings.get(r) or {}).get("binary") or r)]
+    return [(name, adapter(name, settings.get(name) or {}, image_root=settings["apptainer_image_root"],
+                           user_image_cache=settings.get("user_image_cache"))) for name in chosen]
+
+
 def images(args: argparse.Namespace) -> int:
+    from ..container.spec import LaunchError
+
     settings = load_config(config_arg(args)).data["container"]
-    cache = ImageCache(settings["apptainer_image_root"],
-                       user_dir=user_cache_dir(settings["user_image_cache"], os.getuid(), os.environ.get("HOME")))
-    if args.action == "ls":
-        print(f"{'SIZE':>10}  {'LAST USED':<16}  {'OWNER':>6}  SOURCE  PATH")
-        for image in cache.entries():
-            used = time.strftime("%Y-%m-%d %H:%M", time.localtime(image.last_used))
-            print(f"{image.size:>10}  {used:<16}  {image.owner:>6}  {image.source}  {image.path}")
-        return EXIT_OK
-    for path in cache.prune(args.older_than):
-        print(f"removed {path}")
+    env = dict(os.environ)
+    try:
+        if args.action == "pull":
+            runtime = args.runtime or settings["runtime"]
+            (_, adapter), = _image_runtimes(settings, [runtime])
+            print(adapter.pull(args.image, env))
+            return EXIT_OK
+        runtimes = _image_runtimes(settings, [args.runtime] if args.runtime else [])
+        if args.action == "ls":
+            print(f"{'RUNTIME':<11} {'SIZE':>10}  {'DATE':<16}  IMAGE  WHERE")
+            for name, adapter in runtimes:
+                for image in adapter.stored(env):
+                    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(image.last_used))
+                    print(f"{name:<11} {image.size:>10}  {when:<16}  {image.name}  {image.where}")
+            return EXIT_OK
+        for name, adapter in runtimes:
+            for removed in adapter.prune(args.older_than, env):
+                print(f"{name}: removed {removed}")
+    except LaunchError as exc:
+        err(f"images: {exc}")
+        return 1
     return EXIT_OK
 
 
@@ -57,11 +83,22 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
     p.set_defaults(func=run)
 
-    p = sub.add_parser("images", help="the Apptainer/Singularity image cache")
+    p = sub.add_parser("images", help="your images on this node: the Apptainer/Singularity cache, your podman "
+                                      "and enroot stores")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    actions.add_parser("ls", parents=[common], help="list the converted images you can use").set_defaults(func=images)
-    prune = actions.add_parser("prune", parents=[common],
-                               help="remove images unused for DAYS (yours; all as root) and leftovers of failed "
-                                    "conversions")
+    runtime = argparse.ArgumentParser(add_help=False)
+    runtime.add_argument("--runtime", choices=RUNTIMES, help="only this runtime's images (default: every runtime "
+                                                             "on this node; pull: the config's runtime)")
+    actions.add_parser("ls", parents=[common, runtime],
+                       help="the images you can use on this node; DATE is the last use (podman: the last "
+                            "container tether started of it, else when the image was made)").set_defaults(func=images)
+    pull = actions.add_parser("pull", parents=[common, runtime],
+                              help="fetch an image into your store on this node as a first container would "
+                                   "(Apptainer as root: into the shared cache)")
+    pull.add_argument("image", metavar="IMAGE")
+    pull.set_defaults(func=images)
+    prune = actions.add_parser("prune", parents=[common, runtime],
+                               help="remove images unused for DAYS (never one a container uses) and leftovers "
+                                    "of failed imports/conversions (yours; the shared Apptainer cache as root)")
     prune.add_argument("--older-than", type=float, default=30.0, metavar="DAYS")
     prune.set_defaults(func=images)

@@ -71,6 +71,23 @@ class Launch(Record):
     fds: dict[int, int] | None
 
 
+class StoredImage(Record):
+    """One image in a user's store on this node (``tether images ls``)."""
+
+    FIELDS = {"name": "", "size": 0, "last_used": 0.0, "where": ""}
+    __slots__ = tuple(FIELDS)
+    name: str
+    size: int
+    last_used: float
+    where: str
+
+
+def check_days(days: float) -> None:
+    """``--older-than``: a number of days >= 0 (not negative, not NaN, not infinite)."""
+    if not (0 <= days < float("inf")):
+        raise LaunchError(f"--older-than {days:g}: give a number of days >= 0")
+
+
 class Runtime:
     """Base adapter. ``settings`` is the config's ``container.<runtime>`` section."""
 
@@ -99,6 +116,21 @@ class Runtime:
         telling the user; True when the command is worth one more try. Most runtimes keep no
         such state."""
         return False
+
+    # --- the user's images on this node (tether images) ---
+    def pull(self, image: str, env: Mapping[str, str]) -> str:
+        """Fetch ``image`` into this user's store on this node as a first container of it would,
+        with the same progress lines and lock; what it is called there."""
+        raise LaunchError(f"tether images pull: {self.name} keeps no image store of tether's")
+
+    def stored(self, env: Mapping[str, str]) -> list[StoredImage]:
+        """The images in this user's store on this node."""
+        return []
+
+    def prune(self, older_than_days: float, env: Mapping[str, str]) -> list[str]:
+        """Remove this user's images on this node unused (podman: created) ``older_than_days``
+        ago and not in use; what was removed."""
+        return []
 
     # --- shared pieces ---
     def base_env(self, host_env: Mapping[str, str]) -> dict[str, str]:

@@ -94,17 +94,37 @@ class Apptainer(Runtime):
             raise LaunchError(f"{self.binary} {text.split()[-1]} has no {flag}: SingularityCE "
                               f"{minimum[0]}.{minimum[1]} or newer (or Apptainer) is needed for it")
 
-    def image_path(self, spec: LaunchSpec, env: Mapping[str, str]) -> str:
-        if not self.is_remote(spec.image):
-            return self.local_image(spec.image)
+    def image_cache(self, env: Mapping[str, str]):
+        """The shared SIF cache and this user's own (tether.container.images)."""
         from ..images import ImageCache, user_cache_dir  # only remote images need the cache's imports
 
         user_dir = None
         if self.user_image_cache:
             user_dir = user_cache_dir(self.user_image_cache, os.getuid(), env.get("HOME"))
+        return ImageCache(self.image_root, user_dir=user_dir)
+
+    def image_path(self, spec: LaunchSpec, env: Mapping[str, str]) -> str:
+        if not self.is_remote(spec.image):
+            return self.local_image(spec.image)
         # one spelling per image (ubuntu:22.04 = docker://docker.io/library/ubuntu:22.04): one conversion
-        return ImageCache(self.image_root, user_dir=user_dir).ensure(
-            self.reference(spec.image).docker_uri(), build=[self.binary, "build", *self.args], env=env)
+        return self.image_cache(env).ensure(self.reference(spec.image).docker_uri(),
+                                            build=[self.binary, "build", *self.args], env=env)
+
+    def pull(self, image: str, env: Mapping[str, str]) -> str:
+        """``tether images pull``: convert a remote image into the SIF cache (root: the shared one)."""
+        if not self.is_remote(image):
+            raise LaunchError(f"tether images pull: {image} is not a registry image or URI")
+        return self.image_cache(env).ensure(self.reference(image).docker_uri(),
+                                            build=[self.binary, "build", *self.args], env=self.base_env(env))
+
+    def stored(self, env: Mapping[str, str]) -> list:
+        from . import StoredImage
+
+        return [StoredImage(name=i.source, size=i.size, last_used=i.last_used, where=i.path)
+                for i in self.image_cache(env).entries()]
+
+    def prune(self, older_than_days: float, env: Mapping[str, str]) -> list[str]:
+        return self.image_cache(env).prune(older_than_days)
 
 
 ADAPTER = Apptainer

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.imageref import ImageRefError, parse_image
@@ -88,12 +89,113 @@ def write_environ_conf(path: str | None, values: Mapping[str, str]) -> str:
     return path
 
 
+def finish_import(partial: str, sqsh: str, source: str) -> None:
+    """Put a complete import in place, with what it was imported from beside it."""
+    import json
+
+    from ...system.files import write_atomic
+
+    write_atomic(sqsh[:-5] + ".json", json.dumps({"source": source}) + "\n", 0o600)
+    os.rename(partial, sqsh)
+
+
 class Enroot(Runtime):
     name = "enroot"
 
     def __init__(self, settings: Mapping, **kw):
         super().__init__(settings, **kw)
         self.store_template = settings.get("store", DEFAULT_STORE) or ""
+
+    def store_dir(self, *, create: bool = True) -> str | None:
+        """This user's store on this node (container.enroot.store), None when it is per step."""
+        if not self.store_template:
+            return None
+        if create:
+            return store_directory(self.store_template, os.getuid())
+        return self.store_template.replace("{uid}", str(os.getuid())).rstrip("/")
+
+    def import_steps(self, image: str, store: str) -> tuple[str, list[tuple], str]:
+        """(the squashfs file, the steps that import it, their lock) for a registry image. The
+        import writes a file of this process's own, renamed into place with its metadata once
+        complete: a killed import never leaves a half-written image the next job takes for done.
+        A present image counts as used now (prune goes by that)."""
+        uri = enroot_uri(image)
+        sqsh = os.path.join(store, hashlib.sha256(uri.encode()).hexdigest()[:24] + ".sqsh")
+        partial = f"{sqsh[:-5]}.{os.getpid()}.partial"
+        try:
+            os.utime(sqsh, follow_symlinks=False)
+        except OSError:
+            pass
+        return sqsh, [([self.binary, "import", "--output", partial, uri], sqsh, f"importing {image} (enroot)"),
+                      (lambda env: finish_import(partial, sqsh, uri), sqsh)], os.path.join(store, ".import-lock")
+
+    def pull(self, image: str, env: Mapping[str, str]) -> str:
+        """``tether images pull``: import a registry image into this user's store on this node."""
+        from ..launch import run_before
+
+        store = self.store_dir()
+        if not self.is_remote(image) or store is None:
+            raise LaunchError(f"tether images pull: {image} is not a registry image, or container.enroot.store "
+                              f"is empty (images are then imported per step)")
+        sqsh, steps, lock = self.import_steps(image, store)
+        run_before(Launch(argv=[], env=self.base_env(env), runtime=self, before=steps, lock=lock))
+        return sqsh
+
+    def stored(self, env: Mapping[str, str]) -> list:
+        from ..images import read_metadata
+        from . import StoredImage
+
+        return [StoredImage(name=str(read_metadata(path[:-5] + ".json").get("source", "?")), size=st.st_size,
+                            last_used=st.st_mtime, where=path) for path, st in self._images()]
+
+    def _images(self):
+        store = self.store_dir(create=False)
+        try:
+            names = sorted(os.listdir(store)) if store else []
+        except OSError:
+            names = []
+        for name in names:
+            path = os.path.join(store, name)
+            if name.endswith(".sqsh") and not name.startswith("."):
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+                    yield path, st
+
+    def prune(self, older_than_days: float, env: Mapping[str, str]) -> list[str]:
+        """Images of this user's store not used for ``older_than_days`` (and imports left
+        half-done), while no import of theirs on this node runs (the store's lock)."""
+        import fcntl
+        import time
+
+        from ..launch import remove_file
+        from . import check_days
+
+        check_days(older_than_days)
+        store = self.store_dir(create=False)
+        if not store or not os.path.isdir(store) or os.path.islink(store):
+            return []
+        store_directory(self.store_template, os.getuid())           # the user's own, or refused
+        lock_fd = os.open(os.path.join(store, ".import-lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          0o600)
+        removed = []
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            now = time.time()
+            for path, st in list(self._images()):
+                if now - st.st_mtime >= older_than_days * 86400:
+                    remove_file(path)
+                    remove_file(path[:-5] + ".json")
+                    removed.append(path)
+            for name in os.listdir(store):
+                if name.endswith(".partial"):            # nobody imports now: the lock is ours
+                    remove_file(os.path.join(store, name))
+                    removed.append(os.path.join(store, name))
+        finally:
+            os.close(lock_fd)
+        return removed
 
     def launch(self, spec: LaunchSpec, host_env: Mapping[str, str]) -> Launch:
         env = self.base_env(host_env)
@@ -114,17 +216,8 @@ class Enroot(Runtime):
             env.setdefault("ENROOT_RUNTIME_PATH", os.path.join(step_dir, "enroot", "run"))
         before, lock = [], None
         if self.is_remote(spec.image):
-            uri = enroot_uri(spec.image)
-            store = store_directory(self.store_template, os.getuid()) if self.store_template else None
-            if store is None:
-                store = os.path.join(node_dir or env.get("TMPDIR", "/tmp"), "enroot")
-            sqsh = os.path.join(store, hashlib.sha256(uri.encode()).hexdigest()[:24] + ".sqsh")
-            # into a file of this rank's own, renamed into place once complete: a killed import
-            # never leaves a half-written image where the next job would take it for done
-            partial = f"{sqsh[:-5]}.{os.getpid()}.partial"
-            before += [([self.binary, "import", "--output", partial, uri], sqsh, f"importing {spec.image} (enroot)"),
-                       (["mv", "-f", partial, sqsh], sqsh)]
-            lock = os.path.join(store, ".import-lock")
+            store = self.store_dir() or os.path.join(node_dir or env.get("TMPDIR", "/tmp"), "enroot")
+            sqsh, before, lock = self.import_steps(spec.image, store)
         else:
             sqsh = self.local_image(spec.image)
             if os.path.isdir(sqsh):

@@ -23,7 +23,7 @@ import time
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.layout import CLEANUP_MARKER
-from ..launch import cgroup_paths, progress, report
+from ..launch import cgroup_paths, progress, remove_file, report
 from ..spec import LaunchError
 from . import Launch, Runtime
 
@@ -338,6 +338,117 @@ class Podman(Runtime):
         run = os.path.join(run_base(env, uid), "tether-podman")
         return ["--root", f"{store}/storage", "--runroot", f"{run}/storage"]
 
+    def pull(self, image: str, env: Mapping[str, str]) -> str:
+        """``tether images pull``: a registry image into this user's store on this node, under the
+        store's lock, as the first rank of a job would."""
+        from ..launch import run_before
+
+        if self.reference(image).kind != "registry":
+            raise LaunchError(f"tether images pull: {image} is not a registry image (a rootfs directory is "
+                              f"imported, when needed, by its first container)")
+        env = self.base_env(env)
+        self.store_args(env, create=True)
+        glob = self.global_args(env)
+        _, steps = self.image_plan(_ImageOnly(image), glob)
+        store_dir = self.store_path()
+        run_before(Launch(argv=[], env=env, runtime=self, before=steps,
+                          lock=os.path.join(store_dir, ".pull-lock") if store_dir else None))
+        name = self.reference(image).qualified()
+        self.mark_used(name)
+        return name
+
+    def stored(self, env: Mapping[str, str]) -> list:
+        """``podman images`` of this user's store on this node."""
+        import json
+
+        from ...system.proc import CommandError, run_command
+        from . import StoredImage
+
+        env = self.base_env(env)
+        try:
+            out = run_command([self.binary, *self.global_args(env), "images", "--format", "json"], env=env,
+                              timeout=120).stdout
+        except CommandError as exc:
+            raise LaunchError(f"podman images: {exc}") from None
+        images, seen = [], set()
+        for entry in json.loads(out or "[]"):
+            for name in entry.get("Names") or [entry.get("Id", "?")[:12]]:
+                if name in seen:
+                    continue
+                seen.add(name)
+                used = self.last_use(name)
+                images.append(StoredImage(name=name, size=int(entry.get("Size") or 0),
+                                          last_used=used if used is not None else float(entry.get("Created") or 0),
+                                          where=self.store_path() or "podman's default store"))
+        return images
+
+    def _use_marker(self, name: str) -> str | None:
+        import hashlib
+
+        store = self.store_path()
+        return os.path.join(store, ".used", hashlib.sha256(name.encode()).hexdigest()[:32]) if store else None
+
+    def mark_used(self, name: str) -> None:
+        """Record that a container of image ``name`` starts now (podman keeps no last use: prune
+        goes by this). Best effort: the store's own ``.used`` directory, never followed links."""
+        marker = self._use_marker(name)
+        if marker is None:
+            return
+        try:
+            os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                os.utime(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+
+    def last_use(self, name: str) -> float | None:
+        marker = self._use_marker(name)
+        try:
+            st = os.lstat(marker) if marker else None
+        except OSError:
+            return None
+        return st.st_mtime if st is not None and stat.S_ISREG(st.st_mode) else None
+
+    def prune(self, older_than_days: float, env: Mapping[str, str]) -> list[str]:
+        """Remove the images of this user's store not used for ``older_than_days`` (the last start
+        of a container of it tether recorded, else when it was made), each with ``podman rmi``
+        without --force -- podman never removes an image a container uses -- then the dangling
+        layers; the store's lock keeps a pull or import of this user on this node from racing it."""
+        from ...system.proc import CommandError, run_command
+        from . import check_days
+
+        check_days(older_than_days)
+        env = self.base_env(env)
+        glob = self.global_args(env, create=True)
+        lock_fd = None
+        if self.store_path():
+            lock_fd = os.open(os.path.join(self.store_path(), ".pull-lock"),
+                              os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        removed = []
+        try:
+            now = time.time()
+            for image in self.stored(env):
+                if now - image.last_used < older_than_days * 86400:
+                    continue
+                try:      # no --force: podman refuses an image a container (running or not) uses
+                    run_command([self.binary, *glob, "rmi", image.name], env=env, timeout=300)
+                except CommandError as exc:
+                    progress(f"kept {image.name}: {exc.stderr.strip().splitlines()[-1] if exc.stderr else exc}")
+                    continue
+                removed.append(image.name)
+                marker = self._use_marker(image.name)
+                if marker:
+                    remove_file(marker)
+            run_command([self.binary, *glob, "image", "prune", "--force"], env=env, timeout=300, check=False)
+        finally:
+            if lock_fd is not None:
+                os.close(lock_fd)
+        return removed
+
     def store_path(self) -> str | None:
         """This user's store directory on this node, or None (podman's default store)."""
         return self.store_template.replace("{uid}", str(os.getuid())).rstrip("/") if self.store_template else None
@@ -398,6 +509,8 @@ class Podman(Runtime):
         if gpu == "rocm":
             argv += ["--device", "/dev/kfd", "--device", "/dev/dri"]
         image_argv, before = self.image_plan(spec, glob)
+        if image_argv[:1] == ["--pull=never"]:
+            self.mark_used(image_argv[1])
         argv += image_argv
         argv += spec.command
         # After an abnormal end (a signal, the step cancelled) --rm may not have run: remove it. If
@@ -556,6 +669,13 @@ class Podman(Runtime):
                 [(lambda env: import_rootfs(path, [self.binary, *glob], name, env),
                   [self.binary, *glob, "image", "exists", name],
                   f"importing the rootfs {path} into your podman store on this node ({why})")])
+
+
+class _ImageOnly:
+    """What ``image_plan`` reads of a launch spec, for pulling an image without a container."""
+
+    def __init__(self, image: str):
+        self.image, self.writable, self.mounts = image, False, ()
 
 
 def missing_targets(path: str, mounts=()) -> list[str]:

@@ -512,3 +512,29 @@ def test_a_private_registry_image_runs_with_the_users_own_login(cluster):
     finally:
         default_auth.unlink(missing_ok=True)
         elsewhere.unlink(missing_ok=True)
+
+
+def test_tether_images_lists_pulls_and_prunes_the_users_podman_store(cluster, registry_image):
+    """Issue 14: `tether images` covers the user's podman store on the node: pull (as a first rank
+    would: the progress lines), ls (with the last use tether recorded), prune (refuses nonsense,
+    never removes an image a container uses, removes it once unused)."""
+    images = ["env", f"TETHER_CONFIG={cluster.box.tether_conf}", sys.executable, "-m", "tether.cli.main", "images"]
+    bad = cluster.as_user([*images, "prune", "--older-than", "-5"], check=False, cwd="/")
+    assert bad.returncode == 1 and "--older-than -5: give a number of days >= 0" in bad.stderr
+    cluster.run([*cluster.box.user_podman(), "rmi", "--force", registry_image], check=False, cwd="/")
+    pulled = cluster.as_user([*images, "pull", "--runtime", "podman", registry_image], cwd="/")
+    assert pulled.stdout.strip() == registry_image and f"tether: pulling {registry_image} (podman): done in" \
+        in pulled.stderr
+    listed = cluster.as_user([*images, "ls", "--runtime", "podman"], cwd="/").stdout
+    assert [line.split()[0] for line in listed.splitlines() if registry_image in line] == ["podman"], listed
+    proc, job = _running_step(cluster, registry_image, "while :; do sleep 1; done")
+    try:
+        kept = cluster.as_user([*images, "prune", "--older-than", "0", "--runtime", "podman"], cwd="/")
+        assert registry_image not in kept.stdout and f"kept {registry_image}" in kept.stderr, kept
+    finally:
+        cluster.run(["scancel", job])
+        proc.communicate(timeout=60)
+    assert wait_until(lambda: not podman_containers(cluster, job), timeout=60)
+    gone = cluster.as_user([*images, "prune", "--older-than", "0", "--runtime", "podman"], cwd="/")
+    assert f"podman: removed {registry_image}" in gone.stdout, gone
+    assert registry_image not in cluster.as_user([*images, "ls", "--runtime", "podman"], cwd="/").stdout

@@ -233,12 +233,12 @@ def test_enroot_imports_creates_starts_and_removes(tmp_path):
     sqsh = f"{store}/{image_key(enroot_uri(s.image))[:24]}.sqsh"   # one file per image, whatever its spelling
     partial = f"{sqsh[:-5]}.{os.getpid()}.partial"
     assert launch.env["ENROOT_DATA_PATH"] == f"{node}/enroot/data"
-    assert launch.before == [
-        (["enroot", "import", "--output", partial, "docker://nvcr.io#nvidia/pytorch:24.01-py3"], sqsh,
-         f"importing {s.image} (enroot)"),
-        (["mv", "-f", partial, sqsh], sqsh),                  # in place only once complete
-        (["enroot", "create", "--name", "tether-42-0-3", sqsh], f"{node}/enroot/data/tether-42-0-3",
-         f"unpacking the container root of {s.image} (enroot create)")]
+    (importing, finishing, creating) = launch.before
+    assert importing == (["enroot", "import", "--output", partial, "docker://nvcr.io#nvidia/pytorch:24.01-py3"], sqsh,
+                         f"importing {s.image} (enroot)")
+    assert callable(finishing[0]) and finishing[1] == sqsh       # renamed into place only once complete
+    assert creating == (["enroot", "create", "--name", "tether-42-0-3", sqsh], f"{node}/enroot/data/tether-42-0-3",
+                        f"unpacking the container root of {s.image} (enroot create)")
     assert launch.lock == f"{store}/.import-lock"             # the user's ranks and jobs on the node
     assert os.stat(store).st_mode & 0o777 == 0o700
     per_step = adapter("enroot", {"store": ""}).launch(s, HOST)         # no store: per step, as before
@@ -1067,8 +1067,8 @@ def test_enroot_preparation_runs_exactly_import_then_create(fp, tmp_path):
     launch = adapter("enroot", {"binary": "/opt/enroot/bin/enroot"}).launch(s, HOST)
     sqsh = f"{tmp_path}/enroot-store-{os.getuid()}/{image_key(enroot_uri(s.image))[:24]}.sqsh"  # one file per image
     partial = f"{sqsh[:-5]}.{os.getpid()}.partial"
-    fp.register(["/opt/enroot/bin/enroot", "import", "--output", partial, "docker://ghcr.io#org/app:2"])
-    fp.register(["mv", "-f", partial, sqsh], callback=lambda process: Path(sqsh).write_text("sqsh"))
+    fp.register(["/opt/enroot/bin/enroot", "import", "--output", partial, "docker://ghcr.io#org/app:2"],
+                callback=lambda process: Path(partial).write_text("sqsh"))
     fp.register(["/opt/enroot/bin/enroot", "create", "--name", "tether-42-0-3", sqsh])
     run_before(launch)
     assert fp.call_count(["/opt/enroot/bin/enroot", "import", fp.any()]) == 1
@@ -1078,6 +1078,15 @@ def test_enroot_preparation_runs_exactly_import_then_create(fp, tmp_path):
         spec(image="docker://ghcr.io/org/app:2", runtime="enroot", rank_dir=str(tmp_path / "42/n2/step-1/rank-3"),
              step_id="1"), HOST))
     assert fp.call_count(["/opt/enroot/bin/enroot", "import", fp.any()]) == 1    # the next step: no import
+    enroot = adapter("enroot", {"binary": "/opt/enroot/bin/enroot"})
+    (image,) = enroot.stored({})
+    assert (image.name, image.where, image.size) == ("docker://ghcr.io#org/app:2", sqsh, 4)
+    with pytest.raises(LaunchError, match="give a number of days >= 0"):
+        enroot.prune(float("nan"), {})
+    Path(sqsh[:-5] + ".99.partial").write_text("half")                       # an import killed midway
+    assert enroot.prune(1, {}) == [sqsh[:-5] + ".99.partial"]                # used just now: kept
+    os.utime(sqsh, (time.time() - 2 * 86400,) * 2)
+    assert enroot.prune(1, {}) == [sqsh] and enroot.stored({}) == []
 
 
 def test_enroot_import_failure_is_reported_with_its_message(fp, tmp_path):
