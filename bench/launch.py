@@ -19,6 +19,7 @@ median of the per-round ratios (this 2-core VM runs 3 ranks on 2 cores: single s
 
 from __future__ import annotations
 
+import pwd
 import shlex
 import statistics
 
@@ -29,12 +30,23 @@ from tether.sandbox.cluster import Sandbox
 
 from steps import ROOT, arguments, print_medians, step_times, timing_loop
 
+def user_store(box: Sandbox) -> list[str]:
+    """podman's options for the job user's store on the node, as tether's launcher passes them."""
+    return podman.Podman(box.tether_settings()["container"]["podman"]).store_args(
+        {}, uid=pwd.getpwnam(box.user).pw_uid)
+
+
 def direct_podman(box: Sandbox, image: str) -> str:
-    """The podman command line tether would run, minus its per-rank parts, as a shell string."""
+    """The podman command line tether would run as the job user, minus its per-rank parts, as a
+    shell string (the same store: the launch is built here, as root, without one, then given the
+    user's)."""
     settings = box.tether_settings()["container"]["podman"]
     podman.stdio_is_terminal = lambda: False      # srun's tasks never are; this script may run on one
-    launch = adapter("podman", settings).launch(LaunchSpec(image=image, runtime="podman", command=("true",)), {})
+    launch = adapter("podman", {**settings, "store": ""}).launch(
+        LaunchSpec(image=image, runtime="podman", command=("true",)), {})
     argv = ["--pull=missing" if a == "--pull=never" else a for a in launch.argv[:-1]]
+    at = argv.index("--log-level=fatal")
+    argv[at:at] = user_store(box)
     at = argv.index("--name")                      # three ranks on one host: podman picks names
     del argv[at:at + 2]
     return shlex.join(["env", *[f"{k}={v}" for k, v in settings["env"].items()], *argv])
@@ -49,7 +61,7 @@ def main() -> int:
     remote = box.registry_image()
     settings = box.tether_settings()["container"]["podman"]
     podman_cmd = shlex.join(["env", *[f"{k}={v}" for k, v in settings["env"].items()], "podman",
-                             *settings["args"]])
+                             *settings["args"], *user_store(box)])
     forget = f"{podman_cmd} rmi --force {shlex.quote(remote)} >/dev/null 2>&1"
     rootfs = {"direct": ("", f"srun -N3 -n3 {direct_podman(box, image)} true"),
               "tether": ("", f"srun -N3 -n3 --container-image={image} true")}

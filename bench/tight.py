@@ -127,16 +127,16 @@ class Bench:
         proc.wait(timeout=120)
         ended = time.monotonic()
         prefix = f"loose-{tag}" if mode == "loose" else f"tether-{job}-"
+        # by hand: the user's default podman store; tether: the user's store on the node
+        podman = ["runuser", "-u", self.box.user, "--", *self.podman()] if mode == "loose" else self.box.user_podman()
         while True:        # slurmstepd removes a container podman still lists once the step is over
-            names = self.run(["runuser", "-u", self.box.user, "--", *self.podman(), "ps", "-a", "--format",
-                              "{{.Names}}"], check=False, cwd="/").stdout.split()
+            names = self.run([*podman, "ps", "-a", "--format", "{{.Names}}"], check=False, cwd="/").stdout.split()
             left = [n for n in names if n.startswith(prefix)]
             if not left or time.monotonic() - ended > 60:
                 break
             time.sleep(1)
         for name in left:
-            self.run(["runuser", "-u", self.box.user, "--", *self.podman(), "rm", "--force", name], check=False,
-                     cwd="/")
+            self.run([*podman, "rm", "--force", name], check=False, cwd="/")
         term = self.out / f"term-{tag}"
         return term.read_text().count("term") if term.exists() else 0, bool(left)
 

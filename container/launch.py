@@ -81,6 +81,8 @@ def run_before(launch: Launch) -> None:
             return False
         if isinstance(check, str):
             return os.path.exists(check)
+        if isinstance(check, tuple):      # (a quick look, the command that decides when it says no)
+            return bool(check[0]()) or done(check[1])
         try:
             run_command(check, env=launch.env, timeout=120)
         except CommandError as exc:

@@ -29,9 +29,11 @@ class Launch(Record):
     FIELDS = {
         "argv": None, "env": None,
         "supervise": False,       # fork and wait as a subreaper; False: exec in place
-        # run first, in order, each must succeed: (argv, done[, label]). ``done`` is a path (the
-        # step is skipped when it exists) or an argv (skipped when that command succeeds: podman
-        # image exists); ``label`` makes the step say what it does on stderr (a pull: its progress)
+        # run first, in order, each must succeed: (argv, done[, label]). ``argv`` may be a
+        # callable(env) tether runs itself. ``done`` is a path (the step is skipped when it
+        # exists), an argv (skipped when that command succeeds: podman image exists), or a pair
+        # (quick look, argv): the argv only when the quick look says no; ``label`` makes the step
+        # say what it does on stderr (a pull: its progress)
         "before": (),
         "lock": None,             # file locked around ``before`` (ranks of a node share it)
         "after": (),              # run when the runtime has exited

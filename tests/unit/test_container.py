@@ -1016,7 +1016,7 @@ def test_podman_imports_a_shared_rootfs_that_cannot_run_as_it_is():
                 spec = type("Spec", (), {"image": image, "writable": writable, "mounts": parse_mounts(mounts)})()
                 argv, before = adapter.image_plan(spec, adapter.global_args({"XDG_RUNTIME_DIR": f"{base}/xdg"},
                                                                             create=True))
-                return argv, [(step[1], step[2]) for step in before]
+                return argv, [(step[1][1], step[2]) for step in before]     # (quick look, argv): the argv
             return _as_user(65534, call)
 
         assert plan(full) == (["--rootfs", full], [])                       # as it is: nothing copied
@@ -1156,9 +1156,15 @@ def test_podman_pulls_a_registry_image_once_per_node_before_running_it(tmp_path)
     name = "127.0.0.1:5000/team/app:1"
     store = launch.argv[4:8]
     assert store[:2] == ["--root", f"{tmp_path}/podman-store-{os.getuid()}/storage"]
-    assert launch.before == [(["podman", "--runtime", "runc", *store, "pull", "--quiet", name],
-                              ["podman", "--runtime", "runc", *store, "image", "exists", name],
-                              "pulling 127.0.0.1:5000/team/app:1 (podman)")]
+    ((pull, (quick, exists), label),) = launch.before
+    assert pull == ["podman", "--runtime", "runc", *store, "pull", "--quiet", name]
+    assert exists == ["podman", "--runtime", "runc", *store, "image", "exists", name]
+    assert label == "pulling 127.0.0.1:5000/team/app:1 (podman)"
+    assert quick() is False                             # not in the store's index: podman decides
+    index = tmp_path / f"podman-store-{os.getuid()}/storage/vfs-images"
+    index.mkdir(parents=True)
+    (index / "images.json").write_text(json.dumps([{"id": "ab", "names": [name]}]))
+    assert quick() is True                              # listed there: no podman process at all
     # the user's ranks and jobs on this node share the store's lock
     assert launch.lock == f"{tmp_path}/podman-store-{os.getuid()}/.pull-lock"
     assert launch.argv[-4:-2] == ["--pull=never", name]
