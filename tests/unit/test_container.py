@@ -609,6 +609,8 @@ def test_tether_run_enroot_sequence_and_exit_code(tmp_path, fake_runtimes, runti
     proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
                        "--container-image=docker://busybox", "--", "true")
     assert proc.returncode == 4, proc.stderr
+    assert "tether: importing docker://busybox (enroot) ...\n" in proc.stderr      # what happens, said
+    assert "tether: importing docker://busybox (enroot): done in " in proc.stderr
     calls = fake_runtimes.calls("enroot")
     assert [c["argv"][1] for c in calls] == ["import", "create", "start", "remove"]
     (started,) = fake_runtimes.calls("enroot-container")
@@ -622,6 +624,13 @@ def test_tether_run_enroot_sequence_and_exit_code(tmp_path, fake_runtimes, runti
                        "--container-image=docker://busybox", "--", "true")
     assert proc.returncode == 0, proc.stderr
     assert [c["argv"][1] for c in fake_runtimes.calls("enroot")][4:] == ["create", "start", "remove"]
+    # nor does another job's step on this node: the image is in the user's store (issue 14)
+    other = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
+                        "--container-image=docker://busybox", "--", "true", rank_dir=tmp_path / "8/n1/step-0/rank-0",
+                        SLURM_JOB_ID="8", SLURM_STEP_ID="0")
+    assert other.returncode == 0, other.stderr
+    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")][7:] == ["create", "start", "remove"]
+    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")].count("import") == 1
 
 
 def test_enroot_runs_for_a_user_without_a_runtime_directory(public_dir):
