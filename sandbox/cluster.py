@@ -574,13 +574,17 @@ class Sandbox:
     def _heal_podman(self, *, log=print) -> None:
         """The job user's rootless podman state may name processes that are gone (this machine's
         processes were killed, not stopped: a snapshot, a crash): podman then refuses every command
-        until it is repaired, as jobs repair it (podman.repair_stale_state)."""
-        podman = self.user_podman()
-        repair_stale_state(podman, tell=lambda m: log(f"{self.user}: {m}"), cwd="/")
-        try:
-            run_command([*podman, "ps", "--quiet"], timeout=120, cwd="/")
-        except CommandError as exc:
-            raise SandboxError(f"podman does not work for {self.user}: {exc}") from None
+        until it is repaired, as jobs repair it (podman.repair_stale_state) -- in tether's store
+        and in the user's default one (podman by hand, the tests' and benchmarks' baseline)."""
+        settings = self.tether_settings()["container"]["podman"]
+        by_hand = ["runuser", "-u", self.user, "--", "env", *(f"{k}={v}" for k, v in settings["env"].items()),
+                   "podman", *settings["args"]]
+        for podman in (self.user_podman(), by_hand):   # the store tether uses, and the user's default one
+            repair_stale_state(podman, tell=lambda m: log(f"{self.user}: {m}"), cwd="/")
+            try:
+                run_command([*podman, "ps", "--quiet"], timeout=120, cwd="/")
+            except CommandError as exc:
+                raise SandboxError(f"podman does not work for {self.user}: {exc}") from None
 
     def _start_registry(self) -> None:
         """docker-registry runs in the foreground; ready when its port answers. Both registries."""
