@@ -126,6 +126,7 @@ class LaunchSpec(Record):
         "job_id": "0", "step_id": "0", "rank": "0",
         "gpus": (),               # the rank's GPU ids as the resource manager bound them
         "slot_type": "cuda",
+        "mount_home": None,       # --[no-]container-mount-home; None: the runtime's own default
     }
     __slots__ = tuple(FIELDS)
     image: str
@@ -142,6 +143,7 @@ class LaunchSpec(Record):
     rank: str
     gpus: tuple[str, ...]
     slot_type: str
+    mount_home: bool | None
 
     @property
     def instance(self) -> str:
@@ -217,6 +219,12 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
     if writable and parse_flag(env.get("TETHER_CONTAINER_READONLY"), "--container-readonly"):
         raise LaunchError("--container-writable and --container-readonly ask for opposite things: give one "
                           "(read-only is the default)")
+    mount_home = parse_flag(env.get("TETHER_CONTAINER_MOUNT_HOME"), "--container-mount-home") or None
+    if parse_flag(env.get("TETHER_NO_CONTAINER_MOUNT_HOME"), "--no-container-mount-home"):
+        if mount_home:
+            raise LaunchError("--container-mount-home and --no-container-mount-home ask for opposite things: "
+                              "give one")
+        mount_home = False
     job = env.get("SLURM_JOB_ID") or env.get("PBS_JOBID", "0").split(".")[0] or "0"
     step = env.get("SLURM_STEP_ID") or env.get("PBS_TASKNUM") or "0"
     rank = env.get("RANK") or env.get("SLURM_PROCID") or "0"
@@ -228,7 +236,7 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
         name=name,
         rank_dir=env.get("TETHER_RANK_DIR") or None,
         job_id=_safe_id(job), step_id=_safe_id(step), rank=_safe_id(rank), gpus=gpus,
-        slot_type=env.get("TETHER_JOB_SLOT_TYPE", "cuda") or "cuda")
+        slot_type=env.get("TETHER_JOB_SLOT_TYPE", "cuda") or "cuda", mount_home=mount_home)
 
 
 def _safe_id(value: str) -> str:
@@ -239,13 +247,14 @@ def _safe_id(value: str) -> str:
 def check_container_options(values: Mapping[str, str], default_runtime: str) -> None:
     """Validate the --container-* options of a job at submit time (option name -> value), with the
     messages the run side would give: a bad request fails at sbatch, not when its steps start."""
-    if not any(name.startswith("container-") for name in values):
+    container = [name for name in values if name in BY_NAME and BY_NAME[name].is_container]
+    if not container:
         return
     env = {BY_NAME[name].env: value for name, value in values.items() if name in BY_NAME}
     if "container-image" not in values:
         raise LaunchError("--container-* options need --container-image")
     if values["container-image"] == "":     # --container-image= : no container (a step on the host)
-        if len([name for name in values if name.startswith("container-")]) > 1:
+        if len(container) > 1:
             raise LaunchError("--container-* options need --container-image (it is empty: no container)")
         return
     spec = spec_from_env(env, ["true"], default_runtime=default_runtime)

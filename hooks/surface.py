@@ -80,7 +80,7 @@ class Option:
 
     @property
     def is_container(self) -> bool:
-        return self.name.startswith("container-")
+        return self.name.startswith(("container-", "no-container-"))
 
     def __repr__(self) -> str:
         return f"Option({self.name!r})"
@@ -113,6 +113,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("container-writable", None, "flag", "writable container filesystem where the runtime supports it"),
     Option("container-readonly", None, "flag", "read-only container filesystem: the default (pyxis's name for it)"),
     Option("container-name", "NAME", "name", "reuse one container across the job's steps"),
+    Option("container-mount-home", None, "flag", "bind-mount your home directory at its own path (default: "
+           "the runtime's own: Apptainer/Singularity yes, podman no, enroot its config)"),
+    Option("no-container-mount-home", None, "flag", "do not bind-mount your home directory"),
 )
 
 _ASCII_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")

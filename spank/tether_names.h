@@ -19,6 +19,8 @@ enum tether_option {
 	OPT_CONTAINER_WRITABLE,
 	OPT_CONTAINER_READONLY,
 	OPT_CONTAINER_NAME,
+	OPT_CONTAINER_MOUNT_HOME,
+	OPT_NO_CONTAINER_MOUNT_HOME,
 	TETHER_NOPTS
 };
 
@@ -38,6 +40,8 @@ enum tether_option {
 		{ "container-writable", NULL, "[tether] writable container filesystem where the runtime supports it", K_FLAG, "TETHER_CONTAINER_WRITABLE", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-readonly", NULL, "[tether] read-only container filesystem: the default (pyxis's name for it)", K_FLAG, "TETHER_CONTAINER_READONLY", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-name", "NAME", "[tether] reuse one container across the job's steps", K_NAME, "TETHER_CONTAINER_NAME", NULL, 0L, 0L, NULL, 0 }, \
+		{ "container-mount-home", NULL, "[tether] bind-mount your home directory at its own path (default: the runtime's own: Apptainer/Singularity yes, podman no, enroot its config)", K_FLAG, "TETHER_CONTAINER_MOUNT_HOME", NULL, 0L, 0L, NULL, 0 }, \
+		{ "no-container-mount-home", NULL, "[tether] do not bind-mount your home directory", K_FLAG, "TETHER_NO_CONTAINER_MOUNT_HOME", NULL, 0L, 0L, NULL, 0 }, \
 	}
 
 #define TETHER_SLOT_TYPES "cuda", "rocm", "cpu"

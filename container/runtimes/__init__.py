@@ -189,6 +189,20 @@ class Runtime:
             return None
         return "rocm" if spec.slot_type == "rocm" else "cuda"
 
+    @staticmethod
+    def home_mounts(spec: LaunchSpec, host_env: Mapping[str, str]) -> tuple:
+        """``--container-mount-home``: the user's home directory at its own path (runtimes that do
+        not mount it themselves)."""
+        if not spec.mount_home:
+            return ()
+        from ..spec import Mount
+
+        home = host_env.get("HOME") or ""
+        if not home.startswith("/") or home.rstrip("/") in ("", "/tmp", "/run", "/run/tether") \
+                or not os.path.isdir(home):
+            raise LaunchError(f"--container-mount-home: HOME={home[:200]!r} is not a directory to mount on this node")
+        return (Mount(home.rstrip("/"), home.rstrip("/")),)
+
     def refuse_name(self, spec: LaunchSpec) -> None:
         if spec.name:
             raise LaunchError(f"--container-name is supported with --container-runtime=enroot only, not "

@@ -64,6 +64,8 @@ class Apptainer(Runtime):
             if name in passed and not host_side(name):
                 env.pop(name, None)
         argv = [self.binary, "exec", *self.args, "--cleanenv"]
+        if spec.mount_home is False:          # Apptainer/Singularity mount the home directory themselves
+            argv.append("--no-home")
         for mount in (*spec.rank_mounts(), *spec.mounts):
             argv += ["--bind", str(mount)]
         argv += ["--pwd", spec.workdir]

@@ -214,6 +214,8 @@ class Enroot(Runtime):
             env.setdefault("ENROOT_DATA_PATH", os.path.join(node_dir, "enroot", "data"))
             env.setdefault("ENROOT_CACHE_PATH", os.path.join(node_dir, "enroot", "cache"))
             env.setdefault("ENROOT_RUNTIME_PATH", os.path.join(step_dir, "enroot", "run"))
+        if spec.mount_home is not None:       # enroot's 10-home.sh hook (ENROOT_MOUNT_HOME): y or n
+            env["ENROOT_MOUNT_HOME"] = "y" if spec.mount_home else "n"
         before, lock = [], None
         if self.is_remote(spec.image):
             store = self.store_dir() or os.path.join(node_dir or env.get("TMPDIR", "/tmp"), "enroot")

@@ -526,13 +526,14 @@ class Podman(Runtime):
             fds = {**(fds or {}), names_fd: names_fd}
             argv += ["--env-file", f"/dev/fd/{names_fd}"]
         argv += self.own_env_args(own)
-        for mount in (*spec.rank_mounts(), *spec.mounts):
+        mounts = (*spec.mounts, *self.home_mounts(spec, host_env))
+        for mount in (*spec.rank_mounts(), *mounts):
             argv += ["--volume", str(mount)]
         argv += ["--workdir", spec.workdir]
         argv += devices
         if gpu == "rocm":
             argv += ["--device", "/dev/kfd", "--device", "/dev/dri"]
-        image_argv, before = self.image_plan(spec, glob)
+        image_argv, before = self.image_plan(spec, glob, mounts)
         if image_argv[:1] == ["--pull=never"]:
             self.mark_used(image_argv[1])
         argv += image_argv
@@ -656,7 +657,7 @@ class Podman(Runtime):
                 out.append(arg)
         return out + self.store_args(os.environ if env is None else env, create=create, uid=uid)
 
-    def image_plan(self, spec: LaunchSpec, glob: list[str]) -> tuple[list[str], list[tuple]]:
+    def image_plan(self, spec: LaunchSpec, glob: list[str], mounts=None) -> tuple[list[str], list[tuple]]:
         """(podman run's image arguments, the steps before the run: a pull or an import).
 
         A registry image is pulled once per user per node into the store, then run with
@@ -685,7 +686,7 @@ class Podman(Runtime):
             # the user's own rootfs: read-only as it is, or writable through an overlay whose
             # changes are discarded (podman 4.3 leaves the overlay's empty work directories behind)
             return ["--rootfs", f"{path}:O" if spec.writable else path], []
-        missing = missing_targets(path, spec.mounts)
+        missing = missing_targets(path, spec.mounts if mounts is None else mounts)
         if not spec.writable and not missing:
             return ["--rootfs", path], []           # a shared image, never written, nothing copied
         name = rootfs_image_name(path)

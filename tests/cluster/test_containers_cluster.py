@@ -147,10 +147,13 @@ def test_a_mount_onto_a_target_the_registry_image_lacks_just_works(cluster, regi
 
 
 
-def _make_stale(cluster, podman: list[str], name: str, image: str) -> None:
-    """A detached container whose conmon, the user's pause processes and the payload are then
-    SIGKILLed."""
+def _make_stale(cluster, podman: list[str], name: str, image: str, *, payload: bool = True) -> None:
+    """A detached container whose conmon and the user's pause processes are then SIGKILLed, and
+    the payload too unless ``payload`` is False."""
     uid = pwd.getpwnam(cluster.user).pw_uid
+    # a container still running (another test's step ending) gives podman a namespace to join
+    assert wait_until(lambda: not user_processes(cluster, "conmon"), timeout=90), \
+        cluster.run(["ps", "-u", cluster.user, "-o", "pid,ppid,stat,etime,args"], check=False).stdout
     cluster.run([*podman, "run", "-d", "--name", name, "--network=host", "--userns=keep-id", "--read-only",
                  "--rootfs", image, "sleep", "300"], cwd="/", timeout=60)
     victims = []
@@ -166,6 +169,19 @@ def _make_stale(cluster, podman: list[str], name: str, image: str) -> None:
     assert victims, "no conmon found for the detached container"
     for pid in victims:
         os.kill(pid, 9)
+
+    def dead(pid: int) -> bool:     # SIGKILL is not instant: podman would join a dying pause process
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            return True
+
+    assert wait_until(lambda: all(dead(pid) for pid in victims), timeout=10)
+    if payload:
+        _kill_sleepers(uid)
+
+
+def _kill_sleepers(uid: int) -> None:
     for proc in Path("/proc").iterdir():        # the container's sleep (its conmon is gone)
         try:
             if proc.name.isdigit() and proc.stat().st_uid == uid and (proc / "cmdline").read_bytes() == b"sleep\x00300\x00":
@@ -184,15 +200,17 @@ def test_a_stale_podman_state_left_by_killed_processes_heals_itself(cluster, ima
     podman = cluster.box.user_podman()              # the user's store as jobs use it
     name = f"tether-stale-{os.getpid()}"
     for attempt in range(3):
-        # podman rebuilds a fresh namespace instead of failing when its records name no running
-        # container (seen once here): then make the state again
-        _make_stale(cluster, podman, name, image)
+        # with everything killed, podman sometimes finds the container stopped (runc's state) and
+        # builds a fresh namespace instead of failing: then the payload is left running, so its
+        # records name a running container whose conmon and namespace holder are gone
+        _make_stale(cluster, podman, name, image, payload=attempt == 0)
         broken = cluster.run([*podman, "ps"], check=False, cwd="/")
         if broken.returncode != 0:
             break
         for _ in range(2):
             cluster.run([*podman, "rm", "--force", "--ignore", name], check=False, cwd="/")
-    assert broken.returncode != 0 and "podman system migrate" in broken.stderr, broken   # the stale state exists
+    assert broken.returncode != 0 and "podman system migrate" in broken.stderr, \
+        (broken, cluster.run(["ps", "-u", cluster.user, "-o", "pid,stat,args"], check=False).stdout)
     result = cluster.as_user(["srun", "-N1", f"--container-image={image}", "sh", "-c",
                               "echo in=$(grep -qF ' " + image + " / ' /proc/self/mountinfo && echo container)"])
     assert result.stdout.strip() == "in=container", result.stderr
@@ -203,6 +221,7 @@ def test_a_stale_podman_state_left_by_killed_processes_heals_itself(cluster, ima
     assert cluster.run([*podman, "ps"], check=False, cwd="/").returncode == 0
     for _ in range(2):      # the first rm of a container whose conmon was killed only marks it stopped
         cluster.run([*podman, "rm", "--force", "--ignore", name], check=False, cwd="/")
+    _kill_sleepers(pwd.getpwnam(cluster.user).pw_uid)
 
 
 def test_a_gpu_rank_in_a_container_sees_exactly_its_own_gpus(cluster, image):
@@ -433,6 +452,26 @@ def test_pyxis_container_readonly_is_the_default_and_contradicting_writable_is_r
                                    "--container-writable", *([] if command[0] == "sbatch" else ["true"])], check=False)
         assert refused.returncode != 0, refused
         assert "--container-writable and --container-readonly ask for opposite things" in refused.stderr, refused.stderr
+
+
+def test_pyxis_container_mount_home_on_and_off(cluster, image):
+    """Issue 15 (pyxis parity): --container-mount-home mounts the user's home at its own path
+    (podman's default is not to: a shared image without that directory is imported into the
+    user's store for it); --no-container-mount-home with it is refused at submit."""
+    home = Path(pwd.getpwnam(cluster.user).pw_dir)
+    marker = home / f"tether-home-{os.getpid()}"
+    _write_as(cluster.user, marker, "mine\n")
+    try:
+        on = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-mount-home", "cat", str(marker)])
+        assert on.stdout == "mine\n", on.stderr
+        off = cluster.as_user(["srun", "-N1", f"--container-image={image}", "sh", "-c",
+                               f"test -e {marker} && echo seen || echo absent"])
+        assert off.stdout.strip() == "absent", off.stderr
+    finally:
+        marker.unlink(missing_ok=True)
+    both = cluster.as_user(["sbatch", "-H", f"--container-image={image}", "--container-mount-home",
+                            "--no-container-mount-home", "--wrap", "true"], check=False)
+    assert both.returncode != 0 and "ask for opposite things" in both.stderr, both.stderr
 
 
 # ---- images (issue 14); last: a podman process of theirs may outlive a step for a moment, and

@@ -1306,3 +1306,43 @@ def test_podman_a_failed_command_whose_output_says_nothing_stale_is_not_retried(
     podman = Podman({"binary": str(_fake_podman(tmp_path, stale=False))})
     assert podman.recover_state(dict(os.environ), "Error: no such image") is False
     assert capsys.readouterr().err == ""
+
+
+def test_container_mount_home_on_off_or_the_runtimes_own_default(tmp_path):
+    """Issue 15 (pyxis parity): --container-mount-home / --no-container-mount-home; neither: each
+    runtime's own default (Apptainer/Singularity mount home, podman does not, enroot per its
+    config). Both at once are refused, at submit too."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**HOST, "TETHER_CONTAINER_IMAGE": str(tmp_path), "HOME": str(home)}
+    assert spec_from_env(env, ["true"], default_runtime="podman").mount_home is None
+    on = spec_from_env({**env, "TETHER_CONTAINER_MOUNT_HOME": "1"}, ["true"], default_runtime="podman")
+    off = spec_from_env({**env, "TETHER_NO_CONTAINER_MOUNT_HOME": "1"}, ["true"], default_runtime="podman")
+    assert (on.mount_home, off.mount_home) == (True, False)
+    with pytest.raises(LaunchError, match="ask for opposite things"):
+        spec_from_env({**env, "TETHER_CONTAINER_MOUNT_HOME": "1", "TETHER_NO_CONTAINER_MOUNT_HOME": "1"}, ["true"],
+                      default_runtime="podman")
+    with pytest.raises(LaunchError, match="ask for opposite things"):
+        check_container_options({"container-image": "/i", "container-mount-home": "1",
+                                 "no-container-mount-home": "1"}, "podman")
+    with pytest.raises(LaunchError, match="need --container-image"):
+        check_container_options({"no-container-mount-home": "1"}, "podman")
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    host = {**HOST, "HOME": str(home)}
+    podman = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", mount_home=True), host).argv
+    assert ["--volume", f"{home}:{home}"] in [podman[i:i + 2] for i in range(len(podman))]
+    plain = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), host).argv
+    assert f"{home}:{home}" not in plain
+    with pytest.raises(LaunchError, match="is not a directory to mount"):
+        adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", mount_home=True),
+                                     {**HOST, "HOME": str(tmp_path / "nope")})
+    sif = tmp_path / "img.sif"
+    sif.write_text("")
+    assert "--no-home" in adapter("apptainer", {}).launch(spec(image=str(sif), mount_home=False), host).argv
+    assert "--no-home" not in adapter("apptainer", {}).launch(spec(image=str(sif), mount_home=True), host).argv
+    sqsh = tmp_path / "img.sqsh"
+    sqsh.write_text("")
+    for value, expected in ((True, "y"), (False, "n"), (None, None)):
+        launch = adapter("enroot", {}).launch(spec(image=str(sqsh), runtime="enroot", mount_home=value), host)
+        assert launch.env.get("ENROOT_MOUNT_HOME") == expected
