@@ -739,7 +739,8 @@ def import_rootfs(path: str, podman: Sequence[str], name: str, env: Mapping[str,
             tar.stdout.close()
             tar_code = tar.wait()
         errors.seek(0)
-        unreadable = errors.read().decode(errors="replace").splitlines()
+        unreadable = [line for line in errors.read().decode(errors="replace").splitlines()
+                      if not line.startswith("tar: Exiting with failure status")]     # tar's summary line
     if imp.returncode != 0:
         said = (imp.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
         raise LaunchError(f"could not import the rootfs {path} into podman's store: {said}")

@@ -1346,3 +1346,27 @@ def test_container_mount_home_on_off_or_the_runtimes_own_default(tmp_path):
     for value, expected in ((True, "y"), (False, "n"), (None, None)):
         launch = adapter("enroot", {}).launch(spec(image=str(sqsh), runtime="enroot", mount_home=value), host)
         assert launch.env.get("ENROOT_MOUNT_HOME") == expected
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to make a file the importing user cannot read")
+def test_a_rootfs_import_counts_the_files_the_user_cannot_read(capfd):
+    """tar as the user leaves out what the user could not read in the container either, and says
+    how many (its own summary line is not one of them)."""
+    import shutil
+    import tempfile
+
+    from tether.container.runtimes.podman import import_rootfs
+
+    base = tempfile.mkdtemp(dir="/var/tmp")
+    try:
+        os.chmod(base, 0o755)
+        (Path(base) / "bin").mkdir(mode=0o755)
+        (Path(base) / "bin" / "tool").write_text("x")
+        (Path(base) / "secret").write_text("s")
+        os.chmod(Path(base) / "secret", 0o600)
+        sink = [sys.executable, "-c", "import sys; sys.stdin.buffer.read()"]     # podman import, reading it all
+        assert _as_user(65534, lambda: import_rootfs(base, sink, "localhost/x:1")) is None
+        err = capfd.readouterr().err
+        assert "tether: 1 file(s) of " in err and "./secret: Cannot open: Permission denied" in err, err
+    finally:
+        shutil.rmtree(base)
