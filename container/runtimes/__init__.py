@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import stat
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.imageref import ImageRef, ImageRefError, parse_image
@@ -207,6 +208,39 @@ class Runtime:
         if spec.name:
             raise LaunchError(f"--container-name is supported with --container-runtime=enroot only, not "
                               f"{self.name}")
+
+
+def own_directory(path: str, uid: int, what: str, *, private: bool) -> None:
+    """Refuse ``path`` unless it is a real directory (not a symlink) of ``uid``; ``private``: and
+    nobody else may enter it (made so when it is the user's own)."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise LaunchError(f"{what} {path}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+        raise LaunchError(f"{what} {path} is not a directory of yours (uid {uid}): tether will not use a store "
+                          f"another user could change; an admin removes it")
+    if private and st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
+def store_directory(template: str, uid: int, what: str = "podman store") -> str | None:
+    """This user's store on this node from a ``container.<runtime>.store`` template (None: the
+    runtime's own default). Made 0700 on first use; every directory from the first one named
+    after the user down must be the user's own -- a store planted by another user (a symlink, a
+    directory of theirs) would let them change the images this user runs."""
+    if not template:
+        return None
+    path = template.replace("{uid}", str(uid)).rstrip("/")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise LaunchError(f"image store {path} (container.*.store): cannot create it: {exc.strerror}") from None
+    parts = path.split("/")
+    first = template.split("{uid}", 1)[0].count("/")
+    for end in range(first + 1, len(parts) + 1):
+        own_directory("/".join(parts[:end]), uid, what, private=end == len(parts))
+    return path
 
 
 def adapter(name: str, settings: Mapping, **kw) -> Runtime:

@@ -22,8 +22,7 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 from ...hooks.imageref import ImageRefError, parse_image
 from ..launch import progress
 from ..spec import LaunchError
-from . import Launch, Runtime
-from .podman import store_directory
+from . import Launch, Runtime, store_directory
 
 DEFAULT_STORE = "/var/tmp/tether-enroot-{uid}"     # container.enroot.store's default
 
@@ -111,7 +110,7 @@ class Enroot(Runtime):
         if not self.store_template:
             return None
         if create:
-            return store_directory(self.store_template, os.getuid())
+            return store_directory(self.store_template, os.getuid(), "enroot store")
         return self.store_template.replace("{uid}", str(os.getuid())).rstrip("/")
 
     def import_steps(self, image: str, store: str) -> tuple[str, list[tuple], str]:
@@ -177,7 +176,7 @@ class Enroot(Runtime):
         store = self.store_dir(create=False)
         if not store or not os.path.isdir(store) or os.path.islink(store):
             return []
-        store_directory(self.store_template, os.getuid())           # the user's own, or refused
+        store_directory(self.store_template, os.getuid(), "enroot store")   # the user's own, or refused
         lock_fd = os.open(os.path.join(store, ".import-lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                           0o600)
         removed = []

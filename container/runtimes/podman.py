@@ -25,7 +25,7 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 from ...hooks.layout import CLEANUP_MARKER
 from ..launch import cgroup_paths, progress, remove_file, report
 from ..spec import LaunchError
-from . import Launch, Runtime
+from . import Launch, Runtime, own_directory, store_directory
 
 if TYPE_CHECKING:
     from typing import Mapping, Sequence
@@ -253,40 +253,7 @@ def _devices_confined() -> bool:
     return "devices" in slurm_controllers()
 
 
-def _own_directory(path: str, uid: int, what: str, *, private: bool) -> None:
-    """Refuse ``path`` unless it is a real directory (not a symlink) of ``uid``; ``private``: and
-    nobody else may enter it (made so when it is the user's own)."""
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        raise LaunchError(f"{what} {path}: {exc.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
-        raise LaunchError(f"{what} {path} is not a directory of yours (uid {uid}): podman will not use a store "
-                          f"another user could change; an admin removes it")
-    if private and st.st_mode & 0o077:
-        os.chmod(path, 0o700)
-
-
 DEFAULT_STORE = "/var/tmp/tether-podman-{uid}"     # container.podman.store's default
-
-
-def store_directory(template: str, uid: int) -> str | None:
-    """This user's podman store on this node from ``container.podman.store`` (None: podman's own
-    default). Made 0700 on first use; every directory from the first one named after the user down
-    must be the user's own -- a store planted by another user (a symlink, a directory of theirs)
-    would let them change the images this user runs."""
-    if not template:
-        return None
-    path = template.replace("{uid}", str(uid)).rstrip("/")
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise LaunchError(f"podman store {path} (container.podman.store): cannot create it: {exc.strerror}") from None
-    parts = path.split("/")
-    first = template.split("{uid}", 1)[0].count("/")
-    for end in range(first + 1, len(parts) + 1):
-        _own_directory("/".join(parts[:end]), uid, "podman store", private=end == len(parts))
-    return path
 
 
 def run_base(env: Mapping[str, str], uid: int) -> str:
@@ -325,7 +292,7 @@ class Podman(Runtime):
                     pass
                 except OSError as exc:
                     raise LaunchError(f"podman's run directory {base}: {exc.strerror}") from None
-                _own_directory(base, uid, "podman's run directory", private=False)
+                own_directory(base, uid, "podman's run directory", private=False)
         else:
             store = self.store_template.replace("{uid}", str(uid)).rstrip("/")
         # Not --tmpdir: libpod's state there (the boot marker whose absence makes podman reset
