@@ -363,7 +363,8 @@ class Podman(Runtime):
             return
         try:
             os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
-            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            # non-blocking: a FIFO planted there fails at once (ENXIO) instead of hanging the rank
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
             try:
                 os.utime(fd)
             finally:

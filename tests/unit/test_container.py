@@ -1370,3 +1370,20 @@ def test_a_rootfs_import_counts_the_files_the_user_cannot_read(capfd):
         assert "tether: 1 file(s) of " in err and "./secret: Cannot open: Permission denied" in err, err
     finally:
         shutil.rmtree(base)
+
+
+def test_a_fifo_as_an_image_use_marker_does_not_hang_the_rank(tmp_path):
+    """The store is the user's own, but a FIFO where tether records an image's last use must not
+    hang a rank (an O_WRONLY open of a FIFO without a reader blocks)."""
+    from tether.container.runtimes.podman import Podman
+
+    podman = Podman({"store": str(tmp_path / "s-{uid}")})
+    marker = podman._use_marker("localhost/x:1")
+    os.makedirs(os.path.dirname(marker))
+    os.mkfifo(marker)
+    signal.alarm(10)
+    try:
+        podman.mark_used("localhost/x:1")          # returns: nothing recorded, nothing hung
+    finally:
+        signal.alarm(0)
+    assert podman.last_use("localhost/x:1") is None
