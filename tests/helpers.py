@@ -111,8 +111,9 @@ class Cluster:
         return dict(line.split() for line in out.splitlines() if line.strip())
 
     def in_service(self) -> bool:
-        """No node left the idle/allocated states (drained, down, failing)."""
-        return all(state.rstrip("*~#$@+") in ("idle", "mixed", "allocated", "completing")
+        """No node left the idle/allocated states (drained, down, failing). "planned" is Slurm
+        22.05's idle node that backfill has reserved for a pending job: in service."""
+        return all(state.rstrip("*~#$@+") in ("idle", "mixed", "allocated", "completing", "planned")
                    for state in self.node_states().values())
 
 
