@@ -21,7 +21,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
-from ..hooks.surface import HOST_ONLY as _RANK_HOST_ONLY, RANK_NAMES, RUN_ARGV0
+from ..hooks.surface import HOST_ONLY as _RANK_HOST_ONLY, BATCH_VAR, RANK_NAMES, RUN_ARGV0
 from .spec import CONTAINER_TMP, CONTAINER_WORKDIR, is_env_name
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ IMAGE_PREFIXES = ("LD_",)
 RUNTIME_CONTROL = ("APPTAINER", "SINGULARITY", "ENROOT_", "CONTAINERS_", "PODMAN_", "BUILDAH_",
                    "_CONTAINERS_", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS")
 # Host-side paths of the per-rank directories: meaningless inside, replaced by OVERRIDES.
-HOST_ONLY = _RANK_HOST_ONLY + (RUN_ARGV0,)
+HOST_ONLY = _RANK_HOST_ONLY + (RUN_ARGV0, BATCH_VAR)
 
 
 def overrides(spec: LaunchSpec) -> dict[str, str]:

@@ -138,7 +138,9 @@ def execute(launch: Launch, *, subreaper: bool = False) -> NoReturn:
     this process is a child subreaper already (the SPANK plugin sets it before the launcher runs)."""
     try:
         run_before(launch)
-    except LaunchError as exc:
+        if launch.prepare is not None:
+            launch.argv = launch.prepare(launch.argv)
+    except (LaunchError, OSError, ValueError) as exc:
         report(str(exc))
         os._exit(EXIT_LAUNCH_FAILED)
     if not launch.supervise:
@@ -226,13 +228,45 @@ def _supervise(launch: Launch, subreaper: bool) -> int:
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     abnormal = (os.WIFSIGNALED(status) or bool(received) or monitor_killed is not None
                 or (launch.monitor is not None and code is not None and code >= 125))
+    saved = None
+    if launch.finish and not abnormal and os.WIFEXITED(status):
+        saved = save_container(launch)
     cleaned = all([_run_quietly(argv, launch.env) for argv in launch.after])
     if abnormal and launch.container:
         cleaned = launch.runtime.remove(launch.container, launch.env) and cleaned
     if launch.marker and cleaned:
         remove_file(launch.marker)
     _reap_descendants(GRACE_SECONDS)
-    return _outcome(launch, status, monitor_killed, not_created)
+    code = _outcome(launch, status, monitor_killed, not_created)
+    return EXIT_LAUNCH_FAILED if saved is False and code == 0 else code
+
+
+def save_container(launch: Launch) -> bool:
+    """--container-save: write the container to a file of this rank's own, then rename it into
+    place (never a half-written file at the path; nodes saving to one shared path: the last
+    one wins, whole). Tells the user where it went, or why not."""
+    from ..system.proc import CommandError, run_command
+
+    steps, partial, final = launch.finish
+    started = time.monotonic()
+    progress(f"saving the container to {final} ...")
+    try:
+        for argv in steps:
+            if callable(argv):       # a step tether runs itself (podman: the OCI archive)
+                argv(launch.env)
+            else:
+                run_command(argv, env=launch.env, timeout=3600)
+        os.rename(partial, final)
+    except (CommandError, LaunchError, OSError) as exc:
+        said = exc.strerror if isinstance(exc, OSError) else str(exc)
+        report(f"--container-save: could not save the container to {final}: {said}")
+        try:
+            remove_file(partial)
+        except OSError:
+            pass
+        return False
+    progress(f"saved the container to {final} in {time.monotonic() - started:.1f} s")
+    return True
 
 
 def _never_started(launch: Launch, status: int, received: list[int], killed: list) -> bool:

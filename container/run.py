@@ -58,7 +58,7 @@ def run_container(env: Mapping[str, str], command: Sequence[str], settings: Mapp
     """Start the container for ``command`` as ``env``'s TETHER_CONTAINER_* describe; never returns.
     ``subreaper``: the caller made this process a child subreaper already."""
     try:
-        spec = spec_from_env(env, command, default_runtime=settings["runtime"])
+        spec = spec_from_env(env, command, default_runtime=settings["runtime"], defaults=settings)
         runtime = adapter(spec.runtime, settings.get(spec.runtime) or {},
                           image_root=settings.get("apptainer_image_root", "/var/cache/tether/images"),
                           user_image_cache=settings.get("user_image_cache"),

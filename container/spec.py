@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..hooks.imageref import ImageRefError, parse_image
-from ..hooks.surface import BY_NAME, MAX_TEXT, RUNTIMES
+from ..hooks.surface import BATCH_VAR, BY_NAME, MAX_TEXT, RUNTIMES
 
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 # Where the per-rank directories appear inside every container, whatever the runtime.
 CONTAINER_TMP = "/tmp"
 CONTAINER_WORKDIR = "/run/tether/workdir"
+# --container-batch: where the batch script appears inside (under /run: a tmpfs podman mounts in a
+# read-only container, so any image takes it, and no path of the host's spool in the image)
+CONTAINER_BATCH_SCRIPT = "/run/tether/batch-script"
 
 # Plain string checks, not regular expressions: this runs once per rank, and `re` costs milliseconds.
 _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
@@ -99,17 +102,25 @@ class Record:
         return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self.FIELDS)})"
 
 
+# --container-mounts flags besides ro/rw (pyxis joins them with '+': SRC:DST:ro+rprivate), as
+# mount(8) spells them; each runtime passes on those it can (Apptainer: none, only ro).
+MOUNT_FLAGS = ("nosuid", "nodev", "noexec", "private", "rprivate", "slave", "rslave", "shared", "rshared")
+
+
 class Mount(Record):
     """A bind mount from the host into the container."""
 
-    FIELDS = {"source": "", "target": "", "readonly": False}
+    FIELDS = {"source": "", "target": "", "readonly": False, "flags": ()}
     __slots__ = tuple(FIELDS)
     source: str
     target: str
     readonly: bool
+    flags: tuple[str, ...]      # of MOUNT_FLAGS
 
     def __str__(self) -> str:
-        return f"{self.source}:{self.target}" + (":ro" if self.readonly else "")
+        """``SRC:DST[:ro[,FLAG...]]``: podman's --volume spelling (Apptainer's where no flag is set)."""
+        options = ("ro",) * self.readonly + tuple(self.flags)
+        return f"{self.source}:{self.target}" + (f":{','.join(options)}" if options else "")
 
 
 class LaunchSpec(Record):
@@ -127,6 +138,10 @@ class LaunchSpec(Record):
         "gpus": (),               # the rank's GPU ids as the resource manager bound them
         "slot_type": "cuda",
         "mount_home": None,       # --[no-]container-mount-home; None: the runtime's own default
+        "remap_root": None,       # --[no-]container-remap-root; None: the runtime's own default
+        "entrypoint": False,      # --[no-]container-entrypoint: run the image's entrypoint first
+        "save": None,             # --container-save: where this rank saves its container (an absolute path)
+        "batch_script": None,     # the batch script's path, when the batch script runs in the container
     }
     __slots__ = tuple(FIELDS)
     image: str
@@ -144,12 +159,21 @@ class LaunchSpec(Record):
     gpus: tuple[str, ...]
     slot_type: str
     mount_home: bool | None
+    remap_root: bool | None
+    entrypoint: bool
+    save: str | None
+    batch_script: str | None
 
     @property
     def instance(self) -> str:
         """A container name unique to this launch: tether-<job>-<step>-<rank> (or the job's name)."""
         if self.name:
             return f"tether-{self.job_id}-{self.name}"
+        return self.rank_instance
+
+    @property
+    def rank_instance(self) -> str:
+        """This rank's own container name, tether-<job>-<step>-<rank> (with --container-name too)."""
         return f"tether-{self.job_id}-{self.step_id}-{self.rank}"
 
     def rank_mounts(self) -> tuple[Mount, ...]:
@@ -177,15 +201,43 @@ def parse_mounts(text: str | None) -> tuple[Mount, ...]:
         parts = item.split(":")
         if len(parts) == 1:
             parts = [parts[0], parts[0]]
-        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
-            raise LaunchError(f"--container-mounts: {item!r} is not SRC:DST, SRC:DST:ro or SRC:DST:rw")
+        if len(parts) not in (2, 3):
+            raise LaunchError(f"--container-mounts: {item!r} is not SRC, SRC:DST or SRC:DST:FLAGS")
+        flags = [f for f in parts[2].split("+")] if len(parts) == 3 else []
+        unknown = [f for f in flags if f not in ("ro", "rw", *MOUNT_FLAGS)]
+        if unknown or not all(flags) and len(parts) == 3:
+            raise LaunchError(f"--container-mounts: {item!r}: unknown flag {(unknown or [''])[0]!r} (FLAGS are "
+                              f"joined with '+': ro, rw, {', '.join(MOUNT_FLAGS)})")
+        if "ro" in flags and "rw" in flags:
+            raise LaunchError(f"--container-mounts: {item!r} asks for both ro and rw")
         src = _check_path(parts[0], "--container-mounts source")
         dst = _check_path(parts[1], "--container-mounts target")
         if dst in ("/", CONTAINER_TMP, CONTAINER_WORKDIR):
             raise LaunchError(f"--container-mounts: {dst} is tether's own mount point (the root, the "
                               f"rank's /tmp or work directory); mount somewhere else")
-        mounts.append(Mount(src, dst, len(parts) == 3 and parts[2] == "ro"))
+        extra = tuple(dict.fromkeys(f for f in flags if f in MOUNT_FLAGS))
+        mounts.append(Mount(src, dst, "ro" in flags, extra))
     return tuple(mounts)
+
+
+def _either(env: Mapping[str, str], name: str, default: bool | None) -> bool | None:
+    """A ``--container-NAME`` / ``--no-container-NAME`` pair: True, False, or ``default`` when
+    neither is given; both is refused."""
+    on = parse_flag(env.get("TETHER_CONTAINER_" + name.upper().replace("-", "_")), f"--container-{name}")
+    off = parse_flag(env.get("TETHER_NO_CONTAINER_" + name.upper().replace("-", "_")), f"--no-container-{name}")
+    if on and off:
+        raise LaunchError(f"--container-{name} and --no-container-{name} ask for opposite things: give one")
+    return True if on else False if off else default
+
+
+def save_path(value: str, cwd: str | None = None) -> str:
+    """``--container-save=PATH`` as an absolute path (relative: to the working directory, as pyxis)."""
+    if not value:
+        raise LaunchError("--container-save: give the path of the file to save the container to")
+    path = os.path.normpath(os.path.join(cwd or os.getcwd(), value))
+    if path == "/" or value.endswith("/"):
+        raise LaunchError(f"--container-save={value!r}: give a file's path, not a directory")
+    return path
 
 
 def parse_env_names(text: str | None) -> tuple[str, ...]:
@@ -196,8 +248,12 @@ def parse_env_names(text: str | None) -> tuple[str, ...]:
     return names
 
 
-def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_runtime: str) -> LaunchSpec:
-    """The launch spec from ``TETHER_CONTAINER_*`` and the rank environment (Slurm or PBS)."""
+def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_runtime: str,
+                  defaults: Mapping | None = None) -> LaunchSpec:
+    """The launch spec from ``TETHER_CONTAINER_*`` and the rank environment (Slurm or PBS);
+    ``defaults``: the config's ``container`` section (the admin's defaults: mounts, entrypoint,
+    remap_root, mount_home)."""
+    defaults = defaults or {}
     image = _text(env, "TETHER_CONTAINER_IMAGE", "--container-image")
     if not image:
         raise LaunchError("no container image: set --container-image (TETHER_CONTAINER_IMAGE)")
@@ -219,24 +275,39 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
     if writable and parse_flag(env.get("TETHER_CONTAINER_READONLY"), "--container-readonly"):
         raise LaunchError("--container-writable and --container-readonly ask for opposite things: give one "
                           "(read-only is the default)")
-    mount_home = parse_flag(env.get("TETHER_CONTAINER_MOUNT_HOME"), "--container-mount-home") or None
-    if parse_flag(env.get("TETHER_NO_CONTAINER_MOUNT_HOME"), "--no-container-mount-home"):
-        if mount_home:
-            raise LaunchError("--container-mount-home and --no-container-mount-home ask for opposite things: "
-                              "give one")
-        mount_home = False
+    mount_home = _either(env, "mount-home", defaults.get("mount_home"))
+    remap_root = _either(env, "remap-root", defaults.get("remap_root"))
+    entrypoint = bool(_either(env, "entrypoint", bool(defaults.get("entrypoint"))))
+    parse_flag(env.get("TETHER_CONTAINER_ENTRYPOINT_LOG"), "--container-entrypoint-log")   # accepted, see surface
+    save = _text(env, "TETHER_CONTAINER_SAVE", "--container-save")
+    save = save_path(save) if save else None       # relative: to the rank's working directory
+    mounts = parse_mounts(_text(env, "TETHER_CONTAINER_MOUNTS", "--container-mounts"))
+    if defaults.get("mounts"):       # the admin's, unless the user mounts something at the same target
+        taken = {m.target for m in mounts}
+        mounts = tuple(m for m in parse_mounts(",".join(defaults["mounts"])) if m.target not in taken) + mounts
     job = env.get("SLURM_JOB_ID") or env.get("PBS_JOBID", "0").split(".")[0] or "0"
-    step = env.get("SLURM_STEP_ID") or env.get("PBS_TASKNUM") or "0"
+    batch = env.get(BATCH_VAR) == "1"         # set by the SPANK plugin for a --container-batch script
+    batch_script = None
+    if batch:              # the script (in slurmd's spool) runs from where it is mounted inside
+        batch_script = command[0]
+        if not os.path.isabs(batch_script) or _path_bad(batch_script):
+            raise LaunchError(f"--container-batch: cannot mount the batch script {batch_script[:200]!r}")
+        command = (CONTAINER_BATCH_SCRIPT, *command[1:])
+    step = "batch" if batch else env.get("SLURM_STEP_ID") or env.get("PBS_TASKNUM") or "0"
     rank = env.get("RANK") or env.get("SLURM_PROCID") or "0"
     gpus = tuple(g for g in (env.get("TETHER_SLOT_IDS") or "").split(",") if g)
     return LaunchSpec(
         image=image, runtime=runtime, command=tuple(command),
-        mounts=parse_mounts(_text(env, "TETHER_CONTAINER_MOUNTS", "--container-mounts")), workdir=workdir,
+        mounts=mounts, workdir=workdir,
         env_names=parse_env_names(_text(env, "TETHER_CONTAINER_ENV", "--container-env")), writable=writable,
         name=name,
         rank_dir=env.get("TETHER_RANK_DIR") or None,
         job_id=_safe_id(job), step_id=_safe_id(step), rank=_safe_id(rank), gpus=gpus,
-        slot_type=env.get("TETHER_JOB_SLOT_TYPE", "cuda") or "cuda", mount_home=mount_home)
+        slot_type=env.get("TETHER_JOB_SLOT_TYPE", "cuda") or "cuda", mount_home=mount_home,
+        remap_root=remap_root, entrypoint=entrypoint,
+        # one container per node is saved, as pyxis saves its one per node: the node's first rank's
+        save=save if (env.get("LOCAL_RANK") or env.get("SLURM_LOCALID") or "0") == "0" else None,
+        batch_script=batch_script)
 
 
 def _safe_id(value: str) -> str:
@@ -257,7 +328,10 @@ def check_container_options(values: Mapping[str, str], default_runtime: str) -> 
         if len(container) > 1:
             raise LaunchError("--container-* options need --container-image (it is empty: no container)")
         return
-    spec = spec_from_env(env, ["true"], default_runtime=default_runtime)
-    if spec.name and spec.runtime != "enroot":
-        raise LaunchError(f"--container-name is supported with --container-runtime=enroot only, not "
-                          f"{spec.runtime}")
+    spec = spec_from_env(env, ["true"], default_runtime=default_runtime, defaults={"mount_home": None})
+    if spec.name and spec.runtime not in ("enroot", "podman"):
+        raise LaunchError(f"--container-name: {spec.runtime} keeps no container between steps (enroot and "
+                          f"podman do)")
+    if env.get("TETHER_CONTAINER_SAVE") and spec.runtime in ("apptainer", "singularity"):
+        raise LaunchError(f"--container-save: {spec.runtime} keeps no container to save (it runs the image "
+                          f"itself); use podman or enroot, or build a new image with `{spec.runtime} build`")

@@ -26,6 +26,9 @@ PROJECT_SOURCE_PATTERN = r"project|workspace|label(:[A-Za-z0-9_.-]+)?|account|us
 STORAGE_PATH_PATTERN = r"(?:/[A-Za-z0-9_-][A-Za-z0-9._-]*)+/?"
 STORAGE_PATH_ACCEPTED = "an absolute path of letters, digits, '.', '_', '-' (no component starting with '.')"
 USER_CACHE_PATTERN = r"(?:\{home\})?(?:/(?:[A-Za-z0-9_.-]|\{uid\})+)+/?"
+# container.mounts: what --container-mounts takes for one mount (tether.container.spec.parse_mounts)
+_MOUNT_FLAG = r"(?:ro|rw|nosuid|nodev|noexec|r?private|r?slave|r?shared)"
+MOUNT_PATTERN = rf"/[^,:\s]*(?::/[^,:\s]*(?::{_MOUNT_FLAG}(?:\+{_MOUNT_FLAG})*)?)?"
 # a per-user directory on each node: absolute, {uid} in it (one per user), or empty
 PODMAN_STORE_PATTERN = r"|(?:/(?:[A-Za-z0-9_.-]|\{uid\})+)*/(?:[A-Za-z0-9_.-]*\{uid\}[A-Za-z0-9_.-]*)(?:/[A-Za-z0-9_.-]+)*/?"
 
@@ -116,6 +119,22 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
                                 accepted="an absolute path, or one starting with {home}; {uid} is the user's id",
                                 doc="where a user's own image conversions go (only that user writes and "
                                     "uses them)"),
+        "mounts": List(item=Str(pattern=MOUNT_PATTERN, accepted="SRC[:DST[:FLAGS]] with absolute paths and FLAGS "
+                                "joined with '+' (ro, rw, nosuid, nodev, noexec, [r]private, [r]slave, [r]shared), "
+                                "as --container-mounts"), default=[],
+                       doc="bind mounts into every container (e.g. /scratch, /etc/slurm:/etc/slurm:ro); a user's "
+                           "--container-mounts onto the same target wins"),
+        "entrypoint": Bool(default=False,
+                           doc="run the image's entrypoint before the command by default (pyxis's "
+                               "execute_entrypoint; users choose with --[no-]container-entrypoint)"),
+        "remap_root": Bool(nullable=True, default=None,
+                           doc="root (uid 0) inside containers by default (a user namespace: no privilege on "
+                               "the host); null: each runtime's own default (tether's podman: yourself, "
+                               "enroot: its config); users choose with --[no-]container-remap-root"),
+        "mount_home": Bool(nullable=True, default=None,
+                           doc="bind-mount the user's home directory by default; null: each runtime's own "
+                               "default (Apptainer yes, podman no, enroot its config); users choose with "
+                               "--[no-]container-mount-home"),
         "apptainer": _runtime("apptainer", "Apptainer settings"),
         "singularity": _runtime("singularity", "Singularity settings"),
         "podman": _runtime(

@@ -107,7 +107,8 @@ OPTIONS: tuple[Option, ...] = (
            "host"),
     Option("container-runtime", "apptainer|singularity|podman|enroot", "runtime",
            "container runtime (default from the config)"),
-    Option("container-mounts", "SRC:DST[:ro],...", "text", "bind mounts into the container"),
+    Option("container-mounts", "SRC:DST[:FLAGS],...", "text", "bind mounts into the container; FLAGS "
+           "joined with '+': ro, rw, nosuid, nodev, noexec, [r]private, [r]slave, [r]shared"),
     Option("container-workdir", "DIR", "text", "working directory inside the container"),
     Option("container-env", "NAME,...", "env_names", "host variables that win over the image's"),
     Option("container-writable", None, "flag", "writable container filesystem where the runtime supports it"),
@@ -116,6 +117,18 @@ OPTIONS: tuple[Option, ...] = (
     Option("container-mount-home", None, "flag", "bind-mount your home directory at its own path (default: "
            "the runtime's own: Apptainer/Singularity yes, podman no, enroot its config)"),
     Option("no-container-mount-home", None, "flag", "do not bind-mount your home directory"),
+    Option("container-remap-root", None, "flag", "be root (uid 0) inside the container: a user namespace, "
+           "no privilege on the host (default: yourself, or the config's container.remap_root)"),
+    Option("no-container-remap-root", None, "flag", "be yourself inside the container"),
+    Option("container-entrypoint", None, "flag", "run the image's entrypoint before the command (default: "
+           "not, as pyxis; or the config's container.entrypoint)"),
+    Option("no-container-entrypoint", None, "flag", "do not run the image's entrypoint"),
+    Option("container-entrypoint-log", None, "flag", "accepted for pyxis scripts: the entrypoint's output "
+           "is always the rank's own output"),
+    Option("container-save", "PATH", "text", "after the step, save the first rank's container of each node "
+           "(podman: an OCI archive; enroot: squashfs); relative to the working directory"),
+    Option("container-batch", None, "flag", "run the batch script itself in the container too (default: on "
+           "the host, where its srun works)"),
 )
 
 _ASCII_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
@@ -216,6 +229,8 @@ RANK_NAMES = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE
 HOST_ONLY = tuple(v.name for v in RANK_ENV if v.host_only)
 # Set by the hand-off to the container launcher (Slurm 22.05 cannot prepend to a task's argv).
 RUN_ARGV0 = "TETHER_RUN_ARGV0"
+# Set with it for a batch script handed over (--container-batch): the command is the script's path.
+BATCH_VAR = "TETHER_RUN_BATCH"
 
 
 def _cell(text: str) -> str:

@@ -117,12 +117,16 @@ def submit(pbs: Any, e: Any, settings: dict) -> None:
     variables = dict(changed)
     if e.type == pbs.MODIFYJOB and e.job_o is not None:    # qalter -v: the changes over the job's own
         variables = {**dict(e.job_o.Variable_List or {}), **variables}
-    if not values and not any(str(name).startswith("TETHER_CONTAINER_") for name in changed):
+    if not values and not any(str(name).startswith(("TETHER_CONTAINER_", "TETHER_NO_CONTAINER_")) for name in changed):
         e.accept()                                   # not a tether job, or nothing tether checks changed
     try:
         config = load_hook_config(settings)
         try:
-            check_container_options(container_values(variables), config.data["container"]["runtime"])
+            container = container_values(variables)
+            if container.get("container-batch", "0").lower() not in ("0", "false", "no", "off"):
+                raise LaunchError("--container-batch is for Slurm: under PBS the job script stays on the host "
+                                  "and its pbs_tmrsh/mpiexec tasks run in containers")
+            check_container_options(container, config.data["container"]["runtime"])
         except LaunchError as exc:
             raise RequestError(pbs_spelling(str(exc))) from None
         if not values:

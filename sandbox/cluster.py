@@ -103,6 +103,7 @@ auth:
 """
 PRIVATE_REGISTRY_USER = "tether"
 BUSYBOX_REPOSITORY, BUSYBOX_TAG = "tether/busybox", "1"
+ENTRYPOINT_REPOSITORY = "tether/entrypoint"     # the same files with an ENTRYPOINT and an ENV
 
 
 class SandboxError(TetherError):
@@ -684,11 +685,20 @@ class Sandbox:
             time.sleep(0.2)
         raise SandboxError(f"{name} did not become ready within {timeout:g} s; see {log_path}")
 
-    def registry_image(self, *, log=print) -> str:
+    def entrypoint_image(self, *, log=print) -> str:
+        """The busybox image with an ENTRYPOINT that says it ran and then runs its arguments, and an
+        ENV of its own (--container-entrypoint, --container-save); its reference."""
+        return self.registry_image(log=log, repository=ENTRYPOINT_REPOSITORY, changes=(
+            'ENTRYPOINT ["/bin/sh", "-c", "echo entrypoint ran; exec \\"$@\\"", "entrypoint"]',
+            'CMD ["/bin/sh"]', "ENV TETHER_IMAGE_ENV=from-the-image"))
+
+    def registry_image(self, *, log=print, repository: str = BUSYBOX_REPOSITORY,
+                       changes: tuple[str, ...] = ("CMD /bin/sh",)) -> str:
         """The busybox image in the sandbox's registry (pushed there once, by root, with a podman
-        store of the sandbox's own); its reference as a user writes it."""
-        ref = f"{self.registry_address}/{BUSYBOX_REPOSITORY}:{BUSYBOX_TAG}"
-        if self._registry_has(BUSYBOX_REPOSITORY, BUSYBOX_TAG):
+        store of the sandbox's own); its reference as a user writes it. ``repository`` and
+        ``changes`` (podman import --change): another image of the same files."""
+        ref = f"{self.registry_address}/{repository}:{BUSYBOX_TAG}"
+        if self._registry_has(repository, BUSYBOX_TAG):
             return ref
         rootfs = Path(self.busybox_image())
         store = ["--root", str(self.root / "podman" / "root"), "--runroot", str(self.root / "podman" / "run"),
@@ -699,8 +709,9 @@ class Sandbox:
         tar.parent.mkdir(parents=True, exist_ok=True)
         try:
             run_command(["tar", "-C", str(rootfs), "-cf", str(tar), "."], timeout=120)
-            local = f"localhost/{BUSYBOX_REPOSITORY}:{BUSYBOX_TAG}"
-            run_command(["podman", *store, "import", "--change", "CMD /bin/sh", str(tar), local], env=env, timeout=300)
+            local = f"localhost/{repository}:{BUSYBOX_TAG}"
+            run_command(["podman", *store, "import", *(a for c in changes for a in ("--change", c)), str(tar), local],
+                        env=env, timeout=300)
             # Docker v2s2: enroot's importer gets 404 on the OCI manifest (DESIGN.md, verified)
             run_command(["podman", *store, "push", "--tls-verify=false", "--format", "v2s2", local, f"docker://{ref}"],
                         env=env, timeout=300)

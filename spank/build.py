@@ -71,6 +71,7 @@ def names_header() -> str:
         f"#define TETHER_MAX_TEXT {surface.MAX_TEXT}",
         f"#define TETHER_IMAGE_FORMS {c_string(surface.IMAGE_FORMS)}",
         f"#define TETHER_ENV_RUN_ARGV0 {c_string(surface.RUN_ARGV0)}",
+        f"#define TETHER_ENV_RUN_BATCH {c_string(surface.BATCH_VAR)}",
         "",
         "/* the layout under job_storage_root */",
         f"#define TETHER_DEFAULT_JOB_STORAGE_ROOT {c_string(storage_root)}",

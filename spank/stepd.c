@@ -151,23 +151,29 @@ int tether_stepd_post_opt(spank_t sp)
 
 	env_fallbacks(sp);
 	step.tether = tether_any_option();
-	if (!step.tether)
-		return 0; /* not a tether step: nothing at all */
 	if (spank_get_item(sp, S_JOB_UID, &step.uid) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_GID, &step.gid) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_ID, &step.job_id) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_STEPID, &step.step_id) != ESPANK_SUCCESS) {
-		tether_fail("tether: cannot read the job's uid, gid, id or step id");
+		if (step.tether)
+			tether_fail("tether: cannot read the job's uid, gid, id or step id");
+		step.tether = 0;
+		step.job_id = 0;
 		return 0;
 	}
+	if (!step.tether)
+		return 0; /* not a tether step: nothing (but its end, for a batch step: tether_stepd_exit) */
 	step_label(step.step_id, step.step_name, sizeof(step.step_name));
 	if (this_node() < 0)
 		return 0;
-	/* The tasks of an ordinary step run in the container; the batch script, salloc's interactive
-	 * step and the extern step stay on the host (so srun works inside a batch script). */
+	/* The tasks of an ordinary step run in the container; the batch script (unless
+	 * --container-batch), salloc's interactive step and the extern step stay on the host (so
+	 * srun works inside a batch script). */
 	step.container = tether_opt_value(OPT_CONTAINER_IMAGE) != NULL &&
 			 tether_opt_value(OPT_CONTAINER_IMAGE)[0] != '\0' && /* empty: this step on the host */
-			 step.step_id < SLURM_MAX_NORMAL_STEP_ID;
+			 (step.step_id < SLURM_MAX_NORMAL_STEP_ID ||
+			  (step.step_id == SLURM_BATCH_SCRIPT && tether_opt_value(OPT_CONTAINER_BATCH) != NULL &&
+			   strcmp(tether_opt_value(OPT_CONTAINER_BATCH), "1") == 0));
 	if (step.container && tether_launcher == NULL) {
 		tether_fail("tether: --container-image: containers are not set up on this cluster "
 			    "(plugstack.conf has no launcher=; an admin runs `tether slurm install --write`)");
@@ -336,6 +342,9 @@ static int hand_to_launcher(spank_t sp)
 	launcher = strdup(tether_launcher);
 	if (launcher == NULL || set_env(sp, TETHER_ENV_RUN_ARGV0, argv[0]) < 0)
 		return -1;
+	/* the batch script (--container-batch): the launcher mounts the script into the container */
+	if (step.step_id == SLURM_BATCH_SCRIPT && set_env(sp, TETHER_ENV_RUN_BATCH, "1") < 0)
+		return -1;
 	/* The launcher supervises runtimes that double-fork as a child subreaper; the flag survives
 	 * execve, so it is set here, where it costs nothing (the launcher would need ctypes). */
 	if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
@@ -439,7 +448,12 @@ void tether_stepd_exit(void)
 	int root_fd, job_fd, node_fd;
 
 	tether_cgkeeper_stop();
-	if (!step.tether || !step.step_name[0] || !step.node[0] || !step.job_dir[0])
+	if (!step.tether && step.job_id && step.step_id == SLURM_BATCH_SCRIPT) {
+		/* a batch script without tether options whose sruns had some: the job's directory
+		 * (a --container-name container kept on a node, say) still goes with the job */
+		snprintf(step.job_dir, sizeof(step.job_dir), "%s/%u", tether_job_storage_root, step.job_id);
+		step_label(step.step_id, step.step_name, sizeof(step.step_name));
+	} else if (!step.tether || !step.step_name[0] || !step.node[0] || !step.job_dir[0])
 		return;
 	snprintf(what, sizeof(what), "step %u.%.40s", step.job_id, step.step_name + strlen(TETHER_STEP_PREFIX));
 	root_fd = open(tether_job_storage_root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);

@@ -21,6 +21,13 @@ enum tether_option {
 	OPT_CONTAINER_NAME,
 	OPT_CONTAINER_MOUNT_HOME,
 	OPT_NO_CONTAINER_MOUNT_HOME,
+	OPT_CONTAINER_REMAP_ROOT,
+	OPT_NO_CONTAINER_REMAP_ROOT,
+	OPT_CONTAINER_ENTRYPOINT,
+	OPT_NO_CONTAINER_ENTRYPOINT,
+	OPT_CONTAINER_ENTRYPOINT_LOG,
+	OPT_CONTAINER_SAVE,
+	OPT_CONTAINER_BATCH,
 	TETHER_NOPTS
 };
 
@@ -34,7 +41,7 @@ enum tether_option {
 		{ "resource-pool", "NAME", "[tether] partition to run in (resource_pool)", K_NAME, "TETHER_RESOURCE_POOL", "TETHER_JOB_RESOURCE_POOL", 0L, 0L, NULL, 0 }, \
 		{ "container-image", "IMAGE", "[tether] an absolute path (.sif, squashfs, rootfs directory) or a registry image: ubuntu:22.04, nvcr.io#nvidia/pytorch:24.01-py3, docker://...; empty (--container-image=): this step on the host", K_IMAGE, "TETHER_CONTAINER_IMAGE", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-runtime", "apptainer|singularity|podman|enroot", "[tether] container runtime (default from the config)", K_RUNTIME, "TETHER_CONTAINER_RUNTIME", NULL, 0L, 0L, NULL, 0 }, \
-		{ "container-mounts", "SRC:DST[:ro],...", "[tether] bind mounts into the container", K_TEXT, "TETHER_CONTAINER_MOUNTS", NULL, 0L, 0L, NULL, 0 }, \
+		{ "container-mounts", "SRC:DST[:FLAGS],...", "[tether] bind mounts into the container; FLAGS joined with '+': ro, rw, nosuid, nodev, noexec, [r]private, [r]slave, [r]shared", K_TEXT, "TETHER_CONTAINER_MOUNTS", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-workdir", "DIR", "[tether] working directory inside the container", K_TEXT, "TETHER_CONTAINER_WORKDIR", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-env", "NAME,...", "[tether] host variables that win over the image's", K_ENV_NAMES, "TETHER_CONTAINER_ENV", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-writable", NULL, "[tether] writable container filesystem where the runtime supports it", K_FLAG, "TETHER_CONTAINER_WRITABLE", NULL, 0L, 0L, NULL, 0 }, \
@@ -42,6 +49,13 @@ enum tether_option {
 		{ "container-name", "NAME", "[tether] reuse one container across the job's steps", K_NAME, "TETHER_CONTAINER_NAME", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-mount-home", NULL, "[tether] bind-mount your home directory at its own path (default: the runtime's own: Apptainer/Singularity yes, podman no, enroot its config)", K_FLAG, "TETHER_CONTAINER_MOUNT_HOME", NULL, 0L, 0L, NULL, 0 }, \
 		{ "no-container-mount-home", NULL, "[tether] do not bind-mount your home directory", K_FLAG, "TETHER_NO_CONTAINER_MOUNT_HOME", NULL, 0L, 0L, NULL, 0 }, \
+		{ "container-remap-root", NULL, "[tether] be root (uid 0) inside the container: a user namespace, no privilege on the host (default: yourself, or the config's container.remap_root)", K_FLAG, "TETHER_CONTAINER_REMAP_ROOT", NULL, 0L, 0L, NULL, 0 }, \
+		{ "no-container-remap-root", NULL, "[tether] be yourself inside the container", K_FLAG, "TETHER_NO_CONTAINER_REMAP_ROOT", NULL, 0L, 0L, NULL, 0 }, \
+		{ "container-entrypoint", NULL, "[tether] run the image's entrypoint before the command (default: not, as pyxis; or the config's container.entrypoint)", K_FLAG, "TETHER_CONTAINER_ENTRYPOINT", NULL, 0L, 0L, NULL, 0 }, \
+		{ "no-container-entrypoint", NULL, "[tether] do not run the image's entrypoint", K_FLAG, "TETHER_NO_CONTAINER_ENTRYPOINT", NULL, 0L, 0L, NULL, 0 }, \
+		{ "container-entrypoint-log", NULL, "[tether] accepted for pyxis scripts: the entrypoint's output is always the rank's own output", K_FLAG, "TETHER_CONTAINER_ENTRYPOINT_LOG", NULL, 0L, 0L, NULL, 0 }, \
+		{ "container-save", "PATH", "[tether] after the step, save the first rank's container of each node (podman: an OCI archive; enroot: squashfs); relative to the working directory", K_TEXT, "TETHER_CONTAINER_SAVE", NULL, 0L, 0L, NULL, 0 }, \
+		{ "container-batch", NULL, "[tether] run the batch script itself in the container too (default: on the host, where its srun works)", K_FLAG, "TETHER_CONTAINER_BATCH", NULL, 0L, 0L, NULL, 0 }, \
 	}
 
 #define TETHER_SLOT_TYPES "cuda", "rocm", "cpu"
@@ -52,6 +66,7 @@ enum tether_option {
 #define TETHER_MAX_TEXT 4096
 #define TETHER_IMAGE_FORMS "an absolute path (a .sif or squashfs file, a rootfs directory), a registry image ([USER@][REGISTRY#]IMAGE[:TAG|@DIGEST], e.g. ubuntu:22.04 or nvcr.io#nvidia/pytorch:24.01-py3; or REGISTRY/IMAGE[:TAG]) or a docker:// reference"
 #define TETHER_ENV_RUN_ARGV0 "TETHER_RUN_ARGV0"
+#define TETHER_ENV_RUN_BATCH "TETHER_RUN_BATCH"
 
 /* the layout under job_storage_root */
 #define TETHER_DEFAULT_JOB_STORAGE_ROOT "/var/lib/tether/jobs"

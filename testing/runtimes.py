@@ -148,17 +148,21 @@ def apptainer_main(profile_name: str, argv: list[str], state: str) -> int:
         return 0
     if command == "build":
         return _apptainer_build(prog, args, state)
-    if command != "exec":
+    if command not in ("exec", "run"):
         raise UsageError(f'Error for command "{prog}": unknown command "{command}" for "{prog}"')
-    flags, operands = _pflag("exec", args, profile["value"], profile["bool"])
-    if len(operands) < 2:
-        raise UsageError(f'Error for command "exec": requires at least 2 arg(s), only received {len(operands)}')
+    flags, operands = _pflag(command, args, profile["value"], profile["bool"])
+    # exec: Args cobra.MinimumNArgs(2); run: cobra.MinimumNArgs(1) (cmd/internal/cli/actions.go)
+    if len(operands) < (2 if command == "exec" else 1):
+        raise UsageError(f'Error for command "{command}": requires at least {2 if command == "exec" else 1} '
+                         f'arg(s), only received {len(operands)}')
     image, command_argv = operands[0], operands[1:]
     container_env = _apptainer_env(profile, flags, os.environ)
     cwd = (flags.get("pwd") or [None])[-1]
     record_call(state, {"tool": prog, "profile": profile_name, "argv": [prog, *argv], "env": dict(os.environ),
                         "flags": flags, "image": image, "command": command_argv, "container_env": container_env,
-                        "cwd": cwd})
+                        "cwd": cwd, "subcommand": command})
+    # run: the image's runscript with the arguments; a fake image has no ENTRYPOINT, and the
+    # runscript Apptainer writes for such a docker image runs its arguments (`exec "$@"`)
     if not image.startswith(("docker://", "library://", "oras://", "shub://")) and not os.path.exists(image):
         sys.stderr.write(f"FATAL:   could not open image {image}: failed to retrieve path for {image}: "
                          f"lstat {image}: no such file or directory\n")
@@ -250,6 +254,7 @@ ENROOT_OPTIONS = {
     "start": {"-c": True, "--conf": True, "-m": True, "--mount": True, "-e": True, "--env": True,
               "-r": False, "--root": False, "--rc": True, "-w": False, "--rw": False},
     "remove": {"-f": False, "--force": False},
+    "export": {"-a": True, "--arch": True, "-o": True, "--output": True, "-f": False, "--force": False},
     "list": {"-f": False, "--fancy": False},
 }
 
@@ -316,7 +321,7 @@ def enroot_main(argv: list[str], state: str) -> int:
         os.umask(old)
     opts, operands = _enroot_opts(argv[0], argv[1:])
     commands = {"import": _enroot_import, "create": _enroot_create, "remove": _enroot_remove,
-                "list": _enroot_list, "start": _enroot_start}
+                "list": _enroot_list, "start": _enroot_start, "export": _enroot_export}
     return commands[argv[0]](opts, operands, paths["ENROOT_DATA_PATH"], state, entry)
 
 
@@ -352,6 +357,25 @@ def _enroot_create(opts: dict, operands: list[str], data: str, state: str, entry
         return _enroot_err(f"File already exists: {os.path.realpath(rootfs)}")
     os.makedirs(os.path.join(rootfs, "etc"), exist_ok=True)
     Path(rootfs, "etc", "environment").write_text("PATH=/usr/local/bin:/usr/bin:/bin\n")
+    return 0
+
+
+def _enroot_export(opts: dict, operands: list[str], data: str, state: str, entry: dict) -> int:
+    """runtime::export: a container's root as a squashfs file (``NAME.sqsh`` in the working
+    directory unless --output); an existing file needs --force ("File already exists: ...")."""
+    if len(operands) != 1:
+        raise UsageError("Usage: enroot export [options] [--] NAME", status=1)
+    name = operands[0]
+    rootfs = os.path.join(data, name)
+    if "/" in name:
+        return _enroot_err(f"Invalid argument: {name}")
+    if not os.path.isdir(rootfs):
+        return _enroot_err(f"No such file or directory: {os.path.realpath(rootfs)}")
+    out = (opts.get("--output") or [None])[-1] or f"{name}.sqsh"
+    if os.path.exists(out) and "--force" not in opts:
+        return _enroot_err(f"File already exists: {os.path.realpath(out)}")
+    files = sorted(str(p.relative_to(rootfs)) for p in Path(rootfs).rglob("*"))
+    Path(out).write_bytes(SQUASHFS_MAGIC + json.dumps({"exported": name, "files": files}).encode())
     return 0
 
 
@@ -392,6 +416,11 @@ def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry:
     for item in opts.get("--env", []):
         if not re.match(r"[A-Za-z_][A-Za-z0-9_]*(=|$)", item):
             return _enroot_err(f"Invalid argument: {item}")
+    rc = (opts.get("--rc") or [None])[-1]
+    if rc is not None and not stat_is_fifo(rc):    # runtime::start: a FIFO as is, else realpath, a file
+        rc = os.path.realpath(rc)
+        if not os.path.isfile(rc):
+            return _enroot_err(f"No such file or directory: {rc}")
     conf = (opts.get("--conf") or [None])[-1]
     if conf is not None:
         conf = os.path.realpath(conf)
@@ -431,8 +460,19 @@ def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry:
         container_env.setdefault(key, value)
     record_call(state, {**entry, "tool": "enroot-container", "container": name, "command": command_argv,
                         "container_env": container_env, "writable": "--rw" in opts,
-                        "mounts": opts.get("--mount", [])})
+                        "mounts": opts.get("--mount", []),
+                        "rc": Path(rc).read_text() if rc else None,
+                        "remap_root": "--root" in opts or os.environ.get("ENROOT_REMAP_ROOT", "") in ("y", "yes", "1")})
     return _act(state, command_argv or ["/bin/sh"], container_env, None)
+
+
+def stat_is_fifo(path: str) -> bool:
+    import stat
+
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _envfmt(lines: list[str]) -> list[str]:

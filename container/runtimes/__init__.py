@@ -57,6 +57,12 @@ class Launch(Record):
         # file descriptors the runtime gets at other numbers ({from: to}, dup2'ed just before it
         # starts): the PMI-2 socket moves to 3, the first fd podman's --preserve-fds passes on
         "fds": None,
+        # --container-save: (commands that write the container to ``partial``, partial, the final
+        # path), run when the runtime has exited by itself; ``partial`` is renamed into place
+        "finish": None,
+        # the argv once ``before`` has run (what it made decides the rest: a named podman
+        # container's ENTRYPOINT): callable(argv) -> argv
+        "prepare": None,
     }
     __slots__ = tuple(FIELDS)
     argv: list[str]
@@ -72,6 +78,8 @@ class Launch(Record):
     marker_data: dict[str, str] | None
     created: str | None
     fds: dict[int, int] | None
+    finish: tuple | None
+    prepare: object
 
 
 class StoredImage(Record):
@@ -206,8 +214,8 @@ class Runtime:
 
     def refuse_name(self, spec: LaunchSpec) -> None:
         if spec.name:
-            raise LaunchError(f"--container-name is supported with --container-runtime=enroot only, not "
-                              f"{self.name}")
+            raise LaunchError(f"--container-name: {self.name} keeps no container between steps (enroot and "
+                              f"podman do)")
 
 
 def own_directory(path: str, uid: int, what: str, *, private: bool) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from ..launch import progress
-from ..spec import LaunchError
+from ..spec import CONTAINER_BATCH_SCRIPT, LaunchError, Mount
 from . import Launch, Runtime
 
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
@@ -36,6 +36,21 @@ HOST_SIDE = ("PATH", "HOME", "TMPDIR", "USER", "LOGNAME", "TERM", "LANG", "LANGU
 
 def host_side(name: str) -> bool:
     return name in HOST_SIDE or name.startswith(("LC_", "XDG_"))
+
+
+def pmix_mounts(host_env: Mapping[str, str]) -> list[Mount]:
+    """srun --mpi=pmix: the PMIx server's directory (PMIX_SERVER_TMPDIR, its shared-memory stores)
+    and the step's client directory, at their own paths (the PMIX_* variables name them and pass
+    unchanged; the server is reached over TCP, the host's network). PMI-2 needs nothing: the
+    runtime is exec'd in place, so the rank's PMI_FD stays open in the container."""
+    server = host_env.get("PMIX_SERVER_TMPDIR", "").rstrip("/")
+    if not server:
+        return []
+    from .podman import pmix_client_dir       # only MPI ranks pay for it
+
+    paths = [p for p in (server, pmix_client_dir(host_env)) if p]
+    return [Mount(p, p) for p in dict.fromkeys(paths)
+            if p.startswith("/") and not any(c in p for c in ":, ") and os.path.isdir(p)]
 
 
 class Apptainer(Runtime):
@@ -63,10 +78,22 @@ class Apptainer(Runtime):
             env[self.env_prefix + name] = value
             if name in passed and not host_side(name):
                 env.pop(name, None)
-        argv = [self.binary, "exec", *self.args, "--cleanenv"]
+        if spec.save:
+            raise LaunchError(f"--container-save: {self.name} keeps no container to save (it runs the image "
+                              f"itself); use podman or enroot, or build a new image with `{self.name} build`")
+        flagged = [m for m in spec.mounts if m.flags]
+        if flagged:
+            raise LaunchError(f"--container-mounts: {self.name} binds take ro or rw only, not "
+                              f"{'+'.join(flagged[0].flags)} ({flagged[0].source})")
+        # --container-entrypoint: `run` (the image's runscript: a docker image's ENTRYPOINT with the
+        # command as its arguments); else `exec`, the command itself, as pyxis does by default
+        argv = [self.binary, "run" if spec.entrypoint else "exec", *self.args, "--cleanenv"]
         if spec.mount_home is False:          # Apptainer/Singularity mount the home directory themselves
             argv.append("--no-home")
-        for mount in (*spec.rank_mounts(), *spec.mounts):
+        if spec.remap_root:                   # root inside a user namespace (Apptainer's fakeroot)
+            argv.append("--fakeroot")
+        batch = [Mount(spec.batch_script, CONTAINER_BATCH_SCRIPT, True)] if spec.batch_script else []
+        for mount in (*spec.rank_mounts(), *spec.mounts, *batch, *pmix_mounts(host_env)):
             argv += ["--bind", str(mount)]
         argv += ["--pwd", spec.workdir]
         gpu = self.gpu_kind(spec)

@@ -21,7 +21,7 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.imageref import ImageRefError, parse_image
 from ..launch import progress
-from ..spec import LaunchError
+from ..spec import CONTAINER_BATCH_SCRIPT, LaunchError, Mount
 from . import Launch, Runtime, store_directory
 
 DEFAULT_STORE = "/var/tmp/tether-enroot-{uid}"     # container.enroot.store's default
@@ -73,18 +73,30 @@ def write_environ_conf(path: str | None, values: Mapping[str, str]) -> str:
             f"cat <<'{END_OF_ENVIRONMENT}'\n"
             + "".join(f"{name}={values[name]}\n" for name in lines)
             + f"{END_OF_ENVIRONMENT}\n}}\n")
+    return write_private(path, text, ".conf", "environment script")
+
+
+def write_rc(path: str | None) -> str:
+    """An ``enroot start --rc`` script that runs the command itself, not the image's entrypoint."""
+    return write_private(path, '# tether: --no-container-entrypoint, the command itself\nexec "$@"\n', ".rc",
+                         "rc script")
+
+
+def write_private(path: str | None, text: str, suffix: str, what: str) -> str:
+    """``text`` in a file of mode 0600 at ``path`` (its directory made 0700; never through a
+    symlink) or, by hand (None), in a new temporary file; the path."""
     try:
         if path is None:
             import tempfile                   # only by hand: it costs a rank milliseconds
 
-            fd, path = tempfile.mkstemp(prefix="tether-enroot-", suffix=".conf")
+            fd, path = tempfile.mkstemp(prefix="tether-enroot-", suffix=suffix)
         else:
             os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
             fh.write(text)
     except OSError as exc:            # something else where the file belongs (a symlink: ELOOP)
-        raise LaunchError(f"cannot write enroot's environment script {path}: {exc.strerror}") from None
+        raise LaunchError(f"cannot write enroot's {what} {path}: {exc.strerror}") from None
     return path
 
 
@@ -215,6 +227,8 @@ class Enroot(Runtime):
             env.setdefault("ENROOT_RUNTIME_PATH", os.path.join(step_dir, "enroot", "run"))
         if spec.mount_home is not None:       # enroot's 10-home.sh hook (ENROOT_MOUNT_HOME): y or n
             env["ENROOT_MOUNT_HOME"] = "y" if spec.mount_home else "n"
+        if spec.remap_root is not None:       # enroot start's --root (ENROOT_REMAP_ROOT): y or n, as pyxis
+            env["ENROOT_REMAP_ROOT"] = "y" if spec.remap_root else "n"
         before, lock = [], None
         if self.is_remote(spec.image):
             store = self.store_dir() or os.path.join(node_dir or env.get("TMPDIR", "/tmp"), "enroot")
@@ -234,6 +248,13 @@ class Enroot(Runtime):
         if spec.writable:
             argv.append("--rw")
         after = []
+        if not spec.entrypoint:
+            # the image's /etc/rc (enroot's docker::configure) runs the entrypoint with the command
+            # as its arguments; --rc replaces it for this start only (pyxis writes /etc/rc.local
+            # into the container instead, which stays in a named container)
+            argv += ["--rc", write_rc(os.path.join(step_dir, "enroot", f"rc-{spec.rank}") if step_dir else None)]
+            if not step_dir:
+                after.append(["rm", "-f", argv[-1]])
         if passed:
             conf = os.path.join(step_dir, "enroot", f"environ-{spec.rank}.conf") if step_dir else None
             conf = write_environ_conf(conf, passed)
@@ -245,15 +266,21 @@ class Enroot(Runtime):
             argv += ["--env", "NVIDIA_VISIBLE_DEVICES=all"]
         for mount in spec.rank_mounts():
             argv += ["--mount", f"{mount.source}:{mount.target}:none:x-create=dir,bind"]
-        for mount in spec.mounts:
+        batch = [Mount(spec.batch_script, CONTAINER_BATCH_SCRIPT, True)] if spec.batch_script else []
+        for mount in (*spec.mounts, *batch):
             argv += ["--mount", f"{mount.source}:{mount.target}:none:x-create=auto,rbind"
-                     + (",ro" if mount.readonly else "")]
+                     + (",ro" if mount.readonly else "") + "".join("," + f for f in mount.flags)]
         argv += [name, "/bin/sh", "-c", CD_PROLOGUE, "sh", spec.workdir, *spec.command]
         if not spec.name:
             after.insert(0, [self.binary, "remove", "--force", name])
         if lock is None and node_dir:
             lock = os.path.join(node_dir, "enroot", ".lock")
-        return Launch(argv=argv, env=env, supervise=True, before=before, lock=lock, after=after, runtime=self)
+        finish = None
+        if spec.save:        # enroot export: the container root as a squashfs, as pyxis saves it
+            partial = f"{spec.save}.{os.uname().nodename}.{os.getpid()}.partial"
+            finish = ([[self.binary, "export", "--output", partial, name]], partial, spec.save)
+        return Launch(argv=argv, env=env, supervise=True, before=before, lock=lock, after=after, runtime=self,
+                      finish=finish)
 
 
 ADAPTER = Enroot

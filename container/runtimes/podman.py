@@ -24,7 +24,7 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.layout import CLEANUP_MARKER
 from ..launch import cgroup_paths, progress, remove_file, report
-from ..spec import LaunchError
+from ..spec import CONTAINER_BATCH_SCRIPT, LaunchError, Mount
 from . import Launch, Runtime, own_directory, store_directory
 
 if TYPE_CHECKING:
@@ -446,7 +446,6 @@ class Podman(Runtime):
         return self.store_template.replace("{uid}", str(os.getuid())).rstrip("/") if self.store_template else None
 
     def launch(self, spec: LaunchSpec, host_env: Mapping[str, str]) -> Launch:
-        self.refuse_name(spec)
         if os.getuid() == 0 and in_slurm_cgroup():
             # seen on the cgroup sandbox: memory/freezer/devices:/libpod_parent/libpod-<id>; a
             # --cgroup-parent under the task's cgroup fails under ConstrainDevices (runc cannot
@@ -466,12 +465,14 @@ class Podman(Runtime):
             passed.pop("CUDA_VISIBLE_DEVICES", None)
             own["CUDA_VISIBLE_DEVICES"] = ",".join(str(n) for n in range(len(devices) // 2))
         fds, mpi_args = mpi_pass_through(host_env, passed, own)
-        name = spec.instance
+        name = spec.rank_instance      # one podman container per rank, --container-name or not
         # podman writes the container's id here once it exists (see Launch.created)
         created = os.path.join(os.path.dirname(spec.rank_dir), f".cid-{spec.rank}") if spec.rank_dir else None
         store = self.store_args(env, create=True)       # made and checked here, as the user
         glob = self.global_args(env)
-        argv = [self.binary, "run", *self.args, *store, "--log-level=fatal", "--rm", "--name", name,
+        # --container-save needs the container after it ended: removed once saved (``after``)
+        argv = [self.binary, "run", *self.args, *store, "--log-level=fatal", *(["--rm"] * (not spec.save)),
+                "--name", name,
                 *(["--cidfile", created] if created else []),
                 "--label", f"tether.job={spec.job_id}", "--label", f"tether.step={spec.job_id}.{spec.step_id}",
                 "--network=host", "--pid=host"]
@@ -481,8 +482,12 @@ class Podman(Runtime):
             # and no copy of all output in a log file under the user's home. podman refuses it on
             # a terminal (srun --pty): there the default attach stays.
             argv.append("--log-driver=passthrough")
-        if os.getuid() != 0:
+        if os.getuid() != 0 and not spec.remap_root:
+            # yourself inside (files on mounts keep your ownership); --container-remap-root:
+            # rootless podman's own default, root inside a user namespace (still you on the host)
             argv.append("--userns=keep-id")
+        if not spec.entrypoint:
+            argv.append("--entrypoint=")      # the command itself, not the image's ENTRYPOINT (as pyxis)
         if not spec.writable:
             argv.append("--read-only")
         argv += mpi_args
@@ -495,6 +500,8 @@ class Podman(Runtime):
             argv += ["--env-file", f"/dev/fd/{names_fd}"]
         argv += self.own_env_args(own)
         mounts = (*spec.mounts, *self.home_mounts(spec, host_env))
+        if spec.batch_script:                # --container-batch: the script at its own path, read-only
+            mounts += (Mount(spec.batch_script, CONTAINER_BATCH_SCRIPT, True),)
         for mount in (*spec.rank_mounts(), *mounts):
             argv += ["--volume", str(mount)]
         argv += ["--workdir", spec.workdir]
@@ -504,6 +511,9 @@ class Podman(Runtime):
         image_argv, before = self.image_plan(spec, glob, mounts)
         if image_argv[:1] == ["--pull=never"]:
             self.mark_used(image_argv[1])
+        prepare = None
+        if spec.name:
+            image_argv, before, prepare = self.named_container(spec, image_argv, before, glob)
         argv += image_argv
         argv += spec.command
         # After an abnormal end (a signal, the step cancelled) --rm may not have run: remove it. If
@@ -522,9 +532,44 @@ class Podman(Runtime):
                 lock = os.path.join(store_dir, ".pull-lock")
             elif step_dir:
                 lock = os.path.join(os.path.dirname(step_dir), "podman", ".pull-lock")
+        finish, after = None, []
+        if spec.save:
+            partial = f"{spec.save}.{os.uname().nodename}.{os.getpid()}.partial"
+            finish = ([lambda env: save_oci_archive([self.binary, *glob], name, partial, env)], partial, spec.save)
+            after = [[self.binary, *glob, "rm", "--force", "--ignore", name]]
         return Launch(argv=argv, env=env, supervise=True, runtime=self, container=name, monitor="conmon",
                       marker=marker, marker_data=data, before=before, lock=lock, created=created,
-                      fds=fds)
+                      fds=fds, finish=finish, after=after, prepare=prepare)
+
+    def named_container(self, spec: LaunchSpec, image_argv: list[str], before: list[tuple],
+                        glob: list[str]) -> tuple[list[str], list[tuple], object]:
+        """--container-name: the container's root as a directory of the job's on this node
+        (``<node>/podman-named/<name>/rootfs``: the user's own, so podman runs it as it is and a
+        --container-writable step's changes stay for the job's next steps, like enroot's named
+        containers), unpacked once per node from the image, with the image's configuration beside
+        it (``image.env``: its ENV, losing to the job's values as with any image; ``config.json``:
+        its ENTRYPOINT for --container-entrypoint). Removed with the job's directories."""
+        if not spec.rank_dir:
+            raise LaunchError("--container-name needs the job's directories on the node (run it under srun or "
+                              "pbs_tmrsh, not by hand)")
+        home = os.path.join(os.path.dirname(os.path.dirname(spec.rank_dir)), "podman-named", spec.name)
+        rootfs, config = os.path.join(home, "rootfs"), os.path.join(home, "config.json")
+        unpack = (lambda env: unpack_named(image_argv, [self.binary, *glob], home, spec.rank_instance, env), config,
+                  f"unpacking {spec.image} for --container-name={spec.name} (podman; once per node)")
+        run_image = ["--env-file", os.path.join(home, "image.env"), "--rootfs", rootfs]
+
+        def prepare(argv: list[str]) -> list[str]:
+            """The image's ENTRYPOINT before the command (known once the container is unpacked)."""
+            if not spec.entrypoint:
+                return argv
+            import json
+
+            with open(config, encoding="utf-8") as fh:
+                entrypoint = [str(a) for a in (json.load(fh).get("Entrypoint") or []) if a]
+            at = len(argv) - len(spec.command)
+            return argv[:at] + entrypoint + argv[at:]
+
+        return run_image, [*before, unpack], prepare
 
     def cdi_devices(self, spec: LaunchSpec, host_env: Mapping[str, str]) -> list[str]:
         """``--device KIND=ID`` for exactly the rank's GPUs (not ``=all``: the node's other GPUs
@@ -643,9 +688,19 @@ class Podman(Runtime):
                     [([self.binary, *glob, "pull", "--quiet", name],
                       (lambda: self.store_has(name), [self.binary, *glob, "image", "exists", name]),
                       f"pulling {image} (podman)")])
+        if ref.kind == "uri" and image.startswith(ARCHIVES):
+            # an image archive (--container-save writes OCI archives): loaded once per user per node
+            # under a name its file's identity decides, as a rootfs directory is imported
+            path = self.local_image(image.split(":", 1)[1])
+            name = archive_image_name(path)
+            return (["--pull=never", name],
+                    [(lambda env: load_archive(image.split(":", 1)[0], path, [self.binary, *glob], name, env),
+                      (lambda: self.store_has(name), [self.binary, *glob, "image", "exists", name]),
+                      f"loading the image archive {path} into your podman store on this node")])
         if ref.kind == "uri":
-            raise LaunchError(f"--container-image={image}: podman runs a registry image or a rootfs "
-                              f"directory; {image.split(':', 1)[0]} images are for Apptainer/Singularity")
+            raise LaunchError(f"--container-image={image}: podman runs a registry image, an image archive "
+                              f"(oci-archive:PATH, docker-archive:PATH) or a rootfs directory; "
+                              f"{image.split(':', 1)[0]} images are for Apptainer/Singularity")
         path = self.local_image(image)
         if not os.path.isdir(path):
             raise LaunchError(f"--container-image={image}: podman runs a rootfs directory or a registry "
@@ -689,6 +744,159 @@ def rootfs_image_name(path: str) -> str:
     st = os.stat(path)
     key = hashlib.sha256(f"{path}\0{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}".encode()).hexdigest()
     return f"localhost/tether-rootfs:{key[:24]}"
+
+
+def unpack_named(image_argv: Sequence[str], podman: Sequence[str], home: str, container: str,
+                 env: Mapping[str, str] | None = None) -> None:
+    """Unpack the image a --container-name container starts from into ``<home>/rootfs``, and its
+    configuration beside it: a registry, archive or imported image through ``podman create`` +
+    ``podman export``; a rootfs directory (``--rootfs DIR``) copied as it is. Written under a
+    name of this process's own and renamed into place once whole (``config.json`` last: the step
+    that is done when it exists)."""
+    import json
+    import shutil
+    import subprocess
+
+    from ...system.files import write_atomic
+    from ...system.proc import CommandError, run_command
+
+    os.makedirs(home, mode=0o700, exist_ok=True)
+    partial = os.path.join(home, f".rootfs.{os.getpid()}")
+    shutil.rmtree(os.path.join(home, "rootfs"), ignore_errors=True)       # a half-done earlier try
+    os.mkdir(partial, 0o700)
+    config: dict = {}
+    try:
+        if image_argv[0] == "--rootfs":
+            source = image_argv[1].removesuffix(":O")
+            reader = subprocess.Popen(["tar", "-C", source, "--one-file-system", "-cf", "-", "."],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+            try:
+                writer = subprocess.run(["tar", "-C", partial, "-xf", "-", "--no-same-owner"], stdin=reader.stdout,
+                                        capture_output=True, timeout=3600)
+            finally:
+                reader.stdout.close()
+                reader.wait()
+            if reader.returncode != 0 or writer.returncode != 0:
+                said = (reader.stderr.read() + writer.stderr).decode(errors="replace").strip().splitlines()
+                raise LaunchError(f"could not copy {source} for the named container: "
+                                  f"{said[-1] if said else 'tar failed'}")
+        else:
+            name, tmp = image_argv[1], f"{container}-unpack-{os.getpid()}"
+            layer = os.path.join(home, f".export.{os.getpid()}.tar")
+            try:
+                run_command([*podman, "create", "--log-level=fatal", "--name", tmp, name, "true"], env=env, timeout=600)
+                run_command([*podman, "export", "--output", layer, tmp], env=env, timeout=3600)
+                out = run_command([*podman, "image", "inspect", "--format", "{{json .Config}}", name], env=env,
+                                  timeout=120).stdout
+                config = json.loads(out or "null") or {}
+                run_command(["tar", "-C", partial, "-xf", layer, "--no-same-owner"], timeout=3600)
+            finally:
+                run_command([*podman, "rm", "--force", "--ignore", tmp], env=env, timeout=120, check=False)
+                remove_file(layer)
+        os.rename(partial, os.path.join(home, "rootfs"))
+    except CommandError as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise LaunchError(f"could not unpack {image_argv[-1]} for the named container: {exc}") from None
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    # podman --env-file: NAME=VALUE per line; a value with a line break cannot be one
+    lines = [e for e in (config.get("Env") or []) if isinstance(e, str) and "=" in e and "\n" not in e]
+    write_atomic(os.path.join(home, "image.env"), "".join(f"{line}\n" for line in lines), 0o600)
+    write_atomic(os.path.join(home, "config.json"), json.dumps(config) + "\n", 0o600)
+
+
+ARCHIVES = ("oci-archive:", "docker-archive:")
+
+
+def archive_image_name(path: str) -> str:
+    """The store's name for a loaded image archive: its path and identity (see rootfs_image_name)."""
+    return rootfs_image_name(path).replace("/tether-rootfs:", "/tether-archive:")
+
+
+def load_archive(transport: str, path: str, podman: Sequence[str], name: str,
+                 env: Mapping[str, str] | None = None) -> None:
+    """``podman pull TRANSPORT:PATH``, then the image gets ``name`` (and only that name: an
+    archive may carry the name of the image it was saved from, which is not this user's to reuse)."""
+    from ...system.proc import CommandError, run_command
+
+    try:
+        out = run_command([*podman, "pull", "--quiet", f"{transport}:{path}"], env=env, timeout=3600).stdout
+        image_id = out.strip().splitlines()[-1] if out.strip() else ""
+        if not image_id or any(c not in "0123456789abcdef" for c in image_id.removeprefix("sha256:")):
+            raise LaunchError(f"podman pull {transport}:{path} named no image (it said {out.strip()[:200]!r})")
+        run_command([*podman, "tag", image_id, name], env=env, timeout=120)
+    except CommandError as exc:
+        raise LaunchError(f"could not load the image archive {path}: {exc}") from None
+
+
+def save_oci_archive(podman: Sequence[str], container: str, path: str, env: Mapping[str, str] | None = None) -> None:
+    """--container-save: the container's filesystem (``podman export``) as the one layer of an OCI
+    image archive whose configuration is the image's own (entrypoint, command, environment,
+    working directory, user, labels). Not ``podman commit``: that records the run's overrides --
+    the job's whole environment, tether's empty entrypoint -- into the saved image."""
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    from ...system.proc import CommandError, run_command
+
+    layer = f"{path}.layer"
+    try:
+        image = run_command([*podman, "container", "inspect", "--format", "{{.Image}}", container], env=env,
+                            timeout=120).stdout.strip()
+        config = {}
+        if image:        # a --rootfs container has no image, so no configuration to keep
+            out = run_command([*podman, "image", "inspect", "--format", "{{json .Config}}", image], env=env,
+                              timeout=120, check=False)
+            if out.returncode == 0:
+                config = json.loads(out.stdout or "null") or {}
+        run_command([*podman, "export", "--output", layer, container], env=env, timeout=3600)
+    except CommandError as exc:
+        raise LaunchError(str(exc)) from None
+    try:
+        digest = hashlib.sha256()
+        with open(layer, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+        layer_digest, layer_size = f"sha256:{digest.hexdigest()}", os.path.getsize(layer)
+        blob = {"architecture": _oci_arch(), "os": "linux", "config": config,
+                "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "history": [{"created_by": f"tether --container-save of {container}"}]}
+        config_bytes = json.dumps(blob, sort_keys=True).encode()
+        config_digest = f"sha256:{hashlib.sha256(config_bytes).hexdigest()}"
+        manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest,
+                       "size": len(config_bytes)},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest,
+                        "size": layer_size}]}, sort_keys=True).encode()
+        manifest_digest = f"sha256:{hashlib.sha256(manifest).hexdigest()}"
+        index = json.dumps({"schemaVersion": 2, "manifests": [
+            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": manifest_digest,
+             "size": len(manifest)}]}).encode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "wb") as out, tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            def add(name: str, data: bytes | None = None, source: str | None = None) -> None:
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = (len(data) if data is not None else layer_size), 0o644, time.time()
+                with (io.BytesIO(data) if data is not None else open(source, "rb")) as fh:
+                    tar.addfile(info, fh)
+
+            add("oci-layout", b'{"imageLayoutVersion": "1.0.0"}')
+            add("index.json", index)
+            add("blobs/sha256/" + manifest_digest[7:], manifest)
+            add("blobs/sha256/" + config_digest[7:], config_bytes)
+            add("blobs/sha256/" + layer_digest[7:], source=layer)
+    finally:
+        remove_file(layer)
+
+
+def _oci_arch() -> str:
+    machine = os.uname().machine
+    return {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64le", "s390x": "s390x"}.get(machine, machine)
 
 
 def import_rootfs(path: str, podman: Sequence[str], name: str, env: Mapping[str, str] | None = None) -> None:

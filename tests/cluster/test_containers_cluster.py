@@ -474,6 +474,113 @@ def test_pyxis_container_mount_home_on_and_off(cluster, image):
     assert both.returncode != 0 and "ask for opposite things" in both.stderr, both.stderr
 
 
+def test_pyxis_remap_root_entrypoint_and_mount_flags(cluster):
+    """Issue 15 (pyxis parity), real podman: yourself inside by default, root with
+    --container-remap-root; the image's ENTRYPOINT runs only with --container-entrypoint (its ENV
+    applies either way); mount flags joined with '+' reach the mount (noexec: a script on it
+    cannot run)."""
+    image = cluster.box.entrypoint_image()
+    uid = str(pwd.getpwnam(cluster.user).pw_uid)
+    plain = cluster.as_user(["srun", "-N1", f"--container-image={image}", "sh", "-c", "id -u; echo $TETHER_IMAGE_ENV"])
+    assert plain.stdout.split() == [uid, "from-the-image"], plain.stdout + plain.stderr
+    asked = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-remap-root",
+                             "--container-entrypoint", "id", "-u"])
+    assert asked.stdout.split("\n")[:2] == ["entrypoint ran", "0"], asked.stdout + asked.stderr
+    fallback = cluster.as_user(["env", "TETHER_CONTAINER_ENTRYPOINT=1", "srun", "-N1", f"--container-image={image}",
+                                "true"])
+    assert fallback.stdout == "entrypoint ran\n", fallback.stdout + fallback.stderr
+    scripts = cluster.box.work_dir / f"noexec-{os.getpid()}"
+    _write_as(cluster.user, scripts / "hello.sh", "#!/bin/sh\necho hello\n")
+    os.chmod(scripts / "hello.sh", 0o755)
+    try:
+        ok = cluster.as_user(["srun", "-N1", f"--container-image={image}", f"--container-mounts={scripts}:/data:ro",
+                              "/data/hello.sh"])
+        assert ok.stdout == "hello\n", ok.stderr
+        noexec = cluster.as_user(["srun", "-N1", f"--container-image={image}",
+                                  f"--container-mounts={scripts}:/data:ro+noexec", "sh", "-c",
+                                  "/data/hello.sh; echo rc=$?"], check=False)
+        assert "Permission denied" in noexec.stdout + noexec.stderr and "rc=126" in noexec.stdout, noexec
+        bad = cluster.as_user(["srun", "-N1", f"--container-image={image}", f"--container-mounts={scripts}:/data:exec",
+                               "true"], check=False)
+        assert bad.returncode != 0 and "unknown flag 'exec'" in bad.stderr, bad.stderr
+    finally:
+        subprocess.run(["rm", "-rf", str(scripts)], check=False)
+
+
+def test_container_save_writes_an_image_the_next_job_runs(cluster):
+    """Issue 15: --container-save=PATH (relative to the working directory) saves the node's first
+    rank's container after the step as an OCI archive; a later job runs it with
+    --container-image=oci-archive:PATH -- the file it wrote there, the image's own ENTRYPOINT and
+    ENV, and none of the job's environment baked in."""
+    image = cluster.box.entrypoint_image()
+    where = cluster.box.work_dir / f"save-{os.getpid()}"
+    _write_as(cluster.user, where / ".keep", "")
+    try:
+        saved = cluster.as_user(["env", "SECRET_OF_THE_JOB=hidden", "srun", "-N1", f"--chdir={where}",
+                                 f"--container-image={image}", "--container-writable", "--container-remap-root",
+                                 "--container-save=saved.tar", "sh", "-c",
+                                 "echo written-in-job-1 > /marker; echo $SECRET_OF_THE_JOB $SLURM_JOB_ID"])
+        secret, job = saved.stdout.split()
+        assert secret == "hidden" and f"saved the container to {where}/saved.tar" in saved.stderr, saved
+        assert not podman_containers(cluster, job)                     # removed once saved
+        assert (where / "saved.tar").stat().st_uid == pwd.getpwnam(cluster.user).pw_uid
+        assert not list(where.glob("*.partial*"))
+        again = cluster.as_user(["srun", "-N1", f"--container-image=oci-archive:{where}/saved.tar",
+                                 "--container-entrypoint", "sh", "-c",
+                                 "cat /marker; echo ${TETHER_IMAGE_ENV} ${SECRET_OF_THE_JOB:-not-baked-in}"])
+        assert again.stdout.split("\n")[:3] == ["entrypoint ran", "written-in-job-1", "from-the-image not-baked-in"], \
+            again.stdout + again.stderr
+    finally:
+        subprocess.run(["rm", "-rf", str(where)], check=False)
+
+
+def test_a_named_podman_container_keeps_its_files_across_the_jobs_steps_on_each_node(cluster, image):
+    """Issue 15 (pyxis's --container-name, for podman too): the first step on a node unpacks the
+    image into the job's directory on that node; the next steps run in the same root -- what a
+    writable step wrote is there, per node, with the image's ENV -- and it goes with the job, even
+    when the batch script itself has no tether option."""
+    registry = cluster.box.entrypoint_image()
+    out = cluster.box.work_dir / f"named-{os.getpid()}.out"
+    script = "\n".join([
+        "#!/bin/sh",
+        f"srun -N2 --container-image={registry} --container-name=dev --container-writable "
+        "sh -c 'echo written-on-$SLURMD_NODENAME > /state'",
+        f"srun -N2 --container-image={registry} --container-name=dev sh -c 'echo $(cat /state) $TETHER_IMAGE_ENV'",
+        f"srun -N1 --container-image={image} --container-name=fs --container-writable sh -c 'echo 1 > /f; cat /f'",
+        f"srun -N1 --container-image={image} --container-name=fs cat /f",
+        f"srun -N1 --container-image={image} sh -c 'cat /f 2>/dev/null || echo unnamed-is-fresh'",
+        "echo JOB=$SLURM_JOB_ID", ""])
+    result = cluster.as_user(["sbatch", "--wait", "-N2", f"--output={out}"], input=script, timeout=300)
+    text = out.read_text()
+    out.unlink()
+    lines = [line for line in text.splitlines() if not line.startswith("tether:")]
+    assert sorted(lines[:2]) == ["written-on-n1 from-the-image", "written-on-n2 from-the-image"], text
+    assert lines[2:5] == ["1", "1", "unnamed-is-fresh"], text
+    assert text.count("for --container-name=dev (podman; once per node): done") == 2, text
+    job = parse_job(lines[-1])
+    assert not (cluster.box.root / "jobs" / job).exists(), result      # gone with the job
+
+
+def parse_job(line: str) -> str:
+    assert line.startswith("JOB="), line
+    return line[4:]
+
+
+def test_container_batch_runs_the_batch_script_itself_in_the_container(cluster, image):
+    """Issue 15 (pyxis's sbatch_support, asked for): --container-batch runs the batch script in the
+    container; without it the script stays on the host (where its srun works)."""
+    probe = "echo $(test -e /etc/debian_version && echo host || echo container) RANK=$RANK TC=${TETHER_CONTAINER:-no}"
+    results = {}
+    for name, extra in (("asked", ["--container-batch"]), ("default", [])):
+        out = cluster.box.work_dir / f"batch-{name}-{os.getpid()}.out"
+        cluster.as_user(["sbatch", "--wait", "-N1", f"--output={out}", f"--container-image={image}", *extra,
+                         "--wrap", probe], timeout=180)
+        results[name] = out.read_text()
+        out.unlink()
+    assert results["asked"].strip().splitlines()[-1] == "container RANK=0 TC=1", results
+    assert results["default"].strip().splitlines()[-1] == "host RANK=0 TC=no", results
+
+
 # ---- images (issue 14); last: a podman process of theirs may outlive a step for a moment, and
 # the stale-state test above needs none of the user's podman processes alive ----------------------
 def test_a_bare_shared_rootfs_runs_and_takes_mounts_onto_missing_targets(cluster):

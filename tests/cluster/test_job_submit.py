@@ -211,9 +211,9 @@ def test_bad_container_options_are_refused_at_submit(cluster, tether_config):
     result, job_id, _ = sbatch(cluster, "--container-writable", wait=False)
     assert job_id is None and "tether: --container-* options need --container-image" in result.stderr
     env = cluster.run(["runuser", "-u", cluster.user, "--", "env", "TETHER_CONTAINER_IMAGE=/i",
-                       "TETHER_CONTAINER_NAME=dev", "srun", "true"], check=False)
+                       "TETHER_CONTAINER_NAME=dev", "TETHER_CONTAINER_RUNTIME=apptainer", "srun", "true"], check=False)
     assert env.returncode != 0
-    assert "tether: --container-name is supported with --container-runtime=enroot only, not podman" in env.stderr
+    assert "tether: --container-name: apptainer keeps no container between steps (enroot and podman do)" in env.stderr
 
 
 def test_cpus_per_task_is_the_users_for_gpu_slots(cluster, tether_config):

@@ -49,7 +49,7 @@ def spec(**kw) -> LaunchSpec:
 def test_mounts_parse_and_refuse_what_would_break_a_command_line():
     assert parse_mounts("/data:/data:ro, /scratch:/s,/opt") == (
         Mount("/data", "/data", True), Mount("/scratch", "/s"), Mount("/opt", "/opt"))
-    for bad, why in (("data:/d", "absolute"), ("/a:/b:rx", "SRC:DST"), ("/a b:/b", "absolute"),
+    for bad, why in (("data:/d", "absolute"), ("/a:/b:rx", "unknown flag .rx."), ("/a b:/b", "absolute"),
                      ("/a:/tmp", "tether's own"), ("/a:/run/tether/workdir", "tether's own"),
                      ("/a/../etc:/b", "'..'"), ("/a:/b:ro:x", "SRC:DST")):
         with pytest.raises(LaunchError, match=why):
@@ -79,8 +79,9 @@ def test_submit_time_validation_gives_the_run_sides_messages():
     check_container_options({"container-image": "/i", "container-mounts": "/a:/b"}, "podman")
     with pytest.raises(LaunchError, match="need --container-image"):
         check_container_options({"container-writable": "1"}, "podman")
-    with pytest.raises(LaunchError, match="enroot only, not podman"):
-        check_container_options({"container-image": "/i", "container-name": "dev"}, "podman")
+    check_container_options({"container-image": "/i", "container-name": "dev"}, "podman")
+    with pytest.raises(LaunchError, match="--container-name: apptainer keeps no container between steps"):
+        check_container_options({"container-image": "/i", "container-name": "dev"}, "apptainer")
     check_container_options({"container-image": "/i", "container-name": "dev",
                              "container-runtime": "enroot"}, "podman")
     # pyxis's --container-readonly is the default; with --container-writable it is a contradiction
@@ -198,7 +199,7 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
         "--log-level=fatal", "--rm", "--name", "tether-42-0-3",
         "--cidfile", "/jobs/42/n2/step-0/.cid-3",
         "--label", "tether.job=42", "--label", "tether.step=42.0", "--network=host", "--pid=host",
-        "--log-driver=passthrough", *keep_id,
+        "--log-driver=passthrough", *keep_id, "--entrypoint=",
         "--read-only", "--env-file", f"/dev/fd/{names_fd}",
         "--env", "TETHER_CONTAINER=1", "--env", "TMPDIR=/tmp", "--env", "TETHER_WORK_DIR=/run/tether/workdir",
         "--env", "CUDA_VISIBLE_DEVICES=0",
@@ -216,8 +217,8 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
     (tmp_path / "x.sif").write_text("")
     with pytest.raises(LaunchError, match="not a file"):
         adapter("podman", {}).launch(spec(image=str(tmp_path / "x.sif"), runtime="podman"), HOST)
-    with pytest.raises(LaunchError, match="enroot only"):
-        adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", name="dev"), HOST)
+    with pytest.raises(LaunchError, match="--container-name needs the job's directories"):
+        adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", name="dev", rank_dir=None), HOST)
     monkeypatch.setattr("tether.container.runtimes.podman.stdio_is_terminal", lambda: True)   # srun --pty
     on_tty = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), HOST)
     assert "--log-driver=passthrough" not in on_tty.argv          # podman refuses it on a terminal
@@ -246,7 +247,9 @@ def test_enroot_imports_creates_starts_and_removes(tmp_path):
     assert per_step.lock == f"{node}/enroot/.import-lock"
     argv = launch.argv
     conf = f"{node}/enroot/environ-3.conf"
-    assert argv[:5] == ["enroot", "start", "--rw", "--conf", conf]
+    rc = f"{node}/enroot/rc-3"          # --no-container-entrypoint (the default): the command itself
+    assert argv[:7] == ["enroot", "start", "--rw", "--rc", rc, "--conf", conf]
+    assert Path(rc).read_text().endswith('exec "$@"\n')
     assert ["--env", "TETHER_CONTAINER=1"] in [argv[i:i + 2] for i in range(len(argv))]
     assert HOST["MYVAR"] not in " ".join(argv) and oct(os.stat(conf).st_mode & 0o777) == "0o600"
     text = Path(conf).read_text()
@@ -1387,3 +1390,177 @@ def test_a_fifo_as_an_image_use_marker_does_not_hang_the_rank(tmp_path):
     finally:
         signal.alarm(0)
     assert podman.last_use("localhost/x:1") is None
+
+
+# ---- pyxis parity: remap-root, entrypoint, mount flags, save, the batch script, admin defaults (issue 15)
+def test_mount_flags_are_joined_with_plus_as_pyxis_writes_them():
+    (m,) = parse_mounts("/a:/b:ro+nosuid+rprivate")
+    assert m == Mount("/a", "/b", True, ("nosuid", "rprivate")) and str(m) == "/a:/b:ro,nosuid,rprivate"
+    assert str(parse_mounts("/a:/b:rw+nodev")[0]) == "/a:/b:nodev"
+    for bad, why in (("/a:/b:ro+rw", "both ro and rw"), ("/a:/b:", "unknown flag ''"), ("/a:/b:ro+", "unknown flag ''"),
+                     ("/a:/b:ro+bind", "unknown flag 'bind'")):
+        with pytest.raises(LaunchError, match=why):
+            parse_mounts(bad)
+
+
+def test_on_off_pairs_and_the_admins_defaults():
+    env = {"TETHER_CONTAINER_IMAGE": "/i"}
+    plain = spec_from_env(env, ["true"], default_runtime="podman")
+    assert (plain.remap_root, plain.entrypoint, plain.mount_home, plain.save) == (None, False, None, None)
+    admin = {"entrypoint": True, "remap_root": True, "mount_home": False, "mounts": ["/scratch", "/etc/x:/etc/x:ro"]}
+    site = spec_from_env({**env, "TETHER_CONTAINER_MOUNTS": "/mine:/etc/x"}, ["true"], default_runtime="podman",
+                         defaults=admin)
+    assert (site.remap_root, site.entrypoint, site.mount_home) == (True, True, False)
+    # the admin's mounts first, the user's mount onto the same target replaces the admin's
+    assert site.mounts == (Mount("/scratch", "/scratch"), Mount("/mine", "/etc/x"))
+    mine = spec_from_env({**env, "TETHER_NO_CONTAINER_REMAP_ROOT": "1", "TETHER_NO_CONTAINER_ENTRYPOINT": "yes"},
+                         ["true"], default_runtime="podman", defaults=admin)
+    assert (mine.remap_root, mine.entrypoint) == (False, False)      # the user's choice wins
+    for name in ("remap-root", "entrypoint"):
+        key = name.upper().replace("-", "_")
+        with pytest.raises(LaunchError, match=f"--container-{name} and --no-container-{name} ask for opposite"):
+            spec_from_env({**env, f"TETHER_CONTAINER_{key}": "1", f"TETHER_NO_CONTAINER_{key}": "1"}, ["true"],
+                          default_runtime="podman")
+    assert spec_from_env({**env, "TETHER_CONTAINER_ENTRYPOINT_LOG": "1"}, ["t"], default_runtime="podman").entrypoint \
+        is False                                                      # accepted, changes nothing
+
+
+def test_container_save_is_per_node_relative_to_the_working_directory_and_refused_where_nothing_is_kept(tmp_path,
+                                                                                                       monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    env = {"TETHER_CONTAINER_IMAGE": "/i", "TETHER_CONTAINER_SAVE": "saved/c.tar"}
+    assert spec_from_env({**env, "LOCAL_RANK": "0"}, ["t"], default_runtime="podman").save == f"{tmp_path}/saved/c.tar"
+    assert spec_from_env({**env, "LOCAL_RANK": "1"}, ["t"], default_runtime="podman").save is None   # one per node
+    with pytest.raises(LaunchError, match="a file's path, not a directory"):
+        spec_from_env({**env, "TETHER_CONTAINER_SAVE": "out/"}, ["t"], default_runtime="podman")
+    check_container_options({"container-image": "/i", "container-save": "/x.tar"}, "podman")
+    with pytest.raises(LaunchError, match="apptainer keeps no container to save"):
+        check_container_options({"container-image": "/i", "container-save": "/x.tar"}, "apptainer")
+    with pytest.raises(LaunchError, match="keeps no container to save"):
+        adapter("apptainer", {}).launch(spec(save="/x"), HOST)
+
+
+def test_each_runtime_remaps_root_and_runs_the_entrypoint_only_when_asked(tmp_path):
+    image = tmp_path / "img.sif"
+    image.write_text("")
+    plain = adapter("apptainer", {}).launch(spec(image=str(image)), HOST).argv
+    asked = adapter("apptainer", {}).launch(spec(image=str(image), entrypoint=True, remap_root=True), HOST).argv
+    assert plain[1] == "exec" and "--fakeroot" not in plain
+    assert asked[1] == "run" and "--fakeroot" in asked            # the runscript: ENTRYPOINT with the command
+    with pytest.raises(LaunchError, match="binds take ro or rw only, not nosuid"):
+        adapter("apptainer", {}).launch(spec(image=str(image), mounts=parse_mounts("/a:/b:ro+nosuid")), HOST)
+    rank_dir = tmp_path / "42/n2/step-0/rank-3"
+    sqsh = tmp_path / "img.sqsh"
+    sqsh.write_bytes(b"hsqs")
+    enroot = adapter("enroot", {"store": ""})
+    e_plain = enroot.launch(spec(image=str(sqsh), runtime="enroot", rank_dir=str(rank_dir)), HOST)
+    e_asked = enroot.launch(spec(image=str(sqsh), runtime="enroot", rank_dir=str(rank_dir), entrypoint=True,
+                                 remap_root=False, mounts=parse_mounts("/a:/b:nosuid")), HOST)
+    assert "--rc" in e_plain.argv and "ENROOT_REMAP_ROOT" not in e_plain.env      # enroot's config decides
+    assert "--rc" not in e_asked.argv and e_asked.env["ENROOT_REMAP_ROOT"] == "n"  # the image's /etc/rc
+    assert "/a:/b:none:x-create=auto,rbind,nosuid" in e_asked.argv
+    podman = adapter("podman", {"store": ""})
+    p_plain = podman.launch(spec(image="docker://busybox", runtime="podman"), HOST).argv
+    p_asked = podman.launch(spec(image="docker://busybox", runtime="podman", entrypoint=True, remap_root=True), HOST).argv
+    assert "--entrypoint=" in p_plain and "--entrypoint=" not in p_asked
+    if os.getuid() != 0:
+        assert "--userns=keep-id" in p_plain
+    assert "--userns=keep-id" not in p_asked                       # rootless podman's root: still you outside
+
+
+def test_container_save_keeps_the_container_until_it_is_saved(tmp_path):
+    rank_dir = str(tmp_path / "42/n2/step-0/rank-3")
+    p = adapter("podman", {"store": ""}).launch(spec(image="docker://busybox", runtime="podman", rank_dir=rank_dir,
+                                                    save=str(tmp_path / "c.tar")), HOST)
+    assert "--rm" not in p.argv
+    (steps, partial, final) = p.finish
+    assert callable(steps[0]) and final == str(tmp_path / "c.tar") and partial.startswith(final + ".")
+    assert p.after == [["podman", "rm", "--force", "--ignore", "tether-42-0-3"]]       # after the save
+    sqsh = tmp_path / "img.sqsh"
+    sqsh.write_bytes(b"hsqs")
+    e = adapter("enroot", {"store": ""}).launch(spec(image=str(sqsh), runtime="enroot", rank_dir=rank_dir,
+                                                    save=str(tmp_path / "c.sqsh")), HOST)
+    (steps, partial, final) = e.finish
+    assert steps == [["enroot", "export", "--output", partial, "tether-42-0-3"]]
+    assert e.after[0] == ["enroot", "remove", "--force", "tether-42-0-3"]
+
+
+def test_the_batch_script_is_mounted_read_only_at_its_own_path(tmp_path):
+    script = tmp_path / "job42" / "slurm_script"
+    env = {"TETHER_CONTAINER_IMAGE": "/i", "TETHER_RUN_BATCH": "1", "SLURM_JOB_ID": "42"}
+    s = spec_from_env(env, [str(script), "arg"], default_runtime="podman")
+    assert s.batch_script == str(script) and s.step_id == "batch" and s.instance == "tether-42-batch-0"
+    assert s.command == ("/run/tether/batch-script", "arg")        # under podman's tmpfs: any image takes it
+    assert spec_from_env({**env, "TETHER_RUN_BATCH": ""}, [str(script)], default_runtime="podman").batch_script is None
+    argv = adapter("podman", {"store": ""}).launch(
+        spec(image="docker://busybox", runtime="podman", batch_script=str(script)), HOST).argv
+    assert ["--volume", f"{script}:/run/tether/batch-script:ro"] in [argv[i:i + 2] for i in range(len(argv))]
+    assert "TETHER_RUN_BATCH" not in passed_from_host({**HOST, "TETHER_RUN_BATCH": "1"}, spec())
+
+
+def test_a_saved_container_is_written_whole_or_not_at_all_and_a_failure_fails_the_rank(tmp_path):
+    from tether.container.launch import save_container
+    from tether.container.runtimes import Launch
+
+    final, partial = tmp_path / "c.tar", tmp_path / "c.tar.n1.1.partial"
+    ok = Launch(argv=[], env=dict(os.environ), finish=([["sh", "-c", f"echo image > {partial}"]], str(partial),
+                                                        str(final)))
+    assert save_container(ok) and final.read_text() == "image\n" and not partial.exists()
+    bad = Launch(argv=[], env=dict(os.environ), finish=([["sh", "-c", f"echo half > {partial}; exit 3"]],
+                                                         str(partial), str(tmp_path / "d.tar")))
+    assert save_container(bad) is False
+    assert not partial.exists() and not (tmp_path / "d.tar").exists()
+
+
+def test_podman_loads_an_image_archive_once_under_a_name_of_its_identity(tmp_path):
+    archive = tmp_path / "saved.tar"
+    archive.write_bytes(b"x")
+    launch = adapter("podman", {"store": ""}).launch(spec(image=f"oci-archive:{archive}", runtime="podman"), HOST)
+    name = launch.argv[launch.argv.index("--pull=never") + 1]
+    assert name.startswith("localhost/tether-archive:") and launch.argv[-3:] == [name, "python", "train.py"]
+    (load,) = launch.before
+    assert callable(load[0]) and load[2] == f"loading the image archive {archive} into your podman store on this node"
+    with pytest.raises(LaunchError, match="no such file"):
+        adapter("podman", {"store": ""}).launch(spec(image=f"oci-archive:{tmp_path}/none.tar", runtime="podman"), HOST)
+
+
+def test_tether_run_with_the_fakes_saves_an_enroot_container_and_runs_apptainers_runscript(
+        tmp_path, fake_runtimes, runtime_config):
+    sqsh = tmp_path / "img.sqsh"
+    sqsh.write_bytes(b"hsqs" + b"\0" * 60)
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
+                       f"--container-image={sqsh}", f"--container-save={tmp_path}/saved.sqsh",
+                       "--container-remap-root", "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert f"tether: saved the container to {tmp_path}/saved.sqsh" in proc.stderr
+    assert (tmp_path / "saved.sqsh").read_bytes()[:4] == b"hsqs"
+    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")] == ["create", "start", "export", "remove"]
+    (started,) = fake_runtimes.calls("enroot-container")
+    assert started["remap_root"] and started["rc"].endswith('exec "$@"\n')
+    image = tmp_path / "img.sif"
+    image.write_text("")
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, f"--container-image={image}",
+                       "--container-runtime=apptainer", "--container-entrypoint", "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    (call,) = fake_runtimes.calls("apptainer")
+    assert call["subcommand"] == "run" and call["command"] == ["true"]
+
+
+def test_apptainer_binds_the_pmix_server_and_client_directories_at_their_own_paths(tmp_path):
+    """srun --mpi=pmix under Apptainer (issue 15): the server's directory and the step's client
+    directory (Slurm's spmix_appdir_<uid>_<job>.<step> under SLURM_PMIX_TMPDIR) enter at their
+    host paths; nothing when the step has no PMIx server."""
+    server, base = tmp_path / "pmix.42.0", tmp_path / "pmixtmp"
+    client = base / f"spmix_appdir_{os.getuid()}_42.0"
+    server.mkdir()
+    client.mkdir(parents=True)
+    image = tmp_path / "img.sif"
+    image.write_text("")
+    env = {**HOST, "PMIX_SERVER_TMPDIR": str(server), "SLURM_PMIX_TMPDIR": str(base), "SLURM_STEP_ID": "0"}
+    argv = adapter("apptainer", {}).launch(spec(image=str(image)), env).argv
+    binds = [argv[i + 1] for i, a in enumerate(argv) if a == "--bind"]
+    assert f"{server}:{server}" in binds and f"{client}:{client}" in binds
+    plain = adapter("apptainer", {}).launch(spec(image=str(image)), HOST).argv
+    assert [plain[i + 1] for i, a in enumerate(plain) if a == "--bind"] == [
+        f"{s}:{t}" for s, t in (("/jobs/42/n2/step-0/rank-3/tmp", "/tmp"),
+                                ("/jobs/42/n2/step-0/rank-3/work", "/run/tether/workdir"))]

@@ -299,6 +299,11 @@ def test_container_variables_are_checked_at_qsub_with_the_run_side_s_messages(ho
     assert e.accepted and e.job._changed == set()               # valid, nothing to plan
     e = hook(resources={"tether_slots": 2}, Variable_List={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
     assert e.accepted and str(e.job.Resource_List["select"]) == "2:ngpus=1"
+    # a Slurm-only option is refused, not silently ignored; a --no-container-* variable alone is checked
+    e = hook(resources={}, Variable_List={"TETHER_CONTAINER_IMAGE": "/images/busybox", "TETHER_CONTAINER_BATCH": "1"})
+    assert e.accepted is False and "TETHER_CONTAINER_BATCH is for Slurm" in e.reject_msg
+    e = hook(resources={}, Variable_List={"TETHER_NO_CONTAINER_ENTRYPOINT": "1"})
+    assert e.accepted is False and "need TETHER_CONTAINER_IMAGE" in e.reject_msg
 
 
 def test_qalter_of_container_variables_is_checked_against_the_job_s_own(hook):
