@@ -13,10 +13,10 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Sequence
 
 from ..hooks.errors import TetherError
-from . import admin, containers, plan, sandbox
+from . import admin, containers, launcher, plan, sandbox
 from .common import EXIT_FAIL, EXIT_OK, common_parser, err
 
-COMMAND_GROUPS = (plan, containers, admin, sandbox)
+COMMAND_GROUPS = (plan, containers, launcher, admin, sandbox)
 
 
 def tether_version() -> str:

@@ -78,7 +78,7 @@ def _batch_script(args: argparse.Namespace, planned, directives: list[str], comm
     """Print a complete batch script: the directives, then one container per node running
     ``command`` (seed 000: srun with one task per node; PBS: pbs_tmrsh per host), through
     ``tether run`` with the --container-* options given here."""
-    from ..container.scripts import pbs_launch_script, slurm_launch_script
+    from ..container.scripts import compose_batch_script, pbs_launch_script, slurm_launch_script
     from ..container.spec import LaunchError
     from ..hooks.surface import CONTAINER_OPTIONS
 
@@ -99,9 +99,7 @@ def _batch_script(args: argparse.Namespace, planned, directives: list[str], comm
         return EXIT_USAGE
     for notice in planned.notices:
         err(f"note: {notice}")
-    lines = body.splitlines()
-    shebang, rest = (lines[0], lines[1:]) if lines and lines[0].startswith("#!") else ("#!/bin/bash", lines)
-    print("\n".join([shebang, *directives, *rest]))
+    sys.stdout.write(compose_batch_script(directives, body))
     return EXIT_OK
 
 

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from .errors import ConfigError, RequestError
 from .policy import Arg, PbsUserRequest, parse_qsub_args, parse_sbatch_args, split_qsub_args
-from .schema import NAME_PATTERN, Bool, Enum, List, Map, SchemaError, Str, Struct, walk_keys
+from .schema import NAME_PATTERN, Bool, Enum, Int, List, Map, SchemaError, Str, Struct, walk_keys
 from .surface import RUNTIMES, SLOT_TYPES
 
 BUILTIN = "<built-in defaults>"
@@ -161,6 +161,30 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
                       doc="each user's imported images (squashfs) on each node: a registry image is imported "
                           "once per user per node and kept for the next steps and jobs; made 0700 by the "
                           "user's first container; empty: imported per step into the step's directory")),
+    }),
+    "launcher": Struct(doc="the launcher service (tether submit/status/logs/cancel/cleanup/list, tether serve)", fields={
+        "scheduler": Enum(choices=("slurm", "pbs"), default="slurm", doc="the resource manager it submits to"),
+        "state_root": Str(default="/var/lib/tether/launcher", pattern=STORAGE_PATH_PATTERN,
+                          accepted=STORAGE_PATH_ACCEPTED,
+                          doc="the service's own records, one file per job (the service account's directory, "
+                              "0700)"),
+        "job_root": Str(nullable=True, default=None, pattern=STORAGE_PATH_PATTERN, accepted=STORAGE_PATH_ACCEPTED,
+                        doc="where each job's tree is made, by its user (a root-owned directory with mode 1777, "
+                            "made by tether launcher install --apply); null: <job_storage_root>/launcher"),
+        "agent": Str(default="/usr/local/bin/tether-agent", pattern=r"/[^\s]*", accepted="an absolute path",
+                     doc="the agent the service runs as a user through sudo (the only command the sudo policy "
+                         "allows it)"),
+        "users_group": Str(default="tether-users", pattern=NAME_PATTERN, accepted="a group name",
+                           doc="the users the service may act for (the sudo policy's Runas group)"),
+        "service_user": Str(default="tether-launcher", pattern=NAME_PATTERN, accepted="a user name",
+                            doc="the account the service runs as (never root)"),
+        "auto_cleanup": Bool(default=True,
+                             doc="remove a job's tree and record once its status says it ended (as the seed's "
+                                 "launcher does when the job completes, fails or is cancelled)"),
+        "log_excerpt_lines": Int(default=40, minimum=1, maximum=10000,
+                                 doc="how many lines of the error log a startup failure shows"),
+        "socket": Str(default="/run/tether/launcher.sock", pattern=r"/[^\s]*", accepted="an absolute path",
+                      doc="tether serve's unix socket (its directory's permissions decide who may connect)"),
     }),
     "plugin": Struct(doc="plugin behaviour", fields={
         "on_failure": Enum(choices=ON_FAILURE, default="reject_tether_jobs",

@@ -8,6 +8,7 @@ the daemon this sandbox started. Root only: it installs Debian packages and star
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import pwd
@@ -57,7 +58,10 @@ CONTAINERS_CONF = "[containers]\ndefault_ulimits = []\n"
 APT_PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "libslurm-dev", "munge",
                 "podman", "runc", "conmon", "uidmap", "fuse-overlayfs", "slirp4netns", "catatonit",
                 "busybox-static", "python3-dev", "gcc", "docker-registry", "openmpi-bin", "libopenmpi-dev",
-                "libpmi2-0-dev", "slurmdbd", "mariadb-server", "mariadb-client")
+                "libpmi2-0-dev", "slurmdbd", "mariadb-server", "mariadb-client", "sudo")
+# The launcher's service account and the group of users it may act for (sudo policy: tether.launcher)
+LAUNCHER_USER, LAUNCHER_GROUP = "tether-launcher", "tether-users"
+LAUNCHER_SUDOERS = "/etc/sudoers.d/tether-sandbox-launcher"
 # The accounting database (MariaDB, own data directory and socket, loopback port base + 7) and
 # slurmdbd (port base + 6), as sites run them; `tether sandbox up --quick` runs without both and
 # without cgroups.
@@ -256,7 +260,35 @@ class Sandbox:
                            "env": {"CONTAINERS_CONF": str(self.etc / "containers.conf"),
                                    "CONTAINERS_REGISTRIES_CONF": str(self.etc / "registries.conf")}},
             },
+            "launcher": {"agent": str(self.root / "bin" / "tether-agent"),
+                         "state_root": str(self.root / "launcher-state"), "service_user": LAUNCHER_USER,
+                         "users_group": LAUNCHER_GROUP, "socket": str(self.launcher_socket)},
         }
+
+    @property
+    def launcher_socket(self) -> Path:
+        """``tether serve``'s socket in the sandbox (a directory only the service account enters)."""
+        return self.root / "run" / "launcher" / "launcher.sock"
+
+    def install_launcher(self, *, log=print) -> None:
+        """The launcher as an admin sets it up: its service account, the group of users it may act
+        for (the job user), ``tether launcher install --apply`` (the agent, the sudo policy, the
+        job root, the state directory), and a directory for its socket."""
+        from ..launcher.install import apply
+
+        ensure_user(LAUNCHER_USER, log=log)
+        try:
+            grp.getgrnam(LAUNCHER_GROUP)
+        except KeyError:
+            run_command(["groupadd", LAUNCHER_GROUP], timeout=60)
+        if self.user not in grp.getgrnam(LAUNCHER_GROUP).gr_mem:
+            run_command(["usermod", "-a", "-G", LAUNCHER_GROUP, self.user], timeout=60)
+        (self.root / "bin").mkdir(mode=0o755, exist_ok=True)
+        apply(load_config(str(self.tether_conf)), sudoers=LAUNCHER_SUDOERS)
+        service = pwd.getpwnam(LAUNCHER_USER)
+        self.launcher_socket.parent.mkdir(parents=True, exist_ok=True)
+        os.chown(self.launcher_socket.parent, service.pw_uid, service.pw_gid)
+        os.chmod(self.launcher_socket.parent, 0o700)
 
     def user_podman(self) -> list[str]:
         """The job user's podman as jobs run it: the sandbox's podman env and args and the user's
@@ -378,6 +410,7 @@ class Sandbox:
         self._make_layout()
         self.settings_file.write_text(json.dumps({"port_base": port_base, "user": self.user, "quick": quick}) + "\n")
         self._write_configs(port_base)
+        self.install_launcher(log=log)
         self._heal_podman(log=log)
         if plugins:
             self.install_plugins(log=log)

@@ -1,0 +1,346 @@
+"""The launcher (issue 17) without a cluster: the job spec, the agent's file handling (as an
+unprivileged user, against symlinks and foreign trees), the state model, the service's records
+(crash in the middle, concurrent submissions) and the REST interface, with fake scheduler
+commands on PATH. The same flows on the real cluster: tests/cluster/test_launcher_cluster.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tether.hooks.configfile import load_config
+from tether.hooks.errors import RequestError
+from tether.launcher import agent
+from tether.launcher.jobspec import parse_launch_spec
+from tether.launcher.service import Launcher, LauncherError, check_id, new_id
+from tether.launcher.states import pbs_job_state, slurm_job_state
+
+SPEC = {"user": "nobody", "job_type": "exp", "slots_per_trial": 2, "slot_type": "cpu",
+        "slurm": {"slots_per_node": 1}, "command": ["python", "train.py"],
+        "environment": {"SECRET": "s3cr3t value"}, "files": {"train.py": "print(1)\n", "conf/a.yaml": "a: 1\n"}}
+
+
+def _fake(bin_dir: Path, name: str, script: str) -> None:
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def world(public_dir):
+    """A job root as `tether launcher install` makes it, a state root, a config, fake sbatch/squeue/
+    sacct/scancel on PATH that answer from files the test writes."""
+    tmp_path = public_dir
+    root = tmp_path / "launcher"
+    root.mkdir()
+    os.chown(root, 0, 0)
+    os.chmod(root, 0o1777)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    (answers / "next_id").write_text("100")
+    _fake(bin_dir, "sbatch", f'test "$1" = --parsable || exit 2\nexec 9>{answers}/lock; flock 9\n'
+                             f'id=$(cat {answers}/next_id)\n'
+                             f'echo $((id + 1)) > {answers}/next_id\ncp "$2" {answers}/script-$id\necho "$id"\n')
+    _fake(bin_dir, "squeue", f'cat {answers}/squeue-"$3" 2>/dev/null; exit 0\n')
+    _fake(bin_dir, "sacct", f'cat {answers}/sacct-"$5" 2>/dev/null; exit 0\n')
+    _fake(bin_dir, "scontrol", "exit 1\n")
+    _fake(bin_dir, "scancel", f'echo "CANCELLED by 65534|0:15" > {answers}/sacct-"$1"; rm -f {answers}/squeue-"$1"\n')
+    config = tmp_path / "tether.yaml"
+    config.write_text(json.dumps({"job_storage_root": str(tmp_path), "launcher": {
+        "state_root": str(tmp_path / "state"), "agent": "/nonexistent/agent"}}))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+    def runner(user, request):                 # the agent in-process (the cluster test runs it through sudo)
+        try:
+            return agent.handle(json.loads(json.dumps(request)))
+        except agent.AgentError as exc:
+            return {"error": str(exc)}
+
+    class World:
+        pass
+
+    w = World()
+    w.tmp, w.root, w.answers, w.env = tmp_path, root, answers, env
+    w.launcher = Launcher(load_config(str(config)), env=env, runner=runner, allow_root=True)
+    return w
+
+
+# ---- the job spec -------------------------------------------------------------------------------
+def test_the_job_spec_is_checked_whole_before_anything_is_written():
+    spec = parse_launch_spec(SPEC, "slurm")
+    assert spec.user == "nobody" and spec.command == ("python", "train.py") and spec.request.slots == 2
+    with pytest.raises(RequestError) as exc:
+        parse_launch_spec({"files": {"../x": "", ".hidden": ""}, "container": {"writable": True},
+                           "slots_per_trial": -1}, "slurm")
+    text = str(exc.value)
+    for part in ("files.../x", "files..hidden", "slots_per_trial", ):
+        assert part in text, text
+    with pytest.raises(RequestError, match="user: is required"):
+        parse_launch_spec({"command": ["true"]}, "slurm")
+    with pytest.raises(RequestError, match="container: options need an image"):
+        parse_launch_spec({"user": "u", "command": ["true"], "container": {"writable": True}}, "slurm")
+    with pytest.raises(RequestError, match="not a valid option"):
+        parse_launch_spec({"user": "u", "command": ["true"], "image": "/i", "container": {"bogus": "1"}}, "slurm")
+    with_image = parse_launch_spec({"user": "u", "command": ["true"], "image": "busybox:1", "runtime": "podman",
+                                    "container": {"writable": True, "mounts": "/d:/d:ro", "remap-root": False}},
+                                   "slurm")
+    assert with_image.container == {"container-image": "busybox:1", "container-runtime": "podman",
+                                    "container-writable": "1", "container-mounts": "/d:/d:ro"}
+
+
+def test_ids_are_unique_and_paths_never_come_from_them():
+    ids = {new_id() for _ in range(1000)}
+    assert len(ids) == 1000 and all(check_id(i) for i in ids)
+    for bad in ("../../etc/passwd", "a/b", "x" * 65, "", "ABC12345"):
+        with pytest.raises(LauncherError) as exc:
+            check_id(bad)
+        assert exc.value.status == 404
+
+
+# ---- the agent, as an unprivileged user -----------------------------------------------------------
+def _agent_as(uid: int, request: dict) -> tuple[int, dict]:
+    def drop():
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+
+    done = subprocess.run([sys.executable, "-m", "tether.launcher.agent"], input=json.dumps(request),
+                          capture_output=True, text=True, preexec_fn=drop, timeout=60)
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_the_agent_makes_the_tree_as_the_user_and_refuses_what_is_not_theirs(world):
+    job = new_id()
+    request = {"op": "prepare", "job_root": str(world.root), "id": job, "script": "#!/bin/sh\ntrue\n",
+               "files": {"train.py": "x\n", "conf/a.yaml": "a\n"}, "spec": {"user": "nobody"}}
+    code, answer = _agent_as(65534, request)
+    assert code == 0, answer
+    tree = world.root / job
+    assert tree.stat().st_uid == 65534 and stat.S_IMODE(tree.stat().st_mode) == 0o700
+    assert (tree / "files/conf/a.yaml").read_text() == "a\n"
+    assert stat.S_IMODE((tree / "job.sh").stat().st_mode) == 0o700
+    assert _agent_as(65534, request) == (1, {"error": f"{world.root}/{job} exists already"})
+    # another user's tree: no logs, no removal
+    assert _agent_as(1, {"op": "logs", "job_root": str(world.root), "id": job})[1] == {
+        "error": f"{world.root}/{job}: Permission denied"}
+    assert _agent_as(1, {"op": "remove", "job_root": str(world.root), "id": job})[0] == 1
+    os.chmod(tree, 0o755)                          # even where they could read it: not theirs
+    assert _agent_as(1, {"op": "remove", "job_root": str(world.root), "id": job})[1] == {
+        "error": f"{world.root}/{job} is not yours"}
+    assert tree.exists()
+    # a symlink planted where a tree would be made is never followed
+    victim = world.tmp / "victim"
+    victim.mkdir()
+    other = new_id()
+    os.symlink(victim, world.root / other)
+    code, answer = _agent_as(65534, {**request, "id": other})
+    assert code == 1 and "exists already" in answer["error"] and not list(victim.iterdir())
+    code, answer = _agent_as(65534, {"op": "logs", "job_root": str(world.root), "id": other})
+    assert code == 1 and answer["error"].endswith(": Not a directory")      # O_NOFOLLOW | O_DIRECTORY
+    # a job root that is not root's 1777 is refused
+    os.chmod(world.root, 0o777)
+    code, answer = _agent_as(65534, {**request, "id": new_id()})
+    assert code == 1 and "must be root's with mode 1777" in answer["error"]
+    os.chmod(world.root, 0o1777)
+    assert _agent_as(65534, {"op": "remove", "job_root": str(world.root), "id": job}) == (0, {"removed": True})
+    assert not tree.exists()
+    # nothing but one JSON request on stdin
+    done = subprocess.run([sys.executable, "-m", "tether.launcher.agent", "prepare"], capture_output=True, text=True)
+    assert done.returncode == 2 and "takes no arguments" in done.stderr
+    assert _agent_as(65534, {"op": "shell", "job_root": "/"})[1]["error"].startswith("unknown request")
+    assert _agent_as(65534, {"op": "prepare", "job_root": str(world.root), "id": "../x", "script": ""})[1] == {
+        "error": "bad launcher job id '../x'"}
+
+
+# ---- the state model --------------------------------------------------------------------------------
+def test_slurm_and_pbs_states_map_onto_one_model(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    _fake(bin_dir, "squeue", 'echo "PENDING|Resources"\n')
+    assert slurm_job_state("5", env) == slurm_job_state("5", env).__class__("PENDING", None, "Resources")
+    _fake(bin_dir, "squeue", "exit 1\n")
+    for line, expected in (("COMPLETED|0:0", ("COMPLETED", 0)), ("FAILED|125:0", ("FAILED", 125)),
+                           ("CANCELLED by 1001|0:15", ("CANCELLED", 143)), ("TIMEOUT|0:15", ("TIMEOUT", 143)),
+                           ("OUT_OF_MEMORY|0:125", ("FAILED", 253)), ("NODE_FAIL|1:0", ("FAILED", 1))):
+        _fake(bin_dir, "sacct", f'echo "{line}"\n')
+        state = slurm_job_state("5", env)
+        assert (state.state, state.exit_code) == expected, line
+    _fake(bin_dir, "sacct", "exit 0\n")
+    _fake(bin_dir, "scontrol", "exit 1\n")
+    assert slurm_job_state("5", env).state == "UNKNOWN"
+    for letter, status, expected in (("Q", None, "PENDING"), ("R", None, "RUNNING"), ("F", 0, "COMPLETED"),
+                                     ("F", 271, "CANCELLED"), ("F", -29, "TIMEOUT"), ("F", 3, "FAILED")):
+        job = {"job_state": letter, **({"Exit_status": status} if status is not None else {})}
+        _fake(bin_dir, "qstat", f"cat <<'EOF'\n{json.dumps({'Jobs': {'7.server': job}})}\nEOF\n")
+        assert pbs_job_state("7.server", env).state == expected, (letter, status)
+
+
+# ---- the service --------------------------------------------------------------------------------
+def test_a_job_goes_from_submit_to_its_end_and_its_tree_goes_with_it(world):
+    launcher = world.launcher
+    record = launcher.submit(SPEC)
+    assert record["state"] == "PENDING" and record["job_id"] == "100" and record["phase"] == "submitted"
+    assert record["job_name"] == f"tether_exp-{record['id']}"
+    assert "s3cr3t" not in json.dumps(launcher.list())              # values stay in the user's script
+    script = (world.answers / "script-100").read_text()
+    assert f"#SBATCH --job-name=tether_exp-{record['id']}" in script and "#SBATCH --no-requeue" in script
+    assert f"#SBATCH --output={record['tree']}/job.out" in script and "export SECRET='s3cr3t value'" in script
+    (world.answers / "squeue-100").write_text("RUNNING|None\n")
+    assert launcher.status(record["id"])["state"] == "RUNNING"
+    Path(record["tree"], "job.out").write_text("hello\n")
+    assert launcher.logs(record["id"])["out"] == "hello\n"
+    (world.answers / "squeue-100").unlink()
+    (world.answers / "sacct-100").write_text("COMPLETED|0:0\n")
+    done = launcher.status(record["id"])
+    assert done["state"] == "COMPLETED" and done["tree_removed"] and not Path(record["tree"]).exists()
+    assert launcher.logs(record["id"]) == {"id": record["id"], "state": "COMPLETED", "out": "hello\n", "err": None,
+                                           "startup_failure": None, "kept": True}
+    assert launcher.cleanup(record["id"]) == {"id": record["id"], "removed": True}
+    assert launcher.list() == []
+    with pytest.raises(LauncherError) as exc:
+        launcher.status(record["id"])
+    assert exc.value.status == 404
+
+
+def test_a_startup_failure_shows_the_end_of_the_error_log(world):
+    record = world.launcher.submit(SPEC)
+    Path(record["tree"], "job.err").write_text("".join(f"line {i}\n" for i in range(100)) +
+                                               "tether: --container-image=/no/such: no such file\n")
+    (world.answers / f"sacct-{record['job_id']}").write_text("FAILED|125:0\n")
+    done = world.launcher.status(record["id"])
+    excerpt = done["startup_failure"].splitlines()
+    assert len(excerpt) == 40 and excerpt[-1] == "tether: --container-image=/no/such: no such file"
+
+
+def test_cancel_and_a_refused_submission(world):
+    record = world.launcher.submit(SPEC)
+    (world.answers / f"squeue-{record['job_id']}").write_text("RUNNING|None\n")
+    assert world.launcher.cancel(record["id"])["state"] == "CANCELLED"
+    before = sorted(os.listdir(world.root))
+    with pytest.raises(LauncherError, match="slots_per_trial"):
+        world.launcher.submit({**SPEC, "slots_per_trial": "many"})
+    with pytest.raises(LauncherError, match="names its jobs itself"):
+        world.launcher.submit({**SPEC, "job_id": "mine"})
+    _fake(Path(world.env["PATH"].split(":")[0]), "sbatch", 'echo "sbatch: error: invalid partition" >&2; exit 1\n')
+    with pytest.raises(LauncherError, match="sbatch refused the job: sbatch: error: invalid partition"):
+        world.launcher.submit(SPEC)
+    assert sorted(os.listdir(world.root)) == before                # nothing left of the refused ones
+    assert [r["id"] for r in world.launcher.list()] == [record["id"]]
+
+
+def test_a_crash_between_submit_and_record_loses_nothing(world):
+    """The record says PREPARING before sbatch runs; a service killed right after sbatch answered
+    leaves it so, and the next look finds the job by its name."""
+    launcher = world.launcher
+    real = launcher.runner
+
+    def dies_after_submit(user, request):
+        answer = real(user, request)
+        if request["op"] == "submit":
+            raise SystemExit("killed")                           # as kill -9 would, after sbatch
+        return answer
+
+    launcher.runner = dies_after_submit
+    with pytest.raises(SystemExit):
+        launcher.submit(SPEC)
+    launcher.runner = real
+    (stuck,) = launcher.list()
+    assert stuck["state"] == "PREPARING" and stuck["job_id"] is None
+    bin_dir = Path(world.env["PATH"].split(":")[0])
+    _fake(bin_dir, "squeue", f'case "$*" in *"-n {stuck["job_name"]}"*) echo 100;; *) exit 0;; esac\n')
+    assert launcher.status(stuck["id"])["job_id"] == "100"
+
+
+def test_concurrent_submissions_each_get_one_record_and_one_tree(world):
+    results, errors = [], []
+
+    def one():
+        try:
+            results.append(world.launcher.submit(SPEC)["id"])
+        except Exception as exc:                                     # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(set(results)) == 20
+    assert sorted(r["id"] for r in world.launcher.list()) == sorted(results)
+    assert len(os.listdir(world.root)) == 20
+    assert sorted(r["job_id"] for r in world.launcher.list()) == [str(100 + i) for i in range(20)]
+
+
+def test_the_service_refuses_to_run_as_root_and_to_act_for_root(world):
+    config = load_config(str(world.tmp / "tether.yaml"))
+    with pytest.raises(LauncherError, match="does not run as root"):
+        Launcher(config)
+    launcher = Launcher(config, env=world.env, allow_root=True)
+    with pytest.raises(LauncherError, match="never acts for root"):
+        launcher.submit({**SPEC, "user": "root"})
+    with pytest.raises(LauncherError, match="no user 'nosuchuser'"):
+        launcher.submit({**SPEC, "user": "nosuchuser"})
+
+
+# ---- the REST interface -------------------------------------------------------------------------
+def test_the_rest_interface_answers_4xx_and_writes_nothing_for_bad_input(world):
+    pytest.importorskip("aiohttp")       # the rest extra; tests/bootstrap installs it
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from tether.launcher.rest import OPENAPI, make_app
+
+    async def scenario():
+        app = make_app(world.launcher)
+        routes = {(r.method, r.resource.canonical) for r in app.router.routes()}
+        documented = {(m.upper(), p) for p, ops in OPENAPI["paths"].items() for m in ops}
+        assert routes == documented                                  # the document is the implementation
+        async with TestClient(TestServer(app)) as client:
+            assert (await client.get("/v1/health")).status == 200
+            r = await client.post("/v1/jobs", data="{bad", headers={"Content-Type": "application/json"})
+            assert r.status == 400 and "malformed JSON" in (await r.json())["error"]
+            r = await client.post("/v1/jobs", json={**SPEC, "unknown": 1})
+            assert r.status == 400 and "unknown: unknown key" in (await r.json())["error"]
+            r = await client.post("/v1/jobs", data=b"x" * (33 << 20), headers={"Content-Type": "application/json"})
+            assert r.status == 413
+            r = await client.get("/v1/jobs/..%2f..%2fetc%2fpasswd")
+            assert r.status == 404
+            assert world.launcher.list() == [] and os.listdir(world.root) == []
+            (world.answers / "squeue-100").write_text("PENDING|Priority\n")
+            r = await client.post("/v1/jobs", json=SPEC)
+            assert r.status == 201
+            job = (await r.json())["id"]
+            assert (await (await client.get(f"/v1/jobs/{job}")).json())["state"] == "PENDING"
+            assert (await client.delete(f"/v1/jobs/{job}")).status == 200
+            assert (await client.get(f"/v1/jobs/{job}")).status == 404
+            assert (await client.get("/openapi.json")).status == 200
+        async with TestClient(TestServer(make_app(world.launcher, token="t" * 32))) as client:
+            assert (await client.get("/v1/health")).status == 401
+            assert (await client.get("/v1/health", headers={"Authorization": "Bearer " + "t" * 32})).status == 200
+
+    asyncio.run(scenario())
+
+
+def test_launcher_install_prints_a_policy_visudo_accepts(world):
+    from tether.launcher.install import plan, sudoers_text
+
+    config = load_config(str(world.tmp / "tether.yaml"))
+    text = sudoers_text(config)
+    assert 'tether-launcher ALL = (%tether-users) NOPASSWD: /nonexistent/agent ""' in text
+    assert any("1777" in line for line in plan(config))
+    policy = world.tmp / "policy"
+    policy.write_text(text)
+    os.chmod(policy, 0o440)
+    visudo = subprocess.run(["visudo", "-c", "-f", str(policy)], capture_output=True, text=True)
+    assert visudo.returncode == 0, visudo.stdout + visudo.stderr
