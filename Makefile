@@ -28,6 +28,7 @@ bench: install
 	$(VENV)/bin/python bench/step.py
 	$(VENV)/bin/python bench/launch.py
 	$(VENV)/bin/python bench/tight.py
+	$(VENV)/bin/python bench/launcher.py
 
 sandbox-up: install
 	$(VENV)/bin/tether sandbox up

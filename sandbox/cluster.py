@@ -61,7 +61,7 @@ APT_PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "libslurm-de
                 "libpmi2-0-dev", "slurmdbd", "mariadb-server", "mariadb-client", "sudo")
 # The launcher's service account and the group of users it may act for (sudo policy: tether.launcher)
 LAUNCHER_USER, LAUNCHER_GROUP = "tether-launcher", "tether-users"
-LAUNCHER_SUDOERS = "/etc/sudoers.d/tether-sandbox-launcher"
+SUDOERS_DIR = Path("/etc/sudoers.d")
 # The accounting database (MariaDB, own data directory and socket, loopback port base + 7) and
 # slurmdbd (port base + 6), as sites run them; `tether sandbox up --quick` runs without both and
 # without cgroups.
@@ -270,6 +270,12 @@ class Sandbox:
         """``tether serve``'s socket in the sandbox (a directory only the service account enters)."""
         return self.root / "run" / "launcher" / "launcher.sock"
 
+    @property
+    def launcher_sudoers(self) -> Path:
+        """This sandbox's sudo policy file (one per sandbox: each names its own agent; sudoers.d
+        skips names with a '.')."""
+        return SUDOERS_DIR / ("tether-" + "".join(c if c.isalnum() or c in "_-" else "_" for c in self.root.name))
+
     def install_launcher(self, *, log=print) -> None:
         """The launcher as an admin sets it up: its service account, the group of users it may act
         for (the job user), ``tether launcher install --apply`` (the agent, the sudo policy, the
@@ -284,7 +290,7 @@ class Sandbox:
         if self.user not in grp.getgrnam(LAUNCHER_GROUP).gr_mem:
             run_command(["usermod", "-a", "-G", LAUNCHER_GROUP, self.user], timeout=60)
         (self.root / "bin").mkdir(mode=0o755, exist_ok=True)
-        apply(load_config(str(self.tether_conf)), sudoers=LAUNCHER_SUDOERS)
+        apply(load_config(str(self.tether_conf)), sudoers=str(self.launcher_sudoers))
         service = pwd.getpwnam(LAUNCHER_USER)
         self.launcher_socket.parent.mkdir(parents=True, exist_ok=True)
         os.chown(self.launcher_socket.parent, service.pw_uid, service.pw_gid)
@@ -450,6 +456,7 @@ class Sandbox:
             tmpfs = self.tmpfs_dir(self.port_base())
             shutil.rmtree(self.root)
             shutil.rmtree(tmpfs, ignore_errors=True)
+            self.launcher_sudoers.unlink(missing_ok=True)
             log(f"removed {self.root} and {tmpfs}")
         return stopped
 

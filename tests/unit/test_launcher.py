@@ -344,3 +344,33 @@ def test_launcher_install_prints_a_policy_visudo_accepts(world):
     os.chmod(policy, 0o440)
     visudo = subprocess.run(["visudo", "-c", "-f", str(policy)], capture_output=True, text=True)
     assert visudo.returncode == 0, visudo.stdout + visudo.stderr
+
+
+def test_the_same_flow_on_pbs_through_the_stateful_fakes(world, tmp_path):
+    """PBS: qsub as the user runs tether's real submit hook (the fake server); the script has the
+    seed's #PBS options and the per-host pbs_tmrsh fan-out; qstat -f -F json -x drives the state;
+    qdel cancels."""
+    from tether.testing.pbs import FakePbs
+
+    config_path = world.tmp / "tether.yaml"
+    data = json.loads(config_path.read_text())
+    data["launcher"]["scheduler"] = "pbs"
+    config_path.write_text(json.dumps(data))
+    pbs = FakePbs(tmp_path / "pbs", config=config_path)
+    env = {"PATH": f"{pbs.bin_dir}:/usr/bin:/bin"}
+    launcher = Launcher(load_config(str(config_path)), env=env, runner=world.launcher.runner, allow_root=True)
+    record = launcher.submit({**SPEC, "image": "busybox:1", "runtime": "podman"})
+    job = pbs.job(record["job_id"])
+    assert record["state"] == "PENDING" and job["Job_Name"] == record["job_name"][:236]
+    assert job["Resource_List"]["select"] == "2:ncpus=1" and job["workdir"] == f"{record['tree']}/files"
+    script = Path(record["tree"], "job.sh").read_text()
+    assert f"#PBS -N {record['job_name']}" in script and "#PBS -r n" in script and "#PBS -W umask=0022" in script
+    assert "pbs_tmrsh" in script and "--container-image=busybox:1" in script
+    with pbs.state.jobs() as table:
+        table["jobs"][record["job_id"]]["job_state"] = "R"
+    assert launcher.status(record["id"])["state"] == "RUNNING"
+    with pbs.state.jobs() as table:
+        table["jobs"][record["job_id"]].update(job_state="F", Exit_status=0)
+    assert launcher.status(record["id"])["state"] == "COMPLETED" and not Path(record["tree"]).exists()
+    queued = launcher.submit(SPEC)
+    assert launcher.cancel(queued["id"])["state"] == "CANCELLED"
