@@ -46,7 +46,11 @@ def call(conn: UnixHTTPConnection, method: str, path: str, body=None) -> tuple[i
     data = json.dumps(body).encode() if body is not None else None
     conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
     response = conn.getresponse()
-    return response.status, json.loads(response.read() or b"null")
+    raw = response.read()
+    try:
+        return response.status, json.loads(raw or b"null")
+    except ValueError:
+        raise SystemExit(f"{method} {path}: {response.status} {raw[:500]!r}") from None
 
 
 def quartiles(values: list[float]) -> str:
@@ -69,10 +73,15 @@ def main() -> int:
     direct_jobs: list[str] = []
     try:
         deadline = time.monotonic() + 30
-        while not os.path.exists(box.launcher_socket) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        conn = UnixHTTPConnection(str(box.launcher_socket))
-        call(conn, "GET", "/v1/health")
+        while True:                    # until the service answers (an old socket file may be there)
+            try:
+                conn = UnixHTTPConnection(str(box.launcher_socket))
+                call(conn, "GET", "/v1/health")
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
         for _ in range(args.rounds):
             t0 = time.perf_counter()
             status, record = call(conn, "POST", "/v1/jobs", spec)

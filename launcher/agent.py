@@ -7,8 +7,8 @@ shell; the job's tree is made by the user, under ``launcher.job_root`` (root-own
 /tmp: every path is opened relative to a checked directory, never following a symlink), so the
 user owns their job's files for its whole life and removes them themselves.
 
-Operations: ``prepare`` (make the tree, stage the files, write the batch script), ``submit``
-(sbatch / qsub as the user), ``cancel`` (scancel / qdel), ``logs`` (the tails of the job's output
+Operations: ``prepare`` (make the tree, stage the files, write the batch script; with
+``"submit": true`` submit it too), ``submit`` (sbatch / qsub as the user), ``cancel`` (scancel / qdel), ``logs`` (the tails of the job's output
 and error logs), ``remove`` (the tree).
 """
 
@@ -119,6 +119,8 @@ def prepare(req: Mapping[str, Any]) -> dict:
             os.close(tree_fd)
     finally:
         os.close(root_fd)
+    if req.get("submit"):              # one agent run (one sudo, one interpreter) for both
+        return {"tree": f"{root}/{job}", **submit(req)}
     return {"tree": f"{root}/{job}"}
 
 

@@ -98,6 +98,11 @@ def make_app(launcher: Launcher, *, token: str | None = None):
             return error(exc.status, exc.reason)
         except LauncherError as exc:
             return error(exc.status, str(exc))
+        except Exception as exc:                  # never a bare 500 page: say what, log the rest
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
+            return error(500, f"internal error in the launcher ({type(exc).__name__}: {exc})")
 
     async def blocking(func: Callable, *args):
         return await asyncio.get_running_loop().run_in_executor(None, func, *args)
@@ -174,13 +179,17 @@ def serve(config: Config, *, socket_path: str | None = None, tcp: str | None = N
     if tcp:
         web.run_app(app, host=host.strip("[]"), port=int(port), ssl_context=context, print=None)
     else:
+        import socket
+
         path = socket_path or config.data["launcher"]["socket"]
         os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
         if os.path.exists(path):
             os.unlink(path)
-        old = os.umask(0o117)                    # the socket: 0660
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o117)                    # the socket is made 0660 (only it: not the records)
         try:
-            web.run_app(app, path=path, print=None)
+            sock.bind(path)
         finally:
             os.umask(old)
+        web.run_app(app, sock=sock, print=None)
     return 0

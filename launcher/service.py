@@ -209,9 +209,8 @@ class Launcher:
         with self._locked(job):
             self._write(record)                      # before anything exists: a crash leaves a findable trace
             try:
-                self._agent(spec.user, "prepare", id=job, script=script, files=spec.files,
-                            spec={k: v for k, v in spec.raw.items() if k != "files"})
-                answer = self._agent(spec.user, "submit", id=job)
+                answer = self._agent(spec.user, "prepare", id=job, script=script, files=spec.files, submit=True,
+                                     spec={k: v for k, v in spec.raw.items() if k != "files"})
             except LauncherError as exc:
                 self._forget(record)
                 raise exc

@@ -69,6 +69,9 @@ def cluster_env(cluster) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def service(cluster):
+    state = cluster.box.root / "launcher-state"       # as on a fresh machine: no records, no lock directory
+    for entry in state.iterdir():
+        subprocess.run(["rm", "-rf", str(entry)], check=True)
     svc = Service(cluster)
     svc.start()
     yield svc
@@ -94,11 +97,13 @@ def follow(service, job: str, timeout: float = 240) -> tuple[list[str], dict]:
 
 
 def test_a_containerized_three_node_job_through_the_api(cluster, service, registry_image):
+    locks = cluster.box.root / "launcher-state" / ".locks"
     status, record = service.request("POST", "/v1/jobs", spec(
         cluster, slots_per_trial=3, slot_type="cpu", slurm={"slots_per_node": 1, "sbatch_args": ["--time=5"]},
         image=registry_image, command=["sh", "-c", "sleep 2; echo node $SLURMD_NODENAME sees $(cat input.txt) $GREETING"],
         environment={"GREETING": "hello from the launcher"}, files={"input.txt": "the staged file"}))
     assert status == 201 and record["state"] == "PENDING", record
+    assert oct(locks.stat().st_mode & 0o777) == "0o700"           # the socket's umask is not the service's
     tree = Path(record["tree"])
     assert tree.stat().st_uid == pwd.getpwnam(cluster.user).pw_uid            # the user's, not the service's
     shown = cluster.run(["scontrol", "-o", "show", "job", record["job_id"]]).stdout
