@@ -29,6 +29,7 @@ bench: install
 	$(VENV)/bin/python bench/launch.py
 	$(VENV)/bin/python bench/tight.py
 	$(VENV)/bin/python bench/launcher.py
+	$(VENV)/bin/python bench/workflow.py
 
 sandbox-up: install
 	$(VENV)/bin/tether sandbox up

@@ -13,10 +13,10 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Sequence
 
 from ..hooks.errors import TetherError
-from . import admin, containers, launcher, plan, sandbox
+from . import admin, containers, launcher, plan, sandbox, workflow
 from .common import EXIT_FAIL, EXIT_OK, common_parser, err
 
-COMMAND_GROUPS = (plan, containers, launcher, admin, sandbox)
+COMMAND_GROUPS = (plan, containers, launcher, workflow, admin, sandbox)
 
 
 def tether_version() -> str:

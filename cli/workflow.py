@@ -1,0 +1,98 @@
+"""``tether workflow submit|status|release|set-dependency``: workflow packs (seed 004)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..hooks.configfile import load_yaml
+from ..hooks.errors import ConfigError
+from .common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, err
+
+
+def submit(args: argparse.Namespace) -> int:
+    from ..workflow import PackError, submit_pack
+
+    source = "<stdin>" if args.pack == "-" else args.pack
+    try:
+        data = load_yaml(sys.stdin.read() if args.pack == "-" else open(args.pack, encoding="utf-8").read(), source)
+        result = submit_pack(data, scheduler=args.scheduler)
+    except OSError as exc:
+        err(f"cannot read pack {source}: {exc.strerror}")
+        return EXIT_USAGE
+    except (ConfigError, PackError) as exc:
+        err(str(exc))
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"pack {result['pack']}")
+        for name, job in result["jobs"].items():
+            print(f"  {name}: job {job}")
+    return EXIT_OK
+
+
+def status(args: argparse.Namespace) -> int:
+    from ..workflow import PackError, pack_status
+
+    try:
+        rows = pack_status(args.pack)
+    except PackError as exc:
+        err(str(exc))
+        return EXIT_FAIL
+    if args.json:
+        print(json.dumps(rows))
+        return EXIT_OK
+    for r in rows:
+        print(f"{r['job']:<16} {r['id']:<8} {r['state']:<10} {r.get('dependency') or ''}")
+    return EXIT_OK
+
+
+def _change(args: argparse.Namespace, action) -> int:
+    from ..workflow import PackError
+
+    try:
+        changed = action()
+    except PackError as exc:
+        err(str(exc))
+        return EXIT_FAIL
+    print(f"changed: {' '.join(changed)}" if changed else "no job of the pack waits on this one")
+    return EXIT_OK
+
+
+def release(args: argparse.Namespace) -> int:
+    from ..workflow import release as run
+
+    return _change(args, lambda: run(args.job))
+
+
+def set_dependency(args: argparse.Namespace) -> int:
+    from ..workflow import set_dependency as run
+
+    return _change(args, lambda: run(args.type, args.job))
+
+
+def add_parsers(sub, common: argparse.ArgumentParser) -> None:
+    from ..workflow.pack import DEPENDENCY_TYPES
+
+    wf = sub.add_parser("workflow", help="workflow packs: jobs started with delays after the first one's start")
+    wf_sub = wf.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = wf_sub.add_parser("submit", parents=[common], help="submit a pack (YAML) as yourself")
+    p.add_argument("pack", metavar="PACK.yaml", help="the pack; - reads stdin")
+    p.add_argument("--scheduler", choices=("slurm", "pbs"), default="slurm")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=submit)
+    p = wf_sub.add_parser("status", parents=[common], help="the pack's jobs and their states")
+    p.add_argument("pack", metavar="PACK", help="the pack id tether workflow submit printed")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=status)
+    p = wf_sub.add_parser("release", parents=[common],
+                          help="from a running job: make the pack's jobs that wait on it eligible now")
+    p.add_argument("--job", metavar="ID", help="the job they wait on (default: $SLURM_JOB_ID)")
+    p.set_defaults(func=release)
+    p = wf_sub.add_parser("set-dependency", parents=[common],
+                          help="change the dependency type of the pack's jobs that wait on this one")
+    p.add_argument("--type", required=True, choices=DEPENDENCY_TYPES)
+    p.add_argument("--job", metavar="ID", help="the job they wait on (default: $SLURM_JOB_ID)")
+    p.set_defaults(func=set_dependency)

@@ -1,0 +1,109 @@
+"""Workflow packs (issue 18, seed 004) without a cluster: the pack file, what is submitted (fake
+sbatch/qsub record their argv), which jobs a release or a dependency change touches (fake squeue
+and scontrol). On the real cluster: tests/cluster/test_workflow_cluster.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tether.workflow import PackError, parse_pack, release, set_dependency, submit_pack
+from tether.workflow.pack import dependents
+
+PACK = {"name": "pc", "jobs": [{"name": "producer", "script": "#!/bin/sh\ntrue\n", "sbatch_args": ["-N1"]},
+                               {"name": "consumer", "delay": 2, "command": ["echo", "a b"]},
+                               {"name": "late", "delay": "1h", "command": ["true"]}]}
+
+
+def _fake(bin_dir: Path, name: str, script: str) -> None:
+    (bin_dir / name).write_text("#!/bin/sh\n" + script)
+    (bin_dir / name).chmod(0o755)
+
+
+@pytest.fixture
+def bin_dir(tmp_path):
+    d = tmp_path / "bin"
+    d.mkdir()
+    log = tmp_path / "calls"
+    _fake(d, "sbatch", f'printf "%s\\n" "$*" >> {log}; echo "$TETHER_PACK $TETHER_PACK_JOB" >> {log}.env\n'
+                       f'n=$(wc -l < {log}); echo $((500 + n))\n')
+    _fake(d, "scancel", f'echo "scancel $*" >> {log}\n')
+    _fake(d, "scontrol", f'echo "scontrol $*" >> {log}\n')
+    return d
+
+
+def _env(bin_dir: Path) -> dict:
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "USER": "u"}
+
+
+def test_a_pack_file_is_checked_whole():
+    name, jobs = parse_pack(PACK)
+    assert name == "pc" and [(j.name, j.delay) for j in jobs] == [("producer", 0), ("consumer", 2), ("late", 60)]
+    with pytest.raises(PackError) as exc:
+        parse_pack({"jobs": [{"name": "a", "delay": 5, "command": ["x"], "script": "y"}, {"name": "a"}]})
+    text = str(exc.value)
+    assert "jobs[0].delay: the first job starts the pack" in text and "give a command or a script" in text
+    assert "'a' is used twice" in text
+    with pytest.raises(PackError, match="jobs.1..delay: 'soon' is not minutes"):
+        parse_pack({"jobs": [{"name": "a", "command": ["x"]}, {"name": "b", "delay": "soon", "command": ["x"]}]})
+    with pytest.raises(PackError, match="at least one job"):
+        parse_pack({"jobs": []})
+
+
+def test_the_first_job_goes_in_as_it_is_and_the_others_after_its_start_plus_their_delay(bin_dir, tmp_path):
+    result = submit_pack(PACK, env=_env(bin_dir))
+    pack = result["pack"]
+    assert pack.startswith("pc-") and result["jobs"] == {"producer": "501", "consumer": "502", "late": "503"}
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[0].startswith(f"--parsable --comment=tether-pack:{pack}:producer --export=ALL -N1 /tmp/")
+    assert calls[1] == (f"--parsable --comment=tether-pack:{pack}:consumer --export=ALL --dependency=after:501+2 "
+                        f"--wrap=echo 'a b'")
+    assert "--dependency=after:501+60" in calls[2]
+    assert (tmp_path / "calls.env").read_text().splitlines() == [f"{pack} producer", f"{pack} consumer", f"{pack} late"]
+
+
+def test_a_refused_job_takes_the_pack_back(bin_dir, tmp_path):
+    _fake(bin_dir, "sbatch", f'n=$(cat {tmp_path}/n 2>/dev/null || echo 0); echo $((n + 1)) > {tmp_path}/n\n'
+                             f'[ $n -ge 1 ] && {{ echo "sbatch: error: invalid partition" >&2; exit 1; }}; echo 700\n')
+    with pytest.raises(PackError, match="consumer: sbatch refused it: sbatch: error: invalid partition"):
+        submit_pack(PACK, env=_env(bin_dir))
+    assert (tmp_path / "calls").read_text() == "scancel 700\n"
+
+
+def test_release_and_set_dependency_touch_only_the_packs_pending_jobs_waiting_on_this_one(bin_dir, tmp_path):
+    rows = ["41|RUNNING|(null)|tether-pack:p-1:producer|a",
+            "42|PENDING|after:41+5(unfulfilled)|tether-pack:p-1:consumer|b",
+            "43|PENDING|afterok:41(unfulfilled)|tether-pack:p-1:other|c",
+            "44|PENDING|after:410+5(unfulfilled)|tether-pack:p-1:x|d",          # another job's id, not 41
+            "45|PENDING|after:41+5(unfulfilled)|tether-pack:q-2:consumer|e",    # another pack
+            "46|RUNNING|after:41+5|tether-pack:p-1:running|f"]                  # not pending any more
+    _fake(bin_dir, "squeue", "cat <<'EOF'\n" + "\n".join(rows) + "\nEOF\n")
+    env = {**_env(bin_dir), "SLURM_JOB_ID": "41"}
+    assert [r["id"] for r in dependents(env=env)] == ["42", "43"]
+    assert release(env=env) == ["42", "43"]
+    assert set_dependency("afterok", env=env) == ["42", "43"]
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls == ["scontrol update JobId=42 Dependency=after:41", "scontrol update JobId=43 Dependency=after:41",
+                     "scontrol update JobId=42 Dependency=afterok:41", "scontrol update JobId=43 Dependency=afterok:41"]
+    with pytest.raises(PackError, match="--type later: one of after, afterok, afterany, aftercorr"):
+        set_dependency("later", env=env)
+    _fake(bin_dir, "squeue", "echo '41|RUNNING|(null)||a'\n")
+    with pytest.raises(PackError, match="not in a tether pack"):
+        release(env=env)
+    with pytest.raises(PackError, match="give --job ID, or run this inside a job"):
+        release(env=_env(bin_dir))
+
+
+def test_a_pbs_pack_uses_depend_after_and_an_execution_time(tmp_path):
+    from tether.testing.pbs import FakePbs
+
+    pbs = FakePbs(tmp_path / "pbs")
+    pack = {"jobs": [{"name": "a", "command": ["true"]}, {"name": "b", "delay": 3, "command": ["true"]}]}
+    result = submit_pack(pack, env=pbs.env(), scheduler="pbs")
+    first, second = result["jobs"]["a"], result["jobs"]["b"]
+    qsubs = [c["argv"] for c in pbs.calls() if c["tool"] == "qsub"]
+    assert ["-W", f"depend=after:{first}"] == qsubs[1][3:5] and "-a" in qsubs[1]
+    assert pbs.job(second)["Variable_List"]["TETHER_PACK_JOB"] == "b"
