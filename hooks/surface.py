@@ -223,6 +223,12 @@ RANK_ENV: tuple[Variable, ...] = (
     Variable("TETHER_SLOT_IDS", "the GPUs Slurm bound to the task (its `CUDA_VISIBLE_DEVICES`), unless "
                                 "`--slot-type=cpu`"),
     Variable("ROCR_VISIBLE_DEVICES", "the same GPUs, with `--slot-type=rocm`"),
+    Variable("TETHER_HET_COMPONENT", "in a step across the components of a heterogeneous job "
+                                     "(`srun --het-group=0,1`): this task's component; `RANK`, `WORLD_SIZE`, "
+                                     "`NODE_RANK`, `TETHER_NNODES` and `MASTER_PORT` are then the whole step's"),
+    Variable("TETHER_HET_COMPONENTS", "there: how many components the step spans"),
+    Variable("TETHER_HET_OFFSET", "there: the first `RANK` of this task's component"),
+    Variable("TETHER_HET_SIZE", "there: the tasks of this task's component"),
 )
 RANK_NAMES = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
               "MASTER_PORT")

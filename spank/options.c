@@ -198,13 +198,34 @@ int tether_opt_set(int index, const char *value, const char *how, int from_env)
 	return 0;
 }
 
+int tether_component;
+
+void tether_slurm_option_env(const struct tether_opt *o, char *buf, size_t len)
+{
+	snprintf(buf, len, "_SLURM_SPANK_OPTION_tether_%s", o->name);
+	for (char *c = buf; *c; c++)
+		if (*c == '-')
+			*c = '_';
+}
+
 static int option_cb(int val, const char *optarg, int remote)
 {
-	char how[TETHER_MAX_NAME + 3];
+	char how[TETHER_MAX_NAME + 3], env[TETHER_MAX_NAME + 60];
 	int rc;
 
 	if (val < 0 || val >= TETHER_NOPTS)
 		return remote ? 0 : -1;
+	if (!remote && tether_component > 0 && optarg != NULL) {
+		/* A later component of a heterogeneous job: sbatch put each earlier component's job
+		 * control environment into its own as SLURM_SPANK_<name> (sbatch.c, _set_spank_env),
+		 * and its next option pass applies every option found there again
+		 * (plugstack.c, spank_process_env_options, passing getenv()'s own pointer): not this
+		 * component's options. */
+		memcpy(env, "SLURM_SPANK_", 12);
+		tether_slurm_option_env(&tether_opts[val], env + 12, sizeof(env) - 12);
+		if (optarg == getenv(env))
+			return 0;
+	}
 	snprintf(how, sizeof(how), "--%s", tether_opts[val].name);
 	rc = tether_opt_set(val, optarg, how, 0);
 	/* In slurmstepd a refused value fails the step's tasks (kept by tether_fail); failing here

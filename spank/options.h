@@ -44,6 +44,13 @@ int tether_register_options(spank_t sp);
 /* Parse plugstack.conf's arguments; an unknown or malformed one fails the plugin load. */
 int tether_parse_args(int ac, char **av);
 
+/* srun/sbatch/salloc: how many components of a heterogeneous job were forwarded already (client.c). */
+extern int tether_component;
+
+/* Slurm's name for option ``o`` in the environment and spank_job_env:
+ * _SLURM_SPANK_OPTION_tether_<name, '-' as '_'>. */
+void tether_slurm_option_env(const struct tether_opt *o, char *buf, size_t len);
+
 /* Forget every value (slurm_spank_exit). */
 void tether_opts_clear(void);
 

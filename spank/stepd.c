@@ -47,6 +47,11 @@ static struct {
 	char job_dir[PATH_MAX];    /* <root>/<jobid> */
 	char step_dir[PATH_MAX];   /* <root>/<jobid>/<node>/<step> */
 	char failure[1024];        /* why this step cannot run (the first reason) */
+	/* a step of a heterogeneous job across components (srun --het-group=0,1): Slurm 22.05 runs
+	 * one step per component job, each numbering its tasks from 0, and gives every task the
+	 * whole step's SLURM_PROCID / SLURM_NTASKS / SLURM_NODEID (see het_step) */
+	int het;                   /* this step is one component of a multi-component step */
+	uint32_t het_component, het_components, het_leader;
 } step;
 
 /* Where jobdirs.c's messages go (and options.c's, in every context): slurmd's log or the user's
@@ -114,6 +119,9 @@ static void env_fallbacks(spank_t sp)
 	}
 }
 
+static void het_step(spank_t sp);
+static long env_number(spank_t sp, const char *name);
+
 /* This node's Slurm name: slurmd's own (see the top of this file), usable as a directory name. */
 static int this_node(void)
 {
@@ -149,7 +157,13 @@ int tether_stepd_post_opt(spank_t sp)
 	char name[32];
 	int root_fd, fd;
 
-	env_fallbacks(sp);
+	if (spank_get_item(sp, S_JOB_ID, &step.job_id) == ESPANK_SUCCESS &&
+	    spank_get_item(sp, S_JOB_STEPID, &step.step_id) == ESPANK_SUCCESS)
+		het_step(sp);
+	/* The TETHER_<NAME> fallbacks describe the first component of a heterogeneous step, as in
+	 * srun (client.c): a later component takes only the options it was given itself. */
+	if (!step.het || step.het_component == 0)
+		env_fallbacks(sp);
 	step.tether = tether_any_option();
 	if (spank_get_item(sp, S_JOB_UID, &step.uid) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_GID, &step.gid) != ESPANK_SUCCESS ||
@@ -280,18 +294,66 @@ out:
 	return rc;
 }
 
+/* An unsigned number from the job's environment (the user's: only their own ranks' values come
+ * from it), or -1 when absent or not a plain number below 2^31. */
+static long env_number(spank_t sp, const char *name)
+{
+	char buf[32], *end;
+	unsigned long value;
+
+	if (!get_env(sp, name, buf, sizeof(buf)) || buf[0] < '0' || buf[0] > '9')
+		return -1;
+	errno = 0;
+	value = strtoul(buf, &end, 10);
+	return (errno || *end || value > 0x7fffffffUL) ? -1 : (long)value;
+}
+
+/* Is this step one component of a heterogeneous step (srun --het-group=0,1)? Which one: the k
+ * whose SLURM_JOB_ID_HET_GROUP_k is this component's own job id (S_JOB_ID). The step's own job
+ * environment does not always say how many tasks the earlier components have (with --slots in
+ * component 0, SLURM_NTASKS_HET_GROUP_0 is missing); each task's does (SLURM_PROCID, SLURM_NTASKS,
+ * SLURM_NODEID: the whole step's), so the ranks are completed in task_init. */
+static void het_step(spank_t sp)
+{
+	char name[64];
+	long size = env_number(sp, "SLURM_HET_SIZE"), leader = env_number(sp, "SLURM_JOB_ID");
+
+	step.het = 0;
+	if (size < 2 || size > 1024 || leader < 0 || step.step_id >= SLURM_MAX_NORMAL_STEP_ID)
+		return;
+	for (long k = 0; k < size; k++) {
+		snprintf(name, sizeof(name), "SLURM_JOB_ID_HET_GROUP_%ld", k);
+		if (env_number(sp, name) == (long)step.job_id) {
+			step.het = 1;
+			step.het_component = (uint32_t)k;
+			step.het_components = (uint32_t)size;
+			step.het_leader = (uint32_t)leader;
+			return;
+		}
+	}
+}
+
 /* The step-wide part of the rank environment, and the options the step's ranks see. */
 static int set_step_env(spank_t sp, uint32_t ntasks, uint32_t nlocal, uint32_t nnodes)
 {
 	int rc;
 
+	uint32_t port_job = step.job_id;
+
+	if (step.het) { /* one world across the components: the leader's port (sizes: task_init) */
+		port_job = step.het_leader;
+		if (set_env_u(sp, "TETHER_HET_COMPONENT", step.het_component) ||
+		    set_env_u(sp, "TETHER_HET_COMPONENTS", step.het_components) ||
+		    set_env_u(sp, "TETHER_HET_SIZE", ntasks))
+			return -1;
+	}
 	if (set_env(sp, "TETHER_JOB_DIR", step.job_dir) || set_env(sp, "TETHER_STEP_DIR", step.step_dir) ||
 	    set_env_u(sp, "WORLD_SIZE", ntasks) || set_env_u(sp, "LOCAL_WORLD_SIZE", nlocal) ||
 	    set_env_u(sp, "TETHER_NNODES", nnodes) || set_master_addr(sp) < 0)
 		return -1;
 	/* Every rank of a step derives the same port; concurrent steps of a job (and jobs with
 	 * neighbouring ids) get different ones: 20000 + (job id mod 2000) * 16 + (step id mod 16). */
-	rc = set_env_u(sp, "MASTER_PORT", 20000 + (step.job_id % 2000) * 16 +
+	rc = set_env_u(sp, "MASTER_PORT", 20000 + (port_job % 2000) * 16 +
 		       (step.step_id < SLURM_MAX_NORMAL_STEP_ID ? step.step_id % 16 : 15));
 	for (int i = 0; i < TETHER_NOPTS && rc == 0; i++) {
 		const struct tether_opt *o = &tether_opts[i];
@@ -391,6 +453,19 @@ int tether_stepd_task_init(spank_t sp)
 	snprintf(rank_dir, sizeof(rank_dir), "%s/" TETHER_RANK_PREFIX "%u", step.step_dir, global);
 	if (step.container && hand_to_launcher(sp) < 0)
 		return -1;
+	if (step.het) { /* the whole step's numbers, as Slurm gives them to each task */
+		long procid = env_number(sp, "SLURM_PROCID"), ntasks = env_number(sp, "SLURM_NTASKS");
+		long node_id = env_number(sp, "SLURM_NODEID"), nnodes = env_number(sp, "SLURM_STEP_NUM_NODES");
+
+		if (procid >= (long)global && ntasks > procid && node_id >= 0 && nnodes > node_id) {
+			if (set_env_u(sp, "TETHER_HET_OFFSET", (unsigned long)procid - global) ||
+			    set_env_u(sp, "WORLD_SIZE", (unsigned long)ntasks) ||
+			    set_env_u(sp, "TETHER_NNODES", (unsigned long)nnodes))
+				return -1;
+			global = (uint32_t)procid;
+			node = (uint32_t)node_id;
+		}
+	}
 	if (set_env_u(sp, "RANK", global) || set_env_u(sp, "LOCAL_RANK", local) ||
 	    set_env_u(sp, "NODE_RANK", node) || set_env(sp, "TETHER_RANK_DIR", rank_dir))
 		return -1;

@@ -138,3 +138,27 @@ def test_a_job_that_hits_its_time_limit_leaves_nothing(cluster, time_limited_job
                       timeout=150, step=2)
     assert wait_until(lambda: timed_out_job not in job_entries(cluster), timeout=30)
     assert not user_processes(cluster, "sleep 600")
+
+
+def test_a_heterogeneous_job_mixes_a_tether_component_with_a_plain_one_and_one_step_spans_both(cluster):
+    """Issue 18: component 0 asks for slots, component 1 for -N1 (before: `--nodes=1 conflicts
+    with --nodes` -- component 0's options leaked into component 1 through Slurm's job-wide option
+    state). One step across both (srun --het-group=0,1) has one rank world: global RANK and
+    WORLD_SIZE, each component's index and first rank, one MASTER_ADDR:MASTER_PORT."""
+    out = cluster.box.work_dir / f"het-{os.getpid()}.out"
+    script = "\n".join([
+        "#!/bin/sh",
+        f"#SBATCH --slots=2 --slot-type=cpu --slots-per-node=2 --output={out}",
+        "#SBATCH hetjob",
+        "#SBATCH -N1 -n1",
+        "srun --het-group=0,1 sh -c 'echo RANK=$RANK WORLD_SIZE=$WORLD_SIZE NODE_RANK=$NODE_RANK "
+        "COMPONENT=$TETHER_HET_COMPONENT OFFSET=$TETHER_HET_OFFSET NNODES=$TETHER_NNODES "
+        "MASTER=$MASTER_ADDR:$MASTER_PORT NODE=$SLURMD_NODENAME'",
+        ""])
+    cluster.as_user(["sbatch", "--wait"], input=script, timeout=180)
+    ranks = parse(out.read_text())
+    out.unlink()
+    assert [(r["RANK"], r["COMPONENT"], r["OFFSET"], r["WORLD_SIZE"]) for r in ranks] == [
+        ("0", "0", "0", "2"), ("1", "1", "1", "2")], ranks
+    assert len({r["MASTER"] for r in ranks}) == 1 and ranks[0]["MASTER"].startswith(ranks[0]["NODE"] + ":")
+    assert [r["NODE_RANK"] for r in ranks] == ["0", "1"] and {r["NNODES"] for r in ranks} == {"2"}
