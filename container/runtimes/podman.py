@@ -514,6 +514,10 @@ class Podman(Runtime):
         prepare = None
         if spec.name:
             image_argv, before, prepare = self.named_container(spec, image_argv, before, glob)
+            # the image's ENV first: podman lets a later --env-file win, and the job's values win
+            at = argv.index("--env-file") if "--env-file" in argv else len(argv)
+            argv[at:at] = image_argv[:2]
+            image_argv = image_argv[2:]
         argv += image_argv
         argv += spec.command
         # After an abnormal end (a signal, the step cancelled) --rm may not have run: remove it. If

@@ -1564,3 +1564,23 @@ def test_apptainer_binds_the_pmix_server_and_client_directories_at_their_own_pat
     assert [plain[i + 1] for i, a in enumerate(plain) if a == "--bind"] == [
         f"{s}:{t}" for s, t in (("/jobs/42/n2/step-0/rank-3/tmp", "/tmp"),
                                 ("/jobs/42/n2/step-0/rank-3/work", "/run/tether/workdir"))]
+
+
+def test_a_named_podman_container_runs_its_unpacked_root_and_the_jobs_values_win_over_the_images(tmp_path):
+    """--container-name with podman: the root unpacked into the job's node directory, the image's
+    ENV from a file podman reads before the job's (podman: a later --env-file wins)."""
+    rank_dir = str(tmp_path / "42/n2/step-0/rank-3")
+    launch = adapter("podman", {"store": ""}).launch(
+        spec(image="docker://busybox", runtime="podman", name="dev", rank_dir=rank_dir), HOST)
+    home = tmp_path / "42/n2/podman-named/dev"
+    argv = launch.argv
+    files = [argv[i + 1] for i, a in enumerate(argv) if a == "--env-file"]
+    assert files[0] == f"{home}/image.env" and files[1].startswith("/dev/fd/")
+    assert argv[-4:] == ["--rootfs", f"{home}/rootfs", "python", "train.py"]
+    assert launch.before[-1][1] == f"{home}/config.json" and "tether-42-0-3" in argv     # one container per rank
+    (home).mkdir(parents=True)
+    (home / "config.json").write_text('{"Entrypoint": ["/entry.sh", "x"]}')
+    assert launch.prepare(argv) == argv                                   # no --container-entrypoint
+    asked = adapter("podman", {"store": ""}).launch(
+        spec(image="docker://busybox", runtime="podman", name="dev", rank_dir=rank_dir, entrypoint=True), HOST)
+    assert asked.prepare(asked.argv)[-4:] == ["/entry.sh", "x", "python", "train.py"]

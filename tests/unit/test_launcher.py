@@ -294,8 +294,7 @@ def test_the_service_refuses_to_run_as_root_and_to_act_for_root(world):
 
 # ---- the REST interface -------------------------------------------------------------------------
 def test_the_rest_interface_answers_4xx_and_writes_nothing_for_bad_input(world):
-    pytest.importorskip("aiohttp")       # the rest extra; tests/bootstrap installs it
-    import asyncio
+    import asyncio                       # aiohttp: the rest extra, which tests/bootstrap installs
 
     from aiohttp.test_utils import TestClient, TestServer
 
