@@ -254,7 +254,7 @@ ENROOT_OPTIONS = {
     "start": {"-c": True, "--conf": True, "-m": True, "--mount": True, "-e": True, "--env": True,
               "-r": False, "--root": False, "--rc": True, "-w": False, "--rw": False},
     "remove": {"-f": False, "--force": False},
-    "export": {"-a": True, "--arch": True, "-o": True, "--output": True, "-f": False, "--force": False},
+    "export": {"-o": True, "--output": True, "-f": False, "--force": False},
     "list": {"-f": False, "--fancy": False},
 }
 
@@ -361,8 +361,10 @@ def _enroot_create(opts: dict, operands: list[str], data: str, state: str, entry
 
 
 def _enroot_export(opts: dict, operands: list[str], data: str, state: str, entry: dict) -> int:
-    """runtime::export: a container's root as a squashfs file (``NAME.sqsh`` in the working
-    directory unless --output); an existing file needs --force ("File already exists: ...")."""
+    """runtime::export (src/runtime.sh; options -o/--output, -f/--force in enroot.in): a
+    container's root as a squashfs file (``NAME.sqsh`` in the working directory unless --output);
+    a name with '/' is "Invalid argument", a missing container "No such file or directory", an
+    existing file needs --force ("File already exists: ...")."""
     if len(operands) != 1:
         raise UsageError("Usage: enroot export [options] [--] NAME", status=1)
     name = operands[0]

@@ -602,6 +602,11 @@ def test_the_fake_runtimes_refuse_flags_their_version_does_not_know(tmp_path, fa
     enroot = subprocess.run(["enroot", "start", "--bogus", "x"], capture_output=True, text=True,
                             env={**env, "HOME": str(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path / "run")})
     assert enroot.returncode == 1 and "Usage: enroot start" in enroot.stderr
+    export = subprocess.run(["enroot", "export", "--arch", "x86_64", "x"], capture_output=True, text=True,
+                            env={**env, "HOME": str(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path / "run")})
+    assert export.returncode == 1 and "Usage: enroot export" in export.stderr      # import has --arch, export not
+    run = subprocess.run(["apptainer", "run", "--bogus", str(image)], env=env, capture_output=True, text=True)
+    assert run.returncode == 1 and 'Error for command "run": unknown flag: --bogus' in run.stderr
     missing = subprocess.run(["apptainer", "exec", str(tmp_path / "none.sif"), "true"], env=env,
                              capture_output=True, text=True)
     assert missing.returncode == 255 and "could not open image" in missing.stderr
