@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from ..hooks.config import Config
 from ..hooks.errors import RequestError, TetherError
-from ..hooks.header import batch_header
+from ..hooks.header import batch_header, job_name
 from ..hooks.plan import make_plan
 from ..hooks.render import script_directives
 from ..system.files import write_atomic
@@ -199,8 +199,6 @@ class Launcher:
             script = self.batch_script(spec, tree)
         except RequestError as exc:
             raise LauncherError(str(exc)) from None
-        from ..hooks.header import job_name
-
         record = {"id": job, "user": spec.user, "scheduler": self.scheduler, "job_name": job_name(spec.request),
                   "job_id": None, "tree": tree, "phase": "preparing", "state": "PREPARING", "exit_code": None,
                   "created": time.time(), "spec": dict(spec.raw)}

@@ -750,6 +750,19 @@ def rootfs_image_name(path: str) -> str:
     return f"localhost/tether-rootfs:{key[:24]}"
 
 
+def image_config(podman: Sequence[str], image: str, env: Mapping[str, str] | None = None, *,
+                 check: bool = True) -> dict:
+    """An image's configuration (ENV, ENTRYPOINT, CMD, WORKDIR, ...) as ``podman image inspect``
+    gives it; ``check=False``: {} when podman cannot say."""
+    import json
+
+    from ...system.proc import run_command
+
+    done = run_command([*podman, "image", "inspect", "--format", "{{json .Config}}", image], env=env,
+                       timeout=120, check=check)
+    return (json.loads(done.stdout or "null") or {}) if done.returncode == 0 else {}
+
+
 def unpack_named(image_argv: Sequence[str], podman: Sequence[str], home: str, container: str,
                  env: Mapping[str, str] | None = None) -> None:
     """Unpack the image a --container-name container starts from into ``<home>/rootfs``, and its
@@ -790,9 +803,7 @@ def unpack_named(image_argv: Sequence[str], podman: Sequence[str], home: str, co
             try:
                 run_command([*podman, "create", "--log-level=fatal", "--name", tmp, name, "true"], env=env, timeout=600)
                 run_command([*podman, "export", "--output", layer, tmp], env=env, timeout=3600)
-                out = run_command([*podman, "image", "inspect", "--format", "{{json .Config}}", name], env=env,
-                                  timeout=120).stdout
-                config = json.loads(out or "null") or {}
+                config = image_config(podman, name, env)
                 run_command(["tar", "-C", partial, "-xf", layer, "--no-same-owner"], timeout=3600)
             finally:
                 run_command([*podman, "rm", "--force", "--ignore", tmp], env=env, timeout=120, check=False)
@@ -850,12 +861,8 @@ def save_oci_archive(podman: Sequence[str], container: str, path: str, env: Mapp
     try:
         image = run_command([*podman, "container", "inspect", "--format", "{{.Image}}", container], env=env,
                             timeout=120).stdout.strip()
-        config = {}
-        if image:        # a --rootfs container has no image, so no configuration to keep
-            out = run_command([*podman, "image", "inspect", "--format", "{{json .Config}}", image], env=env,
-                              timeout=120, check=False)
-            if out.returncode == 0:
-                config = json.loads(out.stdout or "null") or {}
+        # a --rootfs container has no image, so no configuration to keep
+        config = image_config(podman, image, env, check=False) if image else {}
         run_command([*podman, "export", "--output", layer, container], env=env, timeout=3600)
     except CommandError as exc:
         raise LaunchError(str(exc)) from None
