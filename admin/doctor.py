@@ -153,6 +153,12 @@ class Doctor:
                           f"{self.config.job_storage_root} in {self.config.source}: `tether slurm install --write` "
                           f"again after changing the config")
             return
+        gateways = self.config.data["gateways"]["partition"] if self.config else None
+        if self.config and args.get("gateway_partition") != gateways:
+            yield Finding(FAIL, "plugstack.conf", f"gateway_partition={args.get('gateway_partition')} there, "
+                          f"gateways.partition: {gateways} in {self.config.source}: `tether slurm install "
+                          f"--write` again after changing the config")
+            return
         launcher = args.get("launcher")
         if not launcher or not os.access(launcher, os.X_OK):
             yield Finding(FAIL, "plugstack.conf", f"launcher={launcher} is not an executable file: "

@@ -1,4 +1,5 @@
-"""``tether workflow submit|status|release|set-dependency``: workflow packs (seed 004)."""
+"""``tether workflow submit|status|release|set-dependency``: workflow packs; ``tether gateway start``:
+gateway nodes (seed 004)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,40 @@ def set_dependency(args: argparse.Namespace) -> int:
     return _change(args, lambda: run(args.type, args.job))
 
 
+def gateway_start(args: argparse.Namespace) -> int:
+    """In an allocation (salloc) with a gateway component: start the daemons as a batch script
+    of such a job gets them, and print the variables (``eval "$(tether gateway start)"``)."""
+    import os
+    import shlex
+
+    from ..container.gateways import GatewayError, gateway_component, start_gateways
+    from ..hooks.configfile import load_config
+    from .common import config_arg
+
+    try:
+        settings = load_config(config_arg(args)).data["gateways"]
+    except ConfigError as exc:
+        err(str(exc))
+        return EXIT_USAGE
+    component = gateway_component(os.environ, settings["partition"])
+    if component is None:
+        err("no component of this job is gateway nodes (run it inside an allocation of a heterogeneous job "
+            "with a --gateways=N component)" if settings["partition"] else
+            "this cluster has no gateway nodes (tether's configuration names no gateways.partition)")
+        return EXIT_FAIL
+    try:
+        variables = start_gateways(os.environ, component, settings)
+    except GatewayError as exc:
+        err(str(exc))
+        return EXIT_FAIL
+    if args.json:
+        print(json.dumps(variables))
+    else:
+        for name, value in variables.items():
+            print(f"export {name}={shlex.quote(value)}")
+    return EXIT_OK
+
+
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     from ..workflow.pack import DEPENDENCY_TYPES
 
@@ -96,3 +131,10 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--type", required=True, choices=DEPENDENCY_TYPES)
     p.add_argument("--job", metavar="ID", help="the job they wait on (default: $SLURM_JOB_ID)")
     p.set_defaults(func=set_dependency)
+    gw = sub.add_parser("gateway", help="gateway nodes of a heterogeneous job (--gateways=N)")
+    gw_sub = gw.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = gw_sub.add_parser("start", parents=[common],
+                          help="in salloc: start the gateway daemons and print TETHER_GATEWAYS "
+                               "(a batch script gets them without asking)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=gateway_start)

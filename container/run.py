@@ -19,7 +19,7 @@ import os
 import sys
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
-from ..hooks.surface import RUN_ARGV0
+from ..hooks.surface import BATCH_VAR, GATEWAYS_RUN_VAR, RUN_ARGV0
 from .environment import DEFAULT_MODE
 from .launch import EXIT_LAUNCH_FAILED, execute, report, report_admin
 from .runtimes import adapter
@@ -91,6 +91,16 @@ def handoff(config_path: str | None, identity: list[int] | None, baked: Mapping[
         report(f"{sys.argv[0]} is tether's container launcher: it runs tasks handed over by the "
                f"SPANK plugin or the PBS MoM hook; use `tether run` by hand")
         os._exit(EXIT_LAUNCH_FAILED)
+    if GATEWAYS_RUN_VAR in env:                   # a batch script with gateway nodes: them first
+        env.update(batch_gateways(config_path, env.pop(GATEWAYS_RUN_VAR)))
+        if env.get(BATCH_VAR) != "1":              # the script itself on the host
+            os.environ.clear()
+            os.environ.update(env)
+            try:
+                os.execv(argv0, [argv0, *sys.argv[1:]])
+            except OSError as exc:
+                report(f"cannot run the batch script {argv0}: {exc.strerror}")
+                os._exit(EXIT_LAUNCH_FAILED)
     try:
         # the SPANK plugin made this process a child subreaper; PBS's hook cannot (TETHER_RUN_SUBREAPER=0)
         subreaper = env.pop(SUBREAPER_VAR, "1") != "0"
@@ -102,6 +112,24 @@ def handoff(config_path: str | None, identity: list[int] | None, baked: Mapping[
                f"details in the system log")
         report_admin(traceback.format_exc())
         os._exit(EXIT_LAUNCH_FAILED)
+
+
+def batch_gateways(config_path: str | None, component: str) -> dict[str, str]:
+    """Start the gateway daemons of a batch script's job (tether.container.gateways): the
+    variables for its environment; on a failure the script does not run (exit 1, the reason in
+    the job's error output, the node in service)."""
+    from .gateways import GatewayError, start_gateways
+
+    try:
+        from ..hooks.configfile import load_config
+
+        settings = load_config(config_path).data["gateways"]
+        return start_gateways(os.environ, int(component), settings)
+    except (GatewayError, ValueError) as exc:
+        report(f"the job's gateway nodes: {exc}")
+    except Exception as exc:                       # a broken config included: never a traceback
+        report(f"the job's gateway nodes could not be set up ({type(exc).__name__}: {exc})")
+    os._exit(1)
 
 
 LAUNCHER_TEMPLATE = """\

@@ -64,6 +64,13 @@ def _runtime(binary: str, doc: str, **extra) -> Struct:
     })
 
 
+
+def _check_gateways(value: dict, path: str, errors: list[SchemaError]) -> None:
+    """A gateway partition needs a daemon to start there."""
+    if value.get("partition") and not value.get("daemon"):
+        errors.append(SchemaError(f"{path}.daemon" if path else "daemon",
+                                  "must name the gateway daemon's command when gateways.partition is set"))
+
 CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
     # --- the seed's cluster configuration (seed 000, "Cluster Configuration") ---
     "slot_type": Enum(choices=SLOT_TYPES, default="cuda",
@@ -185,6 +192,24 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
                                  doc="how many lines of the error log a startup failure shows"),
         "socket": Str(default="/run/tether/launcher.sock", pattern=r"/[^\s]*", accepted="an absolute path",
                       doc="tether serve's unix socket (its directory's permissions decide who may connect)"),
+    }),
+    "gateways": Struct(doc="gateway nodes (seed 004): a heterogeneous job's component asking --gateways=N",
+                       extra_check=_check_gateways, fields={
+        "partition": Str(pattern=NAME_PATTERN, nullable=True, default=None, accepted="a partition name",
+                         doc="the partition of the gateway nodes, which job_submit gives a component asking "
+                             "--gateways=N (the SPANK plugin's gateway_partition= in plugstack.conf); null: "
+                             "no gateways, --gateways is refused"),
+        "feature": Str(pattern=NAME_PATTERN, nullable=True, default=None, accepted="a node feature",
+                       doc="a node feature the gateway nodes must have (the component's --constraint)"),
+        "daemon": List(item=Str(pattern=r"[^\x00-\x1f\x7f]+", accepted="printable text"), default=[],
+                       doc="the gateway daemon's command, one per gateway node as a job step of the gateway "
+                           "component, run as the job's user; {port}, {node}, {index} and {job} are replaced"),
+        "port": Int(nullable=True, default=None, minimum=1024, maximum=65519,
+                    doc="the first gateway's port (the n-th gateway node's: port + n); null: 52000 + (job id "
+                        "mod 800) x 16 + n, above the MASTER_PORT range"),
+        "ready_timeout": Int(default=60, minimum=1, maximum=3600,
+                             doc="seconds the batch script waits for every gateway daemon to accept a TCP "
+                                 "connection; the job fails when one does not"),
     }),
     "plugin": Struct(doc="plugin behaviour", fields={
         "on_failure": Enum(choices=ON_FAILURE, default="reject_tether_jobs",

@@ -44,16 +44,17 @@ class Option:
     ``pbs_resource`` PBS's custom resource."""
 
     __slots__ = ("name", "arginfo", "kind", "usage", "minimum", "maximum", "field", "spec_key",
-                 "pbs_resource", "pbs_type")
+                 "pbs_resource", "pbs_type", "env_name")
 
     def __init__(self, name: str, arginfo: str | None, kind: str, usage: str, *, minimum: int = 0,
                  maximum: int = 0, field: str | None = None, spec_key: str | None = None,
-                 pbs_resource: str | None = None, pbs_type: str | None = None):
+                 pbs_resource: str | None = None, pbs_type: str | None = None, env_name: str | None = None):
         assert kind in KINDS, kind
         self.name, self.arginfo, self.kind, self.usage = name, arginfo, kind, usage
         self.minimum, self.maximum = minimum, maximum
         self.field, self.spec_key = field, spec_key
         self.pbs_resource, self.pbs_type = pbs_resource, pbs_type
+        self.env_name = env_name
 
     def spec_name(self, scheduler: str = "slurm") -> str | None:
         """The job spec's key for this option (``slurm.slots_per_node`` in a Slurm spec)."""
@@ -65,8 +66,9 @@ class Option:
 
     @property
     def env(self) -> str:
-        """The environment fallback (and the PBS job variable): ``TETHER_SLOTS_PER_NODE``."""
-        return "TETHER_" + self.name.upper().replace("-", "_")
+        """The environment fallback (and the PBS job variable): ``TETHER_SLOTS_PER_NODE`` (another
+        name where the plain one is a variable tether sets: ``--gateways``, ``TETHER_GATEWAYS``)."""
+        return self.env_name or "TETHER_" + self.name.upper().replace("-", "_")
 
     @property
     def spank_env(self) -> str:
@@ -129,6 +131,10 @@ OPTIONS: tuple[Option, ...] = (
            "(podman: an OCI archive; enroot: squashfs); relative to the working directory"),
     Option("container-batch", None, "flag", "run the batch script itself in the container too (default: on "
            "the host, where its srun works)"),
+    # --- modular jobs (seed 004): a heterogeneous job's component of gateway nodes
+    Option("gateways", "N", "count", "this heterogeneous job component is N gateway nodes: tether gives it "
+           "the gateway partition and starts the gateway daemon there (sbatch; see the README)",
+           minimum=1, maximum=16, env_name="TETHER_GATEWAY_COUNT"),
 )
 
 _ASCII_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
@@ -237,6 +243,19 @@ HOST_ONLY = tuple(v.name for v in RANK_ENV if v.host_only)
 RUN_ARGV0 = "TETHER_RUN_ARGV0"
 # Set with it for a batch script handed over (--container-batch): the command is the script's path.
 BATCH_VAR = "TETHER_RUN_BATCH"
+# srun's option passes of a heterogeneous step, for slurmstepd (spank/client.c): one per pass.
+STEP_OPTIONS_PREFIX = "TETHER_STEP_OPTIONS_"
+STEP_PASSES_VAR = "TETHER_STEP_PASSES"
+STEP_DEFAULTS_VAR = "TETHER_STEP_DEFAULTS"
+# Set with it for a batch script of a job with a gateway component: that component's index.
+GATEWAYS_RUN_VAR = "TETHER_RUN_GATEWAYS"
+# What the batch script (and so every step it starts) of a job with gateway nodes gets.
+GATEWAY_ENV: tuple[Variable, ...] = (
+    Variable("TETHER_GATEWAYS", "where the gateway daemons listen: `ADDRESS:PORT` of each gateway node, "
+                                "comma-separated (the node's `NodeAddr`)"),
+    Variable("TETHER_GATEWAY_NODES", "the gateway nodes' names, in the same order"),
+    Variable("TETHER_GATEWAY_COMPONENT", "the heterogeneous job component that holds them"),
+)
 
 
 def _cell(text: str) -> str:

@@ -27,6 +27,7 @@ typedef struct tether_job {
 	uint16_t ntasks_per_node;
 	uint16_t cpus_per_task;
 	uint32_t req_node_count;    /* nodes in --nodelist (sbatch sets min_nodes from it); 0: none */
+	uint32_t het_job_offset;    /* the component's index in a heterogeneous job; NO_VAL: not one */
 	char *job_id_str;
 	char *partition;
 	char *account;
@@ -34,6 +35,7 @@ typedef struct tether_job {
 	char *tres_per_node;
 	char *tres_per_task;
 	char *tres_per_socket;
+	char *features;             /* --constraint */
 	char **spank_env;
 	uint32_t spank_env_size;
 	/* out: applied to job_desc by the calling thread when the answer is TETHER_ACCEPT */
@@ -58,6 +60,8 @@ typedef struct tether_job {
 	char out_partition[TETHER_STR];
 	int set_wckey;
 	char out_wckey[TETHER_STR];
+	int set_features;
+	char out_features[TETHER_STR];
 	char msg[TETHER_MSG];   /* for the user: the reason of a rejection, or notes */
 	int cacheable;          /* the answer depends only on the request and the config */
 } tether_job_t;

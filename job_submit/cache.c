@@ -121,8 +121,9 @@ char *tether_cache_key(const tether_job_t *job)
 	if (k.text == NULL)
 		return NULL;
 	k.text[0] = '\0';
-	snprintf(num, sizeof(num), "%u %u %u %u %u %u %u", job->user_id, job->min_nodes, job->max_nodes,
-		 job->num_tasks, (unsigned)job->ntasks_per_node, (unsigned)job->cpus_per_task, job->req_node_count);
+	snprintf(num, sizeof(num), "%u %u %u %u %u %u %u %u", job->user_id, job->min_nodes, job->max_nodes,
+		 job->num_tasks, (unsigned)job->ntasks_per_node, (unsigned)job->cpus_per_task, job->req_node_count,
+		 job->het_job_offset);
 	key_add(&k, num);
 	key_add(&k, job->partition);
 	key_add(&k, job->account);
@@ -130,6 +131,7 @@ char *tether_cache_key(const tether_job_t *job)
 	key_add(&k, job->tres_per_node);
 	key_add(&k, job->tres_per_task);
 	key_add(&k, job->tres_per_socket);
+	key_add(&k, job->features);
 	for (uint32_t i = 0; i < job->spank_env_size; i++)
 		key_add(&k, job->spank_env[i]);
 	return k.text;

@@ -165,6 +165,45 @@ def controlled_options(plan: Plan) -> list[str]:
             if name in SLURM_FIELD_OPTIONS and value is not None]
 
 
+def gateway_component(job, values: dict[str, str], config: Config, lib, ffi) -> int:
+    """Make a heterogeneous job's component asking ``--gateways=N`` the gateway nodes: N nodes of
+    the config's gateway partition (and feature), one task each. Returns N; RequestError when the
+    request cannot be one."""
+    count = int(values["gateways"])
+    settings = config.data["gateways"]
+    if not settings["partition"]:
+        raise RequestError("--gateways: this cluster has no gateway nodes (tether's configuration names no "
+                           "gateways.partition)")
+    if job.het_job_offset in (lib.NO_VAL, 0):
+        raise RequestError(f"--gateways={count}: gateway nodes are a component of their own in a heterogeneous "
+                           f"job, after the job's other components (sbatch: a '#SBATCH hetjob' line, then "
+                           f"'#SBATCH --gateways={count}'; salloc: '... : --gateways={count}'); Slurm cannot "
+                           f"add nodes of another partition to a job any other way")
+    others = [opt.flag for opt in OPTIONS if opt.name in values and opt.name != "gateways"]
+    if others:
+        raise RequestError(f"--gateways={count} makes its component the gateway nodes; {', '.join(others)} "
+                           f"belong(s) in another component of the job")
+    given = user_args(job, lib, ffi)
+    if given:
+        raise RequestError(f"{given[0].given} conflicts with --gateways={count}, which sets the component's "
+                           f"nodes and tasks (one task per gateway node); remove it")
+    partition = cstr(ffi, job.partition)
+    if partition and partition != settings["partition"]:
+        raise RequestError(f"--partition={partition} conflicts with --gateways={count}: the gateway nodes are "
+                           f"partition {settings['partition']}; remove --partition")
+    feature, constraint = settings["feature"], cstr(ffi, job.features)
+    if feature and constraint and not all(c.isalnum() or c in "._-&" for c in constraint):
+        raise RequestError(f"--constraint={constraint}: with --gateways, only features joined with '&' "
+                           f"(tether adds the gateway feature {feature})")
+    job.set_nodes, job.out_min_nodes, job.out_max_nodes = 1, count, count
+    job.set_num_tasks, job.out_num_tasks = 1, count
+    job.set_ntasks_per_node, job.out_ntasks_per_node = 1, 1
+    _put(ffi, job, "partition", settings["partition"])
+    if feature:
+        _put(ffi, job, "features", f"{constraint}&{feature}" if constraint else feature)
+    return count
+
+
 # ---- the handler ---------------------------------------------------------------------------------
 _NEVER = ("never",)      # a stamp no file has: nothing loaded or refused yet
 
@@ -244,6 +283,19 @@ class Handler:
             self._reply(job, f"tether: {exc}")
             job.cacheable = 1
             return REJECT
+        if "gateways" in values:
+            try:
+                gateways = gateway_component(job, values, config, self.lib, self.ffi)
+            except RequestError as exc:
+                self._reply(job, f"tether: {exc}")
+                job.cacheable = 1
+                return REJECT
+            self._reply(job, f"tether: note: component {job.het_job_offset}: {gateways} gateway node(s) in "
+                             f"partition {config.data['gateways']['partition']}; the batch script starts "
+                             f"their daemon and finds them in $TETHER_GATEWAYS (salloc: eval \"$(tether "
+                             f"gateway start)\")")
+            job.cacheable = 1
+            return ACCEPT
         if not any(opt.name in values for opt in SLOT_OPTIONS):
             return ACCEPT
         try:

@@ -104,6 +104,7 @@ static tether_job_t *job_from(const job_desc_msg_t *jd)
 	job->ntasks_per_node = jd->ntasks_per_node;
 	job->cpus_per_task = jd->cpus_per_task;
 	job->req_node_count = node_count(jd->req_nodes);
+	job->het_job_offset = jd->het_job_offset;
 	job->job_id_str = dup_or_null(jd->job_id_str);
 	job->partition = dup_or_null(jd->partition);
 	job->account = dup_or_null(jd->account);
@@ -111,11 +112,12 @@ static tether_job_t *job_from(const job_desc_msg_t *jd)
 	job->tres_per_node = dup_or_null(jd->tres_per_node);
 	job->tres_per_task = dup_or_null(jd->tres_per_task);
 	job->tres_per_socket = dup_or_null(jd->tres_per_socket);
+	job->features = dup_or_null(jd->features);
 	if (copy_env(job, jd->spank_job_env, jd->spank_job_env_size) < 0 ||
 	    (jd->job_id_str && !job->job_id_str) || (jd->partition && !job->partition) ||
 	    (jd->account && !job->account) || (jd->tres_per_job && !job->tres_per_job) ||
 	    (jd->tres_per_node && !job->tres_per_node) || (jd->tres_per_task && !job->tres_per_task) ||
-	    (jd->tres_per_socket && !job->tres_per_socket)) {
+	    (jd->tres_per_socket && !job->tres_per_socket) || (jd->features && !job->features)) {
 		tether_job_free(job);
 		return NULL;
 	}
@@ -153,6 +155,8 @@ static void apply(const tether_job_t *job, job_desc_msg_t *jd)
 		set_str(&jd->partition, job->out_partition);
 	if (job->set_wckey)
 		set_str(&jd->wckey, job->out_wckey);
+	if (job->set_features)
+		set_str(&jd->features, job->out_features);
 }
 
 /* A tether job carries one of our options in spank_job_env: Slurm's

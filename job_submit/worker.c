@@ -81,6 +81,7 @@ void tether_job_free(tether_job_t *job)
 	free(job->tres_per_node);
 	free(job->tres_per_task);
 	free(job->tres_per_socket);
+	free(job->features);
 	for (uint32_t i = 0; i < job->spank_env_size; i++)
 		free(job->spank_env[i]);
 	free(job->spank_env);

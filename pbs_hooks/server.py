@@ -117,9 +117,14 @@ def submit(pbs: Any, e: Any, settings: dict) -> None:
     variables = dict(changed)
     if e.type == pbs.MODIFYJOB and e.job_o is not None:    # qalter -v: the changes over the job's own
         variables = {**dict(e.job_o.Variable_List or {}), **variables}
-    if not values and not any(str(name).startswith(("TETHER_CONTAINER_", "TETHER_NO_CONTAINER_")) for name in changed):
+    gateways = variable(changed, BY_NAME["gateways"].env)
+    if not values and gateways is None and not any(
+            str(name).startswith(("TETHER_CONTAINER_", "TETHER_NO_CONTAINER_")) for name in changed):
         e.accept()                                   # not a tether job, or nothing tether checks changed
     try:
+        if gateways is not None:
+            raise RequestError(f"{BY_NAME['gateways'].env}: gateway nodes are a component of a Slurm "
+                               f"heterogeneous job (--gateways); tether has no PBS equivalent")
         config = load_hook_config(settings)
         try:
             container = container_values(variables)

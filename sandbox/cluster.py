@@ -17,6 +17,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -260,6 +261,9 @@ class Sandbox:
                            "env": {"CONTAINERS_CONF": str(self.etc / "containers.conf"),
                                    "CONTAINERS_REGISTRIES_CONF": str(self.etc / "registries.conf")}},
             },
+            "gateways": {"partition": "gateway",
+                         "daemon": [sys.executable, "-m", "tether.sandbox.gateway_daemon", "--port", "{port}",
+                                    "--node", "{node}"]},
             "launcher": {"agent": str(self.root / "bin" / "tether-agent"),
                          "state_root": str(self.root / "launcher-state"), "service_user": LAUNCHER_USER,
                          "users_group": LAUNCHER_GROUP, "socket": str(self.launcher_socket)},

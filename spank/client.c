@@ -24,6 +24,104 @@
 #include "client.h"
 #include "options.h"
 
+/*
+ * srun's option passes, kept for slurmstepd. Slurm 22.05 sends a step's SPANK options to every
+ * component of a heterogeneous step alike (plugstack.c, spank_set_remote_options: the option
+ * cache, one value per option, the last pass's), so `srun --container-image=X ./a : ./b` would
+ * run ./b in X too, and `srun --het-group=0,1` in a batch script would give component 1 the
+ * container of component 0's job. So srun writes each pass's own options (typed, not the
+ * defaults taken from the job's environment) into its environment, which every task of the
+ * step gets: TETHER_STEP_OPTIONS_<pass> ("name=value" joined by 0x1f), TETHER_STEP_PASSES, and
+ * TETHER_STEP_DEFAULTS (the first pass's options from the job's environment: the batch script's
+ * or salloc's job options, which are component 0's). slurmstepd gives each component of a
+ * heterogeneous step its own pass's options (one pass for several components: that pass's),
+ * plus the defaults for component 0 only (stepd.c, het_step_options). Only inside a
+ * heterogeneous job, or from the second pass on.
+ */
+static char *first_pass, *first_defaults; /* pass 0's until we know the step is heterogeneous */
+
+/* The options of this pass given on srun's command line (defaults: taken from the job's
+ * environment), as "name=value" joined by 0x1f. */
+static char *pass_options(int defaults)
+{
+	size_t len = 1;
+	char *text;
+
+	for (int i = 0; i < TETHER_NOPTS; i++)
+		if (tether_opts[i].value && !tether_opts[i].from_env == !defaults)
+			len += strlen(tether_opts[i].name) + strlen(tether_opts[i].value) + 2;
+	text = calloc(1, len);
+	if (text == NULL)
+		return NULL;
+	for (int i = 0; i < TETHER_NOPTS; i++) {
+		if (!tether_opts[i].value || !tether_opts[i].from_env != !defaults)
+			continue;
+		if (text[0])
+			strcat(text, "\x1f");
+		strcat(text, tether_opts[i].name);
+		strcat(text, "=");
+		strcat(text, tether_opts[i].value);
+	}
+	return text;
+}
+
+static int put_pass(int pass, const char *text, const char *defaults)
+{
+	char name[64], count[16];
+
+	snprintf(name, sizeof(name), TETHER_STEP_OPTIONS_PREFIX "%d", pass);
+	snprintf(count, sizeof(count), "%d", pass + 1);
+	if (setenv(name, text, 1) < 0 || setenv(TETHER_STEP_PASSES, count, 1) < 0 ||
+	    (defaults && setenv(TETHER_STEP_DEFAULTS, defaults, 1) < 0)) {
+		slurm_error("tether: cannot keep the options of this heterogeneous step's component %d", pass);
+		return -1;
+	}
+	return 0;
+}
+
+static int record_step_options(void)
+{
+	char *text = pass_options(0), *defaults = tether_component == 0 ? pass_options(1) : NULL;
+	int rc = 0;
+
+	if (text == NULL || (tether_component == 0 && defaults == NULL)) {
+		free(text);
+		free(defaults);
+		slurm_error("tether: out of memory");
+		return -1;
+	}
+	if (tether_component == 0) {
+		free(first_pass);
+		free(first_defaults);
+		first_pass = first_defaults = NULL;
+		unsetenv(TETHER_STEP_PASSES); /* an outer srun's: this srun writes its own */
+		unsetenv(TETHER_STEP_DEFAULTS);
+		for (int pass = 0; pass < 1024; pass++) {
+			char name[64];
+
+			snprintf(name, sizeof(name), TETHER_STEP_OPTIONS_PREFIX "%d", pass);
+			if (getenv(name) == NULL)
+				break;
+			unsetenv(name);
+		}
+		if (getenv("SLURM_HET_SIZE") == NULL) { /* perhaps `srun A : B`: known at pass 1 */
+			first_pass = text;
+			first_defaults = defaults;
+			return 0;
+		}
+	} else if (tether_component == 1 && first_pass != NULL) {
+		rc = put_pass(0, first_pass, first_defaults);
+		free(first_pass);
+		free(first_defaults);
+		first_pass = first_defaults = NULL;
+	}
+	if (rc == 0)
+		rc = put_pass(tether_component, text, defaults);
+	free(text);
+	free(defaults);
+	return rc;
+}
+
 int tether_client_post_opt(spank_t sp)
 {
 	char name[TETHER_MAX_NAME + 40];
@@ -32,6 +130,21 @@ int tether_client_post_opt(spank_t sp)
 		const char *env = getenv(tether_opts[i].env);
 
 		if (tether_opts[i].value == NULL && env != NULL && tether_opt_set(i, env, tether_opts[i].env, 1) < 0)
+			return -1;
+	}
+	if (spank_context() == S_CTX_LOCAL) {
+		struct tether_opt *gw = &tether_opts[OPT_GATEWAYS];
+
+		/* gateway nodes are a component of the job's allocation: srun cannot add them to a
+		 * step; the allocation's own --gateways (from salloc's environment) means nothing here */
+		if (gw->value != NULL && !gw->from_env) {
+			slurm_error("tether: --gateways is an option of sbatch and salloc (a heterogeneous job's "
+				    "component of gateway nodes), not of srun");
+			return -1;
+		}
+		free(gw->value);
+		gw->value = NULL;
+		if (record_step_options() < 0)
 			return -1;
 	}
 	for (int i = 0; i < TETHER_NOPTS; i++) {

@@ -23,6 +23,7 @@ struct tether_opt tether_opts[TETHER_NOPTS] = TETHER_OPTION_TABLE;
 
 const char *tether_job_storage_root = TETHER_DEFAULT_JOB_STORAGE_ROOT;
 const char *tether_launcher;
+const char *tether_gateway_partition;
 
 const char *tether_opt_value(enum tether_option id)
 {
@@ -215,16 +216,21 @@ static int option_cb(int val, const char *optarg, int remote)
 
 	if (val < 0 || val >= TETHER_NOPTS)
 		return remote ? 0 : -1;
-	if (!remote && tether_component > 0 && optarg != NULL) {
+	if (!remote && optarg != NULL) {
 		/* A later component of a heterogeneous job: sbatch put each earlier component's job
 		 * control environment into its own as SLURM_SPANK_<name> (sbatch.c, _set_spank_env),
 		 * and its next option pass applies every option found there again
 		 * (plugstack.c, spank_process_env_options, passing getenv()'s own pointer): not this
-		 * component's options. */
+		 * component's options. In the first component (srun in a batch script or salloc) they
+		 * are the job's own options: defaults, as the TETHER_<NAME> environment fallbacks. */
 		memcpy(env, "SLURM_SPANK_", 12);
 		tether_slurm_option_env(&tether_opts[val], env + 12, sizeof(env) - 12);
-		if (optarg == getenv(env))
-			return 0;
+		if (optarg == getenv(env)) {
+			if (tether_component > 0)
+				return 0;
+			snprintf(how, sizeof(how), "--%s", tether_opts[val].name);
+			return tether_opt_set(val, optarg, how, 1);
+		}
 	}
 	snprintf(how, sizeof(how), "--%s", tether_opts[val].name);
 	rc = tether_opt_set(val, optarg, how, 0);
@@ -274,9 +280,12 @@ int tether_parse_args(int ac, char **av)
 			tether_job_storage_root = path;
 		else if ((path = path_arg(av[i], "launcher")) != NULL)
 			tether_launcher = path;
+		else if (strncmp(av[i], "gateway_partition=", 18) == 0 && tether_name_ok(av[i] + 18, TETHER_MAX_NAME))
+			tether_gateway_partition = av[i] + 18;
 		else {
 			slurm_error("tether: plugstack.conf argument '%s' is not understood (accepted: "
-				    "job_storage_root=/absolute/path, launcher=/absolute/path)", av[i]);
+				    "job_storage_root=/absolute/path, launcher=/absolute/path, "
+				    "gateway_partition=NAME)", av[i]);
 			return -1;
 		}
 	}

@@ -27,6 +27,7 @@ extern struct tether_opt tether_opts[TETHER_NOPTS];
 /* plugstack.conf arguments (`tether slurm install` writes them from tether's config). */
 extern const char *tether_job_storage_root;
 extern const char *tether_launcher; /* the container launcher (tether-run); NULL: no containers */
+extern const char *tether_gateway_partition; /* the config's gateways.partition; NULL: no gateways */
 
 /* The value of option ``id``, or NULL when it is not set. */
 const char *tether_opt_value(enum tether_option id);

@@ -52,6 +52,7 @@ static struct {
 	 * whole step's SLURM_PROCID / SLURM_NTASKS / SLURM_NODEID (see het_step) */
 	int het;                   /* this step is one component of a multi-component step */
 	uint32_t het_component, het_components, het_leader;
+	int het_world;             /* a component of a heterogeneous step of which some are tether's */
 } step;
 
 /* Where jobdirs.c's messages go (and options.c's, in every context): slurmd's log or the user's
@@ -122,6 +123,81 @@ static void env_fallbacks(spank_t sp)
 static void het_step(spank_t sp);
 static long env_number(spank_t sp, const char *name);
 
+/* Is the variable set to a non-empty value? */
+static int env_nonempty(spank_t sp, const char *name)
+{
+	char one[2];
+	spank_err_t rc = spank_getenv(sp, name, one, sizeof(one));
+
+	return rc == ESPANK_NOSPACE || (rc == ESPANK_SUCCESS && one[0] != '\0');
+}
+
+/* Set the options of a record "name=value<0x1f>name=value" (client.c); a bad value is kept as
+ * the failure, as any option's. */
+static void set_recorded(spank_t sp, const char *var)
+{
+	size_t len = (size_t)TETHER_NOPTS * (TETHER_MAX_TEXT + TETHER_MAX_NAME + 2) + 1;
+	char *text = malloc(len), *entry, *next;
+
+	if (text == NULL) {
+		tether_fail("tether: out of memory");
+		return;
+	}
+	if (!get_env(sp, var, text, (int)len))
+		text[0] = '\0';
+	for (entry = text; *entry; entry = next) {
+		char *eq;
+
+		next = strchr(entry, '\x1f');
+		if (next)
+			*next++ = '\0';
+		else
+			next = entry + strlen(entry);
+		eq = strchr(entry, '=');
+		if (eq == NULL)
+			continue;
+		*eq = '\0';
+		for (int i = 0; i < TETHER_NOPTS; i++) {
+			if (strcmp(tether_opts[i].name, entry) == 0 && tether_opts[i].value == NULL) {
+				char how[TETHER_MAX_NAME + 3];
+
+				snprintf(how, sizeof(how), "--%s", entry);
+				tether_opt_set(i, eq + 1, how, 0);
+				break;
+			}
+		}
+	}
+	free(text);
+}
+
+/*
+ * A component of a heterogeneous step takes its own srun pass's options (spank/client.c): Slurm
+ * sends the same option values to every component. One pass for several components
+ * (`srun --het-group=0,1`): that pass's options for each. The job's defaults (TETHER_STEP_DEFAULTS,
+ * then the TETHER_<NAME> fallbacks in env_fallbacks) go to component 0 only. Without the record
+ * (an srun without tether's plugin cannot reach here: the plugin is required), Slurm's values stay.
+ */
+static void het_step_options(spank_t sp)
+{
+	char name[64];
+	long passes = env_number(sp, TETHER_STEP_PASSES);
+
+	if (passes < 1)
+		return;
+	/* Is any component of the step a tether one (a pass with options, or the job's defaults)?
+	 * Then every component's ranks get the one rank world, plain ones too. */
+	step.het_world = env_nonempty(sp, TETHER_STEP_DEFAULTS);
+	for (long pass = 0; pass < passes && pass < 1024 && !step.het_world; pass++) {
+		snprintf(name, sizeof(name), TETHER_STEP_OPTIONS_PREFIX "%ld", pass);
+		step.het_world = env_nonempty(sp, name);
+	}
+	tether_opts_clear();
+	snprintf(name, sizeof(name), TETHER_STEP_OPTIONS_PREFIX "%ld", passes == 1 ? 0L : (long)step.het_component);
+	set_recorded(sp, name);                   /* this component's own options first */
+	if (step.het_component == 0)
+		set_recorded(sp, TETHER_STEP_DEFAULTS); /* then the job's, where it gave none */
+}
+
 /* This node's Slurm name: slurmd's own (see the top of this file), usable as a directory name. */
 static int this_node(void)
 {
@@ -162,9 +238,11 @@ int tether_stepd_post_opt(spank_t sp)
 		het_step(sp);
 	/* The TETHER_<NAME> fallbacks describe the first component of a heterogeneous step, as in
 	 * srun (client.c): a later component takes only the options it was given itself. */
+	if (step.het)
+		het_step_options(sp);
 	if (!step.het || step.het_component == 0)
 		env_fallbacks(sp);
-	step.tether = tether_any_option();
+	step.tether = tether_any_option() || step.het_world;
 	if (spank_get_item(sp, S_JOB_UID, &step.uid) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_GID, &step.gid) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_ID, &step.job_id) != ESPANK_SUCCESS ||
@@ -390,11 +468,17 @@ int tether_stepd_user_init(spank_t sp)
  * original argv[0] travels in TETHER_RUN_ARGV0; argv[1..] stay. The launcher execs (or, for runtimes
  * that fork daemons, supervises) the container runtime, so the rank stays slurmstepd's child.
  */
-static int hand_to_launcher(spank_t sp)
+static int hand_to_launcher(spank_t sp, int gateways)
 {
 	int argc = 0;
 	char **argv = NULL;
 	char *launcher;
+
+	if (tether_launcher == NULL) { /* gateways only: a container step failed in post_opt */
+		slurm_error("tether: this job's gateway nodes need tether's launcher, which is not set up on "
+			    "this cluster (plugstack.conf has no launcher=; an admin runs `tether slurm install --write`)");
+		return -1;
+	}
 
 	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || argc < 1 ||
 	    argv == NULL || argv[0] == NULL) {
@@ -405,11 +489,15 @@ static int hand_to_launcher(spank_t sp)
 	if (launcher == NULL || set_env(sp, TETHER_ENV_RUN_ARGV0, argv[0]) < 0)
 		return -1;
 	/* the batch script (--container-batch): the launcher mounts the script into the container */
-	if (step.step_id == SLURM_BATCH_SCRIPT && set_env(sp, TETHER_ENV_RUN_BATCH, "1") < 0)
+	if (step.container && step.step_id == SLURM_BATCH_SCRIPT && set_env(sp, TETHER_ENV_RUN_BATCH, "1") < 0)
+		return -1;
+	/* the batch script of a job with gateway nodes: the launcher starts their daemons first */
+	if (gateways >= 0 && set_env_u(sp, TETHER_ENV_RUN_GATEWAYS, (unsigned long)gateways) < 0)
 		return -1;
 	/* The launcher supervises runtimes that double-fork as a child subreaper; the flag survives
-	 * execve, so it is set here, where it costs nothing (the launcher would need ctypes). */
-	if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
+	 * execve, so it is set here, where it costs nothing (the launcher would need ctypes). A batch
+	 * script on the host (gateways only) is exec'd as it is: no flag. */
+	if (step.container && prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
 		slurm_error("tether: prctl(PR_SET_CHILD_SUBREAPER): %s", strerror(errno));
 		return -1;
 	}
@@ -432,14 +520,39 @@ static int set_slot_ids(spank_t sp)
 	return 0;
 }
 
+/*
+ * The batch script of a heterogeneous job with a component in the gateway partition
+ * (plugstack.conf gateway_partition=, the config's gateways.partition; job_submit gives that
+ * partition only to a component asking --gateways=N): that component's index, else -1. Slurm
+ * puts SLURM_HET_SIZE and each component's SLURM_JOB_PARTITION_HET_GROUP_<k> into the batch
+ * script's environment (slurmctld, job_scheduler.c).
+ */
+static int gateway_component(spank_t sp)
+{
+	char name[64], partition[TETHER_MAX_NAME + 2];
+	long size;
+
+	if (tether_gateway_partition == NULL || step.job_id == 0 || step.step_id != SLURM_BATCH_SCRIPT)
+		return -1;
+	size = env_number(sp, "SLURM_HET_SIZE");
+	for (long k = 1; k < size && k < 1024; k++) {
+		snprintf(name, sizeof(name), "SLURM_JOB_PARTITION_HET_GROUP_%ld", k);
+		if (get_env(sp, name, partition, sizeof(partition)) &&
+		    strcmp(partition, tether_gateway_partition) == 0)
+			return (int)k;
+	}
+	return -1;
+}
+
 int tether_stepd_task_init(spank_t sp)
 {
 	uint32_t global = 0, node = 0;
 	int local = 0;
 	char rank_dir[PATH_MAX + 32], path[PATH_MAX + 40];
+	int gateways = gateway_component(sp);
 
-	if (!step.tether)
-		return 0;
+	if (!step.tether) /* a batch script without tether options may still have gateway nodes */
+		return gateways >= 0 ? hand_to_launcher(sp, gateways) : 0;
 	spank_get_item(sp, S_TASK_ID, &local);
 	if (step.failure[0]) {
 		if (local == 0) /* once per node: the task's stderr is the job's output */
@@ -451,7 +564,7 @@ int tether_stepd_task_init(spank_t sp)
 	if (step.step_id == SLURM_BATCH_SCRIPT)
 		global = node = 0;
 	snprintf(rank_dir, sizeof(rank_dir), "%s/" TETHER_RANK_PREFIX "%u", step.step_dir, global);
-	if (step.container && hand_to_launcher(sp) < 0)
+	if ((step.container || gateways >= 0) && hand_to_launcher(sp, gateways) < 0)
 		return -1;
 	if (step.het) { /* the whole step's numbers, as Slurm gives them to each task */
 		long procid = env_number(sp, "SLURM_PROCID"), ntasks = env_number(sp, "SLURM_NTASKS");

@@ -28,6 +28,7 @@ enum tether_option {
 	OPT_CONTAINER_ENTRYPOINT_LOG,
 	OPT_CONTAINER_SAVE,
 	OPT_CONTAINER_BATCH,
+	OPT_GATEWAYS,
 	TETHER_NOPTS
 };
 
@@ -56,6 +57,7 @@ enum tether_option {
 		{ "container-entrypoint-log", NULL, "[tether] accepted for pyxis scripts: the entrypoint's output is always the rank's own output", K_FLAG, "TETHER_CONTAINER_ENTRYPOINT_LOG", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-save", "PATH", "[tether] after the step, save the first rank's container of each node (podman: an OCI archive; enroot: squashfs); relative to the working directory", K_TEXT, "TETHER_CONTAINER_SAVE", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-batch", NULL, "[tether] run the batch script itself in the container too (default: on the host, where its srun works)", K_FLAG, "TETHER_CONTAINER_BATCH", NULL, 0L, 0L, NULL, 0 }, \
+		{ "gateways", "N", "[tether] this heterogeneous job component is N gateway nodes: tether gives it the gateway partition and starts the gateway daemon there (sbatch; see the README)", K_COUNT, "TETHER_GATEWAY_COUNT", NULL, 1L, 16L, NULL, 0 }, \
 	}
 
 #define TETHER_SLOT_TYPES "cuda", "rocm", "cpu"
@@ -67,6 +69,10 @@ enum tether_option {
 #define TETHER_IMAGE_FORMS "an absolute path (a .sif or squashfs file, a rootfs directory), a registry image ([USER@][REGISTRY#]IMAGE[:TAG|@DIGEST], e.g. ubuntu:22.04 or nvcr.io#nvidia/pytorch:24.01-py3; or REGISTRY/IMAGE[:TAG]) or a docker:// reference"
 #define TETHER_ENV_RUN_ARGV0 "TETHER_RUN_ARGV0"
 #define TETHER_ENV_RUN_BATCH "TETHER_RUN_BATCH"
+#define TETHER_ENV_RUN_GATEWAYS "TETHER_RUN_GATEWAYS"
+#define TETHER_STEP_OPTIONS_PREFIX "TETHER_STEP_OPTIONS_"
+#define TETHER_STEP_PASSES "TETHER_STEP_PASSES"
+#define TETHER_STEP_DEFAULTS "TETHER_STEP_DEFAULTS"
 
 /* the layout under job_storage_root */
 #define TETHER_DEFAULT_JOB_STORAGE_ROOT "/var/lib/tether/jobs"

@@ -144,12 +144,14 @@ class JobSubmit:
         ffi = self.ffi
         c = ffi.new("tether_job_t *")
         for key, missing in (("min_nodes", NO_VAL), ("max_nodes", NO_VAL), ("num_tasks", NO_VAL),
-                             ("ntasks_per_node", NO_VAL16), ("cpus_per_task", NO_VAL16), ("req_node_count", 0)):
+                             ("ntasks_per_node", NO_VAL16), ("cpus_per_task", NO_VAL16), ("req_node_count", 0),
+                             ("het_job_offset", NO_VAL)):
             value = job.get(key)
             setattr(c, key, missing if value is None else int(value))
         c.job_id = int(job.get("id") or 0)
         c.user_id = int(job.get("uid", os.getuid()))
-        for key in ("partition", "account", "tres_per_job", "tres_per_node", "tres_per_task", "tres_per_socket"):
+        for key in ("partition", "account", "tres_per_job", "tres_per_node", "tres_per_task", "tres_per_socket",
+                    "features"):
             if job.get(key):
                 buf = ffi.new("char[]", str(job[key]).encode())
                 self._keep.append(buf)
@@ -189,7 +191,7 @@ class JobSubmit:
         for key in ("num_tasks", "ntasks_per_node", "cpus_per_task", "requeue"):
             if getattr(c, "set_" + key):
                 job[key] = getattr(c, "out_" + key)
-        for key in ("tres_per_job", "tres_per_node", "tres_per_task", "partition", "wckey"):
+        for key in ("tres_per_job", "tres_per_node", "tres_per_task", "partition", "wckey", "features"):
             if getattr(c, "set_" + key):
                 job[key] = ffi.string(getattr(c, "out_" + key)).decode()
 

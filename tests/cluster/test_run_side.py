@@ -140,7 +140,8 @@ def test_a_job_that_hits_its_time_limit_leaves_nothing(cluster, time_limited_job
     assert not user_processes(cluster, "sleep 600")
 
 
-def test_a_heterogeneous_job_mixes_a_tether_component_with_a_plain_one_and_one_step_spans_both(cluster):
+def test_a_heterogeneous_job_mixes_a_tether_component_with_a_plain_one_and_one_step_spans_both(cluster,
+                                                                                               registry_image):
     """Issue 18: component 0 asks for slots, component 1 for -N1 (before: `--nodes=1 conflicts
     with --nodes` -- component 0's options leaked into component 1 through Slurm's job-wide option
     state). One step across both (srun --het-group=0,1) has one rank world: global RANK and
@@ -154,10 +155,17 @@ def test_a_heterogeneous_job_mixes_a_tether_component_with_a_plain_one_and_one_s
         "srun --het-group=0,1 sh -c 'echo RANK=$RANK WORLD_SIZE=$WORLD_SIZE NODE_RANK=$NODE_RANK "
         "COMPONENT=$TETHER_HET_COMPONENT OFFSET=$TETHER_HET_OFFSET NNODES=$TETHER_NNODES "
         "MASTER=$MASTER_ADDR:$MASTER_PORT NODE=$SLURMD_NODENAME'",
+        # each part of `srun A : B` its own options (Slurm 22.05 sends both the same: tether sorts them)
+        "where='echo STEP2 RANK=$RANK COMPONENT=$TETHER_HET_COMPONENT "
+        "IN=$(test -e /etc/debian_version && echo host || echo container)'",
+        f"srun -n1 sh -c \"$where\" : -n1 --container-image={registry_image} sh -c \"$where\"",
         ""])
     cluster.as_user(["sbatch", "--wait"], input=script, timeout=180)
-    ranks = parse(out.read_text())
+    text = out.read_text()
     out.unlink()
+    ranks = parse("\n".join(line for line in text.splitlines() if "STEP2" not in line))
+    second = parse("\n".join(line for line in text.splitlines() if "STEP2" in line))
+    assert [(r["RANK"], r["COMPONENT"], r["IN"]) for r in second] == [("0", "0", "host"), ("1", "1", "container")], text
     assert [(r["RANK"], r["COMPONENT"], r["OFFSET"], r["WORLD_SIZE"]) for r in ranks] == [
         ("0", "0", "0", "2"), ("1", "1", "1", "2")], ranks
     assert len({r["MASTER"] for r in ranks}) == 1 and ranks[0]["MASTER"].startswith(ranks[0]["NODE"] + ":")

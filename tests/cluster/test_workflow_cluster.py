@@ -1,15 +1,17 @@
 """Workflow packs (issue 18, seed 004) on the real cluster: a consumer delayed one minute after the
 producer's start overlaps it; released early from inside the producer it starts within seconds;
 with its dependency changed to afterok it waits for the producer's end. The three packs run at
-once (two and a half minutes in all); times from sacct."""
+once (two and a half minutes in all); times from sacct. Gateway nodes of heterogeneous jobs."""
 
 from __future__ import annotations
 
 import datetime
 import json
+import os
+import pwd
 
 import pytest
-from helpers import wait_until
+from helpers import parse, user_processes, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -65,3 +67,69 @@ def test_delays_overlap_release_starts_the_consumer_at_once_and_afterok_waits(cl
     assert after <= 25 and before_end > 0, offsets                 # released: eligible at once
     after, before_end = offsets["afterok"]
     assert before_end <= 0, offsets                                # afterok: only once the producer ended
+
+
+def test_gateway_nodes_serve_every_rank_of_both_components_and_end_with_the_job(cluster, registry_image):
+    """Issue 18: a heterogeneous job of a containerized tether component, a plain one and one
+    gateway node (--gateways=1). The batch script finds the daemon in $TETHER_GATEWAYS before it
+    runs; one step across both working components (srun --het-group=0,1) has global ranks and
+    reaches the daemon from every rank, inside the container too; the daemon is a job step of the
+    gateway component (sacct) and nothing of it is left after the job."""
+    out = cluster.box.work_dir / f"gateways-{os.getpid()}.out"
+    script = "\n".join([
+        "#!/bin/sh",
+        f"#SBATCH --slots=2 --slot-type=cpu --slots-per-node=2 --container-image={registry_image}",
+        f"#SBATCH --output={out}",
+        "#SBATCH hetjob",
+        "#SBATCH -N1 -n1",
+        "#SBATCH hetjob",
+        "#SBATCH --gateways=1",
+        "echo BATCH RANK=-1 GATEWAYS=$TETHER_GATEWAYS NODES=$TETHER_GATEWAY_NODES COMPONENT=$TETHER_GATEWAY_COMPONENT",
+        "srun --het-group=0,1 sh -c 'echo RANK=$RANK WORLD_SIZE=$WORLD_SIZE COMPONENT=$TETHER_HET_COMPONENT "
+        "IN=$(test -e /etc/debian_version && echo host || echo container) "
+        "ANSWER=$(echo | busybox nc ${TETHER_GATEWAYS%:*} ${TETHER_GATEWAYS##*:} | tr \" \" _)'",
+        ""])
+    job = cluster.as_user(["sbatch", "--parsable", "--wait"], input=script, timeout=240).stdout.strip().split(";")[0]
+    text = out.read_text()
+    out.unlink()
+    batch, *ranks = parse(text)
+    assert batch["COMPONENT"] == "2" and batch["NODES"] == "n3", text
+    port = 52000 + (int(job) % 800) * 16                     # gateways.port: null (automatic)
+    assert batch["GATEWAYS"] == f"127.0.0.1:{port}", text
+    assert [(r["RANK"], r["WORLD_SIZE"], r["COMPONENT"]) for r in ranks] == [("0", "2", "0"), ("1", "2", "1")], text
+    assert ranks[0]["IN"] == "container" and ranks[1]["IN"] == "host", text
+    # the sandbox's daemon answers "tether-gateway <node> <job> <uid>"
+    uid = str(pwd.getpwnam(cluster.user).pw_uid)
+    assert {r["ANSWER"] for r in ranks} == {f"tether-gateway_n3_{job}_{uid}"}, text
+    steps = cluster.run(["sacct", "-n", "-P", "-j", f"{job}+2", "-o", "JobID,JobName,NodeList"]).stdout
+    assert f"{job}+2.0|tether-gateway|n3" in steps, steps
+    assert wait_until(lambda: not user_processes(cluster, "gateway_daemon"), timeout=30), \
+        user_processes(cluster, "gateway_daemon")
+    assert cluster.in_service()
+
+
+def test_a_gateway_daemon_that_fails_fails_the_job_with_its_reason_and_the_node_stays(cluster):
+    """The daemon exits before it listens (the sandbox's daemon does when SANDBOX_GATEWAY_FAIL is
+    in its environment): the batch script does not run, the job fails (exit 1) with tether's
+    reason and the daemon's own line in its output; no node is drained. Refused requests too."""
+    out = cluster.box.work_dir / f"gateways-fail-{os.getpid()}.out"
+    script = f"#!/bin/sh\n#SBATCH -N1 --output={out}\n#SBATCH hetjob\n#SBATCH --gateways=1\necho SCRIPT_RAN\n"
+    result = cluster.as_user(["env", "SANDBOX_GATEWAY_FAIL=1", "sbatch", "--wait"], input=script, timeout=240,
+                             check=False)
+    text = out.read_text()
+    out.unlink()
+    assert result.returncode == 1 and "SCRIPT_RAN" not in text, text
+    assert "failing as SANDBOX_GATEWAY_FAIL asks" in text, text
+    assert "tether: the job's gateway nodes: the gateway step ended (srun exit 3) before its daemon answered" in text
+    assert cluster.in_service()
+    # not a component of its own; srun; a container in the gateway component
+    refused = {
+        "--gateways=1 --wrap=true": "gateway nodes are a component of their own in a heterogeneous job",
+        "--wrap=true : --gateways=1 --container-image=busybox": "makes its component the gateway nodes",
+        "--wrap=true : --gateways=2 -N2": "--nodes=2 conflicts with --gateways=2",
+    }
+    for args, message in refused.items():
+        r = cluster.as_user(["sbatch", *args.split()], check=False)
+        assert r.returncode != 0 and message in r.stderr, (args, r.stderr)
+    r = cluster.as_user(["srun", "--gateways=1", "true"], check=False)
+    assert r.returncode != 0 and "--gateways is an option of sbatch and salloc" in r.stderr, r.stderr

@@ -304,6 +304,10 @@ def test_container_variables_are_checked_at_qsub_with_the_run_side_s_messages(ho
     assert e.accepted is False and "TETHER_CONTAINER_BATCH is for Slurm" in e.reject_msg
     e = hook(resources={}, Variable_List={"TETHER_NO_CONTAINER_ENTRYPOINT": "1"})
     assert e.accepted is False and "need TETHER_CONTAINER_IMAGE" in e.reject_msg
+    # gateway nodes (Slurm heterogeneous jobs) too, alone or with slots
+    for resources in ({}, {"tether_slots": 2}):
+        e = hook(resources=resources, Variable_List={"TETHER_GATEWAY_COUNT": "1"})
+        assert e.accepted is False and "TETHER_GATEWAY_COUNT: gateway nodes are a component of a Slurm" in e.reject_msg
 
 
 def test_qalter_of_container_variables_is_checked_against_the_job_s_own(hook):

@@ -1,0 +1,258 @@
+"""Gateway nodes (seed 004) on the run side: their daemons, started before the batch script runs.
+
+A heterogeneous job asks for gateway nodes with a component of its own (``--gateways=N``); the
+job_submit plugin gives that component the config's gateway partition (and feature), N nodes and
+one task per node. When the job starts, the SPANK plugin hands the batch script to the launcher
+with ``TETHER_RUN_GATEWAYS=<component>``, and the launcher (``start_gateways``):
+
+1. finds the component's nodes (``SLURM_JOB_NODELIST_HET_GROUP_<k>``, which slurmctld puts into
+   the batch environment) and their addresses (``scontrol show node``: ``NodeAddr``);
+2. starts the configured daemon on them as **one job step of the gateway component**
+   (``srun --het-group=<k> --ntasks-per-node=1``), so Slurm accounts it, limits it and ends it
+   with the job like any step -- no process of it outlives the allocation;
+3. waits until every daemon accepts a TCP connection on its port (``gateways.ready_timeout``);
+4. puts ``TETHER_GATEWAYS`` (``ADDR:PORT,...``), ``TETHER_GATEWAY_NODES`` and
+   ``TETHER_GATEWAY_COMPONENT`` into the batch script's environment, which every ``srun`` of the
+   script passes on to all its ranks, in every component.
+
+A daemon that exits or does not answer in time fails the batch script (exit 1, the reason in its
+error output); the node stays in service. The step's ``srun`` is watched by a small process of its
+own (double-forked: not a child of the batch script, whose ``wait`` must not wait for it), which
+is in the batch step's cgroup and ends with it. In ``salloc``, ``tether gateway start`` does the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Mapping, NoReturn
+
+from ..hooks.errors import TetherError
+from ..hooks.surface import PLUGIN
+from ..system.proc import CommandError, run_command
+
+PORT_BASE = 52000          # automatic ports: above MASTER_PORT's 20000..51999
+PORT_JOBS = 800            # 52000 + 799 * 16 + 15 = 64799
+DAEMON_VAR = "TETHER_GATEWAY_DAEMON"      # the daemon's argv (JSON), for the gateway step's tasks
+PORTS_VAR = "TETHER_GATEWAY_PORTS"        # each gateway's port, by the task's SLURM_PROCID
+PORT_VAR = "TETHER_GATEWAY_PORT"          # the daemon's own port, in its environment
+EXIT_DAEMON_MISSING = 127
+
+
+class GatewayError(TetherError):
+    """The gateway nodes could not be set up: the job fails with this message."""
+
+
+def gateway_ports(job_id: int, count: int, port: int | None) -> list[int]:
+    """Each gateway node's port: ``port + n``, or with no fixed port
+    ``52000 + (job id mod 800) * 16 + n`` (jobs with neighbouring ids get different ones)."""
+    first = port if port is not None else PORT_BASE + (job_id % PORT_JOBS) * 16
+    return [first + n for n in range(count)]
+
+
+def daemon_argv(template: list[str], *, port: int, node: str, index: int, job: str) -> list[str]:
+    """The daemon's command with ``{port}``, ``{node}``, ``{index}`` and ``{job}`` replaced (other
+    braces stay as they are: the command is not a format string)."""
+    values = {"{port}": str(port), "{node}": node, "{index}": str(index), "{job}": job}
+    return [re.sub(r"\{(port|node|index|job)\}", lambda m: values[m.group(0)], arg) for arg in template]
+
+
+def gateway_component(env: Mapping[str, str], partition: str | None) -> int | None:
+    """The index of the heterogeneous job's component in the gateway partition, from the job's
+    environment (``SLURM_HET_SIZE``, ``SLURM_JOB_PARTITION_HET_GROUP_<k>``), or None."""
+    if not partition:
+        return None
+    try:
+        size = int(env.get("SLURM_HET_SIZE", "0"))
+    except ValueError:
+        return None
+    for k in range(1, size):
+        if env.get(f"SLURM_JOB_PARTITION_HET_GROUP_{k}") == partition:
+            return k
+    return None
+
+
+def expand_nodes(nodelist: str) -> list[str]:
+    """A Slurm hostlist (``n[1-3],g1``) as node names, expanded by Slurm itself."""
+    out = run_command(["scontrol", "show", "hostnames", nodelist], timeout=30).stdout
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def node_addresses(names: list[str]) -> dict[str, str]:
+    """Each node's ``NodeAddr`` (what ranks connect to; the name when Slurm has no address)."""
+    out = run_command(["scontrol", "-o", "show", "node", ",".join(names)], timeout=30).stdout
+    found = {}
+    for line in out.splitlines():
+        name, addr = re.search(r"\bNodeName=(\S+)", line), re.search(r"\bNodeAddr=(\S+)", line)
+        if name and addr:
+            found[name.group(1)] = addr.group(1)
+    return {n: found.get(n, n) for n in names}
+
+
+def step_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The gateway step's srun environment: the job's, without tether's options (the batch
+    script's container options and the options Slurm re-applies from the environment would make
+    the daemon's step a container step of the first component's image)."""
+    option = f"SLURM_SPANK__SLURM_SPANK_OPTION_{PLUGIN}_"
+    return {k: v for k, v in env.items() if not k.startswith(("TETHER_", option))}
+
+
+def _answers(addr: str, port: int) -> bool:
+    try:
+        with socket.create_connection((addr, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def wait_ready(targets: list[tuple[str, int]], proc: subprocess.Popen, timeout: float) -> None:
+    """Return once every ``(address, port)`` accepts a TCP connection; GatewayError when the step
+    ends first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    waiting = list(targets)
+    while True:
+        waiting = [t for t in waiting if not _answers(*t)]
+        if not waiting:
+            return
+        rc = proc.poll()
+        if rc is not None:
+            raise GatewayError(f"the gateway step ended (srun exit {rc}) before its daemon answered on "
+                               f"{', '.join(f'{a}:{p}' for a, p in waiting)}; its output is above")
+        if time.monotonic() >= deadline:
+            raise GatewayError(f"the gateway daemon did not answer on {', '.join(f'{a}:{p}' for a, p in waiting)} "
+                               f"within {timeout:g} s (gateways.ready_timeout)")
+        time.sleep(0.2)
+
+
+def _subreaper(on: bool | None = None) -> bool:
+    """Read (and with ``on``, set) this process's PR_SET_CHILD_SUBREAPER flag."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    value = ctypes.c_int(0)
+    libc.prctl(37, ctypes.byref(value), 0, 0, 0)         # PR_GET_CHILD_SUBREAPER
+    if on is not None:
+        libc.prctl(36, int(on), 0, 0, 0)                 # PR_SET_CHILD_SUBREAPER
+    return bool(value.value)
+
+
+def start_gateways(env: Mapping[str, str], component: int, settings: Mapping, *,
+                   python: str | None = None) -> dict[str, str]:
+    """Start the gateway daemons of ``component`` and wait for them (see the module docstring);
+    return the variables for the job's environment. Raises GatewayError."""
+    if not settings.get("daemon"):
+        raise GatewayError("this cluster's gateways.daemon is empty: no gateway daemon to start")
+    job = env.get("SLURM_JOB_ID", "")
+    nodelist = env.get(f"SLURM_JOB_NODELIST_HET_GROUP_{component}")
+    if not job.isdigit() or not nodelist:
+        raise GatewayError(f"the job's environment has no SLURM_JOB_ID or SLURM_JOB_NODELIST_HET_GROUP_{component}")
+    try:
+        names = expand_nodes(nodelist)
+        addresses = node_addresses(names)
+    except CommandError as exc:
+        raise GatewayError(f"cannot read the gateway nodes {nodelist}: {exc}") from None
+    ports = gateway_ports(int(job), len(names), settings.get("port"))
+    targets = [(addresses[n], p) for n, p in zip(names, ports)]
+    step_env = step_environment(env)
+    step_env.update({DAEMON_VAR: json.dumps(list(settings["daemon"])), PORTS_VAR: ",".join(map(str, ports))})
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    wrapper = [python or sys.executable, "-c",
+               f"import sys; sys.path[:0] = [{here!r}]; from tether.container.gateways import exec_daemon; "
+               f"exec_daemon()"]
+    argv = ["srun", f"--het-group={component}", f"--nodes={len(names)}", f"--ntasks={len(names)}",
+            "--ntasks-per-node=1", "--job-name=tether-gateway", "--kill-on-bad-exit=0", "--quiet", "--", *wrapper]
+    result = _run_monitor(argv, step_env, targets, float(settings.get("ready_timeout") or 60))
+    if not result.get("ok"):
+        raise GatewayError(result.get("error") or "the gateway monitor ended without an answer")
+    return {"TETHER_GATEWAYS": ",".join(f"{a}:{p}" for a, p in targets),
+            "TETHER_GATEWAY_NODES": ",".join(names), "TETHER_GATEWAY_COMPONENT": str(component)}
+
+
+def _run_monitor(argv: list[str], env: dict[str, str], targets: list[tuple[str, int]], timeout: float) -> dict:
+    """Fork the monitor (see the module docstring), which starts the step, waits for the daemons
+    and answers on a pipe; return its answer. The monitor keeps watching the step afterwards."""
+    was_subreaper = _subreaper()
+    if was_subreaper:               # the orphaned monitor must not become this process's child
+        _subreaper(False)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                              # the intermediate
+        try:
+            os.close(r)
+            os.setsid()
+            if os.fork() == 0:
+                _monitor(argv, env, targets, timeout, w)       # never returns
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    if was_subreaper:
+        _subreaper(True)
+    with os.fdopen(r, "rb") as answer:
+        data = answer.read(65536)
+    try:
+        return json.loads(data.decode() or "{}")
+    except ValueError:
+        return {"ok": False, "error": f"the gateway monitor answered {data[:200]!r}"}
+
+
+def _monitor(argv: list[str], env: dict[str, str], targets: list[tuple[str, int]], timeout: float,
+             answer_fd: int) -> NoReturn:
+    def answer(value: dict) -> None:
+        os.write(answer_fd, json.dumps(value).encode())
+        os.close(answer_fd)
+
+    try:
+        # the daemon's output goes to the job's error stream, not into the user's output
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=2, close_fds=True)
+    except OSError as exc:
+        answer({"ok": False, "error": f"cannot run srun for the gateway step: {exc.strerror}"})
+        os._exit(1)
+    try:
+        wait_ready(targets, proc, timeout)
+    except GatewayError as exc:
+        _stop(proc)
+        answer({"ok": False, "error": str(exc)})
+        os._exit(1)
+    answer({"ok": True})
+    rc = proc.wait()
+    if rc not in (0, -signal.SIGTERM, -signal.SIGKILL):
+        print(f"tether: the gateway step ended (srun exit {rc}) while the job runs", file=sys.stderr, flush=True)
+    os._exit(0)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End the gateway step's srun (srun cancels the step on SIGTERM) and wait for it."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def exec_daemon() -> NoReturn:
+    """In each task of the gateway step: exec the configured daemon with this node's port."""
+    env = dict(os.environ)
+    try:
+        template = json.loads(env.pop(DAEMON_VAR))
+        ports = env.pop(PORTS_VAR).split(",")
+        index = int(env.get("SLURM_PROCID", "0"))
+        port = int(ports[index])
+    except (KeyError, ValueError, IndexError) as exc:
+        print(f"tether: the gateway step's task has no daemon or port ({exc})", file=sys.stderr)
+        os._exit(EXIT_DAEMON_MISSING)
+    node = env.get("SLURMD_NODENAME", "")
+    argv = daemon_argv(template, port=port, node=node, index=index, job=env.get("SLURM_JOB_ID", ""))
+    env[PORT_VAR] = str(port)
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        print(f"tether: cannot start the gateway daemon {argv[0]}: {exc.strerror}", file=sys.stderr)
+        os._exit(EXIT_DAEMON_MISSING)
