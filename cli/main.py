@@ -13,10 +13,10 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Sequence
 
 from ..hooks.errors import TetherError
-from . import admin, containers, launcher, plan, sandbox, workflow
+from . import admin, containers, launcher, pilot, plan, sandbox, workflow
 from .common import EXIT_FAIL, EXIT_OK, common_parser, err
 
-COMMAND_GROUPS = (plan, containers, launcher, workflow, admin, sandbox)
+COMMAND_GROUPS = (plan, containers, launcher, workflow, pilot, admin, sandbox)
 
 
 def tether_version() -> str:
@@ -39,10 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
-    """``tether plan … -- COMMAND…``: the words after ``--`` are the job's command (options may
-    follow SPEC.yaml, so argparse's REMAINDER cannot take them)."""
+    """``tether plan … -- COMMAND…`` and ``tether partition run … -- COMMAND…``: the words after
+    ``--`` are the command (options may follow SPEC.yaml or PART, so argparse's REMAINDER cannot
+    take them)."""
     words = [i for i, w in enumerate(argv) if not w.startswith("-") and (i == 0 or argv[i - 1] != "--config")]
-    if not words or argv[words[0]] != "plan" or "--" not in argv[words[0]:]:
+    if not words or "--" not in argv[words[0]:]:
+        return argv, None
+    if argv[words[0]] != "plan" and not (argv[words[0]] == "partition" and len(words) > 1
+                                         and argv[words[1]] == "run"):
         return argv, None
     cut = argv.index("--", words[0])
     return argv[:cut], argv[cut + 1:]

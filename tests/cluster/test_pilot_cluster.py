@@ -1,0 +1,75 @@
+"""Pilot partitions (issue 19, seed 003) inside one real 3-node allocation, as the job's user:
+1 node + 50% + FILL ACTIVE on disjoint nodes, a task in each reports where it ran; the seed's
+over-use (the fourth of four one-node partitions FAILED, naming what is over-used) and under-use
+(a warning); stopping a partition cancels its agent step and its running task; the history of
+partitions stays listable; nothing of the agents is left after the allocation."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from helpers import user_processes, wait_until
+
+pytestmark = pytest.mark.cluster
+
+TETHER = "/opt/tether/venv/bin/tether"
+
+
+def test_partitions_of_one_allocation(cluster):
+    work = cluster.box.work_dir
+    out, listing = work / f"pilot-{os.getpid()}.out", work / f"pilot-{os.getpid()}.json"
+    pilot_dir = work / f"pilot-{os.getpid()}"
+    t = TETHER
+    script = f"""#!/bin/sh
+#SBATCH -N3 --exclusive --output={out}
+export TETHER_PILOT_DIR={pilot_dir}
+{t} partition create "1 node" "50%" FILL --wait
+for p in part.0000 part.0001 part.0002; do
+  {t} partition run $p -- sh -c 'echo RAN partition=$TETHER_PARTITION_ID node=$SLURMD_NODENAME task=$TETHER_TASK_ID'
+done
+{t} partition reconfig --stop ALL --start "1 node" --start "1 node" --start "1 node" --start "1 node" --wait
+echo "OVERUSE exit=$?"
+{t} partition reconfig --stop ALL --start "1 node" --start "1 node" --wait 2>&1
+echo "UNDERUSE exit=$?"
+task=$({t} partition run part.0007 --no-wait -- sleep 300)
+sleep 3
+{t} partition stop part.0007
+echo "STOPPED $task"
+squeue -h -s -j $SLURM_JOB_ID -o "STEP %j"
+{t} partition list --json > {listing}
+"""
+    cluster.as_user(["sbatch", "--wait"], input=script, timeout=400)
+    text = out.read_text()
+    records = {r["id"]: r for r in json.loads(listing.read_text())}
+    out.unlink()
+    listing.unlink()
+    ran = [dict(w.split("=", 1) for w in line.split()[1:]) for line in text.splitlines() if line.startswith("RAN ")]
+    # each partition's task ran on that partition's own node; the three nodes are disjoint
+    assert [(r["partition"], r["node"]) for r in ran] == [("part.0000", "n1"), ("part.0001", "n2"),
+                                                         ("part.0002", "n3")], text
+    assert [list(records[f"part.000{i}"]["slice"]) for i in range(3)] == [["n1"], ["n2"], ["n3"]]
+    assert all(records[f"part.000{i}"]["state"] == "CANCELED" for i in range(3))      # stopped by reconfig
+    assert [h[0] for h in records["part.0000"]["history"]] == ["NEW", "PENDING", "STARTING", "ACTIVE", "CANCELED"]
+    # over-use: three fit, the fourth FAILED and says what is over-used; the command exits 1
+    assert [records[f"part.000{i}"]["state"] for i in range(3, 7)][-1] == "FAILED", text
+    assert "over-used -- 0 of 3 nodes free" in records["part.0006"]["message"]
+    assert "OVERUSE exit=1" in text
+    # under-use: a warning, exit 0
+    assert "tether: warning: under-used: 1 of 3 nodes free" in text and "UNDERUSE exit=0" in text
+    # stop: the agent step and its task's step are gone at once, the task CANCELED
+    steps = [line.split()[1] for line in text.splitlines() if line.startswith("STEP ")]
+    assert "tether-part.0007" not in steps and not any(s.startswith("tether-part.0007-") for s in steps), steps
+    assert "tether-part.0008" in steps, steps                  # the other one still runs
+    assert records["part.0007"]["state"] == "CANCELED" and records["part.0007"]["message"] == "stopped"
+    task = next(line.split()[1] for line in text.splitlines() if line.startswith("STOPPED "))
+    assert json.loads((pilot_dir / "tasks" / f"{task}.json").read_text())["state"] == "CANCELED"
+    assert len(records) == 9                                  # the whole history
+    # after the allocation: no agent process, no step left running; the last partition was ended
+    assert wait_until(lambda: not user_processes(cluster, "tether.pilot.agent"), timeout=30), \
+        user_processes(cluster, "tether.pilot.agent")
+    assert json.loads((pilot_dir / "partitions" / "part.0008.json").read_text())["state"] == "CANCELED"
+    assert cluster.in_service()
+    shutil.rmtree(pilot_dir)

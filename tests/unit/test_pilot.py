@@ -1,0 +1,248 @@
+"""Pilot partitions (issue 19, seed 003) without a cluster: the state model (every transition, a
+crash between any two), concurrent readers, how descriptions fit an allocation, the seed's
+reconfiguration cases. The agents as job steps run on the sandbox (tests/cluster/test_pilot_cluster.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from tether.pilot import ALL, FILL, Pilot, PilotError
+from tether.pilot.resources import Description, Node, PartitionError, Slice, fit, parse_cpus_per_node, unused
+from tether.pilot.state import (
+    ACTIVE, CANCELED, DONE, FAILED, FINAL, NEW, PENDING, STARTING, STATES, TRANSITIONS, PilotStore, StateError,
+    recover,
+)
+
+THREE = [Node("n1", 8, 2), Node("n2", 8, 2), Node("n3", 8, 2)]
+
+
+@pytest.fixture
+def store(tmp_path):
+    return PilotStore(tmp_path / "pilot").create()
+
+
+def new(store: PilotStore) -> str:
+    with store.lock():
+        return store.new_partition({"nodes": 1, "config": "default"}, {"command": None, "cores": 0})["id"]
+
+
+# ---- the state model ------------------------------------------------------------------------------
+ROUTE = {NEW: [], PENDING: [PENDING], STARTING: [PENDING, STARTING], ACTIVE: [PENDING, STARTING, ACTIVE],
+         DONE: [PENDING, STARTING, ACTIVE, DONE], FAILED: [FAILED], CANCELED: [CANCELED]}
+
+
+@pytest.mark.parametrize("source", STATES)
+def test_every_transition_of_the_model_and_no_other(store, source):
+    for target in STATES:
+        pid = new(store)
+        for state in ROUTE[source]:
+            store.transition(pid, state)
+        if source in FINAL:
+            assert store.transition(pid, target)["state"] == source     # final stays final
+        elif target in TRANSITIONS[source]:
+            assert store.transition(pid, target)["state"] == target
+        else:
+            with pytest.raises(StateError, match=f"{source} -> {target} is not a transition"):
+                store.transition(pid, target)
+            assert store.read(pid)["state"] == source
+
+
+def test_the_history_keeps_every_state_with_its_time(store):
+    pid = new(store)
+    for state in (PENDING, STARTING, ACTIVE, DONE):
+        store.transition(pid, state, f"to {state}")
+    history = store.read(pid)["history"]
+    assert [h[0] for h in history] == [NEW, PENDING, STARTING, ACTIVE, DONE]
+    assert all(a[1] <= b[1] for a, b in zip(history, history[1:]))
+
+
+# A crash of the command after each step of a partition's life: what recover() makes of it, with
+# the agent step alive or gone (squeue's step names), and with a stop asked for.
+CRASH_POINTS = [
+    # (states reached, launched, step alive, stop asked) -> state after recover
+    ([NEW], False, False, False, FAILED),
+    ([NEW, PENDING], False, False, False, FAILED),
+    ([NEW, PENDING, STARTING], True, True, False, STARTING),      # srun is creating it: wait
+    ([NEW, PENDING, STARTING], True, False, False, FAILED),
+    ([NEW, PENDING, STARTING, ACTIVE], True, True, False, ACTIVE),
+    ([NEW, PENDING, STARTING, ACTIVE], True, False, False, FAILED),
+    ([NEW, PENDING, STARTING, ACTIVE], True, False, True, CANCELED),
+    ([NEW, PENDING, STARTING, ACTIVE, DONE], True, False, False, DONE),
+]
+
+
+@pytest.mark.parametrize("reached, launched, alive, stop, expected", CRASH_POINTS)
+def test_a_crash_between_any_two_transitions_is_settled(store, reached, launched, alive, stop, expected):
+    pid = new(store)
+    for state in reached[1:]:
+        store.transition(pid, state, **({"launched": 1.0, "step_name": f"tether-{pid}"} if state == STARTING else {}))
+    if stop:
+        store.update(pid, stop_requested=True)
+    if not launched:                                       # the record is old: its command is gone
+        record = store.read(pid)
+        record["history"][-1][1] -= 3600
+        store.update(pid, history=record["history"])
+    assert recover(store, {f"tether-{pid}"} if alive else set()) == ([] if expected == reached[-1] else [pid])
+    assert store.read(pid)["state"] == expected
+    assert recover(store, None) == []                      # squeue unknown: nothing is guessed
+
+
+def test_a_fresh_record_is_not_settled_while_its_command_may_still_run(store):
+    pid = new(store)
+    assert recover(store, set()) == [] and store.read(pid)["state"] == NEW
+
+
+def test_a_crash_in_the_middle_of_a_write_leaves_the_old_record_readable(store):
+    pid = new(store)
+    (store.parts / f".{pid}.json.999.tmp").write_text('{"id": "part.00')     # a write that never finished
+    assert store.read(pid)["state"] == NEW and [p["id"] for p in store.partitions()] == [pid]
+
+
+def test_concurrent_readers_always_see_whole_records(store):
+    pid = new(store)
+    seen, errors = set(), []
+
+    def read():
+        for _ in range(400):
+            try:
+                seen.add(store.read(pid)["state"])
+            except (ValueError, StateError) as exc:      # a torn record would be a JSON error
+                errors.append(exc)
+
+    readers = [threading.Thread(target=read) for _ in range(4)]
+    for t in readers:
+        t.start()
+    for state in (PENDING, STARTING, ACTIVE, DONE):
+        store.transition(pid, state)
+    for t in readers:
+        t.join()
+    assert not errors and seen <= {NEW, PENDING, STARTING, ACTIVE, DONE}
+
+
+# ---- fitting descriptions -------------------------------------------------------------------------
+def test_descriptions_parse_from_text_and_mappings():
+    assert Description.parse("1 node") == Description(nodes=1)
+    assert Description.parse("16 cores") == Description(cores=16)
+    assert Description.parse("50%") == Description(size="50%")
+    assert Description.parse("fill") == Description(size=FILL)
+    assert Description.parse({"cores": 4, "gpus": 1, "config": "x"}) == Description(cores=4, gpus=1, config="x")
+    for bad in ("0 nodes", "150%", {"nodes": 1, "cores": 2}, {"nodes": 1, "colour": "red"}, {"size": "a lot"}):
+        with pytest.raises(PartitionError):
+            Description.parse(bad)
+    assert parse_cpus_per_node("8(x2),4") == [8, 8, 4]
+
+
+def test_one_node_half_and_fill_take_disjoint_nodes():
+    held = []
+    got = []
+    for d in ("1 node", "50%", "FILL"):
+        s = fit(Description.parse(d), THREE, held)
+        held.append(s)
+        got.append(s.to_data())
+    assert got == [{"n1": [8, 2]}, {"n2": [8, 2]}, {"n3": [8, 2]}]
+    assert unused(THREE, held) is None
+
+
+def test_cores_pack_onto_partly_used_nodes_first_and_the_agent_is_added():
+    first = fit(Description(cores=4), THREE, [])
+    assert first.to_data() == {"n1": [4, 0]}
+    second = fit(Description(cores=6, gpus=1), THREE, [first], agent_cores=1)
+    assert second.to_data() == {"n1": [4, 1], "n2": [3, 0]}      # 6 + the agent's 1, n1's rest first
+    half = fit(Description(size="50%"), [Node("solo", 8)], [])  # one node: a share of its cores
+    assert half.to_data() == {"solo": [4, 0]}
+
+
+def test_over_use_names_what_is_over_used_and_what_is_free():
+    held = [fit(Description(nodes=1), THREE, [])]
+    with pytest.raises(PartitionError, match=r"3 nodes needs 3 whole nodes: over-used -- 2 of 3 nodes free, "
+                                             r"16 of 24 cores, 4 of 6 GPUs"):
+        fit(Description(nodes=3), THREE, held)
+    with pytest.raises(PartitionError, match=r"30 cores needs 30 cores: cores over-used"):
+        fit(Description(cores=30), THREE, [])
+    with pytest.raises(PartitionError, match=r"nothing beside the agent's own 8 cores"):
+        fit(Description(nodes=1), THREE, [], agent_cores=8)
+
+
+# ---- the seed's reconfiguration cases, with the launch of agents left out -------------------------
+@pytest.fixture
+def pilot(tmp_path, monkeypatch):
+    p = Pilot(root=tmp_path / "pilot", job="7")
+    p._nodes = list(THREE)
+    launched = []
+    monkeypatch.setattr(p, "_launch", lambda record: launched.append(record["id"]))
+    monkeypatch.setattr("tether.pilot.live_steps", lambda job: set())
+    p.launched = launched
+    return p
+
+
+def test_reconfig_as_in_the_seed(pilot, monkeypatch):
+    pd2 = Description(nodes=1)
+    first = pilot.reconfig(start=["1 node", "50%", FILL])
+    assert [p.state for p in first] == [PENDING] * 3 and pilot.launched == [p.id for p in first]
+    assert [p.nodes for p in first] == [["n1"], ["n2"], ["n3"]] and pilot.warnings == []
+
+    def stop(pid, wait=True, timeout=60):                 # what the agent reports when scancelled
+        pilot.store.transition(pid, CANCELED, "stopped")
+    monkeypatch.setattr(pilot, "stop", stop)
+
+    parts = pilot.reconfig(stop=ALL, start=[pd2, pd2])   # WARNING (under-used)
+    assert [p.state for p in parts] == [PENDING, PENDING]
+    assert pilot.warnings == ["under-used: 1 of 3 nodes free, 8 of 24 cores, 2 of 6 GPUs that no partition uses"]
+    parts = pilot.reconfig(stop=ALL, start=[pd2, pd2, pd2])     # OK
+    assert [p.state for p in parts] == [PENDING] * 3 and pilot.warnings == []
+    parts = pilot.reconfig(stop=ALL, start=[pd2, pd2, pd2, pd2])  # ERROR (over-used): the 4th FAILED
+    assert [p.state for p in parts] == [PENDING, PENDING, PENDING, FAILED]
+    assert "1 node needs 1 whole node: over-used -- 0 of 3 nodes free" in parts[3].record["message"]
+    # the history stays: every partition, the CANCELED ones too
+    states = [p.state for p in pilot.partitions]
+    assert len(states) == 12 and states.count(CANCELED) == 8 and states.count(FAILED) == 1
+
+
+def test_tasks_go_only_to_partitions_that_take_them(pilot):
+    own, = pilot.reconfig(start=[{"nodes": 1, "command": ["my-agent"]}])
+    with pytest.raises(PilotError, match="runs its own agent"):
+        pilot.run(own, ["true"], wait=False)
+    part, = pilot.reconfig(start=["1 node"])
+    task = pilot.run(part, ["hostname"], wait=False)
+    assert task.record["state"] == "QUEUED" and task.record["partition"] == part.id
+    pilot.store.transition(part.id, CANCELED, "stopped")
+    assert task.wait(5)["state"] == "CANCELED"                  # no agent will run it now
+    with pytest.raises(PilotError, match="is CANCELED"):
+        pilot.run(part, ["true"], wait=False)
+
+
+def test_outside_an_allocation_the_pilot_says_so(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(PilotError, match="not inside an allocation"):
+        Pilot()
+
+
+def test_records_are_plain_json(store):
+    pid = new(store)
+    assert json.loads((store.parts / f"{pid}.json").read_text())["state"] == NEW
+    assert Slice.from_data({"n1": [2, 0]}).cores == 2
+
+
+def test_tasks_of_an_ended_partition_are_settled(store):
+    pid = new(store)
+    for state in (PENDING, STARTING, ACTIVE, DONE):
+        store.transition(pid, state)
+    queued = store.new_task(pid, ["true"], 1)["id"]
+    running = store.new_task(pid, ["sleep", "9"], 1)["id"]
+    store.update_task(running, "RUNNING")
+    recover(store, set())
+    assert [store.read_task(t)["state"] for t in (queued, running)] == ["CANCELED", "CANCELED"]
+    assert store.read_task(queued)["message"] == f"partition {pid} is DONE"
+
+
+def test_partition_run_takes_the_words_after_the_double_dash_as_the_command():
+    from tether.cli import main as cli
+
+    argv, command = cli._split_command(["partition", "run", "part.0001", "--no-wait", "-n", "2", "--",
+                                        "sleep", "--flag", "3"])
+    args = cli.build_parser().parse_args(argv)
+    assert (args.partition, args.no_wait, args.ntasks, command) == ("part.0001", True, 2, ["sleep", "--flag", "3"])
+    assert cli._split_command(["partition", "list", "--", "x"]) == (["partition", "list", "--", "x"], None)
