@@ -1,12 +1,12 @@
 """``tether partition create|list|wait|stop|reconfig|run``: pilot partitions (seed 003), inside an
-allocation; ``tether pilot size``: the allocation a set of initial partitions needs."""
+allocation; ``tether pilot submit|size``: a pilot job sized from its initial partitions."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
+import time
 
 from .common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, err
 
@@ -77,11 +77,43 @@ def list_(args: argparse.Namespace) -> int:
 
 
 def wait(args: argparse.Namespace) -> int:
+    from ..pilot import ALL, FINAL
+
     def act() -> int:
-        state = _pilot().partition(args.partition).wait(args.state, timeout=args.timeout)
+        pilot = _pilot()
+        if args.partition == ALL:                 # until every partition has ended
+            deadline = None if args.timeout is None else time.monotonic() + args.timeout
+            while any(p.state not in FINAL for p in pilot.partitions):
+                if deadline is not None and time.monotonic() > deadline:
+                    return EXIT_FAIL
+                pilot.recover()
+                time.sleep(2)
+            _show(pilot.partitions)
+            return EXIT_OK
+        state = pilot.partition(args.partition).wait(args.state, timeout=args.timeout)
         print(state)
         return EXIT_OK if state == args.state else EXIT_FAIL
     return _guard(act)
+
+
+def submit(args: argparse.Namespace) -> int:
+    from ..hooks.configfile import load_yaml
+    from ..hooks.errors import ConfigError
+    from ..pilot import PartitionError
+    from ..pilot.submit import submit_pilot
+
+    try:
+        with open(args.spec, encoding="utf-8") as fh:
+            spec = load_yaml(fh.read(), args.spec)
+        job = submit_pilot(spec)
+    except OSError as exc:
+        err(f"cannot read {args.spec}: {exc.strerror}")
+        return EXIT_USAGE
+    except (ConfigError, PartitionError) as exc:
+        err(str(exc))
+        return EXIT_USAGE
+    print(job)
+    return EXIT_OK
 
 
 def stop(args: argparse.Namespace) -> int:
@@ -121,23 +153,14 @@ def size(args: argparse.Namespace) -> int:
     """The nodes a pilot needs for its initial partitions (the seed: the pilot's size follows from
     them, the agents' needs included)."""
     from ..pilot import Description, PartitionError
+    from ..pilot.submit import pilot_nodes
 
     try:
-        descs = [Description.parse(d) for d in args.descriptions]
+        nodes = pilot_nodes([Description.parse(d) for d in args.descriptions], args.cores_per_node,
+                            args.agent_cores)
     except PartitionError as exc:
         err(str(exc))
         return EXIT_USAGE
-    nodes = 0
-    cores = 0
-    for d in descs:
-        if d.nodes:
-            nodes += d.nodes
-        elif d.cores:
-            cores += d.cores + args.agent_cores
-        else:
-            err(f"{d.text()}: a share of the allocation cannot size it; give nodes or cores")
-            return EXIT_USAGE
-    nodes += math.ceil(cores / args.cores_per_node) if cores else 0
     print(f"--nodes={nodes}" if not args.json else json.dumps({"nodes": nodes}))
     return EXIT_OK
 
@@ -156,8 +179,9 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p = ps.add_parser("list", parents=[common], help="every partition of this pilot, ended ones too")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=list_)
-    p = ps.add_parser("wait", parents=[common], help="wait for a partition's state (default ACTIVE)")
-    p.add_argument("partition", metavar="PART")
+    p = ps.add_parser("wait", parents=[common], help="wait for a partition's state (default ACTIVE); ALL: until "
+                                                     "every partition has ended")
+    p.add_argument("partition", metavar="PART|ALL")
     p.add_argument("--state", choices=STATES, default="ACTIVE")
     p.add_argument("--timeout", type=float, default=None)
     p.set_defaults(func=wait)
@@ -178,8 +202,11 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.set_defaults(cmd=[])                    # the words after --: tether.cli.main puts them here
     p.set_defaults(func=run)
 
-    pilot = sub.add_parser("pilot", help="pilots (seed 003): size an allocation from its initial partitions")
+    pilot = sub.add_parser("pilot", help="pilots (seed 003): a job sized from its initial partitions")
     pls = pilot.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = pls.add_parser("submit", parents=[common], help="submit a pilot job sized from its initial partitions")
+    p.add_argument("spec", metavar="PILOT.yaml")
+    p.set_defaults(func=submit)
     p = pls.add_parser("size", parents=[common], help="the --nodes a pilot needs for these initial partitions")
     p.add_argument("descriptions", nargs="+", metavar="DESCRIPTION", help="'1 node', '16 cores'")
     p.add_argument("--cores-per-node", type=int, required=True)

@@ -1,5 +1,5 @@
-"""Pilot partitions (issue 19, seed 003) inside one real 3-node allocation, as the job's user:
-1 node + 50% + FILL ACTIVE on disjoint nodes, a task in each reports where it ran; the seed's
+"""Pilot partitions (issue 19, seed 003) inside one real 3-node allocation, as the job's user,
+submitted with ``tether pilot submit``: 1 node + 50% + FILL ACTIVE on disjoint nodes, a task in each reports where it ran; the seed's
 over-use (the fourth of four one-node partitions FAILED, naming what is over-used) and under-use
 (a warning); stopping a partition cancels its agent step and its running task; the history of
 partitions stays listable; nothing of the agents is left after the allocation."""
@@ -23,10 +23,9 @@ def test_partitions_of_one_allocation(cluster):
     out, listing = work / f"pilot-{os.getpid()}.out", work / f"pilot-{os.getpid()}.json"
     pilot_dir = work / f"pilot-{os.getpid()}"
     t = TETHER
-    script = f"""#!/bin/sh
-#SBATCH -N3 --exclusive --output={out}
-export TETHER_PILOT_DIR={pilot_dir}
-{t} partition create "1 node" "50%" FILL --wait
+    # the pilot job as tether pilot submit makes it: its initial partitions, then this script
+    script = f"""export TETHER_PILOT_DIR={pilot_dir}
+{t} partition list > /dev/null
 for p in part.0000 part.0001 part.0002; do
   {t} partition run $p -- sh -c 'echo RAN partition=$TETHER_PARTITION_ID node=$SLURMD_NODENAME task=$TETHER_TASK_ID'
 done
@@ -41,7 +40,15 @@ echo "STOPPED $task"
 squeue -h -s -j $SLURM_JOB_ID -o "STEP %j"
 {t} partition list --json > {listing}
 """
-    cluster.as_user(["sbatch", "--wait"], input=script, timeout=400)
+    spec = work / f"pilot-{os.getpid()}.yaml"
+    spec.write_text(json.dumps({"partitions": ["1 node", "50%", "FILL"], "nodes": 3, "time": 10,
+                                "sbatch_args": [f"--output={out}", f"--export=ALL,TETHER_PILOT_DIR={pilot_dir}"],
+                                "script": script}))
+    job = cluster.as_user([t, "pilot", "submit", str(spec)]).stdout.strip()
+    assert job.isdigit(), job
+    assert wait_until(lambda: not cluster.run(["squeue", "-h", "-j", job], check=False).stdout.strip(), timeout=400)
+    assert cluster.job_fields(job).get("JobName") == "tether-pilot"
+    spec.unlink()
     text = out.read_text()
     records = {r["id"]: r for r in json.loads(listing.read_text())}
     out.unlink()

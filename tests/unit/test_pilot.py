@@ -246,3 +246,25 @@ def test_partition_run_takes_the_words_after_the_double_dash_as_the_command():
     args = cli.build_parser().parse_args(argv)
     assert (args.partition, args.no_wait, args.ntasks, command) == ("part.0001", True, 2, ["sleep", "--flag", "3"])
     assert cli._split_command(["partition", "list", "--", "x"]) == (["partition", "list", "--", "x"], None)
+
+
+# ---- tether pilot submit ---------------------------------------------------------------------------
+def test_a_pilot_is_sized_from_its_initial_partitions_with_the_agents_needs():
+    from tether.pilot.submit import pilot_job, pilot_nodes
+
+    assert pilot_nodes([Description(nodes=2), Description(cores=12), Description(cores=3)], 8, agent_cores=1) == 5
+    args, script = pilot_job({"partitions": ["1 node", {"cores": 6}], "agent_cores": 1, "time": 30,
+                              "partition": "debug", "sbatch_args": ["--account=p"],
+                              "script": "tether partition run part.0000 -- ./a\n"}, 8)
+    assert args == ["--nodes=2", "--exclusive", "--job-name=tether-pilot", "--partition=debug", "--time=30",
+                    "--account=p"]
+    assert "\ntether partition create '1 node' '6 cores' --wait || exit 1\ntether partition run part.0000 -- ./a\n" \
+        in script
+    with pytest.raises(PartitionError, match="a share of the allocation cannot size a pilot"):
+        pilot_job({"partitions": ["50%"]}, 8)
+    assert pilot_job({"partitions": ["1 node", "50%", "FILL"], "nodes": 3}, 8)[0][0] == "--nodes=3"
+    with pytest.raises(PartitionError, match="over-used"):                       # they must fit
+        pilot_job({"partitions": ["2 nodes", "2 nodes"], "nodes": 3}, 8)
+    with pytest.raises(PartitionError, match="unknown key"):
+        pilot_job({"partitions": ["1 node"], "walltime": 5}, 8)
+    assert "tether partition wait ALL --state DONE" in pilot_job({"partitions": ["1 node"]}, 8)[1]

@@ -1,0 +1,108 @@
+"""``tether pilot submit PILOT.yaml``: a pilot job whose size follows from its initial partitions.
+
+The seed: users forget the agents' own needs when they size a pilot job; so the pilot's size is
+derived from its initial partitions, the agents' needs included. A pilot spec::
+
+    partitions: ["1 node", {cores: 12, config: default}]    # the initial partitions
+    agent_cores: 1         # each agent's own cores (added to a cores request)
+    partition: debug       # the Slurm partition (its nodes' cores size a cores request)
+    time: 60               # minutes
+    sbatch_args: [--account=proj]
+    script: |              # runs once the partitions are ACTIVE (default: wait until all end)
+      tether partition run part.0000 -- ./simulate
+
+``nodes:`` sets the size instead (needed when an initial partition is a share: ``50%``,
+``FILL``); the initial partitions must fit it. The job gets whole nodes (``--exclusive``): a
+partition's cores are the node's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import subprocess
+import sys
+from typing import Any, Mapping
+
+from .resources import Description, Node, PartitionError, fit
+
+KEYS = ("partitions", "agent_cores", "partition", "time", "sbatch_args", "script", "nodes", "cores_per_node")
+
+
+def pilot_nodes(descriptions: list[Description], cores_per_node: int, agent_cores: int = 0) -> int:
+    """The nodes the initial partitions need: whole-node requests add up; cores requests (each
+    with its agent's cores) are packed onto nodes of ``cores_per_node``."""
+    nodes, cores = 0, 0
+    for d in descriptions:
+        if d.nodes:
+            nodes += d.nodes
+        elif d.cores:
+            cores += d.cores + agent_cores
+        else:
+            raise PartitionError(f"{d.text()}: a share of the allocation cannot size a pilot; give nodes: "
+                                 f"in the pilot spec, or nodes/cores for each initial partition")
+    return nodes + (math.ceil(cores / cores_per_node) if cores else 0)
+
+
+def pilot_job(spec: Mapping[str, Any], cores_per_node: int) -> tuple[list[str], str]:
+    """sbatch's arguments and the batch script for a pilot spec (PartitionError when it is not one)."""
+    if not isinstance(spec, Mapping):
+        raise PartitionError("a pilot spec is a mapping")
+    unknown = set(spec) - set(KEYS)
+    if unknown:
+        raise PartitionError(f"unknown key(s) in the pilot spec: {', '.join(sorted(unknown))} "
+                             f"(accepted: {', '.join(KEYS)})")
+    raw = spec.get("partitions")
+    if not isinstance(raw, list) or not raw:
+        raise PartitionError("partitions: a list of the pilot's initial partitions")
+    descriptions = [Description.parse(d) for d in raw]
+    agent_cores = int(spec.get("agent_cores") or 0)
+    nodes = spec.get("nodes")
+    if nodes is None:
+        nodes = pilot_nodes(descriptions, cores_per_node, agent_cores)
+    elif not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise PartitionError(f"nodes: expected a whole number >= 1, got {nodes!r}")
+    allocation = [Node(f"node{i}", cores_per_node) for i in range(nodes)]
+    held = []
+    for d in descriptions:                            # they must fit what is asked for
+        held.append(fit(d, allocation, held, agent_cores if d.cores else 0))
+    args = [f"--nodes={nodes}", "--exclusive", "--job-name=tether-pilot"]
+    if spec.get("partition"):
+        args.append(f"--partition={spec['partition']}")
+    if spec.get("time") is not None:
+        args.append(f"--time={int(spec['time'])}")
+    extra = spec.get("sbatch_args") or []
+    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+        raise PartitionError("sbatch_args: a list of strings")
+    texts = [d.text() if d.config == "default" and not d.command else None for d in descriptions]
+    if any(t is None for t in texts):
+        raise PartitionError("initial partitions with a config or command of their own: create them from "
+                             "the script (tether partition create, or tether.pilot) instead")
+    script = spec.get("script") or "tether partition wait ALL --state DONE >/dev/null\n"
+    here = os.path.dirname(sys.executable)            # where this tether's command is
+    lines = ["#!/bin/sh", "# a tether pilot: its initial partitions, then the script",
+             f"export PATH={shlex.quote(here)}:\"$PATH\"",
+             f"tether partition create {' '.join(shlex.quote(t) for t in texts)} --wait || exit 1",
+             str(script).rstrip("\n"), ""]
+    return [*args, *extra], "\n".join(lines)
+
+
+def cores_per_node(partition: str | None) -> int:
+    """The cores of a Slurm partition's nodes (the smallest, from sinfo)."""
+    argv = ["sinfo", "-h", "-o", "%c"] + (["-p", partition] if partition else [])
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    counts = [int(w.rstrip("+")) for w in out.stdout.split() if w.rstrip("+").isdigit()]
+    if out.returncode != 0 or not counts:
+        raise PartitionError(f"cannot read the nodes' cores from sinfo: {out.stderr.strip() or 'no nodes'}")
+    return min(counts)
+
+
+def submit_pilot(spec: Mapping[str, Any]) -> str:
+    """Submit the pilot job as yourself; returns its job id."""
+    per_node = spec.get("cores_per_node") or cores_per_node(spec.get("partition"))
+    args, script = pilot_job(spec, int(per_node))
+    out = subprocess.run(["sbatch", "--parsable", *args], input=script, capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise PartitionError(f"sbatch: {out.stderr.strip()}")
+    return out.stdout.strip().split(";")[0]
