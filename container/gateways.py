@@ -186,6 +186,10 @@ def _run_monitor(argv: list[str], env: dict[str, str], targets: list[tuple[str, 
         try:
             os.close(r)
             os.setsid()
+            # not the caller's stdout: `eval "$(tether gateway start)"` reads it to its end
+            os.dup2(2, 1)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
             if os.fork() == 0:
                 _monitor(argv, env, targets, timeout, w)       # never returns
         finally:

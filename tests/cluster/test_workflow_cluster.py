@@ -133,3 +133,16 @@ def test_a_gateway_daemon_that_fails_fails_the_job_with_its_reason_and_the_node_
         assert r.returncode != 0 and message in r.stderr, (args, r.stderr)
     r = cluster.as_user(["srun", "--gateways=1", "true"], check=False)
     assert r.returncode != 0 and "--gateways is an option of sbatch and salloc" in r.stderr, r.stderr
+
+
+def test_in_salloc_tether_gateway_start_gives_the_allocation_its_gateways(cluster):
+    """salloc has no batch script: `eval "$(tether gateway start)"` starts the daemon step and sets
+    TETHER_GATEWAYS (it once kept the command substitution open until the allocation ended: its
+    watcher held the caller's stdout); an srun in the allocation reaches the daemon (and does not
+    refuse the allocation's own --gateways, which salloc exports to it)."""
+    inner = ('eval "$(' + TETHER + ' gateway start)" && echo "GATEWAYS=$TETHER_GATEWAYS" && '
+             'srun -N1 sh -c "echo | busybox nc \\${TETHER_GATEWAYS%:*} \\${TETHER_GATEWAYS##*:}"')
+    out = cluster.as_user(["env", f"TETHER_CONFIG={cluster.box.tether_conf}", "salloc", "-N1", ":",
+                           "--gateways=1", "sh", "-c", inner], timeout=120).stdout
+    assert "GATEWAYS=127.0.0.1:" in out and "tether-gateway n3 " in out, out
+    assert wait_until(lambda: not user_processes(cluster, "gateway_daemon"), timeout=30)
