@@ -31,7 +31,7 @@ from typing import Iterable, Sequence
 
 from .resources import FILL, Description, Node, PartitionError, Slice, fit, parse_cpus_per_node, unused
 from .state import (
-    ACTIVE, CANCELED, DONE, FAILED, FINAL, HOLDING, NEW, PENDING, STARTING, STATES, TRANSITIONS, PilotStore,
+    ACTIVE, CANCELED, DONE, FAILED, FINAL, HOLDING, NEW, PENDING, STARTING, STATES, PilotStore,
     StateError, recover, settle_tasks,
 )
 
@@ -228,10 +228,10 @@ class Pilot:
                 try:
                     got = fit(desc, self.nodes, held, agent["cores"], agent["gpus"])
                 except PartitionError as exc:
-                    self._transition_locked(record["id"], FAILED, str(exc))
+                    self.store.transition_held(record["id"], FAILED, str(exc))
                     created.append(Partition(self, record["id"]))
                     continue
-                self._transition_locked(record["id"], PENDING, "", slice=got.to_data())
+                self.store.transition_held(record["id"], PENDING, "", slice=got.to_data())
                 created.append(Partition(self, record["id"]))
             held = [Slice.from_data(p["slice"]) for p in self.store.partitions() if p["state"] in HOLDING]
             if descriptions:
@@ -254,16 +254,6 @@ class Pilot:
             agent["command"] = list(desc.command)
         return {"command": agent.get("command"), "cores": int(agent.get("cores") or 0),
                 "gpus": int(agent.get("gpus") or 0), "config": desc.config}
-
-    def _transition_locked(self, pid: str, state: str, message: str, **fields) -> dict:
-        """transition() while this process already holds the lock (flock is per open file: the
-        store's lock() would wait for itself)."""
-        record = self.store.read(pid)
-        if state not in TRANSITIONS[record["state"]]:
-            raise StateError(f"{pid}: {record['state']} -> {state}")
-        record.update(fields, state=state, message=message)
-        record["history"].append([state, time.time(), message])
-        return self.store.update(pid, **record)
 
     def _launch(self, record: dict) -> None:
         """Start the partition's agent as a job step on its slice, detached (PENDING -> STARTING).

@@ -115,15 +115,20 @@ class PilotStore:
         such step. A final partition stays as it is (a late report of its agent changes nothing):
         that is not an error, the record is returned unchanged."""
         with self.lock():
-            record = self.read(pid)
-            if record["state"] in FINAL:
-                return record
-            if state not in TRANSITIONS.get(record["state"], ()):
-                raise StateError(f"{pid}: {record['state']} -> {state} is not a transition of the state model")
-            record.update(fields, state=state, message=message or record.get("message", ""))
-            record["history"].append([state, time.time(), message])
-            _write_json(self.parts / f"{pid}.json", record)
+            return self.transition_held(pid, state, message, **fields)
+
+    def transition_held(self, pid: str, state: str, message: str = "", **fields) -> dict:
+        """``transition`` for a caller that holds the lock already (flock is per open file: taking
+        it again would wait for itself)."""
+        record = self.read(pid)
+        if record["state"] in FINAL:
             return record
+        if state not in TRANSITIONS.get(record["state"], ()):
+            raise StateError(f"{pid}: {record['state']} -> {state} is not a transition of the state model")
+        record.update(fields, state=state, message=message or record.get("message", ""))
+        record["history"].append([state, time.time(), message])
+        _write_json(self.parts / f"{pid}.json", record)
+        return record
 
     # -- tasks --
     def task_ids(self) -> list[str]:
