@@ -25,7 +25,8 @@ What is real and what is not:
   container launcher as the SPANK plugin does (``TETHER_RUN_ARGV0``) with the rank directories made
   under the fake's job storage root. "Nodes" are names only: every task runs on this host.
 - not modelled: scheduling (resources, limits, priorities), accounting beyond the job records,
-  steps' cgroups, heterogeneous jobs, arrays.
+  steps' cgroups, arrays; heterogeneous jobs are refused (``#SBATCH hetjob``, `` : ``), never
+  taken as one job.
 """
 
 from __future__ import annotations
@@ -297,6 +298,9 @@ def sbatch(argv: list[str], state: State) -> int:
         print("slurm 22.05.8")
         return 0
     wrap = next((v for n, v in opts if n == "wrap"), None)
+    if rest[:1] == [":"]:                                   # `sbatch OPTS : OPTS script`: a component each
+        raise UsageError("sbatch: error: heterogeneous jobs (#SBATCH hetjob, ' : ') are not modelled by "
+                         "tether's fake sbatch; test them on a real cluster (tether sandbox up)")
     if wrap is not None:
         if rest:
             raise UsageError("sbatch: error: Script arguments not permitted with --wrap option")
@@ -313,7 +317,13 @@ def sbatch(argv: list[str], state: State) -> int:
         raise UsageError("sbatch: error: This does not look like a batch script.  The first\n"
                          "sbatch: error: line must start with #! followed by the path to an interpreter.\n"
                          "sbatch: error: For instance: #!/bin/sh")
-    directive_opts, _ = getopt_or_exit("sbatch", directive_args(script), long_opts, short_opts, short_names)
+    directives = directive_args(script)
+    if {"hetjob", "packjob"} & set(directives):
+        # a real sbatch submits one job per component; pretending to be one job would hide every
+        # per-component answer of the job_submit plugin (--gateways, each component's plan)
+        raise UsageError("sbatch: error: heterogeneous jobs (#SBATCH hetjob, ' : ') are not modelled by "
+                         "tether's fake sbatch; test them on a real cluster (tether sandbox up)")
+    directive_opts, _ = getopt_or_exit("sbatch", directives, long_opts, short_opts, short_names)
     merged = directive_opts + opts                          # the command line wins
     job = request_from_options("sbatch", merged, dict(os.environ), state.cluster)
     accepted, message = JobSubmit(state.cluster.get("config")).submit(job)   # partition still unset: as in slurmctld

@@ -57,6 +57,13 @@ def test_fake_sbatch_refuses_as_sbatch_and_the_plugin_do(tmp_path, site):
     assert typo.returncode == 255 and "sbatch: unrecognized option '--slotz=2'" in typo.stderr
     with pytest.raises(SubmissionRefused):
         slurm.sbatch("--partition=nope", str(script))
+    # a heterogeneous job is refused, never taken as its first component (that would hide what
+    # job_submit answers each component, --gateways among them)
+    het = tmp_path / "het.sh"
+    het.write_text("#!/bin/sh\n#SBATCH -N1\n#SBATCH hetjob\n#SBATCH --gateways=1\ntrue\n")
+    for argv in ([str(het)], ["-N1", ":", "-N1", str(script)]):
+        refused = slurm.run("sbatch", *argv)
+        assert refused.returncode == 1 and "heterogeneous jobs" in refused.stderr, (argv, refused.stderr)
     assert slurm.jobs() == {}                                  # nothing refused was kept
 
 
