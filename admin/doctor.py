@@ -17,12 +17,15 @@ from typing import Callable, Iterator
 from ..container.run import LAUNCHER_NAME
 from ..hooks.config import Config
 from ..hooks.configfile import ConfigError, config_path, load_config
+from ..hooks.surface import GATEWAY_PORT_BASE, GATEWAY_PORT_JOBS, MASTER_PORT_BASE, MASTER_PORT_JOBS
 from ..spank import build as spank_build
 from ..system.proc import CommandError, run_command
 from ..system.toolchain import BuildError, installed_slurm_version, read_stamp
 from .slurm import DEFAULT_SLURM_CONF, SlurmConf, default_build_dir
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
+EPHEMERAL_PORTS = "/proc/sys/net/ipv4/ip_local_port_range"
+RESERVED_PORTS = "/proc/sys/net/ipv4/ip_local_reserved_ports"
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class Doctor:
     def checks(self) -> list[Callable[[], Iterator[Finding]]]:
         return [self.check_config, self.check_slurm, self.check_plugins, self.check_plugstack,
                 self.check_slurmctld_config, self.check_storage, self.check_runtimes, self.check_job_users,
-                self.check_gpus]
+                self.check_gpus, self.check_ports]
 
     # --- the checks --------------------------------------------------------------------------
     def check_config(self) -> Iterator[Finding]:
@@ -284,8 +287,49 @@ class Doctor:
             return
         yield Finding(OK, "cdi", f"a CDI spec for {podman['cdi_kind']} in {', '.join(dirs)}")
 
+    def check_ports(self) -> Iterator[Finding]:
+        """The ports tether derives (MASTER_PORT, gateway daemons) must lie outside this node's
+        ephemeral range, or an outgoing connection may hold one when a rank or daemon binds it."""
+        try:
+            low, high = map(int, Path(EPHEMERAL_PORTS).read_text().split()[:2])
+        except (OSError, ValueError):
+            return
+        reserved = _reserved_ports()
+        ranges = [("MASTER_PORT", MASTER_PORT_BASE, MASTER_PORT_BASE + MASTER_PORT_JOBS * 16 - 1)]
+        if self.config is not None and self.config.data["gateways"]["partition"]:
+            port = self.config.data["gateways"]["port"]
+            first = port if port is not None else GATEWAY_PORT_BASE
+            last = port + 15 if port is not None else GATEWAY_PORT_BASE + GATEWAY_PORT_JOBS * 16 - 1
+            ranges.append(("gateways.port" if port is not None else "gateway ports", first, last))
+        clashes = [f"{name} {first}-{last}" for name, first, last in ranges
+                   if any(low <= p <= high and p not in reserved for p in range(first, last + 1))]
+        if clashes:
+            yield Finding(WARN, "ports", f"{', '.join(clashes)} overlap{'s' if len(clashes) == 1 else ''} this "
+                          f"node's ephemeral ports {low}-{high} ({EPHEMERAL_PORTS}): a port an outgoing "
+                          f"connection holds cannot be bound; reserve it on every compute node "
+                          f"(net.ipv4.ip_local_reserved_ports) or move the range")
+            return
+        yield Finding(OK, "ports", ", ".join(f"{n} {a}-{b}" for n, a, b in ranges)
+                      + f" outside the ephemeral ports {low}-{high}")
+
     def _uses(self, runtime: str) -> bool:
         return self.config is not None and self.config.data["container"]["runtime"] == runtime
+
+
+def _reserved_ports() -> set[int]:
+    """The ports in net.ipv4.ip_local_reserved_ports (\"8080,12288-32767\"): never ephemeral."""
+    ports: set[int] = set()
+    try:
+        text = Path(RESERVED_PORTS).read_text().strip()
+    except OSError:
+        return ports
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        try:
+            ports.update(range(int(first), int(last or first) + 1))
+        except ValueError:
+            continue
+    return ports
 
 
 def _has_subids(path: str, account: pwd.struct_passwd) -> bool:

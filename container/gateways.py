@@ -34,11 +34,14 @@ import time
 from typing import Mapping, NoReturn
 
 from ..hooks.errors import TetherError
-from ..hooks.surface import PLUGIN
+from ..hooks.surface import GATEWAY_PORT_BASE, GATEWAY_PORT_JOBS, PLUGIN
 from ..system.proc import CommandError, run_command
 
-PORT_BASE = 52000          # automatic ports: above MASTER_PORT's 20000..51999
-PORT_JOBS = 800            # 52000 + 799 * 16 + 15 = 64799
+# Automatic ports: 28672..32767, above MASTER_PORT's and below Linux's ephemeral ports
+# (surface.py). Inside the ephemeral range an outgoing connection of the gateway node (slurmd's, a
+# rank's) can hold the port when the daemon binds: seen on the sandbox as "Address already in use"
+# in about one job of seven with the earlier base of 52000.
+PORT_BASE, PORT_JOBS = GATEWAY_PORT_BASE, GATEWAY_PORT_JOBS
 DAEMON_VAR = "TETHER_GATEWAY_DAEMON"      # the daemon's argv (JSON), for the gateway step's tasks
 PORTS_VAR = "TETHER_GATEWAY_PORTS"        # each gateway's port, by the task's SLURM_PROCID
 PORT_VAR = "TETHER_GATEWAY_PORT"          # the daemon's own port, in its environment
@@ -51,7 +54,7 @@ class GatewayError(TetherError):
 
 def gateway_ports(job_id: int, count: int, port: int | None) -> list[int]:
     """Each gateway node's port: ``port + n``, or with no fixed port
-    ``52000 + (job id mod 800) * 16 + n`` (jobs with neighbouring ids get different ones)."""
+    ``28672 + (job id mod 256) * 16 + n`` (jobs with neighbouring ids get different ones)."""
     first = port if port is not None else PORT_BASE + (job_id % PORT_JOBS) * 16
     return [first + n for n in range(count)]
 

@@ -205,8 +205,8 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
                        doc="the gateway daemon's command, one per gateway node as a job step of the gateway "
                            "component, run as the job's user; {port}, {node}, {index} and {job} are replaced"),
         "port": Int(nullable=True, default=None, minimum=1024, maximum=65519,
-                    doc="the first gateway's port (the n-th gateway node's: port + n); null: 52000 + (job id "
-                        "mod 800) x 16 + n, above the MASTER_PORT range"),
+                    doc="the first gateway's port (the n-th gateway node's: port + n); null: 28672 + (job id "
+                        "mod 256) x 16 + n, between MASTER_PORT's range and Linux's ephemeral ports"),
         "ready_timeout": Int(default=60, minimum=1, maximum=3600,
                              doc="seconds the batch script waits for every gateway daemon to accept a TCP "
                                  "connection; the job fails when one does not"),

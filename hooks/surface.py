@@ -31,6 +31,12 @@ MAX_SLOTS = 10_000_000
 MAX_SLOTS_PER_NODE = 65_533
 MAX_NAME = 128     # a gpu type, pool or container name
 MAX_TEXT = 4096    # an image, mounts, a directory
+# Ports tether derives for a job, all below Linux's ephemeral range (ip_local_port_range,
+# 32768..60999 by default), where a node's own outgoing connections can hold a port at the moment
+# a rank or daemon binds it: MASTER_PORT = base + (job id mod jobs) * 16 + (step id mod 16), and a
+# gateway node's daemon port = base + (job id mod jobs) * 16 + n.
+MASTER_PORT_BASE, MASTER_PORT_JOBS = 12288, 1024       # 12288..28671
+GATEWAY_PORT_BASE, GATEWAY_PORT_JOBS = 28672, 256      # 28672..32767
 
 # Value kinds: each is checked in C in srun/sbatch/salloc (cheap, with a clear message) and again
 # where the value is used (slurmctld, the PBS server, the launcher).
@@ -217,9 +223,9 @@ RANK_ENV: tuple[Variable, ...] = (
     Variable("LOCAL_WORLD_SIZE", "tasks of the step on this node"),
     Variable("MASTER_ADDR", "the step's first node: its `NodeAddr` when slurmstepd can look it up, else its "
                             "node name"),
-    Variable("MASTER_PORT", "`20000 + (job id mod 2000) × 16 + (step id mod 16)`: the same for all ranks of "
+    Variable("MASTER_PORT", "`12288 + (job id mod 1024) × 16 + (step id mod 16)`: the same for all ranks of "
                             "a step, different for concurrent steps of a job (up to 16) and for jobs with "
-                            "neighbouring ids"),
+                            "neighbouring ids; below Linux's ephemeral port range"),
     Variable("TMPDIR", "`<rank dir>/tmp` (private to the rank, 0700, removed with the step)"),
     Variable("TETHER_WORK_DIR", "`<rank dir>/work` (the rank's own work directory)"),
     Variable("TETHER_RANK_DIR", "the rank's directory", host_only=True),

@@ -29,7 +29,7 @@ import stat
 import subprocess
 
 from ..hooks.layout import RANK_WORK, job_dir_name
-from ..hooks.surface import PBS_RESOURCES, RUN_ARGV0
+from ..hooks.surface import MASTER_PORT_BASE, MASTER_PORT_JOBS, PBS_RESOURCES, RUN_ARGV0
 from .attrs import resource, variable
 
 HELPER_TIMEOUT = 20          # seconds; the hook's alarm is 30
@@ -82,7 +82,7 @@ def master_port(job_id: str) -> int:
     """Every host of a job derives the same port; jobs with neighbouring ids get different ones
     (the Slurm side's rule, with PBS's sequence number as the job id)."""
     digits = "".join(c for c in str(job_id).split(".", 1)[0] if c.isdigit()) or "0"
-    return 20000 + (int(digits) % 2000) * 16
+    return MASTER_PORT_BASE + (int(digits) % MASTER_PORT_JOBS) * 16
 
 
 def is_tether_job(job) -> bool:

@@ -69,6 +69,8 @@ def names_header() -> str:
         f"#define TETHER_RUNTIMES_TEXT {c_string(', '.join(surface.RUNTIMES))}",
         f"#define TETHER_MAX_NAME {surface.MAX_NAME}",
         f"#define TETHER_MAX_TEXT {surface.MAX_TEXT}",
+        f"#define TETHER_MASTER_PORT_BASE {surface.MASTER_PORT_BASE}",
+        f"#define TETHER_MASTER_PORT_JOBS {surface.MASTER_PORT_JOBS}",
         f"#define TETHER_IMAGE_FORMS {c_string(surface.IMAGE_FORMS)}",
         f"#define TETHER_ENV_RUN_ARGV0 {c_string(surface.RUN_ARGV0)}",
         f"#define TETHER_ENV_RUN_BATCH {c_string(surface.BATCH_VAR)}",

@@ -430,8 +430,10 @@ static int set_step_env(spank_t sp, uint32_t ntasks, uint32_t nlocal, uint32_t n
 	    set_env_u(sp, "TETHER_NNODES", nnodes) || set_master_addr(sp) < 0)
 		return -1;
 	/* Every rank of a step derives the same port; concurrent steps of a job (and jobs with
-	 * neighbouring ids) get different ones: 20000 + (job id mod 2000) * 16 + (step id mod 16). */
-	rc = set_env_u(sp, "MASTER_PORT", 20000 + (port_job % 2000) * 16 +
+	 * neighbouring ids) get different ones: base + (job id mod jobs) * 16 + (step id mod 16),
+	 * 12288..28671, below Linux's ephemeral ports (32768..60999), which an outgoing connection of
+	 * the master node may hold at the moment the rank binds (surface.py). */
+	rc = set_env_u(sp, "MASTER_PORT", TETHER_MASTER_PORT_BASE + (port_job % TETHER_MASTER_PORT_JOBS) * 16 +
 		       (step.step_id < SLURM_MAX_NORMAL_STEP_ID ? step.step_id % 16 : 15));
 	for (int i = 0; i < TETHER_NOPTS && rc == 0; i++) {
 		const struct tether_opt *o = &tether_opts[i];

@@ -66,6 +66,8 @@ enum tether_option {
 #define TETHER_RUNTIMES_TEXT "apptainer, singularity, podman, enroot"
 #define TETHER_MAX_NAME 128
 #define TETHER_MAX_TEXT 4096
+#define TETHER_MASTER_PORT_BASE 12288
+#define TETHER_MASTER_PORT_JOBS 1024
 #define TETHER_IMAGE_FORMS "an absolute path (a .sif or squashfs file, a rootfs directory), a registry image ([USER@][REGISTRY#]IMAGE[:TAG|@DIGEST], e.g. ubuntu:22.04 or nvcr.io#nvidia/pytorch:24.01-py3; or REGISTRY/IMAGE[:TAG]) or a docker:// reference"
 #define TETHER_ENV_RUN_ARGV0 "TETHER_RUN_ARGV0"
 #define TETHER_ENV_RUN_BATCH "TETHER_RUN_BATCH"

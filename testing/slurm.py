@@ -517,7 +517,7 @@ def run_step(state: State, job: dict, step_id: int, nodes: list[str], tasks: int
         k.startswith("TETHER_CONTAINER_") for k in env)
     procs = []
     rank = 0
-    port = 20000 + (int(job["id"]) % 2000) * 16 + step_id % 16
+    port = 12288 + (int(job["id"]) % 1024) * 16 + step_id % 16
     for node_index, (node, count) in enumerate(zip(nodes, per_node)):
         for local in range(count):
             task_env = {**env, **job_env(job, nodes, batch=False), "SLURM_STEP_ID": str(step_id), "SLURM_STEPID": str(step_id),

@@ -161,7 +161,7 @@ def test_demo_command(cluster, capsys):
     assert out[0].endswith(f"3 nodes (n[1-3]), 3 tasks, image {image}")
     job = out[0].split()[1].rstrip(":")
     ranks = sorted(line.split(": ", 1)[1] for line in out[1:] if ": node=" in line)
-    port = 20000 + (int(job) % 2000) * 16
+    port = 12288 + (int(job) % 1024) * 16
     uid = pwd.getpwnam(cluster.user).pw_uid
     assert [re.sub(r"cpus=\d+", "cpus=N", r) for r in ranks] == [
         f"node=n{i + 1} rank={i} of 3 master=n1:{port} uid={uid} cpus=N TMPDIR=/tmp in=container" for i in range(3)]

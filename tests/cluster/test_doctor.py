@@ -35,7 +35,7 @@ def test_doctor_on_the_healthy_sandbox_says_all_ok(cluster):
     lines = result.stdout.splitlines()
     assert not [line for line in lines if line.startswith("FAIL")], result.stdout
     for name in ("config", "slurm", "slurm.conf", "plugins", "plugstack.conf", "slurmctld", "job_storage_root",
-                 "runtime podman", f"user {cluster.user}", "cdi"):
+                 "runtime podman", f"user {cluster.user}", "cdi", "ports"):
         assert any(line.startswith(f"ok    {name}:") for line in lines), (name, result.stdout)
     assert "all ok" in lines[-1]
 

@@ -96,8 +96,8 @@ def test_the_option_variable_is_not_the_variable_tether_sets():
 
 
 def test_ports_placeholders_and_the_gateway_component_from_the_environment():
-    assert gateways.gateway_ports(1234, 3, None) == [52000 + 434 * 16 + n for n in range(3)]
-    assert gateways.gateway_ports(799, 16, None)[-1] == 64799           # the highest automatic port
+    assert gateways.gateway_ports(1234, 3, None) == [28672 + 210 * 16 + n for n in range(3)]
+    assert gateways.gateway_ports(255, 16, None)[-1] == 32767           # the highest automatic port
     assert gateways.gateway_ports(7, 2, 40000) == [40000, 40001]
     assert gateways.daemon_argv(["d", "--port={port}", "{node}:{index}", "{job}", "{other}"],
                                 port=5, node="n3", index=1, job="42") == ["d", "--port=5", "n3:1", "42", "{other}"]

@@ -123,7 +123,7 @@ def test_the_job_shell_gets_the_job_environment_and_stays_on_the_host(hook, root
     assert e.progname == "/bin/bash" and e.argv == []                    # the job shell is never wrapped
     assert env["TETHER_JOB_DIR"] == str(root / JOB_ID)
     assert (env["MASTER_ADDR"], env["NODE_RANK"], env["TETHER_NNODES"]) == ("h1", "0", "3")
-    assert env["MASTER_PORT"] == str(20000 + 4242 % 2000 * 16)
+    assert env["MASTER_PORT"] == str(12288 + 4242 % 1024 * 16)
     assert (env["TETHER_JOB_SLOTS"], env["TETHER_JOB_SLOT_TYPE"]) == ("6", "cuda")
     assert env["TMPDIR"] == "/var/tmp/pbs.4242" and "RANK" not in env    # PBS's own, read-only
     assert list((root / JOB_ID / "h1").iterdir()) == []                  # no rank directories
