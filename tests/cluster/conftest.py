@@ -44,13 +44,13 @@ def time_limited_jobs(request) -> dict[str, str]:
     out.mkdir(exist_ok=True)
     os.chmod(out, 0o777)
     trap = ("srun -N1 sh -c 'trap \"echo term >> /mnt/term-$SLURM_JOB_ID\" TERM; "
-            "while :; do sleep 1; done'")
+            "echo up > /mnt/up-$SLURM_JOB_ID; while :; do sleep 1; done'")
     return {
         "plain": _submit(cluster, "--time=1", "--slots=2", "--slot-type=cpu", "--output=/dev/null",
                          "--wrap", "srun sleep 600"),
-        "container": _submit(cluster, "--time=1", "-N2", f"--container-image={image}", "--output=/dev/null",
+        "container": _submit(cluster, "--time=1", "-N2", f"--container-image={image}", f"--output={out}/job-%j.out",
                              "--wrap", "srun -N2 sh -c 'while :; do sleep 1; done'"),
         # its step traps SIGTERM inside the container and writes term-<job> to the mount on /mnt (issue 16)
         "container_trap": _submit(cluster, "--time=1", "-N1", f"--container-image={image}",
-                                  f"--container-mounts={out}:/mnt", "--output=/dev/null", "--wrap", trap),
+                                  f"--container-mounts={out}:/mnt", f"--output={out}/job-%j.out", "--wrap", trap),
     }

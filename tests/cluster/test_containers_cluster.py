@@ -379,7 +379,9 @@ def test_scancel_leaves_no_container_and_no_process(cluster, image):
     proc, job = _running_step(cluster, image, "while :; do sleep 1; done")
     cluster.run(["scancel", job])
     proc.communicate(timeout=120)
-    assert wait_until(lambda: _left_behind(cluster, job) == [], timeout=30), _left_behind(cluster, job)
+    said = cluster.box.work_dir / "timeout-signals" / f"job-{job}.out"       # the job's output, to say why
+    assert wait_until(lambda: _left_behind(cluster, job) == [], timeout=30), (
+        _left_behind(cluster, job), said.read_text() if said.exists() else "(no output)")
     assert job not in job_entries(cluster) - before
 
 
@@ -429,7 +431,9 @@ def test_a_container_job_that_hits_its_time_limit_leaves_nothing(cluster, time_l
     assert wait_until(lambda: job not in cluster.run(["squeue", "-h", "-o", "%i"]).stdout.split(), timeout=240)
     state = cluster.run(["scontrol", "-o", "show", "job", job]).stdout
     assert "JobState=TIMEOUT" in state, state
-    assert wait_until(lambda: _left_behind(cluster, job) == [], timeout=30), _left_behind(cluster, job)
+    said = cluster.box.work_dir / "timeout-signals" / f"job-{job}.out"       # the job's output, to say why
+    assert wait_until(lambda: _left_behind(cluster, job) == [], timeout=30), (
+        _left_behind(cluster, job), said.read_text() if said.exists() else "(no output)")
     assert job not in job_entries(cluster)
 
 

@@ -249,20 +249,26 @@ def test_podman_started_by_hand_under_srun_fails_what_tether_keeps(cluster, imag
     """The loose baseline: the same trap through `srun podman run --rm`. runc keeps the container in
     a cgroup of its own below the step's, where Slurm's SIGTERM does not reach it, and podman passes
     the signal only to the container's first process; when the step's SIGKILL takes conmon before
-    podman cleans up, the container also stays in the user's podman. At least one must show."""
+    podman cleans up, the container also stays in the user's podman. At least one must show in
+    one of three tries (a race decides which: once in a full run, a single try showed neither)."""
     out = cluster.box.work_dir / f"signals-{os.getpid()}"
     out.mkdir(exist_ok=True)
     os.chmod(out, 0o777)
-    tag, name = "loose", f"loose-{os.getpid()}"
-    try:
-        _cancel_when_up(cluster, podman_loose(cluster, image, "--rm", "--name", name, "--volume", f"{out}:/mnt")
-                        + ["sh", "-c", TRAP.format(tag=tag)], out, tag)
-        time.sleep(3)
-        delivered, left = (out / f"term-{tag}").exists(), _containers(cluster, name)
-        print(f"loose: SIGTERM reached the trap: {delivered}; container left behind: {left}")
-        assert not delivered or left, "podman by hand behaved as tether does: the test cannot tell them apart"
-    finally:
-        _remove_loose(cluster, name)
+    seen = []
+    for attempt in range(3):
+        tag, name = f"loose{attempt}", f"loose-{os.getpid()}-{attempt}"
+        try:
+            _cancel_when_up(cluster, podman_loose(cluster, image, "--rm", "--name", name, "--volume",
+                                                  f"{out}:/mnt") + ["sh", "-c", TRAP.format(tag=tag)], out, tag)
+            time.sleep(3)
+            delivered, left = (out / f"term-{tag}").exists(), _containers(cluster, name)
+        finally:
+            _remove_loose(cluster, name)
+        seen.append((delivered, left))
+        print(f"loose try {attempt}: SIGTERM reached the trap: {delivered}; container left behind: {left}")
+        if not delivered or left:
+            return
+    raise AssertionError(f"podman by hand behaved as tether does in every try: {seen}")
 
 
 # ---- 5. devices: only the step's GPUs, inside the container too ------------------------------------------
@@ -292,7 +298,12 @@ def test_a_time_limit_sends_sigterm_into_the_container_first(cluster, time_limit
     assert wait_until(lambda: job not in cluster.run(["squeue", "-h", "-o", "%i"]).stdout.split(), timeout=240)
     rows = accounted(cluster, job, "JobID,State")
     assert rows[job]["State"] == "TIMEOUT", rows
-    assert (cluster.box.work_dir / "timeout-signals" / f"term-{job}").read_text() == "term\n"   # once
+    out = cluster.box.work_dir / "timeout-signals"
+    said = (out / f"job-{job}.out").read_text() if (out / f"job-{job}.out").exists() else "(no output)"
+    # the container was up (its trap set) before the limit, else the test proves nothing
+    assert (out / f"up-{job}").exists(), f"the container never started before the time limit: {said}"
+    term = out / f"term-{job}"
+    assert term.exists() and term.read_text() == "term\n", said                      # once
     assert wait_until(lambda: _containers(cluster, f"tether-{job}-") == [], timeout=60)
 
 
