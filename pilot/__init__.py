@@ -1,7 +1,7 @@
 """Pilot partitions (seed 003): one allocation divided into partitions, each run by one agent.
 
-Inside a Slurm allocation (a batch script or salloc), ``Pilot()`` is the allocation and its
-partitions::
+Inside a Slurm allocation (a batch script or salloc) or a PBS job, ``Pilot()`` is the allocation
+and its partitions::
 
     from tether.pilot import ALL, ACTIVE, FILL, Pilot, PartitionDescription as PD
 
@@ -13,22 +13,23 @@ partitions::
 
 Each partition's agent is a job step on the partition's nodes (``tether-part.NNNN``), so Slurm
 accounts, limits and ends it like any step; tether's default agent runs the partition's tasks as
-steps of their own on the partition's nodes. The records live in the pilot directory (see
+steps of their own on the partition's nodes. On PBS the agent and each task's ranks are TM tasks
+(``pbs_tmrsh``) instead: see ``allocation``. The records live in the pilot directory (see
 ``pilot_dir``); ``tether partition …`` is the same from a shell.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from .allocation import (
+    AGENT_MEMORY, STEP_PREFIX, Allocation, PbsAllocation, PilotError, SlurmAllocation, current, job_id,
+    step_environment,
+)
 from .resources import FILL, Description, Node, PartitionError, Slice, fit, parse_cpus_per_node, unused
 from .state import (
     ACTIVE, CANCELED, DONE, FAILED, FINAL, HOLDING, NEW, PENDING, STARTING, STATES, PilotStore,
@@ -40,72 +41,23 @@ __all__ = ["ACTIVE", "ALL", "CANCELED", "DONE", "FAILED", "FILL", "NEW", "PENDIN
 
 ALL = "ALL"
 PartitionDescription = Description
-STEP_PREFIX = "tether-"            # an agent's step is tether-part.NNNN; a task's tether-part.NNNN-task.NNNNNN
 DEFAULT_AGENTS = {"default": {"command": None, "cores": 0, "gpus": 0}}
-# An agent step holds its slice's CPUs and GPUs, and this much memory per node: Slurm 22.05's
-# --overlap lets the tasks' steps share the agent's CPUs, not its memory, so the rest of each
-# node's memory stays the job's, for the tasks.
-AGENT_MEMORY = "256M"   # the agent, and an srun (~15 MB) per running task
-
-
-class PilotError(Exception):
-    """Not inside an allocation, or a command tether runs failed."""
 
 
 def pilot_dir(env: os._Environ | dict | None = None) -> Path:
     """Where a pilot keeps its records: ``$TETHER_PILOT_DIR``; else the job's directory
-    (``$TETHER_JOB_DIR/pilot``, removed with the job); else ``~/.tether/pilots/<job id>``."""
+    (``$TETHER_JOB_DIR/pilot``, removed with the job); else ``~/.tether/pilots/<job id>``. On PBS
+    it must be a directory every host of the job sees (the agents on other hosts read it)."""
     env = os.environ if env is None else env
     if env.get("TETHER_PILOT_DIR"):
         return Path(env["TETHER_PILOT_DIR"])
-    job = env.get("SLURM_JOB_ID")
+    job = job_id(env)
     if not job:
-        raise PilotError("not inside an allocation (no SLURM_JOB_ID): run it in a batch script or salloc")
+        raise PilotError("not inside an allocation (no SLURM_JOB_ID or PBS_JOBID): run it in a batch script or "
+                         "salloc")
     if env.get("TETHER_JOB_DIR"):
         return Path(env["TETHER_JOB_DIR"]) / "pilot"
     return Path.home() / ".tether" / "pilots" / job
-
-
-def _run(argv: list[str], timeout: float = 60) -> str:
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise PilotError(f"{argv[0]}: {exc}") from None
-    if out.returncode != 0:
-        raise PilotError(f"{' '.join(argv)}: {out.stderr.strip() or f'exit {out.returncode}'}")
-    return out.stdout
-
-
-def _count_ids(text: str) -> int:
-    """``0-7`` / ``0,2-3`` -> how many ids."""
-    n = 0
-    for part in filter(None, text.split(",")):
-        lo, _, hi = part.partition("-")
-        n += int(hi or lo) - int(lo) + 1
-    return n
-
-
-def allocation_nodes(job: str) -> list[Node]:
-    """The job's nodes with the cores and GPUs Slurm gave it on each (``scontrol -d show job``)."""
-    out = _run(["scontrol", "-d", "show", "job", job])
-    nodes: list[Node] = []
-    for m in re.finditer(r"^\s*Nodes=(\S+) CPU_IDs=(\S+)\s+Mem=\S*\s+GRES=(\S*)", out, re.M):
-        names = _run(["scontrol", "show", "hostnames", m.group(1)]).split()
-        gres = re.search(r"gpu(?::[^:(]+)?(?::(\d+))?\(IDX:([^)]*)\)", m.group(3))
-        gpus = _count_ids(gres.group(2)) if gres and gres.group(2) not in (None, "N/A") else 0
-        nodes += [Node(n, _count_ids(m.group(2)), gpus) for n in names]
-    if not nodes:
-        raise PilotError(f"cannot read job {job}'s nodes from scontrol -d show job")
-    return nodes
-
-
-def live_steps(job: str) -> set[str] | None:
-    """The names of the job's steps now (None when squeue cannot tell)."""
-    try:
-        out = _run(["squeue", "-h", "-s", "-j", job, "-o", "%j"], timeout=30)
-    except PilotError:
-        return None
-    return {line.strip() for line in out.splitlines() if line.strip()}
 
 
 @dataclass
@@ -181,10 +133,9 @@ class Pilot:
     """The allocation this process runs in (``job``: another of the user's own), with its partitions."""
 
     def __init__(self, root: str | os.PathLike | None = None, job: str | None = None,
-                 agents: dict | None = None):
-        self.job = job or os.environ.get("SLURM_JOB_ID") or ""
-        if not self.job:
-            raise PilotError("not inside an allocation (no SLURM_JOB_ID): run it in a batch script or salloc")
+                 agents: dict | None = None, allocation: Allocation | None = None):
+        self.allocation = allocation or current(job=job)
+        self.job = self.allocation.job
         self.store = PilotStore(root or pilot_dir()).create()
         self.agents = {**DEFAULT_AGENTS, **(agents or {})}
         self._nodes: list[Node] | None = None
@@ -192,7 +143,7 @@ class Pilot:
     @property
     def nodes(self) -> list[Node]:
         if self._nodes is None:
-            self._nodes = allocation_nodes(self.job)
+            self._nodes = self.allocation.nodes()
         return self._nodes
 
     @property
@@ -204,7 +155,7 @@ class Pilot:
         return Partition(self, pid)
 
     def recover(self) -> list[str]:
-        return recover(self.store, live_steps(self.job))
+        return recover(self.store, self.allocation.alive)
 
     # -- reconfiguration --------------------------------------------------------------------
     def reconfig(self, stop: str | Sequence[str] | None = None,
@@ -256,24 +207,14 @@ class Pilot:
                 "gpus": int(agent.get("gpus") or 0), "config": desc.config}
 
     def _launch(self, record: dict) -> None:
-        """Start the partition's agent as a job step on its slice, detached (PENDING -> STARTING).
-        The step holds the slice's CPUs (``--exact``; unbound: the agent only waits and starts
-        steps, and a node whose CPU count is not the hardware's -- the sandbox's -- cannot bind
-        them all)."""
-        pid, slice_ = record["id"], Slice.from_data(record["slice"])
-        step_name = STEP_PREFIX + pid
-        cores = min(c for c, _ in slice_.parts.values())
-        gpus = min(g for _, g in slice_.parts.values())
-        argv = ["srun", f"--jobid={self.job}", "--exact", f"--nodelist={','.join(slice_.nodes)}",
-                f"--nodes={len(slice_.nodes)}", f"--ntasks={len(slice_.nodes)}", "--ntasks-per-node=1",
-                f"--cpus-per-task={cores}", "--cpu-bind=none", f"--mem={AGENT_MEMORY}", f"--job-name={step_name}",
-                "--kill-on-bad-exit=0", "--quiet"]
-        if gpus:
-            argv.append(f"--gres=gpu:{gpus}")
-        argv += ["--", sys.executable, "-m", "tether.pilot.agent", str(self.store.root), pid]
-        env = agent_environment(os.environ)
+        """Start the partition's agent on its slice, detached (PENDING -> STARTING): a job step
+        on Slurm, TM tasks on PBS (``Allocation.agent_argv``)."""
+        pid = record["id"]
+        record = self.store.transition(pid, STARTING, "", step_name=STEP_PREFIX + pid, batch=self.allocation.kind,
+                                       launched=time.time())
+        argv = self.allocation.agent_argv(record, str(self.store.root))
+        env = step_environment(os.environ)
         log = self.store.parts / f"{pid}.agent.log"
-        self.store.transition(pid, STARTING, "", step_name=step_name, launched=time.time())
         child = os.fork()
         if child == 0:                                       # detached: the agent outlives this command
             try:
@@ -291,9 +232,10 @@ class Pilot:
 
     # -- stopping ------------------------------------------------------------------------------
     def stop(self, pid: str, wait: bool = True, timeout: float = 30) -> None:
-        """Stop a partition: SIGTERM to its agent step (the agent ends its tasks' steps and records
-        CANCELED); what is left after ``timeout`` seconds -- the agent's step, its tasks' steps --
-        is scancelled (SIGKILL) and recorded CANCELED."""
+        """Stop a partition: record the request (every agent process reads it), and on Slurm
+        SIGTERM its agent step (the agent ends its tasks and records CANCELED); what is left after
+        ``timeout`` seconds is killed (Slurm: the agent's and tasks' steps; PBS: the agents'
+        fan-out) and the partition recorded CANCELED."""
         record = self.store.read(pid)
         if record["state"] in FINAL:
             return
@@ -302,30 +244,15 @@ class Pilot:
         if record["state"] in (NEW, PENDING) and not record.get("launched"):
             self.store.transition(pid, CANCELED, "stopped before its agent started")
             return
-        agent = self._steps(pid, record, tasks=False)
-        if agent:
-            subprocess.run(["scancel", "--signal=TERM", *agent], capture_output=True, timeout=30)
+        self.allocation.ask_stop(record)
         if not wait:
             return
         deadline = time.monotonic() + timeout
         while self.store.read(pid)["state"] not in FINAL and time.monotonic() < deadline:
             time.sleep(0.2)
-        left = self._steps(pid, record, tasks=True)
-        if left:
-            subprocess.run(["scancel", *left], capture_output=True, timeout=30)
+        self.allocation.kill(self.store.read(pid), pid)
         self.store.transition(pid, CANCELED, "stopped")
         settle_tasks(self.store, pid, "the partition was stopped")
-
-    def _steps(self, pid: str, record: dict, *, tasks: bool) -> list[str]:
-        """The ids of the partition's agent step (and its tasks' steps) now running."""
-        out = _run(["squeue", "-h", "-s", "-j", self.job, "-o", "%i %j"], timeout=30)
-        found = []
-        for line in out.splitlines():
-            words = line.split()
-            if len(words) == 2 and (words[1] == record.get("step_name") or
-                                    (tasks and words[1].startswith(f"{STEP_PREFIX}{pid}-"))):
-                found.append(words[0])
-        return found
 
     # -- tasks ---------------------------------------------------------------------------------
     def run(self, partition: "Partition | str", command: Sequence[str], ntasks: int = 1,
@@ -344,11 +271,3 @@ class Pilot:
         if wait:
             task.wait(timeout)
         return task
-
-
-def agent_environment(env: dict | os._Environ) -> dict[str, str]:
-    """The environment for a step started from inside another (the batch script, an agent): the
-    job's, without the step's own sizes, which srun would take as this step's."""
-    drop = ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_CPUS_PER_TASK", "SLURM_NNODES",
-            "SLURM_STEP_", "SLURM_DISTRIBUTION", "SLURM_EXACT", "SLURM_OVERLAP", "SLURM_TASKS_PER_NODE", "SLURM_GPUS", "SLURM_TRES_PER_TASK", "TETHER_STEP_")
-    return {k: v for k, v in env.items() if not k.startswith(drop)}

@@ -21,7 +21,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 NEW, PENDING, STARTING, ACTIVE, DONE, FAILED, CANCELED = (
     "NEW", "PENDING", "STARTING", "ACTIVE", "DONE", "FAILED", "CANCELED")
@@ -171,20 +171,27 @@ class PilotStore:
         return out
 
 
-def recover(store: PilotStore, live_steps: set[str] | None, *, grace: float = 30.0) -> list[str]:
-    """Settle partitions no process will move on any more; returns their ids. ``live_steps``: the
-    names of the job's steps now (squeue), or None when unknown (then nothing is settled).
+def recover(store: PilotStore, alive: "Callable[[dict], bool | None] | set[str] | None", *,
+            grace: float = 30.0) -> list[str]:
+    """Settle partitions no process will move on any more; returns their ids. ``alive(record)``:
+    whether the partition's agent still runs, None when that cannot be told (then that partition
+    is not settled); or the names of the job's steps now (Slurm's squeue), or None when unknown
+    (then nothing is settled).
 
     * NEW: the command creating it ended before it found resources -> FAILED;
     * PENDING: published, but the agent was never started (no ``launched`` time) and the
       command is gone (older than ``grace``) -> FAILED;
     * STARTING/ACTIVE whose agent step is no longer among the job's steps (after ``grace``
-      seconds from the launch: srun needs a moment to create it) -> FAILED, or CANCELED when a
+      seconds from the launch: srun needs a moment to create it; on PBS: its fan-out process is
+      gone) -> FAILED, or CANCELED when a
       stop was asked for;
     * and the tasks of an ended partition still QUEUED or RUNNING -> CANCELED.
     """
-    if live_steps is None:
+    if alive is None:
         return []
+    if not callable(alive):
+        steps = alive
+        alive = lambda record: record.get("step_name") in steps          # noqa: E731
     settled = []
     now = time.time()
     for record in store.partitions():
@@ -195,7 +202,7 @@ def recover(store: PilotStore, live_steps: set[str] | None, *, grace: float = 30
         elif state == PENDING and not record.get("launched") and age > grace:
             store.transition(pid, FAILED, "the command creating it ended before it started the agent")
         elif state in (STARTING, ACTIVE) and record.get("launched") and now - record["launched"] > grace \
-                and record.get("step_name") not in live_steps:
+                and alive(record) is False:
             if record.get("stop_requested"):
                 store.transition(pid, CANCELED, "stopped")
             else:

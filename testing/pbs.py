@@ -301,7 +301,7 @@ def _job_json(job: dict) -> dict:
     out = {"Job_Name": job["Job_Name"], "Job_Owner": job["Job_Owner"], "job_state": job["job_state"],
            "queue": job["queue"], "qtime": job["qtime"], "Rerunable": "True" if job.get("Rerunable") in ("1", "True") else "False",
            "Resource_List": dict(job["Resource_List"]), "Variable_List": dict(job["Variable_List"])}
-    for key in ("comment", "project", "umask", "Exit_status", "exec_host"):
+    for key in ("comment", "project", "umask", "Exit_status", "exec_host", "exec_vnode"):
         if job.get(key) is not None:
             out[key] = job[key]
     return out
@@ -417,7 +417,13 @@ def pbsnodes(argv: list[str], state: State) -> int:
 
 
 def pbs_tmrsh(argv: list[str], state: State) -> int:
-    """A task "on" a host of the job: here. Refuses as the real one outside a job (exit 255)."""
+    """A task "on" a host of the job: here. Refuses as the real one outside a job (exit 255).
+
+    As OpenPBS's (src/cmds/pbs_tmrsh.c): the host must be in ``$PBS_NODEFILE``; the command is a
+    TM task (``tm_spawn``) that the MoM starts with the **job's** environment (the job's
+    variables, ``PBS_TASKNUM``, ``PBS_NODENUM``), not the caller's: what a batch script exports
+    does not reach it (DESIGN.md, "seen on a real OpenPBS"). pbs_tmrsh passes no signal on: when it
+    is killed, the task runs on (until the job ends). Its status is the task's exit status."""
     if len(argv) < 2 or argv[0].startswith("-"):
         sys.stderr.write("usage: pbs_tmrsh [-n][-l username] host [-n][-l username] command\n")
         return 255
@@ -426,12 +432,30 @@ def pbs_tmrsh(argv: list[str], state: State) -> int:
             sys.stderr.write(f"pbs_tmrsh: {var} not set\n")
             return 255
     host, command = argv[0], argv[1:]
+    job_id = os.environ["PBS_JOBID"]
     with open(os.environ["PBS_NODEFILE"]) as fh:
-        hosts = {line.strip().split(".")[0] for line in fh if line.strip()}
+        hosts = list(dict.fromkeys(line.strip().split(".")[0] for line in fh if line.strip()))
     if host.split(".")[0] not in hosts:
-        sys.stderr.write(f"pbs_tmrsh: host \"{host}\" is not a node of job {os.environ['PBS_JOBID']}\n")
+        sys.stderr.write(f"pbs_tmrsh: host \"{host}\" is not a node in job <{job_id}>\n")
         return 255
-    return subprocess.run(command).returncode
+    with state.jobs() as data:
+        job = data["jobs"].get(job_id)
+        if job is None or job["job_state"] != "R" or "environment" not in job:
+            sys.stderr.write(f"pbs_tmrsh: tm_init failed, rc = TM_ESYSTEM (17000)\n")
+            return 255
+        job["tasks"] = job.get("tasks", 1) + 1
+        env = {**job["environment"], "PBS_TASKNUM": str(job["tasks"]),
+               "PBS_NODENUM": str(hosts.index(host.split(".")[0]))}
+    try:
+        proc = subprocess.Popen(command, env=env, start_new_session=True)
+    except OSError as exc:
+        sys.stderr.write(f"pbs_tmrsh: tm_spawn: host \"{host}\" err {exc.strerror}\n")
+        return 255
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            continue
 
 
 _DISPATCH = {"qsub": qsub, "qstat": qstat, "qdel": qdel, "pbsnodes": pbsnodes, "pbs_tmrsh": pbs_tmrsh}
@@ -482,4 +506,41 @@ class FakePbs(FakeCommands):
         """A job's record: Resource_List (select, place, ... as the hook left them), queue, comment..."""
         with self.state.jobs() as data:
             return data["jobs"][job_id]
+
+    def run_job(self, job_id: str) -> dict[str, str]:
+        """What the scheduler and the MoM do to start a queued job: its ``select`` chunks placed on
+        the nodes (one chunk per node in order, ``place=scatter``; more chunks than nodes wrap
+        around), ``job_state`` R with ``exec_host``/``exec_vnode`` as OpenPBS spells them, the
+        nodefile (one line per mpiproc). Returns the job's environment (what its script and every
+        TM task start with); pbs_tmrsh keeps to it."""
+        with self.state.jobs() as data:
+            job = data["jobs"][job_id]
+            if job["job_state"] != "Q":
+                raise ValueError(f"{job_id} is not queued ({job['job_state']})")
+            select = job["Resource_List"].get("select") or "1:ncpus=1"
+            chunks: list[dict[str, str]] = []
+            for spec in select.split("+"):
+                count, *items = spec.split(":")
+                if not count.isdigit():
+                    count, items = "1", [count, *items]
+                chunks += [dict(item.split("=", 1) for item in items if "=" in item)] * int(count)
+            nodes = list(self.state.server["nodes"])
+            hosts, vnodes, lines = [], [], []
+            for k, chunk in enumerate(chunks):
+                node = nodes[k % len(nodes)]
+                ncpus = chunk.get("ncpus", "1")
+                hosts.append(f"{node}/0*{ncpus}")
+                vnodes.append("(" + ":".join([node, f"ncpus={ncpus}"] + [f"{r}={chunk[r]}" for r in ("ngpus", "mem")
+                                                                         if r in chunk]) + ")")
+                lines += [node] * int(chunk.get("mpiprocs", "1"))
+            nodefile = self.state_dir / f"aux-{job_id}"
+            nodefile.write_text("".join(f"{line}\n" for line in lines))
+            env = {"PATH": f"{self.bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"),
+                   "LOGNAME": getpass.getuser(), "USER": getpass.getuser(), **job["Variable_List"],
+                   "PBS_JOBID": job_id, "PBS_JOBNAME": job["Job_Name"], "PBS_QUEUE": job["queue"],
+                   "PBS_ENVIRONMENT": "PBS_BATCH", "PBS_NODEFILE": str(nodefile), "PBS_TASKNUM": "1",
+                   "PBS_NODENUM": "0", "NCPUS": chunks[0].get("ncpus", "1") if chunks else "1"}
+            job.update(job_state="R", exec_host="+".join(hosts), exec_vnode="+".join(vnodes), environment=env,
+                       tasks=1)
+        return env
 

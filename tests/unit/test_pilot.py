@@ -173,7 +173,7 @@ def pilot(tmp_path, monkeypatch):
     p._nodes = list(THREE)
     launched = []
     monkeypatch.setattr(p, "_launch", lambda record: launched.append(record["id"]))
-    monkeypatch.setattr("tether.pilot.live_steps", lambda job: set())
+    monkeypatch.setattr(p.allocation, "alive", lambda record: False)
     p.launched = launched
     return p
 
@@ -216,6 +216,7 @@ def test_tasks_go_only_to_partitions_that_take_them(pilot):
 
 def test_outside_an_allocation_the_pilot_says_so(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("PBS_JOBID", raising=False)
     with pytest.raises(PilotError, match="not inside an allocation"):
         Pilot()
 

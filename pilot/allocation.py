@@ -1,0 +1,257 @@
+"""The batch system around a pilot: a Slurm allocation or a PBS job.
+
+What differs between them is small and lives here:
+
+* **Resources** -- Slurm: the cores and GPUs of each node (``scontrol -d show job``); PBS: the
+  job's ``exec_vnode`` (``qstat -f -F json``), each chunk's ``ncpus``/``ngpus`` summed per host
+  (a vnode ``n1[0]`` is host ``n1``).
+* **Starting an agent** -- Slurm: one job step on the partition's slice (``srun``, one task per
+  node). PBS: one TM task per node through ``pbs_tmrsh`` (as MPI starts ranks, so the MoM
+  accounts and, at the job's end, kills them), from a small fan-out process on the calling host.
+* **Is the agent alive** -- Slurm: its step is among the job's steps (``squeue -s``). PBS: the
+  fan-out process (host, pid and start time in the record) still runs; from another host that
+  cannot be told (None: nothing is settled).
+* **Stopping** -- both record ``stop_requested`` first, which every agent process reads while it
+  runs. Slurm also sends the agent step SIGTERM and, at the end, SIGKILL (``scancel``). PBS has
+  no signal for a TM task from inside the job (``pbs_tmrsh`` passes none: killing it leaves the
+  remote task running), so the record is the channel, and what is left at the end is the
+  fan-out's own process group.
+
+tether's PBS hooks are not needed for this (a PBS job without tether's resources can run a
+pilot): only ``pbs_tmrsh``, ``qstat`` and a pilot directory every host sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from typing import Mapping
+
+from .resources import Node, Slice
+
+# An agent step holds its slice's CPUs and GPUs, and this much memory per node: Slurm 22.05's
+# --overlap lets the tasks' steps share the agent's CPUs, not its memory, so the rest of each
+# node's memory stays the job's, for the tasks.
+AGENT_MEMORY = "256M"   # the agent, and an srun (~15 MB) per running task
+STEP_PREFIX = "tether-"            # an agent's step is tether-part.NNNN; a task's tether-part.NNNN-task.NNNNNN
+
+
+class PilotError(Exception):
+    """Not inside an allocation, or a command tether runs failed."""
+
+
+def _run(argv: list[str], timeout: float = 60) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PilotError(f"{argv[0]}: {exc}") from None
+    if out.returncode != 0:
+        raise PilotError(f"{' '.join(argv)}: {out.stderr.strip() or f'exit {out.returncode}'}")
+    return out.stdout
+
+
+def _count_ids(text: str) -> int:
+    """``0-7`` / ``0,2-3`` -> how many ids."""
+    n = 0
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        n += int(hi or lo) - int(lo) + 1
+    return n
+
+
+def step_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment for a step started from inside another (the batch script, an agent): the
+    job's, without the step's own sizes, which srun would take as this step's."""
+    drop = ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_CPUS_PER_TASK", "SLURM_NNODES",
+            "SLURM_STEP_", "SLURM_DISTRIBUTION", "SLURM_EXACT", "SLURM_OVERLAP", "SLURM_TASKS_PER_NODE",
+            "SLURM_GPUS", "SLURM_TRES_PER_TASK", "TETHER_STEP_")
+    return {k: v for k, v in env.items() if not k.startswith(drop)}
+
+
+def process_start(pid: int) -> str | None:
+    """A process's start time (field 22 of /proc/PID/stat), to tell it from a later one with its pid."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+class Allocation:
+    """What a pilot needs of its batch system; see the module doc."""
+
+    kind = ""
+
+    def __init__(self, job: str):
+        self.job = job
+
+    def nodes(self) -> list[Node]:
+        raise NotImplementedError
+
+    def agent_argv(self, record: dict, root: str) -> list[str]:
+        """The command that starts a partition's agent on its slice (run detached)."""
+        raise NotImplementedError
+
+    def alive(self, record: dict) -> bool | None:
+        """Is the partition's agent still running (None: cannot tell from here)?"""
+        raise NotImplementedError
+
+    def ask_stop(self, record: dict) -> None:
+        """After ``stop_requested`` is recorded: anything more that tells the agent to end."""
+
+    def kill(self, record: dict, pid: str) -> None:
+        """What is left of the agent (and its tasks) after the stop's grace: end it for good."""
+
+
+class SlurmAllocation(Allocation):
+    """A Slurm allocation (``SLURM_JOB_ID``): agents and tasks are job steps."""
+
+    kind = "slurm"
+
+    def nodes(self) -> list[Node]:
+        out = _run(["scontrol", "-d", "show", "job", self.job])
+        nodes: list[Node] = []
+        for m in re.finditer(r"^\s*Nodes=(\S+) CPU_IDs=(\S+)\s+Mem=\S*\s+GRES=(\S*)", out, re.M):
+            names = _run(["scontrol", "show", "hostnames", m.group(1)]).split()
+            gres = re.search(r"gpu(?::[^:(]+)?(?::(\d+))?\(IDX:([^)]*)\)", m.group(3))
+            gpus = _count_ids(gres.group(2)) if gres and gres.group(2) not in (None, "N/A") else 0
+            nodes += [Node(n, _count_ids(m.group(2)), gpus) for n in names]
+        if not nodes:
+            raise PilotError(f"cannot read job {self.job}'s nodes from scontrol -d show job")
+        return nodes
+
+    def agent_argv(self, record: dict, root: str) -> list[str]:
+        """One step on the slice, one task per node, holding the slice's CPUs (``--exact``;
+        unbound: the agent only waits and starts steps, and a node whose CPU count is not the
+        hardware's -- the sandbox's -- cannot bind them all)."""
+        slice_ = Slice.from_data(record["slice"])
+        cores = min(c for c, _ in slice_.parts.values())
+        gpus = min(g for _, g in slice_.parts.values())
+        argv = ["srun", f"--jobid={self.job}", "--exact", f"--nodelist={','.join(slice_.nodes)}",
+                f"--nodes={len(slice_.nodes)}", f"--ntasks={len(slice_.nodes)}", "--ntasks-per-node=1",
+                f"--cpus-per-task={cores}", "--cpu-bind=none", f"--mem={AGENT_MEMORY}",
+                f"--job-name={record['step_name']}", "--kill-on-bad-exit=0", "--quiet"]
+        if gpus:
+            argv.append(f"--gres=gpu:{gpus}")
+        return argv + ["--", sys.executable, "-m", "tether.pilot.agent", root, record["id"]]
+
+    def steps(self) -> list[tuple[str, str]] | None:
+        """(step id, step name) of the job's steps now; None when squeue cannot tell."""
+        try:
+            out = _run(["squeue", "-h", "-s", "-j", self.job, "-o", "%i %j"], timeout=30)
+        except PilotError:
+            return None
+        return [tuple(line.split(None, 1)) for line in out.splitlines() if len(line.split()) == 2]
+
+    def alive(self, record: dict) -> bool | None:
+        steps = self.steps()
+        return None if steps is None else record.get("step_name") in {name for _, name in steps}
+
+    def _step_ids(self, record: dict, pid: str, *, tasks: bool) -> list[str]:
+        return [sid for sid, name in self.steps() or []
+                if name == record.get("step_name") or (tasks and name.startswith(f"{STEP_PREFIX}{pid}-"))]
+
+    def ask_stop(self, record: dict) -> None:
+        agent = self._step_ids(record, record["id"], tasks=False)
+        if agent:
+            subprocess.run(["scancel", "--signal=TERM", *agent], capture_output=True, timeout=30)
+
+    def kill(self, record: dict, pid: str) -> None:
+        left = self._step_ids(record, pid, tasks=True)
+        if left:
+            subprocess.run(["scancel", *left], capture_output=True, timeout=30)
+
+    def task_argvs(self, pid: str, task: dict, nodes: list[str], env: Mapping[str, str]) -> list[list[str]]:
+        """One step for the task, inside the CPUs the agent step holds (``--overlap``)."""
+        ntasks = max(1, int(task["ntasks"]))
+        return [["srun", f"--jobid={env.get('SLURM_JOB_ID', '')}", "--overlap", f"--nodelist={','.join(nodes)}",
+                 f"--nodes={len(nodes)}", f"--ntasks={ntasks}", f"--job-name={STEP_PREFIX}{pid}-{task['id']}",
+                 "--kill-on-bad-exit=1", "--quiet", "--", *task["command"]]]
+
+
+class PbsAllocation(Allocation):
+    """A PBS job (``PBS_JOBID``): agents and task ranks are TM tasks started with ``pbs_tmrsh``."""
+
+    kind = "pbs"
+
+    def nodes(self) -> list[Node]:
+        out = _run(["qstat", "-f", "-F", "json", self.job])
+        try:
+            jobs = json.loads(out)["Jobs"]
+            job = next(iter(jobs.values()))
+        except (ValueError, KeyError, StopIteration, AttributeError):
+            raise PilotError(f"cannot read job {self.job} from qstat -f -F json") from None
+        nodes = parse_exec_vnode(job.get("exec_vnode") or "")
+        if not nodes:
+            raise PilotError(f"job {self.job} has no exec_vnode (qstat -f): is it running?")
+        return nodes
+
+    def agent_argv(self, record: dict, root: str) -> list[str]:
+        return [sys.executable, "-m", "tether.pilot.agent", "--fan-out", root, record["id"]]
+
+    def alive(self, record: dict) -> bool | None:
+        fan_out = record.get("fan_out")
+        if not fan_out:
+            return False
+        if fan_out.get("host") != socket.gethostname():
+            return None
+        return process_start(int(fan_out["pid"])) == fan_out.get("start")
+
+    def kill(self, record: dict, pid: str) -> None:
+        fan_out = record.get("fan_out")
+        if fan_out and self.alive(record):
+            try:
+                os.killpg(int(fan_out["pgid"]), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def task_argvs(self, pid: str, task: dict, nodes: list[str], env: Mapping[str, str]) -> list[list[str]]:
+        """One ``pbs_tmrsh`` per rank, round robin over the nodes; each runs the rank under tether's
+        rank wrapper (``--rank``), which appends to the task's output and ends the rank when the
+        task or partition is stopped (a TM task gets no signal from here)."""
+        ntasks = max(1, int(task["ntasks"]))
+        root = env["TETHER_PILOT_DIR"]
+        return [["pbs_tmrsh", nodes[r % len(nodes)], sys.executable, "-m", "tether.pilot.agent", "--rank", root,
+                 pid, task["id"], str(r), nodes[r % len(nodes)]] for r in range(ntasks)]
+
+    def fan_out_argvs(self, record: dict, root: str) -> list[list[str]]:
+        """One agent per node of the slice, the first leading."""
+        return [["pbs_tmrsh", node, sys.executable, "-m", "tether.pilot.agent", "--node", str(i), root, record["id"]]
+                for i, node in enumerate(record["slice"])]
+
+
+def parse_exec_vnode(text: str) -> list[Node]:
+    """``(n1:ncpus=4:ngpus=1)+(n2[0]:ncpus=2+n2[1]:ncpus=2)`` -> hosts in order with summed cores
+    and GPUs (a chunk may span vnodes of one host, joined by ``+`` inside its parentheses)."""
+    cores: dict[str, list[int]] = {}
+    for part in re.split(r"[()+]", text):
+        if not part.strip():
+            continue
+        name, *resources = part.strip().split(":")
+        host = name.split("[", 1)[0].split(".", 1)[0]
+        entry = cores.setdefault(host, [0, 0])
+        for item in resources:
+            key, _, value = item.partition("=")
+            if key in ("ncpus", "ngpus") and value.isdigit():
+                entry[0 if key == "ncpus" else 1] += int(value)
+    return [Node(h, c, g) for h, (c, g) in cores.items()]
+
+
+def current(env: Mapping[str, str] | None = None, job: str | None = None) -> Allocation:
+    """The allocation this process runs in: Slurm's (``SLURM_JOB_ID``) or PBS's (``PBS_JOBID``)."""
+    env = os.environ if env is None else env
+    if env.get("SLURM_JOB_ID") or (job and not env.get("PBS_JOBID")):
+        return SlurmAllocation(job or env["SLURM_JOB_ID"])
+    if env.get("PBS_JOBID"):
+        return PbsAllocation(job or env["PBS_JOBID"])
+    raise PilotError("not inside an allocation (no SLURM_JOB_ID or PBS_JOBID): run it in a batch script or "
+                     "salloc")
+
+
+def job_id(env: Mapping[str, str]) -> str | None:
+    return env.get("SLURM_JOB_ID") or env.get("PBS_JOBID") or None

@@ -1,0 +1,152 @@
+"""Pilot partitions inside a PBS job (issue 19): the seed's case through ``tether partition`` with
+the fake OpenPBS -- a job started as the scheduler would (exec_vnode, nodefile), agents and task
+ranks as TM tasks through a strict pbs_tmrsh (the job's environment, not the caller's; no signal
+passed on), stops through the records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tether.pilot.allocation import PbsAllocation, parse_exec_vnode
+from tether.pilot.resources import Node
+from tether.testing.pbs import FakePbs
+
+
+def test_exec_vnode_is_summed_per_host():
+    assert parse_exec_vnode("(n1:ncpus=4:ngpus=1)+(n2[0]:ncpus=2+n2[1]:ncpus=2:ngpus=2)+(n1:ncpus=1)") == [
+        Node("n1", 5, 1), Node("n2", 4, 2)]
+    assert parse_exec_vnode("") == []
+
+
+@pytest.fixture
+def job(tmp_path):
+    """A running 3-node PBS job (select=3:ncpus=4) and the environment its batch script has."""
+    pbs = FakePbs(tmp_path / "pbs")
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#PBS -l select=3:ncpus=4\n#PBS -l place=scatter\nsleep 1\n")
+    job_id = pbs.qsub(str(script), cwd=tmp_path)
+    env = pbs.run_job(job_id)
+    pilot = tmp_path / "pilot"
+    env.update(TETHER_PILOT_DIR=str(pilot), PYTHONDONTWRITEBYTECODE="1")
+    yield pbs, job_id, env, pilot
+    # whatever a failing test left: the agents end on their own once the records say stop
+    for path in (pilot / "partitions").glob("part.*.json"):
+        record = json.loads(path.read_text())
+        record["stop_requested"] = True
+        path.write_text(json.dumps(record))
+
+
+def tether(env, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tether.cli.main", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def agents(pilot) -> list[str]:
+    """The pilot's processes still running on this host: agents and rank wrappers (the pilot
+    directory on their command line) and the tasks' own (TETHER_PILOT_DIR in their environment)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                environ = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if ("tether.pilot.agent" in cmdline and str(pilot) in cmdline) or \
+                f"TETHER_PILOT_DIR={pilot}".encode() in environ:
+            found.append(f"{entry} {cmdline}")
+    return found
+
+
+def test_the_seeds_case_inside_a_pbs_job(job):
+    pbs, job_id, env, pilot = job
+    assert PbsAllocation(job_id).kind == "pbs"
+    created = tether(env, "partition", "create", "1 node", "50%", "FILL", "--wait", "--json")
+    assert created.returncode == 0, created.stderr
+    parts = json.loads(created.stdout)
+    assert [p["state"] for p in parts] == ["ACTIVE"] * 3, parts
+    assert [list(p["slice"]) for p in parts] == [["n1"], ["n2"], ["n3"]]
+    assert [p["agent_node"] for p in parts] == ["n1", "n2", "n3"]
+    assert all(p["slice"][n] == [4, 0] for p in parts for n in p["slice"]), parts      # exec_vnode's ncpus
+    # a task in each partition runs where its partition is, as a TM task of the job: the job's
+    # environment (PBS_NODENUM of its host), not the exports of the script that asked for it
+    env_with_export = {**env, "EXPORTED_IN_SCRIPT": "1"}
+    for part, node, nodenum in zip(parts, ("n1", "n2", "n3"), "012"):
+        ran = tether(env_with_export, "partition", "run", part["id"], "--", "sh", "-c",
+                     "echo node=$TETHER_TASK_NODE nodenum=$PBS_NODENUM part=$TETHER_PARTITION_ID "
+                     "exported=${EXPORTED_IN_SCRIPT:-no}")
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout.strip() == f"node={node} nodenum={nodenum} part={part['id']} exported=no", ran.stdout
+        assert f"ran in partition {part['id']} on {node}: DONE" in ran.stderr
+    # a failing task's exit status comes back
+    failed = tether(env, "partition", "run", parts[0]["id"], "--", "sh", "-c", "exit 3")
+    assert failed.returncode == 3 and "FAILED" in failed.stderr
+    # the seed's over-use: stop ALL, start four 1-node partitions where three fit
+    again = tether(env, "partition", "reconfig", "--stop", "ALL", *["--start=1 node"] * 4, "--wait", "--json")
+    assert again.returncode == 1, again.stderr
+    states = [p["state"] for p in json.loads(again.stdout)]
+    assert states == ["ACTIVE", "ACTIVE", "ACTIVE", "FAILED"], again.stdout
+    assert "over-used" in json.loads(again.stdout)[3]["message"]
+    listed = json.loads(tether(env, "partition", "list", "--json").stdout)
+    assert [p["state"] for p in listed][:3] == ["CANCELED"] * 3          # the history stays
+    # a long task is ended by a stop of its partition (the rank reads the record: no signal
+    # reaches a TM task from here), and nothing of the pilot is left running
+    third = json.loads(again.stdout)[2]["id"]
+    sleeper = tether(env, "partition", "run", third, "--no-wait", "--", "sleep", "300")
+    task = sleeper.stdout.strip()
+    deadline = time.monotonic() + 30
+    while json.loads((pilot / "tasks" / f"{task}.json").read_text())["state"] != "RUNNING":
+        assert time.monotonic() < deadline, "the task never started"
+        time.sleep(0.2)
+    started = time.monotonic()
+    stopped = tether(env, "partition", "stop", "ALL")
+    assert stopped.returncode == 0, stopped.stderr
+    assert time.monotonic() - started < 20
+    assert json.loads((pilot / "tasks" / f"{task}.json").read_text())["state"] == "CANCELED"
+    deadline = time.monotonic() + 15
+    while agents(pilot) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert agents(pilot) == []
+
+
+def test_an_agent_that_cannot_start_on_its_node_fails_the_partition_with_the_reason(job, monkeypatch):
+    pbs, job_id, env, pilot = job
+    nodefile = env["PBS_NODEFILE"]
+    with open(nodefile) as fh:
+        lines = fh.read().splitlines()
+    with open(nodefile, "w") as fh:                     # n3 is no longer a host of the job's
+        fh.write("".join(f"{line}\n" for line in lines if line != "n3"))
+    created = tether(env, "partition", "create", "3 nodes", "--wait", "--json")
+    part = json.loads(created.stdout)[0]
+    assert part["state"] == "FAILED", part
+    assert "its agent on n3 ended (pbs_tmrsh exit 255)" in part["message"], part
+    log = (pilot / "partitions" / f"{part['id']}.agent.log").read_text()
+    assert 'pbs_tmrsh: host "n3" is not a node in job' in log
+    deadline = time.monotonic() + 15
+    while agents(pilot) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert agents(pilot) == []
+
+
+def test_outside_a_running_job_pbs_tmrsh_and_the_pilot_refuse(tmp_path):
+    pbs = FakePbs(tmp_path / "pbs")
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#PBS -l select=1:ncpus=2\ntrue\n")
+    job_id = pbs.qsub(str(script), cwd=tmp_path)
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("n1\n")
+    env = {"PATH": f"{pbs.bin_dir}:/usr/bin:/bin", "PBS_JOBID": job_id, "PBS_ENVIRONMENT": "PBS_BATCH",
+           "PBS_NODEFILE": str(nodefile), "TETHER_PILOT_DIR": str(tmp_path / "pilot"), "HOME": str(tmp_path)}
+    result = subprocess.run(["pbs_tmrsh", "n1", "true"], env=env, capture_output=True, text=True)
+    assert result.returncode == 255 and "tm_init" in result.stderr           # the job is not running
+    listed = tether(env, "partition", "create", "1 node")
+    assert listed.returncode == 1 and f"job {job_id} has no exec_vnode" in listed.stderr, listed.stderr
