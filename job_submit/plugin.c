@@ -239,12 +239,17 @@ static int unavailable(char **err_msg, const char *why)
 	return refuse(err_msg, msg);
 }
 
+static long us_between(const struct timespec *t0, const struct timespec *t1)
+{
+	return (long)((t1->tv_sec - t0->tv_sec) * 1000000L + (t1->tv_nsec - t0->tv_nsec) / 1000L);
+}
+
 static long elapsed_us(const struct timespec *t0)
 {
 	struct timespec t1;
 
 	clock_gettime(CLOCK_MONOTONIC, &t1);
-	return (long)((t1.tv_sec - t0->tv_sec) * 1000000L + (t1.tv_nsec - t0->tv_nsec) / 1000L);
+	return us_between(t0, &t1);
 }
 
 /* The answer for a submission: from the cache, or from the handler (then cached when it can be). */
@@ -261,7 +266,14 @@ static int answer(struct tether_call *call)
 		slurm_debug("job_submit/tether: cached answer took %ld us", elapsed_us(&t0));
 	} else {
 		rc = tether_run(call, TETHER_CALL_SECONDS);
-		slurm_debug("job_submit/tether: handler took %ld us", elapsed_us(&t0));
+		/* where the time goes (bench/submit.py reads it): handing the call to the worker thread,
+		 * the Python handler, and waking this thread again */
+		if (rc != TETHER_TIMEOUT && rc != TETHER_BUSY)
+			slurm_debug("job_submit/tether: handler took %ld us (hand-off %ld, Python %ld, back %ld)",
+				    elapsed_us(&t0), us_between(&call->t_signal, &call->t_start),
+				    us_between(&call->t_start, &call->t_end), elapsed_us(&call->t_end));
+		else
+			slurm_debug("job_submit/tether: handler took %ld us", elapsed_us(&t0));
 		if (key && rc != TETHER_TIMEOUT)
 			tether_cache_store(call->job, key, rc);
 	}

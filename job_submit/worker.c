@@ -131,7 +131,9 @@ static void *worker(void *unused)
 		running = call;
 		pthread_mutex_unlock(&worker_lock);
 
+		clock_gettime(CLOCK_MONOTONIC, &call->t_start);
 		rc = dispatch(call);
+		clock_gettime(CLOCK_MONOTONIC, &call->t_end);
 
 		pthread_mutex_lock(&worker_lock);
 		running = NULL;
@@ -158,6 +160,7 @@ int tether_run(struct tether_call *call, int seconds)
 		return TETHER_BUSY;
 	}
 	pending = call;
+	clock_gettime(CLOCK_MONOTONIC, &call->t_signal);
 	pthread_cond_signal(&worker_wake);
 	while (!call->done) {
 		if (pthread_cond_timedwait(&worker_done, &worker_lock, &deadline) == ETIMEDOUT)

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "bridge.h"
 
@@ -25,6 +26,7 @@ struct tether_call {
 	int rc;
 	int done;
 	int abandoned; /* the caller gave up waiting: the worker frees the call */
+	struct timespec t_signal, t_start, t_end; /* handed over; the worker started, ended (CLOCK_MONOTONIC) */
 };
 
 /* Start Python (isolated: explicit search paths, no site, no signal handlers) and the worker
