@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-import signal
+import _signal as signal   # the C module signal.py wraps: signal.py imports enum, ~6 ms of each rank's start
 import sys
 import time
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
@@ -42,6 +42,15 @@ PR_SET_CHILD_SUBREAPER = 36
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
              signal.SIGUSR2, signal.SIGALRM)
 GRACE_SECONDS = 5.0
+
+
+def signal_name(signum: int) -> str:
+    """``SIGKILL`` for 9 (what ``signal.Signals(n).name`` says, without importing enum)."""
+    for name in ("HUP", "INT", "QUIT", "ILL", "TRAP", "ABRT", "BUS", "FPE", "KILL", "USR1", "SEGV", "USR2",
+                 "PIPE", "ALRM", "TERM", "CHLD", "CONT", "STOP", "TSTP", "TTIN", "TTOU", "XCPU", "XFSZ", "SYS"):
+        if getattr(signal, f"SIG{name}", None) == signum:
+            return f"SIG{name}"
+    return f"signal {signum}"
 
 
 def report(message: str) -> None:
@@ -74,7 +83,6 @@ def run_before(launch: Launch) -> None:
     says so), and a labelled step reports when it starts and how long it took."""
     if not launch.before:
         return
-    from ..system.proc import CommandError, run_command
 
     def done(check) -> bool:
         if check is None:
@@ -83,6 +91,9 @@ def run_before(launch: Launch) -> None:
             return os.path.exists(check)
         if isinstance(check, tuple):      # (a quick look, the command that decides when it says no)
             return bool(check[0]()) or done(check[1])
+        # only now: subprocess costs a rank ~12 ms to import, and a warm start runs no command
+        from ..system.proc import CommandError, run_command
+
         try:
             run_command(check, env=launch.env, timeout=120)
         except CommandError as exc:
@@ -111,6 +122,8 @@ def run_before(launch: Launch) -> None:
                 continue
             if isinstance(check, str):
                 os.makedirs(os.path.dirname(check), mode=0o700, exist_ok=True)
+            from ..system.proc import CommandError, run_command
+
             started = time.monotonic()
             if label:
                 progress(f"{label} ...")
@@ -145,7 +158,14 @@ def execute(launch: Launch, *, subreaper: bool = False) -> NoReturn:
         os._exit(EXIT_LAUNCH_FAILED)
     if not launch.supervise:
         _exec(launch)
-    sys.exit(_supervise(launch, subreaper))
+    code = _supervise(launch, subreaper)
+    # out at once: the interpreter's teardown would cost the rank's end milliseconds for nothing
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _exec(launch: Launch) -> NoReturn:
@@ -297,7 +317,7 @@ def _run_child(launch: Launch, children: list[int], received: list[int]) -> tupl
 def _outcome(launch: Launch, status: int, monitor_killed: int | None, not_created: bool = False) -> int:
     """End as the runtime did (the same signal, or its exit code) and say what a user must know."""
     if monitor_killed is not None:
-        report(f"the container's {launch.monitor} was killed ({signal.Signals(monitor_killed).name}): the "
+        report(f"the container's {launch.monitor} was killed ({signal_name(monitor_killed)}): the "
                f"container's exit status is lost; it was removed")
         return EXIT_LAUNCH_FAILED
     if os.WIFSIGNALED(status):
@@ -450,13 +470,37 @@ def _run_quietly(argv: list[str], env: dict[str, str], *, tell: bool = True) -> 
 def write_marker(path: str, data: dict) -> None:
     """Leave the cleanup marker ``data`` at ``path``, whole or not at all (read by
     tether.container.cleanup when the step's end interrupted this launch)."""
-    import json  # here, not at the top: only supervised launches write markers (per-rank start-up)
-
     tmp = f"{path}.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json_text(data))
     os.rename(tmp, path)
+
+
+_JSON_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def json_text(value: object) -> str:
+    """``value`` (dicts with string keys, lists, strings, ints, bools, None) as JSON text -- what
+    json.dumps writes, without importing json: it imports re and enum, milliseconds of every
+    supervised rank's start-up (json.loads reads it back; tests/unit/test_container.py checks)."""
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, str):
+        return '"' + "".join(_JSON_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if c < " " or c == "\x7f"
+                                                               or "\ud800" <= c <= "\udfff" else c)
+                             for c in value) + '"'
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise TypeError("json_text: dict keys must be strings")
+        return "{" + ", ".join(f"{json_text(k)}: {json_text(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(json_text(v) for v in value) + "]"
+    raise TypeError(f"json_text: {type(value).__name__} is not supported")
 
 
 def remove_file(path: str) -> None:

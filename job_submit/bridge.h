@@ -38,6 +38,8 @@ typedef struct tether_job {
 	char *features;             /* --constraint */
 	char **spank_env;
 	uint32_t spank_env_size;
+	int config_current;         /* the config file is still the one the handler last read (the
+	                             * answers cache's check, at most 0.2 s old): no stat() needed */
 	/* out: applied to job_desc by the calling thread when the answer is TETHER_ACCEPT */
 	int set_nodes;
 	uint32_t out_min_nodes;

@@ -84,6 +84,16 @@ static int config_current_locked(void)
 	return memcmp(&seen_stamp, &loaded_stamp, sizeof(seen_stamp)) == 0;
 }
 
+int tether_config_current(void)
+{
+	int rc;
+
+	pthread_mutex_lock(&lock);
+	rc = config_current_locked();
+	pthread_mutex_unlock(&lock);
+	return rc;
+}
+
 struct key {
 	char *text;
 	size_t len, cap;

@@ -20,4 +20,8 @@ int tether_cache_lookup(tether_job_t *job, const char *key);
 /* Keep ``job``'s answer ``rc`` for ``key`` (only cacheable accepts and rejects). */
 void tether_cache_store(const tether_job_t *job, const char *key, int rc);
 
+/* Is the config file still the one the handler last read (checked with stat() at most every
+ * 0.2 s)? The handler then skips its own stat(). */
+int tether_config_current(void);
+
 #endif

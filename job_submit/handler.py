@@ -270,7 +270,9 @@ class Handler:
 
     # -- submit --
     def submit(self, job, submit_uid: int, wanted: int) -> int:
-        config = self.refresh()
+        # the shim checked the file a moment ago (its answers cache does, at most every 0.2 s):
+        # no stat() of our own then -- a cold call's Python time is what a distinct job costs
+        config = self.config if job.config_current and self.config is not None else self.refresh()
         if config is None:        # a tether job, or any job with plugin.on_failure: reject_all_jobs
             self._reply(job, f"tether unavailable: {self.reason}")
             return REJECT

@@ -8,9 +8,9 @@ it in place or supervises it (see tether.container.launch).
 
 from __future__ import annotations
 
-import importlib
 import os
 import stat
+import sys
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.imageref import ImageRef, ImageRefError, parse_image
@@ -256,7 +256,8 @@ def adapter(name: str, settings: Mapping, **kw) -> Runtime:
     if not name.isidentifier():
         raise LaunchError(f"unknown container runtime {name!r}")
     try:
-        module = importlib.import_module(f"{__name__}.{name}")
+        __import__(f"{__name__}.{name}")        # not importlib: it costs each rank's start-up
+        module = sys.modules[f"{__name__}.{name}"]
     except ModuleNotFoundError:
         raise LaunchError(f"unknown container runtime {name!r}") from None
     return module.ADAPTER(settings, **kw)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 import stat
 import time
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
@@ -51,7 +50,12 @@ def stdio_is_terminal() -> bool:
 # podman 4.3 (cmd/podman/root.go -> pkg/domain/infra/abi/system.go SetupRootless): no process it
 # could join the user namespace of -- "could not find any running process" (all gone) or "cannot
 # re-exec process to join the existing user namespace" (only a dead, unreaped one left) -- exit 1
-STALE_STATE = re.compile(r"invalid internal status, try resetting the pause process")
+try:        # the builtin module hashlib falls back to: no OpenSSL to load, ~3 ms of each rank's start
+    from _sha256 import sha256 as _sha256
+except ImportError:                        # pragma: no cover -- Python 3.12 renamed it
+    from hashlib import sha256 as _sha256
+
+STALE_STATE = "invalid internal status, try resetting the pause process"   # podman 4.3's words
 
 
 def repair_stale_state(podman: Sequence[str], *, env: Mapping[str, str] | None = None, output: str | None = None,
@@ -72,9 +76,9 @@ def repair_stale_state(podman: Sequence[str], *, env: Mapping[str, str] | None =
             run_command([*podman, "container", "exists", "tether-probe"], env=env, timeout=30, cwd=cwd)
             return False
         except CommandError as exc:
-            return bool(STALE_STATE.search(exc.stderr or ""))
+            return STALE_STATE in (exc.stderr or "")
 
-    if not (stale() if output is None else STALE_STATE.search(output)):
+    if not (stale() if output is None else STALE_STATE in output):
         return None
     tell("podman's run state on this node is stale (the processes it names are gone): "
          "`podman system migrate`, then trying again")
@@ -97,8 +101,29 @@ def repair_stale_state(podman: Sequence[str], *, env: Mapping[str, str] | None =
     return False
 
 
+def names_list(text: str, name: str) -> bool:
+    """Does containers/storage's ``images.json`` (compact JSON, as Go writes it) list ``name`` in an
+    image's ``"names"`` array? Read as text, not parsed: json imports re and enum, milliseconds of
+    every rank's start. An image name holds no ``"``, ``\\`` or ``]``, so its array ends at the
+    first ``]`` (``"names-history"`` is another key); a file written otherwise reads as no, and
+    podman is asked."""
+    if not name or any(c in name for c in '"\\]'):
+        return False
+    quoted, start = f'"{name}"', 0
+    while True:
+        at = text.find('"names":[', start)
+        end = text.find("]", at) if at >= 0 else -1
+        if end < 0:
+            return False
+        if quoted in text[at + 9:end].split(","):
+            return True
+        start = end
+
+
 def spec_has_kind(directory: str, kind: str) -> bool:
     """Does a CDI spec (``*.yaml``/``*.json``) in ``directory`` declare ``kind``?"""
+    import re      # here: a rank's start-up does not import re (it pulls in enum, milliseconds per rank)
+
     pattern = re.compile(r'^\s*"?kind"?\s*:\s*["\']?' + re.escape(kind) + r'["\']?\s*,?\s*$', re.M)
     try:
         names = sorted(os.listdir(directory))
@@ -128,7 +153,13 @@ def read_regular(path: str, limit: int = 1 << 20) -> str | None:
         os.close(fd)
 
 
-GPU_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,79}", re.ASCII)   # 3, GPU-<uuid>, MIG-<uuid>
+_GPU_ID_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_GPU_ID_CHARS = _GPU_ID_FIRST | frozenset("_.:-")
+
+
+def gpu_id_ok(value: str) -> bool:
+    """A GPU id as CDI names them: 3, GPU-<uuid>, MIG-<uuid> (letters, digits, ``_.:-``, at most 80)."""
+    return 0 < len(value) <= 80 and value[0] in _GPU_ID_FIRST and all(c in _GPU_ID_CHARS for c in value)
 
 
 def gpu_device_ids(local: Sequence[str], host_env: Mapping[str, str]) -> list[str]:
@@ -350,10 +381,8 @@ class Podman(Runtime):
         return images
 
     def _use_marker(self, name: str) -> str | None:
-        import hashlib
-
         store = self.store_path()
-        return os.path.join(store, ".used", hashlib.sha256(name.encode()).hexdigest()[:32]) if store else None
+        return os.path.join(store, ".used", _sha256(name.encode()).hexdigest()[:32]) if store else None
 
     def mark_used(self, name: str) -> None:
         """Record that a container of image ``name`` starts now (podman keeps no last use: prune
@@ -421,8 +450,6 @@ class Podman(Runtime):
         """Does this user's store already list image ``name``? A look at containers/storage's own
         index (``<store>/storage/<driver>-images/images.json``: one podman process less per rank,
         ~0.1-0.3 s here). Only a yes counts: no, unknown or unreadable asks podman."""
-        import json
-
         store = self.store_path()
         if not store:
             return False
@@ -433,11 +460,7 @@ class Podman(Runtime):
             return False
         for directory in drivers:
             text = read_regular(os.path.join(base, directory, "images.json"), limit=64 << 20)
-            try:
-                entries = json.loads(text) if text else []
-            except ValueError:
-                continue
-            if any(isinstance(e, dict) and name in (e.get("names") or ()) for e in entries):
+            if text and names_list(text, name):
                 return True
         return False
 
@@ -584,7 +607,7 @@ class Podman(Runtime):
                               f"(none in {', '.join(self.cdi_spec_dirs)}): an admin runs `nvidia-ctk cdi "
                               f"generate --output=/etc/cdi/nvidia.yaml` (see tether's README, GPUs)")
         ids = gpu_device_ids(spec.gpus, host_env)
-        bad = [i for i in ids if not GPU_ID.fullmatch(i)]
+        bad = [i for i in ids if not gpu_id_ok(i)]
         if bad:   # CUDA_VISIBLE_DEVICES is the job's to set where Slurm did not
             raise LaunchError(f"GPU {bad[0][:40]!r} (CUDA_VISIBLE_DEVICES) is not a GPU index or UUID")
         return [a for i in ids for a in ("--device", f"{kind}={i}")]

@@ -1180,7 +1180,7 @@ def test_podman_pulls_a_registry_image_once_per_node_before_running_it(tmp_path)
     assert quick() is False                             # not in the store's index: podman decides
     index = tmp_path / f"podman-store-{os.getuid()}/storage/vfs-images"
     index.mkdir(parents=True)
-    (index / "images.json").write_text(json.dumps([{"id": "ab", "names": [name]}]))
+    (index / "images.json").write_text(json.dumps([{"id": "ab", "names": [name]}], separators=(",", ":")))   # compact, as Go writes it
     assert quick() is True                              # listed there: no podman process at all
     # the user's ranks and jobs on this node share the store's lock
     assert launch.lock == f"{tmp_path}/podman-store-{os.getuid()}/.pull-lock"
@@ -1589,3 +1589,43 @@ def test_a_named_podman_container_runs_its_unpacked_root_and_the_jobs_values_win
     asked = adapter("podman", {"store": ""}).launch(
         spec(image="docker://busybox", runtime="podman", name="dev", rank_dir=rank_dir, entrypoint=True), HOST)
     assert asked.prepare(asked.argv)[-4:] == ["/entry.sh", "x", "python", "train.py"]
+
+
+# ---- a rank's start-up imports little: what json_text writes, json reads back ------------------------
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+_MARKER_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**63) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_MARKER_VALUES)
+def test_the_markers_json_is_what_json_reads(value):
+    from tether.container.launch import json_text
+
+    assert json.loads(json_text(value)) == value
+
+
+def test_a_supervised_ranks_start_up_imports_neither_re_nor_enum_nor_json():
+    """signal.py, re and json each import enum (with functools and collections): milliseconds of
+    every rank's start. The launcher's path up to the runtime's exec imports none of them."""
+    code = ("import sys\nfrom tether.container.run import handoff\nimport tether.container.runtimes.podman\n"
+            "from tether.container.launch import json_text, signal_name\njson_text({'a': ['b', 1, None]})\n"
+            "print(' '.join(m for m in ('re', 'enum', 'json', 'signal', 'importlib', 'typing') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-IS", "-c", f"import sys; sys.path[:0] = {sys.path!r}\n{code}"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "", out
+
+
+def test_the_store_index_is_read_as_go_writes_it():
+    from tether.container.runtimes.podman import names_list
+
+    text = ('[{"id":"22dc","names":["127.0.0.1:17065/tether/busybox:1","reg/b:2"],"names-history":["old/c:3"],'
+            '"metadata":"{\\"x\\":[]}"},{"id":"99","names":["d/e:4"]}]')
+    assert [n for n in ("127.0.0.1:17065/tether/busybox:1", "reg/b:2", "d/e:4") if names_list(text, n)] == [
+        "127.0.0.1:17065/tether/busybox:1", "reg/b:2", "d/e:4"]
+    for absent in ("old/c:3", "reg/b", "b:2", "", 'x"y', "busybox:1"):   # history, prefixes, quotes: no
+        assert not names_list(text, absent), absent
+    assert not names_list('[{"names": ["a/b:1"]}]', "a/b:1")             # not as Go writes it: podman decides

@@ -143,3 +143,30 @@ def test_toolchain_here_embeds_a_readable_python():
     assert found.slurm_version == "22.05.8" and found.slurm_version_number == 0x160508
     assert found.libpython.startswith("/usr/lib/") and world_readable(found.libpython)
     assert any(p.endswith("site-packages") for p in found.module_paths)
+
+
+def test_the_handler_skips_its_stat_when_the_shim_vouches_for_the_config(tmp_path, monkeypatch):
+    """A cold handler call costs a distinct job its time: when the answers cache checked the
+    config file a moment ago (config_current), the handler does not stat() it again; otherwise it
+    does, and a changed file is read."""
+    from tether.job_submit import handler as handler_mod
+    from tether.job_submit.handler import ACCEPT, Handler
+    from tether.testing.slurm import PluginLib, bridge_ffi
+
+    config = tmp_path / "tether.yaml"
+    config.write_text("default_compute_resource_pool: gpu\n")
+    ffi = bridge_ffi()
+    h = Handler(ffi, PluginLib(), env={"TETHER_CONFIG": str(config)})
+    assert h.init() == ACCEPT
+    stats = []
+    real_stat = os.stat
+    monkeypatch.setattr(handler_mod.os, "stat", lambda path, *a, **k: stats.append(path) or real_stat(path, *a, **k))
+    entries = [ffi.new("char[]", b"TETHER_SLOTS=2")]
+    array = ffi.new("char *[]", entries)
+    for current, expected in ((1, []), (0, [str(config)])):
+        job = ffi.new("tether_job_t *")
+        job.spank_env, job.spank_env_size, job.config_current = array, 1, current
+        job.min_nodes = job.max_nodes = job.num_tasks = 0xfffffffe
+        job.ntasks_per_node = job.cpus_per_task = 0xfffe
+        assert h.submit(job, 1000, 1) == ACCEPT, ffi.string(job.msg)
+        assert stats == expected
