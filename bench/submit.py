@@ -22,7 +22,8 @@ quartiles); each plugin's **cost per call inside slurmctld**: slurmctld's mean t
 submit RPC in the round (``sdiag``'s REQUEST_SUBMIT_BATCH_JOB total_time / count, reset before
 each round: measured around the whole RPC, job_submit included) less no plugin's in the same
 round, quartiles over the rounds; and, from a debug round, where tether's time goes (the hand-off
-to its worker thread, the Python handler, the wake-up of the RPC thread: the shim logs each).
+to its worker thread, the Python handler, the wake-up of the RPC thread: the shim logs each); and
+slurmctld's memory (VmRSS) per mode, each from a fresh slurmctld that answered a dozen requests.
 
 Not the ``usec=`` of slurmctld's "_slurm_rpc_submit_batch_job" log line: in 22.05 that timer is
 restarted after job_submit has run (proc_req.c, "Restart after we have locks"), so it leaves the
@@ -104,6 +105,12 @@ def check_mode(box: Sandbox, mode: str) -> None:
             raise SystemExit(f"mode {mode}: unexpected request ({shown.strip()[:300]})")
 
 
+def ctld_rss_mib(box: Sandbox) -> float:
+    pid = (box.run_dir / "slurmctld.pid").read_text().split()[0]
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1)) / 1024
+
+
 def quartiles(values: list[float]) -> tuple[float, float, float]:
     v = sorted(values)
     return v[len(v) // 4], statistics.median(v), v[(3 * len(v)) // 4]
@@ -124,7 +131,14 @@ def main() -> int:
     kinds = ("distinct", "cached")
     rates = {k: {m: [] for m in MODES} for k in kinds}
     rpc_us = {k: {m: [] for m in MODES} for k in kinds}
+    memory: dict[str, float] = {}
     try:
+        for mode in MODES:          # a fresh slurmctld per mode (a plugin once loaded stays mapped)
+            box.set_job_submit_plugins(MODES[mode])
+            box.restart_slurmctld()
+            check_mode(box, mode)
+            submit_round(box, [command(mode, k, f"mem-{mode}") for k in range(12)])
+            memory[mode] = ctld_rss_mib(box)
         for r in range(args.rounds):
             order = list(MODES)[r % len(MODES):] + list(MODES)[:r % len(MODES)]
             for mode in order:
@@ -175,6 +189,8 @@ def main() -> int:
         names = ("total", "hand-off", "Python handler", "back")
         print(f"tether's distinct calls, where the time goes (debug round, {len(split)} calls; quartiles): " + ", ".join(
             f"{n} {'-'.join(str(x) for x in quartiles(list(v)))} us" for n, v in zip(names, parts)))
+    print("slurmctld VmRSS after a dozen submissions, a fresh slurmctld per mode: " + ", ".join(
+        f"{m} {v:.1f} MiB" + (f" (+{v - memory['none']:.1f})" if m != "none" else "") for m, v in memory.items()))
     if cached_us:
         print(f"tether's cached answers: {'-'.join(str(x) for x in quartiles(cached_us))} us (quartiles, "
               f"{len(cached_us)} calls)")
