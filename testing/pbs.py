@@ -424,25 +424,55 @@ def pbs_tmrsh(argv: list[str], state: State) -> int:
     variables, ``PBS_TASKNUM``, ``PBS_NODENUM``), not the caller's: what a batch script exports
     does not reach it (DESIGN.md, "seen on a real OpenPBS"). pbs_tmrsh passes no signal on: when it
     is killed, the task runs on (until the job ends). Its status is the task's exit status."""
-    if len(argv) < 2 or argv[0].startswith("-"):
-        sys.stderr.write("usage: pbs_tmrsh [-n][-l username] host [-n][-l username] command\n")
+    usage = "usage: pbs_tmrsh [-n][-l username] host [-n][-l username] command\n       pbs_tmrsh --version\n"
+    host, err, at = None, False, 0
+    while at < len(argv):                      # pbs_tmrsh.c's own loop: options before and after the host
+        arg = argv[at]
+        if arg.startswith("-"):
+            if arg == "-n":                    # a no-op (rsh's)
+                at += 1
+                continue
+            if not arg.startswith("-l"):
+                err = True
+                break
+            name = arg[2:] or (argv[at + 1] if at + 1 < len(argv) else None)
+            at += 1 if arg[2:] else 2
+            if name is None:
+                err = True
+                break
+            if name != getpass.getuser():
+                sys.stderr.write(f'pbs_tmrsh: bad user "{name}"\n')
+                err = True
+            continue
+        if host is not None:
+            break                              # the host is set: the command starts here
+        host, at = arg, at + 1
+    if err or at >= len(argv) or host is None:
+        sys.stderr.write(usage)
         return 255
-    for var in ("PBS_ENVIRONMENT", "PBS_JOBID", "PBS_NODEFILE"):
-        if var not in os.environ:
-            sys.stderr.write(f"pbs_tmrsh: {var} not set\n")
-            return 255
-    host, command = argv[0], argv[1:]
+    command = argv[at:]
+    if "PBS_ENVIRONMENT" not in os.environ:
+        sys.stderr.write("pbs_tmrsh: not executing under PBS\n")
+        return 255
+    if "PBS_JOBID" not in os.environ:
+        sys.stderr.write("pbs_tmrsh: PBS jobid not in environment\n")
+        return 255
     job_id = os.environ["PBS_JOBID"]
+    with state.jobs() as data:                 # tm_init: the MoM must run this job
+        running = data["jobs"].get(job_id, {}).get("job_state") == "R"
+    if not running:
+        sys.stderr.write("pbs_tmrsh: tm_init: TM_ESYSTEM\n")
+        return 255
+    if "PBS_NODEFILE" not in os.environ:
+        sys.stderr.write("pbs_tmrsh: cannot find PBS_NODEFILE\n")
+        return 255
     with open(os.environ["PBS_NODEFILE"]) as fh:
         hosts = list(dict.fromkeys(line.strip().split(".")[0] for line in fh if line.strip()))
     if host.split(".")[0] not in hosts:
         sys.stderr.write(f"pbs_tmrsh: host \"{host}\" is not a node in job <{job_id}>\n")
         return 255
     with state.jobs() as data:
-        job = data["jobs"].get(job_id)
-        if job is None or job["job_state"] != "R" or "environment" not in job:
-            sys.stderr.write(f"pbs_tmrsh: tm_init failed, rc = TM_ESYSTEM (17000)\n")
-            return 255
+        job = data["jobs"][job_id]
         job["tasks"] = job.get("tasks", 1) + 1
         env = {**job["environment"], "PBS_TASKNUM": str(job["tasks"]),
                "PBS_NODENUM": str(hosts.index(host.split(".")[0]))}

@@ -150,3 +150,22 @@ def test_outside_a_running_job_pbs_tmrsh_and_the_pilot_refuse(tmp_path):
     assert result.returncode == 255 and "tm_init" in result.stderr           # the job is not running
     listed = tether(env, "partition", "create", "1 node")
     assert listed.returncode == 1 and f"job {job_id} has no exec_vnode" in listed.stderr, listed.stderr
+
+
+def test_the_fake_pbs_tmrsh_parses_as_openpbs_does(job):
+    """src/cmds/pbs_tmrsh.c: -n is a no-op, -l must name the caller, anything else is the usage
+    (exit 255); options may follow the host too; the task's status comes back."""
+    pbs, job_id, env, pilot = job
+    me = __import__("getpass").getuser()
+    cases = [(["-n", "n2", "-l", me, "sh", "-c", "exit 7"], 7, ""),
+             ([f"-l{me}", "n1", "true"], 0, ""),
+             (["-l", "nobody-else", "n1", "true"], 255, 'bad user "nobody-else"'),
+             (["-x", "n1", "true"], 255, "usage: pbs_tmrsh"),
+             (["n1"], 255, "usage: pbs_tmrsh"),
+             (["n9", "true"], 255, f'host "n9" is not a node in job <{job_id}>')]
+    for args, code, message in cases:
+        result = subprocess.run(["pbs_tmrsh", *args], env=env, capture_output=True, text=True)
+        assert result.returncode == code and message in result.stderr, (args, result.returncode, result.stderr)
+    result = subprocess.run(["pbs_tmrsh", "n1", "true"], env={k: v for k, v in env.items() if k != "PBS_JOBID"},
+                            capture_output=True, text=True)
+    assert result.returncode == 255 and "PBS jobid not in environment" in result.stderr
