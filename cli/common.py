@@ -14,6 +14,17 @@ def err(message: str) -> None:
         print(f"tether: {line}", file=sys.stderr)
 
 
+def read_yaml(path: str):
+    """A YAML document from ``path`` ("-": stdin), as tether's config loader reads it (OSError when
+    the file cannot be read, ConfigError when it is not YAML)."""
+    from ..hooks.configfile import load_yaml
+
+    if path == "-":
+        return load_yaml(sys.stdin.read(), "<stdin>")
+    with open(path, encoding="utf-8") as fh:
+        return load_yaml(fh.read(), path)
+
+
 def config_arg(args: argparse.Namespace) -> str | None:
     """--config may be given before or after the subcommand (it is absent when not given)."""
     return getattr(args, "config", None)

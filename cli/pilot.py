@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from .common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, err
+from .common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, err, read_yaml
 
 
 def _pilot():
@@ -97,15 +97,12 @@ def wait(args: argparse.Namespace) -> int:
 
 
 def submit(args: argparse.Namespace) -> int:
-    from ..hooks.configfile import load_yaml
     from ..hooks.errors import ConfigError
     from ..pilot import PartitionError
     from ..pilot.submit import submit_pilot
 
     try:
-        with open(args.spec, encoding="utf-8") as fh:
-            spec = load_yaml(fh.read(), args.spec)
-        job = submit_pilot(spec)
+        job = submit_pilot(read_yaml(args.spec))
     except OSError as exc:
         err(f"cannot read {args.spec}: {exc.strerror}")
         return EXIT_USAGE

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from ..hooks.configfile import load_yaml
 from ..hooks.errors import ConfigError
-from .common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, err
+from .common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, err, read_yaml
 
 
 def submit(args: argparse.Namespace) -> int:
@@ -17,7 +15,7 @@ def submit(args: argparse.Namespace) -> int:
 
     source = "<stdin>" if args.pack == "-" else args.pack
     try:
-        data = load_yaml(sys.stdin.read() if args.pack == "-" else open(args.pack, encoding="utf-8").read(), source)
+        data = read_yaml(args.pack)
         result = submit_pack(data, scheduler=args.scheduler)
     except OSError as exc:
         err(f"cannot read pack {source}: {exc.strerror}")

@@ -250,7 +250,7 @@ class Pilot:
         deadline = time.monotonic() + timeout
         while self.store.read(pid)["state"] not in FINAL and time.monotonic() < deadline:
             time.sleep(0.2)
-        self.allocation.kill(self.store.read(pid), pid)
+        self.allocation.kill(self.store.read(pid))
         self.store.transition(pid, CANCELED, "stopped")
         settle_tasks(self.store, pid, "the partition was stopped")
 

@@ -69,6 +69,15 @@ def _end(proc: subprocess.Popen, group: bool) -> None:
             continue
 
 
+def partition_env(record: dict, root: str) -> dict[str, str]:
+    """What an agent command and every task run with: the job's environment for a step, and the
+    partition's id, nodes and pilot directory."""
+    env = step_environment(os.environ)
+    env.update(TETHER_PARTITION_ID=record["id"], TETHER_PARTITION_NODES=",".join(record["slice"]),
+               TETHER_PILOT_DIR=root)
+    return env
+
+
 class Agent:
     def __init__(self, root: str, pid: str, node_index: int | None = None):
         self.store = PilotStore(root)
@@ -84,10 +93,7 @@ class Agent:
         self.stopping = False
 
     def env(self) -> dict[str, str]:
-        env = step_environment(os.environ)
-        env.update(TETHER_PARTITION_ID=self.pid, TETHER_PARTITION_NODES=",".join(self.record["slice"]),
-                   TETHER_PILOT_DIR=str(self.store.root))
-        return env
+        return partition_env(self.record, str(self.store.root))
 
     def on_term(self, *_: object) -> None:
         self.stopping = True
@@ -275,9 +281,8 @@ def run_rank(root: str, pid: str, tid: str, rank: str, node: str) -> int:
     """PBS: one rank of a task, ended when the task or its partition is stopped."""
     store = PilotStore(root)
     record, task = store.read(pid), store.read_task(tid)
-    env = step_environment(os.environ)
-    env.update(TETHER_PARTITION_ID=pid, TETHER_PARTITION_NODES=",".join(record["slice"]), TETHER_PILOT_DIR=root,
-               TETHER_TASK_ID=tid, TETHER_TASK_RANK=rank, TETHER_TASK_NODE=node)
+    env = partition_env(record, root)
+    env.update(TETHER_TASK_ID=tid, TETHER_TASK_RANK=rank, TETHER_TASK_NODE=node)
     fd = os.open(store.tasks / f"{tid}.out", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         proc = subprocess.Popen(task["command"], env=env, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,

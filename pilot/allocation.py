@@ -104,7 +104,7 @@ class Allocation:
     def ask_stop(self, record: dict) -> None:
         """After ``stop_requested`` is recorded: anything more that tells the agent to end."""
 
-    def kill(self, record: dict, pid: str) -> None:
+    def kill(self, record: dict) -> None:
         """What is left of the agent (and its tasks) after the stop's grace: end it for good."""
 
 
@@ -152,17 +152,17 @@ class SlurmAllocation(Allocation):
         steps = self.steps()
         return None if steps is None else record.get("step_name") in {name for _, name in steps}
 
-    def _step_ids(self, record: dict, pid: str, *, tasks: bool) -> list[str]:
+    def _step_ids(self, record: dict, *, tasks: bool) -> list[str]:
         return [sid for sid, name in self.steps() or []
-                if name == record.get("step_name") or (tasks and name.startswith(f"{STEP_PREFIX}{pid}-"))]
+                if name == record.get("step_name") or (tasks and name.startswith(f"{STEP_PREFIX}{record['id']}-"))]
 
     def ask_stop(self, record: dict) -> None:
-        agent = self._step_ids(record, record["id"], tasks=False)
+        agent = self._step_ids(record, tasks=False)
         if agent:
             subprocess.run(["scancel", "--signal=TERM", *agent], capture_output=True, timeout=30)
 
-    def kill(self, record: dict, pid: str) -> None:
-        left = self._step_ids(record, pid, tasks=True)
+    def kill(self, record: dict) -> None:
+        left = self._step_ids(record, tasks=True)
         if left:
             subprocess.run(["scancel", *left], capture_output=True, timeout=30)
 
@@ -202,7 +202,7 @@ class PbsAllocation(Allocation):
             return None
         return process_start(int(fan_out["pid"])) == fan_out.get("start")
 
-    def kill(self, record: dict, pid: str) -> None:
+    def kill(self, record: dict) -> None:
         fan_out = record.get("fan_out")
         if fan_out and self.alive(record):
             try:
