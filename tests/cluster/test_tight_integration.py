@@ -243,32 +243,56 @@ def test_scancel_reaches_the_container_with_sigterm_first_and_leaves_nothing(clu
     assert wait_until(lambda: not [line for line in user_processes(cluster, "sleep 1") if f"SLURM_JOB_ID={job}"
                                    in (environ(line.split()[0]) or "")], timeout=30)
     assert wait_until(lambda: _containers(cluster, f"tether-{job}-") == [], timeout=60), _containers(cluster, "tether-")
+    assert wait_until(lambda: not _in_job_cgroups(job), timeout=30), _in_job_cgroups(job)   # nothing outlives it
 
 
 def test_podman_started_by_hand_under_srun_fails_what_tether_keeps(cluster, image):
-    """The loose baseline: the same trap through `srun podman run --rm`. runc keeps the container in
-    a cgroup of its own below the step's, where Slurm's SIGTERM does not reach it, and podman passes
-    the signal only to the container's first process; when the step's SIGKILL takes conmon before
-    podman cleans up, the container also stays in the user's podman. At least one must show in
-    one of three tries (a race decides which: once in a full run, a single try showed neither)."""
+    """The loose baseline: the same trap through `srun podman run --rm`. runc puts the container in
+    a cgroup of its own below the step's, which proctrack/cgroup neither signals nor waits for: the
+    step's SIGKILL takes podman and conmon, and the container runs on after the job has ended (in
+    the job's cgroups, in the user's own podman). Whether podman's signal proxy passed SIGTERM on
+    before that is a race, so it is printed, not asserted."""
     out = cluster.box.work_dir / f"signals-{os.getpid()}"
     out.mkdir(exist_ok=True)
     os.chmod(out, 0o777)
-    seen = []
-    for attempt in range(3):
-        tag, name = f"loose{attempt}", f"loose-{os.getpid()}-{attempt}"
+    tag, name = "loose", f"loose-{os.getpid()}"
+    try:
+        job = _cancel_when_up(cluster, podman_loose(cluster, image, "--rm", "--name", name, "--volume",
+                                                    f"{out}:/mnt") + ["sh", "-c", TRAP.format(tag=tag)], out, tag)
+        time.sleep(3)
+        delivered = (out / f"term-{tag}").exists()
+        survivors, left = _in_job_cgroups(job), _loose_containers(cluster, name)
+        print(f"loose: SIGTERM reached the trap: {delivered}; after the job: processes {survivors}, "
+              f"containers {left}")
+    finally:
+        _remove_loose(cluster, name)
+    assert survivors and len(left) == 1 and left[0].startswith(f"{name} Up "), (survivors, left)    # still running
+    assert wait_until(lambda: not _in_job_cgroups(job), timeout=30), _in_job_cgroups(job)   # removed by hand
+
+
+def _in_job_cgroups(job: str) -> list[str]:
+    """``pid args`` of every process still in one of job ``job``'s cgroups (any controller)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            _cancel_when_up(cluster, podman_loose(cluster, image, "--rm", "--name", name, "--volume",
-                                                  f"{out}:/mnt") + ["sh", "-c", TRAP.format(tag=tag)], out, tag)
-            time.sleep(3)
-            delivered, left = (out / f"term-{tag}").exists(), _containers(cluster, name)
-        finally:
-            _remove_loose(cluster, name)
-        seen.append((delivered, left))
-        print(f"loose try {attempt}: SIGTERM reached the trap: {delivered}; container left behind: {left}")
-        if not delivered or left:
-            return
-    raise AssertionError(f"podman by hand behaved as tether does in every try: {seen}")
+            groups = (entry / "cgroup").read_text()
+            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if re.search(rf"/job_{job}(/|$)", groups, re.MULTILINE):
+            found.append(f"{entry.name} {args}")
+    return found
+
+
+def _loose_containers(cluster, name: str) -> list[str]:
+    """``NAME STATE`` (podman 4.3's: ``Up 5 seconds ago``) of the containers called ``name`` in the user's own podman (where podman by
+    hand keeps them -- not tether's store)."""
+    conf = cluster.box.etc / "containers.conf"
+    out = cluster.run(["runuser", "-u", cluster.user, "--", "env", f"CONTAINERS_CONF={conf}", "podman", "ps", "-a",
+                       "--filter", f"name=^{name}$", "--format", "{{.Names}} {{.State}}"], check=False, cwd="/").stdout
+    return out.split("\n")[:-1] if out else []
 
 
 # ---- 5. devices: only the step's GPUs, inside the container too ------------------------------------------
