@@ -2,9 +2,11 @@
 
 The SPANK plugin hands each task of a container step to the launcher that ``tether slurm install``
 writes next to it (``tether-run``; the PBS MoM hook does the same for TM tasks, see
-tether.pbs_hooks.mom): it replaces the task's ``argv[0]`` with the launcher's path and
-puts the original in ``TETHER_RUN_ARGV0`` (Slurm 22.05 lets a plugin change argv entries, not
-insert new ones), so the command is ``[$TETHER_RUN_ARGV0, *argv[1:]]``. The launcher starts Python
+tether.pbs_hooks.mom). On Slurm 23.11 and later it puts the launcher in front of the task's argv
+(``spank_prepend_task_argv``) and sets ``TETHER_RUN_ARGV0`` empty: the command is ``argv[1:]``.
+Slurm 22.05 and PBS let a plugin change argv entries, not insert new ones: the task's ``argv[0]``
+becomes the launcher's path and the original travels in ``TETHER_RUN_ARGV0``, so the command is
+``[$TETHER_RUN_ARGV0, *argv[1:]]``. The launcher starts Python
 with ``-I -S`` and imports only this package and the one runtime adapter: it runs once per rank.
 
 The container settings (``container:`` of tether's config) are baked into the launcher (as a Python
@@ -70,6 +72,15 @@ def run_container(env: Mapping[str, str], command: Sequence[str], settings: Mapp
     execute(launch, subreaper=subreaper)
 
 
+def task_command(argv0: str | None, argv: Sequence[str]) -> list[str]:
+    """The task's command from the launcher's own argv: ``argv[1:]`` where Slurm prepended the
+    launcher (``argv0`` empty), ``[argv0, *argv[1:]]`` where it replaced the task's argv[0]; empty
+    when the launcher was not handed a task (``argv0`` None) or the command is."""
+    if argv0 is None:
+        return []
+    return [argv0, *argv[1:]] if argv0 else list(argv[1:])
+
+
 def handoff(config_path: str | None, identity: list[int] | None, baked: Mapping[str, Any]) -> NoReturn:
     """The launcher's entry point (see the module docstring)."""
     env = dict(os.environ)
@@ -87,7 +98,8 @@ def handoff(config_path: str | None, identity: list[int] | None, baked: Mapping[
         from .cleanup import run_leftovers
 
         sys.exit(run_leftovers(env[CLEANUP_VAR], settings))
-    if argv0 is None:
+    command = task_command(argv0, sys.argv)
+    if not command:
         report(f"{sys.argv[0]} is tether's container launcher: it runs tasks handed over by the "
                f"SPANK plugin or the PBS MoM hook; use `tether run` by hand")
         os._exit(EXIT_LAUNCH_FAILED)
@@ -97,14 +109,14 @@ def handoff(config_path: str | None, identity: list[int] | None, baked: Mapping[
             os.environ.clear()
             os.environ.update(env)
             try:
-                os.execv(argv0, [argv0, *sys.argv[1:]])
+                os.execv(command[0], command)
             except OSError as exc:
-                report(f"cannot run the batch script {argv0}: {exc.strerror}")
+                report(f"cannot run the batch script {command[0]}: {exc.strerror}")
                 os._exit(EXIT_LAUNCH_FAILED)
     try:
         # the SPANK plugin made this process a child subreaper; PBS's hook cannot (TETHER_RUN_SUBREAPER=0)
         subreaper = env.pop(SUBREAPER_VAR, "1") != "0"
-        run_container(env, [argv0, *sys.argv[1:]], settings, subreaper=subreaper)
+        run_container(env, command, settings, subreaper=subreaper)
     except Exception as exc:                       # never a bare traceback in the user's output
         import traceback
 

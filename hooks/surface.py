@@ -245,7 +245,8 @@ RANK_ENV: tuple[Variable, ...] = (
 RANK_NAMES = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
               "MASTER_PORT")
 HOST_ONLY = tuple(v.name for v in RANK_ENV if v.host_only)
-# Set by the hand-off to the container launcher (Slurm 22.05 cannot prepend to a task's argv).
+# Set by the hand-off to the container launcher: the task's argv[0] it replaced (Slurm 22.05 and PBS
+# cannot prepend to a task's argv), or empty where Slurm (23.11+) prepended the launcher.
 RUN_ARGV0 = "TETHER_RUN_ARGV0"
 # Set with it for a batch script handed over (--container-batch): the command is the script's path.
 BATCH_VAR = "TETHER_RUN_BATCH"

@@ -337,26 +337,31 @@ class Handler:
     # -- modify --
     def modify(self, update, current, submit_uid: int) -> int:
         """scontrol update of a tether job (``current`` is a copy of its record): layout and GPU
-        changes are refused with a log line; a partition change is re-planned when the job keeps
-        its table row, refused otherwise."""
+        changes are refused; a partition change is re-planned when the job keeps its table row,
+        refused otherwise. A refusal's reason goes to slurmctld's log and into the update's message,
+        which Slurm 23.02 and later hand to the user (``scontrol: error: tether: ...``); 22.05 has no
+        way to (the user sees "Requested operation not supported on this system")."""
         job = f"tether job {self._text(update.job_id_str) or update.job_id}"
+
+        def refuse(log: str, user: str) -> int:
+            self.log(1, log)
+            self._reply(update, f"tether: {user}")
+            return REJECT
         config = self.refresh()
         if config is None:
-            self.log(1, f"update of {job} refused: tether unavailable: {self.reason}")
-            return REJECT
+            return refuse(f"update of {job} refused: tether unavailable: {self.reason}",
+                          f"update refused: tether unavailable: {self.reason}")
         try:
             values = checked_values(tether_values(self._strings(current.spank_env, current.spank_env_size)))
         except RequestError as exc:             # a job submitted before tether checked it
-            self.log(1, f"update of {job} refused: {exc}")
-            return REJECT
+            return refuse(f"update of {job} refused: {exc}", f"update refused: {exc}")
         if not any(opt.name in values for opt in SLOT_OPTIONS):
             return ACCEPT                       # container options only: tether planned nothing
         changed = [a.given for a in user_args(update, self.lib, self.ffi)]
         if changed:
-            self.log(1, f"update of {job} by uid {submit_uid} refused: {', '.join(changed)} would "
-                        f"override the layout tether planned from --slots (cancel and resubmit "
-                        f"with other --slots/--slots-per-node instead)")
-            return REJECT
+            why = (f"{', '.join(changed)} would override the layout tether planned from --slots (cancel "
+                   f"and resubmit with other --slots/--slots-per-node instead)")
+            return refuse(f"update of {job} by uid {submit_uid} refused: {why}", f"update refused: {why}")
         partition = self._text(update.partition)
         if partition is None:
             return ACCEPT
@@ -365,17 +370,17 @@ class Handler:
             before = make_plan(self.request(current, values, self._text(current.partition)), config, "slurm")
             plan = make_plan(self.request(current, values, partition), config, "slurm")
         except RequestError as exc:
-            self.log(1, f"update of {job} to partition {partition} refused: {exc}")
-            return REJECT
+            return refuse(f"update of {job} to partition {partition} refused: {exc}",
+                          f"update to partition {partition} refused: {exc}")
         if plan.row != before.row:
-            self.log(1, f"update of {job} to partition {partition} refused: it would change the job "
-                        f"from {before.row} to {plan.row} (slot type); cancel and resubmit")
-            return REJECT
+            why = f"it would change the job from {before.row} to {plan.row} (slot type); cancel and resubmit"
+            return refuse(f"update of {job} to partition {partition} refused: {why}",
+                          f"update to partition {partition} refused: {why}")
         try:
             apply_plan(update, plan, self.ffi, self.prefix)
         except RequestError as exc:
-            self.log(1, f"update of {job} to partition {partition} refused: {exc}")
-            return REJECT
+            return refuse(f"update of {job} to partition {partition} refused: {exc}",
+                          f"update to partition {partition} refused: {exc}")
         self.log(1, f"{job} re-planned for partition {partition}: {plan.slurm}")
         return ACCEPT
 

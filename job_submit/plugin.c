@@ -1,8 +1,8 @@
 /*
- * tether job_submit plugin: the face slurmctld loads (job_submit_tether.so, Slurm 22.05 ABI).
+ * tether job_submit plugin: the face slurmctld loads (job_submit_tether.so), built against the
+ * installed Slurm's headers (22.05 to 24.11 tested; the differences are in one block below).
  *
- * It exports plugin_name/plugin_type/plugin_version, init, fini, job_submit and the three-argument
- * job_modify. A job without tether options never enters Python. For a tether job the request is
+ * It exports plugin_name/plugin_type/plugin_version, init, fini, job_submit and job_modify. A job without tether options never enters Python. For a tether job the request is
  * copied out of job_desc into a tether_job_t (bridge.h), answered from the cache (cache.c) or by the
  * Python handler on the worker thread (worker.c), and the answer is applied to job_desc here, on
  * the calling slurmctld thread, with Slurm's allocator.
@@ -32,6 +32,20 @@ extern void slurm_xfree(void **item);
 struct job_record;
 extern job_desc_msg_t *copy_job_record_to_job_desc(struct job_record *job_ptr);
 extern void slurm_free_job_desc_msg(job_desc_msg_t *msg);
+
+/* ---- Slurm releases: every difference this file builds against, from the headers ---------------- */
+#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(23, 11, 0)
+typedef hostlist_t *tether_hostlist_t; /* 23.11 made hostlist_t the struct itself */
+#else
+typedef hostlist_t tether_hostlist_t;  /* up to 23.02: a pointer type */
+#endif
+#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(23, 2, 0)
+#define TETHER_MODIFY_ERR_MSG 1        /* job_modify() has err_msg: a refusal reaches the user */
+#define TETHER_MODIFY_ARGS job_desc_msg_t *job_desc, struct job_record *job_ptr, uint32_t submit_uid, char **err_msg
+#else
+#define TETHER_MODIFY_ERR_MSG 0
+#define TETHER_MODIFY_ARGS job_desc_msg_t *job_desc, struct job_record *job_ptr, uint32_t submit_uid
+#endif
 
 const char plugin_name[] = "tether: slots to GPU/CPU resources";
 const char plugin_type[] = "job_submit/tether";
@@ -79,7 +93,7 @@ static int copy_env(tether_job_t *job, char **env, uint32_t size)
 /* How many nodes a --nodelist names (0: none or unreadable). */
 static uint32_t node_count(const char *nodelist)
 {
-	hostlist_t hl;
+	tether_hostlist_t hl;
 	uint32_t n;
 
 	if (nodelist == NULL || nodelist[0] == '\0' || (hl = slurm_hostlist_create(nodelist)) == NULL)
@@ -351,15 +365,17 @@ static int update_relevant(const job_desc_msg_t *u)
 }
 
 /*
- * scontrol update of a job. Slurm 22.05 gives job_modify no err_msg: a refusal reaches the user as
- * "Requested operation not supported on this system", so the handler logs the reason at info level
- * for the admin (and the README says where to look).
+ * scontrol update of a job. From Slurm 23.02 job_modify has an err_msg, which slurmctld sends back
+ * and scontrol prints (`scontrol: error: tether: ...`). 22.05 has none: a refusal reaches the user
+ * as "Requested operation not supported on this system", and the handler logs the reason at info
+ * level for the admin (the README says where to look).
  */
-int job_modify(job_desc_msg_t *job_desc, struct job_record *job_ptr, uint32_t submit_uid)
+int job_modify(TETHER_MODIFY_ARGS)
 {
 	struct tether_call *call;
 	job_desc_msg_t *copy;
 	int tether_job, rc;
+	const char *why = NULL;
 
 	if (!update_relevant(job_desc))
 		return SLURM_SUCCESS;
@@ -379,16 +395,29 @@ int job_modify(job_desc_msg_t *job_desc, struct job_record *job_ptr, uint32_t su
 		if (call)
 			tether_call_free(call);
 		slurm_error("job_submit/tether: update of a tether job refused: tether unavailable");
-		return ESLURM_NOT_SUPPORTED;
+		why = "tether: update refused: tether unavailable (the slurmctld log has the details)";
+		rc = TETHER_REJECT;
+		call = NULL;
+	} else {
+		call->op = TETHER_OP_MODIFY;
+		call->uid = submit_uid;
+		rc = tether_run(call, TETHER_CALL_SECONDS);
+		if (rc == TETHER_ACCEPT)
+			apply(call->job, job_desc);
+		else if (rc == TETHER_REJECT)
+			why = call->job->msg[0] ? call->job->msg : NULL;
+		else {
+			slurm_error("job_submit/tether: update of a tether job refused: the handler failed (%d)", rc);
+			why = "tether: update refused: the job_submit handler failed (the slurmctld log has the details)";
+		}
 	}
-	call->op = TETHER_OP_MODIFY;
-	call->uid = submit_uid;
-	rc = tether_run(call, TETHER_CALL_SECONDS);
-	if (rc == TETHER_ACCEPT)
-		apply(call->job, job_desc);
-	else if (rc != TETHER_REJECT)
-		slurm_error("job_submit/tether: update of a tether job refused: the handler failed (%d)", rc);
-	if (rc != TETHER_TIMEOUT)
-		tether_call_free(call);
+#if TETHER_MODIFY_ERR_MSG
+	if (rc != TETHER_ACCEPT && why && err_msg)
+		*err_msg = slurm_xstrdup(why);
+#else
+	(void)why; /* logged by the handler; 22.05 cannot pass it on */
+#endif
+	if (call && rc != TETHER_TIMEOUT)
+		tether_call_free(call); /* after why (it may point into call) was copied */
 	return rc == TETHER_ACCEPT ? SLURM_SUCCESS : ESLURM_NOT_SUPPORTED;
 }

@@ -36,6 +36,15 @@
 extern void slurm_xfree(void **item);
 extern char *slurm_conf_get_nodeaddr(const char *node_hostname);
 
+/* ---- Slurm releases: every difference this file builds against, from the headers ---------------- */
+#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(23, 11, 0)
+typedef hostlist_t *tether_hostlist_t; /* 23.11 made hostlist_t the struct itself */
+#define TETHER_PREPEND_ARGV 1          /* spank_prepend_task_argv() exists (task_init) */
+#else
+typedef hostlist_t tether_hostlist_t;  /* up to 23.02: a pointer type */
+#define TETHER_PREPEND_ARGV 0
+#endif
+
 static struct {
 	int tether;                /* this step carries tether options */
 	int container;             /* ... and its tasks run in a container */
@@ -305,7 +314,7 @@ int tether_stepd_post_opt(spank_t sp)
 static char *nth_node(spank_t sp, uint32_t n)
 {
 	char nodelist[8192] = "";
-	hostlist_t hl;
+	tether_hostlist_t hl;
 	char *host = NULL;
 
 	if (!get_env(sp, "SLURM_STEP_NODELIST", nodelist, sizeof(nodelist)) &&
@@ -464,11 +473,13 @@ int tether_stepd_user_init(spank_t sp)
 }
 
 /*
- * Make the task exec tether's container launcher instead of its command. Slurm 22.05 has no
- * spank_prepend_task_argv(), but S_JOB_ARGV gives the array the task is about to exec (this is the
- * forked task process, so only the task sees the change): argv[0] becomes the launcher and the
- * original argv[0] travels in TETHER_RUN_ARGV0; argv[1..] stay. The launcher execs (or, for runtimes
- * that fork daemons, supervises) the container runtime, so the rank stays slurmstepd's child.
+ * Make the task exec tether's container launcher instead of its command; the launcher execs (or,
+ * for runtimes that fork daemons, supervises) the container runtime, so the rank stays
+ * slurmstepd's child. From Slurm 23.11, spank_prepend_task_argv() puts the launcher in front of the
+ * task's argv, and TETHER_RUN_ARGV0 is set empty to say so. Slurm 22.05 has no way to insert, but
+ * S_JOB_ARGV gives the array the task is about to exec (this is the forked task process, so only
+ * the task sees the change): argv[0] becomes the launcher and the original argv[0] travels in
+ * TETHER_RUN_ARGV0; argv[1..] stay. Either way the launcher's command is the task's.
  */
 static int hand_to_launcher(spank_t sp, int gateways)
 {
@@ -487,9 +498,22 @@ static int hand_to_launcher(spank_t sp, int gateways)
 		slurm_error("tether: cannot read the task's command to run it in the container");
 		return -1;
 	}
+#if TETHER_PREPEND_ARGV
+	{
+		const char *front[] = {tether_launcher, NULL};
+
+		if (spank_prepend_task_argv(sp, 1, front) != ESPANK_SUCCESS ||
+		    set_env(sp, TETHER_ENV_RUN_ARGV0, "") < 0) {
+			slurm_error("tether: cannot put the container launcher in front of the task's command");
+			return -1;
+		}
+		launcher = NULL;
+	}
+#else
 	launcher = strdup(tether_launcher);
 	if (launcher == NULL || set_env(sp, TETHER_ENV_RUN_ARGV0, argv[0]) < 0)
 		return -1;
+#endif
 	/* the batch script (--container-batch): the launcher mounts the script into the container */
 	if (step.container && step.step_id == SLURM_BATCH_SCRIPT && set_env(sp, TETHER_ENV_RUN_BATCH, "1") < 0)
 		return -1;
@@ -503,7 +527,8 @@ static int hand_to_launcher(spank_t sp, int gateways)
 		slurm_error("tether: prctl(PR_SET_CHILD_SUBREAPER): %s", strerror(errno));
 		return -1;
 	}
-	argv[0] = launcher; /* the old string belongs to slurmstepd's copy; this process execs now */
+	if (launcher)
+		argv[0] = launcher; /* the old string belongs to slurmstepd's copy; this process execs now */
 	return 0;
 }
 

@@ -82,7 +82,8 @@ def find_toolchain() -> Toolchain:
         raise BuildError(f"no shared libpython for {sys.executable} (looked for {libpython}); build "
                          f"with Debian's python3 (tests/bootstrap creates /opt/tether/venv from it)")
     paths = sysconfig.get_paths()
-    candidates = [paths["stdlib"], sysconfig.get_config_var("DESTSHARED"), paths["purelib"], paths["platlib"]]
+    candidates = [paths["stdlib"], sysconfig.get_config_var("DESTSHARED"), paths["purelib"], paths["platlib"],
+                  *dependency_dirs()]
     module_paths = tuple(dict.fromkeys(p for p in candidates if p and os.path.isdir(p)))
     unreadable = [p for p in (libpython, Path(python_include), *map(Path, module_paths)) if not world_readable(p)]
     if unreadable:
@@ -93,6 +94,22 @@ def find_toolchain() -> Toolchain:
     lib_name = ldlib.removeprefix("lib").split(".so")[0] or f"python{sys.version_info[0]}.{sys.version_info[1]}"
     return Toolchain(version, number, include_dir, python_include, str(libpython), lib_name,
                      sys.base_prefix, module_paths)
+
+
+def dependency_dirs() -> list[str]:
+    """Where this Python imports tether's runtime dependencies from: with Debian's own python3 and
+    its python3-cffi/-yaml/-jinja2 that is /usr/lib/python3/dist-packages, which only Debian's
+    site.py adds (sysconfig does not name it), and the embedded interpreter must find them too."""
+    import importlib.util
+
+    found = []
+    for name in ("_cffi_backend", "yaml", "jinja2"):
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec else None
+        if origin:
+            found.append(str(Path(origin).parent if spec.submodule_search_locations is None
+                             else Path(origin).parent.parent))
+    return found
 
 
 def installed_slurm_version() -> str | None:

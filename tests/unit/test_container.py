@@ -1629,3 +1629,15 @@ def test_the_store_index_is_read_as_go_writes_it():
     for absent in ("old/c:3", "reg/b", "b:2", "", 'x"y', "busybox:1"):   # history, prefixes, quotes: no
         assert not names_list(text, absent), absent
     assert not names_list('[{"names": ["a/b:1"]}]', "a/b:1")             # not as Go writes it: podman decides
+
+
+def test_the_launcher_takes_the_tasks_command_as_each_slurm_hands_it_over():
+    """22.05 and PBS replace argv[0] (the original in TETHER_RUN_ARGV0); 23.11+ prepends the
+    launcher (TETHER_RUN_ARGV0 empty); nothing set: not a task at all."""
+    from tether.container.run import task_command
+
+    launcher = "/usr/lib/slurm/tether-run"
+    assert task_command("sh", [launcher, "-c", "echo $0", "a b"]) == ["sh", "-c", "echo $0", "a b"]
+    assert task_command("", [launcher, "sh", "-c", "echo $0", "a b"]) == ["sh", "-c", "echo $0", "a b"]
+    assert task_command(None, [launcher, "sh"]) == []
+    assert task_command("", [launcher]) == []
