@@ -14,7 +14,8 @@ from .common import EXIT_FAIL, EXIT_OK, err
 def sandbox(args: argparse.Namespace) -> int:
     from ..sandbox.cluster import Sandbox
 
-    box = Sandbox(args.dir, port_base=args.port_base)
+    slurm = getattr(args, "slurm", None)
+    box = Sandbox(args.dir, port_base=args.port_base, slurm=None if slurm is None else slurm.replace("host", ""))
     if args.action == "env":
         print(box.export_line())
         return EXIT_OK
@@ -31,7 +32,9 @@ def sandbox(args: argparse.Namespace) -> int:
             err(f"no sandbox daemon was running at {box.root}")
         return EXIT_OK
     info = box.status()
-    print(f"sandbox {info['root']}")
+    root = box.slurm_root
+    print(f"sandbox {info['root']}" + (f" (Slurm {root.version()} in {root.path}: run Slurm's commands with "
+                                       f"`chroot {root.path} ...`)" if root else ""))
     print(f"  {box.export_line()}")
     for name, pid in info["daemons"].items():
         print(f"  {name:<10} {'pid ' + str(pid) if pid else 'not running'}")
@@ -62,6 +65,11 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
             size.add_argument("--full", action="store_true",
                               help="up: with slurmdbd, MariaDB and cgroups (the default for a new sandbox; "
                                    "without either flag a sandbox starts as it last ran)")
+        if name == "sandbox":
+            p.add_argument("--slurm", choices=("host", "24.11"),
+                           help="up: the Slurm release to run: the host's (Debian 12: 22.05), or 24.11 in a "
+                                "Debian 13 root of its own that the first `up` builds and caches (without "
+                                "accounting and cgroups); without it a sandbox starts as it last ran")
         p.add_argument("--dir", metavar="DIR", help="sandbox root (default: $TETHER_SANDBOX_DIR, else "
                                                     "/var/lib/tether/sandbox)")
         p.add_argument("--port-base", type=int, metavar="PORT",

@@ -34,6 +34,7 @@ from ..hooks.errors import TetherError
 from ..system.files import set_conf_line
 from ..system.proc import CommandError, run_command
 from ..system.toolchain import system_plugin_dir
+from .slurmroot import SlurmRoot
 
 DEFAULT_ROOT = "/var/lib/tether/sandbox"
 ROOT_ENV = "TETHER_SANDBOX_DIR"
@@ -143,10 +144,31 @@ class Sandbox:
     """One sandbox cluster rooted at ``root`` (default /var/lib/tether/sandbox)."""
 
     def __init__(self, root: str | os.PathLike | None = None, port_base: int | None = None,
-                 user: str = DEFAULT_USER):
+                 user: str = DEFAULT_USER, slurm: str | None = None):
         self.root = Path(root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT).absolute()
         self.user = user
         self._port_base = port_base
+        self._slurm = slurm
+
+    # ---- the Slurm release --------------------------------------------------------------------
+    def release(self) -> str | None:
+        """The Slurm release the sandbox runs in a Debian root of its own ("24.11"), or None for the
+        host's Slurm (kept across restarts)."""
+        return self._slurm if self._slurm is not None else self._settings().get("slurm") or None
+
+    @property
+    def slurm_root(self) -> SlurmRoot | None:
+        release = self.release()
+        return SlurmRoot(release, str(self.root)) if release else None
+
+    def wrap(self, argv: list[str], cwd: str | None = None) -> list[str]:
+        """``argv`` as it runs against this sandbox's Slurm (inside its root, if it has one)."""
+        root = self.slurm_root
+        return root.wrap(list(argv), cwd) if root else list(argv)
+
+    def slurm(self, argv: list[str], **kwargs):
+        """Run one of Slurm's commands against the sandbox (run_command's keywords)."""
+        return run_command(self.wrap(argv, kwargs.get("cwd")), env=self.command_env(), **kwargs)
 
     # ---- layout -------------------------------------------------------------------------
     @property
@@ -245,6 +267,13 @@ class Sandbox:
     # ---- tether's plugins -------------------------------------------------------------------
     def install_plugins(self, *, log=print) -> None:
         """Build (when the sources changed) and install tether's plugins into this sandbox."""
+        root = self.slurm_root
+        if root:          # inside the root, against its Slurm and Python, as its admin would
+            out = self.build_dir / f"slurm-{self.release()}"
+            root.run(["tether", "slurm", "build", "--out", str(out)], env=self.env(), timeout=600)
+            root.run(["tether", "slurm", "install", "--build-dir", str(out), "--slurm-conf", str(self.slurm_conf),
+                      "--plugin-dir", str(self.plugin_dir), "--write"], env=self.env(), timeout=120)
+            return
         build = build_plugins(self.build_dir, reuse=True, log=log)
         install_plugins(build, slurm_conf=self.slurm_conf, plugin_dir=self.plugin_dir,
                         config=load_config(str(self.tether_conf)), write=True, log=lambda m: None)
@@ -348,8 +377,7 @@ class Sandbox:
         self._start(["slurmctld", "-f", str(self.slurm_conf)], "slurmctld")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if run_command(["scontrol", "ping"], env=self.command_env(), check=False,
-                           timeout=15).stdout.count("UP"):
+            if self.slurm(["scontrol", "ping"], check=False, timeout=15).stdout.count("UP"):
                 self.wait_idle(max(1.0, deadline - time.monotonic()), busy_ok=True)
                 return
             time.sleep(0.2)
@@ -360,7 +388,7 @@ class Sandbox:
         """Switch slurm.conf's JobSubmitPlugins (None: none) and make slurmctld reload it."""
         line = f"JobSubmitPlugins={plugins}" if plugins else None
         set_conf_line(self.slurm_conf, r"JobSubmitPlugins\s*=", line)
-        run_command(["scontrol", "reconfigure"], env=self.command_env(), timeout=60)
+        self.slurm(["scontrol", "reconfigure"], timeout=60)
 
     def daemons(self) -> list[Daemon]:
         """The sandbox's daemons in start order (registry, munged, slurmctld, slurmd n1..n3)."""
@@ -415,12 +443,21 @@ class Sandbox:
         self.stop_daemons(log=lambda *_: None)  # leftovers of a half-started sandbox
         if quick is None:
             quick = self.quick()
+        release = self.release()
+        if release:
+            quick = True          # a root of another release: no accounting database, no cgroups (yet)
         port_base = self._choose_ports()
         ensure_user(self.user, log=log)
         self._make_layout()
-        self.settings_file.write_text(json.dumps({"port_base": port_base, "user": self.user, "quick": quick}) + "\n")
+        self.settings_file.write_text(json.dumps({"port_base": port_base, "user": self.user, "quick": quick,
+                                                  "slurm": release}) + "\n")
+        if self.slurm_root:
+            self.slurm_root.ensure(log=log)
+            self.slurm_root.prepare()
+            self.slurm_root.install_tether()
         self._write_configs(port_base)
-        self.install_launcher(log=log)
+        if not release:           # the REST launcher's service user and sudoers rule: the host's sandbox
+            self.install_launcher(log=log)
         self._heal_podman(log=log)
         if plugins:
             self.install_plugins(log=log)
@@ -480,8 +517,7 @@ class Sandbox:
     def node_states(self) -> dict[str, str]:
         """``{node: "idle"|"alloc"|...}`` from sinfo (empty if slurmctld does not answer)."""
         try:
-            out = run_command(["sinfo", "-h", "-N", "-o", "%N %T %G"], env=self.command_env(),
-                              timeout=15).stdout
+            out = self.slurm(["sinfo", "-h", "-N", "-o", "%N %T %G"], timeout=15).stdout
         except CommandError:
             return {}
         states = {}
@@ -504,8 +540,7 @@ class Sandbox:
                 return
             bad = {n: s for n, s in plain.items() if s.startswith(("drain", "inval", "fail"))}
             if bad:
-                reasons = run_command(["sinfo", "-R", "-h"], env=self.command_env(), check=False,
-                                      timeout=15).stdout.strip()
+                reasons = self.slurm(["sinfo", "-R", "-h"], check=False, timeout=15).stdout.strip()
                 raise SandboxError(f"sandbox nodes not usable: {bad}; reasons: {reasons}")
             time.sleep(0.3)
         raise SandboxError(f"sandbox nodes did not become idle within {timeout:g} s: {states}")
@@ -894,6 +929,8 @@ class Sandbox:
     def _start(self, argv: list[str], name: str) -> None:
         """Start a daemonizing command; its early output goes to log/<name>.start."""
         start_log = self.log_dir / f"{name}.start"
+        if name.startswith("slurm"):      # slurmctld, slurmd-*, slurmdbd: the sandbox's release
+            argv = self.wrap(argv)
         with open(start_log, "wb") as out:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                     env=self.daemon_env(), start_new_session=True)
@@ -914,10 +951,9 @@ class Sandbox:
         raise SandboxError(f"{name} exited right after starting; see {self.log_dir}")
 
     def _cancel_all_jobs(self, *, log=None) -> None:
-        env = self.command_env()
         out = ""
         for _ in range(50):           # slurmctld may take a moment to answer after its start
-            result = run_command(["squeue", "-h", "-o", "%A"], env=env, check=False, timeout=15)
+            result = self.slurm(["squeue", "-h", "-o", "%A"], check=False, timeout=15)
             if result.returncode == 0:
                 out = result.stdout
                 break
@@ -927,11 +963,10 @@ class Sandbox:
             return
         if log:
             log(f"cancelling {len(jobs)} job(s) left from the sandbox's previous run: {' '.join(jobs)}")
-        run_command(["scancel", *jobs], env=env, check=False, timeout=15)
+        self.slurm(["scancel", *jobs], check=False, timeout=15)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            left = run_command(["squeue", "-h", "-o", "%A %T"], env=env, check=False,
-                               timeout=15).stdout.strip()
+            left = self.slurm(["squeue", "-h", "-o", "%A %T"], check=False, timeout=15).stdout.strip()
             if not left:
                 return
             time.sleep(0.3)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from helpers import TEST_SANDBOX_ROOT, Cluster
+from helpers import TEST_SANDBOX_2411_ROOT, TEST_SANDBOX_ROOT, Cluster
 from tether.sandbox.cluster import Sandbox, SandboxError
 
 # Hypothesis: `ci` keeps the unit level fast; `thorough` is what the properties were first run with.
@@ -51,10 +51,30 @@ def cluster():
     box.down(log=lambda m: None)
 
 
+_cluster_2411_error: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def cluster_2411():
+    """The same sandbox on Slurm 24.11 (its Debian 13 root is built once and cached, about a
+    minute); fails, never skips, when it cannot start."""
+    if _cluster_2411_error:
+        pytest.fail(_cluster_2411_error[0], pytrace=False)
+    box = Sandbox(TEST_SANDBOX_2411_ROOT, slurm="24.11")
+    try:
+        box.up(install=False, log=lambda m: None)
+    except Exception as exc:                # SandboxError, or the root's build (SlurmRootError)
+        _cluster_2411_error.append(f"the Slurm 24.11 sandbox did not start:\n{exc}")
+        pytest.fail(_cluster_2411_error[0], pytrace=False)
+    yield Cluster(box)
+    box.down(log=lambda m: None)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Attach the daemons' logs to a failed cluster test."""
     outcome = yield
     report = outcome.get_result()
     if report.failed and item.get_closest_marker("cluster") is not None:
-        report.sections.append(("sandbox daemon logs", Sandbox(TEST_SANDBOX_ROOT).log_tails(40)))
+        root = TEST_SANDBOX_2411_ROOT if "cluster_2411" in item.fixturenames else TEST_SANDBOX_ROOT
+        report.sections.append(("sandbox daemon logs", Sandbox(root).log_tails(40)))

@@ -18,6 +18,8 @@ from tether.hooks.request import Request
 from tether.system.proc import run_command
 
 TEST_SANDBOX_ROOT = os.environ.get("TETHER_TEST_SANDBOX_DIR", "/var/lib/tether/sandbox-pytest")
+# the second sandbox: Slurm 24.11 in a Debian 13 root (tether.sandbox.slurmroot)
+TEST_SANDBOX_2411_ROOT = TEST_SANDBOX_ROOT + "-2411"
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -61,8 +63,9 @@ class Cluster:
 
     def run(self, argv: Sequence[str], *, check: bool = True, timeout: float = 120, cwd: str | None = None,
             input: str | None = None):
-        return run_command(list(argv), env=self.box.command_env(), check=check, timeout=timeout,
-                           cwd=cwd or str(self.box.work_dir), input=input)
+        cwd = cwd or str(self.box.work_dir)
+        return run_command(self.box.wrap(list(argv), cwd), env=self.box.command_env(), check=check,
+                           timeout=timeout, cwd=cwd, input=input)
 
     def as_user(self, argv: Sequence[str], **kw):
         """Run ``argv`` as the unprivileged job user (as real users submit jobs)."""

@@ -1,0 +1,163 @@
+"""Another Slurm release beside the host's: a cached Debian root that the sandbox's daemons and
+commands run in (chroot), for ``tether sandbox up --slurm 24.11``.
+
+Debian 12 ships Slurm 22.05; Debian 13 (trixie) ships 24.11. ``debootstrap --variant=minbase``
+plus Slurm, munge, gcc and Python with cffi/yaml/jinja2 takes under a minute here and is kept in
+``/var/cache/tether/slurm-roots/<release>`` (rebuilt when the package list changes). At each ``up``
+the root gets the host's users (``/etc/passwd``, ``/etc/group``: one set of uids on both sides),
+``/etc/hosts`` and ``/etc/subuid``/``subgid`` (rootless podman). Every command runs in a mount
+namespace of its own (``unshare --mount``) whose root is the Debian root (``pivot_root``), with
+``/proc``, ``/sys`` (cgroups), ``/dev``, ``/tmp``, ``/home`` and the sandbox directory bound at the
+same paths, so every path in the sandbox's configs means the same inside and out; nothing is
+mounted on the host, nothing is left to unmount. Neither chroot nor bubblewrap: the kernel refuses
+a chrooted process a user namespace (rootless podman: ``cannot clone: Operation not permitted``),
+and bwrap sets no_new_privs, which keeps setuid ``newuidmap`` from mapping the user's ids.
+The daemons use the host's munged through the sandbox's socket. tether itself is installed into
+the root's Python from the running tether's own files, and its plugins are built there, against
+that release's headers, the way an admin builds them (``tether slurm build``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..hooks.errors import TetherError
+from ..system.proc import CommandError, run_command
+
+CACHE = Path("/var/cache/tether/slurm-roots")
+MIRROR = "http://deb.debian.org/debian"
+# release -> Debian suite that ships it (checked: trixie has 24.11.5)
+RELEASES = {"24.11": "trixie"}
+PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "libslurm-dev", "munge", "gcc", "libc6-dev",
+            "python3", "python3-dev", "python3-cffi", "python3-yaml", "python3-jinja2", "python3-setuptools",
+            "python3-pip", "procps", "util-linux",
+            # the container runtime of the sandbox's jobs (podman 5.4 here, beside the host's 4.3)
+            "podman", "runc", "conmon", "uidmap", "fuse-overlayfs", "slirp4netns", "catatonit")
+# bound into every command's view of the root (recursively), at the same paths
+BINDS = ("/proc", "/sys", "/dev", "/tmp", "/home")
+OLD_ROOT = ".tether-old-root"
+# run by the host's sh in the new mount namespace: $1 the root, $2 the directory to start in, $3 the
+# binds (newline-separated), then the command
+ENTER = f"""set -e
+root=$1 cwd=$2 binds=$3; shift 3
+mount --rbind "$root" "$root"
+printf '%s\\n' "$binds" | while IFS= read -r path; do mount --rbind "$path" "$root$path"; done
+cd "$root"
+pivot_root . {OLD_ROOT}
+umount -l /{OLD_ROOT}
+cd "$cwd"
+exec "$@"
+"""
+
+
+class SlurmRootError(TetherError):
+    """The root for another Slurm release could not be built or used; the message says why."""
+
+
+@dataclass(frozen=True)
+class SlurmRoot:
+    """The cached Debian root of one Slurm release (``release``: "24.11")."""
+
+    release: str
+    sandbox: str | None = None          # the sandbox directory, bound at the same path
+
+    def __post_init__(self) -> None:
+        if self.release not in RELEASES:
+            raise SlurmRootError(f"no Debian root known for Slurm {self.release}; known: {', '.join(RELEASES)}")
+
+    @property
+    def path(self) -> Path:
+        return CACHE / self.release / "root"
+
+    @property
+    def stamp(self) -> Path:
+        return CACHE / self.release / "ready"
+
+    def _wanted(self) -> str:
+        return hashlib.sha256(" ".join((RELEASES[self.release], *PACKAGES)).encode()).hexdigest()
+
+    def version(self) -> str:
+        """The Slurm version its headers declare ("24.11.5")."""
+        text = (self.path / "usr/include/slurm/slurm_version.h").read_text()
+        match = re.search(r"#define\s+SLURM_VERSION_NUMBER\s+(0x[0-9a-fA-F]+)", text)
+        if not match:
+            raise SlurmRootError(f"no SLURM_VERSION_NUMBER in {self.path}/usr/include/slurm/slurm_version.h")
+        number = int(match.group(1), 16)
+        return f"{number >> 16:02d}.{(number >> 8) & 0xff:02d}.{number & 0xff}"
+
+    # ---- building --------------------------------------------------------------------------------
+    def ensure(self, *, log=print) -> None:
+        """Build the root unless a complete one with this package list is cached."""
+        try:
+            if self.stamp.read_text().strip() == self._wanted():
+                return
+        except OSError:
+            pass
+        suite = RELEASES[self.release]
+        log(f"building a Debian {suite} root for Slurm {self.release} in {self.path} (about a minute)")
+        if shutil.which("debootstrap") is None:
+            from .cluster import ensure_packages
+            ensure_packages(["debootstrap"], log=log)
+        shutil.rmtree(self.path.parent, ignore_errors=True)
+        self.path.parent.mkdir(parents=True)
+        try:
+            run_command(["debootstrap", "--variant=minbase", suite, str(self.path), MIRROR], timeout=900)
+            # no daemon starts while packages install (munge's postinst would)
+            policy = self.path / "usr/sbin/policy-rc.d"
+            policy.write_text("#!/bin/sh\nexit 101\n")
+            policy.chmod(0o755)
+            shutil.copy("/etc/resolv.conf", self.path / "etc/resolv.conf")
+            (self.path / OLD_ROOT).mkdir(mode=0o700)
+            self.run(["apt-get", "update", "-q"], timeout=600)
+            self.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES], timeout=1800)
+        except CommandError as exc:
+            raise SlurmRootError(f"could not build the Slurm {self.release} root: {exc}") from None
+        self.stamp.write_text(self._wanted() + "\n")
+        log(f"Slurm {self.version()} root ready in {self.path}")
+
+    def install_tether(self) -> None:
+        """Install the running tether's files into the root's Python (no dependencies: Debian's)."""
+        src = self.path / "opt/tether-src"
+        shutil.rmtree(src, ignore_errors=True)
+        package = Path(__file__).resolve().parents[1]       # the installed tether/ (a namespace package)
+        shutil.copytree(package, src / "tether", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        site = self.run(["python3", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+        target = self.path / site.lstrip("/") / "tether"
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.move(str(src / "tether"), str(target))
+        shutil.rmtree(src, ignore_errors=True)
+        bindir = self.path / "usr/local/bin"
+        bindir.mkdir(parents=True, exist_ok=True)
+        (bindir / "tether").write_text("#!/usr/bin/python3\nfrom tether.cli.main import main\nraise SystemExit(main())\n")
+        (bindir / "tether").chmod(0o755)
+
+    # ---- using -----------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """The host's users, hosts and subordinate ids, copied in before the sandbox starts."""
+        for name in ("passwd", "group", "hosts", "subuid", "subgid"):
+            if Path("/etc", name).exists():
+                shutil.copy(f"/etc/{name}", self.path / "etc" / name)
+        if self.sandbox:     # its mount point, reachable by the job users
+            inside = self.path / self.sandbox.lstrip("/")
+            inside.mkdir(parents=True, exist_ok=True)
+            for part in (inside, *inside.parents):
+                if part == self.path:
+                    break
+                os.chmod(part, 0o755)
+
+    def wrap(self, argv: list[str], cwd: str | None = None) -> list[str]:
+        """``argv`` run inside the root (in ``cwd``: paths are the same on both sides)."""
+        binds = "\n".join((*BINDS, *((self.sandbox,) if self.sandbox else ())))
+        return ["unshare", "--mount", "--propagation", "slave", "sh", "-c", ENTER, "tether-slurm-root",
+                str(self.path), cwd or "/", binds, *argv]
+
+    def run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/local/sbin:/usr/local/bin:"
+               "/usr/sbin:/usr/bin:/sbin:/bin"}
+        return run_command(self.wrap(argv, kwargs.get("cwd")), env={**env, **kwargs.pop("env", {})}, **kwargs)
