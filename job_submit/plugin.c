@@ -39,6 +39,11 @@ typedef hostlist_t *tether_hostlist_t; /* 23.11 made hostlist_t the struct itsel
 #else
 typedef hostlist_t tether_hostlist_t;  /* up to 23.02: a pointer type */
 #endif
+#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(25, 11, 0)
+#define TETHER_JOB_ID(jd) ((jd)->step_id.job_id) /* 25.11: job_desc's ids became a slurm_step_id_t */
+#else
+#define TETHER_JOB_ID(jd) ((jd)->job_id)
+#endif
 #if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(23, 2, 0)
 #define TETHER_MODIFY_ERR_MSG 1        /* job_modify() has err_msg: a refusal reaches the user */
 #define TETHER_MODIFY_ARGS job_desc_msg_t *job_desc, struct job_record *job_ptr, uint32_t submit_uid, char **err_msg
@@ -110,7 +115,7 @@ static tether_job_t *job_from(const job_desc_msg_t *jd)
 
 	if (job == NULL)
 		return NULL;
-	job->job_id = jd->job_id;
+	job->job_id = TETHER_JOB_ID(jd);
 	job->user_id = jd->user_id;
 	job->min_nodes = jd->min_nodes;
 	job->max_nodes = jd->max_nodes;
