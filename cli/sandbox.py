@@ -66,10 +66,10 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
                               help="up: with slurmdbd, MariaDB and cgroups (the default for a new sandbox; "
                                    "without either flag a sandbox starts as it last ran)")
         if name == "sandbox":
-            p.add_argument("--slurm", choices=("host", "24.11"),
-                           help="up: the Slurm release to run: the host's (Debian 12: 22.05), or 24.11 in a "
-                                "Debian 13 root of its own that the first `up` builds and caches (without "
-                                "accounting and cgroups); without it a sandbox starts as it last ran")
+            p.add_argument("--slurm", choices=("host", "24.11", "26.05"),
+                           help="up: the Slurm release to run: the host's (Debian 12: 22.05), 24.11 (Debian 13) "
+                                "or 26.05 (Debian testing) in a Debian root of its own that the first `up` builds "
+                                "and caches; without it a sandbox starts as it last ran")
         p.add_argument("--dir", metavar="DIR", help="sandbox root (default: $TETHER_SANDBOX_DIR, else "
                                                     "/var/lib/tether/sandbox)")
         p.add_argument("--port-base", type=int, metavar="PORT",

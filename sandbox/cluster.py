@@ -331,7 +331,8 @@ class Sandbox:
 
     def user_podman(self) -> list[str]:
         """The job user's podman as jobs run it: the sandbox's podman env and args and the user's
-        tether store on this node (container.podman.store), through ``runuser``."""
+        tether store on this node (container.podman.store), through ``runuser`` (run it with
+        :meth:`wrap` for a sandbox in a Slurm root: its podman and store)."""
         settings = self.tether_settings()["container"]["podman"]
         adapter = Podman(settings)
         env = ["env", *(f"{k}={v}" for k, v in settings["env"].items())]
@@ -444,8 +445,6 @@ class Sandbox:
         if quick is None:
             quick = self.quick()
         release = self.release()
-        if release:
-            quick = True          # a root of another release: no accounting database, no cgroups (yet)
         port_base = self._choose_ports()
         ensure_user(self.user, log=log)
         self._make_layout()
@@ -468,7 +467,8 @@ class Sandbox:
                 self._start_mariadb(port_base + MARIADB_OFFSET)
                 self._start_slurmdbd(port_base + DBD_OFFSET)
             self._start(["slurmctld", "-f", str(self.slurm_conf)], "slurmctld")
-            make_tmpfs_dirs(self.tmpfs_dir(port_base))
+            tmpfs = self.tmpfs_dir(port_base)       # in a Slurm root: its own /tmp
+            make_tmpfs_dirs(self.slurm_root.path / tmpfs.relative_to("/") if self.slurm_root else tmpfs)
             for node in NODES:
                 (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
                 self._start(["slurmd", "-f", str(self.slurm_conf), "-N", node], f"slurmd-{node}")
@@ -659,7 +659,7 @@ class Sandbox:
         settings = self.tether_settings()["container"]["podman"]
         by_hand = ["runuser", "-u", self.user, "--", "env", *(f"{k}={v}" for k, v in settings["env"].items()),
                    "podman", *settings["args"]]
-        for podman in (self.user_podman(), by_hand):   # the store tether uses, and the user's default one
+        for podman in map(self.wrap, (self.user_podman(), by_hand)):  # tether's store, and the user's default one
             repair_stale_state(podman, tell=lambda m: log(f"{self.user}: {m}"), cwd="/")
             try:
                 run_command([*podman, "ps", "--quiet"], timeout=120, cwd="/")
@@ -892,15 +892,13 @@ class Sandbox:
         with os.fdopen(fd, "w") as fh:     # slurmdbd refuses a config others can read
             fh.write(text)
         os.chmod(self.slurmdbd_conf, 0o600)
-        env = self.command_env()
-
         def sacctmgr(*args: str, check: bool = True):
-            return run_command(["sacctmgr", *args], env=env, check=check, timeout=30)
+            return self.slurm(["sacctmgr", *args], check=check, timeout=30)
 
         def answers() -> bool:
             return sacctmgr("-n", "-P", "show", "cluster", "format=cluster", check=False).returncode == 0
 
-        self._start_foreground(["slurmdbd", "-D"], "slurmdbd", self.log_dir / "slurmdbd.start", answers, timeout=60,
+        self._start_foreground(self.wrap(["slurmdbd", "-D"]), "slurmdbd", self.log_dir / "slurmdbd.start", answers, timeout=60,
                                pid_file=self.run_dir / "slurmdbd.pid", env=self.daemon_env())
         # each is refused ("Nothing new added") once it exists: run them all, every start
         sacctmgr("-i", "add", "cluster", "tether-sandbox", check=False)

@@ -7,8 +7,9 @@ plus Slurm, munge, gcc and Python with cffi/yaml/jinja2 takes under a minute her
 the root gets the host's users (``/etc/passwd``, ``/etc/group``: one set of uids on both sides),
 ``/etc/hosts`` and ``/etc/subuid``/``subgid`` (rootless podman). Every command runs in a mount
 namespace of its own (``unshare --mount``) whose root is the Debian root (``pivot_root``), with
-``/proc``, ``/sys`` (cgroups), ``/dev``, ``/tmp``, ``/home`` and the sandbox directory bound at the
-same paths, so every path in the sandbox's configs means the same inside and out; nothing is
+``/proc``, ``/sys`` (cgroups), ``/dev``, ``/home`` and the sandbox directory bound at the
+same paths, so every path in the sandbox's configs means the same inside and out (``/tmp`` and
+``/var/tmp`` are the root's own: rootless podman keeps per-user state there); nothing is
 mounted on the host, nothing is left to unmount. Neither chroot nor bubblewrap: the kernel refuses
 a chrooted process a user namespace (rootless podman: ``cannot clone: Operation not permitted``),
 and bwrap sets no_new_privs, which keeps setuid ``newuidmap`` from mapping the user's ids.
@@ -32,15 +33,22 @@ from ..system.proc import CommandError, run_command
 
 CACHE = Path("/var/cache/tether/slurm-roots")
 MIRROR = "http://deb.debian.org/debian"
-# release -> Debian suite that ships it (checked: trixie has 24.11.5)
-RELEASES = {"24.11": "trixie"}
-PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "libslurm-dev", "munge", "gcc", "libc6-dev",
+# release -> (Debian suite that ships it, debootstrap's script for it). Checked: trixie has 24.11.5;
+# forky (testing, a moving target: 26.05.5 on 2026-11-24) has no script in Debian 12's debootstrap,
+# sid's bootstraps it.
+RELEASES = {"24.11": ("trixie", "trixie"), "26.05": ("forky", "sid")}
+# this machine's archive is a snapshot: a testing suite's Release file is past its Valid-Until
+APT_OPTIONS = ("-o", "Acquire::Check-Valid-Until=false")
+PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "slurmdbd", "libslurm-dev", "munge", "gcc", "libc6-dev",
             "python3", "python3-dev", "python3-cffi", "python3-yaml", "python3-jinja2", "python3-setuptools",
             "python3-pip", "procps", "util-linux",
             # the container runtime of the sandbox's jobs (podman 5.4 here, beside the host's 4.3)
             "podman", "runc", "conmon", "uidmap", "fuse-overlayfs", "slirp4netns", "catatonit")
-# bound into every command's view of the root (recursively), at the same paths
-BINDS = ("/proc", "/sys", "/dev", "/tmp", "/home")
+# bound into every command's view of the root (recursively), at the same paths. Not /tmp or
+# /var/tmp: rootless podman keeps its pause process's pid (the user namespace every later podman
+# joins) and its run root there, and the root's podman must not join the host's -- nor share a
+# store across podman versions.
+BINDS = ("/proc", "/sys", "/dev", "/home")
 OLD_ROOT = ".tether-old-root"
 # run by the host's sh in the new mount namespace: $1 the root, $2 the directory to start in, $3 the
 # binds (newline-separated), then the command
@@ -80,7 +88,7 @@ class SlurmRoot:
         return CACHE / self.release / "ready"
 
     def _wanted(self) -> str:
-        return hashlib.sha256(" ".join((RELEASES[self.release], *PACKAGES)).encode()).hexdigest()
+        return hashlib.sha256(" ".join((*RELEASES[self.release], *PACKAGES)).encode()).hexdigest()
 
     def version(self) -> str:
         """The Slurm version its headers declare ("24.11.5")."""
@@ -99,7 +107,7 @@ class SlurmRoot:
                 return
         except OSError:
             pass
-        suite = RELEASES[self.release]
+        suite, script = RELEASES[self.release]
         log(f"building a Debian {suite} root for Slurm {self.release} in {self.path} (about a minute)")
         if shutil.which("debootstrap") is None:
             from .cluster import ensure_packages
@@ -107,15 +115,18 @@ class SlurmRoot:
         shutil.rmtree(self.path.parent, ignore_errors=True)
         self.path.parent.mkdir(parents=True)
         try:
-            run_command(["debootstrap", "--variant=minbase", suite, str(self.path), MIRROR], timeout=900)
+            run_command(["debootstrap", "--variant=minbase", suite, str(self.path), MIRROR,
+                         f"/usr/share/debootstrap/scripts/{script}"], timeout=900)
             # no daemon starts while packages install (munge's postinst would)
             policy = self.path / "usr/sbin/policy-rc.d"
             policy.write_text("#!/bin/sh\nexit 101\n")
             policy.chmod(0o755)
             shutil.copy("/etc/resolv.conf", self.path / "etc/resolv.conf")
             (self.path / OLD_ROOT).mkdir(mode=0o700)
-            self.run(["apt-get", "update", "-q"], timeout=600)
-            self.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES], timeout=1800)
+            bare = SlurmRoot(self.release)          # no sandbox to bind yet
+            bare.run(["apt-get", *APT_OPTIONS, "update", "-q"], timeout=600)
+            bare.run(["apt-get", *APT_OPTIONS, "install", "-y", "-q", "--no-install-recommends", *PACKAGES],
+                     timeout=1800)
         except CommandError as exc:
             raise SlurmRootError(f"could not build the Slurm {self.release} root: {exc}") from None
         self.stamp.write_text(self._wanted() + "\n")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from helpers import TEST_SANDBOX_2411_ROOT, TEST_SANDBOX_ROOT, Cluster
-from tether.sandbox.cluster import Sandbox, SandboxError
+from helpers import RELEASES, TEST_SANDBOX_ROOT, TEST_SLURM, Cluster, release_sandbox_root
+from tether.sandbox.cluster import Sandbox
 
 # Hypothesis: `ci` keeps the unit level fast; `thorough` is what the properties were first run with.
 settings.register_profile("ci", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -41,31 +41,33 @@ def cluster():
     """Start the sandbox once for the session; fail (never skip) when it cannot start."""
     if _cluster_error:
         pytest.fail(_cluster_error[0], pytrace=False)
-    box = Sandbox(TEST_SANDBOX_ROOT)
+    box = Sandbox(release_sandbox_root(TEST_SLURM), slurm=TEST_SLURM) if TEST_SLURM else Sandbox(TEST_SANDBOX_ROOT)
     try:
         box.up(install=False, log=lambda m: None)
-    except SandboxError as exc:
+    except Exception as exc:                # SandboxError, or a Slurm root's build (SlurmRootError)
         _cluster_error.append(f"the sandbox cluster did not start:\n{exc}")
         pytest.fail(_cluster_error[0], pytrace=False)
     yield Cluster(box)
     box.down(log=lambda m: None)
 
 
-_cluster_2411_error: list[str] = []
+_release_errors: dict[str, str] = {}
 
 
-@pytest.fixture(scope="session")
-def cluster_2411():
-    """The same sandbox on Slurm 24.11 (its Debian 13 root is built once and cached, about a
-    minute); fails, never skips, when it cannot start."""
-    if _cluster_2411_error:
-        pytest.fail(_cluster_2411_error[0], pytrace=False)
-    box = Sandbox(TEST_SANDBOX_2411_ROOT, slurm="24.11")
+@pytest.fixture(scope="session", params=RELEASES)
+def release_cluster(request):
+    """The same sandbox on each newer Slurm release (tests/helpers.RELEASES), in a Debian root of
+    its own that is built once and cached (about a minute each); fails, never skips, when it
+    cannot start. One at a time: each stops when its tests are done."""
+    release = request.param
+    if release in _release_errors:
+        pytest.fail(_release_errors[release], pytrace=False)
+    box = Sandbox(release_sandbox_root(release), slurm=release)
     try:
         box.up(install=False, log=lambda m: None)
     except Exception as exc:                # SandboxError, or the root's build (SlurmRootError)
-        _cluster_2411_error.append(f"the Slurm 24.11 sandbox did not start:\n{exc}")
-        pytest.fail(_cluster_2411_error[0], pytrace=False)
+        _release_errors[release] = f"the Slurm {release} sandbox did not start:\n{exc}"
+        pytest.fail(_release_errors[release], pytrace=False)
     yield Cluster(box)
     box.down(log=lambda m: None)
 
@@ -76,5 +78,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.failed and item.get_closest_marker("cluster") is not None:
-        root = TEST_SANDBOX_2411_ROOT if "cluster_2411" in item.fixturenames else TEST_SANDBOX_ROOT
+        release = item.callspec.params.get("release_cluster") if hasattr(item, "callspec") else None
+        release = release or TEST_SLURM
+        root = release_sandbox_root(release) if release else TEST_SANDBOX_ROOT
         report.sections.append(("sandbox daemon logs", Sandbox(root).log_tails(40)))

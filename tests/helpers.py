@@ -18,8 +18,16 @@ from tether.hooks.request import Request
 from tether.system.proc import run_command
 
 TEST_SANDBOX_ROOT = os.environ.get("TETHER_TEST_SANDBOX_DIR", "/var/lib/tether/sandbox-pytest")
-# the second sandbox: Slurm 24.11 in a Debian 13 root (tether.sandbox.slurmroot)
-TEST_SANDBOX_2411_ROOT = TEST_SANDBOX_ROOT + "-2411"
+# the newer Slurm releases the release_cluster fixture runs, each in a Debian root of its own
+# (tether.sandbox.slurmroot); the host's is 22.05
+RELEASES = ("24.11", "26.05")
+# which Slurm the `cluster` fixture runs: the host's (unset), or one of RELEASES
+TEST_SLURM = os.environ.get("TETHER_TEST_SLURM", "")
+
+
+def release_sandbox_root(release: str) -> str:
+    """The test sandbox directory of a Slurm release (``...-pytest-2411``)."""
+    return f"{TEST_SANDBOX_ROOT}-{release.replace('.', '')}"
 REPO = Path(__file__).resolve().parent.parent
 
 

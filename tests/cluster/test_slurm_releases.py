@@ -1,0 +1,80 @@
+"""Issue 20: the same tether on Slurm 24.11 (Debian 13) and 26.05 (Debian testing), each in the
+sandbox's Debian root of its own (release_cluster, one run per release).
+
+The plugins are built there against that release's headers, as its admin would (``tether slurm
+build``), and these tests run its real sbatch/srun/scontrol as the job user. What differs from
+22.05 is checked where it shows: the version checks of the C shims (hostlist_t, job_modify's
+err_msg, spank_prepend_task_argv, 25.11's job_desc step_id) and the gres spelling of the
+job_submit handler.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+
+def test_the_plugins_are_built_for_and_run_in_the_release(release_cluster):
+    release = release_cluster.box.release()
+    name, version = release_cluster.run(["sinfo", "-V"]).stdout.split()
+    assert name == "slurm-wlm" and version.startswith(release + "."), version
+    stamp = json.loads((release_cluster.box.build_dir / f"slurm-{release}" / "build.json").read_text())
+    assert stamp["toolchain"]["slurm_version"] == version, stamp
+    assert stamp["toolchain"]["python_home"] == "/usr", stamp      # the root's own Python
+    log = (release_cluster.box.log_dir / "slurmctld.log").read_text()
+    assert f"slurmctld version {version} started" in log
+    assert "job_submit/tether: configuration loaded from" in log
+
+
+def test_slots_become_ranks_with_their_environment_and_directories(release_cluster):
+    out = release_cluster.as_user(["srun", "--slots=3", "--slot-type=cpu", "--slots-per-node=1", "sh", "-c",
+                                "echo $SLURM_JOB_ID $SLURMD_NODENAME $RANK $WORLD_SIZE $LOCAL_RANK $TETHER_RANK_DIR"]).stdout
+    rows = sorted(line.split() for line in out.splitlines())
+    assert [r[1:5] for r in rows] == [["n1", "0", "3", "0"], ["n2", "1", "3", "0"], ["n3", "2", "3", "0"]], out
+    job = rows[0][0]
+    for _, node, rank, _, _, rank_dir in rows:
+        assert rank_dir == str(release_cluster.box.root / "jobs" / job / node / "step-0" / f"rank-{rank}"), rows
+
+
+def test_gpu_slots_are_written_in_the_new_gres_spelling_and_bound(release_cluster):
+    job = release_cluster.as_user(["sbatch", "--parsable", "-H", "-p", "gpu", "--slots=2", "--slot-type=cuda",
+                                "--wrap", "true"]).stdout.strip()
+    try:
+        assert release_cluster.job_fields(job)["TresPerJob"] == "gres/gpu:2"     # 22.05: gres:gpu:2
+    finally:
+        release_cluster.run(["scancel", job])
+    out = release_cluster.as_user(["srun", "-p", "gpu", "--slots=2", "--slot-type=cuda", "sh", "-c",
+                                "echo $CUDA_VISIBLE_DEVICES $TETHER_SLOT_IDS"]).stdout
+    assert out.split() == ["0,1", "0,1"], out
+
+
+def test_a_refused_update_tells_the_user_tethers_reason(release_cluster):
+    """From 23.02 job_modify has err_msg: scontrol prints tether's reason (22.05 only "not supported")."""
+    job = release_cluster.as_user(["sbatch", "--parsable", "-H", "--slots=2", "--slot-type=cpu", "--wrap",
+                                "true"]).stdout.strip()
+    try:
+        refused = release_cluster.as_user(["scontrol", "update", f"JobId={job}", "NumNodes=3"], check=False)
+        assert refused.returncode == 1, refused
+        assert ("scontrol: error: tether: update refused: --nodes=3 would override the layout tether planned "
+                "from --slots") in refused.stderr, refused.stderr
+        assert release_cluster.job_fields(job)["NumNodes"] == "2-2"                 # unchanged
+        moved = release_cluster.as_user(["scontrol", "update", f"JobId={job}", "Partition=aux"], check=False)
+        assert moved.returncode == 0 and release_cluster.job_fields(job)["Partition"] == "aux", moved
+    finally:
+        release_cluster.run(["scancel", job])
+
+
+def test_a_container_step_gets_the_tasks_own_command_through_the_prepended_launcher(release_cluster):
+    """From 23.11 the SPANK plugin puts the launcher in front of the task's argv
+    (spank_prepend_task_argv) instead of replacing argv[0]: the command and every argument
+    arrive unchanged, in the container (the root's own podman)."""
+    image = release_cluster.box.busybox_image()
+    script = ('echo "$SLURM_PROCID $RANK [$0]$(printf "[%s]" "$@") '
+              '$(if [ -e /usr/bin/podman ]; then echo host; else echo image; fi)"')
+    result = release_cluster.as_user(["srun", "-N2", "-n2", f"--container-image={image}", "sh", "-c", script,
+                                   "first", "a b", "c"], timeout=180)
+    lines = sorted(result.stdout.splitlines())
+    assert lines == ["0 0 [first][a b][c] image", "1 1 [first][a b][c] image"], result.stdout + result.stderr
