@@ -445,6 +445,12 @@ class Sandbox:
         if quick is None:
             quick = self.quick()
         release = self.release()
+        if release:
+            # no cgroups (and so, with them, no accounting database) beside the host's sandbox: with
+            # several slurmd per host, Slurm puts node n1's cgroups under /slurm_n1 in every release
+            # (CgroupPrepend is not configurable), so two sandboxes' n1 would share them. Tried:
+            # 24.11 then failed a batch job's memory.limit_in_bytes (EINVAL) and drained n1.
+            quick = True
         port_base = self._choose_ports()
         ensure_user(self.user, log=log)
         self._make_layout()
@@ -452,7 +458,11 @@ class Sandbox:
                                                   "slurm": release}) + "\n")
         if self.slurm_root:
             self.slurm_root.ensure(log=log)
-            self.slurm_root.prepare()
+            # the node names resolve, as on a real cluster: 24.11's slurmstepd cannot look up a
+            # node's NodeAddr (slurm_conf_get_nodeaddr knows only dynamic nodes there), so
+            # MASTER_ADDR is the first node's name
+            self.slurm_root.prepare(hosts=f"127.0.0.1 {' '.join(NODES)}\n", users=(self.user,))
+            self.slurm_root.end_user_namespaces((self.user,))
             self.slurm_root.install_tether()
         self._write_configs(port_base)
         if not release:           # the REST launcher's service user and sudoers rule: the host's sandbox
@@ -493,6 +503,8 @@ class Sandbox:
         if self.root.exists() and self._pid_of("slurmctld"):
             self._cancel_all_jobs()
         stopped = self.stop_daemons(log=log)
+        if self.slurm_root and self.slurm_root.path.exists():
+            self.slurm_root.end_user_namespaces((self.user,))
         if purge and self.root.exists():
             tmpfs = self.tmpfs_dir(self.port_base())
             shutil.rmtree(self.root)

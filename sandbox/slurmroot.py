@@ -7,9 +7,9 @@ plus Slurm, munge, gcc and Python with cffi/yaml/jinja2 takes under a minute her
 the root gets the host's users (``/etc/passwd``, ``/etc/group``: one set of uids on both sides),
 ``/etc/hosts`` and ``/etc/subuid``/``subgid`` (rootless podman). Every command runs in a mount
 namespace of its own (``unshare --mount``) whose root is the Debian root (``pivot_root``), with
-``/proc``, ``/sys`` (cgroups), ``/dev``, ``/home`` and the sandbox directory bound at the
-same paths, so every path in the sandbox's configs means the same inside and out (``/tmp`` and
-``/var/tmp`` are the root's own: rootless podman keeps per-user state there); nothing is
+``/proc``, ``/sys`` (cgroups), ``/dev`` and the sandbox directory bound at the
+same paths, so every path in the sandbox's configs means the same inside and out (``/tmp``,
+``/var/tmp`` and ``/home`` are the root's own: rootless podman keeps per-user state there); nothing is
 mounted on the host, nothing is left to unmount. Neither chroot nor bubblewrap: the kernel refuses
 a chrooted process a user namespace (rootless podman: ``cannot clone: Operation not permitted``),
 and bwrap sets no_new_privs, which keeps setuid ``newuidmap`` from mapping the user's ids.
@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pwd
 import re
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,11 +46,11 @@ PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "slurmdbd", "lib
             "python3-pip", "procps", "util-linux",
             # the container runtime of the sandbox's jobs (podman 5.4 here, beside the host's 4.3)
             "podman", "runc", "conmon", "uidmap", "fuse-overlayfs", "slirp4netns", "catatonit")
-# bound into every command's view of the root (recursively), at the same paths. Not /tmp or
-# /var/tmp: rootless podman keeps its pause process's pid (the user namespace every later podman
-# joins) and its run root there, and the root's podman must not join the host's -- nor share a
-# store across podman versions.
-BINDS = ("/proc", "/sys", "/dev", "/home")
+# bound into every command's view of the root (recursively), at the same paths. Not /tmp, /var/tmp
+# or /home: rootless podman keeps per-user state there (its pause process's pid, which every later
+# podman joins, its run root, and in ~/.local/share/containers a store whose database and network
+# backend a newer podman converts: tried, and the host's podman 4.3 then wanted netavark).
+BINDS = ("/proc", "/sys", "/dev")
 OLD_ROOT = ".tether-old-root"
 # run by the host's sh in the new mount namespace: $1 the root, $2 the directory to start in, $3 the
 # binds (newline-separated), then the command
@@ -149,11 +151,21 @@ class SlurmRoot:
         (bindir / "tether").chmod(0o755)
 
     # ---- using -----------------------------------------------------------------------------------
-    def prepare(self) -> None:
-        """The host's users, hosts and subordinate ids, copied in before the sandbox starts."""
+    def prepare(self, hosts: str = "", users: tuple[str, ...] = ()) -> None:
+        """The host's users, hosts and subordinate ids, copied in before the sandbox starts;
+        ``hosts``: lines added to the root's /etc/hosts; ``users``: whose home directory the root
+        gets (its own, empty: see BINDS)."""
         for name in ("passwd", "group", "hosts", "subuid", "subgid"):
             if Path("/etc", name).exists():
                 shutil.copy(f"/etc/{name}", self.path / "etc" / name)
+        if hosts:
+            with open(self.path / "etc/hosts", "a", encoding="utf-8") as fh:
+                fh.write(hosts)
+        for user in users:
+            entry = pwd.getpwnam(user)
+            home = self.path / entry.pw_dir.lstrip("/")
+            home.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.lchown(home, entry.pw_uid, entry.pw_gid)
         if self.sandbox:     # its mount point, reachable by the job users
             inside = self.path / self.sandbox.lstrip("/")
             inside.mkdir(parents=True, exist_ok=True)
@@ -161,6 +173,30 @@ class SlurmRoot:
                 if part == self.path:
                     break
                 os.chmod(part, 0o755)
+
+    def end_user_namespaces(self, users: tuple[str, ...]) -> list[int]:
+        """Stop each user's rootless podman pause process of this root (the pids it killed).
+        Every later podman of the user joins that process's namespaces, and so the mount namespace
+        of the command that first started podman: a sandbox directory made again since (``down
+        --purge``) or another sandbox's is not in it. So each ``up`` and ``down`` ends them."""
+        killed = []
+        for user in users:
+            uid = pwd.getpwnam(user).pw_uid
+            for pid_file in self.path.glob(f"tmp/*-run-{uid}/libpod/tmp/pause.pid"):
+                try:
+                    pid = int(pid_file.read_text().strip())
+                    status = Path(f"/proc/{pid}/status").read_text()
+                except (OSError, ValueError):
+                    continue
+                fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+                if fields.get("Name", "").strip() == "catatonit" and fields.get("Uid", "").split()[:1] == [str(uid)]:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+                    except ProcessLookupError:
+                        pass
+                pid_file.unlink(missing_ok=True)
+        return killed
 
     def wrap(self, argv: list[str], cwd: str | None = None) -> list[str]:
         """``argv`` run inside the root (in ``cwd``: paths are the same on both sides)."""
