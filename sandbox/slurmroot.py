@@ -30,6 +30,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..container.runtimes.podman import read_regular
 from ..hooks.errors import TetherError
 from ..system.proc import CommandError, run_command
 
@@ -182,9 +183,12 @@ class SlurmRoot:
         killed = []
         for user in users:
             uid = pwd.getpwnam(user).pw_uid
+            # the pid file is the user's: read only a regular file (a FIFO must not hang root), and
+            # kill only what /proc says is that user's catatonit; the file is left to podman
             for pid_file in self.path.glob(f"tmp/*-run-{uid}/libpod/tmp/pause.pid"):
+                text = read_regular(str(pid_file), limit=32)
                 try:
-                    pid = int(pid_file.read_text().strip())
+                    pid = int((text or "").strip())
                     status = Path(f"/proc/{pid}/status").read_text()
                 except (OSError, ValueError):
                     continue
@@ -195,7 +199,6 @@ class SlurmRoot:
                         killed.append(pid)
                     except ProcessLookupError:
                         pass
-                pid_file.unlink(missing_ok=True)
         return killed
 
     def wrap(self, argv: list[str], cwd: str | None = None) -> list[str]:

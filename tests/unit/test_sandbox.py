@@ -38,3 +38,34 @@ def test_tmpfs_dirs_refuse_what_a_user_put_there_first(tmp_path):
     with pytest.raises(SandboxError, match="not a root-owned directory"):
         make_tmpfs_dirs(node)
     assert stat.S_IMODE(target.stat().st_mode) != 0o1777    # the link's target was not chmodded
+
+
+def test_a_slurm_roots_pause_processes_end_but_only_the_users_catatonit(tmp_path, monkeypatch):
+    """end_user_namespaces reads the user's own pid files: a FIFO does not hang it, a pid of
+    another program is not killed; the user's catatonit is."""
+    import signal
+    import subprocess
+    import time
+
+    import tether.sandbox.slurmroot as slurmroot
+
+    monkeypatch.setattr(slurmroot, "CACHE", tmp_path)
+    root = slurmroot.SlurmRoot("24.11")
+    run_dirs = [root.path / "tmp" / f"{kind}-run-0" / "libpod" / "tmp" for kind in ("storage", "podman", "x")]
+    for d in run_dirs:
+        d.mkdir(parents=True)
+    pause = subprocess.Popen(["catatonit", "-P"], start_new_session=True)
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        (run_dirs[0] / "pause.pid").write_text(f"{pause.pid}\n")
+        (run_dirs[1] / "pause.pid").write_text(f"{other.pid}\n")
+        os.mkfifo(run_dirs[2] / "pause.pid")
+        time.sleep(0.2)                                  # catatonit has exec'd
+        assert root.end_user_namespaces(("root",)) == [pause.pid]
+        assert pause.wait(timeout=10) == -signal.SIGKILL
+        assert other.poll() is None                      # not a catatonit: left alone
+    finally:
+        for proc in (pause, other):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
