@@ -446,10 +446,11 @@ class Sandbox:
             quick = self.quick()
         release = self.release()
         if release:
-            # no cgroups (and so, with them, no accounting database) beside the host's sandbox: with
-            # several slurmd per host, Slurm puts node n1's cgroups under /slurm_n1 in every release
-            # (CgroupPrepend is not configurable), so two sandboxes' n1 would share them. Tried:
-            # 24.11 then failed a batch job's memory.limit_in_bytes (EINVAL) and drained n1.
+            # no cgroups (and so, with them, no accounting database) for now: with several slurmd
+            # per host, Slurm puts node n1's cgroups under /slurm_n1 in every release (CgroupPrepend
+            # is not configurable), the same directories as the host's sandbox. Tried once, after a
+            # host sandbox's run: 24.11 failed a batch job's memory.limit_in_bytes (EINVAL) and
+            # drained n1 (cause not settled).
             quick = True
         port_base = self._choose_ports()
         ensure_user(self.user, log=log)
