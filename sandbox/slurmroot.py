@@ -1,8 +1,9 @@
 """Another Slurm release beside the host's: a cached Debian root that the sandbox's daemons and
-commands run in (chroot), for ``tether sandbox up --slurm 24.11``.
+commands run in, for ``tether sandbox up --slurm 24.11|26.05``.
 
-Debian 12 ships Slurm 22.05; Debian 13 (trixie) ships 24.11. ``debootstrap --variant=minbase``
-plus Slurm, munge, gcc and Python with cffi/yaml/jinja2 takes under a minute here and is kept in
+Debian 12 ships Slurm 22.05; Debian 13 (trixie) ships 24.11, Debian testing (forky) 26.05.
+``debootstrap --variant=minbase`` plus Slurm, munge, gcc, Python with cffi/yaml/jinja2 and podman
+takes under a minute here and is kept in
 ``/var/cache/tether/slurm-roots/<release>`` (rebuilt when the package list changes). At each ``up``
 the root gets the host's users (``/etc/passwd``, ``/etc/group``: one set of uids on both sides),
 ``/etc/hosts`` and ``/etc/subuid``/``subgid`` (rootless podman). Every command runs in a mount
