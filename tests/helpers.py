@@ -28,6 +28,8 @@ TEST_SLURM = os.environ.get("TETHER_TEST_SLURM", "")
 def release_sandbox_root(release: str) -> str:
     """The test sandbox directory of a Slurm release (``...-pytest-2411``)."""
     return f"{TEST_SANDBOX_ROOT}-{release.replace('.', '')}"
+
+
 REPO = Path(__file__).resolve().parent.parent
 
 
