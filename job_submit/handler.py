@@ -343,25 +343,25 @@ class Handler:
         way to (the user sees "Requested operation not supported on this system")."""
         job = f"tether job {self._text(update.job_id_str) or update.job_id}"
 
-        def refuse(log: str, user: str) -> int:
-            self.log(1, log)
-            self._reply(update, f"tether: {user}")
+        def refuse(why: str, *, partition: str | None = None, by_uid: bool = False) -> int:
+            to = f" to partition {partition}" if partition else ""
+            self.log(1, f"update of {job}{f' by uid {submit_uid}' if by_uid else ''}{to} refused: {why}")
+            self._reply(update, f"tether: update{to} refused: {why}")
             return REJECT
         config = self.refresh()
         if config is None:
-            return refuse(f"update of {job} refused: tether unavailable: {self.reason}",
-                          f"update refused: tether unavailable: {self.reason}")
+            return refuse(f"tether unavailable: {self.reason}")
         try:
             values = checked_values(tether_values(self._strings(current.spank_env, current.spank_env_size)))
         except RequestError as exc:             # a job submitted before tether checked it
-            return refuse(f"update of {job} refused: {exc}", f"update refused: {exc}")
+            return refuse(str(exc))
         if not any(opt.name in values for opt in SLOT_OPTIONS):
             return ACCEPT                       # container options only: tether planned nothing
         changed = [a.given for a in user_args(update, self.lib, self.ffi)]
         if changed:
             why = (f"{', '.join(changed)} would override the layout tether planned from --slots (cancel "
                    f"and resubmit with other --slots/--slots-per-node instead)")
-            return refuse(f"update of {job} by uid {submit_uid} refused: {why}", f"update refused: {why}")
+            return refuse(why, by_uid=True)
         partition = self._text(update.partition)
         if partition is None:
             return ACCEPT
@@ -370,17 +370,14 @@ class Handler:
             before = make_plan(self.request(current, values, self._text(current.partition)), config, "slurm")
             plan = make_plan(self.request(current, values, partition), config, "slurm")
         except RequestError as exc:
-            return refuse(f"update of {job} to partition {partition} refused: {exc}",
-                          f"update to partition {partition} refused: {exc}")
+            return refuse(str(exc), partition=partition)
         if plan.row != before.row:
             why = f"it would change the job from {before.row} to {plan.row} (slot type); cancel and resubmit"
-            return refuse(f"update of {job} to partition {partition} refused: {why}",
-                          f"update to partition {partition} refused: {why}")
+            return refuse(why, partition=partition)
         try:
             apply_plan(update, plan, self.ffi, self.prefix)
         except RequestError as exc:
-            return refuse(f"update of {job} to partition {partition} refused: {exc}",
-                          f"update to partition {partition} refused: {exc}")
+            return refuse(str(exc), partition=partition)
         self.log(1, f"{job} re-planned for partition {partition}: {plan.slurm}")
         return ACCEPT
 

@@ -15,7 +15,6 @@ from tether.hooks.header import batch_header
 from tether.hooks.policy import parse_qsub_args, parse_sbatch_args, split_qsub_args
 from tether.hooks.render import resource_options, script_directives
 from tether.hooks.request import Request
-from tether.system.proc import run_command
 
 TEST_SANDBOX_ROOT = os.environ.get("TETHER_TEST_SANDBOX_DIR", "/var/lib/tether/sandbox-pytest")
 # the newer Slurm releases the release_cluster fixture runs, each in a Debian root of its own
@@ -73,9 +72,8 @@ class Cluster:
 
     def run(self, argv: Sequence[str], *, check: bool = True, timeout: float = 120, cwd: str | None = None,
             input: str | None = None):
-        cwd = cwd or str(self.box.work_dir)
-        return run_command(self.box.wrap(list(argv), cwd), env=self.box.command_env(), check=check,
-                           timeout=timeout, cwd=cwd, input=input)
+        return self.box.slurm(list(argv), check=check, timeout=timeout, cwd=cwd or str(self.box.work_dir),
+                              input=input)
 
     def as_user(self, argv: Sequence[str], **kw):
         """Run ``argv`` as the unprivileged job user (as real users submit jobs)."""
