@@ -229,13 +229,13 @@ def _supervise(launch: Launch, subreaper: bool) -> int:
 
     for sig in FORWARDED:            # before fork: a signal in between is not lost (nor fatal)
         signal.signal(sig, forward)
-    status, killed = _run_child(launch, children, received)
-    if _never_started(launch, status, received, killed) and launch.runtime.recover_state(launch.env):
+    status, killed, written = _run_child(launch, children, received)
+    if _never_started(launch, status, received, killed, written) and launch.runtime.recover_state(launch.env):
         # the runtime failed before it created the container (its own state was stale): nothing
         # of the user's ran, so one more try is safe
         children.clear()
-        status, killed = _run_child(launch, children, received)
-    not_created = _never_started(launch, status, received, killed)
+        status, killed, written = _run_child(launch, children, received)
+    not_created = _never_started(launch, status, received, killed, written)
     if launch.created:
         remove_file(launch.created)
     monitor_killed = next((sig for name, sig in killed if name == launch.monitor), None)
@@ -289,17 +289,35 @@ def save_container(launch: Launch) -> bool:
     return True
 
 
-def _never_started(launch: Launch, status: int, received: list[int], killed: list) -> bool:
-    """Did the runtime fail (exit 1 or 125+) without creating the container, unsignalled?"""
+def _never_started(launch: Launch, status: int, received: list[int], killed: list, written: bool | None) -> bool:
+    """Did the runtime fail (exit 1 or 125+) without creating the container, unsignalled? Only when
+    it is certain: the id file (``--cidfile``) was never written -- podman 5 removes it again with
+    the container (``--rm``), so that it is gone says nothing -- and is not there."""
     return (launch.created is not None and launch.runtime is not None and not received and not killed
             and os.WIFEXITED(status) and os.WEXITSTATUS(status) in (1, 125, 126, 127)
-            and not os.path.exists(launch.created))
+            and written is False and not os.path.exists(launch.created))
 
 
-def _run_child(launch: Launch, children: list[int], received: list[int]) -> tuple[int, list[tuple[str, int]]]:
-    """Fork and exec the runtime, pass it the signals that came before it existed, wait for it."""
+def _run_child(launch: Launch, children: list[int],
+               received: list[int]) -> tuple[int, list[tuple[str, int]], bool | None]:
+    """Fork and exec the runtime, pass it the signals that came before it existed, wait for it;
+    (its status, what was killed, whether it wrote the id file: see _never_started)."""
+    watch = None
     if launch.created:
+        from ..system.inotify import WriteWatch
+
         remove_file(launch.created)      # podman refuses to overwrite a --cidfile
+        watch = WriteWatch(launch.created)
+    try:
+        status, killed = _fork_and_wait(launch, children, received)
+        return status, killed, watch.written() if watch else None
+    finally:
+        if watch:
+            watch.close()
+
+
+def _fork_and_wait(launch: Launch, children: list[int], received: list[int]) -> tuple[int, list[tuple[str, int]]]:
+    """Fork and exec the runtime, pass it the signals that came before it existed, wait for it."""
     child = os.fork()
     if child == 0:
         for sig in FORWARDED:
