@@ -158,9 +158,12 @@ def launcher_text(config_path: str | None, settings: Mapping[str, Any], *, pytho
     """The launcher script for this Python and the given config (install time only: imports
     tether's config and toolchain modules, which a rank's launch never needs)."""
     from ..hooks.config import plain_data
-    from ..system.toolchain import tether_import_path
+    from ..system.toolchain import dependency_dirs, tether_import_path
 
+    # -S: no site.py, so also where yaml comes from (Debian's python3-yaml: /usr/lib/python3/dist-packages,
+    # which only Debian's site.py adds); a changed config is read again with it
+    paths = list(dict.fromkeys([tether_import_path(), *dependency_dirs()]))
     # plain dicts, lists and strings: their repr() is a Python literal
-    return LAUNCHER_TEMPLATE.format(python=python or sys.executable, paths=[tether_import_path()],
+    return LAUNCHER_TEMPLATE.format(python=python or sys.executable, paths=paths,
                                     config=config_path, identity=config_identity(config_path),
                                     baked=plain_data(settings))

@@ -1641,3 +1641,23 @@ def test_the_launcher_takes_the_tasks_command_as_each_slurm_hands_it_over():
     assert task_command("", [launcher, "sh", "-c", "echo $0", "a b"]) == ["sh", "-c", "echo $0", "a b"]
     assert task_command(None, [launcher, "sh"]) == []
     assert task_command("", [launcher]) == []
+
+
+def test_the_launcher_script_finds_yaml_without_site_py(tmp_path, monkeypatch):
+    """The launcher runs as ``python -IS`` (no site.py): its sys.path names where yaml comes from,
+    or a changed config could not be read again (Debian's python3 with python3-yaml: 24.11's root).
+    Here tether alone is installed elsewhere, as it is in /usr/local beside Debian's yaml."""
+    import tether.container
+    from tether.container.run import launcher_text
+    from tether.system import toolchain
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "tether").symlink_to(Path(tether.container.__file__).parents[1])
+    monkeypatch.setattr(toolchain, "tether_import_path", lambda: str(lib))
+    text = launcher_text(None, {})
+    header = text.split("from tether.container.run import handoff")[0].split("\n", 1)[1]
+    script = tmp_path / "header.py"
+    script.write_text(header + "import yaml, tether.hooks.configfile\nprint(yaml.__name__)\n")
+    out = subprocess.run([sys.executable, "-IS", str(script)], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout == "yaml\n", out.stderr
