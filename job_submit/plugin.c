@@ -392,6 +392,9 @@ int job_modify(TETHER_MODIFY_ARGS)
 	if (call) {
 		call->job = job_from(job_desc);
 		call->current = job_from(copy);
+		/* 24.11: the update's job_desc carries no job id (the handler logged "job None"): the job's */
+		if (call->job && call->current && (call->job->job_id == 0 || call->job->job_id == NO_VAL))
+			call->job->job_id = call->current->job_id;
 	}
 	free_job_copy(copy);
 	if (!tether_job)
