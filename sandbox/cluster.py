@@ -40,7 +40,11 @@ DEFAULT_ROOT = "/var/lib/tether/sandbox"
 ROOT_ENV = "TETHER_SANDBOX_DIR"
 DEFAULT_PORT_BASE = 17000
 DEFAULT_USER = "tether-demo"
-NODES = ("n1", "n2", "n3")
+NODE_COUNT = 3
+# node names: n1..n3 on the host's Slurm; a sandbox on another release names its nodes after it
+# (r2411n1..r2411n3), because Slurm puts each node's cgroups under /slurm_<node name> (CgroupPrepend is
+# fixed there when several slurmd share a host): two sandboxes with the same names would share them
+HOST_NODE_PREFIX = "n"
 GPUS_PER_NODE = 4
 # fake GPUs /dev/tether-fakegpu0..3 and their CDI spec (see write_fake_gpus)
 FAKE_GPU_PREFIX = "/dev/tether-fakegpu"
@@ -144,11 +148,12 @@ class Sandbox:
     """One sandbox cluster rooted at ``root`` (default /var/lib/tether/sandbox)."""
 
     def __init__(self, root: str | os.PathLike | None = None, port_base: int | None = None,
-                 user: str = DEFAULT_USER, slurm: str | None = None):
+                 user: str = DEFAULT_USER, slurm: str | None = None, node_prefix: str | None = None):
         self.root = Path(root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT).absolute()
         self.user = user
         self._port_base = port_base
         self._slurm = slurm
+        self._node_prefix = node_prefix
 
     # ---- the Slurm release --------------------------------------------------------------------
     def release(self) -> str | None:
@@ -169,6 +174,41 @@ class Sandbox:
     def slurm(self, argv: list[str], **kwargs):
         """Run one of Slurm's commands against the sandbox (run_command's keywords)."""
         return run_command(self.wrap(argv, kwargs.get("cwd")), env=self.command_env(), **kwargs)
+
+    @property
+    def node_prefix(self) -> str:
+        """What the node names start with: ``n`` on the host's Slurm, ``r2411n`` on Slurm 24.11, unless
+        the sandbox was made with another (kept across restarts)."""
+        chosen = self._node_prefix or self._settings().get("node_prefix")
+        if chosen:
+            return chosen
+        release = self.release()
+        return f"r{release.replace('.', '')}n" if release else HOST_NODE_PREFIX
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The node names, in order (``("n1", "n2", "n3")`` on the host's Slurm)."""
+        return tuple(f"{self.node_prefix}{i}" for i in range(1, NODE_COUNT + 1))
+
+    def host_path(self, path: str | os.PathLike) -> Path:
+        """Where ``path`` as the sandbox's jobs see it is on this host: the same, except in a Slurm
+        root outside the sandbox directory (the root's own /tmp, /var/tmp, /home)."""
+        path = Path(path)
+        root = self.slurm_root
+        if root is None or path == self.root or self.root in path.parents:
+            return path
+        return root.path / path.relative_to("/")
+
+    @property
+    def python(self) -> str:
+        """The Python that has tether where the sandbox's jobs run: this one, or the root's."""
+        return "/usr/bin/python3" if self.release() else sys.executable
+
+    @property
+    def tether(self) -> list[str]:
+        """tether's command where the sandbox's jobs run (run it through ``wrap``): this Python's
+        ``tether``, or the one install_tether put in the root."""
+        return ["/usr/local/bin/tether" if self.release() else str(Path(sys.executable).with_name("tether"))]
 
     # ---- layout -------------------------------------------------------------------------
     @property
@@ -269,7 +309,7 @@ class Sandbox:
         """Build (when the sources changed) and install tether's plugins into this sandbox."""
         root = self.slurm_root
         if root:          # inside the root, against its Slurm and Python, as its admin would
-            out = self.build_dir / f"slurm-{self.release()}"
+            out = self.plugin_build_dir
             root.run(["tether", "slurm", "build", "--out", str(out)], env=self.env(), timeout=600)
             root.run(["tether", "slurm", "install", "--build-dir", str(out), "--slurm-conf", str(self.slurm_conf),
                       "--plugin-dir", str(self.plugin_dir), "--write"], env=self.env(), timeout=120)
@@ -277,6 +317,12 @@ class Sandbox:
         build = build_plugins(self.build_dir, reuse=True, log=log)
         install_plugins(build, slurm_conf=self.slurm_conf, plugin_dir=self.plugin_dir,
                         config=load_config(str(self.tether_conf)), write=True, log=lambda m: None)
+
+    @property
+    def plugin_build_dir(self) -> Path:
+        """Where the plugins for this sandbox's Slurm are built (``tether slurm build --out``)."""
+        release = self.release()
+        return self.build_dir / f"slurm-{release}" if release else self.build_dir
 
     def tether_settings(self) -> dict:
         """The sandbox's tether config: its own job storage root and image cache; podman as the
@@ -291,7 +337,7 @@ class Sandbox:
                                    "CONTAINERS_REGISTRIES_CONF": str(self.etc / "registries.conf")}},
             },
             "gateways": {"partition": "gateway",
-                         "daemon": [sys.executable, "-m", "tether.sandbox.gateway_daemon", "--port", "{port}",
+                         "daemon": [self.python, "-m", "tether.sandbox.gateway_daemon", "--port", "{port}",
                                     "--node", "{node}"]},
             "launcher": {"agent": str(self.root / "bin" / "tether-agent"),
                          "state_root": str(self.root / "launcher-state"), "service_user": LAUNCHER_USER,
@@ -315,6 +361,22 @@ class Sandbox:
         job root, the state directory), and a directory for its socket."""
         from ..launcher.install import apply
 
+        self._launcher_accounts(log=log)
+        (self.root / "bin").mkdir(mode=0o755, exist_ok=True)
+        if self.slurm_root:        # in the root, with its Python and sudo (the accounts were copied in)
+            self.slurm_root.run(["python3", "-c", "import sys; from tether.hooks.configfile import load_config; "
+                                 "from tether.launcher.install import apply; "
+                                 "apply(load_config(sys.argv[1]), sudoers=sys.argv[2])",
+                                 str(self.tether_conf), str(self.launcher_sudoers)], timeout=120)
+        else:
+            apply(load_config(str(self.tether_conf)), sudoers=str(self.launcher_sudoers))
+        service = pwd.getpwnam(LAUNCHER_USER)
+        self.launcher_socket.parent.mkdir(parents=True, exist_ok=True)
+        os.chown(self.launcher_socket.parent, service.pw_uid, service.pw_gid)
+        os.chmod(self.launcher_socket.parent, 0o700)
+
+    def _launcher_accounts(self, *, log=print) -> None:
+        """The launcher's service account and the group of users it may act for (the job user)."""
         ensure_user(LAUNCHER_USER, log=log)
         try:
             grp.getgrnam(LAUNCHER_GROUP)
@@ -322,12 +384,6 @@ class Sandbox:
             run_command(["groupadd", LAUNCHER_GROUP], timeout=60)
         if self.user not in grp.getgrnam(LAUNCHER_GROUP).gr_mem:
             run_command(["usermod", "-a", "-G", LAUNCHER_GROUP, self.user], timeout=60)
-        (self.root / "bin").mkdir(mode=0o755, exist_ok=True)
-        apply(load_config(str(self.tether_conf)), sudoers=str(self.launcher_sudoers))
-        service = pwd.getpwnam(LAUNCHER_USER)
-        self.launcher_socket.parent.mkdir(parents=True, exist_ok=True)
-        os.chown(self.launcher_socket.parent, service.pw_uid, service.pw_gid)
-        os.chmod(self.launcher_socket.parent, 0o700)
 
     def user_podman(self) -> list[str]:
         """The job user's podman as jobs run it: the sandbox's podman env and args and the user's
@@ -403,7 +459,7 @@ class Sandbox:
                  Daemon("munged", self.munge_dir / "munged.pid", str(self.munge_socket)),
                  *accounting,
                  Daemon("slurmctld", self.run_dir / "slurmctld.pid", conf)]
-                + [Daemon(f"slurmd-{n}", self.run_dir / f"slurmd-{n}.pid", conf) for n in NODES])
+                + [Daemon(f"slurmd-{n}", self.run_dir / f"slurmd-{n}.pid", conf) for n in self.nodes])
 
     # ---- settings -----------------------------------------------------------------------
     def _settings(self) -> dict:
@@ -444,30 +500,32 @@ class Sandbox:
         self.stop_daemons(log=lambda *_: None)  # leftovers of a half-started sandbox
         if quick is None:
             quick = self.quick()
+        elif quick != self.quick() and self.settings_file.exists():
+            # accounting switched on or off: slurmctld's state names the cluster id it last ran
+            # with, the database another (or none); the state is this sandbox's alone, so its
+            # record goes, as slurmctld's own fatal message advises ("CLUSTER ID MISMATCH")
+            (self.root / "state" / "clustername").unlink(missing_ok=True)
         release = self.release()
-        if release:
-            # no cgroups (and so, with them, no accounting database) for now: with several slurmd
-            # per host, Slurm puts node n1's cgroups under /slurm_n1 in every release (CgroupPrepend
-            # is not configurable), the same directories as the host's sandbox. Tried once, after a
-            # host sandbox's run: 24.11 failed a batch job's memory.limit_in_bytes (EINVAL) and
-            # drained n1 (cause not settled).
-            quick = True
         port_base = self._choose_ports()
         ensure_user(self.user, log=log)
         self._make_layout()
         self.settings_file.write_text(json.dumps({"port_base": port_base, "user": self.user, "quick": quick,
-                                                  "slurm": release}) + "\n")
+                                                  "slurm": release, "node_prefix": self.node_prefix}) + "\n")
+        self._launcher_accounts(log=log)
         if self.slurm_root:
             self.slurm_root.ensure(log=log)
             # the node names resolve, as on a real cluster: 24.11's slurmstepd cannot look up a
             # node's NodeAddr (slurm_conf_get_nodeaddr knows only dynamic nodes there), so
             # MASTER_ADDR is the first node's name
-            self.slurm_root.prepare(hosts=f"127.0.0.1 {' '.join(NODES)}\n", users=(self.user,))
+            self.slurm_root.prepare(hosts=f"127.0.0.1 {' '.join(self.nodes)}\n", users=(self.user,))
             self.slurm_root.end_user_namespaces((self.user,))
+            # the fake GPUs' CDI spec where the root's podman looks (the devices: its /dev is the host's)
+            cdi = self.slurm_root.path / FAKE_GPU_CDI_SPEC.relative_to("/")
+            cdi.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            shutil.copy(FAKE_GPU_CDI_SPEC, cdi)
             self.slurm_root.install_tether()
         self._write_configs(port_base)
-        if not release:           # the REST launcher's service user and sudoers rule: the host's sandbox
-            self.install_launcher(log=log)
+        self.install_launcher(log=log)
         self._heal_podman(log=log)
         if plugins:
             self.install_plugins(log=log)
@@ -479,8 +537,8 @@ class Sandbox:
                 self._start_slurmdbd(port_base + DBD_OFFSET)
             self._start(["slurmctld", "-f", str(self.slurm_conf)], "slurmctld")
             tmpfs = self.tmpfs_dir(port_base)       # in a Slurm root: its own /tmp
-            make_tmpfs_dirs(self.slurm_root.path / tmpfs.relative_to("/") if self.slurm_root else tmpfs)
-            for node in NODES:
+            make_tmpfs_dirs(self.slurm_root.path / tmpfs.relative_to("/") if self.slurm_root else tmpfs, self.nodes)
+            for node in self.nodes:
                 (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
                 self._start(["slurmd", "-f", str(self.slurm_conf), "-N", node], f"slurmd-{node}")
             # jobs of an earlier life whose processes were killed outright (a crash, a machine
@@ -495,7 +553,7 @@ class Sandbox:
         extra = ("quick: no accounting, no cgroups" if quick else
                  f"slurmdbd {port_base + DBD_OFFSET}, MariaDB {port_base + MARIADB_OFFSET}, cgroups")
         log(f"sandbox up: {self.root} (slurmctld port {port_base}, slurmd ports "
-            f"{port_base + 1}-{port_base + len(NODES)}, registry {self.registry_address}, {extra}); "
+            f"{port_base + 1}-{port_base + NODE_COUNT}, registry {self.registry_address}, {extra}); "
             f"{self.export_line()}")
 
     def down(self, *, purge: bool = False, log=print) -> list[str]:
@@ -506,6 +564,10 @@ class Sandbox:
         stopped = self.stop_daemons(log=log)
         if self.slurm_root and self.slurm_root.path.exists():
             self.slurm_root.end_user_namespaces((self.user,))
+            # the fake GPUs' CDI spec where the root's podman looks (the devices: its /dev is the host's)
+            cdi = self.slurm_root.path / FAKE_GPU_CDI_SPEC.relative_to("/")
+            cdi.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            shutil.copy(FAKE_GPU_CDI_SPEC, cdi)
         if purge and self.root.exists():
             tmpfs = self.tmpfs_dir(self.port_base())
             shutil.rmtree(self.root)
@@ -549,7 +611,7 @@ class Sandbox:
         while time.monotonic() < deadline:
             states = self.node_states()
             plain = {n: s.split()[0].rstrip("*~#$@+") for n, s in states.items()}
-            if set(plain) >= set(NODES) and all(plain[n] in usable for n in NODES):
+            if set(plain) >= set(self.nodes) and all(plain[n] in usable for n in self.nodes):
                 return
             bad = {n: s for n, s in plain.items() if s.startswith(("drain", "inval", "fail"))}
             if bad:
@@ -594,7 +656,7 @@ class Sandbox:
         if _ports_free(wanted):
             return wanted
         if self._port_base is not None:
-            raise SandboxError(f"ports {wanted}-{wanted + len(NODES)} on 127.0.0.1 are in use; "
+            raise SandboxError(f"ports {wanted}-{wanted + NODE_COUNT} on 127.0.0.1 are in use; "
                                f"choose another --port-base")
         for base in range(wanted + 10, wanted + 1000, 10):
             if _ports_free(base):
@@ -628,12 +690,12 @@ class Sandbox:
         env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True)
         values = {
             "cluster_name": "tether-sandbox", "ctld_port": port_base,
-            "slurmd_ports": [port_base + 1 + i for i in range(len(NODES))],
+            "slurmd_ports": [port_base + 1 + i for i in range(NODE_COUNT)],
             "munge_socket": self.munge_socket, "state_dir": self.root / "state",
             "spool_dir": self.root / "spool", "tmpfs_dir": self.tmpfs_dir(port_base), "run_dir": self.run_dir, "log_dir": self.log_dir,
             "plugin_dir": f"{system_plugin_dir()}:{self.plugin_dir}",
             "plugstack_conf": self.plugstack_conf,
-            "nodes": len(NODES), "cpus": CPUS_PER_NODE, "memory_mb": MEMORY_MB,
+            "nodes": NODE_COUNT, "node_prefix": self.node_prefix, "cpus": CPUS_PER_NODE, "memory_mb": MEMORY_MB,
             "gpus": GPUS_PER_NODE, "gpu_prefix": FAKE_GPU_PREFIX,
             "cgroups": not self.quick(), "accounting": not self.quick(), "dbd_port": port_base + DBD_OFFSET,
         }
@@ -1013,11 +1075,11 @@ def ensure_packages(packages: Iterable[str], *, log=print) -> None:
             policy.unlink(missing_ok=True)
 
 
-def make_tmpfs_dirs(base: Path) -> None:
+def make_tmpfs_dirs(base: Path, nodes: Iterable[str]) -> None:
     """``base`` (in /tmp, which every user can write) root-owned 0755 and one 1777 directory per
     node in it, as /tmp is. Root never follows what a user may have put there first: an existing
     entry that is not root's own plain directory is refused."""
-    for path, mode in [(base, 0o755)] + [(base / node, 0o1777) for node in NODES]:
+    for path, mode in [(base, 0o755)] + [(base / node, 0o1777) for node in nodes]:
         try:
             os.mkdir(path, mode)
         except FileExistsError:
@@ -1078,7 +1140,7 @@ def _require_root() -> None:
 
 
 def _ports_free(base: int) -> bool:
-    for port in [*range(base, base + len(NODES) + 1), base + REGISTRY_OFFSET, base + DBD_OFFSET, base + MARIADB_OFFSET]:
+    for port in [*range(base, base + NODE_COUNT + 1), base + REGISTRY_OFFSET, base + DBD_OFFSET, base + MARIADB_OFFSET]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:

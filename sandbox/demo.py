@@ -17,7 +17,6 @@ import pwd
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..system.proc import run_command
 from .cluster import Sandbox
 
 DEMO_OPTIONS = ["--slots=6", "--slots-per-node=2", "--slot-type=cpu", "--time=5"]
@@ -54,8 +53,8 @@ def make_job_dir(path: Path, user: str) -> Path:
 
 def sbatch(box: Sandbox, job_dir: Path, argv: list[str], timeout: float) -> Submitted:
     """``sbatch --parsable ARGV`` as the sandbox's job user, from ``job_dir``."""
-    result = run_command(["runuser", "-u", box.user, "--", "sbatch", "--parsable", *argv],
-                         env=box.command_env(), cwd=str(job_dir), check=False, timeout=timeout)
+    result = box.slurm(["runuser", "-u", box.user, "--", "sbatch", "--parsable", *argv],
+                       cwd=str(job_dir), check=False, timeout=timeout)
     out = result.stdout.strip()
     job_id = out.split(";")[0].splitlines()[0] if out else ""
     return Submitted(job_id, result.returncode, job_dir, result.stderr)
@@ -75,7 +74,7 @@ def run_demo(box: Sandbox, *, install: bool = True, log=print) -> int:
     if job.returncode != 0:
         log(f"sbatch failed (exit {job.returncode}): {job.stderr.strip()}")
         return job.returncode
-    fields = run_command(["scontrol", "-o", "show", "job", job.job_id], env=box.command_env()).stdout
+    fields = box.slurm(["scontrol", "-o", "show", "job", job.job_id]).stdout
     shown = [w for w in fields.split() if w.split("=", 1)[0] in SHOWN_FIELDS]
     log(f"job {job.job_id} as planned by tether's job_submit plugin: {' '.join(shown)}")
     print(job.output(), end="")

@@ -46,6 +46,8 @@ APT_OPTIONS = ("-o", "Acquire::Check-Valid-Until=false")
 PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "slurmdbd", "libslurm-dev", "munge", "gcc", "libc6-dev",
             "python3", "python3-dev", "python3-cffi", "python3-yaml", "python3-jinja2", "python3-setuptools",
             "python3-pip", "procps", "util-linux",
+            # the REST launcher (its service runs `tether serve` with sudo to the job user), busybox for tests
+            "sudo", "python3-aiohttp", "busybox-static",
             # the container runtime of the sandbox's jobs (podman 5.4 here, beside the host's 4.3)
             "podman", "runc", "conmon", "uidmap", "fuse-overlayfs", "slirp4netns", "catatonit")
 # bound into every command's view of the root (recursively), at the same paths. Not /tmp, /var/tmp
@@ -160,6 +162,12 @@ class SlurmRoot:
         for name in ("passwd", "group", "hosts", "subuid", "subgid"):
             if Path("/etc", name).exists():
                 shutil.copy(f"/etc/{name}", self.path / "etc" / name)
+        # every account a shadow entry without a password (PAM's account check, which sudo runs,
+        # fails an account that has none: "account validation failure"); never the host's hashes
+        shadow = "".join(f"{entry.pw_name}:*:19000:0:99999:7:::\n" for entry in pwd.getpwall())
+        target = self.path / "etc/shadow"
+        target.write_text(shadow)
+        os.chmod(target, 0o640)
         if hosts:
             with open(self.path / "etc/hosts", "a", encoding="utf-8") as fh:
                 fh.write(hosts)
