@@ -105,13 +105,14 @@ sys.exit(main({name!r}, sys.argv[1:], {state!r}))
 """
 
 
-def install_fakes(bin_dir: Path, module: str, names: Iterable[str], state_dir: Path) -> None:
-    """Write one executable per name into ``bin_dir`` (created), each calling ``module``'s main."""
+def install_fakes(bin_dir: Path, module: str, names: Iterable[str], state_dir: Path, python: str | None = None) -> None:
+    """Write one executable per name into ``bin_dir`` (created), each calling ``module``'s main with
+    ``python`` (default: this interpreter; another where the fakes run in a Slurm root)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     state_dir.mkdir(parents=True, exist_ok=True)
     for name in names:
         path = bin_dir / name
-        path.write_text(FAKE_SCRIPT.format(python=sys.executable, name=name, module=module, state=str(state_dir)))
+        path.write_text(FAKE_SCRIPT.format(python=python or sys.executable, name=name, module=module, state=str(state_dir)))
         path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH | stat.S_IRGRP | stat.S_IROTH)
 
 

@@ -534,10 +534,11 @@ class FakeRuntimes(FakeCommands):
 
     NAMES = ("apptainer", "singularity", "enroot")
 
-    def __init__(self, root: Path, *, singularity: str = "singularity-4", apptainer: str = "apptainer-1"):
+    def __init__(self, root: Path, *, singularity: str = "singularity-4", apptainer: str = "apptainer-1",
+                 python: str | None = None):
         self.root = Path(root)
         self.bin_dir, self.state_dir = self.root / "bin", self.root / "state"
-        install_fakes(self.bin_dir, "runtimes", self.NAMES, self.state_dir)
+        install_fakes(self.bin_dir, "runtimes", self.NAMES, self.state_dir, python)
         os.chmod(self.state_dir, 0o777)                  # ranks may run as another user
         self.configure(profiles={"singularity": singularity, "apptainer": apptainer})
 

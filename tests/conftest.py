@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from helpers import RELEASES, TEST_SANDBOX_ROOT, TEST_SLURM, Cluster, release_sandbox_root
+from helpers import RELEASES, TEST_SANDBOX_ROOT, TEST_SLURM, Cluster, public_base, release_sandbox_root
 from tether.sandbox.cluster import Sandbox
 
 # Hypothesis: `ci` keeps the unit level fast; `thorough` is what the properties were first run with.
@@ -24,10 +24,30 @@ settings.register_profile("thorough", max_examples=3000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+def pytest_configure(config):
+    """On another Slurm release (TETHER_TEST_SLURM) the tests' temporary files live in the release's
+    sandbox directory, the one host directory its Debian root sees at the same path (its /tmp and
+    /var/tmp are its own)."""
+    if TEST_SLURM and not config.option.basetemp:
+        config.option.basetemp = f"{release_sandbox_root(TEST_SLURM)}/pytest-tmp"
+
+
+def pytest_collection_modifyitems(config, items):
+    """On another Slurm release (TETHER_TEST_SLURM) the tests of the release_cluster fixture are not
+    collected: the first pass (the host's Slurm) runs them on every release."""
+    if not TEST_SLURM:
+        return
+    chosen = [item for item in items if "release_cluster" not in getattr(item, "fixturenames", ())]
+    if len(chosen) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in chosen])
+        items[:] = chosen
+
+
 @pytest.fixture
 def public_dir():
-    """A directory other users can reach (pytest's tmp_path is under a root-only 0700 directory)."""
-    path = Path(tempfile.mkdtemp(prefix="tether-test-", dir="/var/tmp"))
+    """A directory other users can reach (pytest's tmp_path is under a root-only 0700 directory);
+    in /var/tmp, or in the sandbox directory of another Slurm release (see pytest_configure)."""
+    path = Path(tempfile.mkdtemp(prefix="tether-test-", dir=public_base()))
     os.chmod(path, 0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)

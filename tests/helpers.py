@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import runpy
 import time
 from pathlib import Path
@@ -27,6 +28,25 @@ TEST_SLURM = os.environ.get("TETHER_TEST_SLURM", "")
 def release_sandbox_root(release: str) -> str:
     """The test sandbox directory of a Slurm release (``...-pytest-2411``)."""
     return f"{TEST_SANDBOX_ROOT}-{release.replace('.', '')}"
+
+
+# runc's own warnings, which podman 5 without cgroups (rootless on cgroup v1: 24.11's root on this
+# machine) lets through on the rank's stderr at every container's end: "cannot toggle freezer:
+# cgroups not configured for container", "lstat : no such file or directory"
+RUNC_WARNING = re.compile(r'^time="[^"]*" level=warning msg=')
+
+
+def without_runc_warnings(text: str) -> str:
+    """``text`` without runc's warning lines (see RUNC_WARNING)."""
+    return "".join(line for line in text.splitlines(keepends=True) if not RUNC_WARNING.match(line))
+
+
+def public_base() -> str:
+    """Where tests make directories the job user can reach: /var/tmp, or on another Slurm release
+    the sandbox's own directory (its Debian root has a /var/tmp of its own), made if missing."""
+    base = f"{release_sandbox_root(TEST_SLURM)}/public" if TEST_SLURM else "/var/tmp"
+    os.makedirs(base, mode=0o755, exist_ok=True)
+    return base
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,6 +89,12 @@ class Cluster:
     def __init__(self, box):
         self.box = box
         self.user = box.user
+        self.nodes = box.nodes          # ("n1", "n2", "n3"); another release names its own
+
+    def gres(self, spec: str) -> str:
+        """A TRES-per-job/node/task value as this Slurm's scontrol spells it: ``gres:gpu:2`` on
+        22.05, ``gres/gpu:2`` from 23.02 on (the host's Slurm is 22.05)."""
+        return f"gres/{spec}" if self.box.release() else f"gres:{spec}"
 
     def run(self, argv: Sequence[str], *, check: bool = True, timeout: float = 120, cwd: str | None = None,
             input: str | None = None):

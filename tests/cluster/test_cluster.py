@@ -25,7 +25,6 @@ from tether.hooks.render import script_directives
 from tether.hooks.request import Request
 from tether.sandbox.cluster import Sandbox
 from tether.sandbox.demo import make_job_dir, run_demo, sbatch
-from tether.system.proc import run_command
 
 from helpers import with_sbatch_args
 
@@ -69,13 +68,13 @@ def test_three_nodes_in_service_with_four_gpus_each(cluster):
     """(idle, or mixed: the level's time-limited jobs run on some of their CPUs)"""
     out = cluster.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N %T %G"]).stdout.split("\n")
     nodes = sorted(line.replace(" mixed ", " idle ") for line in out if line)
-    assert nodes == ["n1 idle gpu:4", "n2 idle gpu:4", "n3 idle gpu:4"]
+    assert nodes == [f"{n} idle gpu:4" for n in cluster.nodes]
 
 
 def test_srun_three_nodes_per_node_output(cluster):
     out = cluster.as_user(["srun", "-N3", "--label", "bash", "-c",
                            'echo "$SLURMD_NODENAME $(id -un)"']).stdout
-    assert sorted(out.splitlines()) == [f"{i}: n{i + 1} {cluster.user}" for i in range(3)]
+    assert sorted(out.splitlines()) == [f"{i}: {cluster.nodes[i]} {cluster.user}" for i in range(3)]
 
 
 def test_multinode_sbatch_wait_as_user(cluster, tmp_path):
@@ -85,7 +84,7 @@ def test_multinode_sbatch_wait_as_user(cluster, tmp_path):
     result = cluster.as_user(["sbatch", "--wait", "--parsable", str(script)])
     job_id = result.stdout.strip()
     lines = (cluster.box.work_dir / f"multinode-{job_id}.out").read_text().splitlines()
-    assert sorted(lines) == ["node n1", "node n2", "node n3"]
+    assert sorted(lines) == [f"node {n}" for n in cluster.nodes]
     fields = cluster.job_fields(job_id)
     assert (fields["JobState"], fields["NumNodes"], fields["ExitCode"]) == ("COMPLETED", "3", "0:0")
 
@@ -96,16 +95,18 @@ def test_tres_gres_row(cluster):
                                    default_compute_resource_pool="gpu")
     assert plan.row == "slurm-gpu-tres-gres"
     assert (fields["NumNodes"], fields["NumTasks"]) == ("3", "3")
-    assert fields["TresPerJob"] == "gres:gpu:6" and fields["TresPerTask"] == "gres:gpu:2"
+    # written by sbatch itself here (the plan's directives): 24.11 shows its per-task value as gres/gpu=2
+    assert fields["TresPerJob"] == cluster.gres("gpu:6")
+    assert fields["TresPerTask"] in (cluster.gres("gpu:2"), cluster.gres("gpu=2")), fields["TresPerTask"]
     assert (fields["Partition"], fields["Requeue"]) == ("gpu", "0")
     assert fields["JobName"].startswith("tether_cmd-t") and fields["StdOut"].endswith(f"{fields['JobName'][11:]}/job.out")
-    assert ranks == [f"rank={i} node=n{i + 1} gpus=0,1 cpus= user={cluster.user}" for i in range(3)]
+    assert ranks == [f"rank={i} node={cluster.nodes[i]} gpus=0,1 cpus= user={cluster.user}" for i in range(3)]
 
 
 def test_tres_gres_row_without_slots_per_node(cluster):
     """6 GPUs do not fit one 4-GPU node: Slurm must pick the nodes, one task (container) each."""
     plan, fields, ranks = run_plan(cluster, Request(slots=6))
-    assert fields["TresPerJob"] == "gres:gpu:6" and "TresPerTask" not in fields
+    assert fields["TresPerJob"] == cluster.gres("gpu:6") and "TresPerTask" not in fields
     assert fields["NumNodes"] == fields["NumTasks"] == str(len(ranks)) == "2"
     gpus = sum(len(re.search(r"gpus=(\S+)", r).group(1).split(",")) for r in ranks)
     assert gpus == 6
@@ -114,7 +115,7 @@ def test_tres_gres_row_without_slots_per_node(cluster):
 def test_gres_row(cluster):
     plan, fields, ranks = run_plan(cluster, Request(slots=8, slots_per_node=4), tres_supported=False)
     assert plan.row == "slurm-gpu-gres"
-    assert (fields["NumNodes"], fields["NumTasks"], fields["TresPerNode"]) == ("2", "2", "gres:gpu:4")
+    assert (fields["NumNodes"], fields["NumTasks"], fields["TresPerNode"]) == ("2", "2", cluster.gres("gpu:4"))
     assert [r.split()[2] for r in ranks] == ["gpus=0,1,2,3", "gpus=0,1,2,3"]
 
 
@@ -158,19 +159,24 @@ def test_demo_command(cluster, capsys):
     assert run_demo(cluster.box, install=False, log=logged.append) == 0
     out = capsys.readouterr().out.splitlines()
     image = cluster.box.registry_image()
-    assert out[0].endswith(f"3 nodes (n[1-3]), 3 tasks, image {image}")
+    assert out[0].endswith(f"3 nodes ({cluster.box.node_prefix}[1-3]), 3 tasks, image {image}")
     job = out[0].split()[1].rstrip(":")
     ranks = sorted(line.split(": ", 1)[1] for line in out[1:] if ": node=" in line)
     port = 12288 + (int(job) % 1024) * 16
     uid = pwd.getpwnam(cluster.user).pw_uid
+    master = re.search(r" master=([^:]+):", ranks[0]).group(1)
+    assert master in (cluster.nodes[0], "127.0.0.1"), ranks      # 24.11 and later: the node's name
     assert [re.sub(r"cpus=\d+", "cpus=N", r) for r in ranks] == [
-        f"node=n{i + 1} rank={i} of 3 master=n1:{port} uid={uid} cpus=N TMPDIR=/tmp in=container" for i in range(3)]
+        f"node={cluster.nodes[i]} rank={i} of 3 master={master}:{port} uid={uid} cpus=N TMPDIR=/tmp in=container"
+        for i in range(3)]
     assert "NumNodes=3 NumTasks=3 CPUs/Task=2" in logged[-1]
 
 
 # ---- the sandbox as people use it ------------------------------------------------------------------
 def test_second_sandbox_via_cli_does_not_collide_and_stops_cleanly(cluster, tmp_path):
-    """`tether sandbox up|status|down` on another root: its own ports, and nothing left after down."""
+    """`tether sandbox up|status|down` on another root: its own ports, and nothing left after down.
+    On the host's Slurm in every pass (a release pass starts its own sandboxes through the same
+    Sandbox.up; this one runs no job, so it shares nothing with the session's sandbox)."""
     root = Path("/var/lib/tether/sandbox-pytest-cli")
     tether = [sys.executable, "-m", "tether.cli.main"]
     up = subprocess.run([*tether, "sandbox", "up", "--no-install", "--dir", str(root)],
@@ -206,19 +212,19 @@ def test_a_sandbox_whose_processes_were_killed_outright_starts_again(cluster, tm
     """CI ran on a machine restored from a snapshot taken mid-run: every process gone, slurmctld's
     saved state still holding running jobs, which kept a node busy past `up`'s 90 s (87 errors).
     `up` now cancels the jobs of the sandbox's earlier life."""
-    root = Path("/var/lib/tether/sandbox-pytest-crash")
-    box = Sandbox(root)
+    root = Path(f"/var/lib/tether/sandbox-pytest-crash{cluster.box.release() or ''}")
+    # the session's Slurm, with node names of its own (cgroups are per node name: see Sandbox.nodes)
+    box = Sandbox(root, slurm=cluster.box.release() or "", node_prefix="crash")
     box.up(install=False, log=lambda m: None)
     try:
         mark = box.work_dir / "stepd.pid"
-        job = run_command(["runuser", "-u", box.user, "--", "sbatch", "--parsable", "-N1", "--wrap",
-                           f"echo $PPID > {mark}; exec sleep 600"], env=box.command_env(),
-                          cwd=str(box.work_dir)).stdout.strip()        # its output file goes there
+        job = box.slurm(["runuser", "-u", box.user, "--", "sbatch", "--parsable", "-N1", "--wrap",
+                         f"echo $PPID > {mark}; exec sleep 600"],
+                        cwd=str(box.work_dir)).stdout.strip()          # its output file goes there
         deadline = time.monotonic() + 120
         while not (mark.exists() and mark.read_text().strip()) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert mark.exists(), run_command(["scontrol", "-o", "show", "job", job], env=box.command_env(),
-                                          check=False).stdout + box.log_tails()
+        assert mark.exists(), box.slurm(["scontrol", "-o", "show", "job", job], check=False).stdout + box.log_tails()
         victims = [int(mark.read_text())] + [d.pid() for d in box.daemons() if d.pid()]
         sleeper = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _is_child_of(p, victims[0])]
         for pid in victims + sleeper:                    # as a snapshot's restore leaves them: gone
@@ -227,7 +233,7 @@ def test_a_sandbox_whose_processes_were_killed_outright_starts_again(cluster, tm
         started = time.monotonic()
         box.up(install=False, log=lambda m: None)
         assert time.monotonic() - started < 60
-        state = run_command(["squeue", "-h", "-j", job, "-o", "%T"], env=box.command_env(), check=False).stdout
+        state = box.slurm(["squeue", "-h", "-j", job, "-o", "%T"], check=False).stdout
         assert state.strip() in ("", "CANCELLED"), state
     finally:
         box.down(purge=True, log=lambda m: None)

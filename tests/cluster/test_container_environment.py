@@ -31,7 +31,7 @@ def fakes(cluster) -> FakeRuntimes:
     """The fake runtimes where the job user can run them (under the sandbox's root)."""
     root = cluster.box.root / "fake-runtimes"
     (root / "state" / "calls.jsonl").unlink(missing_ok=True)    # an earlier session's
-    fakes = FakeRuntimes(root)
+    fakes = FakeRuntimes(root, python=cluster.box.python)
     for path in (root, fakes.bin_dir):
         os.chmod(path, 0o755)
     (root / "img.sif").write_text("")                    # an image file apptainer can open
@@ -146,7 +146,7 @@ def test_a_large_and_hostile_environment_still_works(cluster, image, fakes, sett
             assert "not passed into the enroot container: HOSTILE_NEWLINE" in result.stderr
         else:
             assert seen["HOSTILE_NEWLINE"] == hostile["HOSTILE_NEWLINE"]
-    assert not Path("/tmp/pwned").exists()
+    assert not cluster.box.host_path("/tmp/pwned").exists()
     # no value on a command line: the runtime's argv holds names at most
     if runtime != "podman":
         tool = "enroot" if runtime == "enroot" else runtime

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 import yaml
@@ -16,7 +15,7 @@ pytestmark = pytest.mark.cluster
 def doctor(cluster, config, *extra: str, slurm_conf=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "SLURM_CONF": str(slurm_conf or cluster.box.slurm_conf)}
     env.pop("TETHER_CONFIG", None)
-    return subprocess.run([sys.executable, "-m", "tether.cli.main", "doctor", "--config", str(config), *extra],
+    return subprocess.run(cluster.box.wrap([*cluster.box.tether, "doctor", "--config", str(config), *extra]),
                           capture_output=True, text=True, env=env, timeout=120)
 
 

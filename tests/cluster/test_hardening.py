@@ -17,7 +17,7 @@ import pytest
 
 from tether.sandbox.cluster import ensure_user
 
-from helpers import job_entries, storage, user_processes, wait_until
+from helpers import job_entries, public_base, storage, user_processes, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -61,7 +61,7 @@ def raw_submit(cluster, public_module_dir) -> Path:
     source = public_module_dir / "raw_submit.c"
     source.write_text(RAW_SUBMIT_C)
     exe = public_module_dir / "raw_submit"
-    subprocess.run(["gcc", "-Wall", "-Werror", str(source), "-lslurm", "-o", str(exe)], check=True)
+    cluster.run(["gcc", "-Wall", "-Werror", str(source), "-lslurm", "-o", str(exe)])   # against the sandbox's libslurm
     return exe
 
 
@@ -70,7 +70,7 @@ def public_module_dir():
     import shutil
     import tempfile
 
-    path = Path(tempfile.mkdtemp(prefix="tether-hardening-", dir="/var/tmp"))
+    path = Path(tempfile.mkdtemp(prefix="tether-hardening-", dir=public_base()))
     os.chmod(path, 0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)
@@ -98,12 +98,14 @@ def test_a_hostile_step_nodelist_decides_nothing_and_drains_nothing(cluster):
 
 
 def test_a_symlink_planted_for_a_node_directory_fails_the_step_not_the_node(cluster):
+    first, second = cluster.nodes[:2]
     script = ("#!/bin/bash\n"
-              "ln -s /tmp \"$TETHER_JOB_DIR/n2\"\n"
-              "srun -w n2 -N1 -n1 true\n"
+              f"ln -s /tmp \"$TETHER_JOB_DIR/{second}\"\n"
+              f"srun -w {second} -N1 -n1 true\n"
               "echo srun=$?\n")
     # -w: sbatch derives the node count from it; that is not the user's --nodes
-    job = submit(cluster, "--slots=2", "--slots-per-node=1", "--slot-type=cpu", "-w", "n[1-2]", "--wrap", script)
+    job = submit(cluster, "--slots=2", "--slots-per-node=1", "--slot-type=cpu", "-w", f"{first},{second}",
+                 "--wrap", script)
     fields = cluster.wait_job(job)
     out = output_of(cluster, job)
     assert "is a symlink where tether's directory belongs; refusing to follow it" in out, out
@@ -256,7 +258,7 @@ def podman_records(cluster) -> list[str]:
 
 def runtime_state_dirs(cluster) -> list[str]:
     uid = int(cluster.run(["id", "-u", cluster.user]).stdout)
-    root = Path(f"/tmp/podman-run-{uid}/runc")
+    root = cluster.box.host_path(f"/tmp/podman-run-{uid}/runc")
     return sorted(os.listdir(root)) if root.is_dir() else []
 
 

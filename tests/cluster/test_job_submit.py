@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tether.system.proc import run_command
 from tether.job_submit.handler import CONFIG_CHECK_SECONDS
 
 pytestmark = pytest.mark.cluster
@@ -101,6 +100,7 @@ ROWS = {
 @pytest.mark.parametrize("case", list(ROWS))
 def test_slurm_table_rows_through_sbatch(cluster, tether_config, case):
     settings, args, expected, rank_gpus = ROWS[case]
+    expected = {k: cluster.gres(v.removeprefix("gres:")) if v.startswith("gres:") else v for k, v in expected.items()}
     tether_config(**settings)
     result, job_id, output = sbatch(cluster, *args)
     assert result.returncode == 0, result.stderr
@@ -131,14 +131,14 @@ def test_options_script_lines_and_environment_give_the_same_job(cluster, tether_
     assert result.returncode == 0, result.stderr
     fields = cluster.job_fields(job_id)
     assert (fields["NumNodes"], fields["NumTasks"], fields["TresPerJob"], fields["TresPerTask"]) == (
-        "2", "2", "gres:gpu:4", "gres:gpu:2")
+        "2", "2", cluster.gres("gpu:4"), cluster.gres("gpu:2"))
 
 
 def test_command_line_wins_over_script_lines_and_environment(cluster, tether_config):
     script = "#!/bin/bash\n#SBATCH --slots=2\n" + RANKS + "\n"
     result, job_id, _ = sbatch(cluster, "--slots=3", script=script, env={"TETHER_SLOTS": "1"})
     assert result.returncode == 0, result.stderr
-    assert cluster.job_fields(job_id)["TresPerJob"] == "gres:gpu:3"
+    assert cluster.job_fields(job_id)["TresPerJob"] == cluster.gres("gpu:3")
 
 
 def test_srun_and_salloc_allocations_are_planned(cluster, tether_config):
@@ -147,7 +147,7 @@ def test_srun_and_salloc_allocations_are_planned(cluster, tether_config):
     lines = sorted(out.splitlines())
     assert [line.split()[-1] for line in lines] == ["0,1", "0,1"]
     job_id = lines[0].split()[1]
-    assert cluster.job_fields(job_id)["TresPerTask"] == "gres:gpu:2"
+    assert cluster.job_fields(job_id)["TresPerTask"] == cluster.gres("gpu:2")
     out = cluster.as_user(["salloc", "--slots=2", "--slot-type=cpu", "--slots-per-node=2",
                            "bash", "-c", "echo $SLURM_JOB_ID"]).stdout
     fields = cluster.job_fields(out.split()[-1])
@@ -233,7 +233,7 @@ def test_bad_config_keeps_the_last_good_one(cluster, tether_config):
     tether_config("tres_supported: [broken\n")
     result, job_id, _ = sbatch(cluster, "--slots=4", "--slots-per-node=4")
     assert result.returncode == 0, result.stderr
-    assert cluster.job_fields(job_id)["TresPerNode"] == "gres:gpu:4"     # still tres_supported: false
+    assert cluster.job_fields(job_id)["TresPerNode"] == cluster.gres("gpu:4")     # still tres_supported: false
     assert "configuration not loaded (keeping the last good one)" in cluster.box.log_dir.joinpath(
         "slurmctld.log").read_text()
     assert ping(cluster)
@@ -275,11 +275,15 @@ def test_broken_config_with_reject_all_jobs(cluster, tether_config):
 def test_exception_in_the_handler_rejects_tether_jobs_and_slurmctld_survives(cluster, tether_config, tmp_path):
     from tether.job_submit import build as job_submit_build
     from tether.system.files import install_file
-    from tether.system.toolchain import CBuild, find_toolchain
 
-    faulty = job_submit_build.build(tmp_path, find_toolchain(), CBuild(tmp_path),
-                                    extra_init="\n_handler.Handler.submit = lambda self, *a: 1 // 0\n")
-    good = cluster.box.build_dir / job_submit_build.SO_NAME
+    # built against the sandbox's Slurm and Python (in its root, on another release)
+    code = ("import sys; from pathlib import Path; from tether.job_submit import build; "
+            "from tether.system.toolchain import CBuild, find_toolchain; out = Path(sys.argv[1]); "
+            "print(build.build(out, find_toolchain(), CBuild(out), extra_init=sys.argv[2]))")
+    built = cluster.run([cluster.box.python, "-c", code, str(tmp_path),
+                         "\n_handler.Handler.submit = lambda self, *a: 1 // 0\n"], timeout=600)
+    faulty = Path(built.stdout.strip().splitlines()[-1])
+    good = cluster.box.plugin_build_dir / job_submit_build.SO_NAME
     target = cluster.box.plugin_dir / job_submit_build.SO_NAME
     install_file(faulty, target)
     cluster.box.restart_slurmctld()
@@ -309,7 +313,7 @@ def test_scontrol_update_of_a_tether_job(cluster, tether_config):
     assert "from slurm-gpu-tres-gres to slurm-cpu" in log.read_text()
     cluster.run(["scontrol", "update", f"job={job_id}", "Partition=gpu"])
     fields = cluster.job_fields(job_id)
-    assert (fields["Partition"], fields["TresPerJob"], fields["NumTasks"]) == ("gpu", "gres:gpu:4", "2")
+    assert (fields["Partition"], fields["TresPerJob"], fields["NumTasks"]) == ("gpu", cluster.gres("gpu:4"), "2")
     cluster.run(["scontrol", "update", f"job={job_id}", "TimeLimit=7"])      # unrelated: allowed
     assert cluster.job_fields(job_id)["TimeLimit"] == "00:07:00"
     plain = sbatch(cluster, "-H", "-N1-3", wait=False)[1]
@@ -329,9 +333,9 @@ def test_install_prints_the_lines_and_write_applies_them(cluster, tmp_path):
     config = tmp_path / "tether.yaml"
     images = tmp_path / "images"
     config.write_text(f"job_storage_root: {storage}\ncontainer: {{apptainer_image_root: {images}}}\n")
-    tether = [str(Path(os.sys.executable).with_name("tether"))]
-    common = ["--build-dir", str(cluster.box.build_dir), "--slurm-conf", str(conf), "--config", str(config)]
-    dry = run_command([*tether, "slurm", "install", *common])
+    tether = cluster.box.tether              # the sandbox's Slurm's (in its root, on another release)
+    common = ["--build-dir", str(cluster.box.plugin_build_dir), "--slurm-conf", str(conf), "--config", str(config)]
+    dry = cluster.run([*tether, "slurm", "install", *common])
     line = (f"required {tmp_path}/plugins/spank_tether.so job_storage_root={storage} "
             f"launcher={tmp_path}/plugins/tether-run")
     assert "JobSubmitPlugins=lua,tether" in dry.stdout and line in dry.stdout
@@ -339,9 +343,9 @@ def test_install_prints_the_lines_and_write_applies_them(cluster, tmp_path):
     assert not storage.exists() and not (tmp_path / "plugins").exists()  # nothing installed either
     assert "nothing was changed" in dry.stdout
     so = tmp_path / "plugins" / "job_submit_tether.so"
-    run_command([*tether, "slurm", "install", *common, "--write"])
+    cluster.run([*tether, "slurm", "install", *common, "--write"])
     inode = so.stat().st_ino
-    run_command([*tether, "slurm", "install", *common, "--write"])
+    cluster.run([*tether, "slurm", "install", *common, "--write"])
     assert "JobSubmitPlugins=lua,tether\n" in conf.read_text()
     assert (tmp_path / "plugstack.conf").read_text() == f"{line}\nrequired other.so\n"
     assert so.stat().st_ino != inode and oct(so.stat().st_mode & 0o777) == "0o755"
@@ -350,6 +354,6 @@ def test_install_prints_the_lines_and_write_applies_them(cluster, tmp_path):
     launcher = tmp_path / "plugins" / "tether-run"
     assert oct(launcher.stat().st_mode & 0o777) == "0o755" and f"handoff({str(config)!r}" in launcher.read_text()
     os.chmod(storage, 0o777)                                           # unsafe: refused
-    refused = run_command([*tether, "slurm", "install", *common, "--write"], check=False)
+    refused = cluster.run([*tether, "slurm", "install", *common, "--write"], check=False)
     assert refused.returncode == 1
     assert f"job_storage_root {storage} must be a root-owned directory" in refused.stderr

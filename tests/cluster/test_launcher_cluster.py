@@ -32,8 +32,10 @@ class Service:
 
     def start(self) -> None:
         env = cluster_env(self.cluster)
-        self.proc = subprocess.Popen(["runuser", "-u", SERVICE, "--", "env", *(f"{k}={v}" for k, v in env.items()),
-                                      "/opt/tether/venv/bin/tether", "serve"], stdout=subprocess.DEVNULL,
+        # where the sandbox's Slurm is (in its root, on another release)
+        argv = ["runuser", "-u", SERVICE, "--", "env", *(f"{k}={v}" for k, v in env.items()),
+                *self.cluster.box.tether, "serve"]
+        self.proc = subprocess.Popen(self.cluster.box.wrap(argv, "/"), stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, start_new_session=True, cwd="/")
         assert wait_until(lambda: self.request("GET", "/v1/health", check=False)[0] == 200, timeout=30), \
             self.proc.stderr.read().decode() if self.proc.poll() is not None else "no answer"
@@ -114,7 +116,7 @@ def test_a_containerized_three_node_job_through_the_api(cluster, service, regist
     assert final["exit_code"] == 0 and final["tree_removed"] and not tree.exists()
     _, logs = service.request("GET", f"/v1/jobs/{record['id']}/logs")
     lines = sorted(line for line in logs["out"].splitlines() if line.startswith("node "))
-    assert lines == [f"node {n} sees the staged file hello from the launcher" for n in ("n1", "n2", "n3")], logs
+    assert lines == [f"node {n} sees the staged file hello from the launcher" for n in cluster.nodes], logs
     assert logs["startup_failure"] is None
     assert service.request("DELETE", f"/v1/jobs/{record['id']}")[0] == 200
     assert service.request("GET", f"/v1/jobs/{record['id']}", check=False)[0] == 404

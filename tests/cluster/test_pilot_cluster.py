@@ -15,14 +15,13 @@ from helpers import user_processes, wait_until
 
 pytestmark = pytest.mark.cluster
 
-TETHER = "/opt/tether/venv/bin/tether"
 
 
 def test_partitions_of_one_allocation(cluster):
     work = cluster.box.work_dir
     out, listing = work / f"pilot-{os.getpid()}.out", work / f"pilot-{os.getpid()}.json"
     pilot_dir = work / f"pilot-{os.getpid()}"
-    t = TETHER
+    t = cluster.box.tether[0]
     # the pilot job as tether pilot submit makes it: its initial partitions, then this script
     script = f"""export TETHER_PILOT_DIR={pilot_dir}
 {t} partition list > /dev/null
@@ -55,9 +54,8 @@ squeue -h -s -j $SLURM_JOB_ID -o "STEP %j"
     listing.unlink()
     ran = [dict(w.split("=", 1) for w in line.split()[1:]) for line in text.splitlines() if line.startswith("RAN ")]
     # each partition's task ran on that partition's own node; the three nodes are disjoint
-    assert [(r["partition"], r["node"]) for r in ran] == [("part.0000", "n1"), ("part.0001", "n2"),
-                                                         ("part.0002", "n3")], text
-    assert [list(records[f"part.000{i}"]["slice"]) for i in range(3)] == [["n1"], ["n2"], ["n3"]]
+    assert [(r["partition"], r["node"]) for r in ran] == [(f"part.000{i}", node) for i, node in enumerate(cluster.nodes)], text
+    assert [list(records[f"part.000{i}"]["slice"]) for i in range(3)] == [[node] for node in cluster.nodes]
     assert all(records[f"part.000{i}"]["state"] == "CANCELED" for i in range(3))      # stopped by reconfig
     assert [h[0] for h in records["part.0000"]["history"]] == ["NEW", "PENDING", "STARTING", "ACTIVE", "CANCELED"]
     # over-use: three fit, the fourth FAILED and says what is over-used; the command exits 1

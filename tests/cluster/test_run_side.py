@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import job_entries, parse, storage, user_processes, wait_until
+from helpers import job_entries, parse, public_base, storage, user_processes, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -33,9 +33,9 @@ def test_six_ranks_get_their_environment_and_private_directories(cluster):
         rank, node = int(r["RANK"]), int(r["RANK"]) // 2
         assert (r["LOCAL_RANK"], r["NODE_RANK"], r["WORLD_SIZE"], r["LOCAL_WORLD_SIZE"]) == (
             str(rank % 2), str(node), "6", "2")
-        assert r["MASTER_ADDR"] in ("n1", "127.0.0.1")
-        assert r["TMPDIR"] == f"{job_dir}/n{node + 1}/step-0/rank-{rank}/tmp"
-        assert r["WORK"] == f"{job_dir}/n{node + 1}/step-0/rank-{rank}/work"
+        assert r["MASTER_ADDR"] in (cluster.nodes[0], "127.0.0.1")
+        assert r["TMPDIR"] == f"{job_dir}/{cluster.nodes[node]}/step-0/rank-{rank}/tmp"
+        assert r["WORK"] == f"{job_dir}/{cluster.nodes[node]}/step-0/rank-{rank}/work"
         assert r["TMP_STAT"] == r["WORK_STAT"] == f"{cluster.user}:700"
         assert (r["SLOTS"], r["SLOT_IDS"]) == ("6", "none")
     assert wait_until(lambda: job_id not in job_entries(cluster))
@@ -75,13 +75,14 @@ def test_steps_without_tether_options_get_nothing(cluster):
 
 
 def test_a_planted_symlink_is_refused_and_never_followed(cluster, tmp_path):
-    target = Path("/var/tmp") / f"tether-target-{os.getpid()}"
+    target = Path(public_base()) / f"tether-target-{os.getpid()}"
     target.mkdir(mode=0o777)
     os.chmod(target, 0o777)
     (target / "keep").write_text("precious\n")
+    second = cluster.nodes[1]
     script = ("#!/bin/bash\n"
-              f"ln -s {target} $TETHER_JOB_DIR/n2\n"
-              "srun -N1 -n1 -w n2 bash -c 'echo ran-on-n2'\n"
+              f"ln -s {target} $TETHER_JOB_DIR/{second}\n"
+              f"srun -N1 -n1 -w {second} bash -c 'echo ran-on-n2'\n"
               f"ln -s {target}/keep $TETHER_JOB_DIR/stray\n")
     path = cluster.box.work_dir / f"plant-{os.getpid()}.sh"
     path.write_text(script)
@@ -90,7 +91,7 @@ def test_a_planted_symlink_is_refused_and_never_followed(cluster, tmp_path):
                            f"--output={out_file}", str(path)]).stdout.strip()
     out = out_file.read_text()
     assert "ran-on-n2" not in out
-    assert (f"tether: {storage(cluster)}/{job}/n2 is a symlink where tether's directory belongs; "
+    assert (f"tether: {storage(cluster)}/{job}/{second} is a symlink where tether's directory belongs; "
             f"refusing to follow it") in out
     assert sorted(p.name for p in target.iterdir()) == ["keep"]
     assert (target / "keep").read_text() == "precious\n"

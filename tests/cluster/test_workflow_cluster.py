@@ -15,7 +15,6 @@ from helpers import parse, user_processes, wait_until
 
 pytestmark = pytest.mark.cluster
 
-TETHER = "/opt/tether/venv/bin/tether"
 
 
 def pack(name: str, producer: str, producer_seconds: int) -> dict:
@@ -38,20 +37,21 @@ def ended(cluster, job: str) -> bool:
 
 
 def test_delays_overlap_release_starts_the_consumer_at_once_and_afterok_waits(cluster):
+    tether = cluster.box.tether[0]
     packs = {
         # Slurm acts on a fulfilled time delay at its next scheduling pass (sched_interval 60 s,
         # bf_interval 30 s by default): the consumer starts 60-120 s after the producer
         "delay": pack("delay", "true", 150),
-        "release": pack("release", f"sleep 5; {TETHER} workflow release", 40),
-        "afterok": pack("afterok", f"{TETHER} workflow set-dependency --type afterok", 15),
+        "release": pack("release", f"sleep 5; {tether} workflow release", 40),
+        "afterok": pack("afterok", f"{tether} workflow set-dependency --type afterok", 15),
     }
     jobs = {}
     for name, spec in packs.items():
-        out = cluster.as_user([TETHER, "workflow", "submit", "--json", "-"], input=json.dumps(spec)).stdout
+        out = cluster.as_user([tether, "workflow", "submit", "--json", "-"], input=json.dumps(spec)).stdout
         result = json.loads(out)
         assert result["pack"].startswith(f"{name}-")
         jobs[name] = result["jobs"]
-    status = cluster.as_user([TETHER, "workflow", "status", "--json", json.loads(out)["pack"]]).stdout
+    status = cluster.as_user([tether, "workflow", "status", "--json", json.loads(out)["pack"]]).stdout
     assert {r["job"] for r in json.loads(status)} == {"producer", "consumer"}
     all_jobs = [j for pair in jobs.values() for j in pair.values()]
     assert wait_until(lambda: all(ended(cluster, j) for j in all_jobs), timeout=300)
@@ -95,16 +95,16 @@ def test_gateway_nodes_serve_every_rank_of_both_components_and_end_with_the_job(
     assert result.returncode == 0, (result.stderr, text)     # the job's own output says why it failed
     job = result.stdout.strip().split(";")[0]
     batch, *ranks = parse(text)
-    assert batch["COMPONENT"] == "2" and batch["NODES"] == "n3", text
+    assert batch["COMPONENT"] == "2" and batch["NODES"] == cluster.nodes[2], text
     port = 28672 + (int(job) % 256) * 16                     # gateways.port: null (automatic)
     assert batch["GATEWAYS"] == f"127.0.0.1:{port}", text
     assert [(r["RANK"], r["WORLD_SIZE"], r["COMPONENT"]) for r in ranks] == [("0", "2", "0"), ("1", "2", "1")], text
     assert ranks[0]["IN"] == "container" and ranks[1]["IN"] == "host", text
     # the sandbox's daemon answers "tether-gateway <node> <job> <uid>"
     uid = str(pwd.getpwnam(cluster.user).pw_uid)
-    assert {r["ANSWER"] for r in ranks} == {f"tether-gateway_n3_{job}_{uid}"}, text
+    assert {r["ANSWER"] for r in ranks} == {f"tether-gateway_{cluster.nodes[2]}_{job}_{uid}"}, text
     steps = cluster.run(["sacct", "-n", "-P", "-j", f"{job}+2", "-o", "JobID,JobName,NodeList"]).stdout
-    assert f"{job}+2.0|tether-gateway|n3" in steps, steps
+    assert f"{job}+2.0|tether-gateway|{cluster.nodes[2]}" in steps, steps
     assert wait_until(lambda: not user_processes(cluster, "gateway_daemon"), timeout=30), \
         user_processes(cluster, "gateway_daemon")
     assert cluster.in_service()
@@ -142,9 +142,9 @@ def test_in_salloc_tether_gateway_start_gives_the_allocation_its_gateways(cluste
     TETHER_GATEWAYS (it once kept the command substitution open until the allocation ended: its
     watcher held the caller's stdout); an srun in the allocation reaches the daemon (and does not
     refuse the allocation's own --gateways, which salloc exports to it)."""
-    inner = ('eval "$(' + TETHER + ' gateway start)" && echo "GATEWAYS=$TETHER_GATEWAYS" && '
+    inner = ('eval "$(' + cluster.box.tether[0] + ' gateway start)" && echo "GATEWAYS=$TETHER_GATEWAYS" && '
              'srun -N1 sh -c "echo | busybox nc \\${TETHER_GATEWAYS%:*} \\${TETHER_GATEWAYS##*:}"')
     out = cluster.as_user(["env", f"TETHER_CONFIG={cluster.box.tether_conf}", "salloc", "-N1", ":",
                            "--gateways=1", "sh", "-c", inner], timeout=120).stdout
-    assert "GATEWAYS=127.0.0.1:" in out and "tether-gateway n3 " in out, out
+    assert "GATEWAYS=127.0.0.1:" in out and f"tether-gateway {cluster.nodes[2]} " in out, out
     assert wait_until(lambda: not user_processes(cluster, "gateway_daemon"), timeout=30)

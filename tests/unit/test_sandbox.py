@@ -8,15 +8,17 @@ import stat
 
 import pytest
 
-from tether.sandbox.cluster import NODES, SandboxError, make_tmpfs_dirs
+from tether.sandbox.cluster import SandboxError, make_tmpfs_dirs
+
+NODES = ("n1", "n2", "n3")
 
 
 def test_tmpfs_dirs_are_made_root_owned_with_sticky_node_dirs(tmp_path):
     base = tmp_path / "tether-sandbox-17010"
-    make_tmpfs_dirs(base)
+    make_tmpfs_dirs(base, NODES)
     assert stat.S_IMODE(base.stat().st_mode) == 0o755
     assert [stat.S_IMODE((base / n).stat().st_mode) for n in NODES] == [0o1777] * len(NODES)
-    make_tmpfs_dirs(base)                                   # again: it is root's own, accepted
+    make_tmpfs_dirs(base, NODES)                                   # again: it is root's own, accepted
 
 
 def test_tmpfs_dirs_refuse_what_a_user_put_there_first(tmp_path):
@@ -25,18 +27,18 @@ def test_tmpfs_dirs_refuse_what_a_user_put_there_first(tmp_path):
     planted = tmp_path / "tether-sandbox-17010"
     planted.symlink_to(target)
     with pytest.raises(SandboxError, match="not a root-owned directory"):
-        make_tmpfs_dirs(planted)
+        make_tmpfs_dirs(planted, NODES)
     assert list(target.iterdir()) == []                     # nothing made through the link
     foreign = tmp_path / "tether-sandbox-17020"
     foreign.mkdir()
     os.chown(foreign, 65534, 65534)
     with pytest.raises(SandboxError, match="not a root-owned directory"):
-        make_tmpfs_dirs(foreign)
+        make_tmpfs_dirs(foreign, NODES)
     node = tmp_path / "tether-sandbox-17030"
     node.mkdir()
     (node / NODES[0]).symlink_to(target)
     with pytest.raises(SandboxError, match="not a root-owned directory"):
-        make_tmpfs_dirs(node)
+        make_tmpfs_dirs(node, NODES)
     assert stat.S_IMODE(target.stat().st_mode) != 0o1777    # the link's target was not chmodded
 
 
