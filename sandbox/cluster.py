@@ -34,6 +34,7 @@ from ..hooks.errors import TetherError
 from ..system.files import set_conf_line
 from ..system.proc import CommandError, run_command
 from ..system.toolchain import system_plugin_dir
+from . import slurmroot
 from .slurmroot import SlurmRoot
 
 DEFAULT_ROOT = "/var/lib/tether/sandbox"
@@ -202,13 +203,13 @@ class Sandbox:
     @property
     def python(self) -> str:
         """The Python that has tether where the sandbox's jobs run: this one, or the root's."""
-        return "/usr/bin/python3" if self.release() else sys.executable
+        return slurmroot.PYTHON if self.release() else sys.executable
 
     @property
     def tether(self) -> list[str]:
         """tether's command where the sandbox's jobs run (run it through ``wrap``): this Python's
         ``tether``, or the one install_tether put in the root."""
-        return ["/usr/local/bin/tether" if self.release() else str(Path(sys.executable).with_name("tether"))]
+        return [slurmroot.TETHER_PROGRAM if self.release() else str(Path(sys.executable).with_name("tether"))]
 
     # ---- layout -------------------------------------------------------------------------
     @property
@@ -356,12 +357,12 @@ class Sandbox:
         return SUDOERS_DIR / ("tether-" + "".join(c if c.isalnum() or c in "_-" else "_" for c in self.root.name))
 
     def install_launcher(self, *, log=print) -> None:
-        """The launcher as an admin sets it up: its service account, the group of users it may act
-        for (the job user), ``tether launcher install --apply`` (the agent, the sudo policy, the
-        job root, the state directory), and a directory for its socket."""
+        """The launcher as an admin sets it up, once its accounts exist (``_launcher_accounts``, which
+        ``up`` runs before a Slurm root copies the host's accounts): ``tether launcher install --apply``
+        (the agent, the sudo policy, the job root, the state directory), in the root if there is
+        one, and a directory for its socket."""
         from ..launcher.install import apply
 
-        self._launcher_accounts(log=log)
         (self.root / "bin").mkdir(mode=0o755, exist_ok=True)
         if self.slurm_root:        # in the root, with its Python and sudo (the accounts were copied in)
             self.slurm_root.run(["python3", "-c", "import sys; from tether.hooks.configfile import load_config; "
@@ -608,10 +609,11 @@ class Sandbox:
         deadline = time.monotonic() + timeout
         states: dict[str, str] = {}
         usable = ("idle", "alloc", "mixed", "completing") if busy_ok else ("idle",)
+        nodes = self.nodes
         while time.monotonic() < deadline:
             states = self.node_states()
             plain = {n: s.split()[0].rstrip("*~#$@+") for n, s in states.items()}
-            if set(plain) >= set(self.nodes) and all(plain[n] in usable for n in self.nodes):
+            if set(plain) >= set(nodes) and all(plain[n] in usable for n in nodes):
                 return
             bad = {n: s for n, s in plain.items() if s.startswith(("drain", "inval", "fail"))}
             if bad:

@@ -56,6 +56,8 @@ PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "slurmdbd", "lib
 # backend a newer podman converts: tried, and the host's podman 4.3 then wanted netavark).
 BINDS = ("/proc", "/sys", "/dev")
 OLD_ROOT = ".tether-old-root"
+# the root's Python (Debian's, with tether copied into it) and the tether command install_tether writes
+PYTHON, TETHER_PROGRAM = "/usr/bin/python3", "/usr/local/bin/tether"
 # run by the host's sh in the new mount namespace: $1 the root, $2 the directory to start in, $3 the
 # binds (newline-separated), then the command
 ENTER = f"""set -e
@@ -149,10 +151,10 @@ class SlurmRoot:
         shutil.rmtree(target, ignore_errors=True)
         shutil.move(str(src / "tether"), str(target))
         shutil.rmtree(src, ignore_errors=True)
-        bindir = self.path / "usr/local/bin"
-        bindir.mkdir(parents=True, exist_ok=True)
-        (bindir / "tether").write_text("#!/usr/bin/python3\nfrom tether.cli.main import main\nraise SystemExit(main())\n")
-        (bindir / "tether").chmod(0o755)
+        program = self.path / TETHER_PROGRAM.lstrip("/")
+        program.parent.mkdir(parents=True, exist_ok=True)
+        program.write_text(f"#!{PYTHON}\nfrom tether.cli.main import main\nraise SystemExit(main())\n")
+        program.chmod(0o755)
 
     # ---- using -----------------------------------------------------------------------------------
     def prepare(self, hosts: str = "", users: tuple[str, ...] = ()) -> None:
