@@ -3,12 +3,15 @@
 doing an equivalent rewrite (bench/job_submit.lua), and tether -- interleaved in one run on a
 private sandbox cluster.
 
-**Distinct requests** are the main figure: real submissions differ (sizes, names, images), and
-tether's C shim answers only a repeat of an earlier request from its cache. Each job of a round
-gets its own slot layout (9 of them: ``--slots`` 1-12 with ``--slots-per-node`` 1, 2 or 4), job
-name, time limit and container image tag (``--container-image=bench/app:r<round>-<job>``), so no
-two requests of a run are the same to tether's cache. The **cached repeat** (one request again
-and again) is the second figure.
+**Distinct requests** are the main figure: real submissions differ (sizes, names, images). Each
+job of a round gets its own slot layout (9 of them: ``--slots`` 1-12 with ``--slots-per-node`` 1, 2
+or 4), job name, time limit and container image tag (``--container-image=bench/app:r<round>-<job>``),
+so no two requests of a run are the same. To tether they are one *shape* (the request less its slot
+counts and image): its C shim answers all but the first of a run from its shape cache, with no
+Python. The **cached repeat** (one request again and again) is the second figure, and **new shapes**
+the third: each request also names its own ``--container-env`` variable, which tether cannot know
+the answer for, so each one goes to the Python handler -- the cost of the first request of each
+shape (after slurmctld starts or the config changes).
 
 Every mode submits, as the unprivileged sandbox user and one after another, held jobs that end up
 as the same requests in slurmctld: lua and tether get ``sbatch -H --slots=S --slots-per-node=P``
@@ -51,11 +54,16 @@ MODES = {"none": None, "lua": "lua", "tether": "tether"}
 LAYOUTS = [(s, p) for p in (1, 2, 4) for s in (p, 2 * p, 3 * p)]     # at most 3 nodes x 4 GPUs
 
 
-def command(mode: str, k: int, tag: str) -> list[str]:
-    """The k-th request of a round: its own layout, name, time limit and image tag."""
+KINDS = ("distinct", "cached", "new shapes")
+
+
+def command(mode: str, k: int, tag: str, new_shape: bool = False) -> list[str]:
+    """The k-th request of a round: its own layout, name, time limit and image tag (and with
+    ``new_shape`` its own --container-env name)."""
     slots, per_node = LAYOUTS[k % len(LAYOUTS)]
     common = ["-H", f"--job-name=bench-{tag}-{k}", f"--time={10 + k % 50}", "--output=/dev/null",
-              f"--container-image=bench/app:{tag}-{k}"]
+              f"--container-image=bench/app:{tag}-{k}"] + (
+        [f"--container-env=BENCH_{tag.upper().replace('-', '_')}_{k}"] if new_shape else [])
     if mode == "none":         # the rewrite spelled out (what lua and tether make of --slots)
         return ["sbatch", *common, f"--gpus={slots}", f"--nodes=1-{slots}", "--tasks-per-node=1",
                 f"--gpus-per-task={per_node}", "--no-requeue", "--wrap", "true"]
@@ -120,7 +128,7 @@ def main() -> int:
     """The benchmark as one linear script (set up, interleaved rounds, report): long, read top down."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=36, help="jobs per mode per round")
-    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--keep", action="store_true", help="leave the bench sandbox running")
     args = parser.parse_args()
 
@@ -128,7 +136,7 @@ def main() -> int:
     box.up(install=False, log=lambda m: None)
     shutil.copyfile(Path(__file__).with_name("job_submit.lua"), box.etc / "job_submit.lua")
     log = box.log_dir / "slurmctld.log"
-    kinds = ("distinct", "cached")
+    kinds = KINDS
     rates = {k: {m: [] for m in MODES} for k in kinds}
     rpc_us = {k: {m: [] for m in MODES} for k in kinds}
     memory: dict[str, float] = {}
@@ -145,8 +153,8 @@ def main() -> int:
                 box.set_job_submit_plugins(MODES[mode])
                 check_mode(box, mode)
                 for kind in kinds:
-                    commands = ([command(mode, k, f"r{r}") for k in range(args.jobs)] if kind == "distinct"
-                                else [command(mode, 4, f"r{r}")] * args.jobs)
+                    commands = ([command(mode, 4, f"r{r}")] * args.jobs if kind == "cached" else
+                                [command(mode, k, f"r{r}", kind == "new shapes") for k in range(args.jobs)])
                     sdiag_reset(box)
                     rates[kind][mode].append(submit_round(box, commands))
                     rpc_us[kind][mode].append(sdiag_submit_us(box))
@@ -154,12 +162,14 @@ def main() -> int:
         box.set_job_submit_plugins("tether")
         run_command(["scontrol", "setdebug", "debug"], env=box.command_env())
         mark = log.stat().st_size
+        submit_round(box, [command("tether", k, "debug", True) for k in range(args.jobs)])
         submit_round(box, [command("tether", k, "debug") for k in range(args.jobs)])
         submit_round(box, [command("tether", 4, "debug")] * args.jobs)
         run_command(["scontrol", "setdebug", "info"], env=box.command_env())
         text = log_since(log, mark)
         split = re.findall(r"handler took (\d+) us \(hand-off (\d+), Python (\d+), back (\d+)\)", text)
         cached_us = [int(m) for m in re.findall(r"cached answer took (\d+) us", text)]
+        shaped_us = [int(m) for m in re.findall(r"answer by its shape took (\d+) us", text)]
     finally:
         box.set_job_submit_plugins("tether")
         if not args.keep:
@@ -171,7 +181,7 @@ def main() -> int:
         for mode, values in rates[kind].items():
             print(f"  {mode:<7} {statistics.median(values):7.1f}/s   " + " ".join(f"{v:.1f}" for v in values))
         # paired within each round (the machine's speed drifts between rounds, not within one)
-        for other, goal in (("none", 0.95), ("lua", None)):
+        for other, goal in (("none", 0.95 if kind != "new shapes" else None), ("lua", None)):
             q1, mid, q3 = quartiles([t / o for t, o in zip(rates[kind]["tether"], rates[kind][other])])
             verdict = "" if goal is None else f"; goal >= {goal:.2f}: {'ok' if mid >= goal else 'MISSED'}"
             print(f"  tether / {other:<4} = {mid:.3f} (per-round ratios, quartiles {q1:.3f}-{q3:.3f}{verdict})")
@@ -187,13 +197,15 @@ def main() -> int:
     if split:
         parts = list(zip(*[[int(x) for x in row] for row in split]))
         names = ("total", "hand-off", "Python handler", "back")
-        print(f"tether's distinct calls, where the time goes (debug round, {len(split)} calls; quartiles): " + ", ".join(
+        print(f"tether's calls to its Python handler, where the time goes (debug round, {len(split)} calls; "
+              f"quartiles): " + ", ".join(
             f"{n} {'-'.join(str(x) for x in quartiles(list(v)))} us" for n, v in zip(names, parts)))
     print("slurmctld VmRSS after a dozen submissions, a fresh slurmctld per mode: " + ", ".join(
         f"{m} {v:.1f} MiB" + (f" (+{v - memory['none']:.1f})" if m != "none" else "") for m, v in memory.items()))
-    if cached_us:
-        print(f"tether's cached answers: {'-'.join(str(x) for x in quartiles(cached_us))} us (quartiles, "
-              f"{len(cached_us)} calls)")
+    for what, values in (("answers by shape", shaped_us), ("cached answers", cached_us)):
+        if values:
+            print(f"tether's {what} in its C shim: {'-'.join(str(x) for x in quartiles(values))} us (quartiles, "
+                  f"{len(values)} calls)")
     return 0
 
 

@@ -13,6 +13,12 @@
 #define TETHER_ACCEPT 1
 #define TETHER_REJECT 2
 
+/* How a number of a shaped answer follows from the request's slot counts (handler.py: QUANTITY). */
+#define TETHER_Q_SAME 0   /* as answered for the request that made the shape */
+#define TETHER_Q_SLOTS 1  /* --slots */
+#define TETHER_Q_SPN 2    /* --slots-per-node (1 when not given) */
+#define TETHER_Q_NODES 3  /* --slots / --slots-per-node */
+
 #define TETHER_STR 1024
 #define TETHER_MSG 2048
 
@@ -66,6 +72,17 @@ typedef struct tether_job {
 	char out_features[TETHER_STR];
 	char msg[TETHER_MSG];   /* for the user: the reason of a rejection, or notes */
 	int cacheable;          /* the answer depends only on the request and the config */
+	/* out, for the shape cache (cache.h): the answer is every request's of its shape, its numbers
+	 * following the slot counts as the q_* say (TETHER_Q_*; the tres strings end in theirs) */
+	int shaped;
+	uint8_t q_min_nodes;
+	uint8_t q_max_nodes;
+	uint8_t q_num_tasks;
+	uint8_t q_ntasks_per_node;
+	uint8_t q_cpus_per_task;
+	uint8_t q_tres_per_job;
+	uint8_t q_tres_per_task;
+	uint8_t q_tres_per_node;
 } tether_job_t;
 
 /* Called by the handler: a line for slurmctld's log (0 error, 1 info, 2 verbose). */

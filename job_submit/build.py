@@ -1,7 +1,7 @@
 """Build ``job_submit_tether.so``: this folder's C units, linked with cffi's embedding of the handler.
 
-plugin.c (the Slurm ABI), cache.c (the answers cache) and worker.c (the interpreter and its thread)
-are compiled on their own with tether's strict flags; cffi generates only the glue of the embedding
+plugin.c (the Slurm ABI), cache.c (the answers cache, by request and by shape), worker.c (the
+interpreter and its thread) and the SPANK plugin's imageref.c (the image grammar) are compiled on their own with tether's strict flags; cffi generates only the glue of the embedding
 API and links them in. Its declarations (``cdef``) are read from bridge.h between the markers, so
 the struct the C side fills is the one Python reads.
 """
@@ -18,11 +18,17 @@ from .handler import CONFIG_CHECK_SECONDS
 SO_NAME = "job_submit_tether.so"
 MODULE = "_tether_job_submit"
 UNITS = ("plugin.c", "cache.c", "worker.c")
+SPANK_UNITS = ("imageref.c",)     # the image grammar, shared with the SPANK plugin (the shape cache's)
 BRIDGE = "bridge.h"
 
 
 def source_dir() -> Path:
     return Path(str(resources.files("tether.job_submit")))
+
+
+def spank_dir() -> Path:
+    """The SPANK plugin's sources: the image grammar and the generated names header."""
+    return Path(str(resources.files("tether.spank")))
 
 
 def _between(text: str, marker: str) -> str:
@@ -85,8 +91,10 @@ def objects(cbuild: CBuild, toolchain: Toolchain) -> list[Path]:
     defines = [define("TETHER_PYTHON_HOME", toolchain.python_home),
                "-DTETHER_MODULE_PATHS=" + ",".join(map(c_string, toolchain.module_paths)),
                define("TETHER_CONFIG_CHECK_NS", int(CONFIG_CHECK_SECONDS * 1e9)) + "L"]
-    include = [toolchain.include_dir, toolchain.python_include]
-    return [cbuild.compile(source_dir() / unit, include_dirs=include, defines=defines) for unit in UNITS]
+    include = [toolchain.include_dir, toolchain.python_include, str(spank_dir())]
+    return [cbuild.compile(source_dir() / unit, include_dirs=include, defines=defines,
+                           header_dirs=[spank_dir()]) for unit in UNITS] + [
+        cbuild.compile(spank_dir() / unit, include_dirs=include) for unit in SPANK_UNITS]
 
 
 def build(out_dir: Path, toolchain: Toolchain, cbuild: CBuild, *, extra_init: str = "") -> Path:

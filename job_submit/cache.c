@@ -1,6 +1,6 @@
 /*
- * The answers cache (see cache.h). One lock guards the slots and the config stamps; lookups and
- * stores take it briefly on slurmctld's RPC threads.
+ * The answers cache (see cache.h): by request and by shape. One lock guards both tables and the
+ * config stamps; lookups and stores take it briefly on slurmctld's RPC threads.
  */
 #include <pthread.h>
 #include <stddef.h>
@@ -11,6 +11,8 @@
 #include <time.h>
 
 #include "cache.h"
+#include "imageref.h"
+#include "tether_names.h"
 
 #define TETHER_CACHE_SLOTS 64
 #ifndef TETHER_CONFIG_CHECK_NS
@@ -31,6 +33,7 @@ struct answer {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct answer slots[TETHER_CACHE_SLOTS];
+static struct answer shapes[TETHER_CACHE_SLOTS];
 static char config_path[4096];
 static struct stamp loaded_stamp; /* the file the handler's config came from */
 static int loaded_known;
@@ -42,6 +45,8 @@ static void flush_locked(void)
 	for (int i = 0; i < TETHER_CACHE_SLOTS; i++) {
 		free(slots[i].key);
 		slots[i].key = NULL;
+		free(shapes[i].key);
+		shapes[i].key = NULL;
 	}
 }
 
@@ -123,25 +128,32 @@ static void key_add(struct key *k, const char *s)
 	k->text[k->len] = '\0';
 }
 
-char *tether_cache_key(const tether_job_t *job)
+/* The fields of ``job`` the handler reads, but spank_env. */
+static void key_fields(struct key *k, const tether_job_t *job)
 {
 	char num[160];
+
+	snprintf(num, sizeof(num), "%u %u %u %u %u %u %u %u", job->user_id, job->min_nodes, job->max_nodes,
+		 job->num_tasks, (unsigned)job->ntasks_per_node, (unsigned)job->cpus_per_task, job->req_node_count,
+		 job->het_job_offset);
+	key_add(k, num);
+	key_add(k, job->partition);
+	key_add(k, job->account);
+	key_add(k, job->tres_per_job);
+	key_add(k, job->tres_per_node);
+	key_add(k, job->tres_per_task);
+	key_add(k, job->tres_per_socket);
+	key_add(k, job->features);
+}
+
+char *tether_cache_key(const tether_job_t *job)
+{
 	struct key k = { malloc(512), 0, 512 };
 
 	if (k.text == NULL)
 		return NULL;
 	k.text[0] = '\0';
-	snprintf(num, sizeof(num), "%u %u %u %u %u %u %u %u", job->user_id, job->min_nodes, job->max_nodes,
-		 job->num_tasks, (unsigned)job->ntasks_per_node, (unsigned)job->cpus_per_task, job->req_node_count,
-		 job->het_job_offset);
-	key_add(&k, num);
-	key_add(&k, job->partition);
-	key_add(&k, job->account);
-	key_add(&k, job->tres_per_job);
-	key_add(&k, job->tres_per_node);
-	key_add(&k, job->tres_per_task);
-	key_add(&k, job->tres_per_socket);
-	key_add(&k, job->features);
+	key_fields(&k, job);
 	for (uint32_t i = 0; i < job->spank_env_size; i++)
 		key_add(&k, job->spank_env[i]);
 	return k.text;
@@ -163,13 +175,14 @@ static void copy_answer(tether_job_t *to, const tether_job_t *from)
 	memcpy((char *)to + start, (const char *)from + start, sizeof(tether_job_t) - start);
 }
 
-int tether_cache_lookup(tether_job_t *job, const char *key)
+/* The answer kept in ``table`` for ``key`` copied into ``job``, or 0. */
+static int lookup_in(struct answer *table, tether_job_t *job, const char *key)
 {
 	struct answer *a;
 	int rc = 0;
 
 	pthread_mutex_lock(&lock);
-	a = &slots[slot_of(key)];
+	a = &table[slot_of(key)];
 	if (config_current_locked() && a->key && strcmp(a->key, key) == 0) {
 		copy_answer(job, &a->job);
 		rc = a->rc;
@@ -178,19 +191,206 @@ int tether_cache_lookup(tether_job_t *job, const char *key)
 	return rc;
 }
 
-void tether_cache_store(const tether_job_t *job, const char *key, int rc)
+int tether_cache_lookup(tether_job_t *job, const char *key)
+{
+	return lookup_in(slots, job, key);
+}
+
+static void store_in(struct answer *table, const tether_job_t *job, const char *key, int rc)
 {
 	struct answer *a;
 
-	if (!job->cacheable || (rc != TETHER_ACCEPT && rc != TETHER_REJECT))
-		return;
 	pthread_mutex_lock(&lock);
 	if (config_current_locked()) {
-		a = &slots[slot_of(key)];
+		a = &table[slot_of(key)];
 		free(a->key);
 		a->key = strdup(key);
 		a->rc = rc;
 		copy_answer(&a->job, job);
 	}
 	pthread_mutex_unlock(&lock);
+}
+
+void tether_cache_store(const tether_job_t *job, const char *key, int rc)
+{
+	if (job->cacheable && (rc == TETHER_ACCEPT || rc == TETHER_REJECT))
+		store_in(slots, job, key, rc);
+}
+
+/* ---- by shape ---- */
+
+/* The spank_env entries the shape key stands for by their class, and what each is. */
+enum { COUNT_SLOTS, COUNT_SPN, IMAGE };
+static const struct {
+	const char *name;
+	int what;
+	int forwarded; /* TETHER_<NAME>: the plugin's effective value, which wins (handler.tether_values) */
+} shape_entries[] = {
+	{ TETHER_ENV_SLOTS, COUNT_SLOTS, 1 },
+	{ TETHER_SPANK_ENV_SLOTS, COUNT_SLOTS, 0 },
+	{ TETHER_ENV_SLOTS_PER_NODE, COUNT_SPN, 1 },
+	{ TETHER_SPANK_ENV_SLOTS_PER_NODE, COUNT_SPN, 0 },
+	{ TETHER_ENV_CONTAINER_IMAGE, IMAGE, 1 },
+	{ TETHER_SPANK_ENV_CONTAINER_IMAGE, IMAGE, 0 },
+};
+#define SHAPE_ENTRIES (sizeof(shape_entries) / sizeof(shape_entries[0]))
+
+/* A count written as the handler reads it the same way: "0", or digits without a leading zero up to
+ * ``max``; -1 for anything else (the handler then answers that request itself). */
+static long count_of(const char *s, unsigned long max)
+{
+	unsigned long v = 0;
+
+	if (s[0] == '0')
+		return s[1] ? -1 : 0;
+	if (s[0] == '\0')
+		return -1;
+	for (const char *p = s; *p; p++) {
+		if (*p < '0' || *p > '9')
+			return -1;
+		v = v * 10 + (unsigned long)(*p - '0');
+		if (v > max)
+			return -1;
+	}
+	return (long)v;
+}
+
+char *tether_shape_key(const tether_job_t *job, struct tether_counts *counts)
+{
+	long seen[2][2] = { { -1, -1 }, { -1, -1 } }; /* [slots|spn][spank|forwarded]; -1: none */
+	int abstracted = 0;
+	struct key k = { malloc(512), 0, 512 };
+
+	if (k.text == NULL)
+		return NULL;
+	k.text[0] = '\0';
+	key_fields(&k, job);
+	for (uint32_t i = 0; i < job->spank_env_size && k.text; i++) {
+		const char *entry = job->spank_env[i], *value = NULL;
+		size_t e, n = 0;
+		char class[160];
+
+		for (e = 0; entry && e < SHAPE_ENTRIES; e++) {
+			n = strlen(shape_entries[e].name);
+			if (strncmp(entry, shape_entries[e].name, n) == 0 && entry[n] == '=') {
+				value = entry + n + 1;
+				break;
+			}
+		}
+		if (value == NULL) {
+			key_add(&k, entry);
+			continue;
+		}
+		if (shape_entries[e].what == IMAGE) {
+			if (value[0] == '\0' || !tether_image_ok(value)) { /* "": no container; a bad one: */
+				key_add(&k, entry);                        /* the handler's to answer */
+				continue;
+			}
+			snprintf(class, sizeof(class), "%s=#image", shape_entries[e].name);
+		} else {
+			int what = shape_entries[e].what, fwd = shape_entries[e].forwarded;
+			long v = count_of(value, what == COUNT_SLOTS ? TETHER_MAX_SLOTS : TETHER_MAX_SLOTS_PER_NODE);
+
+			if (v < 0 || (what == COUNT_SPN && v == 0) || seen[what][fwd] >= 0) {
+				/* written otherwise, out of range or given twice: the handler's to answer */
+				free(k.text);
+				return NULL;
+			}
+			seen[what][fwd] = v;
+			snprintf(class, sizeof(class), "%s=#%s", shape_entries[e].name, v ? "N" : "0");
+		}
+		key_add(&k, class);
+		abstracted = 1;
+	}
+	if (!abstracted) { /* nothing a shape stands for: the request is its own shape */
+		free(k.text);
+		return NULL;
+	}
+	memset(counts, 0, sizeof(*counts));
+	counts->have_slots = seen[COUNT_SLOTS][1] >= 0 || seen[COUNT_SLOTS][0] >= 0;
+	counts->slots = (unsigned long)(seen[COUNT_SLOTS][1] >= 0 ? seen[COUNT_SLOTS][1] : seen[COUNT_SLOTS][0]);
+	counts->spn_given = seen[COUNT_SPN][1] >= 0 || seen[COUNT_SPN][0] >= 0;
+	counts->spn = counts->spn_given ? (unsigned long)(seen[COUNT_SPN][1] >= 0 ? seen[COUNT_SPN][1]
+										   : seen[COUNT_SPN][0])
+					: 1;
+	return k.text;
+}
+
+/* The number quantity ``q`` stands for; ``same`` for TETHER_Q_SAME. */
+static unsigned long quantity(int q, const struct tether_counts *c, unsigned long same)
+{
+	switch (q) {
+	case TETHER_Q_SLOTS:
+		return c->slots;
+	case TETHER_Q_SPN:
+		return c->spn;
+	case TETHER_Q_NODES:
+		return c->slots / c->spn;
+	default:
+		return same;
+	}
+}
+
+/* A tres string's trailing count replaced by ``value`` (a shaped answer's strings end in theirs). */
+static int put_count(char *text, unsigned long value)
+{
+	size_t n = strlen(text);
+
+	while (n > 0 && text[n - 1] >= '0' && text[n - 1] <= '9')
+		n--;
+	if (n == 0 || n == strlen(text) || text[n - 1] != ':')
+		return 0;
+	return snprintf(text + n, TETHER_STR - n, "%lu", value) < (int)(TETHER_STR - n);
+}
+
+/* ``job``'s numbers for its own counts, by the shape's quantities; 0 when one does not fit. */
+static int fill_counts(tether_job_t *job, const struct tether_counts *c)
+{
+	unsigned long v;
+
+	if (!c->have_slots)
+		return !(job->q_min_nodes | job->q_max_nodes | job->q_num_tasks | job->q_ntasks_per_node |
+			 job->q_cpus_per_task | job->q_tres_per_job | job->q_tres_per_task | job->q_tres_per_node);
+	job->out_min_nodes = (uint32_t)quantity(job->q_min_nodes, c, job->out_min_nodes);
+	job->out_max_nodes = (uint32_t)quantity(job->q_max_nodes, c, job->out_max_nodes);
+	job->out_num_tasks = (uint32_t)quantity(job->q_num_tasks, c, job->out_num_tasks);
+	v = quantity(job->q_ntasks_per_node, c, job->out_ntasks_per_node);
+	if (v >= 0xfffe) /* NO_VAL16 */
+		return 0;
+	job->out_ntasks_per_node = (uint16_t)v;
+	v = quantity(job->q_cpus_per_task, c, job->out_cpus_per_task);
+	if (v >= 0xfffe)
+		return 0;
+	job->out_cpus_per_task = (uint16_t)v;
+	if (job->q_tres_per_job && !put_count(job->out_tres_per_job, quantity(job->q_tres_per_job, c, 0)))
+		return 0;
+	if (job->q_tres_per_task && !put_count(job->out_tres_per_task, quantity(job->q_tres_per_task, c, 0)))
+		return 0;
+	if (job->q_tres_per_node && !put_count(job->out_tres_per_node, quantity(job->q_tres_per_node, c, 0)))
+		return 0;
+	return 1;
+}
+
+int tether_shape_lookup(tether_job_t *job, const char *key, const struct tether_counts *counts)
+{
+	tether_job_t answer;
+	int rc;
+
+	/* counts the handler refuses (more slots per node than slots, or not a divisor) are its to
+	 * answer, with its message */
+	if (counts->have_slots && counts->slots > 0 &&
+	    (counts->spn > counts->slots || counts->slots % counts->spn != 0))
+		return 0;
+	memcpy(&answer, job, sizeof(answer));
+	rc = lookup_in(shapes, &answer, key);
+	if (rc == 0 || !fill_counts(&answer, counts))
+		return 0;
+	memcpy(job, &answer, sizeof(answer));
+	return rc;
+}
+
+void tether_shape_store(const tether_job_t *job, const char *key, int rc)
+{
+	if (job->shaped && job->cacheable && rc == TETHER_ACCEPT)
+		store_in(shapes, job, key, rc);
 }

@@ -20,6 +20,31 @@ int tether_cache_lookup(tether_job_t *job, const char *key);
 /* Keep ``job``'s answer ``rc`` for ``key`` (only cacheable accepts and rejects). */
 void tether_cache_store(const tether_job_t *job, const char *key, int rc);
 
+/*
+ * By shape. A request's shape is the request with its slot counts (--slots, --slots-per-node) and
+ * a valid container image standing for their class: a sweep over sizes and images is one shape.
+ * The handler marks an answer that is every request's of its shape (``shaped``: accepted with no
+ * note, its numbers following the counts by the row of seed 000's table, ``q_*``); a request of a
+ * known shape then gets it, its numbers computed here, with no Python. Counts the handler would
+ * refuse are never answered here.
+ */
+struct tether_counts {
+	int have_slots;      /* --slots given */
+	unsigned long slots;
+	int spn_given;       /* --slots-per-node given */
+	unsigned long spn;   /* 1 when not given */
+};
+
+/* ``job``'s shape key and counts (malloc'd); NULL when the request has nothing a shape stands for,
+ * or writes a count otherwise than the plain decimal the handler reads the same way. */
+char *tether_shape_key(const tether_job_t *job, struct tether_counts *counts);
+
+/* The answer of ``key``'s shape for ``job``'s counts copied into ``job``, or 0. */
+int tether_shape_lookup(tether_job_t *job, const char *key, const struct tether_counts *counts);
+
+/* Keep ``job``'s answer for its shape (only accepts the handler marked ``shaped``). */
+void tether_shape_store(const tether_job_t *job, const char *key, int rc);
+
 /* Is the config file still the one the handler last read (checked with stat() at most every
  * 0.2 s)? The handler then skips its own stat(). */
 int tether_config_current(void);

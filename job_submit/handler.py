@@ -20,7 +20,7 @@ from ..container.spec import LaunchError, check_container_options
 from ..hooks.config import ON_FAILURE, Config
 from ..hooks.configfile import config_path, load_config
 from ..hooks.errors import ConfigError, RequestError
-from ..hooks.plan import Plan, make_plan
+from ..hooks.plan import NODES, ONE, ROWS, SLOTS, SPN, Plan, make_plan
 from ..hooks.policy import (
     SLURM_FIELD_OPTIONS, Arg, check_slurm_args, gres_references_gpu, strip_gres_prefix,
 )
@@ -156,6 +156,51 @@ def apply_plan(job, plan: Plan, ffi, prefix: str) -> None:
     if plan.project:
         _put(ffi, job, "wckey", plan.project)
     job.set_requeue, job.out_requeue = 1, 0
+
+
+# How a shaped answer's numbers follow the request's slot counts (bridge.h's TETHER_Q_*), and the
+# answer's fields that carry the Plan's numbers.
+Q_SAME, Q_SLOTS, Q_SPN, Q_NODES = 0, 1, 2, 3
+QUANTITY = {ONE: Q_SAME, SLOTS: Q_SLOTS, SPN: Q_SPN, NODES: Q_NODES}
+SHAPED_FIELDS = {"min_nodes": "min_nodes", "max_nodes": "max_nodes", "num_tasks": "ntasks",
+                 "ntasks_per_node": "tasks_per_node", "cpus_per_task": "cpus_per_task",
+                 "tres_per_job": "gpus", "tres_per_task": "gpus_per_task", "tres_per_node": "gpus_per_node"}
+
+
+def mark_shaped(job, plan: Plan | None, ffi) -> None:
+    """Mark an accepted answer as every request's of its shape (the C shim's shape cache, cache.h):
+    the same request with other slot counts or another valid image gets the same answer, its numbers
+    following the counts by the quantities of the plan's table row (seed 000: slots, slots per node,
+    nodes = slots / slots per node, or fixed). Each quantity is checked against this answer itself;
+    an answer with a note for the user, or one that does not check out, is not shaped."""
+    if ffi.string(job.msg):
+        return
+    quantities = {}
+    if plan is not None:
+        assert plan.slurm is not None
+        sets = {field: QUANTITY[q] for field, q, _ in ROWS[plan.row].sets
+                if getattr(plan.slurm, field) is not None}
+        if plan.slurm.ntasks is None and plan.slurm.gpus and plan.slurm.gpus_per_task:
+            sets["ntasks"] = Q_NODES              # sbatch's own: --gpus / --gpus-per-task
+        spn = plan.slots_per_node or 1
+        value = {Q_SLOTS: plan.slots, Q_SPN: spn, Q_NODES: plan.slots // spn}
+        for out, field in SHAPED_FIELDS.items():
+            q = sets.get(field, Q_SAME)
+            if q == Q_SAME:
+                continue
+            flag = "set_nodes" if out.endswith("_nodes") and out != "ntasks_per_node" else "set_" + out
+            if not getattr(job, flag):
+                return
+            answered = getattr(job, "out_" + out)
+            if out.startswith("tres_"):
+                if not ffi.string(answered).decode().endswith(f":{value[q]}"):
+                    return
+            elif answered != value[q]:
+                return
+            quantities[out] = q
+    for out in SHAPED_FIELDS:
+        setattr(job, "q_" + out, quantities.get(out, Q_SAME))
+    job.shaped = 1
 
 
 def controlled_options(plan: Plan) -> list[str]:
@@ -299,6 +344,8 @@ class Handler:
             job.cacheable = 1
             return ACCEPT
         if not any(opt.name in values for opt in SLOT_OPTIONS):
+            job.cacheable = 1                   # container options only: checked, nothing planned
+            mark_shaped(job, None, self.ffi)
             return ACCEPT
         try:
             request = self.request(job, values, self._text(job.partition))
@@ -314,6 +361,7 @@ class Handler:
         if plan.notices:
             self._reply(job, "\n".join(f"tether: note: {n}" for n in plan.notices))
         job.cacheable = 1
+        mark_shaped(job, plan, self.ffi)
         return ACCEPT
 
     def request(self, job, values: dict[str, str], partition: str | None) -> Request:

@@ -271,15 +271,25 @@ static long elapsed_us(const struct timespec *t0)
 	return us_between(t0, &t1);
 }
 
-/* The answer for a submission: from the cache, or from the handler (then cached when it can be). */
+/* The answer for a submission: by its shape, from the cache, or from the handler (then kept for its
+ * shape and in the cache when it can be). */
 static int answer(struct tether_call *call)
 {
+	struct tether_counts counts;
 	struct timespec t0;
-	char *key;
-	int rc;
+	char *key, *shape;
+	int cached, rc;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	key = call->wanted && !tether_is_broken() ? tether_cache_key(call->job) : NULL;
+	cached = call->wanted && !tether_is_broken();
+	shape = cached ? tether_shape_key(call->job, &counts) : NULL;
+	rc = shape ? tether_shape_lookup(call->job, shape, &counts) : 0;
+	if (rc) {
+		slurm_debug("job_submit/tether: answer by its shape took %ld us", elapsed_us(&t0));
+		free(shape);
+		return rc;
+	}
+	key = cached ? tether_cache_key(call->job) : NULL;
 	rc = key ? tether_cache_lookup(call->job, key) : 0;
 	if (rc) {
 		slurm_debug("job_submit/tether: cached answer took %ld us", elapsed_us(&t0));
@@ -296,8 +306,11 @@ static int answer(struct tether_call *call)
 			slurm_debug("job_submit/tether: handler took %ld us", elapsed_us(&t0));
 		if (key && rc != TETHER_TIMEOUT)
 			tether_cache_store(call->job, key, rc);
+		if (shape && rc != TETHER_TIMEOUT)
+			tether_shape_store(call->job, shape, rc);
 	}
 	free(key);
+	free(shape);
 	return rc;
 }
 

@@ -79,6 +79,13 @@ def names_header() -> str:
         f"#define TETHER_STEP_PASSES {c_string(surface.STEP_PASSES_VAR)}",
         f"#define TETHER_STEP_DEFAULTS {c_string(surface.STEP_DEFAULTS_VAR)}",
         "",
+        "/* what the job_submit plugin's shape cache reads itself (job_submit/cache.c) */",
+        f"#define TETHER_MAX_SLOTS {surface.MAX_SLOTS}UL",
+        f"#define TETHER_MAX_SLOTS_PER_NODE {surface.MAX_SLOTS_PER_NODE}UL",
+        *(f"#define TETHER_{kind}_{_enum_name(name)[4:]} {c_string(getattr(surface.BY_NAME[name], attr))}"
+          for name in ("slots", "slots-per-node", "container-image")
+          for kind, attr in (("ENV", "env"), ("SPANK_ENV", "spank_env"))),
+        "",
         "/* the layout under job_storage_root */",
         f"#define TETHER_DEFAULT_JOB_STORAGE_ROOT {c_string(storage_root)}",
         f"#define TETHER_STEP_PREFIX {c_string(layout.NODE_STEP_PREFIX)}",

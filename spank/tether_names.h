@@ -76,6 +76,16 @@ enum tether_option {
 #define TETHER_STEP_PASSES "TETHER_STEP_PASSES"
 #define TETHER_STEP_DEFAULTS "TETHER_STEP_DEFAULTS"
 
+/* what the job_submit plugin's shape cache reads itself (job_submit/cache.c) */
+#define TETHER_MAX_SLOTS 10000000UL
+#define TETHER_MAX_SLOTS_PER_NODE 65533UL
+#define TETHER_ENV_SLOTS "TETHER_SLOTS"
+#define TETHER_SPANK_ENV_SLOTS "_SLURM_SPANK_OPTION_tether_slots"
+#define TETHER_ENV_SLOTS_PER_NODE "TETHER_SLOTS_PER_NODE"
+#define TETHER_SPANK_ENV_SLOTS_PER_NODE "_SLURM_SPANK_OPTION_tether_slots_per_node"
+#define TETHER_ENV_CONTAINER_IMAGE "TETHER_CONTAINER_IMAGE"
+#define TETHER_SPANK_ENV_CONTAINER_IMAGE "_SLURM_SPANK_OPTION_tether_container_image"
+
 /* the layout under job_storage_root */
 #define TETHER_DEFAULT_JOB_STORAGE_ROOT "/var/lib/tether/jobs"
 #define TETHER_STEP_PREFIX "step-"

@@ -162,12 +162,14 @@ class CBuild:
         self.obj_dir = Path(out_dir) / "obj"
         self.verbose = verbose
 
-    def compile(self, source: Path, *, include_dirs: Sequence[str] = (), defines: Sequence[str] = ()) -> Path:
-        """``source`` as an object file (-Wall -Wextra -Werror); its path."""
+    def compile(self, source: Path, *, include_dirs: Sequence[str] = (), defines: Sequence[str] = (),
+                header_dirs: Sequence[Path] = ()) -> Path:
+        """``source`` as an object file (-Wall -Wextra -Werror); its path. It is compiled again when
+        a header next to it or in ``header_dirs`` changed."""
         source = Path(source)
         flags = [*CFLAGS, *(f"-I{d}" for d in (source.parent, *include_dirs)), *defines]
         digest = hashlib.sha256(source.read_bytes() + repr(flags).encode())
-        for header in sorted(source.parent.glob("*.h")):
+        for header in [h for d in (source.parent, *header_dirs) for h in sorted(Path(d).glob("*.h"))]:
             digest.update(header.read_bytes())
         obj = self.obj_dir / f"{source.stem}-{digest.hexdigest()[:16]}.o"
         if not obj.exists():

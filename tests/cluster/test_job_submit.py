@@ -116,6 +116,32 @@ def test_slurm_table_rows_through_sbatch(cluster, tether_config, case):
             assert key not in fields, f"{key}={fields.get(key)} was not expected"
 
 
+def test_a_size_sweep_is_answered_by_its_shape_in_c(cluster, tether_config):
+    """Requests that differ in their slot counts and image tag only are one shape: the handler
+    answers the first, the shim's C the others (slurmctld's debug log says which), and each job
+    gets its own layout."""
+    tether_config()
+    cluster.run(["scontrol", "setdebug", "debug"])
+    mark = cluster.ctld_log_mark()
+    jobs = {}
+    try:
+        for slots in (2, 4, 6, 8, 12):
+            result, job_id, _ = sbatch(cluster, "-H", f"--slots={slots}", "--slots-per-node=2",
+                                       f"--container-image=localhost/app:v{slots}", "--job-name=sweep", wait=False)
+            assert result.returncode == 0, result.stderr
+            jobs[slots] = job_id
+        log = cluster.ctld_log_since(mark)
+    finally:
+        cluster.run(["scontrol", "setdebug", "info"])
+        cluster.run(["scancel", *[j for j in jobs.values() if j]], check=False)
+    for slots, job_id in jobs.items():
+        fields = cluster.job_fields(job_id)
+        assert (fields["NumNodes"], fields["NumTasks"], fields["TresPerJob"], fields["TresPerTask"]) == (
+            str(slots // 2), str(slots // 2), cluster.gres(f"gpu:{slots}"), cluster.gres("gpu:2")), slots
+    assert log.count("job_submit/tether: handler took") == 1, log
+    assert log.count("job_submit/tether: answer by its shape took") == 4, log
+
+
 @pytest.mark.parametrize("how", ["options", "#SBATCH lines", "TETHER_* variables"])
 def test_options_script_lines_and_environment_give_the_same_job(cluster, tether_config, how):
     body = RANKS + "\n"

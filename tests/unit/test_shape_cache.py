@@ -1,0 +1,225 @@
+"""The job_submit plugin's shape cache (job_submit/cache.c) against the handler itself.
+
+A request of a known shape is answered in C with its own slot counts and image, no Python: that is
+only right if the C answer is, field for field, what the handler answers for the same request. The
+shim's cache.c and the image grammar (spank/imageref.c) are compiled here as they are in the plugin;
+thousands of generated requests -- counts the handler accepts and refuses, written plainly and not,
+images valid and not, user options, partitions with overrides, several configurations -- go to the
+handler and to the shape cache, and every answer the cache gives must equal the handler's.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from tether.job_submit import build as job_submit_build
+from tether.job_submit.handler import ACCEPT, Handler
+from tether.testing.slurm import NO_VAL, NO_VAL16, JobSubmit, PluginLib
+
+CACHE_API = """
+struct tether_counts { int have_slots; unsigned long slots; int spn_given; unsigned long spn; };
+char *tether_shape_key(const tether_job_t *job, struct tether_counts *counts);
+int tether_shape_lookup(tether_job_t *job, const char *key, const struct tether_counts *counts);
+void tether_shape_store(const tether_job_t *job, const char *key, int rc);
+char *tether_cache_key(const tether_job_t *job);
+void free(void *);
+"""
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory):
+    """cache.c and imageref.c compiled into a Python module (cffi), with bridge.h's struct."""
+    import cffi
+
+    src = job_submit_build.source_dir()
+    spank = job_submit_build.spank_dir()
+    ffi = cffi.FFI()
+    cdef = job_submit_build.cdef().replace("[...]", "[1024]").replace("char msg[1024]", "char msg[2048]")
+    ffi.cdef("\n".join(line for line in cdef.splitlines() if not line.startswith("#define")) + CACHE_API)
+    # the plugin's other C (plugin.c) defines the handler's log and health calls; unused here
+    glue = ('#include <stdlib.h>\n#include "cache.h"\n'
+            'void tether_log(int level, const char *msg) { (void)level; (void)msg; }\n'
+            'void tether_set_health(int broken, int reject_all, const char *reason)\n'
+            '{ (void)broken; (void)reject_all; (void)reason; }\n')
+    ffi.set_source("_shape_cache_test", glue,
+                   sources=[str(src / "cache.c"), str(spank / "imageref.c")],
+                   include_dirs=[str(src), str(spank)], extra_compile_args=["-Wall", "-Werror"])
+    out = tmp_path_factory.mktemp("shim")
+    path = ffi.compile(tmpdir=str(out))
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_shape_cache_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class ShimLib(PluginLib):
+    """The handler's lib, whose config stamps reach the compiled cache (as in the plugin)."""
+
+    def __init__(self, lib):
+        super().__init__()
+        self.lib = lib
+
+    def tether_config_loaded(self, *args) -> None:
+        self.lib.tether_config_loaded(*args)
+
+
+CONFIGS = {
+    "tres-gres": "default_compute_resource_pool: gpu\ndefault_aux_resource_pool: aux\n"
+                 "job_project_source: account\npartition_overrides:\n  cpu:\n    slot_type: cpu\n"
+                 "  a100:\n    gpu_type: a100\n",
+    "gres-only": "tres_supported: false\ndefault_compute_resource_pool: gpu\n"
+                 "partition_overrides:\n  cpu:\n    slot_type: cpu\n  v100:\n    gpu_type: v100\n",
+    "no-gres": "tres_supported: false\ngres_supported: false\nslot_type: rocm\n",
+    "tres-no-gres": "gres_supported: false\n",      # the fallback with a note: never shaped
+}
+COUNTS = ["0", "1", "2", "3", "4", "6", "8", "12", "16", "24", "64", "96", "1000", "10000000", "10000001",
+          "07", "", "x", "-1"]
+SPNS = ["1", "2", "3", "4", "8", "12", "65533", "65534", "0", "02"]
+IMAGES = ["ubuntu:22.04", "/shared/images/app.sif", "nvcr.io#nvidia/pytorch:24.01-py3", "docker://alpine:3",
+          "localhost:5000/bench/app:r1-7", "", "bad image", "app.sif", "UPPER/case:1", "a" * 300]
+
+
+def random_request(rng: random.Random) -> dict:
+    """A request as slurmctld hands it to job_submit, with tether options in spank_env."""
+    env: dict[str, str] = {}
+
+    def option(name: str, values: list[str], p: float) -> None:
+        if rng.random() < p:
+            spelled = rng.choices(["TETHER_", "_SLURM_SPANK_OPTION_tether_", "both"], [6, 1, 3])[0]
+            key = name.upper().replace("-", "_")
+            if spelled in ("TETHER_", "both"):
+                env["TETHER_" + key] = rng.choice(values)
+            if spelled != "TETHER_":
+                env["_SLURM_SPANK_OPTION_tether_" + name.replace("-", "_")] = rng.choice(values)
+
+    if rng.random() < 0.6:          # most requests: a size sweep of one shape, with or without an image
+        env["TETHER_SLOTS"] = rng.choice(COUNTS)
+        if rng.random() < 0.5:
+            env["TETHER_SLOTS_PER_NODE"] = rng.choice(SPNS)
+        if rng.random() < 0.5:
+            env["TETHER_CONTAINER_IMAGE"] = rng.choice(IMAGES)
+        return {"spank_env": env, "uid": 1000}
+    option("slots", COUNTS, 0.9)
+    option("slots-per-node", SPNS, 0.6)
+    option("slot-type", ["cuda", "rocm", "cpu", "tpu"], 0.1)
+    option("gpu-type", ["a100", "h100"], 0.05)
+    option("resource-pool", ["gpu", "cpu", "a100", "v100"], 0.1)
+    option("container-image", IMAGES, 0.7)
+    option("container-runtime", ["podman", "enroot", "apptainer"], 0.1)
+    option("container-name", ["keep"], 0.02)
+    job: dict = {"spank_env": env, "uid": rng.choices([1000, 1001], [9, 1])[0]}
+    if rng.random() < 0.1:
+        job["partition"] = rng.choice(["gpu", "cpu", "a100", "v100", "aux"])
+    if rng.random() < 0.2:
+        job["account"] = rng.choice(["proj", "other"])
+    if rng.random() < 0.05:
+        job["min_nodes"] = rng.choice([1, 2])
+    if rng.random() < 0.05:
+        job["tres_per_node"] = rng.choice(["gres:tmp:10", "gres:gpu:2", "gres:tmp:1,gres:nic:1"])
+    if rng.random() < 0.05:
+        job["cpus_per_task"] = 4
+    return job
+
+
+ANSWER = ("set_nodes", "out_min_nodes", "out_max_nodes", "set_num_tasks", "out_num_tasks", "set_ntasks_per_node",
+          "out_ntasks_per_node", "set_cpus_per_task", "out_cpus_per_task", "set_requeue", "out_requeue",
+          "set_tres_per_job", "out_tres_per_job", "set_tres_per_node", "out_tres_per_node", "set_tres_per_task",
+          "out_tres_per_task", "set_partition", "out_partition", "set_wckey", "out_wckey", "set_features",
+          "out_features", "msg")
+
+
+def answer_of(ffi, c) -> dict:
+    out = {}
+    for name in ANSWER:
+        value = getattr(c, name)
+        out[name] = ffi.string(value) if name.startswith("out_t") or name in (
+            "out_partition", "out_wckey", "out_features", "msg") else value
+    return out
+
+
+@pytest.mark.parametrize("config_name", sorted(CONFIGS))
+def test_every_answer_by_shape_is_the_handlers(shim, tmp_path, config_name):
+    ffi, lib = shim.ffi, shim.lib
+    config = tmp_path / "tether.yaml"
+    config.write_text(CONFIGS[config_name])
+    js = JobSubmit.__new__(JobSubmit)
+    js.ffi, js.lib, js._keep = ffi, ShimLib(lib), []
+    js.handler = Handler(ffi, js.lib, env={"TETHER_CONFIG": str(config)})
+    assert js.handler.init() == ACCEPT
+    rng = random.Random(f"shapes-{config_name}")
+    hits = slot_hits = other_counts = shaped = 0
+    stored: dict[bytes, tuple] = {}
+    for n in range(2500):
+        job = random_request(rng)
+        truth = js.struct(job)
+        rc = js.handler.submit(truth, job["uid"], 1)
+        expected = answer_of(ffi, truth)
+
+        probe = js.struct(job)
+        counts = ffi.new("struct tether_counts *")
+        key = lib.tether_shape_key(probe, counts)
+        if key == ffi.NULL:         # nothing a shape stands for, or a count written otherwise
+            continue
+        text = ffi.string(key)
+        found = lib.tether_shape_lookup(probe, key, counts)
+        mine = (counts.slots, counts.spn, job["spank_env"].get("TETHER_CONTAINER_IMAGE"))
+        if found:
+            hits += 1
+            slot_hits += counts.slots > 0
+            other_counts += stored[text] != mine
+            assert (found, answer_of(ffi, probe)) == (rc, expected), (job, stored[text])
+        if truth.shaped:
+            shaped += 1
+            assert rc == ACCEPT and ffi.string(truth.msg) == b""
+            lib.tether_shape_store(truth, key, rc)
+            stored[text] = mine
+        lib.free(key)
+    # the comparison means something: many answers (of jobs with slots) came from a shape another
+    # request made, with other counts; with the fallback's note on every such answer, none does
+    if config_name == "tres-no-gres":
+        assert slot_hits == 0 and hits > 0, (hits, shaped)
+    else:
+        assert slot_hits >= 300 and other_counts >= 150, (slot_hits, other_counts, shaped)
+
+
+def test_a_shape_key_stands_for_counts_and_image_only(shim):
+    """Counts, the image and nothing else leave the key: another partition, account, user option or
+    container option is another shape; counts written otherwise than plainly have none."""
+    ffi, lib = shim.ffi, shim.lib
+    js = JobSubmit.__new__(JobSubmit)
+    js.ffi, js._keep = ffi, []
+
+    def key(**job):
+        job.setdefault("spank_env", {})
+        counts = ffi.new("struct tether_counts *")
+        k = lib.tether_shape_key(js.struct(job), counts)
+        if k == ffi.NULL:
+            return None
+        text = ffi.string(k)
+        lib.free(k)
+        return text, (counts.have_slots, counts.slots, counts.spn_given, counts.spn)
+
+    base = {"TETHER_SLOTS": "8", "TETHER_SLOTS_PER_NODE": "4", "TETHER_CONTAINER_IMAGE": "ubuntu:22.04"}
+    k8, c8 = key(spank_env=base)
+    assert c8 == (1, 8, 1, 4)
+    k2, c2 = key(spank_env={**base, "TETHER_SLOTS": "24", "TETHER_CONTAINER_IMAGE": "/x/y.sif"})
+    assert (k2, c2) == (k8, (1, 24, 1, 4))
+    assert key(spank_env={**base, "TETHER_SLOTS": "0"})[0] != k8                # zero slots: another row
+    assert key(spank_env={**base, "TETHER_CONTAINER_IMAGE": "bad image"})[0] != k8
+    assert key(spank_env={**base, "TETHER_CONTAINER_RUNTIME": "podman"})[0] != k8
+    assert key(spank_env=base, partition="cpu")[0] != k8
+    assert key(spank_env=base, account="proj")[0] != k8
+    assert key(spank_env=base, tres_per_node="gres:tmp:1")[0] != k8
+    assert key(spank_env=base, min_nodes=2)[0] != k8
+    for odd in ("08", "+8", " 8", "8 ", "", "1e3", "10000001"):
+        assert key(spank_env={**base, "TETHER_SLOTS": odd}) is None, odd
+    for odd in ("0", "65534", "04"):
+        assert key(spank_env={**base, "TETHER_SLOTS_PER_NODE": odd}) is None, odd
+    forwarded = {"TETHER_SLOTS": "6", "_SLURM_SPANK_OPTION_tether_slots": "4"}
+    assert key(spank_env=forwarded)[1] == (1, 6, 0, 1)                         # TETHER_SLOTS wins
+    assert key(spank_env={"TETHER_CONTAINER_NAME": "x"}) is None                  # nothing to stand for
+    assert NO_VAL and NO_VAL16
