@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/fsuid.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -161,12 +162,38 @@ static int create_owned_dir_at(int dirfd, const char *name, mode_t mode, uid_t u
 	return 0;
 }
 
+/*
+ * As root, mkdirat() as the job user in a directory the user owns: setfsuid()/setfsgid() change
+ * this thread's filesystem identity only (slurmstepd's other threads keep theirs), so the directory
+ * is the user's from its first moment -- one metadata operation instead of create_owned_dir_at's
+ * three -- and the kernel checks the user's permissions there, not root's. 0, or -1 with errno.
+ */
+static int mkdir_as_user_at(int dirfd, const char *name, mode_t mode, uid_t uid, gid_t gid)
+{
+	int old_gid = setfsgid(gid), old_uid = setfsuid(uid), rc = -1, err = EPERM;
+
+	if ((uid_t)setfsuid((uid_t)-1) == uid && (gid_t)setfsgid((gid_t)-1) == gid) {
+		rc = mkdirat(dirfd, name, mode);
+		err = errno;
+	}
+	setfsuid((uid_t)old_uid);
+	setfsgid((gid_t)old_gid);
+	errno = err;
+	return rc;
+}
+
 int tether_ensure_dir_at(int dirfd, const char *name, mode_t mode, uid_t uid, gid_t gid, const char *shown)
 {
 	struct stat st;
 	int fd;
 
-	if (geteuid() == 0 && uid != 0) {
+	if (geteuid() == 0 && uid != 0 && fstat(dirfd, &st) == 0 && st.st_uid == uid) {
+		/* below the job's own directory: created as the user */
+		if (mkdir_as_user_at(dirfd, name, mode, uid, gid) < 0 && errno != EEXIST) {
+			tether_fail("tether: cannot create %s as uid %u: %s", shown, (unsigned)uid, strerror(errno));
+			return -1;
+		}
+	} else if (geteuid() == 0 && uid != 0) {
 		if (create_owned_dir_at(dirfd, name, mode, uid, gid, shown) < 0)
 			return -1;
 	} else if (mkdirat(dirfd, name, mode) < 0 && errno != EEXIST) {
