@@ -114,6 +114,28 @@ def test_a_symlink_planted_for_a_node_directory_fails_the_step_not_the_node(clus
     assert wait_until(lambda: job not in job_entries(cluster)) and Path("/tmp").is_dir()
 
 
+def test_root_creates_nothing_in_a_directory_the_user_closed_to_themselves(cluster):
+    """Below the job's own directory tether creates as the user (setfsuid): a node directory the
+    user made read-only fails their next step there with the reason -- root's permissions are not
+    lent to the user -- and drains nothing. (Before, root created the step's directory anyway.)"""
+    first, second = cluster.nodes[:2]
+    script = ("#!/bin/bash\n"
+              f"mkdir -p \"$TETHER_JOB_DIR/{second}\" && chmod 500 \"$TETHER_JOB_DIR/{second}\"\n"
+              f"srun -w {second} -N1 -n1 true\n"
+              "echo srun=$?\n"
+              f"chmod 700 \"$TETHER_JOB_DIR/{second}\"\n"
+              f"srun -w {second} -N1 -n1 true\n"
+              "echo again=$?\n")
+    job = submit(cluster, "--slots=2", "--slots-per-node=1", "--slot-type=cpu", "-w", f"{first},{second}",
+                 "--wrap", script)
+    fields = cluster.wait_job(job)
+    out = output_of(cluster, job)
+    assert "cannot create" in out and "Permission denied" in out, out
+    assert "srun=0" not in out and "again=0" in out and fields["JobState"] == "COMPLETED", out
+    assert cluster.in_service(), cluster.node_states()
+    assert wait_until(lambda: job not in job_entries(cluster))
+
+
 def test_an_unusable_job_storage_root_fails_steps_and_jobs_visibly(cluster):
     """A refused step exited 0 and a refused batch job ended COMPLETED 0:0 (and drained its node)."""
     root = storage(cluster)
