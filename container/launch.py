@@ -27,6 +27,7 @@ import sys
 import time
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
+from ..system.dirstamp import DirStamp
 from .spec import LaunchError
 
 if TYPE_CHECKING:
@@ -291,8 +292,9 @@ def save_container(launch: Launch) -> bool:
 
 def _never_started(launch: Launch, status: int, received: list[int], killed: list, written: bool | None) -> bool:
     """Did the runtime fail (exit 1 or 125+) without creating the container, unsignalled? Only when
-    it is certain: the id file (``--cidfile``) was never written -- podman 5 removes it again with
-    the container (``--rm``), so that it is gone says nothing -- and is not there."""
+    it is certain: the id file (``--cidfile``) was never made -- podman 5 removes it again with
+    the container (``--rm``), so that it is gone says nothing; its directory's timestamps say
+    whether it was there (system.dirstamp) -- and is not there."""
     return (launch.created is not None and launch.runtime is not None and not received and not killed
             and os.WIFEXITED(status) and os.WEXITSTATUS(status) in (1, 125, 126, 127)
             and written is False and not os.path.exists(launch.created))
@@ -302,18 +304,12 @@ def _run_child(launch: Launch, children: list[int],
                received: list[int]) -> tuple[int, list[tuple[str, int]], bool | None]:
     """Fork and exec the runtime, pass it the signals that came before it existed, wait for it;
     (its status, what was killed, whether it wrote the id file: see _never_started)."""
-    watch = None
-    if launch.created:
-        from ..system.inotify import WriteWatch
-
-        remove_file(launch.created)      # podman refuses to overwrite a --cidfile
-        watch = WriteWatch(launch.created)
-    try:
-        status, killed = _fork_and_wait(launch, children, received)
-        return status, killed, watch.written() if watch else None
-    finally:
-        if watch:
-            watch.close()
+    if not launch.created:
+        return (*_fork_and_wait(launch, children, received), None)
+    remove_file(launch.created)          # podman refuses to overwrite a --cidfile
+    stamp = DirStamp(os.path.dirname(launch.created))
+    status, killed = _fork_and_wait(launch, children, received)
+    return status, killed, True if os.path.exists(launch.created) else stamp.changed()
 
 
 def _fork_and_wait(launch: Launch, children: list[int], received: list[int]) -> tuple[int, list[tuple[str, int]]]:

@@ -378,7 +378,11 @@ void tether_cgkeeper_stop(void)
 	for (int i = 0; i < keeper.ndirs; i++)
 		if (keeper.dirs[i].fd >= 0)
 			close(keeper.dirs[i].fd);
-	close(keeper.inotify_fd);
 	close(keeper.stop_pipe[0]);
 	close(keeper.stop_pipe[1]);
+	/* The inotify descriptor stays open (close-on-exec, nothing reads it): closing an inotify
+	 * instance waits for an SRCU grace period (fsnotify_destroy_group), 5-13 ms here, and this
+	 * runs when the last task exited -- before slurmstepd tells srun (22.05 mgr.c sends the exit
+	 * messages after task_g_post_step) and slurmctld. The kernel closes it when slurmstepd exits,
+	 * after both. */
 }

@@ -489,8 +489,9 @@ class Podman(Runtime):
             own["CUDA_VISIBLE_DEVICES"] = ",".join(str(n) for n in range(len(devices) // 2))
         fds, mpi_args = mpi_pass_through(host_env, passed, own)
         name = spec.rank_instance      # one podman container per rank, --container-name or not
-        # podman writes the container's id here once it exists (see Launch.created)
-        created = os.path.join(os.path.dirname(spec.rank_dir), f".cid-{spec.rank}") if spec.rank_dir else None
+        # podman writes the container's id here once it exists (see Launch.created): in the rank's
+        # own directory, which nothing else of tether's changes while podman runs (system.dirstamp)
+        created = os.path.join(spec.rank_dir, ".cid") if spec.rank_dir else None
         store = self.store_args(env, create=True)       # made and checked here, as the user
         glob = self.global_args(env)
         # --container-save needs the container after it ended: removed once saved (``after``)

@@ -197,7 +197,7 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
         "podman", "run", "--runtime", "runc", "--root", f"{tmp_path}/podman-store-{os.getuid()}/storage",
         "--runroot", f"{run}/storage",
         "--log-level=fatal", "--rm", "--name", "tether-42-0-3",
-        "--cidfile", "/jobs/42/n2/step-0/.cid-3",
+        "--cidfile", "/jobs/42/n2/step-0/rank-3/.cid",
         "--label", "tether.job=42", "--label", "tether.step=42.0", "--network=host", "--pid=host",
         "--log-driver=passthrough", *keep_id, "--entrypoint=",
         "--read-only", "--env-file", f"/dev/fd/{names_fd}",
@@ -806,7 +806,8 @@ def test_a_run_that_failed_before_creating_its_container_is_tried_again_after_re
     """A runtime whose own state was stale exits 1 before it creates the container (podman: no
     --cidfile written). The adapter repairs the state and the run is tried once more -- but a run
     that created its container (the user's command ran and exited 1) is never run twice."""
-    runs, cid = tmp_path / "runs", tmp_path / "cid"
+    runs, cid = tmp_path / "runs", tmp_path / "rank-0" / ".cid"     # the rank's own directory
+    cid.parent.mkdir()
     runtime = tmp_path / "runtime.sh"
     write_cid = f"echo c1 > {cid}" if created else ":"
     runtime.write_text(f"#!/bin/sh\necho run >> {runs}\n[ -e {tmp_path}/repaired ] && exit 0\n{write_cid}\nexit 1\n")
