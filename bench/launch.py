@@ -29,6 +29,7 @@ from tether.system.proc import run_command
 from tether.sandbox.cluster import Sandbox
 
 from steps import ROOT, arguments, print_medians, step_times, timing_loop
+from summary import record
 
 def user_store(box: Sandbox) -> list[str]:
     """podman's options for the job user's store on the node, as tether's launcher passes them."""
@@ -85,20 +86,25 @@ def main() -> int:
     times = step_times(out["rootfs"], ("direct", "tether"))
     print_medians(f"containerized srun -N3 true inside a 3-node allocation, {args.rounds} interleaved rounds",
                   times)
-    report("tether / direct", times["tether"], times["direct"], goal=1.05)
+    report("tether / direct", times["tether"], times["direct"], goal=1.05,
+           figure="containerized `srun -N3 true`, rootfs directory: tether / the same podman under srun")
     times = step_times(out["registry"], tuple(registry))
     print_medians(f"the same with a registry image ({remote}), warm and cold", times)
-    report("warm: tether / direct", times["tether-warm"], times["direct-warm"], goal=1.05)
-    report("cold: tether / direct", times["tether-cold"], times["direct-cold"], goal=None)
+    report("warm: tether / direct", times["tether-warm"], times["direct-warm"], goal=1.05,
+           figure="the same, registry image in the user's store (warm)")
+    report("cold: tether / direct", times["tether-cold"], times["direct-cold"], goal=None,
+           figure="the same, registry image pulled (cold; tether: one pull per node)")
     return 0
 
 
-def report(what: str, tether: list[float], direct: list[float], goal: float | None) -> None:
+def report(what: str, tether: list[float], direct: list[float], goal: float | None, figure: str) -> None:
     """The median of the per-round ratios, its quartiles, and the goal."""
     ratios = sorted(t / d for t, d in zip(tether, direct))
     q1, ratio, q3 = statistics.quantiles(ratios, n=4)
     verdict = f"; goal <= {goal:.2f}: {'ok' if ratio <= goal else 'MISSED'}" if goal else ""
     print(f"{what} = {ratio:.3f} (median of per-round ratios; quartiles {q1:.3f}..{q3:.3f}{verdict})")
+    record("launch.py", figure, f"{ratio:.3f} ({q1:.2f}–{q3:.2f}); {statistics.median(tether):.0f} vs "
+           f"{statistics.median(direct):.0f} ms", f"<= {goal:.2f}" if goal else "", ratio <= goal if goal else None)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from tether.system.proc import run_command
 from tether.sandbox.cluster import Sandbox
 
 from steps import ROOT, arguments, print_medians, step_times, timing_loop
+from summary import record
 
 CASES = {   # kind -> (untimed setup: the plugstack.conf srun and slurmstepd read, timed step)
     "none": ("cp {plugstack}.none {plugstack}.use", "srun -N3 -n3 true"),
@@ -66,10 +67,14 @@ def main() -> int:
         q1, ratio, q3 = statistics.quantiles(ratios, n=4)
         print(f"{kind} / none = {ratio:.3f} (median of per-round ratios; quartiles {q1:.3f}..{q3:.3f}; "
               f"goal <= {goal:.2f}: {'ok' if ratio <= goal else 'MISSED'})")
+        record("step.py", f"`srun -N3 true`, {'tether loaded, step without its options' if kind == 'unused' else 'a tether step (directories, rank environment)'} / no plugin",
+               f"{ratio:.3f} ({q1:.2f}–{q3:.2f})", f"<= {goal:.2f}", ratio <= goal)
     rss = {m.group(1): int(m.group(2)) for m in re.finditer(r"^rss (\w+) (\d+)$", out, re.M)}
     if rss:
         print("slurmstepd VmRSS of a running one-task step: " + ", ".join(
             f"{kind} {kib / 1024:.1f} MiB" for kind, kib in rss.items()))
+        record("step.py", "slurmstepd VmRSS: no plugin / unused / tether step",
+               " / ".join(f"{kib / 1024:.1f}" for kib in rss.values()) + " MiB")
     return 0
 
 

@@ -49,6 +49,8 @@ from pathlib import Path
 from tether.system.proc import run_command
 from tether.sandbox.cluster import Sandbox
 
+from summary import record
+
 ROOT = "/var/lib/tether/sandbox-bench"
 MODES = {"none": None, "lua": "lua", "tether": "tether"}
 LAYOUTS = [(s, p) for p in (1, 2, 4) for s in (p, 2 * p, 3 * p)]     # at most 3 nodes x 4 GPUs
@@ -194,6 +196,14 @@ def main() -> int:
             f"; goal tether <= lua: {'ok' if cost['tether'][1] <= cost['lua'][1] else 'MISSED'}"
         print(f"  cost per call inside slurmctld (less none's in the same round; quartiles): " + ", ".join(
             f"{m} {'-'.join(f'{x:.0f}' for x in q)} us" for m, q in cost.items()) + goal)
+        q1, mid, q3 = quartiles([t / o for t, o in zip(rates[kind]["tether"], rates[kind]["none"])])
+        record("submit.py", f"{kind} requests: sbatch throughput, tether / no plugin",
+               f"{mid:.2f} ({q1:.2f}–{q3:.2f})", ">= 0.95" if kind != "new shapes" else "",
+               mid >= 0.95 if kind != "new shapes" else None)
+        record("submit.py", f"{kind} requests: cost per call inside slurmctld, tether vs job_submit/lua",
+               f"{cost['tether'][1]:.0f} µs vs {cost['lua'][1]:.0f} µs",
+               "<= lua's" if kind == "distinct" else "",
+               cost["tether"][1] <= cost["lua"][1] if kind == "distinct" else None)
     if split:
         parts = list(zip(*[[int(x) for x in row] for row in split]))
         names = ("total", "hand-off", "Python handler", "back")
@@ -202,6 +212,11 @@ def main() -> int:
             f"{n} {'-'.join(str(x) for x in quartiles(list(v)))} us" for n, v in zip(names, parts)))
     print("slurmctld VmRSS after a dozen submissions, a fresh slurmctld per mode: " + ", ".join(
         f"{m} {v:.1f} MiB" + (f" (+{v - memory['none']:.1f})" if m != "none" else "") for m, v in memory.items()))
+    record("submit.py", "slurmctld VmRSS: no plugin / lua / tether",
+           " / ".join(f"{memory[m]:.1f}" for m in MODES) + " MiB")
+    if shaped_us:
+        q1, mid, q3 = quartiles(shaped_us)
+        record("submit.py", "tether's answer by shape, in its C shim (debug log)", f"{mid:.0f} ({q1:.0f}–{q3:.0f}) µs")
     for what, values in (("answers by shape", shaped_us), ("cached answers", cached_us)):
         if values:
             print(f"tether's {what} in its C shim: {'-'.join(str(x) for x in quartiles(values))} us (quartiles, "
