@@ -28,14 +28,14 @@ test-cluster: install
 	$(PYTEST) tests/cluster $(PYTEST_ARGS)
 
 # Every benchmark, then the README's performance table rewritten from what they recorded.
-BENCH_SUMMARY := bench/.summary.jsonl
+BENCH_SUMMARY := /var/tmp/tether-bench-summary.jsonl
 bench: install
 	rm -f $(BENCH_SUMMARY)
-	TETHER_BENCH_SUMMARY=$(CURDIR)/$(BENCH_SUMMARY) $(VENV)/bin/python bench/plan.py
-	TETHER_BENCH_SUMMARY=$(CURDIR)/$(BENCH_SUMMARY) $(VENV)/bin/python bench/submit.py
-	TETHER_BENCH_SUMMARY=$(CURDIR)/$(BENCH_SUMMARY) $(VENV)/bin/python bench/step.py
-	TETHER_BENCH_SUMMARY=$(CURDIR)/$(BENCH_SUMMARY) $(VENV)/bin/python bench/launch.py
-	TETHER_BENCH_SUMMARY=$(CURDIR)/$(BENCH_SUMMARY) $(VENV)/bin/python bench/floor.py
+	TETHER_BENCH_SUMMARY=$(BENCH_SUMMARY) $(VENV)/bin/python bench/plan.py
+	TETHER_BENCH_SUMMARY=$(BENCH_SUMMARY) $(VENV)/bin/python bench/submit.py
+	TETHER_BENCH_SUMMARY=$(BENCH_SUMMARY) $(VENV)/bin/python bench/step.py
+	TETHER_BENCH_SUMMARY=$(BENCH_SUMMARY) $(VENV)/bin/python bench/launch.py
+	TETHER_BENCH_SUMMARY=$(BENCH_SUMMARY) $(VENV)/bin/python bench/floor.py
 	$(VENV)/bin/python bench/tight.py
 	$(VENV)/bin/python bench/launcher.py
 	$(VENV)/bin/python bench/workflow.py
