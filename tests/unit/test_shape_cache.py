@@ -223,3 +223,15 @@ def test_a_shape_key_stands_for_counts_and_image_only(shim):
     assert key(spank_env=forwarded)[1] == (1, 6, 0, 1)                         # TETHER_SLOTS wins
     assert key(spank_env={"TETHER_CONTAINER_NAME": "x"}) is None                  # nothing to stand for
     assert NO_VAL and NO_VAL16
+
+
+def test_the_handlers_quantity_codes_are_bridge_hs():
+    """handler.py's Q_* and bridge.h's TETHER_Q_* are one list, written twice (cffi reads no #define)."""
+    import re
+
+    from tether.job_submit import handler
+
+    text = (job_submit_build.source_dir() / "bridge.h").read_text()
+    defined = {name: int(value) for name, value in re.findall(r"#define TETHER_Q_(\w+) (\d+)", text)}
+    assert defined == {"SAME": handler.Q_SAME, "SLOTS": handler.Q_SLOTS, "SPN": handler.Q_SPN,
+                       "NODES": handler.Q_NODES}
