@@ -15,9 +15,10 @@
  * cgroup made by the user (its cgroup.procs is the user's; Slurm's own are root's) into the nearest
  * of Slurm's cgroups above it -- the cgroup it was started from. The processes never leave the
  * step: only the user's own child cgroups below it are read, and only Slurm's directories of this
- * step are written. A new child is drained every 10 ms for its first 3 s (runc writes its init
- * process into the cgroup right after mkdir, before the container's program runs), then every
- * 500 ms. When this node's last task has exited, the keeping stops and the empty child cgroups
+ * step are written. A new child is drained every 10 ms until its first processes were moved, for
+ * at most 3 s (runc writes its init process into the cgroup right after mkdir, before the
+ * container's program runs; what that process starts is born in Slurm's cgroup), then every
+ * 500 ms (a `podman exec` joins the container's cgroup: at most 500 ms outside Slurm's). When this node's last task has exited, the keeping stops and the empty child cgroups
  * are removed, before Slurm removes its own (which it cannot while a child is left: they leaked).
  *
  * The thread never logs (a fork of a task while it held the log lock would leave the task stuck):
@@ -57,6 +58,7 @@ struct kdir {
 	int parent;      /* index of the directory it was found in, -1 for a step directory */
 	int target;      /* user's child: index of Slurm's directory its processes go to; -1: Slurm's own */
 	long long born;  /* ms, for a user's child */
+	int settled;     /* a user's child whose first processes were moved: runc has put its init there */
 	char name[256];
 };
 
@@ -65,10 +67,14 @@ static struct {
 	pthread_t thread;
 	int inotify_fd;
 	int stop_pipe[2];
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int finished;    /* the thread has drained and removed: only closing its inotify instance is left */
 	int ndirs;
 	struct kdir dirs[MAX_DIRS];
 	unsigned long moved, failed, removed, overflow;
-} keeper = { .inotify_fd = -1, .stop_pipe = { -1, -1 } };
+} keeper = { .inotify_fd = -1, .stop_pipe = { -1, -1 }, .lock = PTHREAD_MUTEX_INITIALIZER,
+	     .cond = PTHREAD_COND_INITIALIZER };
 
 static long long now_ms(void)
 {
@@ -125,6 +131,7 @@ static void add_dir(int parent, const char *name, int fd)
 	d = &keeper.dirs[index];
 	d->fd = fd;
 	d->parent = parent;
+	d->settled = 0;
 	snprintf(d->name, sizeof(d->name), "%s", name);
 	if (parent < 0 || st.st_uid == 0) {
 		d->target = -1;           /* Slurm's: a step or task directory */
@@ -195,9 +202,11 @@ static int drain(void)
 
 		if (d->fd < 0 || d->target < 0)
 			continue;
-		fresh |= now - d->born < FRESH_MS;
-		if (read_pids(d->fd, buf, sizeof(buf)) == 0)
+		if (read_pids(d->fd, buf, sizeof(buf)) == 0) {
+			fresh |= !d->settled && now - d->born < FRESH_MS;
 			continue;
+		}
+		d->settled = 1;
 		for (char *pid = strtok_r(buf, "\n", &save); pid; pid = strtok_r(NULL, "\n", &save)) {
 			if (pid[strspn(pid, "0123456789")] != '\0' || strlen(pid) > 10)
 				continue;
@@ -285,6 +294,15 @@ static void *keep(void *arg)
 				d->fd = -1;
 			}
 		}
+	pthread_mutex_lock(&keeper.lock);
+	keeper.finished = 1;
+	pthread_cond_signal(&keeper.cond);
+	pthread_mutex_unlock(&keeper.lock);
+	/* Closing an inotify instance waits for an SRCU grace period (fsnotify_destroy_group): 5-13 ms
+	 * here. Only this thread waits, while slurmstepd tells srun and slurmctld. Closed by
+	 * tether_cgkeeper_stop it delayed those messages; left to slurmstepd's exit it delayed srun's
+	 * end as much (the step's I/O connections close only after it). */
+	close(keeper.inotify_fd);
 	return NULL;
 }
 
@@ -367,10 +385,15 @@ void tether_cgkeeper_stop(void)
 	if (keeper.started != 1)
 		return;
 	keeper.started = -1;
-	if (write(keeper.stop_pipe[1], "x", 1) != 1 || pthread_join(keeper.thread, NULL) != 0) {
+	if (write(keeper.stop_pipe[1], "x", 1) != 1) {
 		slurm_error("tether: the cgroup keeper did not stop");
 		return;
 	}
+	pthread_mutex_lock(&keeper.lock);
+	while (!keeper.finished)
+		pthread_cond_wait(&keeper.cond, &keeper.lock);
+	pthread_mutex_unlock(&keeper.lock);
+	pthread_detach(keeper.thread);
 	if (keeper.moved || keeper.failed || keeper.overflow)
 		slurm_info("tether: kept %lu container process(es) in the step's cgroups (%lu failed, %lu "
 			   "cgroup(s) not watched), removed %lu empty child cgroup(s)",
@@ -380,9 +403,4 @@ void tether_cgkeeper_stop(void)
 			close(keeper.dirs[i].fd);
 	close(keeper.stop_pipe[0]);
 	close(keeper.stop_pipe[1]);
-	/* The inotify descriptor stays open (close-on-exec, nothing reads it): closing an inotify
-	 * instance waits for an SRCU grace period (fsnotify_destroy_group), 5-13 ms here, and this
-	 * runs when the last task exited -- before slurmstepd tells srun (22.05 mgr.c sends the exit
-	 * messages after task_g_post_step) and slurmctld. The kernel closes it when slurmstepd exits,
-	 * after both. */
 }
