@@ -801,6 +801,26 @@ def test_a_runtime_that_reports_a_killed_container_gets_it_removed(tmp_path, cod
     assert proc.returncode == code and marker.exists() is removed
 
 
+def test_a_supervised_runtime_starts_with_default_signals_and_a_missing_one_is_reported(tmp_path):
+    """The launcher spawns the runtime (posix_spawn): the signals it forwards, and SIGPIPE, which
+    Python ignores, are at their defaults in the runtime (an ignored SIGPIPE would be inherited by
+    everything the runtime execs); a runtime that is not there gets tether's message and 125."""
+    seen = tmp_path / "seen"
+    runtime = tmp_path / "runtime.sh"
+    runtime.write_text(f"#!/bin/sh\ngrep -E '^Sig(Ign|Cgt)' /proc/$$/status > {seen}\n")
+    runtime.chmod(0o755)
+    proc = subprocess.run([sys.executable, "-c", _supervised(runtime, tmp_path / "removed")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    masks = dict(line.split(":\t") for line in seen.read_text().splitlines())
+    assert int(masks["SigIgn"], 16) & (1 << (signal.SIGPIPE - 1)) == 0, masks
+    assert int(masks["SigCgt"], 16) & (1 << (signal.SIGTERM - 1)) == 0, masks
+    proc = subprocess.run([sys.executable, "-c", _supervised(tmp_path / "no-such-runtime", tmp_path / "removed")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 125, proc.stderr
+    assert f"tether: cannot start the container runtime '{tmp_path / 'no-such-runtime'}': No such file" in proc.stderr
+
+
 @pytest.mark.parametrize("created", [False, True])
 def test_a_run_that_failed_before_creating_its_container_is_tried_again_after_repair(tmp_path, created):
     """A runtime whose own state was stale exits 1 before it creates the container (podman: no
