@@ -19,6 +19,7 @@ median of the per-round ratios (this 2-core VM runs 3 ranks on 2 cores: single s
 
 from __future__ import annotations
 
+import os
 import pwd
 import shlex
 import statistics
@@ -80,6 +81,9 @@ def main() -> int:
                                  env=box.command_env(), cwd=str(box.work_dir), timeout=1800).stdout
                for name, cases in (("rootfs", rootfs), ("registry", registry))}
     finally:
+        removed = remove_baseline_cgroups(box)
+        if removed:
+            print(f"removed {removed} cgroup directories the direct podman runs left behind")
         if not args.keep:
             box.down(purge=False, log=lambda m: None)
 
@@ -95,6 +99,32 @@ def main() -> int:
     report("cold: tether / direct", times["tether-cold"], times["direct-cold"], goal=None,
            figure="the same, registry image pulled (cold; tether: one pull per node)")
     return 0
+
+
+def remove_baseline_cgroups(box: Sandbox, root: str = "/sys/fs/cgroup") -> int:
+    """What the direct baseline leaves: rootless podman's runc makes child cgroups below Slurm's
+    step directories that nothing removes (tether's cgroup keeper removes its own), and Slurm then
+    cannot remove its job directories either. A later job with the same id (a rebuilt sandbox)
+    failed to start: "cpuset.cpus: Device or resource busy". Every empty directory below the
+    sandbox nodes' uid_* directories goes, deepest first (rmdir refuses one with processes in it);
+    run when no allocation is left. How many went."""
+    removed = 0
+    for controller in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        for node in box.nodes:
+            top = os.path.join(root, controller, f"slurm_{node}")
+            if os.path.islink(os.path.join(root, controller)) or not os.path.isdir(top):
+                continue
+            for users in os.scandir(top):
+                if not (users.is_dir(follow_symlinks=False) and users.name.startswith("uid_")):
+                    continue
+                for path, _, _ in os.walk(users.path, topdown=False):
+                    if path != users.path:
+                        try:
+                            os.rmdir(path)
+                            removed += 1
+                        except OSError:
+                            pass
+    return removed
 
 
 def report(what: str, tether: list[float], direct: list[float], goal: float | None, figure: str) -> None:

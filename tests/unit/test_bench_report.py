@@ -44,3 +44,26 @@ def test_no_figures_or_no_block_is_an_error(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="no <!-- bench:start -->"):
         report.main(["report.py", str(empty), str(readme)])
     assert readme.read_text() == "no markers\n"
+
+
+def test_the_direct_baselines_leftover_cgroups_go_and_nothing_else(tmp_path):
+    """bench/launch.py removes the empty child cgroups the direct podman runs left below the
+    sandbox nodes' uid_* directories (a job of the same id on a rebuilt sandbox could not start
+    over them) -- never one still in use, another host's, or what a symlinked controller names."""
+    import launch
+
+    leaked = tmp_path / "memory/slurm_n1/uid_1001/job_5/step_0/task_0/0123abcd"
+    leaked.mkdir(parents=True)
+    busy = tmp_path / "memory/slurm_n2/uid_1001/job_6"
+    busy.mkdir(parents=True)
+    (busy / "cgroup.procs").write_text("42\n")      # rmdir refuses it, as cgroupfs does one in use
+    other = tmp_path / "memory/slurm_x9/uid_1/job_1"
+    other.mkdir(parents=True)
+    (tmp_path / "cpu").symlink_to("memory")
+
+    class Box:
+        nodes = ("n1", "n2", "n3")
+
+    assert launch.remove_baseline_cgroups(Box(), str(tmp_path)) == 4
+    assert not (tmp_path / "memory/slurm_n1/uid_1001/job_5").exists()
+    assert (tmp_path / "memory/slurm_n1/uid_1001").is_dir() and busy.is_dir() and other.is_dir()
