@@ -59,7 +59,7 @@ def direct_podman(box: Sandbox, image: str) -> str:
 
 
 def main() -> int:
-    args = arguments(__doc__, rounds=15)
+    args = arguments(__doc__, rounds=30)
 
     box = Sandbox(ROOT)
     box.up(install=False, log=lambda m: None)
