@@ -4,15 +4,14 @@
 workload -- nothing between slurmstepd (or pbs_mom) and the rank.
 
 *Supervise* (Podman, Enroot): the wrapper marks itself a child subreaper (``PR_SET_CHILD_SUBREAPER``)
-and starts the runtime as its child (posix_spawn). Whatever the runtime double-forks (podman's conmon and the container's
-processes) is re-parented to the wrapper instead of init, so it stays in the step's process tree:
-Slurm's process tracking signals it, job accounting counts its CPU time, and it is killed with the
-step. Signals the wrapper receives are passed on (in a Slurm step's cgroup to the container's
-first process, as Slurm signals a host rank's first process; elsewhere to the runtime and every
-process below it: see ``_supervise``); when the runtime exits, the
-``after`` commands run (e.g. removing a container an abnormal end left behind), the remaining
-descendants get a short grace, and the wrapper ends as the runtime did (same exit code, or the same
-signal).
+and starts the runtime as its child (``posix_spawn``). Whatever the runtime double-forks (podman's
+conmon and the container's processes) is re-parented to the wrapper instead of init, so it stays in
+the step's process tree: Slurm's process tracking signals it, job accounting counts its CPU time,
+and it is killed with the step. Signals the wrapper receives are passed on (in a Slurm step's
+cgroup to the container's first process, as Slurm signals a host rank's first process; elsewhere to
+the runtime and every process below it: see ``_supervise``); when the runtime exits, the ``after``
+commands run (e.g. removing a container an abnormal end left behind), the remaining descendants get
+a short grace, and the wrapper ends as the runtime did (same exit code, or the same signal).
 
 Errors before the runtime starts are printed as ``tether: ...`` on stderr (the job's output) and
 sent to syslog for the admin; the runtime's own errors reach the job's stderr unchanged.
@@ -303,14 +302,14 @@ def _run_child(launch: Launch, children: list[int],
     """Fork and exec the runtime, pass it the signals that came before it existed, wait for it;
     (its status, what was killed, whether it wrote the id file: see _never_started)."""
     if not launch.created:
-        return (*_fork_and_wait(launch, children, received), None)
+        return (*_start_and_wait(launch, children, received), None)
     remove_file(launch.created)          # podman refuses to overwrite a --cidfile
     stamp = DirStamp(os.path.dirname(launch.created))
-    status, killed = _fork_and_wait(launch, children, received)
+    status, killed = _start_and_wait(launch, children, received)
     return status, killed, True if os.path.exists(launch.created) else stamp.changed()
 
 
-def _fork_and_wait(launch: Launch, children: list[int], received: list[int]) -> tuple[int, list[tuple[str, int]]]:
+def _start_and_wait(launch: Launch, children: list[int], received: list[int]) -> tuple[int, list[tuple[str, int]]]:
     """Start the runtime (posix_spawn: no copy of this interpreter's memory, no Python in the child;
     a fork cost each rank ~2 ms of CPU more), pass it the signals that came before it existed, wait
     for it. A runtime that cannot be started ends as it did when the child said so: exit 125."""

@@ -18,8 +18,9 @@
  * step are written. A new child is drained every 10 ms until its first processes were moved, for
  * at most 3 s (runc writes its init process into the cgroup right after mkdir, before the
  * container's program runs; what that process starts is born in Slurm's cgroup), then every
- * 500 ms (a `podman exec` joins the container's cgroup: at most 500 ms outside Slurm's). When this node's last task has exited, the keeping stops and the empty child cgroups
- * are removed, before Slurm removes its own (which it cannot while a child is left: they leaked).
+ * 500 ms (a `podman exec` joins the container's cgroup: at most 500 ms outside Slurm's). When this
+ * node's last task has exited, the keeping stops and the empty child cgroups are removed, before
+ * Slurm removes its own (which it cannot while a child is left: they leaked).
  *
  * The thread never logs (a fork of a task while it held the log lock would leave the task stuck):
  * it counts, and tether_cgkeeper_stop reports. Every descriptor is close-on-exec; all signals
