@@ -11,10 +11,10 @@ import time
 from .common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, err, read_yaml
 
 
-def _pilot():
+def _pilot(job: str | None = None):
     from ..pilot import Pilot
 
-    return Pilot()
+    return Pilot(job=job)
 
 
 def _show(parts) -> None:
@@ -65,7 +65,7 @@ def reconfig(args: argparse.Namespace) -> int:
 
 def list_(args: argparse.Namespace) -> int:
     def act() -> int:
-        pilot = _pilot()
+        pilot = _pilot(args.job)
         pilot.recover()
         parts = pilot.partitions
         if args.json:
@@ -119,9 +119,9 @@ def stop(args: argparse.Namespace) -> int:
     def act() -> int:
         pilot = _pilot()
         if args.partition == ALL:
-            pilot.reconfig(stop=ALL)
+            pilot.reconfig(stop=ALL, reason=args.reason)
         else:
-            pilot.stop(args.partition)
+            pilot.stop(args.partition, reason=args.reason)
         _show([pilot.partition(args.partition)] if args.partition != ALL else pilot.partitions)
         return EXIT_OK
     return _guard(act)
@@ -175,6 +175,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=create)
     p = ps.add_parser("list", parents=[common], help="every partition of this pilot, ended ones too")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--job", metavar="JOBID", help="another pilot job's partitions, from outside it (once it has "
+                                                  "ended, those not final are CANCELED)")
     p.set_defaults(func=list_)
     p = ps.add_parser("wait", parents=[common], help="wait for a partition's state (default ACTIVE); ALL: until "
                                                      "every partition has ended")
@@ -184,6 +186,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=wait)
     p = ps.add_parser("stop", parents=[common], help="stop a partition (or ALL): its agent and tasks end")
     p.add_argument("partition", metavar="PART|ALL")
+    p.add_argument("--reason", metavar="TEXT", help="the message the stopped partitions end with (default: "
+                                                    "stopped)")
     p.set_defaults(func=stop)
     p = ps.add_parser("reconfig", parents=[common], help="stop partitions, then start others")
     p.add_argument("--stop", action="append", metavar="PART|ALL")

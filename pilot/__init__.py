@@ -33,7 +33,7 @@ from .allocation import (
 from .resources import FILL, Description, Node, PartitionError, Slice, fit, parse_cpus_per_node, unused
 from .state import (
     ACTIVE, CANCELED, DONE, FAILED, FINAL, HOLDING, NEW, PENDING, STARTING, STATES, PilotStore,
-    StateError, recover, settle_tasks,
+    StateError, recover, settle_tasks, stop_message,
 )
 
 __all__ = ["ACTIVE", "ALL", "CANCELED", "DONE", "FAILED", "FILL", "NEW", "PENDING", "STARTING", "STATES",
@@ -44,18 +44,20 @@ PartitionDescription = Description
 DEFAULT_AGENTS = {"default": {"command": None, "cores": 0, "gpus": 0}}
 
 
-def pilot_dir(env: os._Environ | dict | None = None) -> Path:
+def pilot_dir(env: os._Environ | dict | None = None, job: str | None = None) -> Path:
     """Where a pilot keeps its records: ``$TETHER_PILOT_DIR``; else the job's directory
     (``$TETHER_JOB_DIR/pilot``, removed with the job); else ``~/.tether/pilots/<job id>``. On PBS
-    it must be a directory every host of the job sees (the agents on other hosts read it)."""
+    it must be a directory every host of the job sees (the agents on other hosts read it).
+    ``job``: another job than the one this process runs in (its records, from outside it)."""
     env = os.environ if env is None else env
     if env.get("TETHER_PILOT_DIR"):
         return Path(env["TETHER_PILOT_DIR"])
-    job = job_id(env)
+    here = job_id(env)
+    job = job or here
     if not job:
         raise PilotError("not inside an allocation (no SLURM_JOB_ID or PBS_JOBID): run it in a batch script or "
                          "salloc")
-    if env.get("TETHER_JOB_DIR"):
+    if env.get("TETHER_JOB_DIR") and job == here:
         return Path(env["TETHER_JOB_DIR"]) / "pilot"
     return Path.home() / ".tether" / "pilots" / job
 
@@ -136,7 +138,8 @@ class Pilot:
                  agents: dict | None = None, allocation: Allocation | None = None):
         self.allocation = allocation or current(job=job)
         self.job = self.allocation.job
-        self.store = PilotStore(root or pilot_dir()).create()
+        self.inside = job_id(os.environ) == self.job      # this process runs in the allocation
+        self.store = PilotStore(root or pilot_dir(job=self.job)).create()
         self.agents = {**DEFAULT_AGENTS, **(agents or {})}
         self._nodes: list[Node] | None = None
 
@@ -155,20 +158,24 @@ class Pilot:
         return Partition(self, pid)
 
     def recover(self) -> list[str]:
-        return recover(self.store, self.allocation.alive)
+        """Settle what no process will move on any more (``state.recover``); from outside the
+        allocation, once it has ended, every partition not final is CANCELED."""
+        ended = not self.inside and self.allocation.ended() is True
+        return recover(self.store, self.allocation.alive, ended=ended)
 
     # -- reconfiguration --------------------------------------------------------------------
     def reconfig(self, stop: str | Sequence[str] | None = None,
-                 start: Iterable[Description | dict | str] = ()) -> list[Partition]:
-        """Stop partitions (ids, or ALL), then create one per description in ``start``. A
-        description that does not fit makes its partition FAILED with the reason; when the
-        partitions leave part of the allocation unused, ``self.warnings`` says so."""
+                 start: Iterable[Description | dict | str] = (), reason: str | None = None) -> list[Partition]:
+        """Stop partitions (ids, or ALL; ``reason``: their message, default "stopped"), then create
+        one per description in ``start``. A description that does not fit makes its partition
+        FAILED with the reason; when the partitions leave part of the allocation unused,
+        ``self.warnings`` says so."""
         self.warnings: list[str] = []
         if stop is not None:
             ids = [p["id"] for p in self.store.partitions() if p["state"] not in FINAL] if stop == ALL \
                 else [stop] if isinstance(stop, str) else list(stop)
             for pid in ids:
-                self.stop(pid, wait=True)
+                self.stop(pid, wait=True, reason=reason)
         descriptions = [Description.parse(d) for d in start]
         created = []
         with self.store.lock():
@@ -231,16 +238,17 @@ class Pilot:
         os.waitpid(child, 0)
 
     # -- stopping ------------------------------------------------------------------------------
-    def stop(self, pid: str, wait: bool = True, timeout: float = 30) -> None:
+    def stop(self, pid: str, wait: bool = True, timeout: float = 30, reason: str | None = None) -> None:
         """Stop a partition: record the request (every agent process reads it), and on Slurm
-        SIGTERM its agent step (the agent ends its tasks and records CANCELED); what is left after
-        ``timeout`` seconds is killed (Slurm: the agent's and tasks' steps; PBS: the agents'
-        fan-out) and the partition recorded CANCELED."""
+        SIGTERM its agent step (the agent ends its tasks and records CANCELED, with ``reason`` as
+        the message: default "stopped"); what is left after ``timeout`` seconds is killed (Slurm:
+        the agent's and tasks' steps; PBS: the agents' fan-out) and the partition recorded
+        CANCELED."""
         record = self.store.read(pid)
         if record["state"] in FINAL:
             return
         with self.store.lock():
-            record = self.store.update(pid, stop_requested=True)
+            record = self.store.update(pid, stop_requested=True, **({"stop_reason": reason} if reason else {}))
         if record["state"] in (NEW, PENDING) and not record.get("launched"):
             self.store.transition(pid, CANCELED, "stopped before its agent started")
             return
@@ -251,7 +259,7 @@ class Pilot:
         while self.store.read(pid)["state"] not in FINAL and time.monotonic() < deadline:
             time.sleep(0.2)
         self.allocation.kill(self.store.read(pid))
-        self.store.transition(pid, CANCELED, "stopped")
+        self.store.transition(pid, CANCELED, stop_message(self.store.read(pid)))
         settle_tasks(self.store, pid, "the partition was stopped")
 
     # -- tasks ---------------------------------------------------------------------------------

@@ -24,7 +24,9 @@ node, with ``TETHER_PARTITION_ID``, ``TETHER_PARTITION_NODES`` and ``TETHER_PILO
 node's process marks it ACTIVE and, when the command ends, DONE or FAILED.
 
 A stop (``stop_requested`` in the record; on Slurm also SIGTERM to the step) or SIGTERM (the
-allocation ending) ends every running task, marks the partition CANCELED and exits.
+allocation ending) ends every running task, marks the partition CANCELED (with the stop's reason,
+or that it was terminated) and exits. An agent killed outright records nothing: ``recover``
+settles its partition once the allocation has ended (``tether partition list --job``).
 """
 
 from __future__ import annotations
@@ -37,12 +39,11 @@ import sys
 import time
 
 from .allocation import PbsAllocation, SlurmAllocation, process_start, step_environment
-from .state import ACTIVE, CANCELED, DONE, FAILED, FINAL, PilotStore, StateError
+from .state import ACTIVE, CANCELED, DONE, FAILED, FINAL, PilotStore, StateError, cancel_message
 
 POLL = 0.2
 RANK_POLL = 0.5          # how often a PBS rank wrapper reads whether it is stopped
 STOP_GRACE = 20          # seconds from SIGTERM to SIGKILL for a task (or an agent command)
-TERMINATED = "its agent was terminated (the allocation ended, or scancel)"
 UP_TIMEOUT = 60          # PBS: how long the lead waits for every node's agent before ACTIVE
 
 
@@ -114,7 +115,7 @@ class Agent:
             if record["state"] in FINAL:
                 return False
             if record.get("stop_requested") or self.stopping:
-                self.store.transition(self.pid, CANCELED, "stopped" if record.get("stop_requested") else TERMINATED)
+                self.store.transition(self.pid, CANCELED, cancel_message(record))
                 return False
             missing = [n for n in record["slice"] if n not in record.get("nodes_up", [])]
             if not missing:
@@ -145,7 +146,7 @@ class Agent:
             time.sleep(POLL)
         self.end_tasks("the partition was stopped")
         record = self.store.read(self.pid)
-        self.store.transition(self.pid, CANCELED, "stopped" if record.get("stop_requested") else TERMINATED)
+        self.store.transition(self.pid, CANCELED, cancel_message(record))
         return 0
 
     def start(self, task: dict) -> None:
@@ -215,7 +216,7 @@ class Agent:
         if lead:
             record = self.store.read(self.pid)
             if self.stopping:
-                self.store.transition(self.pid, CANCELED, "stopped" if record.get("stop_requested") else TERMINATED)
+                self.store.transition(self.pid, CANCELED, cancel_message(record))
             else:
                 self.store.transition(self.pid, DONE if rc == 0 else FAILED,
                                       "" if rc == 0 else f"its agent exited with {rc}")

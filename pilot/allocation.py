@@ -101,6 +101,12 @@ class Allocation:
         """Is the partition's agent still running (None: cannot tell from here)?"""
         raise NotImplementedError
 
+    def ended(self) -> bool | None:
+        """Has the allocation ended (None: cannot tell)? Once it has, nothing of it runs, and an
+        agent killed outright with it (seen on Slurm: its step cancelled before its SIGTERM
+        handler ran) could not record that."""
+        return None
+
     def ask_stop(self, record: dict) -> None:
         """After ``stop_requested`` is recorded: anything more that tells the agent to end."""
 
@@ -152,6 +158,22 @@ class SlurmAllocation(Allocation):
         steps = self.steps()
         return None if steps is None else record.get("step_name") in {name for _, name in steps}
 
+    def ended(self) -> bool | None:
+        """squeue: the job in a final state, or no longer known to slurmctld (purged after
+        MinJobAge); a COMPLETING job is not ended yet (its steps may still report)."""
+        try:
+            out = subprocess.run(["squeue", "-h", "-t", "all", "-j", self.job, "-o", "%T"], capture_output=True,
+                                 text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if out.returncode != 0:
+            return True if "Invalid job id" in out.stderr else None
+        states = set(out.stdout.split())
+        if not states:
+            return True
+        return not states & {"PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "RESIZING",
+                             "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED"}
+
     def _step_ids(self, record: dict, *, tasks: bool) -> list[str]:
         return [sid for sid, name in self.steps() or []
                 if name == record.get("step_name") or (tasks and name.startswith(f"{STEP_PREFIX}{record['id']}-"))]
@@ -201,6 +223,21 @@ class PbsAllocation(Allocation):
         if fan_out.get("host") != socket.gethostname():
             return None
         return process_start(int(fan_out["pid"])) == fan_out.get("start")
+
+    def ended(self) -> bool | None:
+        """qstat -x: the job finished (F), or unknown to the server."""
+        try:
+            out = subprocess.run(["qstat", "-x", "-f", "-F", "json", self.job], capture_output=True, text=True,
+                                 timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if out.returncode != 0:
+            return True if "Unknown Job Id" in out.stderr else None
+        try:
+            state = next(iter(json.loads(out.stdout)["Jobs"].values()))["job_state"]
+        except (ValueError, KeyError, StopIteration, AttributeError, TypeError):
+            return None
+        return state == "F"
 
     def kill(self, record: dict) -> None:
         fan_out = record.get("fan_out")

@@ -35,6 +35,19 @@ TRANSITIONS = {
     ACTIVE: {DONE, FAILED, CANCELED},
 }
 TASK_STATES = ("QUEUED", "RUNNING", "DONE", "FAILED", "CANCELED")
+TERMINATED = "its agent was terminated (the allocation ended, or scancel)"
+ENDED = "the allocation ended; its agent ended with it before it could report"
+
+
+def stop_message(record: dict) -> str:
+    """The message a stopped partition ends with: the stop's reason (``stop_reason``) or "stopped"."""
+    return str(record.get("stop_reason") or "stopped")
+
+
+def cancel_message(record: dict) -> str:
+    """What an agent records when it ends on a stop or a SIGTERM: the stop's message, else that it
+    was terminated."""
+    return stop_message(record) if record.get("stop_requested") else TERMINATED
 
 
 class StateError(Exception):
@@ -172,11 +185,13 @@ class PilotStore:
 
 
 def recover(store: PilotStore, alive: "Callable[[dict], bool | None] | set[str] | None", *,
-            grace: float = 30.0) -> list[str]:
+            grace: float = 30.0, ended: bool = False) -> list[str]:
     """Settle partitions no process will move on any more; returns their ids. ``alive(record)``:
     whether the partition's agent still runs, None when that cannot be told (then that partition
     is not settled); or the names of the job's steps now (Slurm's squeue), or None when unknown
-    (then nothing is settled).
+    (then nothing is settled). ``ended``: the allocation itself has ended -- nothing of it runs
+    any more, so every partition not final is CANCELED (its agent may have been killed outright
+    with the allocation, before it could record that; see ``Allocation.ended``).
 
     * NEW: the command creating it ended before it found resources -> FAILED;
     * PENDING: published, but the agent was never started (no ``launched`` time) and the
@@ -187,6 +202,8 @@ def recover(store: PilotStore, alive: "Callable[[dict], bool | None] | set[str] 
       stop was asked for;
     * and the tasks of an ended partition still QUEUED or RUNNING -> CANCELED.
     """
+    if ended:
+        return _settle_ended(store)
     if alive is None:
         return []
     if not callable(alive):
@@ -204,7 +221,7 @@ def recover(store: PilotStore, alive: "Callable[[dict], bool | None] | set[str] 
         elif state in (STARTING, ACTIVE) and record.get("launched") and now - record["launched"] > grace \
                 and alive(record) is False:
             if record.get("stop_requested"):
-                store.transition(pid, CANCELED, "stopped")
+                store.transition(pid, CANCELED, stop_message(record))
             else:
                 store.transition(pid, FAILED, "its agent step ended without reporting" + _log_tail(store, pid))
         else:
@@ -213,6 +230,17 @@ def recover(store: PilotStore, alive: "Callable[[dict], bool | None] | set[str] 
             continue
         settle_tasks(store, pid, f"partition {pid} is {store.read(pid)['state']}")
         settled.append(pid)
+    return settled
+
+
+def _settle_ended(store: PilotStore) -> list[str]:
+    settled = []
+    for record in store.partitions():
+        pid = record["id"]
+        if record["state"] not in FINAL:
+            store.transition(pid, CANCELED, stop_message(record) if record.get("stop_requested") else ENDED)
+            settled.append(pid)
+        settle_tasks(store, pid, f"partition {pid} is {store.read(pid)['state']}")
     return settled
 
 

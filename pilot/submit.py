@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 from .resources import Description, Node, PartitionError, fit
 
+SCRIPT_ENDED = "the pilot script ended"
 KEYS = ("partitions", "agent_cores", "partition", "time", "sbatch_args", "script", "nodes", "cores_per_node")
 
 
@@ -81,8 +82,12 @@ def pilot_job(spec: Mapping[str, Any], cores_per_node: int) -> tuple[list[str], 
                              "the script (tether partition create, or tether.pilot) instead")
     script = spec.get("script") or "tether partition wait ALL --state DONE >/dev/null\n"
     here = os.path.dirname(sys.executable)            # where this tether's command is
-    lines = ["#!/bin/sh", "# a tether pilot: its initial partitions, then the script",
+    lines = ["#!/bin/sh", "# a tether pilot: its initial partitions, then the script; when the script ends (or",
+             "# exits), the partitions still running are stopped before the allocation ends",
              f"export PATH={shlex.quote(here)}:\"$PATH\"",
+             "tether_pilot_end() {", "  tether_rc=$?",
+             f"  tether partition stop ALL --reason {shlex.quote(SCRIPT_ENDED)} >/dev/null",
+             "  exit $tether_rc", "}", "trap tether_pilot_end EXIT",
              f"tether partition create {' '.join(shlex.quote(t) for t in texts)} --wait || exit 1",
              str(script).rstrip("\n"), ""]
     return [*args, *extra], "\n".join(lines)

@@ -13,6 +13,9 @@ import shutil
 import pytest
 from helpers import user_processes, wait_until
 
+from tether.pilot.state import ENDED, TERMINATED
+from tether.pilot.submit import SCRIPT_ENDED
+
 pytestmark = pytest.mark.cluster
 
 
@@ -75,6 +78,47 @@ squeue -h -s -j $SLURM_JOB_ID -o "STEP %j"
     # after the allocation: no agent process, no step left running; the last partition was ended
     assert wait_until(lambda: not user_processes(cluster, "tether.pilot.agent"), timeout=30), \
         user_processes(cluster, "tether.pilot.agent")
-    assert json.loads((pilot_dir / "partitions" / "part.0008.json").read_text())["state"] == "CANCELED"
+    # the pilot's script ended while part.0008 ran: the batch script's trap stopped it before the
+    # allocation ended (Slurm could have killed its agent before it recorded anything)
+    last = json.loads((pilot_dir / "partitions" / "part.0008.json").read_text())
+    assert (last["state"], last["message"]) == ("CANCELED", SCRIPT_ENDED), last
+    # the history, from outside the allocation
+    listed = json.loads(cluster.as_user(["env", f"TETHER_PILOT_DIR={pilot_dir}", t, "partition", "list", "--job", job,
+                                         "--json"]).stdout)
+    assert [(r["id"], r["state"]) for r in listed] == [(r, records[r]["state"]) for r in sorted(records)
+                                                       if r != "part.0008"] + [("part.0008", "CANCELED")]
+    assert cluster.in_service()
+    shutil.rmtree(pilot_dir)
+
+
+def test_a_pilot_cancelled_whole_leaves_every_partition_and_task_ended(cluster):
+    """scancel of the pilot job while its partitions and a task run: Slurm ends the agents (one may
+    be killed before it records anything); from outside, once the job has ended, every partition
+    reads CANCELED and the task too."""
+    work = cluster.box.work_dir
+    pilot_dir = work / f"pilot-cancel-{os.getpid()}"
+    t = cluster.box.tether[0]
+    spec = work / f"pilot-cancel-{os.getpid()}.yaml"
+    spec.write_text(json.dumps({"partitions": ["1 node", "1 node"], "nodes": 2, "time": 10,
+                                "sbatch_args": ["--output=/dev/null", f"--export=ALL,TETHER_PILOT_DIR={pilot_dir}"],
+                                "script": f"{t} partition run part.0001 --no-wait -- sleep 300\nsleep 300\n"}))
+    job = cluster.as_user([t, "pilot", "submit", str(spec)]).stdout.strip()
+    spec.unlink()
+
+    def running() -> bool:
+        try:
+            return json.loads((pilot_dir / "tasks" / "task.000000.json").read_text())["state"] == "RUNNING"
+        except (OSError, ValueError):
+            return False
+    assert wait_until(running, timeout=240), cluster.run(["squeue", "-j", job], check=False).stdout
+    cluster.as_user(["scancel", job])
+    assert wait_until(lambda: not cluster.run(["squeue", "-h", "-j", job], check=False).stdout.strip(), timeout=120)
+    assert wait_until(lambda: not user_processes(cluster, "tether.pilot.agent"), timeout=30), \
+        user_processes(cluster, "tether.pilot.agent")
+    listed = json.loads(cluster.as_user(["env", f"TETHER_PILOT_DIR={pilot_dir}", t, "partition", "list", "--job", job,
+                                         "--json"]).stdout)
+    assert [(r["id"], r["state"]) for r in listed] == [("part.0000", "CANCELED"), ("part.0001", "CANCELED")]
+    assert all(r["message"] in (TERMINATED, ENDED) for r in listed), listed
+    assert json.loads((pilot_dir / "tasks" / "task.000000.json").read_text())["state"] == "CANCELED"
     assert cluster.in_service()
     shutil.rmtree(pilot_dir)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -184,7 +185,7 @@ def test_reconfig_as_in_the_seed(pilot, monkeypatch):
     assert [p.state for p in first] == [PENDING] * 3 and pilot.launched == [p.id for p in first]
     assert [p.nodes for p in first] == [["n1"], ["n2"], ["n3"]] and pilot.warnings == []
 
-    def stop(pid, wait=True, timeout=60):                 # what the agent reports when scancelled
+    def stop(pid, wait=True, timeout=60, reason=None):    # what the agent reports when scancelled
         pilot.store.transition(pid, CANCELED, "stopped")
     monkeypatch.setattr(pilot, "stop", stop)
 
@@ -269,3 +270,114 @@ def test_a_pilot_is_sized_from_its_initial_partitions_with_the_agents_needs():
     with pytest.raises(PartitionError, match="unknown key"):
         pilot_job({"partitions": ["1 node"], "walltime": 5}, 8)
     assert "tether partition wait ALL --state DONE" in pilot_job({"partitions": ["1 node"]}, 8)[1]
+
+
+# ---- the allocation's end -----------------------------------------------------------------------------
+# An agent may be killed outright at the allocation's end, before its SIGTERM handler runs (seen on
+# the sandbox): what it could not record is settled once the allocation has ended.
+def test_once_the_allocation_ended_every_partition_not_final_is_canceled(store):
+    from tether.pilot.state import ENDED
+
+    active, stopped, done, fresh = new(store), new(store), new(store), new(store)
+    for pid in (active, stopped, done):
+        for state in (PENDING, STARTING, ACTIVE):
+            store.transition(pid, state, **({"launched": 1.0, "step_name": f"tether-{pid}"} if state == STARTING
+                                            else {}))
+    store.transition(done, DONE)
+    store.update(stopped, stop_requested=True, stop_reason="the pilot script ended")
+    task = store.new_task(active, ["sleep", "9"], 1)["id"]
+    store.update_task(task, "RUNNING")
+    assert recover(store, None) == []                                  # running, squeue unknown: nothing
+    assert recover(store, {f"tether-{active}", f"tether-{stopped}"}) == []   # running, agents alive: nothing
+    assert recover(store, None, ended=True) == [active, stopped, fresh]
+    states = {pid: store.read(pid) for pid in (active, stopped, done, fresh)}
+    assert [(r["state"], r["message"]) for r in states.values()] == [
+        (CANCELED, ENDED), (CANCELED, "the pilot script ended"), (DONE, ""), (CANCELED, ENDED)]
+    assert store.read_task(task)["state"] == "CANCELED"
+    assert recover(store, None, ended=True) == []                      # settled once
+
+
+def _squeue(monkeypatch, rc: int, out: str = "", err: str = ""):
+    import subprocess
+
+    calls = []
+
+    def run(argv, **kwargs):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, rc, out, err)
+    monkeypatch.setattr("tether.pilot.allocation.subprocess.run", run)
+    return calls
+
+
+@pytest.mark.parametrize("rc, out, err, ended", [
+    (0, "RUNNING\n", "", False), (0, "COMPLETING\n", "", False), (0, "PENDING\n", "", False),
+    (0, "COMPLETED\n", "", True), (0, "CANCELLED\n", "", True), (0, "TIMEOUT\n", "", True),
+    (0, "", "", True),                                                # not listed any more
+    (1, "", "slurm_load_jobs error: Invalid job id specified\n", True),   # purged after MinJobAge
+    (1, "", "slurm_load_jobs error: Unable to contact slurm controller\n", None)])
+def test_a_slurm_allocation_has_ended_as_squeue_says(monkeypatch, rc, out, err, ended):
+    from tether.pilot.allocation import SlurmAllocation
+
+    calls = _squeue(monkeypatch, rc, out, err)
+    assert SlurmAllocation("42").ended() is ended
+    assert calls == [["squeue", "-h", "-t", "all", "-j", "42", "-o", "%T"]]
+
+
+def test_from_outside_an_ended_allocation_its_records_are_settled(tmp_path, monkeypatch):
+    from tether.pilot.state import ENDED
+
+    monkeypatch.delenv("TETHER_PILOT_DIR", raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    inside = Pilot(root=tmp_path / "pilot", job="7")                  # the allocation itself: never asks
+    monkeypatch.setattr(inside.allocation, "ended", lambda: pytest.fail("asked inside the allocation"))
+    monkeypatch.setattr(inside.allocation, "alive", lambda record: True)
+    pid = new(inside.store)
+    for state in (PENDING, STARTING, ACTIVE):
+        inside.store.transition(pid, state, **({"launched": 1.0, "step_name": f"tether-{pid}"}
+                                               if state == STARTING else {}))
+    assert inside.recover() == [] and inside.store.read(pid)["state"] == ACTIVE
+    monkeypatch.delenv("SLURM_JOB_ID")
+    outside = Pilot(root=tmp_path / "pilot", job="7")
+    assert not outside.inside
+    monkeypatch.setattr(outside.allocation, "ended", lambda: None)    # squeue cannot tell: nothing
+    monkeypatch.setattr(outside.allocation, "alive", lambda record: None)
+    assert outside.recover() == [] and outside.store.read(pid)["state"] == ACTIVE
+    monkeypatch.setattr(outside.allocation, "ended", lambda: True)
+    assert outside.recover() == [pid]
+    assert (outside.store.read(pid)["state"], outside.store.read(pid)["message"]) == (CANCELED, ENDED)
+
+
+def test_the_pilot_directory_of_another_job_is_not_this_jobs(monkeypatch, tmp_path):
+    from tether.pilot import pilot_dir
+
+    env = {"SLURM_JOB_ID": "7", "TETHER_JOB_DIR": str(tmp_path / "job7")}
+    assert pilot_dir(env) == tmp_path / "job7" / "pilot"
+    assert pilot_dir(env, job="7") == tmp_path / "job7" / "pilot"
+    assert str(pilot_dir(env, job="8")).endswith("/.tether/pilots/8")
+    assert str(pilot_dir({}, job="8")).endswith("/.tether/pilots/8")
+    assert pilot_dir({**env, "TETHER_PILOT_DIR": "/p"}, job="8") == Path("/p")
+
+
+def test_the_pilot_script_stops_what_still_runs_when_it_ends_keeping_its_exit_status(tmp_path):
+    """The generated batch script under sh, with a ``tether`` that records its calls."""
+    import os
+    import subprocess
+
+    from tether.pilot.submit import SCRIPT_ENDED, pilot_job
+
+    fake = tmp_path / "bin" / "tether"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "$*" >> "$CALLS"\n[ "$2" = create ] && exit "${CREATE_RC:-0}"\nexit 0\n')
+    fake.chmod(0o755)
+    calls = tmp_path / "calls"
+    for body, create_rc, rc in (("echo ran\nexit 3", 0, 3), ("echo ran", 0, 0), ("echo ran", 1, 1)):
+        script = pilot_job({"partitions": ["1 node"], "script": body}, 8)[1]
+        script = "\n".join(line for line in script.splitlines() if not line.startswith("export PATH="))
+        calls.write_text("")
+        out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30,
+                             env={**os.environ, "PATH": f"{fake.parent}:/usr/bin:/bin", "CALLS": str(calls),
+                                  "CREATE_RC": str(create_rc)})
+        assert out.returncode == rc, out
+        assert ("ran" in out.stdout) is (create_rc == 0)
+        assert calls.read_text().splitlines() == [
+            "partition create 1 node --wait", f"partition stop ALL --reason {SCRIPT_ENDED}"]

@@ -169,3 +169,12 @@ def test_the_fake_pbs_tmrsh_parses_as_openpbs_does(job):
     result = subprocess.run(["pbs_tmrsh", "n1", "true"], env={k: v for k, v in env.items() if k != "PBS_JOBID"},
                             capture_output=True, text=True)
     assert result.returncode == 255 and "PBS jobid not in environment" in result.stderr
+
+
+def test_a_pbs_allocation_has_ended_once_qstat_x_says_finished(job, monkeypatch):
+    pbs, job_id, env, _ = job
+    monkeypatch.setenv("PATH", env["PATH"])
+    assert PbsAllocation(job_id).ended() is False
+    assert pbs.run("qdel", job_id).returncode == 0
+    assert PbsAllocation(job_id).ended() is True                     # F, shown with -x
+    assert PbsAllocation(f"999.{job_id.split('.', 1)[1]}").ended() is True   # unknown to the server
