@@ -19,6 +19,7 @@ sent to syslog for the admin; the runtime's own errors reach the job's stderr un
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import _signal as signal   # the C module signal.py wraps: signal.py imports enum, ~6 ms of each rank's start
@@ -169,7 +170,12 @@ def execute(launch: Launch, *, subreaper: bool = False) -> NoReturn:
 
 
 def _exec(launch: Launch) -> NoReturn:
+    """Become the runtime (Apptainer/Singularity): launch.fds passed, and the signals Python
+    ignores (SIGPIPE, SIGXFSZ) back at their defaults first -- an ignored signal survives exec and
+    would be inherited by the workload."""
     try:
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
         for source, target in (launch.fds or {}).items():
             if source != target:
                 os.dup2(source, target)         # inheritable: the runtime gets it
@@ -341,9 +347,19 @@ def _spawn(launch: Launch) -> int:
 
 
 def _report_not_started(launch: Launch, exc: OSError) -> None:
+    """Why exec of the runtime failed, with what to do about that cause."""
     name = launch.runtime.name if launch.runtime is not None else os.path.basename(launch.argv[0])
-    report(f"cannot start the container runtime {launch.argv[0]!r}: {exc.strerror} "
-           f"(install it on this node, or set container.{name}.binary in tether's config)")
+    if exc.errno == errno.ENOENT:
+        hint = f" (install it on this node, or set container.{name}.binary in tether's config)"
+    elif exc.errno in (errno.EACCES, errno.ENOEXEC):
+        hint = f" (it is not a program you may run: check container.{name}.binary in tether's config)"
+    elif exc.errno == errno.E2BIG:
+        size = sum(len(a) + 1 for a in launch.argv) + sum(len(k) + len(v) + 2 for k, v in launch.env.items())
+        hint = (f" (its command line and environment, {size} bytes with {len(launch.env)} variables, are more than "
+                f"the kernel takes: pass fewer variables into the container, or shorter ones)")
+    else:
+        hint = ""
+    report(f"cannot start the container runtime {launch.argv[0]!r}: {exc.strerror}{hint}")
 
 
 def _outcome(launch: Launch, status: int, monitor_killed: int | None, not_created: bool = False) -> int:

@@ -821,6 +821,56 @@ def test_a_supervised_runtime_starts_with_default_signals_and_a_missing_one_is_r
     assert f"tether: cannot start the container runtime '{tmp_path / 'no-such-runtime'}': No such file" in proc.stderr
 
 
+def test_a_runtime_run_in_place_starts_with_default_signals(tmp_path):
+    """Apptainer/Singularity: the launcher execs the runtime; SIGPIPE and SIGXFSZ, which Python
+    ignores, are back at their defaults first (an ignored signal survives exec: ``yes | head``
+    in the container would see EPIPE instead of dying of SIGPIPE)."""
+    seen = tmp_path / "seen"
+    runtime = tmp_path / "runtime.sh"
+    runtime.write_text(f"#!/bin/sh\ngrep -E '^SigIgn' /proc/$$/status > {seen}\n")
+    runtime.chmod(0o755)
+    code = textwrap.dedent(f"""\
+        import os
+        from tether.container.launch import execute
+        from tether.container.runtimes import Launch
+        execute(Launch(argv=[{str(runtime)!r}], env=dict(os.environ), supervise=False))
+        """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    ignored = int(seen.read_text().split(":\t")[1], 16)
+    assert ignored & (1 << (signal.SIGPIPE - 1)) == 0 and ignored & (1 << (signal.SIGXFSZ - 1)) == 0, hex(ignored)
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: None, "No such file or directory (install it on this node, or set container.fake.binary"),
+    (lambda p: p.write_text("#!/bin/sh\n"), "Permission denied (it is not a program you may run: check "
+                                             "container.fake.binary"),
+    ("e2big", "Argument list too long (its command line and environment, "),
+])
+@pytest.mark.parametrize("supervise", [False, True])
+def test_a_runtime_that_cannot_start_is_reported_with_what_to_do(tmp_path, make, words, supervise):
+    runtime = tmp_path / "runtime"
+    env = "dict(os.environ)"
+    if make == "e2big":
+        runtime = Path("/bin/true")
+        env = "{**os.environ, **{f'V{i}': 'x' * 100000 for i in range(40)}}"       # 4 MB > ARG_MAX
+    else:
+        make(runtime)
+    code = textwrap.dedent(f"""\
+        import os
+        from tether.container.launch import execute
+        from tether.container.runtimes import Launch, Runtime
+        class Fake(Runtime):
+            name = "fake"
+        execute(Launch(argv=[{str(runtime)!r}], env={env}, supervise={supervise}, runtime=Fake({{}})))
+        """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 125, proc.stderr
+    assert f"tether: cannot start the container runtime '{runtime}': {words}" in proc.stderr
+    if make == "e2big":
+        assert "bytes with " in proc.stderr and "variables, are more than the kernel takes" in proc.stderr
+
+
 @pytest.mark.parametrize("created", [False, True])
 def test_a_run_that_failed_before_creating_its_container_is_tried_again_after_repair(tmp_path, created):
     """A runtime whose own state was stale exits 1 before it creates the container (podman: no
