@@ -146,38 +146,56 @@ def make_app(launcher: Launcher, *, token: str | None = None):
 
 def serve(config: Config, *, socket_path: str | None = None, tcp: str | None = None, token_file: str | None = None,
           tls_cert: str | None = None, tls_key: str | None = None) -> int:
-    """Run until SIGINT/SIGTERM."""
+    """Run until SIGINT/SIGTERM. Every argument is checked (and the token and certificate read)
+    before anything listens: a mistake is a one-line error and exit 2, never a traceback."""
     try:
         from aiohttp import web
     except ImportError:
         print("tether: tether serve needs aiohttp: pip install 'tether[rest]'", file=sys.stderr)
         return 1
+
+    def usage(message: str) -> int:
+        print(f"tether: {message}", file=sys.stderr)
+        return 2
+    token = context = None
+    host = port = ""
+    if tcp:
+        host, _, port = tcp.rpartition(":")
+        if host not in ("127.0.0.1", "::1", "[::1]", "localhost") or not port.isdigit():
+            return usage("--tcp takes a loopback address, 127.0.0.1:PORT (the interface is private)")
+        if not token_file:
+            return usage("--tcp needs --token-file (the bearer token every request must carry)")
+        try:
+            with open(token_file, encoding="utf-8") as fh:
+                token = fh.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            return usage(f"cannot read the token file {token_file}: {getattr(exc, 'strerror', None) or exc}")
+        if len(token) < 16:
+            return usage("the token must be at least 16 characters")
+    elif tls_cert or tls_key or token_file:
+        return usage("--token-file, --tls-cert and --tls-key go with --tcp (the unix socket is guarded by its "
+                     "group instead)")
+    if tls_key and not tls_cert:
+        return usage("--tls-key needs --tls-cert")
+    if tls_cert:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(tls_cert, tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            return usage(f"cannot load the TLS certificate {tls_cert}" + (f" and key {tls_key}" if tls_key else "")
+                         + f": {getattr(exc, 'strerror', None) or exc}")
     try:
         launcher = Launcher(config)
     except LauncherError as exc:
         print(f"tether: {exc}", file=sys.stderr)
         return 1
-    token = None
-    if tcp:
-        host, _, port = tcp.rpartition(":")
-        if host not in ("127.0.0.1", "::1", "[::1]", "localhost") or not port.isdigit():
-            print("tether: --tcp takes a loopback address, 127.0.0.1:PORT (the interface is private)", file=sys.stderr)
-            return 2
-        if not token_file:
-            print("tether: --tcp needs --token-file (the bearer token every request must carry)", file=sys.stderr)
-            return 2
-        with open(token_file, encoding="utf-8") as fh:
-            token = fh.read().strip()
-        if len(token) < 16:
-            print("tether: the token must be at least 16 characters", file=sys.stderr)
-            return 2
     app = make_app(launcher, token=token)
-    context = None
-    if tls_cert:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(tls_cert, tls_key)
     if tcp:
-        web.run_app(app, host=host.strip("[]"), port=int(port), ssl_context=context, print=None)
+        try:
+            web.run_app(app, host=host.strip("[]"), port=int(port), ssl_context=context, print=None)
+        except OSError as exc:
+            print(f"tether: cannot listen on {tcp}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
     else:
         import socket
 

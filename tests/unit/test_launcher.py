@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -373,3 +374,83 @@ def test_the_same_flow_on_pbs_through_the_stateful_fakes(world, tmp_path):
     assert launcher.status(record["id"])["state"] == "COMPLETED" and not Path(record["tree"]).exists()
     queued = launcher.submit(SPEC)
     assert launcher.cancel(queued["id"])["state"] == "CANCELLED"
+
+
+# ---- tether serve on loopback TCP with TLS (a real server process, as an unprivileged user) -------
+def _serve_as_nobody(world, *args: str) -> list[str]:
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "tether.cli.main",
+            "serve", "--config", str(world.tmp / "tether.yaml"), *args]
+
+
+def test_serve_answers_over_https_with_the_token_and_refuses_bad_arguments_in_one_line(world):
+    import socket
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    cert, key, token = world.tmp / "cert.pem", world.tmp / "key.pem", world.tmp / "token"
+    made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                           "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+                           "-out", str(cert)], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    token.write_text("s" * 32 + "\n")
+    for path in (cert, key, token):
+        os.chmod(path, 0o644)
+    with socket.socket() as probe:                      # a free loopback port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    tcp = f"127.0.0.1:{port}"
+    env = {**os.environ, **world.env, "PYTHONDONTWRITEBYTECODE": "1"}
+    server = subprocess.Popen(_serve_as_nobody(world, "--tcp", tcp, "--token-file", str(token), "--tls-cert",
+                                               str(cert), "--tls-key", str(key)),
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/")
+    try:
+        trusting = ssl.create_default_context(cafile=str(cert))
+
+        def health(headers: dict, context=trusting, scheme: str = "https") -> int:
+            request = urllib.request.Request(f"{scheme}://127.0.0.1:{port}/v1/health", headers=headers)
+            try:
+                with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+                    return answer.status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                status = health({"Authorization": "Bearer " + "s" * 32})
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert server.poll() is None, server.stderr.read().decode()
+                assert time.monotonic() < deadline, "tether serve did not answer within 30 s"
+                time.sleep(0.2)
+        assert status == 200                                           # TLS verified against its certificate
+        assert health({}) == 401 and health({"Authorization": "Bearer wrong-token-wrong"}) == 401
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            health({}, context=ssl.create_default_context())          # an untrusted certificate is not accepted
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            health({}, context=None, scheme="http")                    # no plain HTTP on the TLS port
+        # the port is taken now: a second server says so in one line
+        taken = subprocess.run(_serve_as_nobody(world, "--tcp", tcp, "--token-file", str(token)), env=env,
+                               capture_output=True, text=True, timeout=60, cwd="/")
+        assert taken.returncode == 1 and taken.stderr.strip().startswith(f"tether: cannot listen on {tcp}: "), \
+            taken.stderr
+    finally:
+        server.terminate()
+        assert server.wait(timeout=30) == 0, server.stderr.read().decode()
+    garbage = world.tmp / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    os.chmod(garbage, 0o644)
+    secret = world.tmp / "secret"
+    secret.write_text("s" * 32)
+    os.chmod(secret, 0o600)                                            # root's: nobody cannot read it
+    for args, words in (
+            (["--tls-cert", str(cert), "--tls-key", str(key)], "go with --tcp"),
+            (["--tcp", tcp, "--token-file", str(token), "--tls-key", str(key)], "--tls-key needs --tls-cert"),
+            (["--tcp", tcp, "--token-file", str(secret)], f"cannot read the token file {secret}: Permission denied"),
+            (["--tcp", tcp, "--token-file", str(token), "--tls-cert", str(garbage)],
+             f"cannot load the TLS certificate {garbage}: "),
+            (["--tcp", "0.0.0.0:8080", "--token-file", str(token)], "takes a loopback address")):
+        out = subprocess.run(_serve_as_nobody(world, *args), env=env, capture_output=True, text=True, timeout=60,
+                             cwd="/")
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and words in out.stderr, (args, out.stderr)
