@@ -102,7 +102,7 @@ def submit(args: argparse.Namespace) -> int:
     from ..pilot.submit import submit_pilot
 
     try:
-        job = submit_pilot(read_yaml(args.spec))
+        job = submit_pilot(read_yaml(args.spec), scheduler=args.scheduler)
     except OSError as exc:
         err(f"cannot read {args.spec}: {exc.strerror}")
         return EXIT_USAGE
@@ -207,6 +207,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     pls = pilot.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = pls.add_parser("submit", parents=[common], help="submit a pilot job sized from its initial partitions")
     p.add_argument("spec", metavar="PILOT.yaml")
+    p.add_argument("--scheduler", choices=("slurm", "pbs"), default="slurm", help="sbatch (default) or qsub")
     p.set_defaults(func=submit)
     p = pls.add_parser("size", parents=[common], help="the --nodes a pilot needs for these initial partitions")
     p.add_argument("descriptions", nargs="+", metavar="DESCRIPTION", help="'1 node', '16 cores'")

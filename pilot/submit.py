@@ -5,19 +5,21 @@ derived from its initial partitions, the agents' needs included. A pilot spec::
 
     partitions: ["1 node", {cores: 12, config: default}]    # the initial partitions
     agent_cores: 1         # each agent's own cores (added to a cores request)
-    partition: debug       # the Slurm partition (its nodes' cores size a cores request)
+    partition: debug       # the Slurm partition, or the PBS queue (its nodes' cores size a cores request)
     time: 60               # minutes
-    sbatch_args: [--account=proj]
+    sbatch_args: [--account=proj]          # Slurm; on PBS: qsub_args: [-A, proj]
     script: |              # runs once the partitions are ACTIVE (default: wait until all end)
       tether partition run part.0000 -- ./simulate
 
 ``nodes:`` sets the size instead (needed when an initial partition is a share: ``50%``,
-``FILL``); the initial partitions must fit it. The job gets whole nodes (``--exclusive``): a
-partition's cores are the node's.
+``FILL``); the initial partitions must fit it. The job gets whole nodes (Slurm ``--exclusive``,
+PBS ``-l place=scatter:excl`` with one chunk of all of a node's cores per node): a partition's
+cores are the node's. The script stops the partitions still running when it ends.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shlex
@@ -28,7 +30,9 @@ from typing import Any, Mapping
 from .resources import Description, Node, PartitionError, fit
 
 SCRIPT_ENDED = "the pilot script ended"
-KEYS = ("partitions", "agent_cores", "partition", "time", "sbatch_args", "script", "nodes", "cores_per_node")
+KEYS = ("partitions", "agent_cores", "partition", "time", "sbatch_args", "qsub_args", "script", "nodes",
+        "cores_per_node")
+SCHEDULERS = ("slurm", "pbs")
 
 
 def pilot_nodes(descriptions: list[Description], cores_per_node: int, agent_cores: int = 0) -> int:
@@ -46,14 +50,17 @@ def pilot_nodes(descriptions: list[Description], cores_per_node: int, agent_core
     return nodes + (math.ceil(cores / cores_per_node) if cores else 0)
 
 
-def pilot_job(spec: Mapping[str, Any], cores_per_node: int) -> tuple[list[str], str]:
-    """sbatch's arguments and the batch script for a pilot spec (PartitionError when it is not one)."""
+def pilot_job(spec: Mapping[str, Any], cores_per_node: int, scheduler: str = "slurm") -> tuple[list[str], str]:
+    """sbatch's (or qsub's) arguments and the batch script for a pilot spec (PartitionError when
+    it is not one)."""
     if not isinstance(spec, Mapping):
         raise PartitionError("a pilot spec is a mapping")
     unknown = set(spec) - set(KEYS)
     if unknown:
         raise PartitionError(f"unknown key(s) in the pilot spec: {', '.join(sorted(unknown))} "
                              f"(accepted: {', '.join(KEYS)})")
+    if scheduler not in SCHEDULERS:
+        raise PartitionError(f"scheduler {scheduler!r}: slurm or pbs")
     raw = spec.get("partitions")
     if not isinstance(raw, list) or not raw:
         raise PartitionError("partitions: a list of the pilot's initial partitions")
@@ -68,14 +75,30 @@ def pilot_job(spec: Mapping[str, Any], cores_per_node: int) -> tuple[list[str], 
     held = []
     for d in descriptions:                            # they must fit what is asked for
         held.append(fit(d, allocation, held, agent_cores if d.cores else 0))
-    args = [f"--nodes={nodes}", "--exclusive", "--job-name=tether-pilot"]
-    if spec.get("partition"):
-        args.append(f"--partition={spec['partition']}")
-    if spec.get("time") is not None:
-        args.append(f"--time={int(spec['time'])}")
-    extra = spec.get("sbatch_args") or []
+    own, other = ("sbatch_args", "qsub_args") if scheduler == "slurm" else ("qsub_args", "sbatch_args")
+    if spec.get(other):
+        raise PartitionError(f"{other}: not for {scheduler} (give {own})")
+    extra = spec.get(own) or []
     if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
-        raise PartitionError("sbatch_args: a list of strings")
+        raise PartitionError(f"{own}: a list of strings")
+    minutes = spec.get("time")
+    if minutes is not None:
+        if isinstance(minutes, str) and minutes.strip().isdigit():
+            minutes = int(minutes)
+        if not isinstance(minutes, int) or isinstance(minutes, bool) or minutes < 1:
+            raise PartitionError(f"time: minutes, a whole number >= 1, got {spec.get('time')!r}")
+    if scheduler == "slurm":
+        args = [f"--nodes={nodes}", "--exclusive", "--job-name=tether-pilot"]
+        if spec.get("partition"):
+            args.append(f"--partition={spec['partition']}")
+        if minutes is not None:
+            args.append(f"--time={minutes}")
+    else:
+        args = ["-N", "tether-pilot", "-l", f"select={nodes}:ncpus={cores_per_node}", "-l", "place=scatter:excl"]
+        if spec.get("partition"):
+            args += ["-q", str(spec["partition"])]
+        if minutes is not None:
+            args += ["-l", f"walltime={minutes // 60:02d}:{minutes % 60:02d}:00"]
     texts = [d.text() if d.config == "default" and not d.command else None for d in descriptions]
     if any(t is None for t in texts):
         raise PartitionError("initial partitions with a config or command of their own: create them from "
@@ -85,6 +108,7 @@ def pilot_job(spec: Mapping[str, Any], cores_per_node: int) -> tuple[list[str], 
     lines = ["#!/bin/sh", "# a tether pilot: its initial partitions, then the script; when the script ends (or",
              "# exits), the partitions still running are stopped before the allocation ends",
              f"export PATH={shlex.quote(here)}:\"$PATH\"",
+             *(["cd \"${PBS_O_WORKDIR:-.}\""] if scheduler == "pbs" else []),      # qsub starts in $HOME
              "tether_pilot_end() {", "  tether_rc=$?",
              f"  tether partition stop ALL --reason {shlex.quote(SCRIPT_ENDED)} >/dev/null",
              "  exit $tether_rc", "}", "trap tether_pilot_end EXIT",
@@ -93,8 +117,18 @@ def pilot_job(spec: Mapping[str, Any], cores_per_node: int) -> tuple[list[str], 
     return [*args, *extra], "\n".join(lines)
 
 
-def cores_per_node(partition: str | None) -> int:
-    """The cores of a Slurm partition's nodes (the smallest, from sinfo)."""
+def cores_per_node(partition: str | None, scheduler: str = "slurm") -> int:
+    """The cores of the nodes a pilot runs on (the smallest): sinfo for a Slurm partition's,
+    ``pbsnodes -a -F json`` (``resources_available.ncpus``) on PBS."""
+    if scheduler == "pbs":
+        out = subprocess.run(["pbsnodes", "-a", "-F", "json"], capture_output=True, text=True, timeout=30)
+        try:
+            counts = [int(n["resources_available"]["ncpus"]) for n in json.loads(out.stdout)["nodes"].values()]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            counts = []
+        if out.returncode != 0 or not counts:
+            raise PartitionError(f"cannot read the nodes' cores from pbsnodes: {out.stderr.strip() or 'no nodes'}")
+        return min(counts)
     argv = ["sinfo", "-h", "-o", "%c"] + (["-p", partition] if partition else [])
     out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     counts = [int(w.rstrip("+")) for w in out.stdout.split() if w.rstrip("+").isdigit()]
@@ -103,11 +137,17 @@ def cores_per_node(partition: str | None) -> int:
     return min(counts)
 
 
-def submit_pilot(spec: Mapping[str, Any]) -> str:
-    """Submit the pilot job as yourself; returns its job id."""
-    per_node = spec.get("cores_per_node") or cores_per_node(spec.get("partition"))
-    args, script = pilot_job(spec, int(per_node))
-    out = subprocess.run(["sbatch", "--parsable", *args], input=script, capture_output=True, text=True, timeout=60)
+def submit_pilot(spec: Mapping[str, Any], scheduler: str = "slurm") -> str:
+    """Submit the pilot job as yourself (sbatch, or qsub on PBS); returns its job id."""
+    if not isinstance(spec, Mapping):
+        raise PartitionError("a pilot spec is a mapping")
+    per_node = spec.get("cores_per_node") or cores_per_node(spec.get("partition"), scheduler)
+    args, script = pilot_job(spec, int(per_node), scheduler)
+    command = ["sbatch", "--parsable", *args] if scheduler == "slurm" else ["qsub", *args]
+    try:
+        out = subprocess.run(command, input=script, capture_output=True, text=True, timeout=60)
+    except OSError as exc:
+        raise PartitionError(f"{command[0]}: {exc.strerror}") from None
     if out.returncode != 0:
-        raise PartitionError(f"sbatch: {out.stderr.strip()}")
+        raise PartitionError(f"{command[0]}: {out.stderr.strip()}")
     return out.stdout.strip().split(";")[0]

@@ -270,6 +270,15 @@ def test_a_pilot_is_sized_from_its_initial_partitions_with_the_agents_needs():
     with pytest.raises(PartitionError, match="unknown key"):
         pilot_job({"partitions": ["1 node"], "walltime": 5}, 8)
     assert "tether partition wait ALL --state DONE" in pilot_job({"partitions": ["1 node"]}, 8)[1]
+    # PBS: whole hosts, the walltime, the queue, the user's qsub arguments; sbatch's are refused
+    assert pilot_job({"partitions": ["1 node", {"cores": 6}], "agent_cores": 1, "time": "125", "partition": "workq",
+                      "qsub_args": ["-A", "p"]}, 8, "pbs")[0] == [
+        "-N", "tether-pilot", "-l", "select=2:ncpus=8", "-l", "place=scatter:excl", "-q", "workq",
+        "-l", "walltime=02:05:00", "-A", "p"]
+    with pytest.raises(PartitionError, match="qsub_args: not for slurm"):
+        pilot_job({"partitions": ["1 node"], "qsub_args": ["-A", "p"]}, 8)
+    with pytest.raises(PartitionError, match="time: minutes"):
+        pilot_job({"partitions": ["1 node"], "time": "1h"}, 8)
 
 
 # ---- the allocation's end -----------------------------------------------------------------------------

@@ -178,3 +178,47 @@ def test_a_pbs_allocation_has_ended_once_qstat_x_says_finished(job, monkeypatch)
     assert pbs.run("qdel", job_id).returncode == 0
     assert PbsAllocation(job_id).ended() is True                     # F, shown with -x
     assert PbsAllocation(f"999.{job_id.split('.', 1)[1]}").ended() is True   # unknown to the server
+
+
+def test_a_pilot_job_submitted_with_qsub_runs_its_partitions_and_stops_them_when_its_script_ends(tmp_path,
+                                                                                                  monkeypatch):
+    """``tether pilot submit --scheduler pbs``: qsub with whole hosts (one chunk of all of a
+    host's cores per node, ``place=scatter:excl``), the walltime, the user's qsub arguments; the
+    job's script, run as the MoM would, creates the partitions, runs the user's script and at its
+    end stops what still runs."""
+    from tether.pilot.submit import SCRIPT_ENDED
+
+    pbs = FakePbs(tmp_path / "pbs")
+    monkeypatch.setenv("PATH", f"{pbs.bin_dir}:{os.environ['PATH']}")
+    listing = tmp_path / "listing.json"
+    spec = tmp_path / "pilot.yaml"
+    spec.write_text(json.dumps({
+        "partitions": ["1 node", "1 node"], "time": 90, "qsub_args": ["-A", "proj"],
+        "script": f"tether partition run part.0000 -- sh -c 'echo on $TETHER_TASK_NODE'\n"
+                  f"tether partition list --json > {listing}\nexit 3\n"}))
+    submitted = subprocess.run([sys.executable, "-m", "tether.cli.main", "pilot", "submit", "--scheduler", "pbs",
+                                str(spec)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    record = pbs.job(job_id)
+    assert record["Job_Name"] == "tether-pilot" and record["Resource_List"]["select"] == "2:ncpus=2"
+    assert record["Resource_List"]["place"] == "scatter:excl" and record["Resource_List"]["walltime"] == "01:30:00"
+    env = pbs.run_job(job_id)
+    env.update(TETHER_PILOT_DIR=str(tmp_path / "pilot"), PYTHONDONTWRITEBYTECODE="1")
+    ran = subprocess.run(["sh", "-c", record["script"]], env=env, capture_output=True, text=True, timeout=180,
+                         cwd="/")
+    assert ran.returncode == 3, ran.stderr                                # the script's own exit status
+    lines = ran.stdout.splitlines()                                       # the create's table, then the task's
+    assert [line.split()[:2] for line in lines[:2]] == [["part.0000", "ACTIVE"], ["part.0001", "ACTIVE"]], lines
+    assert lines[2:] == ["on n1"], lines
+    during = {p["id"]: p["state"] for p in json.loads(listing.read_text())}
+    assert during == {"part.0000": "ACTIVE", "part.0001": "ACTIVE"}
+    after = [json.loads((tmp_path / "pilot" / "partitions" / f"part.000{i}.json").read_text()) for i in (0, 1)]
+    assert [(p["state"], p["message"]) for p in after] == [("CANCELED", SCRIPT_ENDED)] * 2
+    deadline = time.monotonic() + 15
+    while agents(tmp_path / "pilot") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert agents(tmp_path / "pilot") == []
+    with pytest.raises(Exception, match="sbatch_args: not for pbs"):
+        from tether.pilot.submit import pilot_job
+        pilot_job({"partitions": ["1 node"], "sbatch_args": ["-A", "x"]}, 2, "pbs")
