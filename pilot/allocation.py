@@ -103,8 +103,9 @@ class Allocation:
 
     def ended(self) -> bool | None:
         """Has the allocation ended (None: cannot tell)? Once it has, nothing of it runs, and an
-        agent killed outright with it (seen on Slurm: its step cancelled before its SIGTERM
-        handler ran) could not record that."""
+        agent killed outright with it could not record that (Slurm: when the batch script ends,
+        the batch step's leftovers are SIGKILLed, the agent's srun among them, and srun's shepherd
+        child then SIGKILLs the agent's step, often before the job's SIGTERM reaches it)."""
         return None
 
     def ask_stop(self, record: dict) -> None:

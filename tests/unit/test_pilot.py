@@ -282,8 +282,9 @@ def test_a_pilot_is_sized_from_its_initial_partitions_with_the_agents_needs():
 
 
 # ---- the allocation's end -----------------------------------------------------------------------------
-# An agent may be killed outright at the allocation's end, before its SIGTERM handler runs (seen on
-# the sandbox): what it could not record is settled once the allocation has ended.
+# An agent may be killed outright at the allocation's end, before its SIGTERM handler runs (srun's
+# shepherd SIGKILLs the step of an srun that was SIGKILLed with the batch step): what it could not
+# record is settled once the allocation has ended.
 def test_once_the_allocation_ended_every_partition_not_final_is_canceled(store):
     from tether.pilot.state import ENDED
 
