@@ -43,8 +43,11 @@ def time_limited_jobs(request) -> dict[str, str]:
     out = cluster.box.work_dir / "timeout-signals"
     out.mkdir(exist_ok=True)
     os.chmod(out, 0o777)
-    trap = ("srun -N1 sh -c 'trap \"echo term >> /mnt/term-$SLURM_JOB_ID\" TERM; "
-            "echo up > /mnt/up-$SLURM_JOB_ID; while :; do sleep 1; done'")
+    # the batch script outlives its step at the time limit (trap wait TERM; srun in the background):
+    # a script that dies at once gets its srun SIGKILLed with the batch step, and srun's shepherd
+    # then SIGKILLs the step -- a race with the SIGTERM the step gets (srun_job.c _shepherd_spawn)
+    trap = ("trap wait TERM; srun -N1 sh -c 'trap \"echo term >> /mnt/term-$SLURM_JOB_ID\" TERM; "
+            "echo up > /mnt/up-$SLURM_JOB_ID; while :; do sleep 1; done' & wait")
     return {
         "plain": _submit(cluster, "--time=1", "--slots=2", "--slot-type=cpu", "--output=/dev/null",
                          "--wrap", "srun sleep 600"),
