@@ -203,12 +203,9 @@ class PbsAllocation(Allocation):
     kind = "pbs"
 
     def nodes(self) -> list[Node]:
-        out = _run(["qstat", "-f", "-F", "json", self.job])
-        try:
-            jobs = json.loads(out)["Jobs"]
-            job = next(iter(jobs.values()))
-        except (ValueError, KeyError, StopIteration, AttributeError):
-            raise PilotError(f"cannot read job {self.job} from qstat -f -F json") from None
+        job = _qstat_job(_run(["qstat", "-f", "-F", "json", self.job]))
+        if job is None:
+            raise PilotError(f"cannot read job {self.job} from qstat -f -F json")
         nodes = parse_exec_vnode(job.get("exec_vnode") or "")
         if not nodes:
             raise PilotError(f"job {self.job} has no exec_vnode (qstat -f): is it running?")
@@ -234,11 +231,8 @@ class PbsAllocation(Allocation):
             return None
         if out.returncode != 0:
             return True if "Unknown Job Id" in out.stderr else None
-        try:
-            state = next(iter(json.loads(out.stdout)["Jobs"].values()))["job_state"]
-        except (ValueError, KeyError, StopIteration, AttributeError, TypeError):
-            return None
-        return state == "F"
+        job = _qstat_job(out.stdout)
+        return None if job is None or "job_state" not in job else job["job_state"] == "F"
 
     def kill(self, record: dict) -> None:
         fan_out = record.get("fan_out")
@@ -261,6 +255,15 @@ class PbsAllocation(Allocation):
         """One agent per node of the slice, the first leading."""
         return [["pbs_tmrsh", node, sys.executable, "-m", "tether.pilot.agent", "--node", str(i), root, record["id"]]
                 for i, node in enumerate(record["slice"])]
+
+
+def _qstat_job(text: str) -> dict | None:
+    """The one job of a ``qstat -f -F json JOB`` answer (None when it is not one)."""
+    try:
+        job = next(iter(json.loads(text)["Jobs"].values()))
+    except (ValueError, KeyError, StopIteration, AttributeError, TypeError):
+        return None
+    return job if isinstance(job, dict) else None
 
 
 def parse_exec_vnode(text: str) -> list[Node]:
