@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from .allocation import (
-    AGENT_MEMORY, STEP_PREFIX, Allocation, PbsAllocation, PilotError, SlurmAllocation, current, job_id,
-    step_environment,
+    AGENT_MEMORY, STEP_PREFIX, Allocation, PbsAllocation, PilotError, SlurmAllocation, checked_job_id, current,
+    job_id, step_environment,
 )
 from .resources import FILL, Description, Node, PartitionError, Slice, fit, parse_cpus_per_node, unused
 from .state import (
@@ -50,6 +50,8 @@ def pilot_dir(env: os._Environ | dict | None = None, job: str | None = None) -> 
     it must be a directory every host of the job sees (the agents on other hosts read it).
     ``job``: another job than the one this process runs in (its records, from outside it)."""
     env = os.environ if env is None else env
+    if job is not None:
+        checked_job_id(job)     # it names a directory below the user's home
     if env.get("TETHER_PILOT_DIR"):
         return Path(env["TETHER_PILOT_DIR"])
     here = job_id(env)
@@ -139,7 +141,11 @@ class Pilot:
         self.allocation = allocation or current(job=job)
         self.job = self.allocation.job
         self.inside = job_id(os.environ) == self.job      # this process runs in the allocation
-        self.store = PilotStore(root or pilot_dir(job=self.job)).create()
+        store = PilotStore(root or pilot_dir(job=self.job))
+        if root is None and not self.inside and not store.root.is_dir():   # another job's: read, not made
+            raise PilotError(f"job {self.job} has no pilot records in {store.root} (a pilot job keeps them "
+                             f"there unless TETHER_PILOT_DIR says otherwise)")
+        self.store = store.create()
         self.agents = {**DEFAULT_AGENTS, **(agents or {})}
         self._nodes: list[Node] | None = None
 

@@ -283,13 +283,31 @@ def parse_exec_vnode(text: str) -> list[Node]:
     return [Node(h, c, g) for h, (c, g) in cores.items()]
 
 
+# A job id given by hand (``tether partition list --job``): Slurm's (1234, an array task 1234_5, a
+# heterogeneous component 1234+1) or PBS's (1234.server, an array's 1234[5].server). It names a
+# directory (~/.tether/pilots/<id>): nothing else, no "/" or "..", gets that far.
+SLURM_JOB_ID_RE = re.compile(r"[0-9]{1,20}(?:[_+][0-9]{1,10})?")
+PBS_JOB_ID_RE = re.compile(r"[0-9]{1,20}(?:\[[0-9]{0,10}\])?\.[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9][A-Za-z0-9_-]*)*")
+
+
+def checked_job_id(job: str) -> str:
+    """``job`` when it has the form of a Slurm or a PBS job id, else a PilotError saying so."""
+    if SLURM_JOB_ID_RE.fullmatch(job) or (len(job) <= 255 and PBS_JOB_ID_RE.fullmatch(job)):
+        return job
+    raise PilotError(f"{job!r} is not a job id (Slurm: 1234, 1234_5 or 1234+1; PBS: 1234.server)")
+
+
 def current(env: Mapping[str, str] | None = None, job: str | None = None) -> Allocation:
-    """The allocation this process runs in: Slurm's (``SLURM_JOB_ID``) or PBS's (``PBS_JOBID``)."""
+    """The allocation this process runs in: Slurm's (``SLURM_JOB_ID``) or PBS's (``PBS_JOBID``).
+    ``job``: another job (checked); from outside any job, its id's form tells the scheduler."""
     env = os.environ if env is None else env
-    if env.get("SLURM_JOB_ID") or (job and not env.get("PBS_JOBID")):
-        return SlurmAllocation(job or env["SLURM_JOB_ID"])
+    if job is not None:
+        pbs = PBS_JOB_ID_RE.fullmatch(checked_job_id(job)) or (env.get("PBS_JOBID") and not env.get("SLURM_JOB_ID"))
+        return PbsAllocation(job) if pbs else SlurmAllocation(job)
+    if env.get("SLURM_JOB_ID"):
+        return SlurmAllocation(env["SLURM_JOB_ID"])
     if env.get("PBS_JOBID"):
-        return PbsAllocation(job or env["PBS_JOBID"])
+        return PbsAllocation(env["PBS_JOBID"])
     raise PilotError("not inside an allocation (no SLURM_JOB_ID or PBS_JOBID): run it in a batch script or "
                      "salloc")
 

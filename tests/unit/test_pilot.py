@@ -366,6 +366,46 @@ def test_the_pilot_directory_of_another_job_is_not_this_jobs(monkeypatch, tmp_pa
     assert str(pilot_dir(env, job="8")).endswith("/.tether/pilots/8")
     assert str(pilot_dir({}, job="8")).endswith("/.tether/pilots/8")
     assert pilot_dir({**env, "TETHER_PILOT_DIR": "/p"}, job="8") == Path("/p")
+    assert str(pilot_dir({}, job="8.pbs-server")).endswith("/.tether/pilots/8.pbs-server")
+
+
+def test_another_jobs_records_are_read_never_made(tmp_path, monkeypatch):
+    """``tether partition list --job N`` for a job without pilot records says so; it creates nothing."""
+    for var in ("TETHER_PILOT_DIR", "SLURM_JOB_ID", "PBS_JOBID", "TETHER_JOB_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(PilotError, match=r"job 8 has no pilot records in .*/\.tether/pilots/8"):
+        Pilot(job="8")
+    assert not (tmp_path / ".tether").exists()
+    (tmp_path / ".tether" / "pilots" / "8").mkdir(parents=True)
+    assert Pilot(job="8").partitions == []
+
+
+@pytest.mark.parametrize("job", ["../7", "7/../../x", "/etc", "", ".", "..", "7.", "7..x", "7./x", "x7", "7 ", "7\n",
+                                 "7.a/b", "7[1]/x", "-7", "7_", "7+", "1" * 21])
+def test_a_job_id_given_by_hand_must_have_a_job_ids_form(job):
+    """``--job`` names a directory below ~/.tether/pilots: nothing but a job id gets that far."""
+    from tether.pilot import pilot_dir
+    from tether.pilot.allocation import current
+
+    with pytest.raises(PilotError, match="is not a job id"):
+        pilot_dir({}, job=job)
+    with pytest.raises(PilotError, match="is not a job id"):
+        current({}, job=job)
+
+
+def test_outside_any_job_the_id_tells_the_scheduler():
+    from tether.pilot.allocation import PbsAllocation, SlurmAllocation, current
+
+    for job in ("7", "7_3", "7+1"):
+        assert type(current({}, job=job)) is SlurmAllocation
+    for job in ("7.server", "7[].server", "7[3].pbs.example.org"):
+        assert type(current({}, job=job)) is PbsAllocation
+    assert type(current({"PBS_JOBID": "5.server"}, job="7")) is PbsAllocation      # qstat's default server
+    assert type(current({"SLURM_JOB_ID": "5"}, job="7")) is SlurmAllocation
+    assert current({"SLURM_JOB_ID": "5"}).job == "5" and type(current({"PBS_JOBID": "5.s"})) is PbsAllocation
+    with pytest.raises(PilotError, match="not inside an allocation"):
+        current({})
 
 
 def test_the_pilot_script_stops_what_still_runs_when_it_ends_keeping_its_exit_status(tmp_path):
