@@ -6,7 +6,9 @@ import argparse
 import os
 import time
 
+from ..container.launch import EXIT_LAUNCH_FAILED
 from ..container.run import container_settings, run_container
+from ..container.scripts import ENV_FILE_VAR, PER_HOST_VARS, read_env_file
 from ..hooks.configfile import load_config
 from ..hooks.surface import CONTAINER_OPTIONS, RUNTIMES
 from .common import EXIT_OK, EXIT_USAGE, config_arg, err
@@ -20,6 +22,15 @@ def run(args: argparse.Namespace) -> int:
         err("tether run: give the command to run in the container after --")
         return EXIT_USAGE
     env = dict(os.environ)
+    if ENV_FILE_VAR in env:                       # a host of tether's PBS launch script: the job's variables
+        from ..container.spec import LaunchError
+
+        try:
+            env.update({k: v for k, v in read_env_file(env.pop(ENV_FILE_VAR)).items()
+                        if k not in PER_HOST_VARS or k not in env})
+        except LaunchError as exc:
+            err(f"tether run: {exc}")
+            return EXIT_LAUNCH_FAILED
     for opt in CONTAINER_OPTIONS:                 # the srun/sbatch options, the same TETHER_* variables
         value = getattr(args, opt.name.replace("-", "_"))
         if value is True:

@@ -1,9 +1,13 @@
 """Per-node launch scripts (seed 000): one container per node, for jobs tether writes itself.
 
 Slurm: ``srun`` one task per node running ``tether run``. PBS: for each unique host of
-``$PBS_NODEFILE`` a background ``pbs_tmrsh HOST /usr/bin/env NAME=VALUE... tether run ...`` (TM tasks
-do not inherit the script's variables), ``wait``, and the first failing host ends the job. Every
-value from users is shell-quoted; the tests run ``bash -n`` and execute both with fakes.
+``$PBS_NODEFILE`` a background ``pbs_tmrsh HOST /usr/bin/env TETHER_RUN_ENV_FILE=F NODE_RANK=N …
+tether run ...``, ``wait``, and the first failing host ends the job. TM tasks do not inherit the
+script's variables (OpenPBS's pbs_tmrsh.c: ``tm_spawn(…, NULL, …)``, no environment) and pbs_tmrsh
+waits on the first host for as long as its task runs, its command line readable by every user
+there: the job's variables go into a file only its user may read (F, JSON), which ``tether run``
+reads (:func:`read_env_file`). Every value from users is shell-quoted; the tests run ``bash -n``
+and execute both with fakes.
 """
 
 from __future__ import annotations
@@ -31,8 +35,34 @@ class _Option:
         return f"--{self.name}" if BY_NAME[self.name].kind == "flag" else f"--{self.name}={self.value}"
 
 
+ENV_FILE_VAR = "TETHER_RUN_ENV_FILE"
+# what the PBS script sets for each host itself: the job's variables of the same names do not replace them
+PER_HOST_VARS = ("NODE_RANK", "TETHER_NNODES", "MASTER_ADDR")
+
+
+def read_env_file(path: str) -> dict[str, str]:
+    """The job's variables from the PBS launch script's file (a JSON object of names to strings),
+    or a LaunchError saying what is wrong with it."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise LaunchError(f"cannot read the job's variables from {path}: {exc.strerror} (the PBS launch script "
+                          f"writes them there: every host of the job must see that directory)") from None
+    except ValueError as exc:
+        raise LaunchError(f"the job's variables in {path} are not what tether wrote: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and is_env_name(k) and isinstance(v, str)
+                                             for k, v in data.items()):
+        raise LaunchError(f"the job's variables in {path} are not what tether wrote (names to strings)")
+    return data
+
+
 def _render(template: str, command: Sequence[str], options: Mapping[str, str], env: Mapping[str, str],
-            tether: str, default_runtime: str) -> str:
+            tether: str, default_runtime: str, env_dir: str | None = None) -> str:
+    import json
+
     import jinja2
 
     if not command:
@@ -48,6 +78,7 @@ def _render(template: str, command: Sequence[str], options: Mapping[str, str], e
     text = resources.files("tether.container").joinpath(template).read_text()
     opts = [_Option(k, v) for k, v in options.items() if BY_NAME[k].kind != "flag" or v]
     return jenv.from_string(text).render(command=list(command), options=opts, env=sorted(env.items()),
+                                         env_json=json.dumps(dict(sorted(env.items()))), env_dir=env_dir,
                                          tether=tether)
 
 
@@ -58,9 +89,10 @@ def slurm_launch_script(command: Sequence[str], options: Mapping[str, str], env:
 
 
 def pbs_launch_script(command: Sequence[str], options: Mapping[str, str], env: Mapping[str, str], *,
-                      tether: str = "tether", default_runtime: str = "apptainer") -> str:
-    """The PBS per-host launch script (the body of a batch script)."""
-    return _render("pbs-launch.sh.j2", command, options, env, tether, default_runtime)
+                      tether: str = "tether", default_runtime: str = "apptainer", env_dir: str | None = None) -> str:
+    """The PBS per-host launch script (the body of a batch script). ``env_dir``: where the job's
+    variables are put for its hosts (a directory every host sees; default ``$HOME/.tether/env``)."""
+    return _render("pbs-launch.sh.j2", command, options, env, tether, default_runtime, env_dir)
 
 
 def compose_batch_script(directives: Sequence[str], body: str) -> str:

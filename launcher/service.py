@@ -176,9 +176,13 @@ class Launcher:
                 options["container-mounts"] = ",".join(m for m in (options.get("container-mounts"), f"{files}:{files}")
                                                        if m)
                 options.setdefault("container-workdir", files)
-                render = pbs_launch_script if self.scheduler == "pbs" else slurm_launch_script
-                body = render(spec.command, options, env, tether=self.tether,
-                              default_runtime=self.config.data["container"]["runtime"])
+                runtime = self.config.data["container"]["runtime"]
+                if self.scheduler == "pbs":      # the job's variables reach its hosts in a file of its tree
+                    body = pbs_launch_script(spec.command, options, env, tether=self.tether,
+                                             default_runtime=runtime, env_dir=tree)
+                else:
+                    body = slurm_launch_script(spec.command, options, env, tether=self.tether,
+                                               default_runtime=runtime)
             else:
                 body = host_script(spec.command, env)
         except LaunchError as exc:

@@ -29,8 +29,11 @@ FAKE_TETHER = textwrap.dedent("""\
     import json, os, sys, time
     host = os.environ.get("FAKE_HOST") or os.environ.get("SLURMD_NODENAME", "?")
     path = os.path.join(os.environ["FAKE_OUT"], host + ".json")
+    env_file = os.environ.get("TETHER_RUN_ENV_FILE")
     with open(path + ".tmp", "w") as fh:                  # whole or not at all: a host may be killed
-        json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "pid": os.getpid()}}, fh)
+        json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "pid": os.getpid(),
+                   "env_file": open(env_file).read() if env_file else None,
+                   "env_file_mode": os.stat(env_file).st_mode & 0o777 if env_file else None}}, fh)
     os.rename(path + ".tmp", path)
     if host == os.environ.get("FAIL_HOST"):
         sys.exit(3)
@@ -65,15 +68,27 @@ def test_scripts_pass_bash_n(tmp_path, kind):
     assert result.returncode == 0, result.stderr
 
 
-def test_pbs_script_starts_one_container_per_host_with_every_value_as_an_argument(tmp_path, fakes):
+# pbs_tmrsh as OpenPBS's: the command runs "on" the host with the job's environment, not the
+# caller's (tm_spawn(..., NULL, ...)); its argv is recorded, as `ps` on the first host would show it
+PBS_TMRSH = ('pbs_tmrsh() {{ local host=$1; shift; printf "%s\\0" "$@" >> {argv_log}; printf "\\1" >> {argv_log}; '
+             'env -i PATH="$PATH" FAKE_OUT="$FAKE_OUT" HOME="$HOME" PBS_JOBID="$PBS_JOBID" ${{FAIL_HOST:+FAIL_HOST=$FAIL_HOST}} '
+             '${{FAKE_SLEEP:+FAKE_SLEEP=$FAKE_SLEEP}} FAKE_HOST=$host "$@"; }}\n')
+
+
+def test_pbs_script_starts_one_container_per_host_with_the_jobs_variables_off_every_command_line(tmp_path, fakes):
+    """Every host's launch gets the job's variables exactly, through a file only the user may read
+    (named in TETHER_RUN_ENV_FILE, read by `tether run`); no value is on pbs_tmrsh's command line,
+    which stays on the first host, readable by every user there, for as long as the job runs."""
     bin_dir, out, env = fakes
     nodefile = tmp_path / "nodefile"
     nodefile.write_text("h1\nh1\nh2\nh2\nh3\n")                 # one line per mpiproc
     script = tmp_path / "launch.sh"
-    script.write_text(_render("pbs", str(bin_dir / "tether")))
-    runner = ('pbs_tmrsh() { local host=$1; shift; FAKE_HOST=$host exec "$@"; }\n'
-              f'source {script}\n')
-    result = subprocess.run(["bash", "-c", runner], env={**env, "PBS_NODEFILE": str(nodefile)},
+    shared = tmp_path / "tree"
+    script.write_text(pbs_launch_script(COMMAND, OPTIONS, {**HOSTILE, "NODE_RANK": "7"},
+                                        tether=str(bin_dir / "tether"), env_dir=str(shared)))
+    argv_log = tmp_path / "tmrsh-argv"
+    runner = PBS_TMRSH.format(argv_log=argv_log) + f'source {script}\n'
+    result = subprocess.run(["bash", "-c", runner], env={**env, "PBS_NODEFILE": str(nodefile), "PBS_JOBID": "12.s"},
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     calls = _recorded(out)
@@ -82,11 +97,56 @@ def test_pbs_script_starts_one_container_per_host_with_every_value_as_an_argumen
         call = calls[host]
         assert call["argv"] == ["run", *[f"--{k}={v}" for k, v in OPTIONS.items() if k != "container-writable"],
                                 "--container-writable", "--", *COMMAND]
-        for name, value in HOSTILE.items():
-            assert call["env"][name] == value                  # exact, unexpanded
+        assert call["env"]["TETHER_RUN_ENV_FILE"] == str(shared / "12.s.env.json")
+        assert json.loads(call["env_file"]) == {**HOSTILE, "NODE_RANK": "7"}      # exact, unexpanded
+        assert call["env_file_mode"] == 0o600
         assert (call["env"]["NODE_RANK"], call["env"]["TETHER_NNODES"], call["env"]["MASTER_ADDR"]) == (
             str(rank), "3", "h1")
+    calls_argv = argv_log.read_text().split("\1")[:-1]
+    assert len(calls_argv) == 3 and all("TETHER_RUN_ENV_FILE=" in a for a in calls_argv)
+    for name, value in HOSTILE.items():
+        if value:
+            assert value not in "".join(calls_argv), name
+    assert not (shared / "12.s.env.json").exists()             # gone with the script
+    assert shared.stat().st_mode & 0o777 == 0o700
     assert not Path("/tmp/pwned").exists()
+
+
+def test_a_pbs_script_without_variables_writes_no_file(tmp_path, fakes):
+    bin_dir, out, env = fakes
+    text = pbs_launch_script(["true"], {"container-image": "/i"}, {}, tether=str(bin_dir / "tether"))
+    code = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    assert "TETHER_RUN_ENV_FILE" not in code and "env_file" not in code
+
+
+def test_tether_run_reads_the_jobs_variables_from_the_scripts_file(tmp_path, monkeypatch):
+    """What a host's `tether run` makes of TETHER_RUN_ENV_FILE: the job's variables, the per-host
+    ones of the script winning over the job's of the same name; a missing or foreign file: 125."""
+    from tether.cli import containers
+
+    seen = {}
+    monkeypatch.setattr(containers, "run_container", lambda env, command, settings: seen.update(env=env))
+    monkeypatch.setattr(containers, "container_settings", lambda path: {})
+    args = type("A", (), {"cmd": ["--", "true"], "config": None,
+                          **{o.name.replace("-", "_"): None for o in containers.CONTAINER_OPTIONS}})()
+    good = tmp_path / "env.json"
+    good.write_text(json.dumps({**HOSTILE, "NODE_RANK": "7", "OTHER": "x"}))
+    monkeypatch.setenv("TETHER_RUN_ENV_FILE", str(good))
+    monkeypatch.setenv("NODE_RANK", "1")
+    monkeypatch.setenv("OTHER", "inherited")
+    containers.run(args)
+    assert {k: seen["env"][k] for k in HOSTILE} == HOSTILE
+    assert (seen["env"]["NODE_RANK"], seen["env"]["OTHER"]) == ("1", "x")
+    assert "TETHER_RUN_ENV_FILE" not in seen["env"]
+    for text, said in (('["A"]', "names to strings"), ('{"BAD-NAME": "x"}', "names to strings"),
+                       ('{"A": 1}', "names to strings"), ("{", "not what tether wrote"), (None, "cannot read")):
+        seen.clear()
+        bad = tmp_path / "bad.json"
+        bad.unlink(missing_ok=True)
+        if text is not None:
+            bad.write_text(text)
+        monkeypatch.setenv("TETHER_RUN_ENV_FILE", str(bad))
+        assert containers.run(args) == 125 and not seen
 
 
 def test_pbs_script_ends_the_job_when_one_host_fails(tmp_path, fakes):
