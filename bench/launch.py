@@ -14,7 +14,9 @@ cold (removed from it before each round, untimed):
            run --pull=never; goal warm <= 1.05 x direct)
 
 The kinds of steps are interleaved so drift hits all alike; the medians are printed, and the
-median of the per-round ratios (this 2-core VM runs 3 ranks on 2 cores: single steps are noisy). Run as root: /opt/tether/venv/bin/python bench/launch.py
+median of the per-round ratios (single steps are noisy here: the three sandbox nodes' ranks all
+get host CPU 0 from Slurm's cpuset, so a step's three podman starts and tether's three launchers
+run on one core, one after the other; see the README's containers section for where the time goes). Run as root: /opt/tether/venv/bin/python bench/launch.py
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ CASES = {   # kind -> (untimed setup: the plugstack.conf srun and slurmstepd rea
 
 
 def main() -> int:
-    args = arguments(__doc__, rounds=80)
+    args = arguments(__doc__, rounds=200)
 
     box = Sandbox(ROOT)
     box.up(install=False, log=lambda m: None)
