@@ -112,6 +112,37 @@ def test_pbs_script_starts_one_container_per_host_with_the_jobs_variables_off_ev
     assert not Path("/tmp/pwned").exists()
 
 
+def test_a_pbs_script_sent_sigterm_removes_the_variables_and_still_dies_of_the_signal(tmp_path, fakes):
+    """qdel of a running job: SIGTERM to the script. The file of the job's variables goes, and the
+    script dies of SIGTERM (PBS reports 256+15, which the launcher reads as CANCELLED), not exit 143."""
+    import signal
+
+    bin_dir, out, env = fakes
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("h1\nh2\n")
+    shared = tmp_path / "tree"
+    script = tmp_path / "launch.sh"
+    script.write_text(pbs_launch_script(COMMAND, OPTIONS, HOSTILE, tether=str(bin_dir / "tether"), env_dir=str(shared)))
+    (bin_dir / "pbs_tmrsh").write_text('#!/bin/sh\nhost=$1; shift; FAKE_HOST=$host exec "$@"\n')
+    (bin_dir / "pbs_tmrsh").chmod(0o755)
+    proc = subprocess.Popen(["bash", str(script)], env={**env, "PBS_NODEFILE": str(nodefile), "PBS_JOBID": "13.s",
+                                                        "FAKE_SLEEP": "60"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(_recorded(out)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert len(_recorded(out)) == 2, proc.communicate(timeout=30)
+        assert (shared / "13.s.env.json").exists()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == -signal.SIGTERM
+        assert not (shared / "13.s.env.json").exists()
+    finally:                                   # the hosts' launches (the job's end would kill them)
+        proc.kill()
+        for call in _recorded(out).values():
+            subprocess.run(["kill", str(call["pid"])], capture_output=True)
+
+
 def test_a_pbs_script_without_variables_writes_no_file(tmp_path, fakes):
     bin_dir, out, env = fakes
     text = pbs_launch_script(["true"], {"container-image": "/i"}, {}, tether=str(bin_dir / "tether"))
