@@ -376,6 +376,49 @@ def test_the_same_flow_on_pbs_through_the_stateful_fakes(world, tmp_path):
     assert launcher.cancel(queued["id"])["state"] == "CANCELLED"
 
 
+def test_a_pbs_jobs_variables_reach_every_host_through_its_tree_never_a_command_line(world, tmp_path):
+    """The launcher's PBS job run as the scheduler would (the fake OpenPBS: run_job, then the script
+    with the job's environment; its strict pbs_tmrsh gives each host's task the job's environment
+    only): each host's `tether run` (a stand-in that reads the file as tether run does) gets the
+    job's SECRET from the file in the job's tree, which is gone when the script has ended."""
+    from tether.testing.pbs import FakePbs
+
+    config_path = world.tmp / "tether.yaml"
+    data = json.loads(config_path.read_text())
+    data["launcher"]["scheduler"] = "pbs"
+    config_path.write_text(json.dumps(data))
+    pbs = FakePbs(tmp_path / "pbs", config=config_path)
+    out = tmp_path / "hosts"
+    out.mkdir()
+    fake = tmp_path / "tether"
+    fake.write_text(f"#!{sys.executable}\n"
+                    "import json, os, sys\n"
+                    "from tether.container.scripts import read_env_file\n"
+                    "path = os.environ['TETHER_RUN_ENV_FILE']\n"
+                    "record = {'argv': sys.argv[1:], 'file': path, 'mode': os.stat(path).st_mode & 0o777,\n"
+                    "          'secret': read_env_file(path).get('SECRET'), 'inherited': os.environ.get('SECRET')}\n"
+                    f"open(os.path.join({str(out)!r}, os.environ['NODE_RANK'] + '.json'), 'w').write(json.dumps(record))\n")
+    fake.chmod(0o755)
+    launcher = Launcher(load_config(str(config_path)), env={"PATH": f"{pbs.bin_dir}:/usr/bin:/bin"},
+                        runner=world.launcher.runner, allow_root=True)
+    launcher.tether = str(fake)
+    record = launcher.submit({**SPEC, "image": "busybox:1", "runtime": "podman"})
+    script = Path(record["tree"], "job.sh").read_text()
+    assert "s3cr3t" not in "".join(line for line in script.splitlines() if "pbs_tmrsh" in line)
+    job_env = pbs.run_job(record["job_id"])
+    ran = subprocess.run(["bash", str(Path(record["tree"], "job.sh"))], env=job_env, cwd=record["tree"],
+                         capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    hosts = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    assert sorted(hosts) == ["0", "1"]
+    env_file = Path(record["tree"], f"{record['job_id']}.env.json")
+    for host in hosts.values():
+        assert host["secret"] == "s3cr3t value" and host["inherited"] is None      # the file, not the env
+        assert host["file"] == str(env_file) and host["mode"] == 0o600
+        assert host["argv"][:1] == ["run"] and "--container-image=busybox:1" in host["argv"]
+    assert not env_file.exists()
+
+
 # ---- tether serve on loopback TCP with TLS (a real server process, as an unprivileged user) -------
 def _serve_as_nobody(world, *args: str) -> list[str]:
     return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "tether.cli.main",
