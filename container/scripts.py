@@ -12,6 +12,7 @@ and execute both with fakes.
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
 from importlib import resources
@@ -44,9 +45,14 @@ def read_env_file(path: str) -> dict[str, str]:
     """The job's variables from the PBS launch script's file (a JSON object of names to strings),
     or a LaunchError saying what is wrong with it."""
     import json
+    import stat
 
     try:
-        with open(path, encoding="utf-8") as fh:
+        # O_NONBLOCK: a FIFO (or device) at the path is refused below instead of waiting forever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, encoding="utf-8") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise LaunchError(f"the job's variables in {path} are not what tether wrote (not a regular file)")
             data = json.load(fh)
     except OSError as exc:
         raise LaunchError(f"cannot read the job's variables from {path}: {exc.strerror} (the PBS launch script "

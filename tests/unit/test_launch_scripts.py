@@ -7,6 +7,7 @@ records what each host's launch received.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -170,11 +171,14 @@ def test_tether_run_reads_the_jobs_variables_from_the_scripts_file(tmp_path, mon
     assert (seen["env"]["NODE_RANK"], seen["env"]["OTHER"]) == ("1", "x")
     assert "TETHER_RUN_ENV_FILE" not in seen["env"]
     for text, said in (('["A"]', "names to strings"), ('{"BAD-NAME": "x"}', "names to strings"),
-                       ('{"A": 1}', "names to strings"), ("{", "not what tether wrote"), (None, "cannot read")):
+                       ('{"A": 1}', "names to strings"), ("{", "not what tether wrote"), (None, "cannot read"),
+                       ("FIFO", "not a regular file")):
         seen.clear()
         bad = tmp_path / "bad.json"
         bad.unlink(missing_ok=True)
-        if text is not None:
+        if text == "FIFO":                     # refused at once, not waited on
+            os.mkfifo(bad)
+        elif text is not None:
             bad.write_text(text)
         monkeypatch.setenv("TETHER_RUN_ENV_FILE", str(bad))
         assert containers.run(args) == 125 and not seen
