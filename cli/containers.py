@@ -19,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        err("tether run: give the command to run in the container after --")
+        err("no command: tether run [OPTIONS] -- COMMAND [ARGS...]")
         return EXIT_USAGE
     env = dict(os.environ)
     if ENV_FILE_VAR in env:                       # a host of tether's PBS launch script: the job's variables
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
             env.update({k: v for k, v in read_env_file(env.pop(ENV_FILE_VAR)).items()
                         if k not in PER_HOST_VARS or k not in env})
         except LaunchError as exc:
-            err(f"tether run: {exc}")
+            err(str(exc))
             return EXIT_LAUNCH_FAILED
     for opt in CONTAINER_OPTIONS:                 # the srun/sbatch options, the same TETHER_* variables
         value = getattr(args, opt.name.replace("-", "_"))

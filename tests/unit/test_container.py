@@ -682,6 +682,8 @@ def test_tether_run_reports_a_missing_runtime_and_a_bad_image(tmp_path, fake_run
     assert "set container.apptainer.binary in tether's config" in proc.stderr     # issue 15: no <runtime>
     proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-image=/no/such.sif", "--", "true")
     assert proc.returncode == 125 and "no such file or directory on this node" in proc.stderr
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, f"--container-image={image}", "--")
+    assert (proc.returncode, proc.stderr) == (2, "tether: no command: tether run [OPTIONS] -- COMMAND [ARGS...]\n")
 
 
 def test_supervised_runtime_keeps_double_forked_processes_and_forwards_signals(tmp_path):

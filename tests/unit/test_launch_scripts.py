@@ -151,7 +151,7 @@ def test_a_pbs_script_without_variables_writes_no_file(tmp_path, fakes):
     assert "TETHER_RUN_ENV_FILE" not in code and "env_file" not in code
 
 
-def test_tether_run_reads_the_jobs_variables_from_the_scripts_file(tmp_path, monkeypatch):
+def test_tether_run_reads_the_jobs_variables_from_the_scripts_file(tmp_path, monkeypatch, capsys):
     """What a host's `tether run` makes of TETHER_RUN_ENV_FILE: the job's variables, the per-host
     ones of the script winning over the job's of the same name; a missing or foreign file: 125."""
     from tether.cli import containers
@@ -182,6 +182,9 @@ def test_tether_run_reads_the_jobs_variables_from_the_scripts_file(tmp_path, mon
             bad.write_text(text)
         monkeypatch.setenv("TETHER_RUN_ENV_FILE", str(bad))
         assert containers.run(args) == 125 and not seen
+        said = capsys.readouterr().err         # one line, one prefix (it read "tether: tether run: ...")
+        assert said.startswith("tether: ") and not said.startswith("tether: tether") and \
+            said.count("\n") == 1 and str(bad) in said, said
 
 
 def test_pbs_script_ends_the_job_when_one_host_fails(tmp_path, fakes):
