@@ -117,6 +117,11 @@ BUSYBOX_REPOSITORY, BUSYBOX_TAG = "tether/busybox", "1"
 ENTRYPOINT_REPOSITORY = "tether/entrypoint"     # the same files with an ENTRYPOINT and an ENV
 
 
+# what scontrol calls a job that has ended (IS_JOB_FINISHED; COMPLETING is shown until the epilog is done)
+JOB_ENDED_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+                              "DEADLINE", "OUT_OF_MEMORY"})
+
+
 class SandboxError(TetherError):
     """The sandbox could not be started, checked or stopped; the message says why."""
 
@@ -175,6 +180,33 @@ class Sandbox:
     def slurm(self, argv: list[str], **kwargs):
         """Run one of Slurm's commands against the sandbox (run_command's keywords)."""
         return run_command(self.wrap(argv, kwargs.get("cwd")), env=self.command_env(), **kwargs)
+
+    def job_records(self, job_id: str) -> list[dict[str, str]]:
+        """``scontrol -o show job JOB``: one mapping per line (a heterogeneous job: per component)."""
+        out = self.slurm(["scontrol", "-o", "show", "job", str(job_id)], timeout=60).stdout
+        return [dict(word.split("=", 1) for word in line.split() if "=" in word)
+                for line in out.splitlines() if line.strip()]
+
+    def wait_for_job(self, job_id: str, timeout: float = 300) -> int:
+        """Wait until every component of the job has ended (completing included); its exit status as
+        ``sbatch --wait`` gives it: the highest over the components, 1 for one a signal ended
+        (sbatch.c _job_wait). Looks every 0.2 s: ``sbatch --wait`` sleeps 2 s, then four times as
+        long up to 32 s (here: MinJobAge 3600), so it sees a job that took 3 s after 10 s, one
+        that took 11 s after 42."""
+        deadline = time.monotonic() + timeout
+        while True:
+            records = self.job_records(job_id)
+            if records and all(r.get("JobState") in JOB_ENDED_STATES for r in records):
+                break
+            if time.monotonic() > deadline:
+                states = ", ".join(r.get("JobState", "?") for r in records)
+                raise SandboxError(f"job {job_id} has not ended after {timeout:g} s ({states or 'no record'})")
+            time.sleep(0.2)
+        codes = []
+        for record in records:
+            status, _, signum = record.get("ExitCode", "0:0").partition(":")
+            codes.append(1 if signum not in ("", "0") else int(status))
+        return max(codes)
 
     @property
     def node_prefix(self) -> str:

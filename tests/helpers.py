@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import runpy
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -16,6 +17,8 @@ from tether.hooks.header import batch_header
 from tether.hooks.policy import parse_qsub_args, parse_sbatch_args, split_qsub_args
 from tether.hooks.render import resource_options, script_directives
 from tether.hooks.request import Request
+from tether.sandbox.cluster import JOB_ENDED_STATES
+from tether.system.proc import CommandError
 
 TEST_SANDBOX_ROOT = os.environ.get("TETHER_TEST_SANDBOX_DIR", "/var/lib/tether/sandbox-pytest")
 # the newer Slurm releases the release_cluster fixture runs, each in a Debian root of its own
@@ -121,9 +124,25 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while True:
             fields = self.job_fields(job_id)
-            if fields.get("JobState") in FINAL_STATES or time.monotonic() > deadline:
+            if fields.get("JobState") in JOB_ENDED_STATES or time.monotonic() > deadline:
                 return fields
             time.sleep(0.2)
+
+    def sbatch_wait(self, argv: Sequence[str], *, input: str | None = None, timeout: float = 300,
+                    check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """What ``sbatch --wait ARGV`` as the job user gives (sbatch's output, the job's exit status
+        as sbatch --wait computes it), but seen within 0.2 s of the job's end, where sbatch --wait
+        looks after 2, 10, 42 s (Sandbox.wait_for_job)."""
+        argv = [*(["env", *[f"{k}={v}" for k, v in env.items()]] if env else []), "sbatch", *argv]
+        submitted = self.as_user(argv, input=input, check=check)
+        # "N", "N;cluster" (--parsable) or "Submitted batch job N"
+        job = next((w.split(";")[0] for w in submitted.stdout.split() if w.split(";")[0].isdigit()), None)
+        if submitted.returncode != 0 or job is None:
+            return submitted
+        code = self.box.wait_for_job(job, timeout=timeout)
+        if check and code != 0:
+            raise CommandError([*argv, "(waited for the job)"], code, submitted.stdout, submitted.stderr)
+        return subprocess.CompletedProcess(argv, code, submitted.stdout, submitted.stderr)
 
     def submit(self, *argv: str, env: dict[str, str] | None = None, check: bool = True) -> str:
         """``sbatch --parsable ARGV`` as the job user (``env``: extra variables); the job id."""
@@ -152,10 +171,6 @@ class Cluster:
         22.05's idle node that backfill has reserved for a pending job: in service."""
         return all(state.rstrip("*~#$@+") in ("idle", "mixed", "allocated", "completing", "planned")
                    for state in self.node_states().values())
-
-
-FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
-                "DEADLINE", "PREEMPTED")
 
 
 # ---- helpers shared by the run-side and container tests ----------------------------------------

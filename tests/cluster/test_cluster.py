@@ -52,7 +52,7 @@ def submit_plan(box, request: Request, config, body: str):
     script.write_text("#!/bin/bash\n" + "\n".join(script_directives(plan, batch_header(request, str(job_dir))))
                       + "\n" + body)
     os.chown(script, job_dir.stat().st_uid, job_dir.stat().st_gid)
-    return plan, sbatch(box, job_dir, ["--wait", str(script)], timeout=300)
+    return plan, sbatch(box, job_dir, [str(script)], timeout=300, wait=True)
 
 
 def run_plan(cluster, request: Request, **config):

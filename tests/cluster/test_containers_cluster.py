@@ -268,9 +268,9 @@ def test_an_empty_container_image_runs_one_step_of_a_container_job_on_the_host(c
     job's container."""
     out = cluster.box.work_dir / f"host-step-{os.getpid()}.out"
     where = f"\\$(grep -qF ' {image} / ' /proc/self/mountinfo && echo container || echo host)"  # in the step
-    result = cluster.as_user(["sbatch", "--wait", "-N1", f"--container-image={image}", f"--output={out}", "--wrap",
-                              f"srun sh -c \"echo default={where}\"; "
-                              f"srun --container-image= sh -c \"echo empty={where}\""], timeout=180)
+    result = cluster.sbatch_wait(["-N1", f"--container-image={image}", f"--output={out}", "--wrap",
+                                  f"srun sh -c \"echo default={where}\"; "
+                                  f"srun --container-image= sh -c \"echo empty={where}\""], timeout=180)
     text = out.read_text()
     assert result.returncode == 0, text
     assert "default=container" in text and "empty=host" in text, text
@@ -316,10 +316,10 @@ def test_a_batch_script_from_tether_plan_runs_one_container_per_node(cluster, re
 
 def test_batch_script_stays_on_the_host_and_its_sruns_run_in_containers(cluster, image):
     out = cluster.box.work_dir / f"batch-{os.getpid()}.out"
-    result = cluster.as_user(["sbatch", "--wait", "-N3", f"--container-image={image}", f"--output={out}",
-                              "--wrap", f"echo BATCH=$(grep -q ' {image} / ' /proc/self/mountinfo && echo "
-                                        f"container || echo host) IMAGE=$TETHER_CONTAINER_IMAGE; "
-                                        f"srun -N3 -n3 sh -c '{show(image)}'"],
+    result = cluster.sbatch_wait(["-N3", f"--container-image={image}", f"--output={out}",
+                                  "--wrap", f"echo BATCH=$(grep -q ' {image} / ' /proc/self/mountinfo && echo "
+                                            f"container || echo host) IMAGE=$TETHER_CONTAINER_IMAGE; "
+                                            f"srun -N3 -n3 sh -c '{show(image)}'"],
                              timeout=180)
     text = out.read_text()
     assert result.returncode == 0, text
@@ -559,7 +559,7 @@ def test_a_named_podman_container_keeps_its_files_across_the_jobs_steps_on_each_
         # --cidfile with the container, which once looked like "never created")
         f"srun -N1 --container-image={image} sh -c 'echo ran-once; exit 1'",
         "echo JOB=$SLURM_JOB_ID", ""])
-    result = cluster.as_user(["sbatch", "--wait", "-N2", f"--output={out}"], input=script, timeout=300)
+    result = cluster.sbatch_wait(["-N2", f"--output={out}"], input=script, timeout=300)
     text = out.read_text()
     out.unlink()
     # tether's progress lines and srun's own ("step creation temporarily disabled, retrying" when
@@ -585,8 +585,8 @@ def test_container_batch_runs_the_batch_script_itself_in_the_container(cluster, 
     results = {}
     for name, extra in (("asked", ["--container-batch"]), ("default", [])):
         out = cluster.box.work_dir / f"batch-{name}-{os.getpid()}.out"
-        cluster.as_user(["sbatch", "--wait", "-N1", f"--output={out}", f"--container-image={image}", *extra,
-                         "--wrap", probe], timeout=180)
+        cluster.sbatch_wait(["-N1", f"--output={out}", f"--container-image={image}", *extra,
+                             "--wrap", probe], timeout=180)
         results[name] = without_runc_warnings(out.read_text())
         out.unlink()
     assert results["asked"].strip().splitlines()[-1] == "container RANK=0 TC=1", results

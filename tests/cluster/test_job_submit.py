@@ -43,21 +43,22 @@ def tether_config(cluster):
 
 
 def sbatch(cluster, *args: str, script: str | None = None, env: dict | None = None, wait: bool = True):
-    """sbatch as the job user; returns (CompletedProcess, job id or None, output text)."""
+    """sbatch as the job user (``wait``: until the job has ended, as ``sbatch --wait`` but looking
+    every 0.2 s); returns (CompletedProcess, job id or None, output text)."""
     work = cluster.box.work_dir
     out = work / "job-%j.out"
-    argv = ["sbatch", "--parsable", f"--output={out}"] + (["--wait"] if wait else []) + list(args)
+    argv = ["--parsable", f"--output={out}", *args]
     if script is not None:
         path = work / f"script-{os.getpid()}-{len(list(work.iterdir()))}.sh"
         path.write_text(script)
         argv.append(str(path))
     else:
         argv += ["--wrap", RANKS]
-    if env:
-        prefix = ["env", *[f"{k}={v}" for k, v in env.items()]]
-        result = cluster.run(["runuser", "-u", cluster.user, "--", *prefix, *argv], check=False)
+    if wait:
+        result = cluster.sbatch_wait(argv, env=env, check=False)
     else:
-        result = cluster.as_user(argv, check=False)
+        prefix = ["env", *[f"{k}={v}" for k, v in env.items()]] if env else []
+        result = cluster.as_user([*prefix, "sbatch", *argv], check=False)
     job_id = result.stdout.strip().split(";")[0] or None
     output = (work / f"job-{job_id}.out").read_text() if job_id and (work / f"job-{job_id}.out").exists() else ""
     return result, job_id, output

@@ -57,8 +57,7 @@ def test_concurrent_steps_get_different_master_ports(cluster):
     path = cluster.box.work_dir / f"ports-{os.getpid()}.sh"
     path.write_text(script)
     out_file = cluster.box.work_dir / f"ports-{os.getpid()}.out"
-    cluster.as_user(["sbatch", "--wait", "--slots=2", "--slots-per-node=2", "--slot-type=cpu",
-                     f"--output={out_file}", str(path)])
+    cluster.sbatch_wait(["--slots=2", "--slots-per-node=2", "--slot-type=cpu", f"--output={out_file}", str(path)])
     ports = dict(line.split() for line in out_file.read_text().splitlines() if line[:2] in ("A ", "B "))
     assert set(ports) == {"A", "B"} and ports["A"] != ports["B"]
 
@@ -87,8 +86,8 @@ def test_a_planted_symlink_is_refused_and_never_followed(cluster, tmp_path):
     path = cluster.box.work_dir / f"plant-{os.getpid()}.sh"
     path.write_text(script)
     out_file = cluster.box.work_dir / f"plant-{os.getpid()}.out"
-    job = cluster.as_user(["sbatch", "--wait", "--parsable", "--slots=3", "--slot-type=cpu",
-                           f"--output={out_file}", str(path)]).stdout.strip()
+    job = cluster.sbatch_wait(["--parsable", "--slots=3", "--slot-type=cpu",
+                               f"--output={out_file}", str(path)]).stdout.strip()
     out = out_file.read_text()
     assert "ran-on-n2" not in out
     assert (f"tether: {storage(cluster)}/{job}/{second} is a symlink where tether's directory belongs; "
@@ -161,7 +160,7 @@ def test_a_heterogeneous_job_mixes_a_tether_component_with_a_plain_one_and_one_s
         "IN=$(test -e /etc/debian_version && echo host || echo container)'",
         f"srun -n1 sh -c \"$where\" : -n1 --container-image={registry_image} sh -c \"$where\"",
         ""])
-    cluster.as_user(["sbatch", "--wait"], input=script, timeout=180)
+    cluster.sbatch_wait([], input=script, timeout=180)
     text = out.read_text()
     out.unlink()
     ranks = parse("\n".join(line for line in text.splitlines() if "STEP2" not in line))
