@@ -1,7 +1,8 @@
 """Workflow packs (issue 18, seed 004) on the real cluster: a consumer delayed one minute after the
 producer's start overlaps it; released early from inside the producer it starts within seconds;
 with its dependency changed to afterok it waits for the producer's end. The three packs run at
-once (two and a half minutes in all); times from sacct. Gateway nodes of heterogeneous jobs."""
+once (one to two minutes in all: the delayed consumer's producer runs until it has started); times
+from sacct. Gateway nodes of heterogeneous jobs."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ from helpers import parse, user_processes, wait_until
 
 pytestmark = pytest.mark.cluster
 
+
+
+# a producer that waits while its pack's consumer is pending (150 s at most)
+WHILE_CONSUMER_PENDING = ('i=0; while [ $i -lt 150 ] && squeue -h -u "$(id -un)" -t PD -o %k | '
+                          'grep -qxF "tether-pack:$TETHER_PACK:consumer"; do sleep 1; i=$((i+1)); done')
 
 
 def pack(name: str, producer: str, producer_seconds: int) -> dict:
@@ -40,8 +46,9 @@ def test_delays_overlap_release_starts_the_consumer_at_once_and_afterok_waits(cl
     tether = cluster.box.tether[0]
     packs = {
         # Slurm acts on a fulfilled time delay at its next scheduling pass (sched_interval 60 s,
-        # bf_interval 30 s by default): the consumer starts 60-120 s after the producer
-        "delay": pack("delay", "true", 150),
+        # bf_interval 30 s by default): the consumer starts 60-120 s after the producer, which runs
+        # until then (its pack's consumer no longer pending) and 3 s more, 150 s at most
+        "delay": pack("delay", WHILE_CONSUMER_PENDING, 3),
         "release": pack("release", f"sleep 5; {tether} workflow release", 40),
         "afterok": pack("afterok", f"{tether} workflow set-dependency --type afterok", 15),
     }
@@ -89,7 +96,7 @@ def test_gateway_nodes_serve_every_rank_of_both_components_and_end_with_the_job(
         "IN=$(test -e /etc/debian_version && echo host || echo container) "
         "ANSWER=$(echo | busybox nc ${TETHER_GATEWAYS%:*} ${TETHER_GATEWAYS##*:} | tr \" \" _)'",
         ""])
-    result = cluster.as_user(["sbatch", "--parsable", "--wait"], input=script, timeout=240, check=False)
+    result = cluster.sbatch_wait(["--parsable"], input=script, timeout=240, check=False)
     text = out.read_text() if out.exists() else "(no output file)"
     out.unlink(missing_ok=True)
     assert result.returncode == 0, (result.stderr, text)     # the job's own output says why it failed
@@ -116,8 +123,7 @@ def test_a_gateway_daemon_that_fails_fails_the_job_with_its_reason_and_the_node_
     reason and the daemon's own line in its output; no node is drained. Refused requests too."""
     out = cluster.box.work_dir / f"gateways-fail-{os.getpid()}.out"
     script = f"#!/bin/sh\n#SBATCH -N1 --output={out}\n#SBATCH hetjob\n#SBATCH --gateways=1\necho SCRIPT_RAN\n"
-    result = cluster.as_user(["env", "SANDBOX_GATEWAY_FAIL=1", "sbatch", "--wait"], input=script, timeout=240,
-                             check=False)
+    result = cluster.sbatch_wait([], env={"SANDBOX_GATEWAY_FAIL": "1"}, input=script, timeout=240, check=False)
     text = out.read_text()
     out.unlink()
     assert result.returncode == 1 and "SCRIPT_RAN" not in text, text
