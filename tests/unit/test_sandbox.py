@@ -71,3 +71,31 @@ def test_a_slurm_roots_pause_processes_end_but_only_the_users_catatonit(tmp_path
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_wait_for_job_gives_what_sbatch_wait_gives(monkeypatch):
+    """Sandbox.wait_for_job: done when every component has ended (not while one completes); the
+    highest exit status over the components, 1 for one a signal ended (sbatch.c _job_wait); a job
+    that does not end is an error naming its states."""
+    from tether.sandbox.cluster import Sandbox
+
+    def answers(*seen):
+        replies = iter(seen)
+        monkeypatch.setattr(Sandbox, "job_records", lambda self, job: next(replies))
+
+    box = Sandbox("/nonexistent-sandbox")
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    ok = {"JobState": "COMPLETED", "ExitCode": "0:0"}
+    answers([{"JobState": "PENDING", "ExitCode": "0:0"}], [{"JobState": "RUNNING", "ExitCode": "0:0"}],
+            [{"JobState": "COMPLETING", "ExitCode": "0:0"}], [ok])
+    assert box.wait_for_job("7") == 0
+    answers([ok, {"JobState": "RUNNING", "ExitCode": "0:0"}],
+            [ok, {"JobState": "FAILED", "ExitCode": "3:0"}, {"JobState": "CANCELLED", "ExitCode": "0:9"}])
+    assert box.wait_for_job("8") == 3                         # a hetjob: the highest of its components
+    answers([{"JobState": "CANCELLED", "ExitCode": "0:15"}])
+    assert box.wait_for_job("9") == 1                         # ended by a signal: 1, as sbatch --wait
+    answers([{"JobState": "TIMEOUT", "ExitCode": "0:1"}])
+    assert box.wait_for_job("10") == 1
+    monkeypatch.setattr(Sandbox, "job_records", lambda self, job: [{"JobState": "RUNNING"}])
+    with pytest.raises(SandboxError, match=r"job 11 has not ended after 0 s \(RUNNING\)"):
+        box.wait_for_job("11", timeout=0)
