@@ -30,7 +30,8 @@ SHOWN_FIELDS = ("NumNodes", "NumTasks", "CPUs/Task", "TresPerJob", "TresPerNode"
 
 @dataclass(frozen=True)
 class Submitted:
-    """A batch job: its id, sbatch's exit status, where its output went, sbatch's stderr."""
+    """A batch job: its id, sbatch's exit status (waited for: the job's, as ``sbatch --wait`` gives
+    it), where its output went, sbatch's stderr."""
 
     job_id: str
     returncode: int
