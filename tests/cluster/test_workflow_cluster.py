@@ -18,8 +18,8 @@ pytestmark = pytest.mark.cluster
 
 
 
-# a producer that waits while its pack's consumer is pending (150 s at most)
-WHILE_CONSUMER_PENDING = ('i=0; while [ $i -lt 150 ] && squeue -h -u "$(id -un)" -t PD -o %k | '
+# a producer that waits until its pack's consumer has started (150 s at most; a failed squeue waits on)
+UNTIL_CONSUMER_STARTED = ('i=0; until [ $i -ge 150 ] || squeue -h -u "$(id -un)" -t R,CG,CD,F,CA,TO -o %k | '
                           'grep -qxF "tether-pack:$TETHER_PACK:consumer"; do sleep 1; i=$((i+1)); done')
 
 
@@ -48,7 +48,7 @@ def test_delays_overlap_release_starts_the_consumer_at_once_and_afterok_waits(cl
         # Slurm acts on a fulfilled time delay at its next scheduling pass (sched_interval 60 s,
         # bf_interval 30 s by default): the consumer starts 60-120 s after the producer, which runs
         # until then (its pack's consumer no longer pending) and 3 s more, 150 s at most
-        "delay": pack("delay", WHILE_CONSUMER_PENDING, 3),
+        "delay": pack("delay", UNTIL_CONSUMER_STARTED, 3),
         "release": pack("release", f"sleep 5; {tether} workflow release", 40),
         "afterok": pack("afterok", f"{tether} workflow set-dependency --type afterok", 15),
     }
@@ -110,8 +110,12 @@ def test_gateway_nodes_serve_every_rank_of_both_components_and_end_with_the_job(
     # the sandbox's daemon answers "tether-gateway <node> <job> <uid>"
     uid = str(pwd.getpwnam(cluster.user).pw_uid)
     assert {r["ANSWER"] for r in ranks} == {f"tether-gateway_{cluster.nodes[2]}_{job}_{uid}"}, text
-    steps = cluster.run(["sacct", "-n", "-P", "-j", f"{job}+2", "-o", "JobID,JobName,NodeList"]).stdout
-    assert f"{job}+2.0|tether-gateway|{cluster.nodes[2]}" in steps, steps
+
+    def steps() -> str:
+        return cluster.run(["sacct", "-n", "-P", "-j", f"{job}+2", "-o", "JobID,JobName,NodeList"]).stdout
+
+    # slurmdbd has the step a moment after the job's end (sacct said nothing right at it once)
+    assert wait_until(lambda: f"{job}+2.0|tether-gateway|{cluster.nodes[2]}" in steps(), timeout=30), steps()
     assert wait_until(lambda: not user_processes(cluster, "gateway_daemon"), timeout=30), \
         user_processes(cluster, "gateway_daemon")
     assert cluster.in_service()
