@@ -122,6 +122,11 @@ JOB_ENDED_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NO
                               "DEADLINE", "OUT_OF_MEMORY"})
 
 
+def job_ended(records: list[dict[str, str]]) -> bool:
+    """Whether every component of a job (its ``scontrol -o show job`` records) has ended."""
+    return bool(records) and all(r.get("JobState") in JOB_ENDED_STATES for r in records)
+
+
 class SandboxError(TetherError):
     """The sandbox could not be started, checked or stopped; the message says why."""
 
@@ -187,21 +192,27 @@ class Sandbox:
         return [dict(word.split("=", 1) for word in line.split() if "=" in word)
                 for line in out.splitlines() if line.strip()]
 
+    def poll_job(self, job_id: str, timeout: float = 300) -> list[dict[str, str]]:
+        """The job's records (``job_records``) once every component has ended (completing included:
+        its epilog is done), or the last ones seen when ``timeout`` seconds passed first. Looks
+        every 0.2 s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            records = self.job_records(job_id)
+            if job_ended(records) or time.monotonic() > deadline:
+                return records
+            time.sleep(0.2)
+
     def wait_for_job(self, job_id: str, timeout: float = 300) -> int:
         """Wait until every component of the job has ended (completing included); its exit status as
         ``sbatch --wait`` gives it: the highest over the components, 1 for one a signal ended
         (sbatch.c _job_wait). Looks every 0.2 s: ``sbatch --wait`` sleeps 2 s, then four times as
         long up to 32 s (here: MinJobAge 3600), so it sees a job that took 3 s after 10 s, one
         that took 11 s after 42."""
-        deadline = time.monotonic() + timeout
-        while True:
-            records = self.job_records(job_id)
-            if records and all(r.get("JobState") in JOB_ENDED_STATES for r in records):
-                break
-            if time.monotonic() > deadline:
-                states = ", ".join(r.get("JobState", "?") for r in records)
-                raise SandboxError(f"job {job_id} has not ended after {timeout:g} s ({states or 'no record'})")
-            time.sleep(0.2)
+        records = self.poll_job(job_id, timeout)
+        if not job_ended(records):
+            states = ", ".join(r.get("JobState", "?") for r in records)
+            raise SandboxError(f"job {job_id} has not ended after {timeout:g} s ({states or 'no record'})")
         codes = []
         for record in records:
             status, _, signum = record.get("ExitCode", "0:0").partition(":")

@@ -17,7 +17,6 @@ from tether.hooks.header import batch_header
 from tether.hooks.policy import parse_qsub_args, parse_sbatch_args, split_qsub_args
 from tether.hooks.render import resource_options, script_directives
 from tether.hooks.request import Request
-from tether.sandbox.cluster import JOB_ENDED_STATES
 from tether.system.proc import CommandError
 
 TEST_SANDBOX_ROOT = os.environ.get("TETHER_TEST_SANDBOX_DIR", "/var/lib/tether/sandbox-pytest")
@@ -86,6 +85,16 @@ def directives(request: Request, plan, log_dir: str | None = None) -> list[str]:
     return script_directives(plan, batch_header(request, log_dir))
 
 
+def env_prefix(env: dict[str, str] | None) -> list[str]:
+    """``["env", "K=V", ...]`` to put before a command that should see ``env`` too; [] without it."""
+    return ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
+
+
+def merged(records: list[dict[str, str]]) -> dict[str, str]:
+    """A job's ``scontrol -o show job`` records as one mapping, later ones overriding earlier ones."""
+    return {key: value for record in records for key, value in record.items()}
+
+
 class Cluster:
     """Handle on the running sandbox for tests: run Slurm commands as root or as the job user."""
 
@@ -109,31 +118,21 @@ class Cluster:
         return self.run(["runuser", "-u", self.user, "--", *argv], **kw)
 
     def job_fields(self, job_id: str) -> dict[str, str]:
-        """``scontrol show job -o`` as a mapping (values are Slurm's text)."""
-        out = self.run(["scontrol", "-o", "show", "job", job_id]).stdout
-        fields = {}
-        for word in out.split():
-            key, eq, value = word.partition("=")
-            if eq:
-                fields[key] = value
-        return fields
+        """``scontrol show job -o`` as one mapping (values are Slurm's text; a heterogeneous job's
+        later components override its earlier ones)."""
+        return merged(self.box.job_records(job_id))
 
     def wait_job(self, job_id: str, timeout: float = 240) -> dict[str, str]:
-        """Wait until the job has ended (polling every 0.2 s: sbatch --wait polls every ~10 s);
-        its final fields."""
-        deadline = time.monotonic() + timeout
-        while True:
-            fields = self.job_fields(job_id)
-            if fields.get("JobState") in JOB_ENDED_STATES or time.monotonic() > deadline:
-                return fields
-            time.sleep(0.2)
+        """Wait until the job has ended (Sandbox.poll_job: every 0.2 s); its final fields as
+        ``job_fields`` gives them, the last seen if it has not ended after ``timeout`` s."""
+        return merged(self.box.poll_job(job_id, timeout))
 
     def sbatch_wait(self, argv: Sequence[str], *, input: str | None = None, timeout: float = 300,
                     check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         """What ``sbatch --wait ARGV`` as the job user gives (sbatch's output, the job's exit status
         as sbatch --wait computes it), but seen within 0.2 s of the job's end, where sbatch --wait
         looks after 2, 10, 42 s (Sandbox.wait_for_job)."""
-        argv = [*(["env", *[f"{k}={v}" for k, v in env.items()]] if env else []), "sbatch", *argv]
+        argv = [*env_prefix(env), "sbatch", *argv]
         submitted = self.as_user(argv, input=input, check=check)
         # "N", "N;cluster" (--parsable) or "Submitted batch job N"
         job = next((w.split(";")[0] for w in submitted.stdout.split() if w.split(";")[0].isdigit()), None)
@@ -146,8 +145,7 @@ class Cluster:
 
     def submit(self, *argv: str, env: dict[str, str] | None = None, check: bool = True) -> str:
         """``sbatch --parsable ARGV`` as the job user (``env``: extra variables); the job id."""
-        prefix = ["env", *[f"{k}={v}" for k, v in (env or {}).items()]] if env else []
-        result = self.run(["runuser", "-u", self.user, "--", *prefix, "sbatch", "--parsable", *argv], check=check)
+        result = self.as_user([*env_prefix(env), "sbatch", "--parsable", *argv], check=check)
         return result.stdout.strip().split(";")[0]
 
     def ctld_log_mark(self) -> int:

@@ -16,6 +16,8 @@ import yaml
 
 from tether.job_submit.handler import CONFIG_CHECK_SECONDS
 
+from helpers import env_prefix
+
 pytestmark = pytest.mark.cluster
 
 RANKS = "srun bash -c 'echo rank=$SLURM_PROCID node=$SLURMD_NODENAME gpus=${CUDA_VISIBLE_DEVICES:-none}'"
@@ -57,8 +59,7 @@ def sbatch(cluster, *args: str, script: str | None = None, env: dict | None = No
     if wait:
         result = cluster.sbatch_wait(argv, env=env, check=False)
     else:
-        prefix = ["env", *[f"{k}={v}" for k, v in env.items()]] if env else []
-        result = cluster.as_user([*prefix, "sbatch", *argv], check=False)
+        result = cluster.as_user([*env_prefix(env), "sbatch", *argv], check=False)
     job_id = result.stdout.strip().split(";")[0] or None
     output = (work / f"job-{job_id}.out").read_text() if job_id and (work / f"job-{job_id}.out").exists() else ""
     return result, job_id, output

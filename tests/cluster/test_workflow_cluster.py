@@ -47,7 +47,7 @@ def test_delays_overlap_release_starts_the_consumer_at_once_and_afterok_waits(cl
     packs = {
         # Slurm acts on a fulfilled time delay at its next scheduling pass (sched_interval 60 s,
         # bf_interval 30 s by default): the consumer starts 60-120 s after the producer, which runs
-        # until then (its pack's consumer no longer pending) and 3 s more, 150 s at most
+        # until it sees its pack's consumer started (squeue) and 3 s more, 150 s at most
         "delay": pack("delay", UNTIL_CONSUMER_STARTED, 3),
         "release": pack("release", f"sleep 5; {tether} workflow release", 40),
         "afterok": pack("afterok", f"{tether} workflow set-dependency --type afterok", 15),

@@ -99,3 +99,19 @@ def test_wait_for_job_gives_what_sbatch_wait_gives(monkeypatch):
     monkeypatch.setattr(Sandbox, "job_records", lambda self, job: [{"JobState": "RUNNING"}])
     with pytest.raises(SandboxError, match=r"job 11 has not ended after 0 s \(RUNNING\)"):
         box.wait_for_job("11", timeout=0)
+
+
+def test_poll_job_returns_the_last_records_seen(monkeypatch):
+    """Sandbox.poll_job (what the tests' Cluster.wait_job builds on): the records once every
+    component has ended; after the timeout, the last records seen instead of an error."""
+    from tether.sandbox.cluster import Sandbox, job_ended
+
+    box = Sandbox("/nonexistent-sandbox")
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    replies = iter([[{"JobState": "RUNNING"}], [{"JobState": "COMPLETING"}], [{"JobState": "COMPLETED"}]])
+    monkeypatch.setattr(Sandbox, "job_records", lambda self, job: next(replies))
+    assert box.poll_job("7") == [{"JobState": "COMPLETED"}]
+    monkeypatch.setattr(Sandbox, "job_records", lambda self, job: [{"JobState": "PENDING"}])
+    assert box.poll_job("8", timeout=0) == [{"JobState": "PENDING"}]
+    assert not job_ended([]) and not job_ended([{"JobState": "COMPLETED"}, {"JobState": "RUNNING"}])
+    assert job_ended([{"JobState": "COMPLETED"}, {"JobState": "OUT_OF_MEMORY"}])
