@@ -12,6 +12,7 @@ import grp
 import json
 import os
 import pwd
+import shlex
 import shutil
 import signal
 import socket
@@ -690,7 +691,8 @@ class Sandbox:
         return "\n".join(out)
 
     def export_line(self) -> str:
-        return " ".join(f"export {k}={v}" for k, v in self.env().items())
+        """The sandbox's variables as one line of shell (``eval "$(tether sandbox env)"``)."""
+        return "; ".join(f"export {k}={shlex.quote(v)}" for k, v in self.env().items())
 
     # ---- internals ----------------------------------------------------------------------
     def _pid_of(self, name: str) -> int | None:

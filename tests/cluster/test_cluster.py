@@ -183,7 +183,7 @@ def test_second_sandbox_via_cli_does_not_collide_and_stops_cleanly(cluster, tmp_
                         capture_output=True, text=True, timeout=180)
     try:
         assert up.returncode == 0, up.stderr
-        assert up.stdout.strip() == f"export SLURM_CONF={root}/etc/slurm.conf export TETHER_CONFIG={root}/etc/tether.yaml"
+        assert up.stdout.strip() == f"export SLURM_CONF={root}/etc/slurm.conf; export TETHER_CONFIG={root}/etc/tether.yaml"
         tmpfs = Path(f"/tmp/tether-sandbox-{int((root / 'sandbox.json').read_text().split(':')[1].split(',')[0])}")
         assert sorted(p.name for p in tmpfs.iterdir()) == ["n1", "n2", "n3"]   # each node its own TmpFS
         env_line = subprocess.run([*tether, "sandbox", "env", "--dir", str(root)],
