@@ -220,6 +220,32 @@ def parse_mounts(text: str | None) -> tuple[Mount, ...]:
     return tuple(mounts)
 
 
+def check_mount_sources(mounts: Sequence[Mount], admin: Sequence[str] = ()) -> None:
+    """Every mount's source exists on this node and the user can reach it (the launcher runs as
+    the user): a clear error before the runtime starts, instead of the runtime's own after it did
+    (podman 4.3: "Error: statfs SRC: no such file or directory", then once more on the retry it
+    makes after a run that created no container). ``admin``: the config's ``container.mounts``,
+    to name where a mount came from."""
+    theirs = set(parse_mounts(",".join(admin))) if admin else set()
+    for mount in mounts:
+        where = "container.mounts in tether's config" if mount in theirs else "--container-mounts"
+        check_reachable(mount.source, f"{where}: {mount.source}")
+
+
+def check_reachable(path: str, label: str) -> None:
+    """``path`` exists on this node and this process (the user's) can reach it; a LaunchError
+    starting with ``label`` that says which is not so."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        raise LaunchError(f"{label}: no such file or directory on this node") from None
+    except PermissionError:
+        raise LaunchError(f"{label}: permission denied (you cannot reach it on this node: a directory on "
+                          f"its path is not open to you)") from None
+    except OSError as exc:
+        raise LaunchError(f"{label}: {exc.strerror}") from None
+
+
 def _either(env: Mapping[str, str], name: str, default: bool | None) -> bool | None:
     """A ``--container-NAME`` / ``--no-container-NAME`` pair: True, False, or ``default`` when
     neither is given; both is refused."""

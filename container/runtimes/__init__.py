@@ -15,7 +15,7 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.imageref import ImageRef, ImageRefError, parse_image
 from ..environment import DEFAULT_MODE, overrides, passed_from_host
-from ..spec import LaunchError, Record
+from ..spec import LaunchError, Record, check_reachable
 
 if TYPE_CHECKING:
     from typing import Mapping, Sequence
@@ -179,15 +179,7 @@ class Runtime:
         """A local image path that must exist (a clear error otherwise)."""
         if not image.startswith("/"):
             raise LaunchError(f"--container-image={image}: give an absolute path or a docker:// reference")
-        try:
-            os.stat(image)
-        except FileNotFoundError:
-            raise LaunchError(f"--container-image={image}: no such file or directory on this node") from None
-        except PermissionError:
-            raise LaunchError(f"--container-image={image}: permission denied (you cannot reach it on this "
-                              f"node: a directory on its path is not open to you)") from None
-        except OSError as exc:
-            raise LaunchError(f"--container-image={image}: {exc.strerror}") from None
+        check_reachable(image, f"--container-image={image}")
         if not os.access(image, os.R_OK | (os.X_OK if os.path.isdir(image) else 0)):
             raise LaunchError(f"--container-image={image}: permission denied (it is not readable by you)")
         return image

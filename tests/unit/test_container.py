@@ -686,6 +686,52 @@ def test_tether_run_reports_a_missing_runtime_and_a_bad_image(tmp_path, fake_run
     assert (proc.returncode, proc.stderr) == (2, "tether: no command: tether run [OPTIONS] -- COMMAND [ARGS...]\n")
 
 
+@pytest.mark.parametrize("runtime", ["apptainer", "podman", "enroot"])
+def test_tether_run_refuses_a_mount_whose_source_is_missing(tmp_path, fake_runtimes, runtime_config, runtime):
+    """A --container-mounts (or container.mounts) source that is not on this node, or that the user
+    cannot reach, is refused before the runtime runs (podman's own error came after a start and a
+    retry); one that is there mounts."""
+    image = tmp_path / "img.sif"
+    image.write_text("")
+    there = tmp_path / "data"
+    there.mkdir()
+    common = [f"--container-runtime={runtime}", f"--container-image={image}"]
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, *common,
+                       f"--container-mounts={there}:/d,/no/such/dir:/x:ro", "--", "true")
+    assert (proc.returncode, proc.stderr) == (
+        125, "tether: --container-mounts: /no/such/dir: no such file or directory on this node\n")
+    assert fake_runtimes.calls() == []                           # the runtime never ran
+    site = tmp_path / "site.yaml"
+    site.write_text(runtime_config.read_text().replace("container: {", "container: {mounts: ['/no/site:/site'], "))
+    proc = _tether_run(tmp_path, fake_runtimes, site, *common, "--", "true")
+    assert proc.returncode == 125 and \
+        "tether: container.mounts in tether's config: /no/site: no such file or directory on this node" in proc.stderr
+    assert fake_runtimes.calls() == []
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=apptainer",
+                       f"--container-image={image}", f"--container-mounts={there}:/d", "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert f"{there}:/d" in fake_runtimes.calls("apptainer")[0]["argv"]
+
+
+def test_mount_sources_are_checked_as_the_user_reaches_them(tmp_path, monkeypatch):
+    """check_mount_sources: what is wrong with a source, in the user's words."""
+    from tether.container.spec import check_mount_sources
+
+    (tmp_path / "file").write_text("")
+    check_mount_sources(parse_mounts(f"{tmp_path}:/a,{tmp_path}/file:/b"))
+    with pytest.raises(LaunchError, match=f"^--container-mounts: {tmp_path}/file/x: Not a directory$"):
+        check_mount_sources(parse_mounts(f"{tmp_path}:/a,{tmp_path}/file/x:/b"))
+    with pytest.raises(LaunchError, match=r"^container.mounts in tether's config: /nope: no such file"):
+        check_mount_sources(parse_mounts(f"{tmp_path}:/a,/nope:/site"), admin=["/nope:/site"])
+
+    def denied(path, *a, **kw):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(os, "stat", denied)
+    with pytest.raises(LaunchError, match=r"^--container-mounts: /x: permission denied \(you cannot reach it on this node"):
+        check_mount_sources(parse_mounts("/x:/y"))
+
+
 def test_supervised_runtime_keeps_double_forked_processes_and_forwards_signals(tmp_path):
     """The podman-like path: a 'runtime' that daemonizes a child stays our descendant; SIGTERM to the
     wrapper reaches the runtime and its descendants; the wrapper ends with the runtime's status."""
