@@ -246,6 +246,13 @@ def check_reachable(path: str, label: str) -> None:
         raise LaunchError(f"{label}: {exc.strerror}") from None
 
 
+def no_named_container(name: str) -> str:
+    """The error for ``--container-name=NAME`` without an image when this node has no such container."""
+    return (f"--container-name={name}: this job has no container of that name on this node, and "
+            f"--container-image is not set (a step with --container-image=IMAGE --container-name={name} "
+            f"makes it)")
+
+
 def _either(env: Mapping[str, str], name: str, default: bool | None) -> bool | None:
     """A ``--container-NAME`` / ``--no-container-NAME`` pair: True, False, or ``default`` when
     neither is given; both is refused."""
@@ -281,12 +288,14 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
     remap_root, mount_home)."""
     defaults = defaults or {}
     image = _text(env, "TETHER_CONTAINER_IMAGE", "--container-image")
-    if not image:
+    name = env.get("TETHER_CONTAINER_NAME", "").strip() or None
+    if not image and not name:
         raise LaunchError("no container image: set --container-image (TETHER_CONTAINER_IMAGE)")
-    try:
-        parse_image(image)
-    except ImageRefError as exc:
-        raise LaunchError(str(exc)) from None
+    if image:                 # none: --container-name alone, the job's container of that name (as pyxis)
+        try:
+            parse_image(image)
+        except ImageRefError as exc:
+            raise LaunchError(str(exc)) from None
     runtime = env.get("TETHER_CONTAINER_RUNTIME", "").strip() or default_runtime
     if runtime not in RUNTIMES:
         raise LaunchError(f"--container-runtime={runtime!r}: expected one of {', '.join(RUNTIMES)}")
@@ -294,7 +303,6 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
         raise LaunchError("no command to run in the container")
     workdir = _text(env, "TETHER_CONTAINER_WORKDIR", "--container-workdir")
     workdir = _check_path(workdir, "--container-workdir") if workdir else CONTAINER_WORKDIR
-    name = env.get("TETHER_CONTAINER_NAME", "").strip() or None
     if name is not None and not _is_name(name):
         raise LaunchError(f"--container-name={name!r}: letters, digits, '.', '_', '-' (at most 63)")
     writable = parse_flag(env.get("TETHER_CONTAINER_WRITABLE"), "--container-writable")

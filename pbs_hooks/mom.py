@@ -211,7 +211,9 @@ def launch(pbs, e, settings: dict) -> None:
                       TETHER_WORK_DIR=os.path.join(rank_dir, RANK_WORK))
         image = pbs_env_plain(variable(env, "TETHER_CONTAINER_IMAGE")) or variable(job.Variable_List,
                                                                              "TETHER_CONTAINER_IMAGE")
-        if image and not runs_tether(argv):
+        # a name alone: the job's container of that name on this host (the launcher says when there is none)
+        named = pbs_env_plain(variable(env, "TETHER_CONTAINER_NAME"))
+        if (image or named) and not runs_tether(argv):
             launcher = settings.get("launcher")
             if not launcher:
                 raise HookFailure("tether: TETHER_CONTAINER_IMAGE: containers are not set up on this "

@@ -240,6 +240,7 @@ static int open_node_and_step(int job_fd)
 int tether_stepd_post_opt(spank_t sp)
 {
 	char name[32];
+	const char *image, *named;
 	int root_fd, fd;
 
 	if (spank_get_item(sp, S_JOB_ID, &step.job_id) == ESPANK_SUCCESS &&
@@ -270,11 +271,31 @@ int tether_stepd_post_opt(spank_t sp)
 	/* The tasks of an ordinary step run in the container; the batch script (unless
 	 * --container-batch), salloc's interactive step and the extern step stay on the host (so
 	 * srun works inside a batch script). */
-	step.container = tether_opt_value(OPT_CONTAINER_IMAGE) != NULL &&
-			 tether_opt_value(OPT_CONTAINER_IMAGE)[0] != '\0' && /* empty: this step on the host */
+	image = tether_opt_value(OPT_CONTAINER_IMAGE);
+	named = tether_opt_value(OPT_CONTAINER_NAME);
+	/* --container-image= (empty): this step on the host; --container-name alone: the job's
+	 * container of that name, made by an earlier step with an image (as pyxis) */
+	step.container = (image != NULL ? image[0] != '\0' : named != NULL && named[0] != '\0') &&
 			 (step.step_id < SLURM_MAX_NORMAL_STEP_ID ||
 			  (step.step_id == SLURM_BATCH_SCRIPT && tether_opt_value(OPT_CONTAINER_BATCH) != NULL &&
 			   strcmp(tether_opt_value(OPT_CONTAINER_BATCH), "1") == 0));
+	/* Other container options without an image or a name would be ignored, the step on the
+	 * host: refused instead (pyxis runs such a step on the host and says it ignores them). */
+	if (!step.container && image == NULL && step.step_id < SLURM_MAX_NORMAL_STEP_ID) {
+		for (int i = OPT_CONTAINER_IMAGE + 1; i <= OPT_CONTAINER_BATCH; i++) {
+			const struct tether_opt *o = &tether_opts[i];
+
+			if (i == OPT_CONTAINER_NAME || o->value == NULL)
+				continue;
+			if (o->from_env)
+				tether_fail("tether: %s (from the environment) needs --container-image or --container-name: "
+					    "without either this step would run on the host without it", o->env);
+			else
+				tether_fail("tether: --%s needs --container-image or --container-name: without either "
+					    "this step would run on the host without it", o->name);
+			return 0;
+		}
+	}
 	if (step.container && tether_launcher == NULL) {
 		tether_fail("tether: --container-image: containers are not set up on this cluster "
 			    "(plugstack.conf has no launcher=; an admin runs `tether slurm install --write`)");

@@ -507,14 +507,37 @@ def _task_count(request: dict, nodes: int) -> int | None:
     return None
 
 
+def container_step(values: dict[str, str], env: dict[str, str]) -> tuple[bool, str | None]:
+    """Does the step run in a container, as the SPANK plugin decides (spank/stepd.c, post_opt): with
+    a non-empty image (``--container-image=``: on the host), or a name alone (the job's container of
+    that name); other container options without either: (False, the reason the step fails)."""
+    def given(option: str) -> str | None:
+        return values[option] if option in values else env.get("TETHER_" + option.upper().replace("-", "_"))
+
+    image, name = given("container-image"), given("container-name")
+    if image is not None or name:
+        return bool(image) if image is not None else True, None
+    for option in values:
+        if option.startswith(("container-", "no-container-")):
+            return False, (f"tether: --{option} needs --container-image or --container-name: without either "
+                           f"this step would run on the host without it")
+    for variable in env:
+        if variable.startswith(("TETHER_CONTAINER_", "TETHER_NO_CONTAINER_")):
+            return False, (f"tether: {variable} (from the environment) needs --container-image or "
+                           f"--container-name: without either this step would run on the host without it")
+    return False, None
+
+
 def run_step(state: State, job: dict, step_id: int, nodes: list[str], tasks: int, command: list[str],
              env: dict[str, str], values: dict[str, str]) -> int:
     """Run a step's tasks here, block-distributed over ``nodes``; the largest exit status."""
     from ..hooks.layout import job_dir_name, rank_dir_name, step_dir_name
 
     per_node = [tasks // len(nodes) + (1 if i < tasks % len(nodes) else 0) for i in range(len(nodes))]
-    container = any(name.startswith("container-") for name in values) or any(
-        k.startswith("TETHER_CONTAINER_") for k in env)
+    container, refused = container_step(values, env)
+    if refused:
+        print(refused, file=sys.stderr)
+        return 1
     procs = []
     rank = 0
     port = 12288 + (int(job["id"]) % 1024) * 16 + step_id % 16

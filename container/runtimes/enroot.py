@@ -21,7 +21,7 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.imageref import ImageRefError, parse_image
 from ..launch import progress
-from ..spec import CONTAINER_BATCH_SCRIPT, LaunchError, Mount
+from ..spec import CONTAINER_BATCH_SCRIPT, LaunchError, Mount, no_named_container
 from . import Launch, Runtime, store_directory
 
 DEFAULT_STORE = "/var/tmp/tether-enroot-{uid}"     # container.enroot.store's default
@@ -229,8 +229,10 @@ class Enroot(Runtime):
             env["ENROOT_MOUNT_HOME"] = "y" if spec.mount_home else "n"
         if spec.remap_root is not None:       # enroot start's --root (ENROOT_REMAP_ROOT): y or n, as pyxis
             env["ENROOT_REMAP_ROOT"] = "y" if spec.remap_root else "n"
-        before, lock = [], None
-        if self.is_remote(spec.image):
+        before, lock, sqsh = [], None, None
+        if not spec.image:
+            pass                  # --container-name alone: the job's container of that name (below)
+        elif self.is_remote(spec.image):
             store = self.store_dir() or os.path.join(node_dir or env.get("TMPDIR", "/tmp"), "enroot")
             sqsh, before, lock = self.import_steps(spec.image, store)
         else:
@@ -241,8 +243,11 @@ class Enroot(Runtime):
         name = spec.instance
         data = env.get("ENROOT_DATA_PATH") or os.path.join(
             env.get("XDG_DATA_HOME") or os.path.join(env.get("HOME", "/"), ".local/share"), "enroot")
-        before.append(([self.binary, "create", "--name", name, sqsh], os.path.join(data, name),
-                       f"unpacking the container root of {spec.image} (enroot create)"))
+        if sqsh is not None:
+            before.append(([self.binary, "create", "--name", name, sqsh], os.path.join(data, name),
+                           f"unpacking the container root of {spec.image} (enroot create)"))
+        elif not os.path.isdir(os.path.join(data, name)):     # where enroot create put it
+            raise LaunchError(no_named_container(spec.name))
         passed, own = self.container_env(spec, host_env)
         argv = [self.binary, "start", *self.args]
         if spec.writable:

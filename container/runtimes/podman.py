@@ -23,7 +23,7 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.layout import CLEANUP_MARKER
 from ..launch import cgroup_paths, progress, remove_file, report
-from ..spec import CONTAINER_BATCH_SCRIPT, LaunchError, Mount
+from ..spec import CONTAINER_BATCH_SCRIPT, LaunchError, Mount, no_named_container
 from . import Launch, Runtime, own_directory, store_directory
 
 if TYPE_CHECKING:
@@ -532,7 +532,9 @@ class Podman(Runtime):
         argv += devices
         if gpu == "rocm":
             argv += ["--device", "/dev/kfd", "--device", "/dev/dri"]
-        image_argv, before = self.image_plan(spec, glob, mounts)
+        # --container-name alone: the job's container of that name on this node, made by an
+        # earlier step with an image (named_container)
+        image_argv, before = self.image_plan(spec, glob, mounts) if spec.image else ([], [])
         if image_argv[:1] == ["--pull=never"]:
             self.mark_used(image_argv[1])
         prepare = None
@@ -582,9 +584,14 @@ class Podman(Runtime):
                               "pbs_tmrsh, not by hand)")
         home = os.path.join(os.path.dirname(os.path.dirname(spec.rank_dir)), "podman-named", spec.name)
         rootfs, config = os.path.join(home, "rootfs"), os.path.join(home, "config.json")
-        unpack = (lambda env: unpack_named(image_argv, [self.binary, *glob], home, spec.rank_instance, env), config,
-                  f"unpacking {spec.image} for --container-name={spec.name} (podman; once per node)")
         run_image = ["--env-file", os.path.join(home, "image.env"), "--rootfs", rootfs]
+        if not spec.image:            # no image: the container must be there (as pyxis)
+            if not os.path.exists(config):
+                raise LaunchError(no_named_container(spec.name))
+        else:
+            unpack = (lambda env: unpack_named(image_argv, [self.binary, *glob], home, spec.rank_instance, env),
+                      config, f"unpacking {spec.image} for --container-name={spec.name} (podman; once per node)")
+            before = [*before, unpack]
 
         def prepare(argv: list[str]) -> list[str]:
             """The image's ENTRYPOINT before the command (known once the container is unpacked)."""
@@ -597,7 +604,7 @@ class Podman(Runtime):
             at = len(argv) - len(spec.command)
             return argv[:at] + entrypoint + argv[at:]
 
-        return run_image, [*before, unpack], prepare
+        return run_image, before, prepare
 
     def cdi_devices(self, spec: LaunchSpec, host_env: Mapping[str, str]) -> list[str]:
         """``--device KIND=ID`` for exactly the rank's GPUs (not ``=all``: the node's other GPUs

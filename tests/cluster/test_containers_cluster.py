@@ -544,8 +544,9 @@ def test_container_save_writes_an_image_the_next_job_runs(cluster):
 def test_a_named_podman_container_keeps_its_files_across_the_jobs_steps_on_each_node(cluster, image):
     """Issue 15 (pyxis's --container-name, for podman too): the first step on a node unpacks the
     image into the job's directory on that node; the next steps run in the same root -- what a
-    writable step wrote is there, per node, with the image's ENV -- and it goes with the job, even
-    when the batch script itself has no tether option."""
+    writable step wrote is there, per node, with the image's ENV; a step naming it alone runs in it
+    (a name the job has not made on that node fails with the reason, never on the host) -- and it
+    goes with the job, even when the batch script itself has no tether option."""
     registry = cluster.box.entrypoint_image()
     out = cluster.box.work_dir / f"named-{os.getpid()}.out"
     script = "\n".join([
@@ -557,7 +558,11 @@ def test_a_named_podman_container_keeps_its_files_across_the_jobs_steps_on_each_
         # either node of the allocation; 22.05 took the first)
         f"srun -N1 -w $SLURMD_NODENAME --container-image={image} --container-name=fs --container-writable "
         "sh -c 'echo 1 > /f; cat /f'",
-        f"srun -N1 -w $SLURMD_NODENAME --container-image={image} --container-name=fs cat /f",
+        # the name alone, as pyxis: the job's container of that name, or the reason there is none
+        "srun -N1 -w $SLURMD_NODENAME --container-name=fs cat /f",
+        "srun -N1 -w $SLURMD_NODENAME --container-name=nosuch true || echo nosuch-$?",
+        # other container options without an image or a name: refused, not run on the host
+        "srun -N1 -w $SLURMD_NODENAME --container-mounts=/etc:/x true || echo mounts-alone-$?",
         f"srun -N1 -w $SLURMD_NODENAME --container-image={image} sh -c 'cat /f 2>/dev/null || echo unnamed-is-fresh'",
         # a container whose command fails at once ran: it is not tried again (podman 5 removes its
         # --cidfile with the container, which once looked like "never created")
@@ -566,11 +571,15 @@ def test_a_named_podman_container_keeps_its_files_across_the_jobs_steps_on_each_
     result = cluster.sbatch_wait(["-N2", f"--output={out}"], input=script, timeout=300)
     text = out.read_text()
     out.unlink()
-    # tether's progress lines and srun's own ("step creation temporarily disabled, retrying" when
-    # the previous step's nodes are not released yet) are not the ranks' output
-    lines = [line for line in without_runc_warnings(text).splitlines() if not line.startswith(("tether:", "srun:"))]
+    # tether's progress lines, srun's own ("step creation temporarily disabled, retrying" when
+    # the previous step's nodes are not released yet) and slurmstepd's are not the ranks' output
+    lines = [line for line in without_runc_warnings(text).splitlines()
+             if not line.startswith(("tether:", "srun:", "slurmstepd"))]
     assert sorted(lines[:2]) == [f"written-on-{n} from-the-image" for n in cluster.nodes[:2]], text
-    assert lines[2:6] == ["1", "1", "unnamed-is-fresh", "ran-once"], text
+    assert lines[2:8] == ["1", "1", "nosuch-125", "mounts-alone-1", "unnamed-is-fresh", "ran-once"], text
+    assert "tether: --container-mounts needs --container-image or --container-name" in text, text
+    assert "tether: --container-name=nosuch: this job has no container of that name on this node, and " \
+        "--container-image is not set" in text, text
     assert "trying once more" not in text and "before it created the container" not in text, text
     assert text.count("for --container-name=dev (podman; once per node): done") == 2, text
     job = parse_job(lines[-1])

@@ -1710,6 +1710,36 @@ def test_a_named_podman_container_runs_its_unpacked_root_and_the_jobs_values_win
     assert asked.prepare(asked.argv)[-4:] == ["/entry.sh", "x", "python", "train.py"]
 
 
+def test_container_name_alone_runs_the_jobs_container_of_that_name_or_says_there_is_none(tmp_path):
+    """As pyxis: ``srun --container-name=dev CMD`` without an image runs in the job's container
+    "dev" on this node (made by an earlier step with an image), and fails with the reason where
+    there is none -- never on the host."""
+    s = spec_from_env({"TETHER_CONTAINER_NAME": "dev", "SLURM_JOB_ID": "42"}, ["cmd"], default_runtime="podman")
+    assert (s.image, s.name) == ("", "dev")
+    with pytest.raises(LaunchError, match="no container image"):
+        spec_from_env({"SLURM_JOB_ID": "42"}, ["cmd"], default_runtime="podman")
+    rank_dir = str(tmp_path / "42/n2/step-1/rank-3")
+    alone = spec(image="", runtime="podman", name="dev", rank_dir=rank_dir)
+    missing = ("--container-name=dev: this job has no container of that name on this node, and "
+               "--container-image is not set")
+    with pytest.raises(LaunchError, match=missing):
+        adapter("podman", {"store": ""}).launch(alone, HOST)
+    home = tmp_path / "42/n2/podman-named/dev"
+    (home / "rootfs").mkdir(parents=True)
+    (home / "config.json").write_text("{}")
+    launch = adapter("podman", {"store": ""}).launch(alone, HOST)
+    assert launch.before == [] and launch.argv[-4:] == ["--rootfs", f"{home}/rootfs", "python", "train.py"]
+    assert f"{home}/image.env" in launch.argv
+    enroot_alone = spec(image="", runtime="enroot", name="dev", rank_dir=rank_dir)
+    with pytest.raises(LaunchError, match=missing):
+        adapter("enroot", {}).launch(enroot_alone, HOST)
+    (tmp_path / "42/n2/enroot/data/tether-42-dev").mkdir(parents=True)        # where enroot create put it
+    launch = adapter("enroot", {}).launch(enroot_alone, HOST)
+    assert launch.before == [] and "tether-42-dev" in launch.argv and launch.after == []
+    with pytest.raises(LaunchError, match="apptainer keeps no container between steps"):
+        adapter("apptainer", {}).launch(spec(image="", runtime="apptainer", name="dev", rank_dir=rank_dir), HOST)
+
+
 # ---- a rank's start-up imports little: what json_text writes, json reads back ------------------------
 from hypothesis import given, settings
 from hypothesis import strategies as st

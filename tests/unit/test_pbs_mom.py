@@ -145,6 +145,16 @@ def test_a_tm_task_of_a_container_job_is_handed_to_the_launcher(hook, root, laun
         assert _owned_private(path)
 
 
+def test_a_tm_task_naming_a_container_alone_is_handed_to_the_launcher(hook, launcher):
+    """TETHER_CONTAINER_NAME without an image (a later task of a job whose earlier task made the
+    container): the launcher runs it in that container or says there is none -- not the host."""
+    hook(pbs.EXECJOB_BEGIN, host="h2")
+    e = hook(env=_task_env(PBS_TASKNUM="4", TETHER_CONTAINER_NAME="dev"), host="h2",
+             progname="/usr/bin/hostname", argv=["hostname"])
+    assert e.accepted, e.reject_msg
+    assert e.progname == launcher and e.env.task_env()["TETHER_RUN_ARGV0"] == "hostname"
+
+
 def test_tether_s_own_per_host_launch_is_not_wrapped_twice(hook):
     argv = ["/usr/bin/env", "NODE_RANK=0", "MASTER_ADDR=h1", "/opt/tether/venv/bin/tether", "run",
             "--container-image=/images/busybox", "--", "python", "train.py"]

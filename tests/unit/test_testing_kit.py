@@ -238,3 +238,21 @@ def test_fake_enroot_runs_a_conf_script_as_strictly_as_enroot(tmp_path, fake_run
     run = subprocess.run(["enroot", "start", "--conf", str(fifo), "c", "true"], env=env, capture_output=True,
                          text=True, timeout=30)
     assert run.returncode == 1 and f"No such file or directory: {fifo}" in run.stderr
+
+
+def test_fake_srun_decides_a_container_step_as_the_spank_plugin_does():
+    """testing.slurm.container_step follows spank/stepd.c: a non-empty image, or a name alone (the
+    job's container of that name); an empty image: on the host; other container options without
+    either: the step fails with the plugin's reason."""
+    from tether.testing.slurm import container_step
+
+    assert container_step({"container-image": "/i"}, {}) == (True, None)
+    assert container_step({}, {"TETHER_CONTAINER_IMAGE": "/i", "TETHER_CONTAINER_MOUNTS": "/a:/b"}) == (True, None)
+    assert container_step({"container-image": ""}, {"TETHER_CONTAINER_MOUNTS": "/a:/b"}) == (False, None)
+    assert container_step({"container-name": "dev"}, {}) == (True, None)
+    assert container_step({}, {"TETHER_SLOTS": "2"}) == (False, None)
+    assert container_step({"no-container-mount-home": "1"}, {}) == (
+        False, "tether: --no-container-mount-home needs --container-image or --container-name: without either "
+               "this step would run on the host without it")
+    assert container_step({}, {"TETHER_CONTAINER_MOUNTS": "/a:/b"})[1].startswith(
+        "tether: TETHER_CONTAINER_MOUNTS (from the environment) needs --container-image or --container-name")
