@@ -506,6 +506,11 @@ class Podman(Runtime):
             # and no copy of all output in a log file under the user's home. podman refuses it on
             # a terminal (srun --pty): there the default attach stays.
             argv.append("--log-driver=passthrough")
+        else:
+            # srun --pty: attached, with stdin (podman run passes none without --interactive: an
+            # interactive shell read end-of-file and ended at once) and, on a terminal, a terminal
+            # inside too (job control, line editing, `tty`), as a host rank has
+            argv += ["--interactive", *(["--tty"] if os.isatty(0) and os.isatty(1) else [])]
         if os.getuid() != 0 and not spec.remap_root:
             # yourself inside (files on mounts keep your ownership); --container-remap-root:
             # rootless podman's own default, root inside a user namespace (still you on the host)

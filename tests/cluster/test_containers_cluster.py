@@ -74,6 +74,17 @@ def test_srun_runs_each_rank_in_its_own_container(cluster, image):
     assert podman_containers(cluster, ranks[0]["JOB"]) == []
 
 
+def test_an_interactive_container_shell_under_srun_pty(cluster, image):
+    """`srun --pty --container-image=IMG sh`, typed at a terminal (`script` gives srun one): the
+    shell reads what is typed, has a terminal inside, and its exit status is srun's. podman run
+    without --interactive gave it no stdin: the shell ended at once, silently."""
+    typed = "(sleep 5; echo 'echo in-$((6*7)); tty'; sleep 2; echo 'exit 3')"
+    session = cluster.as_user(["sh", "-c", f"{typed} | script -qec 'srun -N1 --pty --container-image={image} sh' "
+                               "/dev/null"], check=False, timeout=120)
+    assert session.returncode == 3, session.stdout + session.stderr
+    assert "\nin-42" in session.stdout.replace("\r", "") and "/dev/pts/" in session.stdout, session.stdout
+
+
 def test_exit_codes_and_start_failures_reach_the_user(cluster, image):
     fail = cluster.as_user(["srun", "-N2", "-n2", f"--container-image={image}", "sh", "-c", "exit $((RANK+3))"],
                            check=False)

@@ -220,8 +220,14 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
     with pytest.raises(LaunchError, match="--container-name needs the job's directories"):
         adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", name="dev", rank_dir=None), HOST)
     monkeypatch.setattr("tether.container.runtimes.podman.stdio_is_terminal", lambda: True)   # srun --pty
+    monkeypatch.setattr("os.isatty", lambda fd: True)
     on_tty = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), HOST)
     assert "--log-driver=passthrough" not in on_tty.argv          # podman refuses it on a terminal
+    # with stdin (without it an interactive shell ended at once) and a terminal inside
+    assert on_tty.argv[on_tty.argv.index("--interactive") + 1] == "--tty"
+    monkeypatch.setattr("os.isatty", lambda fd: fd != 0)        # output to a terminal, input piped
+    piped = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), HOST)
+    assert "--interactive" in piped.argv and "--tty" not in piped.argv
 
 
 def test_enroot_imports_creates_starts_and_removes(tmp_path):
