@@ -279,20 +279,18 @@ int tether_stepd_post_opt(spank_t sp)
 			 (step.step_id < SLURM_MAX_NORMAL_STEP_ID ||
 			  (step.step_id == SLURM_BATCH_SCRIPT && tether_opt_value(OPT_CONTAINER_BATCH) != NULL &&
 			   strcmp(tether_opt_value(OPT_CONTAINER_BATCH), "1") == 0));
-	/* Other container options without an image or a name would be ignored, the step on the
-	 * host: refused instead (pyxis runs such a step on the host and says it ignores them). */
+	/* Other container options typed for a step without an image or a name would be ignored,
+	 * the step on the host: refused instead (pyxis runs such a step on the host and says it
+	 * ignores them). Values from the environment (TETHER_CONTAINER_*: defaults, a user's
+	 * preference in their profile) only apply to container steps: no error. */
 	if (!step.container && image == NULL && step.step_id < SLURM_MAX_NORMAL_STEP_ID) {
 		for (int i = OPT_CONTAINER_IMAGE + 1; i <= OPT_CONTAINER_BATCH; i++) {
 			const struct tether_opt *o = &tether_opts[i];
 
-			if (i == OPT_CONTAINER_NAME || o->value == NULL)
+			if (i == OPT_CONTAINER_NAME || o->value == NULL || o->from_env)
 				continue;
-			if (o->from_env)
-				tether_fail("tether: %s (from the environment) needs --container-image or --container-name: "
-					    "without either this step would run on the host without it", o->env);
-			else
-				tether_fail("tether: --%s needs --container-image or --container-name: without either "
-					    "this step would run on the host without it", o->name);
+			tether_fail("tether: --%s needs --container-image or --container-name: without either "
+				    "this step would run on the host without it", o->name);
 			return 0;
 		}
 	}

@@ -510,7 +510,8 @@ def _task_count(request: dict, nodes: int) -> int | None:
 def container_step(values: dict[str, str], env: dict[str, str]) -> tuple[bool, str | None]:
     """Does the step run in a container, as the SPANK plugin decides (spank/stepd.c, post_opt): with
     a non-empty image (``--container-image=``: on the host), or a name alone (the job's container of
-    that name); other container options without either: (False, the reason the step fails)."""
+    that name); other container options typed without either: (False, the reason the step fails);
+    TETHER_CONTAINER_* variables alone are defaults that do not apply to a step on the host."""
     def given(option: str) -> str | None:
         return values[option] if option in values else env.get("TETHER_" + option.upper().replace("-", "_"))
 
@@ -521,10 +522,6 @@ def container_step(values: dict[str, str], env: dict[str, str]) -> tuple[bool, s
         if option.startswith(("container-", "no-container-")):
             return False, (f"tether: --{option} needs --container-image or --container-name: without either "
                            f"this step would run on the host without it")
-    for variable in env:
-        if variable.startswith(("TETHER_CONTAINER_", "TETHER_NO_CONTAINER_")):
-            return False, (f"tether: {variable} (from the environment) needs --container-image or "
-                           f"--container-name: without either this step would run on the host without it")
     return False, None
 
 

@@ -574,6 +574,8 @@ def test_a_named_podman_container_keeps_its_files_across_the_jobs_steps_on_each_
         "srun -N1 -w $SLURMD_NODENAME --container-name=nosuch true || echo nosuch-$?",
         # other container options without an image or a name: refused, not run on the host
         "srun -N1 -w $SLURMD_NODENAME --container-mounts=/etc:/x true || echo mounts-alone-$?",
+        # ... but a variable alone is a default (a job's, a profile's): the step runs on the host
+        "TETHER_CONTAINER_MOUNTS=/etc:/x srun -N1 -w $SLURMD_NODENAME echo variable-alone-on-host",
         f"srun -N1 -w $SLURMD_NODENAME --container-image={image} sh -c 'cat /f 2>/dev/null || echo unnamed-is-fresh'",
         # a container whose command fails at once ran: it is not tried again (podman 5 removes its
         # --cidfile with the container, which once looked like "never created")
@@ -587,7 +589,8 @@ def test_a_named_podman_container_keeps_its_files_across_the_jobs_steps_on_each_
     lines = [line for line in without_runc_warnings(text).splitlines()
              if not line.startswith(("tether:", "srun:", "slurmstepd"))]
     assert sorted(lines[:2]) == [f"written-on-{n} from-the-image" for n in cluster.nodes[:2]], text
-    assert lines[2:8] == ["1", "1", "nosuch-125", "mounts-alone-1", "unnamed-is-fresh", "ran-once"], text
+    assert lines[2:9] == ["1", "1", "nosuch-125", "mounts-alone-1", "variable-alone-on-host", "unnamed-is-fresh",
+                          "ran-once"], text
     assert "tether: --container-mounts needs --container-image or --container-name" in text, text
     assert "tether: --container-name=nosuch: this job has no container of that name on this node, and " \
         "--container-image is not set" in text, text
