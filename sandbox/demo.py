@@ -84,8 +84,7 @@ def run_demo(box: Sandbox, *, install: bool = True, log=print) -> int:
         log(f"job {job.job_id} failed (exit {job.returncode}); its output ({job_dir}/job.out):")
         print(job.output(), end="")
         return job.returncode
-    fields = box.slurm(["scontrol", "-o", "show", "job", job.job_id]).stdout
-    shown = [w for w in fields.split() if w.split("=", 1)[0] in SHOWN_FIELDS]
+    shown = [f"{key}={value}" for key, value in box.job_records(job.job_id)[0].items() if key in SHOWN_FIELDS]
     log(f"job {job.job_id} as planned by tether's job_submit plugin: {' '.join(shown)}")
     print(job.output(), end="")
     return 0
