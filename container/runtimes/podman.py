@@ -604,8 +604,11 @@ class Podman(Runtime):
                 return argv
             import json
 
-            with open(config, encoding="utf-8") as fh:
-                entrypoint = [str(a) for a in (json.load(fh).get("Entrypoint") or []) if a]
+            text = read_regular(config)       # never waits on a FIFO the user put there
+            if text is None:
+                raise LaunchError(f"--container-name={spec.name}: {config} is not the regular file tether "
+                                  f"unpacked there; use another name (or remove {home})")
+            entrypoint = [str(a) for a in (json.loads(text).get("Entrypoint") or []) if a]
             at = len(argv) - len(spec.command)
             return argv[:at] + entrypoint + argv[at:]
 

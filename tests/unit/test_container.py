@@ -1714,6 +1714,10 @@ def test_a_named_podman_container_runs_its_unpacked_root_and_the_jobs_values_win
     asked = adapter("podman", {"store": ""}).launch(
         spec(image="docker://busybox", runtime="podman", name="dev", rank_dir=rank_dir, entrypoint=True), HOST)
     assert asked.prepare(asked.argv)[-4:] == ["/entry.sh", "x", "python", "train.py"]
+    (home / "config.json").unlink()
+    os.mkfifo(home / "config.json")               # the user's own directory: refused, never waited on
+    with pytest.raises(LaunchError, match="config.json is not the regular file tether unpacked there"):
+        asked.prepare(asked.argv)
 
 
 def test_container_name_alone_runs_the_jobs_container_of_that_name_or_says_there_is_none(tmp_path):
