@@ -3,6 +3,7 @@
  *
  *   srun (local), sbatch/salloc (allocator)  options, environment fallbacks, forwarding: client.c
  *   slurmstepd (remote)                       directories, rank environment, containers: stepd.c
+ *   slurmd's job epilog (job script)          this node's part of the job's directory: stepd.c
  *
  * The options (options.c) are registered in every context that uses them, inside
  * slurm_spank_init. Nothing here starts Python: a job that asks for nothing from tether costs
@@ -72,6 +73,15 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 	(void)ac;
 	(void)av;
 	return spank_context() == S_CTX_REMOTE ? tether_stepd_task_exit(sp) : 0;
+}
+
+/* slurmd's job epilog on each node of an ended job (S_CTX_JOB_SCRIPT; slurm_spank_init is not
+ * called there). Always 0: a failing epilog drains the node, and nothing here is worth that. */
+int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
+{
+	if (tether_parse_args(ac, av) == 0)
+		tether_job_epilog(sp);
+	return 0;
 }
 
 int slurm_spank_exit(spank_t sp, int ac, char **av)

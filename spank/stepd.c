@@ -717,3 +717,50 @@ void tether_stepd_exit(void)
 	unlinkat(root_fd, name, AT_REMOVEDIR);            /* only when no node uses it any more */
 	close(root_fd);
 }
+
+/*
+ * slurmd's job epilog (`slurmstepd spank epilog`, as root, on each node of the job once its steps
+ * there have ended): this node's part of the job's directory goes -- what an allocation without a
+ * batch step (salloc) kept across its steps (a --container-name root, enroot's data) had nothing
+ * else to remove it. A batch job's directory is gone already (tether_stepd_exit). Only the job id,
+ * the uid and gid (spank items) and slurmd's own node name (SLURMD_NODENAME, which slurmd sets
+ * after merging the job's spank environment) say where; nothing is followed, as at a step's end.
+ * Never fails: an epilog error would drain the node.
+ */
+void tether_job_epilog(spank_t sp)
+{
+	const char *node = getenv("SLURMD_NODENAME");
+	char name[32], where[PATH_MAX], what[64];
+	uint32_t job_id;
+	uid_t uid;
+	gid_t gid;
+	int root_fd, job_fd;
+
+	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS) {
+		tether_error("tether: job epilog: cannot read the job's id, uid or gid");
+		return;
+	}
+	if (node == NULL || !tether_name_ok(node, sizeof(step.node) - 1)) {
+		tether_error("tether: job epilog of job %u: no usable SLURMD_NODENAME", job_id);
+		return;
+	}
+	root_fd = open(tether_job_storage_root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (root_fd < 0)
+		return;
+	snprintf(name, sizeof(name), "%u", job_id);
+	job_fd = openat(root_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (job_fd < 0) { /* the common case: no tether step here, or the batch step's end took it */
+		close(root_fd);
+		return;
+	}
+	snprintf(where, sizeof(where), "%s/%s/%s", tether_job_storage_root, name, node);
+	snprintf(what, sizeof(what), "job %u", job_id);
+	if (tether_launcher && tether_has_leftovers(job_fd, node, 1))
+		tether_run_leftover_cleanup(tether_launcher, where, uid, gid, what);
+	tether_remove_tree_at(job_fd, node);
+	close(job_fd);
+	unlinkat(root_fd, name, AT_REMOVEDIR); /* only when no other node uses it any more */
+	close(root_fd);
+}

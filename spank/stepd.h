@@ -13,5 +13,6 @@ int tether_stepd_task_init(spank_t sp); /* in each task, as the user, just befor
 int tether_stepd_task_post_fork(spank_t sp); /* root, in slurmstepd, once each task is forked */
 int tether_stepd_task_exit(spank_t sp);      /* root, in slurmstepd, as each task exits */
 void tether_stepd_exit(void);           /* root, when the step has ended */
+void tether_job_epilog(spank_t sp);     /* root, slurmd's job epilog on each node; never fails */
 
 #endif

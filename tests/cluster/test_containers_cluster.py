@@ -600,6 +600,25 @@ def test_a_named_podman_container_keeps_its_files_across_the_jobs_steps_on_each_
     assert not (cluster.box.root / "jobs" / job).exists(), result      # gone with the job
 
 
+def test_an_allocations_named_containers_go_with_it_on_every_node(cluster, image):
+    """An allocation without a batch step (salloc): the named container its steps kept on each node
+    (the unpacked root below the job's node directory) is there for the next step and gone once the
+    job has ended -- slurmd's job epilog (the SPANK job_epilog) removes each node's part. It stayed
+    behind before, one image copy per node and per allocation."""
+    jobs = cluster.box.root / "jobs"
+    steps = (f"srun -N2 --container-image={image} --container-name=keep --container-writable "
+             "sh -c 'echo kept > /k'; srun -N2 --container-name=keep cat /k; "
+             f"ls -d {jobs}/$SLURM_JOB_ID/*/podman-named/keep/rootfs; echo JOB=$SLURM_JOB_ID")
+    out = cluster.as_user(["salloc", "-N2", "sh", "-c", steps], timeout=300)
+    lines = [line for line in without_runc_warnings(out.stdout).splitlines()
+             if not line.startswith(("tether:", "srun:", "salloc:"))]
+    assert lines[:2] == ["kept", "kept"], (out.stdout, out.stderr)
+    assert len([line for line in lines if line.endswith("/podman-named/keep/rootfs")]) == 2, out.stdout
+    job = parse_job(lines[-1])
+    assert wait_until(lambda: not (jobs / job).exists(), timeout=60), sorted(map(str, (jobs / job).glob("*/*")))
+    assert wait_until(cluster.in_service, timeout=30), cluster.node_states()     # the epilog drained nothing
+
+
 def parse_job(line: str) -> str:
     assert line.startswith("JOB="), line
     return line[4:]

@@ -227,6 +227,26 @@ def test_a_tree_thousands_of_levels_deep_is_removed(cluster):
     assert Path("/etc/passwd").exists()
 
 
+def test_an_allocations_leftovers_go_at_its_end_and_no_link_is_followed(cluster, tmp_path):
+    """salloc has no batch step: what a job left in its node directories (a symlink to a root-owned
+    directory, a FIFO, a directory of its own holding a link to /etc/passwd) is removed by slurmd's
+    job epilog on each node, as root, without following a link or opening a FIFO; the epilog
+    drains nothing."""
+    canary = tmp_path / "canary"
+    (canary / "inner").mkdir(parents=True)
+    (canary / "inner" / "keep").write_text("root's\n")
+    plant = (f'd=$TETHER_JOB_DIR/$SLURMD_NODENAME; ln -s {canary} "$d/escape" && mkfifo "$d/fifo" && '
+             'mkdir -p "$d/own/deeper" && ln -s /etc/passwd "$d/own/deeper/pw" && echo planted')
+    out = cluster.as_user(["salloc", "--slots=2", "--slots-per-node=1", "--slot-type=cpu", "sh", "-c",
+                           f"srun sh -c '{plant}'; echo JOB=$SLURM_JOB_ID"], timeout=120)
+    assert out.stdout.count("planted") == 2, (out.stdout, out.stderr)
+    job = out.stdout.split("JOB=")[1].split()[0]
+    assert wait_until(lambda: job not in job_entries(cluster), timeout=60), \
+        sorted(str(p) for p in (storage(cluster) / job).rglob("*"))
+    assert (canary / "inner" / "keep").read_text() == "root's\n" and Path("/etc/passwd").is_file()
+    assert wait_until(cluster.in_service, timeout=30), cluster.node_states()
+
+
 # ---- 11. another user's private image --------------------------------------------------------------
 def test_another_users_private_rootfs_says_permission_denied(cluster, image, public_module_dir):
     ensure_user("tether-victim")
