@@ -29,7 +29,7 @@ RUNTIMES = ("apptainer", "singularity", "podman", "enroot")
 # (cpus_per_task is a uint16 in job_desc_msg_t; 65534 is NO_VAL16).
 MAX_SLOTS = 10_000_000
 MAX_SLOTS_PER_NODE = 65_533
-MAX_NAME = 128     # a gpu type, pool or container name
+MAX_NAME = 128     # a gpu type or pool name (an option may set a lower maximum: container-name 63)
 MAX_TEXT = 4096    # an image, mounts, a directory
 # Ports tether derives for a job, all below Linux's ephemeral range (ip_local_port_range,
 # 32768..60999 by default), where a node's own outgoing connections can hold a port at the moment
@@ -121,7 +121,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("container-env", "NAME,...", "env_names", "host variables that win over the image's"),
     Option("container-writable", None, "flag", "writable container filesystem where the runtime supports it"),
     Option("container-readonly", None, "flag", "read-only container filesystem: the default (pyxis's name for it)"),
-    Option("container-name", "NAME", "name", "reuse one container across the job's steps"),
+    # 63: the launcher's rule (a podman/enroot container and directory name, tether-<job>-<name>)
+    Option("container-name", "NAME", "name", "reuse one container across the job's steps", maximum=63),
     Option("container-mount-home", None, "flag", "bind-mount your home directory at its own path (default: "
            "the runtime's own: Apptainer/Singularity yes, podman no, enroot its config)"),
     Option("no-container-mount-home", None, "flag", "do not bind-mount your home directory"),
@@ -168,7 +169,7 @@ def normalize(opt: Option, value: str) -> str | None:
     elif opt.kind == "runtime":
         ok = value in RUNTIMES
     elif opt.kind == "name":
-        ok = 0 < len(value) <= MAX_NAME and value[0] in _ASCII_ALNUM and all(
+        ok = 0 < len(value) <= (opt.maximum or MAX_NAME) and value[0] in _ASCII_ALNUM and all(
             c in _ASCII_ALNUM or c in "._-" for c in value)
     elif opt.kind == "image":   # empty: no container (one step on the host in a container job)
         ok = value == "" or valid_reference(value)
@@ -186,7 +187,7 @@ def expected(opt: Option) -> str:
         "count": f"a whole number from {opt.minimum} to {opt.maximum}",
         "slot_type": "one of " + ", ".join(SLOT_TYPES),
         "runtime": "one of " + ", ".join(RUNTIMES),
-        "name": f"a name of letters, digits, '.', '_', '-' (at most {MAX_NAME} characters)",
+        "name": f"a name of letters, digits, '.', '_', '-' (at most {opt.maximum or MAX_NAME} characters)",
         "env_names": "variable names separated by commas (NAME,NAME)",
         "flag": "1/0, true/false or yes/no",
         "text": f"printable text of at most {MAX_TEXT} characters",

@@ -129,8 +129,8 @@ static const char *check_value(const struct tether_opt *o, const char *value)
 		return tether_one_of(value, slot_types) ? value : NULL;
 	case K_RUNTIME:
 		return tether_one_of(value, runtimes) ? value : NULL;
-	case K_NAME:
-		return tether_name_ok(value, TETHER_MAX_NAME) ? value : NULL;
+	case K_NAME: /* maximum: a shorter limit for this name (0: TETHER_MAX_NAME) */
+		return tether_name_ok(value, o->maximum > 0 ? (size_t)o->maximum : TETHER_MAX_NAME) ? value : NULL;
 	case K_ENV_NAMES:
 		return env_names_ok(value) ? value : NULL;
 	case K_TEXT:
@@ -159,8 +159,8 @@ static void report_bad(const struct tether_opt *o, const char *value, const char
 		tether_fail("tether: %s=%.40s: expected one of %s", how, shown, TETHER_RUNTIMES_TEXT);
 		break;
 	case K_NAME:
-		tether_fail("tether: %s: expected a name of letters, digits, '.', '_', '-' (at most %d "
-			    "characters)", how, TETHER_MAX_NAME);
+		tether_fail("tether: %s: expected a name of letters, digits, '.', '_', '-' (at most %ld "
+			    "characters)", how, o->maximum > 0 ? o->maximum : (long)TETHER_MAX_NAME);
 		break;
 	case K_ENV_NAMES:
 		tether_fail("tether: %s: expected variable names separated by commas (NAME,NAME)", how);

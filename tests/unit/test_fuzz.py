@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from tether.container import cleanup
 from tether.container.images import read_metadata
-from tether.hooks.surface import OPTIONS, normalize
+from tether.hooks.surface import OPTIONS, expected, normalize
 from tether.job_submit.handler import ACCEPT, REJECT, Handler
 from tether.spank.build import source_dir
 from tether.system.toolchain import CBuild
@@ -106,6 +106,20 @@ def test_the_c_and_python_validators_accept_exactly_the_same_values(options_c, i
     assert accepted == (python is not None), (opt.name, value)
     if accepted:
         assert options_c.tether_opt_value(index).decode("utf-8") == python
+
+
+@pytest.mark.parametrize("name, longest", [("container-name", 63), ("resource-pool", 128), ("gpu-type", 128)])
+def test_a_names_length_limit_is_the_same_in_c_and_python_and_named(options_c, name, longest):
+    """--container-name is the launcher's name rule (63); C once took 128, so a longer name passed
+    srun and failed every rank."""
+    index = next(i for i, o in enumerate(OPTIONS) if o.name == name)
+    for value, ok in (("a" * longest, True), ("a" * (longest + 1), False)):
+        options_c.tether_opts_clear()
+        assert (options_c.tether_opt_set(index, value.encode(), f"--{name}".encode(), 0) == 0) is ok
+        assert (normalize(OPTIONS[index], value) is not None) is ok
+    message = ctypes.c_char.in_dll(options_c, "tether_test_message")
+    said = ctypes.string_at(ctypes.addressof(message)).decode()
+    assert f"(at most {longest} characters)" in said and f"(at most {longest} characters)" in expected(OPTIONS[index])
 
 
 IMAGE = OPTIONS.index(next(o for o in OPTIONS if o.kind == "image"))
