@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Mapping, Sequence
 
-from ..hooks.surface import BY_NAME
+from ..hooks.surface import BY_NAME, MASTER_PORT_BASE, MASTER_PORT_JOBS
 from .spec import LaunchError, check_container_options, is_env_name
 
 
@@ -38,7 +38,7 @@ class _Option:
 
 ENV_FILE_VAR = "TETHER_RUN_ENV_FILE"
 # what the PBS script sets for each host itself: the job's variables of the same names do not replace them
-PER_HOST_VARS = ("NODE_RANK", "TETHER_NNODES", "MASTER_ADDR")
+PER_HOST_VARS = ("NODE_RANK", "TETHER_NNODES", "MASTER_ADDR", "MASTER_PORT")
 
 
 def read_env_file(path: str) -> dict[str, str]:
@@ -85,7 +85,7 @@ def _render(template: str, command: Sequence[str], options: Mapping[str, str], e
     opts = [_Option(k, v) for k, v in options.items() if BY_NAME[k].kind != "flag" or v]
     return jenv.from_string(text).render(command=list(command), options=opts, env=sorted(env.items()),
                                          env_json=json.dumps(dict(sorted(env.items()))), env_dir=env_dir,
-                                         tether=tether)
+                                         tether=tether, port_base=MASTER_PORT_BASE, port_jobs=MASTER_PORT_JOBS)
 
 
 def slurm_launch_script(command: Sequence[str], options: Mapping[str, str], env: Mapping[str, str], *,

@@ -24,6 +24,9 @@ What is real and what is not:
   SLURM_LOCALID, SLURM_NODEID, ...) and, with a ``--container-*`` option, hands it to tether's
   container launcher as the SPANK plugin does (``TETHER_RUN_ARGV0``) with the rank directories made
   under the fake's job storage root. "Nodes" are names only: every task runs on this host.
+- ``scontrol show hostnames [LIST]`` and ``scontrol show node NAME`` (the first lines of 22.05's
+  record, ``NodeAddr`` from ``FakeSlurm(addresses=...)``, else the name; ``Node X not found``, exit
+  1, for a name the cluster lacks -- both as seen on the sandbox).
 - not modelled: scheduling (resources, limits, priorities), accounting beyond the job records,
   steps' cgroups, arrays; heterogeneous jobs are refused (``#SBATCH hetjob``, `` : ``), never
   taken as one job.
@@ -657,6 +660,24 @@ def scontrol(argv: list[str], state: State) -> int:
         for job_id in (wanted or sorted(jobs, key=int)):
             print(show_job(jobs[job_id], oneliner))
         return 0
+    if args[:2] == ["show", "hostnames"]:
+        # Slurm's: the list given, else $SLURM_JOB_NODELIST; "host list is empty" and 0 when neither
+        hosts = expand_hostlist(args[2] if len(args) > 2 else os.environ.get("SLURM_JOB_NODELIST", ""))
+        if hosts:
+            print("\n".join(hosts))
+        else:
+            sys.stderr.write("scontrol: error: host list is empty\n")
+        return 0
+    if args[:2] == ["show", "node"] and len(args) == 3:
+        if args[2] not in state.cluster["nodes"]:
+            sys.stderr.write(f"Node {args[2]} not found\n")
+            return 1
+        # the first lines of Slurm 22.05's record, as the sandbox prints them
+        addr = state.cluster.get("addresses", {}).get(args[2], args[2])
+        print(f"NodeName={args[2]} Arch=x86_64 CoresPerSocket=1 \n   CPUAlloc=0 CPUEfctv=1 CPUTot=1 CPULoad=0.00\n"
+              f"   AvailableFeatures=(null)\n   ActiveFeatures=(null)\n   Gres=(null)\n"
+              f"   NodeAddr={addr} NodeHostName={args[2]} Version=22.05.8")
+        return 0
     if args[:1] == ["update"]:
         return _update(args[1:], state)
     if args[:1] in (["hold"], ["release"]):
@@ -819,7 +840,7 @@ class FakeSlurm(FakeCommands):
     """The fake cluster: commands in ``bin_dir``, state in ``state``; see the module doc."""
 
     def __init__(self, root: Path, *, config: str | Path | None = None, nodes: int = 3,
-                 partitions: dict[str, dict] | None = None):
+                 partitions: dict[str, dict] | None = None, addresses: dict[str, str] | None = None):
         from ..admin.host import install_launcher
         from ..hooks.configfile import load_config
 
@@ -841,7 +862,7 @@ class FakeSlurm(FakeCommands):
         storage = self.root / "job_storage_root"
         storage.mkdir(exist_ok=True)
         cluster = {"config": config_path, "nodes": node_names, "partitions": partitions, "bin_dir": str(self.bin_dir),
-                   "launcher": str(launcher), "job_storage_root": str(storage)}
+                   "launcher": str(launcher), "job_storage_root": str(storage), "addresses": addresses or {}}
         (self.state_dir / "cluster.json").write_text(json.dumps(cluster, indent=1))
         self.state = State(self.state_dir)
 

@@ -317,7 +317,8 @@ def test_a_batch_script_from_tether_plan_runs_one_container_per_node(cluster, re
     script = cluster.run(
         [*cluster.box.tether, "plan", "--config", str(cluster.box.tether_conf), str(spec),
          f"--container-image={registry_image}", f"--log-dir={out}", "--", "sh", "-c",
-         "echo node=$SLURMD_NODENAME in=$(test -e /etc/debian_version && echo host || echo container)"]).stdout
+         "echo node=$SLURMD_NODENAME in=$(test -e /etc/debian_version && echo host || echo container) "
+         "rank=$NODE_RANK of=$TETHER_NNODES master=$MASTER_ADDR:$MASTER_PORT"]).stdout
     out.mkdir()
     account = pwd.getpwnam(cluster.user)
     os.chown(out, account.pw_uid, account.pw_gid)
@@ -326,7 +327,11 @@ def test_a_batch_script_from_tether_plan_runs_one_container_per_node(cluster, re
     job = cluster.submit(str(path), env={"TETHER_CONFIG": str(cluster.box.tether_conf)})
     assert cluster.wait_job(job)["JobState"] == "COMPLETED"
     lines = sorted((out / "job.out").read_text().splitlines())
-    assert lines == [f"node={n} in=container" for n in cluster.nodes], (out / "job.err").read_text()
+    # each node's container knows its place, as a tether step's ranks do: the first node's NodeAddr
+    # (the sandbox's nodes are all 127.0.0.1) and the job's port
+    port = 12288 + int(job) % 1024 * 16
+    assert lines == [f"node={n} in=container rank={i} of=3 master=127.0.0.1:{port}"
+                     for i, n in enumerate(cluster.nodes)], (out / "job.err").read_text()
 
 
 def test_batch_script_stays_on_the_host_and_its_sruns_run_in_containers(cluster, image):

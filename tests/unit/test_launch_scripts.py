@@ -101,8 +101,8 @@ def test_pbs_script_starts_one_container_per_host_with_the_jobs_variables_off_ev
         assert call["env"]["TETHER_RUN_ENV_FILE"] == str(shared / "12.s.env.json")
         assert json.loads(call["env_file"]) == {**HOSTILE, "NODE_RANK": "7"}      # exact, unexpanded
         assert call["env_file_mode"] == 0o600
-        assert (call["env"]["NODE_RANK"], call["env"]["TETHER_NNODES"], call["env"]["MASTER_ADDR"]) == (
-            str(rank), "3", "h1")
+        assert (call["env"]["NODE_RANK"], call["env"]["TETHER_NNODES"], call["env"]["MASTER_ADDR"],
+                call["env"]["MASTER_PORT"]) == (str(rank), "3", "h1", str(12288 + 12 * 16))
     calls_argv = argv_log.read_text().split("\1")[:-1]
     assert len(calls_argv) == 3 and all("TETHER_RUN_ENV_FILE=" in a for a in calls_argv)
     for name, value in HOSTILE.items():
@@ -217,9 +217,10 @@ def test_slurm_script_runs_tether_once_per_node_through_srun(tmp_path, fakes):
     from tether.testing import FakeSlurm
 
     bin_dir, out, env = fakes
-    slurm = FakeSlurm(tmp_path / "slurm")
+    slurm = FakeSlurm(tmp_path / "slurm", addresses={"n1": "10.0.0.1"})
     script = tmp_path / "launch.sh"
-    script.write_text("#!/bin/bash\n" + _render("slurm", str(bin_dir / "tether")))
+    script.write_text("#!/bin/bash\n" + slurm_launch_script(COMMAND, OPTIONS, {**HOSTILE, "NODE_RANK": "7"},
+                                                            tether=str(bin_dir / "tether")))
     job_id = slurm.sbatch("--nodes=3", str(script), cwd=tmp_path,
                           env=slurm.env({**env, "TETHER_CONTAINER_IMAGE": "/would/wrap/twice"}))
     final = slurm.run_job(job_id)
@@ -232,6 +233,11 @@ def test_slurm_script_runs_tether_once_per_node_through_srun(tmp_path, fakes):
         assert call["argv"][-len(COMMAND) - 1:] == ["--", *COMMAND]
         assert all(call["env"][k] == v for k, v in HOSTILE.items())
         assert "TETHER_CONTAINER_IMAGE" not in call["env"]       # srun's task is not wrapped again
+    # each node's container finds the others as the PBS script's hosts (and a tether step's ranks) do:
+    # the first node's NodeAddr, the job's port; NODE_RANK is the node's own, whatever the job said
+    assert [(c["env"]["NODE_RANK"], c["env"]["TETHER_NNODES"], c["env"]["MASTER_ADDR"], c["env"]["MASTER_PORT"])
+            for _, c in sorted(calls.items())] == [(str(i), "3", "10.0.0.1", str(12288 + int(job_id) * 16))
+                                                   for i in range(3)]
     failing = slurm.run_job(slurm.sbatch("--nodes=2", str(script), cwd=tmp_path,
                                          env=slurm.env({**env, "FAIL_HOST": "n2"})))
     assert failing["state"] == "FAILED" and failing["exit_code"] == "3:0"
