@@ -559,9 +559,8 @@ class Sandbox:
         self._launcher_accounts(log=log)
         if self.slurm_root:
             self.slurm_root.ensure(log=log)
-            # the node names resolve, as on a real cluster: 24.11's slurmstepd cannot look up a
-            # node's NodeAddr (slurm_conf_get_nodeaddr knows only dynamic nodes there), so
-            # MASTER_ADDR is the first node's name
+            # the node names resolve, as on a real cluster (the job's tools -- srun -w, hostname
+            # lists, MPI -- use them; MASTER_ADDR is the first node's NodeAddr)
             self.slurm_root.prepare(hosts=f"127.0.0.1 {' '.join(self.nodes)}\n", users=(self.user,))
             self.slurm_root.end_user_namespaces((self.user,))
             # the fake GPUs' CDI spec where the root's podman looks (the devices: its /dev is the host's)

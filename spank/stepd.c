@@ -35,6 +35,7 @@
 /* Exported by libslurmfull (not declared in the public headers). */
 extern void slurm_xfree(void **item);
 extern char *slurm_conf_get_nodeaddr(const char *node_hostname);
+extern char *slurm_conf_get_address(const char *node_name);
 
 /* ---- Slurm releases: every difference this file builds against, from the headers ---------------- */
 #if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(23, 11, 0)
@@ -352,7 +353,12 @@ static char *nth_node(spank_t sp, uint32_t n)
 	return host;
 }
 
-/* MASTER_ADDR: the address (NodeAddr) of the step's first node, or its name. */
+/*
+ * MASTER_ADDR: the address (NodeAddr) of the step's first node, or its name. By NodeName first
+ * (slurm_conf_get_address, 22.05 to 26.05): slurm_conf_get_nodeaddr looks in the table hashed by
+ * NodeHostname, so up to 24.11 it misses a node whose NodeName is not its hostname -- the sandbox's
+ * n1 (NodeHostname=localhost) gave MASTER_ADDR=n1, a name its hosts cannot resolve.
+ */
 static int set_master_addr(spank_t sp)
 {
 	char *first = nth_node(sp, 0), *addr;
@@ -360,7 +366,11 @@ static int set_master_addr(spank_t sp)
 
 	if (first == NULL)
 		return 0;
-	addr = slurm_conf_get_nodeaddr(first);
+	addr = slurm_conf_get_address(first);
+	if (addr == NULL || addr[0] == '\0') {
+		slurm_xfree((void **)&addr);
+		addr = slurm_conf_get_nodeaddr(first);
+	}
 	rc = set_env(sp, "MASTER_ADDR", addr ? addr : first);
 	slurm_xfree((void **)&addr);
 	free(first);
