@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..hooks.imageref import ImageRefError, parse_image
-from ..hooks.surface import BATCH_VAR, BY_NAME, MAX_TEXT, RUNTIMES
+from ..hooks.surface import BATCH_VAR, BY_NAME, CONTAINER_NAME_FLAGS, MAX_TEXT, RUNTIMES
 
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
@@ -133,6 +133,7 @@ class LaunchSpec(Record):
         "env_names": (),          # --container-env: host variables that win over the image's
         "writable": False,
         "name": None,             # --container-name: one container reused by the job's steps
+        "name_create": False,     # --container-name=NAME:create: this step makes it (pyxis's flag)
         "rank_dir": None,         # host path holding the rank's tmp/ and work/
         "job_id": "0", "step_id": "0", "rank": "0",
         "gpus": (),               # the rank's GPU ids as the resource manager bound them
@@ -152,6 +153,7 @@ class LaunchSpec(Record):
     env_names: tuple[str, ...]
     writable: bool
     name: str | None
+    name_create: bool
     rank_dir: str | None
     job_id: str
     step_id: str
@@ -253,6 +255,43 @@ def no_named_container(name: str) -> str:
             f"makes it)")
 
 
+# beside a --container-name container on a node: the step that made it (read for NAME:create)
+NAMED_MADE_BY = "made-by"
+
+
+def named_exists(name: str) -> str:
+    """The error for ``--container-name=NAME:create`` when the job has that container on this node."""
+    return (f"--container-name={name}:create: this job already has a container of that name on this node "
+            f"(an earlier step made it); without ':create' this step runs in it")
+
+
+def made_by(marker: str) -> str | None:
+    """The step a named container's marker says made it (``step-3``), or None: no marker, or not a
+    regular file (never waits on a FIFO the user put there)."""
+    import stat
+
+    try:
+        fd = os.open(marker, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 256).decode("utf-8", "replace").strip() if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def refuse_existing(spec: LaunchSpec, exists: bool, marker: str | None) -> None:
+    """``--container-name=NAME:create``: an error when the job's container NAME is on this node and
+    another step made it (the step's other ranks find the one its first rank made: the marker,
+    written before the container is complete, names this step). Without an image this step makes
+    nothing: an existing one is refused too, as pyxis does."""
+    step = os.path.basename(os.path.dirname(spec.rank_dir)) if spec.rank_dir else None
+    if spec.name_create and exists and (not spec.image or step is None or marker is None or made_by(marker) != step):
+        raise LaunchError(named_exists(spec.name or ""))
+
+
 def _either(env: Mapping[str, str], name: str, default: bool | None) -> bool | None:
     """A ``--container-NAME`` / ``--no-container-NAME`` pair: True, False, or ``default`` when
     neither is given; both is refused."""
@@ -288,7 +327,14 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
     remap_root, mount_home)."""
     defaults = defaults or {}
     image = _text(env, "TETHER_CONTAINER_IMAGE", "--container-image")
-    name = env.get("TETHER_CONTAINER_NAME", "").strip() or None
+    name, _, flag = env.get("TETHER_CONTAINER_NAME", "").strip().partition(":")
+    name = name or None
+    if flag == "exec":
+        raise LaunchError(f"--container-name={name}:exec: tether does not enter a container another step is "
+                          f"running (pyxis's exec); without ':exec' this step runs in a container of its own "
+                          f"over the same files")
+    if flag and flag not in CONTAINER_NAME_FLAGS:
+        raise LaunchError(f"--container-name={name}:{flag}: FLAG is one of {', '.join(CONTAINER_NAME_FLAGS)}")
     if not image and not name:
         raise LaunchError("no container image: set --container-image (TETHER_CONTAINER_IMAGE)")
     if image:                 # none: --container-name alone, the job's container of that name (as pyxis)
@@ -334,7 +380,7 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
         image=image, runtime=runtime, command=tuple(command),
         mounts=mounts, workdir=workdir,
         env_names=parse_env_names(_text(env, "TETHER_CONTAINER_ENV", "--container-env")), writable=writable,
-        name=name,
+        name=name, name_create=flag == "create",
         rank_dir=env.get("TETHER_RANK_DIR") or None,
         job_id=_safe_id(job), step_id=_safe_id(step), rank=_safe_id(rank), gpus=gpus,
         slot_type=env.get("TETHER_JOB_SLOT_TYPE", "cuda") or "cuda", mount_home=mount_home,

@@ -40,7 +40,12 @@ GATEWAY_PORT_BASE, GATEWAY_PORT_JOBS = 28672, 256      # 28672..32767
 
 # Value kinds: each is checked in C in srun/sbatch/salloc (cheap, with a clear message) and again
 # where the value is used (slurmctld, the PBS server, the launcher).
-KINDS = ("count", "slot_type", "name", "runtime", "text", "env_names", "flag", "image")
+KINDS = ("count", "slot_type", "name", "runtime", "text", "env_names", "flag", "image", "container_name")
+# pyxis's --container-name=NAME[:FLAG]: auto (the default) and no_exec run in the job's container of
+# that name, made by the step when missing (tether never enters a container another step is running,
+# so the two are one here); create: this step makes it and fails when the job has it already.
+# pyxis's exec (enter the running container of another step) is refused.
+CONTAINER_NAME_FLAGS = ("auto", "no_exec", "create")
 
 
 class Option:
@@ -122,7 +127,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("container-writable", None, "flag", "writable container filesystem where the runtime supports it"),
     Option("container-readonly", None, "flag", "read-only container filesystem: the default (pyxis's name for it)"),
     # 63: the launcher's rule (a podman/enroot container and directory name, tether-<job>-<name>)
-    Option("container-name", "NAME", "name", "reuse one container across the job's steps", maximum=63),
+    Option("container-name", "NAME[:FLAG]", "container_name", "reuse one container across the job's steps; "
+           "FLAG (pyxis's): auto (default) or no_exec: that container, made when missing; create: made by "
+           "this step, an error if the job has it already", maximum=63),
     Option("container-mount-home", None, "flag", "bind-mount your home directory at its own path (default: "
            "the runtime's own: Apptainer/Singularity yes, podman no, enroot its config)"),
     Option("no-container-mount-home", None, "flag", "do not bind-mount your home directory"),
@@ -168,9 +175,10 @@ def normalize(opt: Option, value: str) -> str | None:
         ok = value in SLOT_TYPES
     elif opt.kind == "runtime":
         ok = value in RUNTIMES
-    elif opt.kind == "name":
-        ok = 0 < len(value) <= (opt.maximum or MAX_NAME) and value[0] in _ASCII_ALNUM and all(
-            c in _ASCII_ALNUM or c in "._-" for c in value)
+    elif opt.kind in ("name", "container_name"):
+        name, colon, flag = value.partition(":") if opt.kind == "container_name" else (value, "", "")
+        ok = 0 < len(name) <= (opt.maximum or MAX_NAME) and name[0] in _ASCII_ALNUM and all(
+            c in _ASCII_ALNUM or c in "._-" for c in name) and (not colon or flag in CONTAINER_NAME_FLAGS)
     elif opt.kind == "image":   # empty: no container (one step on the host in a container job)
         ok = value == "" or valid_reference(value)
     elif opt.kind == "env_names":
@@ -188,6 +196,9 @@ def expected(opt: Option) -> str:
         "slot_type": "one of " + ", ".join(SLOT_TYPES),
         "runtime": "one of " + ", ".join(RUNTIMES),
         "name": f"a name of letters, digits, '.', '_', '-' (at most {opt.maximum or MAX_NAME} characters)",
+        "container_name": f"NAME[:FLAG]: a name of letters, digits, '.', '_', '-' (at most {opt.maximum or MAX_NAME} "
+                          f"characters), FLAG one of {', '.join(CONTAINER_NAME_FLAGS)} (pyxis's exec, entering "
+                          f"a container another step is running, is not supported)",
         "env_names": "variable names separated by commas (NAME,NAME)",
         "flag": "1/0, true/false or yes/no",
         "text": f"printable text of at most {MAX_TEXT} characters",

@@ -67,6 +67,8 @@ def names_header() -> str:
         f"#define TETHER_SLOT_TYPES_TEXT {c_string(', '.join(surface.SLOT_TYPES))}",
         f"#define TETHER_RUNTIMES {', '.join(map(c_string, surface.RUNTIMES))}",
         f"#define TETHER_RUNTIMES_TEXT {c_string(', '.join(surface.RUNTIMES))}",
+        f"#define TETHER_CONTAINER_NAME_FLAGS {', '.join(map(c_string, surface.CONTAINER_NAME_FLAGS))}",
+        f"#define TETHER_CONTAINER_NAME_FLAGS_TEXT {c_string(', '.join(surface.CONTAINER_NAME_FLAGS))}",
         f"#define TETHER_MAX_NAME {surface.MAX_NAME}",
         f"#define TETHER_MAX_TEXT {surface.MAX_TEXT}",
         f"#define TETHER_MASTER_PORT_BASE {surface.MASTER_PORT_BASE}",

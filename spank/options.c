@@ -110,6 +110,21 @@ static const char *flag_value(const char *value)
 	return NULL;
 }
 
+/* --container-name=NAME[:FLAG]: NAME as any name (at most ``max``), FLAG one of pyxis's that tether does. */
+static int container_name_ok(const char *value, size_t max)
+{
+	static const char *const flags[] = { TETHER_CONTAINER_NAME_FLAGS, NULL };
+	const char *colon = strchr(value, ':');
+	char name[TETHER_MAX_NAME + 1];
+	size_t n = colon ? (size_t)(colon - value) : strlen(value);
+
+	if (n == 0 || n > max || n > TETHER_MAX_NAME)
+		return 0;
+	memcpy(name, value, n);
+	name[n] = '\0';
+	return tether_name_ok(name, max) && (colon == NULL || tether_one_of(colon + 1, flags));
+}
+
 /* Is ``value`` valid for ``o``? The normalized value, or NULL. */
 static const char *check_value(const struct tether_opt *o, const char *value)
 {
@@ -135,6 +150,8 @@ static const char *check_value(const struct tether_opt *o, const char *value)
 		return env_names_ok(value) ? value : NULL;
 	case K_TEXT:
 		return text_ok(value) ? value : NULL;
+	case K_CONTAINER_NAME: /* NAME[:FLAG], pyxis's spelling; exec is refused (see report_bad) */
+		return container_name_ok(value, o->maximum > 0 ? (size_t)o->maximum : TETHER_MAX_NAME) ? value : NULL;
 	case K_IMAGE: /* empty: no container for this step (--container-image= in a container job) */
 		return value[0] == '\0' || tether_image_ok(value) ? value : NULL;
 	default:
@@ -161,6 +178,12 @@ static void report_bad(const struct tether_opt *o, const char *value, const char
 	case K_NAME:
 		tether_fail("tether: %s: expected a name of letters, digits, '.', '_', '-' (at most %ld "
 			    "characters)", how, o->maximum > 0 ? o->maximum : (long)TETHER_MAX_NAME);
+		break;
+	case K_CONTAINER_NAME:
+		tether_fail("tether: %s: expected NAME[:FLAG]: a name of letters, digits, '.', '_', '-' (at most "
+			    "%ld characters), FLAG one of %s (pyxis's exec, entering a container another step is "
+			    "running, is not supported)", how, o->maximum > 0 ? o->maximum : (long)TETHER_MAX_NAME,
+			    TETHER_CONTAINER_NAME_FLAGS_TEXT);
 		break;
 	case K_ENV_NAMES:
 		tether_fail("tether: %s: expected variable names separated by commas (NAME,NAME)", how);

@@ -21,7 +21,7 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.imageref import ImageRefError, parse_image
 from ..launch import progress
-from ..spec import CONTAINER_BATCH_SCRIPT, LaunchError, Mount, no_named_container
+from ..spec import CONTAINER_BATCH_SCRIPT, NAMED_MADE_BY, LaunchError, Mount, no_named_container, refuse_existing
 from . import Launch, Runtime, store_directory
 
 DEFAULT_STORE = "/var/tmp/tether-enroot-{uid}"     # container.enroot.store's default
@@ -98,6 +98,16 @@ def write_private(path: str | None, text: str, suffix: str, what: str) -> str:
     except OSError as exc:            # something else where the file belongs (a symlink: ELOOP)
         raise LaunchError(f"cannot write enroot's {what} {path}: {exc.strerror}") from None
     return path
+
+
+def _made_by_first(marker: str, step: str, create: list[str]):
+    """The named container's ``enroot create``, its maker written first (read for NAME:create)."""
+    def run(env: Mapping[str, str]) -> None:
+        from ...system.proc import run_command
+
+        write_private(marker, step + "\n", "", "marker of the container's step")
+        run_command(create, env=env, timeout=3600)
+    return run
 
 
 def finish_import(partial: str, sqsh: str, source: str) -> None:
@@ -243,8 +253,15 @@ class Enroot(Runtime):
         name = spec.instance
         data = env.get("ENROOT_DATA_PATH") or os.path.join(
             env.get("XDG_DATA_HOME") or os.path.join(env.get("HOME", "/"), ".local/share"), "enroot")
+        # a named container's maker (NAME:create), beside enroot's data: the data path is enroot's own
+        marker = os.path.join(node_dir, "enroot", f"{NAMED_MADE_BY}-{name}") if spec.name and node_dir else None
+        if spec.name:
+            refuse_existing(spec, os.path.isdir(os.path.join(data, name)), marker)
         if sqsh is not None:
-            before.append(([self.binary, "create", "--name", name, sqsh], os.path.join(data, name),
+            create = [self.binary, "create", "--name", name, sqsh]
+            if marker:
+                create = _made_by_first(marker, os.path.basename(step_dir), create)
+            before.append((create, os.path.join(data, name),
                            f"unpacking the container root of {spec.image} (enroot create)"))
         elif not os.path.isdir(os.path.join(data, name)):     # where enroot create put it
             raise LaunchError(no_named_container(spec.name))

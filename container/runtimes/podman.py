@@ -23,7 +23,8 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.layout import CLEANUP_MARKER
 from ..launch import cgroup_paths, progress, remove_file, report
-from ..spec import CONTAINER_BATCH_SCRIPT, LaunchError, Mount, no_named_container
+from ..spec import (CONTAINER_BATCH_SCRIPT, NAMED_MADE_BY, LaunchError, Mount, no_named_container,
+                    refuse_existing)
 from . import Launch, Runtime, own_directory, store_directory
 
 if TYPE_CHECKING:
@@ -590,11 +591,15 @@ class Podman(Runtime):
         home = os.path.join(os.path.dirname(os.path.dirname(spec.rank_dir)), "podman-named", spec.name)
         rootfs, config = os.path.join(home, "rootfs"), os.path.join(home, "config.json")
         run_image = ["--env-file", os.path.join(home, "image.env"), "--rootfs", rootfs]
+        marker = os.path.join(home, NAMED_MADE_BY)
+        refuse_existing(spec, os.path.exists(config), marker)      # NAME:create, and it is there already
         if not spec.image:            # no image: the container must be there (as pyxis)
             if not os.path.exists(config):
                 raise LaunchError(no_named_container(spec.name))
         else:
-            unpack = (lambda env: unpack_named(image_argv, [self.binary, *glob], home, spec.rank_instance, env),
+            step = os.path.basename(os.path.dirname(spec.rank_dir))
+            unpack = (lambda env: unpack_named(image_argv, [self.binary, *glob], home, spec.rank_instance, env,
+                                               made_by=step),
                       config, f"unpacking {spec.image} for --container-name={spec.name} (podman; once per node)")
             before = [*before, unpack]
 
@@ -803,7 +808,7 @@ def image_config(podman: Sequence[str], image: str, env: Mapping[str, str] | Non
 
 
 def unpack_named(image_argv: Sequence[str], podman: Sequence[str], home: str, container: str,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, *, made_by: str | None = None) -> None:
     """Unpack the image a --container-name container starts from into ``<home>/rootfs``, and its
     configuration beside it: a registry, archive or imported image through ``podman create`` +
     ``podman export``; a rootfs directory (``--rootfs DIR``) copied as it is. Written under a
@@ -857,6 +862,8 @@ def unpack_named(image_argv: Sequence[str], podman: Sequence[str], home: str, co
     # podman --env-file: NAME=VALUE per line; a value with a line break cannot be one
     lines = [e for e in (config.get("Env") or []) if isinstance(e, str) and "=" in e and "\n" not in e]
     write_atomic(os.path.join(home, "image.env"), "".join(f"{line}\n" for line in lines), 0o600)
+    if made_by:               # the step that made it (NAME:create), before config.json says it is done
+        write_atomic(os.path.join(home, NAMED_MADE_BY), made_by + "\n", 0o600)
     write_atomic(os.path.join(home, "config.json"), json.dumps(config) + "\n", 0o600)
 
 

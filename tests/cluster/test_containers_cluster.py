@@ -585,6 +585,14 @@ def test_a_named_podman_container_keeps_its_files_across_the_jobs_steps_on_each_
         # a container whose command fails at once ran: it is not tried again (podman 5 removes its
         # --cidfile with the container, which once looked like "never created")
         f"srun -N1 --container-image={image} sh -c 'echo ran-once; exit 1'",
+        # pyxis's flags: no_exec is the name as it is; create is refused once the job has it, and
+        # makes a new one for every rank of its own step (two per node here); exec is refused at srun
+        "srun -N1 -w $SLURMD_NODENAME --container-name=fs:no_exec cat /f",
+        f"srun -N1 -w $SLURMD_NODENAME --container-image={image} --container-name=fs:create true || echo create-$?",
+        f"srun -N2 -n4 --overcommit --container-image={image} --container-name=new:create --container-writable "
+        "sh -c 'echo $SLURMD_NODENAME >> /made; i=0; while [ $(wc -l < /made) -lt 2 ] && [ $i -lt 150 ]; "
+        "do sleep 0.2; i=$((i+1)); done; wc -l < /made' | sort | uniq -c | awk '{print \"made\", $1, $2}'",
+        "srun -N1 --container-name=fs:exec true 2>&1 | grep -o 'is not supported' || echo exec-ran",
         "echo JOB=$SLURM_JOB_ID", ""])
     result = cluster.sbatch_wait(["-N2", f"--output={out}"], input=script, timeout=300)
     text = out.read_text()
@@ -594,8 +602,9 @@ def test_a_named_podman_container_keeps_its_files_across_the_jobs_steps_on_each_
     lines = [line for line in without_runc_warnings(text).splitlines()
              if not line.startswith(("tether:", "srun:", "slurmstepd"))]
     assert sorted(lines[:2]) == [f"written-on-{n} from-the-image" for n in cluster.nodes[:2]], text
-    assert lines[2:9] == ["1", "1", "nosuch-125", "mounts-alone-1", "variable-alone-on-host", "unnamed-is-fresh",
-                          "ran-once"], text
+    assert lines[2:14] == ["1", "1", "nosuch-125", "mounts-alone-1", "variable-alone-on-host", "unnamed-is-fresh",
+                           "ran-once", "1", "create-125", "made 4 2", "is not supported", lines[-1]], text
+    assert "--container-name=fs:create: this job already has a container of that name on this node" in text, text
     assert "tether: --container-mounts needs --container-image or --container-name" in text, text
     assert "tether: --container-name=nosuch: this job has no container of that name on this node, and " \
         "--container-image is not set" in text, text

@@ -1750,6 +1750,58 @@ def test_container_name_alone_runs_the_jobs_container_of_that_name_or_says_there
         adapter("apptainer", {}).launch(spec(image="", runtime="apptainer", name="dev", rank_dir=rank_dir), HOST)
 
 
+def test_pyxis_container_name_flags_auto_no_exec_create_and_exec(tmp_path):
+    """pyxis's --container-name=NAME:FLAG. auto and no_exec: the job's container, made when missing
+    (tether never enters a running one, so they are one); create: this step makes it -- its other
+    ranks find the one its first rank made, a later step is refused; exec: refused with the reason."""
+    for flag in ("", ":auto", ":no_exec"):
+        s = spec_from_env({"TETHER_CONTAINER_NAME": f"dev{flag}", "TETHER_CONTAINER_IMAGE": "busybox"}, ["cmd"],
+                          default_runtime="podman")
+        assert (s.name, s.name_create) == ("dev", False)
+    assert spec_from_env({"TETHER_CONTAINER_NAME": "dev:create", "TETHER_CONTAINER_IMAGE": "busybox"}, ["cmd"],
+                         default_runtime="podman").name_create
+    with pytest.raises(LaunchError, match="tether does not enter a container another step is running"):
+        spec_from_env({"TETHER_CONTAINER_NAME": "dev:exec"}, ["cmd"], default_runtime="podman")
+    with pytest.raises(LaunchError, match="FLAG is one of auto, no_exec, create"):
+        spec_from_env({"TETHER_CONTAINER_NAME": "dev:later"}, ["cmd"], default_runtime="podman")
+    home = tmp_path / "42/n2/podman-named/dev"
+
+    def podman(step: str, **kw):
+        return adapter("podman", {"store": ""}).launch(
+            spec(image="docker://busybox", runtime="podman", name="dev", name_create=True,
+                 rank_dir=str(tmp_path / f"42/n2/{step}/rank-3"), **kw), HOST)
+
+    first = podman("step-1")                          # none yet: this step unpacks it, and says so first
+    assert first.before[-1][1] == f"{home}/config.json"
+    home.mkdir(parents=True)
+    (home / "made-by").write_text("step-1\n")
+    (home / "config.json").write_text("{}")
+    assert podman("step-1").argv                      # another rank of the same step
+    exists = "--container-name=dev:create: this job already has a container of that name on this node"
+    with pytest.raises(LaunchError, match=exists):
+        podman("step-2")
+    with pytest.raises(LaunchError, match=exists):     # the name alone with create: it is there
+        adapter("podman", {"store": ""}).launch(spec(image="", runtime="podman", name="dev", name_create=True,
+                                                     rank_dir=str(tmp_path / "42/n2/step-1/rank-0")), HOST)
+    (home / "made-by").unlink()
+    os.mkfifo(home / "made-by")                       # the user's directory: never waited on, not trusted
+    with pytest.raises(LaunchError, match=exists):
+        podman("step-1")
+    # enroot: the maker is written beside enroot's data, then enroot create runs
+    enroot_spec = spec(image=str(tmp_path / "img.sqsh"), runtime="enroot", name="box", name_create=True,
+                       rank_dir=str(tmp_path / "42/n2/step-4/rank-0"))
+    (tmp_path / "img.sqsh").write_text("")
+    launch = adapter("enroot", {}).launch(enroot_spec, HOST)
+    create, data = launch.before[-1][0], launch.before[-1][1]
+    assert callable(create) and data == str(tmp_path / "42/n2/enroot/data/tether-42-box")
+    os.makedirs(data)
+    (tmp_path / "42/n2/enroot/made-by-tether-42-box").write_text("step-3\n")
+    with pytest.raises(LaunchError, match="--container-name=box:create: this job already has"):
+        adapter("enroot", {}).launch(enroot_spec, HOST)
+    (tmp_path / "42/n2/enroot/made-by-tether-42-box").write_text("step-4\n")
+    assert adapter("enroot", {}).launch(enroot_spec, HOST).argv
+
+
 # ---- a rank's start-up imports little: what json_text writes, json reads back ------------------------
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -122,6 +122,21 @@ def test_a_names_length_limit_is_the_same_in_c_and_python_and_named(options_c, n
     assert f"(at most {longest} characters)" in said and f"(at most {longest} characters)" in expected(OPTIONS[index])
 
 
+@pytest.mark.parametrize("value, ok", [
+    ("dev", True), ("dev:auto", True), ("dev:no_exec", True), ("dev:create", True), ("a" * 63 + ":create", True),
+    ("dev:exec", False), ("dev:", False), (":create", False), ("dev:create:x", False), ("dev::create", False),
+    ("dev:Create", False), ("a" * 64 + ":auto", False), ("-dev:auto", False), ("d/v:auto", False)])
+def test_pyxis_container_name_flags_are_checked_alike_in_c_and_python(options_c, value, ok):
+    index = next(i for i, o in enumerate(OPTIONS) if o.name == "container-name")
+    options_c.tether_opts_clear()
+    assert (options_c.tether_opt_set(index, value.encode(), b"--container-name", 0) == 0) is ok
+    assert (normalize(OPTIONS[index], value) == value) if ok else normalize(OPTIONS[index], value) is None
+    if not ok:
+        message = ctypes.c_char.in_dll(options_c, "tether_test_message")
+        said = ctypes.string_at(ctypes.addressof(message)).decode()
+        assert "FLAG one of auto, no_exec, create (pyxis's exec, entering a container another step" in said, said
+
+
 IMAGE = OPTIONS.index(next(o for o in OPTIONS if o.kind == "image"))
 IMAGE_EXAMPLES = [
     # accepted
