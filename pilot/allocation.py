@@ -34,9 +34,13 @@ from typing import Mapping
 
 from .resources import Node, Slice
 
-# An agent step holds its slice's CPUs and GPUs, and this much memory per node: Slurm 22.05's
-# --overlap lets the tasks' steps share the agent's CPUs, not its memory, so the rest of each
-# node's memory stays the job's, for the tasks.
+# An agent step holds its slice's CPUs and GPUs, and this much memory per node. A task's step
+# shares the agent's CPUs (--overlap) and asks for --mem=0: the job's memory on its nodes, not
+# counted against other steps. Without it, Slurm 22.05 (whose --overlap shares CPUs, not memory;
+# 23.02 shares all) gave a task its CPUs' DefMemPerCPU, which the agent's part had already taken:
+# in a plain `sbatch -N3` every task failed with "Memory required by task is not available".
+# Memory is not one of a partition's resources (the seed's are nodes, cores and GPUs): tasks of
+# partitions sharing a node share the job's memory there, as every step does from 23.02.
 AGENT_MEMORY = "256M"   # the agent, and an srun (~15 MB) per running task
 STEP_PREFIX = "tether-"            # an agent's step is tether-part.NNNN; a task's tether-part.NNNN-task.NNNNNN
 
@@ -192,7 +196,8 @@ class SlurmAllocation(Allocation):
     def task_argvs(self, pid: str, task: dict, nodes: list[str], env: Mapping[str, str]) -> list[list[str]]:
         """One step for the task, inside the CPUs the agent step holds (``--overlap``)."""
         ntasks = max(1, int(task["ntasks"]))
-        return [["srun", f"--jobid={env.get('SLURM_JOB_ID', '')}", "--overlap", f"--nodelist={','.join(nodes)}",
+        return [["srun", f"--jobid={env.get('SLURM_JOB_ID', '')}", "--overlap", "--mem=0",
+                 f"--nodelist={','.join(nodes)}",
                  f"--nodes={len(nodes)}", f"--ntasks={ntasks}", f"--job-name={STEP_PREFIX}{pid}-{task['id']}",
                  "--kill-on-bad-exit=1", "--quiet", "--", *task["command"]]]
 

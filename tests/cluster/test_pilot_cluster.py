@@ -122,3 +122,24 @@ def test_a_pilot_cancelled_whole_leaves_every_partition_and_task_ended(cluster):
     assert json.loads((pilot_dir / "tasks" / "task.000000.json").read_text())["state"] == "CANCELED"
     assert cluster.in_service()
     shutil.rmtree(pilot_dir)
+
+
+def test_partitions_in_a_plain_sbatch_job_run_their_tasks(cluster):
+    """The README's first example: `#SBATCH -N2`, no --exclusive, so each node gives the job one
+    CPU and DefMemPerCPU of memory. A task's step shares its agent's CPUs and the job's memory
+    (--mem=0): before, Slurm 22.05 refused every task ("Memory required by task is not
+    available": the agent's part of that memory was taken), and the exit status is the task's."""
+    work = cluster.box.work_dir
+    out, pilot_dir = work / f"plain-pilot-{os.getpid()}.out", work / f"plain-pilot-{os.getpid()}"
+    t = cluster.box.tether[0]
+    script = "\n".join([
+        "#!/bin/sh", f"#SBATCH -N2 --time=5 --output={out}", f"export TETHER_PILOT_DIR={pilot_dir}",
+        f'{t} partition create "1 node" FILL --wait > /dev/null',
+        f"{t} partition run part.0000 -- sh -c 'echo RAN $TETHER_PARTITION_ID on $SLURMD_NODENAME'",
+        f"{t} partition run part.0001 -- sh -c 'exit 3'; echo TASK-EXIT=$?", ""])
+    cluster.sbatch_wait([], input=script, timeout=240)
+    text = out.read_text()
+    out.unlink()
+    shutil.rmtree(pilot_dir, ignore_errors=True)
+    assert "RAN part.0000 on" in text and "TASK-EXIT=3" in text, text
+    assert "Memory required by task is not available" not in text, text
