@@ -54,6 +54,14 @@ def _image_runtimes(settings, names):
                            user_image_cache=settings.get("user_image_cache"))) for name in chosen]
 
 
+def human_size(size: int) -> str:
+    """Bytes as podman and the conversion messages show them: decimal units, one decimal."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
+
+
 def images(args: argparse.Namespace) -> int:
     from ..container.spec import LaunchError
 
@@ -67,11 +75,13 @@ def images(args: argparse.Namespace) -> int:
             return EXIT_OK
         runtimes = _image_runtimes(settings, [args.runtime] if args.runtime else [])
         if args.action == "ls":
-            print(f"{'RUNTIME':<11} {'SIZE':>10}  {'DATE':<16}  IMAGE  WHERE")
-            for name, adapter in runtimes:
-                for image in adapter.stored(env):
-                    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(image.last_used))
-                    print(f"{name:<11} {image.size:>10}  {when:<16}  {image.name}  {image.where}")
+            rows = [(name, human_size(image.size), time.strftime("%Y-%m-%d %H:%M", time.localtime(image.last_used)),
+                     image.name, image.where) for name, adapter in runtimes for image in adapter.stored(env)]
+            widths = [max(len(str(c)) for c in column) for column in
+                      zip(("RUNTIME", "SIZE", "LAST USED", "IMAGE", "WHERE"), *rows)]
+            for row in [("RUNTIME", "SIZE", "LAST USED", "IMAGE", "WHERE"), *rows]:
+                print(f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:<{widths[2]}}  "
+                      f"{row[3]:<{widths[3]}}  {row[4]}".rstrip())
             return EXIT_OK
         for name, adapter in runtimes:
             for removed in adapter.prune(args.older_than, env):

@@ -1872,3 +1872,28 @@ def test_the_launcher_script_finds_yaml_without_site_py(tmp_path, monkeypatch):
     script.write_text(header + "import yaml, tether.hooks.configfile\nprint(yaml.__name__)\n")
     out = subprocess.run([sys.executable, "-IS", str(script)], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout == "yaml\n", out.stderr
+
+
+def test_tether_images_ls_is_a_table_with_readable_sizes(monkeypatch, capsys, tmp_path):
+    """`tether images ls`: aligned columns, sizes as podman shows them (it printed raw bytes)."""
+    import argparse
+
+    from tether.cli import containers
+    from tether.container.runtimes import StoredImage
+
+    class Store:
+        def stored(self, env):
+            return [StoredImage(name="127.0.0.1:17005/team/app:1", size=4281615, last_used=0.0, where="/var/tmp/s"),
+                    StoredImage(name="localhost/x:2", size=12_500_000_000, last_used=0.0, where="/var/tmp/s"),
+                    StoredImage(name="tiny", size=512, last_used=0.0, where="/var/tmp/s")]
+
+    monkeypatch.setattr(containers, "_image_runtimes", lambda settings, names: [("podman", Store())])
+    config = tmp_path / "tether.yaml"
+    config.write_text("job_storage_root: /var/lib/tether/jobs\n")
+    assert containers.images(argparse.Namespace(action="ls", runtime=None, config=str(config))) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["RUNTIME", "SIZE", "LAST", "USED", "IMAGE", "WHERE"]
+    sizes = [" ".join(line.split()[1:3]) for line in lines[1:]]
+    assert sizes == ["4.3 MB", "12.5 GB", "512 B"]
+    assert len({line.index(size) + len(size) for line, size in zip(lines[1:], sizes)}) == 1   # right-aligned
+    assert len({line.index("/var/tmp/s") for line in lines[1:]}) == 1      # one column
