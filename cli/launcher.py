@@ -10,7 +10,10 @@ import time
 
 from ..hooks.configfile import load_config, load_yaml
 from ..hooks.errors import ConfigError
+from ..launcher.states import ENDED
 from .common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, config_arg, err
+
+ENDED_STATES = ENDED | {"UNKNOWN"}     # what `status --wait` stops at (UNKNOWN: the scheduler forgot it)
 
 
 def _launcher(args: argparse.Namespace):
@@ -31,6 +34,9 @@ def _show(record, as_json: bool) -> None:
     for key in ("id", "user", "job_name", "job_id", "state", "exit_code", "reason", "tree"):
         if record.get(key) not in (None, ""):
             print(f"{key}: {record[key]}")
+    if record.get("cancel_requested") and record.get("state") not in ENDED_STATES:
+        when = time.strftime("%H:%M:%S", time.localtime(record["cancel_requested"]))
+        print(f"cancel: requested at {when}; the scheduler is ending the job (`tether status --wait ID`)")
     if record.get("tree_removed"):
         print("tree: removed")
     if record.get("startup_failure"):
@@ -68,7 +74,7 @@ def submit(args: argparse.Namespace) -> int:
 def status(args: argparse.Namespace) -> int:
     def look(launcher):
         record = launcher.status(args.id)
-        while args.wait and record["state"] not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "UNKNOWN"):
+        while args.wait and record["state"] not in ENDED_STATES:
             time.sleep(2)
             record = launcher.status(args.id)
         return record

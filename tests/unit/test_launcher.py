@@ -497,3 +497,17 @@ def test_serve_answers_over_https_with_the_token_and_refuses_bad_arguments_in_on
         out = subprocess.run(_serve_as_nobody(world, *args), env=env, capture_output=True, text=True, timeout=60,
                              cwd="/")
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and words in out.stderr, (args, out.stderr)
+
+
+def test_a_cancel_says_it_was_requested_until_the_job_has_ended(capsys):
+    """`tether cancel` answered "state: RUNNING" and nothing else: the scheduler ends the job
+    a moment later. The record now says the cancel was asked for, until the state is final."""
+    from tether.cli.launcher import _show
+
+    record = {"id": "6b06-x", "user": "alice", "job_name": "tether_exp-6b06-x", "job_id": "17", "state": "RUNNING",
+              "cancel_requested": 1795600000.0}
+    _show(record, False)
+    assert "cancel: requested at " in capsys.readouterr().out
+    _show({**record, "state": "CANCELLED"}, False)
+    out = capsys.readouterr().out
+    assert "state: CANCELLED" in out and "cancel:" not in out
