@@ -265,21 +265,30 @@ def named_exists(name: str) -> str:
             f"(an earlier step made it); without ':create' this step runs in it")
 
 
-def made_by(marker: str) -> str | None:
-    """The step a named container's marker says made it (``step-3``), or None: no marker, or not a
-    regular file (never waits on a FIFO the user put there)."""
+def read_regular(path: str, limit: int = 1 << 20) -> str | None:
+    """The first ``limit`` bytes of ``path`` as text if it is a regular file, else None: never
+    blocks on a FIFO or a device (opened non-blocking, checked before reading)."""
     import stat
 
     try:
-        fd = os.open(marker, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        return os.read(fd, 256).decode("utf-8", "replace").strip() if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit).decode("utf-8", "replace")
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def made_by(marker: str) -> str | None:
+    """The step a named container's marker says made it (``step-3``), or None: no marker, or not a
+    regular file (never waits on a FIFO the user put there)."""
+    text = read_regular(marker, 256)
+    return text.strip() if text is not None else None
 
 
 def refuse_existing(spec: LaunchSpec, exists: bool, marker: str | None) -> None:

@@ -31,7 +31,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..container.runtimes.podman import read_regular
+from ..container.spec import read_regular
 from ..hooks.errors import TetherError
 from ..system.proc import CommandError, run_command
 

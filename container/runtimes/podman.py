@@ -24,7 +24,7 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 from ...hooks.layout import CLEANUP_MARKER
 from ..launch import cgroup_paths, progress, remove_file, report
 from ..spec import (CONTAINER_BATCH_SCRIPT, NAMED_MADE_BY, LaunchError, Mount, no_named_container,
-                    refuse_existing)
+                    read_regular, refuse_existing)
 from . import Launch, Runtime, own_directory, store_directory
 
 if TYPE_CHECKING:
@@ -135,23 +135,6 @@ def spec_has_kind(directory: str, kind: str) -> bool:
         if text is not None and pattern.search(text):
             return True
     return False
-
-
-def read_regular(path: str, limit: int = 1 << 20) -> str | None:
-    """The first ``limit`` bytes of ``path`` as text if it is a regular file, else None: never
-    blocks on a FIFO or a device (opened non-blocking, checked before reading)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, limit).decode("utf-8", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 _GPU_ID_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
