@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..container.run import LAUNCHER_NAME
+from ..container.run import LAUNCHER_NAME, PYTHON_LAUNCHER_NAME, baked_identity, config_identity
 from ..hooks.config import Config
 from ..hooks.configfile import ConfigError, config_path, load_config
 from ..hooks.surface import GATEWAY_PORT_BASE, GATEWAY_PORT_JOBS, MASTER_PORT_BASE, MASTER_PORT_JOBS
@@ -111,7 +111,7 @@ class Doctor:
         except BuildError:
             stamp = None
         names = stamp["files"] if stamp else [spank_build.SO_NAME]
-        missing = [n for n in [*names, LAUNCHER_NAME] if not (plugin_dir / n).is_file()]
+        missing = [n for n in [*names, LAUNCHER_NAME, PYTHON_LAUNCHER_NAME] if not (plugin_dir / n).is_file()]
         if missing:
             yield Finding(FAIL, "plugins", f"{', '.join(missing)} missing in {plugin_dir}: "
                           f"`tether slurm build`, then `tether slurm install --write`")
@@ -128,7 +128,14 @@ class Doctor:
             yield Finding(WARN, "plugins", f"{', '.join(stale)} in {plugin_dir} differ from the last build in "
                           f"{build}: `tether slurm install --write` installs it")
             return
-        yield Finding(OK, "plugins", f"{', '.join(names)} and {LAUNCHER_NAME} in {plugin_dir}"
+        baked = baked_identity(plugin_dir / PYTHON_LAUNCHER_NAME)
+        if self.config and baked is not None and baked[0] == self.config.source \
+                and baked[1] != config_identity(self.config.source):
+            yield Finding(WARN, "plugins", f"{LAUNCHER_NAME} was installed for an earlier {self.config.source}: every "
+                          f"container rank takes the slower Python launcher, which reads the file again; "
+                          f"`tether slurm install --write` bakes the new one in")
+            return
+        yield Finding(OK, "plugins", f"{', '.join(names)}, {LAUNCHER_NAME} and {PYTHON_LAUNCHER_NAME} in {plugin_dir}"
                       + (f", built for Slurm {built_for}" if built_for else ""))
 
     def _plugstack_line(self) -> str | None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..container.run import LAUNCHER_NAME, launcher_text
+from ..container.rank_launcher import build_rank_launcher
+from ..container.run import LAUNCHER_NAME, PYTHON_LAUNCHER_NAME, launcher_text
 from ..hooks.config import Config
 from ..hooks.configfile import DEFAULT_CONFIG_PATH
 from ..system.files import create_dir, write_atomic
@@ -16,13 +17,14 @@ __all__ = ["LAUNCHER_NAME", "install_launcher", "ensure_image_root", "ensure_sto
 
 
 def install_launcher(plugin_dir: Path, config: Config) -> Path:
-    """Write the container launcher next to the SPANK plugin (see tether.container.run), with a new
-    inode (running tasks keep the old one)."""
+    """Write the container launcher next to the SPANK plugin: the Python one (tether-run-py, see
+    tether.container.run) and the C rank launcher in front of it (tether-run, see
+    tether.container.rank_launcher), both with a new inode (running tasks keep the old one)."""
     source = None if config.source.startswith("<") else config.source
-    text = launcher_text(source or DEFAULT_CONFIG_PATH, config.data["container"])
-    target = plugin_dir / LAUNCHER_NAME
-    write_atomic(target, text, 0o755)
-    return target
+    settings = config.data["container"]
+    python = plugin_dir / PYTHON_LAUNCHER_NAME
+    write_atomic(python, launcher_text(source or DEFAULT_CONFIG_PATH, settings), 0o755)
+    return build_rank_launcher(plugin_dir / LAUNCHER_NAME, source or DEFAULT_CONFIG_PATH, settings, str(python))
 
 
 def ensure_image_root(path: Path, log=print) -> None:

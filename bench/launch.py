@@ -4,14 +4,16 @@ allocation, as the job user, with real rootless podman and the sandbox's busybox
 
   direct   srun -N3 podman run <the same podman options tether uses> --rootfs IMG:O true
   tether   srun -N3 --container-image=IMG true   (SPANK hand-off, per-rank directories, the rank
-           environment, tether's launcher supervising podman; goal <= 1.05 x direct)
+           environment, tether's C rank launcher planning and supervising podman; goal <= 1.05 x
+           direct)
 
 and the same with the sandbox registry's busybox image (issue 14), warm (in the user's store) and
 cold (removed from it before each round, untimed):
 
   direct   srun -N3 podman run … --pull=missing REGISTRY/tether/busybox:1 true   (each rank pulls)
   tether   srun -N3 --container-image=REGISTRY/tether/busybox:1 true  (one pull per node, then
-           run --pull=never; goal warm <= 1.05 x direct)
+           run --pull=never, by the Python launcher the C one hands registry images to; goal warm
+           <= 1.05 x direct)
 
 The kinds of steps are interleaved so drift hits all alike; the medians are printed, and the
 median of the per-round ratios (single steps are noisy here: the three sandbox nodes' ranks all

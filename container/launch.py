@@ -147,19 +147,46 @@ def run_before(launch: Launch) -> None:
             os.close(lock_fd)
 
 
-def execute(launch: Launch, *, subreaper: bool = False) -> NoReturn:
-    """Run the launch; never returns (execs, or exits with the runtime's status). ``subreaper``:
-    this process is a child subreaper already (the SPANK plugin sets it before the launcher runs)."""
+def parse_resume(text: str) -> tuple[int, bool | None, list[int], list[tuple[str, int]]] | None:
+    """What the C rank launcher (container/tether_run.c) hands over after a run it did not conclude
+    itself: ``status;written;received;monitor signal;others killed`` -- the runtime's wait status,
+    whether it wrote the id file (1, 0, -1: unknown), the signals forwarded (comma-separated), the
+    signal that killed the monitor (conmon; 0: none), how many other processes a signal killed.
+    None when ``text`` is not that."""
+    parts = text.split(";")
+    if len(parts) != 5:
+        return None
     try:
-        run_before(launch)
-        if launch.prepare is not None:
-            launch.argv = launch.prepare(launch.argv)
+        status, written, monitor, others = int(parts[0]), int(parts[1]), int(parts[3]), int(parts[4])
+        received = [int(s) for s in parts[2].split(",") if s]
+    except ValueError:
+        return None
+    if written not in (-1, 0, 1) or monitor < 0 or others < 0:
+        return None
+    killed = [("conmon", monitor)] * bool(monitor) + [("", signal.SIGKILL)] * min(others, 64)
+    return status, None if written < 0 else bool(written), received, killed
+
+
+def execute(launch: Launch, *, subreaper: bool = False, resume: str | None = None) -> NoReturn:
+    """Run the launch; never returns (execs, or exits with the runtime's status). ``subreaper``:
+    this process is a child subreaper already (the SPANK plugin sets it before the launcher runs).
+    ``resume``: the C rank launcher ran this launch and hands over its conclusion (parse_resume)."""
+    first = parse_resume(resume) if resume else None
+    if resume and (first is None or not launch.supervise or launch.before or launch.prepare is not None):
+        report(f"internal error: the rank launcher handed over a run this launcher would not have made "
+               f"({resume[:80]!r}); its container, if any, is removed at the step's end")
+        os._exit(EXIT_LAUNCH_FAILED)
+    try:
+        if first is None:
+            run_before(launch)
+            if launch.prepare is not None:
+                launch.argv = launch.prepare(launch.argv)
     except (LaunchError, OSError, ValueError) as exc:
         report(str(exc))
         os._exit(EXIT_LAUNCH_FAILED)
     if not launch.supervise:
         _exec(launch)
-    code = _supervise(launch, subreaper)
+    code = _supervise(launch, subreaper, first)
     # out at once: the interpreter's teardown would cost the rank's end milliseconds for nothing
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -198,8 +225,9 @@ def _set_subreaper() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
-def _supervise(launch: Launch, subreaper: bool) -> int:
-    """Fork the runtime as a child subreaper's child, forward signals, wait, clean up; its status."""
+def _supervise(launch: Launch, subreaper: bool, first=None) -> int:
+    """Fork the runtime as a child subreaper's child, forward signals, wait, clean up; its status.
+    ``first``: the first run happened already, in the C rank launcher (parse_resume's facts)."""
     if not subreaper:
         _set_subreaper()
     if launch.marker and launch.container:
@@ -233,7 +261,10 @@ def _supervise(launch: Launch, subreaper: bool) -> int:
 
     for sig in FORWARDED:            # before fork: a signal in between is not lost (nor fatal)
         signal.signal(sig, forward)
-    status, killed, written = _run_child(launch, children, received)
+    if first is None:
+        status, killed, written = _run_child(launch, children, received)
+    else:
+        status, written, received[:], killed = first
     if _never_started(launch, status, received, killed, written) and launch.runtime.recover_state(launch.env):
         # the runtime failed before it created the container (its own state was stale): nothing
         # of the user's ran, so one more try is safe

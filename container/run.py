@@ -30,10 +30,12 @@ from .spec import LaunchError, check_mount_sources, spec_from_env
 if TYPE_CHECKING:
     from typing import Any, Mapping, NoReturn, Sequence
 
-LAUNCHER_NAME = "tether-run"      # written next to the SPANK plugin / into PBS's libexec
+LAUNCHER_NAME = "tether-run"      # the C rank launcher, next to the SPANK plugin / in PBS's libexec
+PYTHON_LAUNCHER_NAME = "tether-run-py"   # this launcher, which it hands everything but its own case to
 ARGV0_VAR = RUN_ARGV0
 SUBREAPER_VAR = "TETHER_RUN_SUBREAPER"
 CLEANUP_VAR = "TETHER_CLEANUP"    # cleanup mode: slurmstepd, after a container step (see launch.py)
+RESUME_VAR = "TETHER_RUN_RESUME"  # the C rank launcher ran the container: conclude it (launch.parse_resume)
 
 
 def config_identity(path: str | None) -> list[int] | None:
@@ -56,9 +58,10 @@ def container_settings(config_path: str | None) -> dict[str, Any]:
 
 
 def run_container(env: Mapping[str, str], command: Sequence[str], settings: Mapping[str, Any], *,
-                  subreaper: bool = False) -> NoReturn:
+                  subreaper: bool = False, resume: str | None = None) -> NoReturn:
     """Start the container for ``command`` as ``env``'s TETHER_CONTAINER_* describe; never returns.
-    ``subreaper``: the caller made this process a child subreaper already."""
+    ``subreaper``: the caller made this process a child subreaper already; ``resume``: the C rank
+    launcher started it already (see RESUME_VAR)."""
     try:
         spec = spec_from_env(env, command, default_runtime=settings["runtime"], defaults=settings)
         check_mount_sources(spec.mounts, settings.get("mounts") or ())
@@ -70,7 +73,7 @@ def run_container(env: Mapping[str, str], command: Sequence[str], settings: Mapp
     except LaunchError as exc:
         report(str(exc))
         os._exit(EXIT_LAUNCH_FAILED)
-    execute(launch, subreaper=subreaper)
+    execute(launch, subreaper=subreaper, resume=resume)
 
 
 def task_command(argv0: str | None, argv: Sequence[str]) -> list[str]:
@@ -86,6 +89,7 @@ def handoff(config_path: str | None, identity: list[int] | None, baked: Mapping[
     """The launcher's entry point (see the module docstring)."""
     env = dict(os.environ)
     argv0 = env.pop(ARGV0_VAR, None)
+    resume = env.pop(RESUME_VAR, None)
     try:
         # a launcher written by another tether version may bake something else: read the config
         if isinstance(baked, dict) and config_identity(config_path) == identity:
@@ -117,7 +121,7 @@ def handoff(config_path: str | None, identity: list[int] | None, baked: Mapping[
     try:
         # the SPANK plugin made this process a child subreaper; PBS's hook cannot (TETHER_RUN_SUBREAPER=0)
         subreaper = env.pop(SUBREAPER_VAR, "1") != "0"
-        run_container(env, command, settings, subreaper=subreaper)
+        run_container(env, command, settings, subreaper=subreaper, resume=resume)
     except Exception as exc:                       # never a bare traceback in the user's output
         import traceback
 
@@ -153,6 +157,20 @@ sys.path[:0] = {paths!r}
 from tether.container.run import handoff
 handoff({config!r}, {identity!r}, {baked!r})
 """
+
+
+def baked_identity(path) -> tuple[str | None, list[int] | None] | None:
+    """(config path, identity) baked into an installed Python launcher (``LAUNCHER_TEMPLATE``'s
+    handoff line; the C launcher beside it was built with the same), or None when unreadable."""
+    import ast
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            line = next((l for l in fh if l.startswith("handoff(")), None)
+        call = ast.parse(line or "").body[0].value
+        return ast.literal_eval(call.args[0]), ast.literal_eval(call.args[1])
+    except (OSError, SyntaxError, ValueError, IndexError, AttributeError, UnicodeDecodeError):
+        return None
 
 
 def launcher_text(config_path: str | None, settings: Mapping[str, Any], *, python: str | None = None) -> str:

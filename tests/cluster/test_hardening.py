@@ -348,7 +348,7 @@ def test_a_hundred_mixed_jobs_leave_nothing_behind(cluster, image):
             for job in jobs[kind] if kind in wave else []:
                 # a script's comm is its own name; conmon (its environment is podman's) is a child of
                 # the launcher, which reaps it as a child subreaper
-                launchers = [p for p in _processes_of_job(job) if _comm(p) == "tether-run"]
+                launchers = [p for p in _processes_of_job(job) if _comm(p) in ("tether-run", "tether-run-py")]
                 victims = launchers if kind == "kill-launcher" else [
                     c for p in launchers for c in _children(p) if _comm(c) == "conmon"]
                 assert victims, f"{kind}: nothing to kill in job {job}"

@@ -379,8 +379,12 @@ def test_install_prints_the_lines_and_write_applies_them(cluster, tmp_path):
     assert so.stat().st_ino != inode and oct(so.stat().st_mode & 0o777) == "0o755"
     assert storage.is_dir() and oct(storage.stat().st_mode & 0o777) == "0o755"
     assert oct(images.stat().st_mode & 0o7777) == "0o755" and not (images / "users").exists()   # root-only
-    launcher = tmp_path / "plugins" / "tether-run"
-    assert oct(launcher.stat().st_mode & 0o777) == "0o755" and f"handoff({str(config)!r}" in launcher.read_text()
+    launcher = tmp_path / "plugins" / "tether-run"                      # the C rank launcher, then the Python one
+    assert oct(launcher.stat().st_mode & 0o777) == "0o755" and launcher.read_bytes()[:4] == b"\x7fELF"
+    python_launcher = tmp_path / "plugins" / "tether-run-py"
+    assert oct(python_launcher.stat().st_mode & 0o777) == "0o755"
+    assert f"handoff({str(config)!r}" in python_launcher.read_text()
+    assert str(python_launcher).encode() in launcher.read_bytes()
     os.chmod(storage, 0o777)                                           # unsafe: refused
     refused = cluster.run([*tether, "slurm", "install", *common, "--write"], check=False)
     assert refused.returncode == 1

@@ -260,7 +260,8 @@ def test_pbs_install_prints_what_it_would_do_and_changes_nothing(tmp_path, capsy
     assert settings["launcher"] == str(tmp_path / "libexec" / "tether-run")
     usage = subprocess.run([settings["helper"]], capture_output=True, text=True)
     assert usage.returncode == 2 and usage.stderr.startswith("usage: tether-jobdirs")
-    assert (tmp_path / "libexec" / "tether-run").read_text().startswith("#!")
+    assert (tmp_path / "libexec" / "tether-run").read_bytes()[:4] == b"\x7fELF"       # the C rank launcher
+    assert (tmp_path / "libexec" / "tether-run-py").read_text().startswith("#!")  # the Python one behind it
     assert "sched_config" in out and "resources_available.ngpus" in out
 
 

@@ -1,0 +1,996 @@
+/*
+ * tether-run: the container launcher slurmstepd hands each task of a container step to.
+ *
+ * The common case -- podman, a rootfs directory, no other container option, a Slurm rank -- is
+ * planned and supervised here, in C: a Python launcher costs each rank ~12 ms of CPU before podman
+ * starts (the interpreter's start alone ~7 ms on a 2-core node), which made a containerized step
+ * 1.07x the same podman under srun. Everything else (registry images, imports, GPUs, MPI, mounts,
+ * named containers, PBS, terminals, any error) goes to the Python launcher, `tether-run-py`, before
+ * anything ran: this program then execs it with the same argv and environment, so a rank sees one
+ * launcher whatever the path.
+ *
+ * The plan is container/runtimes/podman.py's `Podman.launch` for that case, argument for argument
+ * (tests/unit/test_rank_launcher.py compares the two over many rank environments); the supervision
+ * is container/launch.py's `_supervise`: the cleanup marker, podman as a child of this child
+ * subreaper, the forwarded signals (in a Slurm step's cgroup to the container's first process),
+ * conmon and whatever podman left reaped. A run that did not end cleanly -- a signal, podman's own
+ * failure (exit 125-127, or 1 before it made the container), a process killed below it -- is
+ * concluded by the Python launcher (TETHER_RUN_RESUME: what happened), which retries, removes the
+ * container and says why, as it always did.
+ *
+ * The configuration is baked in at install (tether_run_baked.h, written by container/fast.py): the
+ * config file's identity is compared with the file's, and a changed file sends every rank to the
+ * Python launcher, which reads it again, until `tether slurm install` runs again.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tether_run_baked.h"
+
+extern char **environ;
+
+#define EXIT_LAUNCH_FAILED 125
+#define GRACE_SECONDS 5
+#define MAX_ARGS 256
+#define MAX_PIDS 1024
+
+static const int FORWARDED[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM};
+#define N_FORWARDED ((int)(sizeof(FORWARDED) / sizeof(FORWARDED[0])))
+
+/* ---- the hand-over to the Python launcher ---- */
+
+static char **self_argv;
+static sigset_t original_mask;      /* the signal mask this launcher was started with */
+
+/* Exec the Python launcher with this launcher's argv and environment (``resume``: what the run
+ * here left for it to conclude, or NULL); exit 125 with the reason if even that fails. */
+static void __attribute__((noreturn)) to_python(const char *why, const char *resume)
+{
+	sigprocmask(SIG_SETMASK, &original_mask, NULL);
+	if (getenv("TETHER_RUN_WHY_PYTHON") != NULL)     /* the tests' question: which way, and why */
+		fprintf(stderr, "tether-run: python: %s\n", why);
+	if (resume)
+		setenv("TETHER_RUN_RESUME", resume, 1);
+	self_argv[0] = (char *)TR_PYTHON_LAUNCHER;
+	execv(TR_PYTHON_LAUNCHER, self_argv);
+	fprintf(stderr, "tether: cannot run tether's container launcher %s: %s\n", TR_PYTHON_LAUNCHER,
+		strerror(errno));
+	_exit(EXIT_LAUNCH_FAILED);
+}
+
+/* ---- small string helpers ---- */
+
+static int starts_with(const char *s, const char *prefix)
+{
+	return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+static int in_list(const char *name, const char *const *list)
+{
+	for (; *list; list++)
+		if (strcmp(name, *list) == 0)
+			return 1;
+	return 0;
+}
+
+static int has_prefix_in(const char *name, const char *const *list)
+{
+	for (; *list; list++)
+		if (starts_with(name, *list))
+			return 1;
+	return 0;
+}
+
+/* [A-Za-z_][A-Za-z0-9_]* (spec.py: is_env_name) */
+static int env_name_ok(const char *s, size_t len)
+{
+	if (len == 0 || (s[0] >= '0' && s[0] <= '9'))
+		return 0;
+	for (size_t i = 0; i < len; i++) {
+		char c = s[i];
+		if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'))
+			return 0;
+	}
+	return 1;
+}
+
+static int ascii_printable(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || (unsigned char)*s >= 0x7f)
+			return 0;
+	return 1;
+}
+
+/* A path the plan may use verbatim where Python joins it: absolute, printable ASCII, no empty,
+ * "." or ".." component, no trailing slash, no ':' or ',' (podman's --volume separators). */
+static int plain_path(const char *p)
+{
+	if (p == NULL || p[0] != '/' || !ascii_printable(p) || strpbrk(p, ":, ") != NULL || strlen(p) > 3000)
+		return 0;
+	if (strstr(p, "//") || strstr(p, "/./") || strstr(p, "/../"))
+		return 0;
+	size_t n = strlen(p);
+	if (n < 2 || p[n - 1] == '/' || (n >= 2 && strcmp(p + n - 2, "/.") == 0) ||
+	    (n >= 3 && strcmp(p + n - 3, "/..") == 0))
+		return 0;
+	return 1;
+}
+
+/* spec.py's _safe_id: letters, digits, '_.-'; others '_'; at most 40; "0" when empty. ASCII only
+ * (a non-ASCII id goes to Python, whose slicing counts characters, not bytes). */
+static int safe_id(const char *value, char *out, size_t size)
+{
+	size_t n = 0;
+
+	for (const char *c = value; *c && n < 40 && n + 1 < size; c++) {
+		unsigned char u = (unsigned char)*c;
+		if (u >= 0x80)
+			return -1;
+		out[n++] = ((u >= 'A' && u <= 'Z') || (u >= 'a' && u <= 'z') || (u >= '0' && u <= '9') ||
+			    u == '_' || u == '.' || u == '-') ? (char)u : '_';
+	}
+	out[n] = '\0';
+	if (n == 0)
+		snprintf(out, size, "0");
+	return 0;
+}
+
+/* snprintf that says when it cut: 0, or -1 */
+static int __attribute__((format(printf, 3, 4))) fmt(char *out, size_t size, const char *format, ...)
+{
+	va_list ap;
+	int n;
+
+	va_start(ap, format);
+	n = vsnprintf(out, size, format, ap);
+	va_end(ap);
+	return n < 0 || (size_t)n >= size ? -1 : 0;
+}
+
+static const char *env_or(const char *name, const char *fallback)
+{
+	const char *v = getenv(name);
+	return (v && *v) ? v : fallback;
+}
+
+/* ---- the plan ---- */
+
+/* The variables only the launchers read (container/run.py pops them before planning). */
+static int launcher_own(const char *entry)
+{
+	return starts_with(entry, "TETHER_RUN_ARGV0=") || starts_with(entry, "TETHER_RUN_SUBREAPER=") ||
+	       starts_with(entry, "TETHER_RUN_RESUME=");
+}
+
+struct plan {
+	const char *argv[MAX_ARGS];
+	int argc;
+	char **envp;              /* podman's environment */
+	int names_fd;             /* the --env-file memfd, or -1 */
+	char name[160];           /* tether-<job>-<step>-<rank> */
+	char created[PATH_MAX];   /* <rank dir>/.cid */
+	char rank_dir[PATH_MAX];
+	char marker[PATH_MAX];    /* <step dir>/.cleanup-<rank> */
+	char marker_data[PATH_MAX * 2 + 512];
+	char store[PATH_MAX], run[PATH_MAX];
+	char job_label[96], step_label[160], names_arg[32];
+	char tmp_mount[PATH_MAX], work_mount[PATH_MAX];
+};
+
+static void add(struct plan *p, const char *arg, const char **why)
+{
+	if (p->argc >= MAX_ARGS - 1) {
+		*why = "too many arguments for the fast path";
+		return;
+	}
+	p->argv[p->argc++] = arg;
+	p->argv[p->argc] = NULL;
+}
+
+/* Two "NAME=value" entries by NAME (Python: sorted(names)) */
+/* add() each argument up to a NULL */
+static void add_all(struct plan *p, const char **why, ...)
+{
+	va_list ap;
+	const char *arg;
+
+	va_start(ap, why);
+	while ((arg = va_arg(ap, const char *)) != NULL)
+		add(p, arg, why);
+	va_end(ap);
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+	const char *x = *(const char *const *)a, *y = *(const char *const *)b;
+	size_t nx = strcspn(x, "="), ny = strcspn(y, "=");
+	int c = memcmp(x, y, nx < ny ? nx : ny);
+	return c ? c : (nx > ny) - (nx < ny);
+}
+
+/* Is this environment entry one that goes into the container by name (environment.py:
+ * passed_from_host; the rank's tether values and TETHER_RUN_* dropped already)? */
+static int passed(const char *entry, size_t len)
+{
+	char name[256];
+
+	if (len >= sizeof name || !env_name_ok(entry, len))
+		return 0;
+	memcpy(name, entry, len);
+	name[len] = '\0';
+	if (in_list(name, TR_OWN_NAMES) || in_list(name, TR_HOST_ONLY) || has_prefix_in(name, TR_RUNTIME_CONTROL))
+		return 0;
+	if (TR_ENV_INHERIT)
+		return !(in_list(name, TR_IMAGE_NAMES) || has_prefix_in(name, TR_IMAGE_PREFIXES));
+	return in_list(name, TR_PASS_NAMES) || has_prefix_in(name, TR_PASS_PREFIXES);
+}
+
+/* The memfd with the passed names, sorted, one per line, at fd 10 or above (podman.py:
+ * env_names_fd); -1 with none; -2 on an error. */
+static int names_memfd(char **host)
+{
+	size_t n = 0, cap = 64;
+	const char **names = malloc(cap * sizeof *names);
+	int fd, high;
+
+	if (names == NULL)
+		return -2;
+	for (char **e = host; *e; e++) {
+		const char *eq = strchr(*e, '=');
+		if (eq == NULL || !passed(*e, (size_t)(eq - *e)))
+			continue;
+		if (n == cap) {
+			const char **more = realloc(names, (cap *= 2) * sizeof *names);
+			if (more == NULL) {
+				free(names);
+				return -2;
+			}
+			names = more;
+		}
+		names[n++] = *e;
+	}
+	if (n == 0) {
+		free(names);
+		return -1;
+	}
+	qsort(names, n, sizeof *names, cmp_name);
+	fd = memfd_create("tether-env-names", 0);
+	if (fd < 0) {
+		free(names);
+		return -2;
+	}
+	for (size_t i = 0; i < n; i++) {
+		size_t len = (size_t)(strchr(names[i], '=') - names[i]);
+		if (dprintf(fd, "%.*s\n", (int)len, names[i]) < 0) {
+			close(fd);
+			free(names);
+			return -2;
+		}
+	}
+	free(names);
+	high = fcntl(fd, F_DUPFD_CLOEXEC, 10);
+	close(fd);
+	return high < 0 ? -2 : high;
+}
+
+/* runtimes/__init__.py: own_directory -- a real directory of ``uid`` (not a symlink); ``private``:
+ * and nobody else may enter it (made so when it is the user's own). */
+static int own_directory(const char *path, uid_t uid, int private)
+{
+	struct stat st;
+
+	if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != uid)
+		return -1;
+	if (private && (st.st_mode & 077) && chmod(path, 0700) < 0)
+		return -1;
+	return 0;
+}
+
+/* runtimes/__init__.py: store_directory (os.makedirs, then each directory from the first one named
+ * after the user down is the user's own). */
+static int store_directory(const char *template, uid_t uid, char *out, size_t size)
+{
+	const char *at = strstr(template, "{uid}");
+	char path[PATH_MAX];
+	int first = 0, parts = 0;
+
+	if (at == NULL || strstr(at + 5, "{uid}") != NULL)
+		return -1;                /* no {uid}, or two: Python's replace() and count() decide */
+	if (snprintf(path, sizeof path, "%.*s%u%s", (int)(at - template), template, (unsigned)uid, at + 5) >= (int)sizeof path)
+		return -1;
+	for (size_t n = strlen(path); n > 1 && path[n - 1] == '/'; n--)
+		path[n - 1] = '\0';
+	if (!plain_path(path))
+		return -1;
+	for (const char *c = template; c < at; c++)
+		first += *c == '/';
+	/* os.makedirs(path, 0o700, exist_ok=True) */
+	for (char *c = path + 1;; c++) {
+		if (*c == '/' || *c == '\0') {
+			char keep = *c;
+			*c = '\0';
+			if (mkdir(path, 0700) < 0 && errno != EEXIST)
+				return -1;
+			*c = keep;
+			if (keep == '\0')
+				break;
+		}
+	}
+	for (const char *c = path; *c; c++)
+		parts += *c == '/';
+	/* parts = len(path.split("/")) - 1; check "/".join(parts[:end]) for end in first+1 .. len */
+	for (int end = first + 1; end <= parts + 1; end++) {
+		char prefix[PATH_MAX];
+		int seen = 0;
+		size_t i = 0;
+		for (; path[i]; i++) {
+			if (path[i] == '/' && ++seen == end)
+				break;
+		}
+		memcpy(prefix, path, i);
+		prefix[i] = '\0';
+		if (prefix[0] == '\0' || own_directory(prefix, uid, end == parts + 1) < 0)
+			return -1;
+	}
+	snprintf(out, size, "%s", path);
+	return 0;
+}
+
+/* A JSON string (launch.py: json_text) into ``out``; -1 when it does not fit. */
+static int json_string(const char *s, char *out, size_t size)
+{
+	size_t n = 0;
+
+#define PUT(...) do { int w = snprintf(out + n, size - n, __VA_ARGS__); if (w < 0 || (size_t)w >= size - n) return -1; n += (size_t)w; } while (0)
+	PUT("\"");
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"')
+			PUT("\\\"");
+		else if (c == '\\')
+			PUT("\\\\");
+		else if (c == '\n')
+			PUT("\\n");
+		else if (c == '\r')
+			PUT("\\r");
+		else if (c == '\t')
+			PUT("\\t");
+		else if (c < 0x20 || c == 0x7f)
+			PUT("\\u%04x", c);
+		else if (c >= 0x80)
+			return -1;          /* non-ASCII: the Python launcher writes it */
+		else
+			PUT("%c", c);
+	}
+	PUT("\"");
+#undef PUT
+	return 0;
+}
+
+/* Does the config file still have the identity baked in? */
+static int config_current(void)
+{
+	struct stat st;
+
+	if (!TR_HAS_IDENTITY)
+		return stat(TR_CONFIG_PATH, &st) < 0;     /* baked without a file: still none */
+	if (stat(TR_CONFIG_PATH, &st) < 0)
+		return 0;
+	return (unsigned long long)st.st_ino == TR_CONFIG_INO && (long long)st.st_size == TR_CONFIG_SIZE &&
+	       (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec == TR_CONFIG_MTIME_NS;
+}
+
+static int lexists_in(const char *root, const char *rel)
+{
+	char path[PATH_MAX];
+	struct stat st;
+
+	if (snprintf(path, sizeof path, "%s/%s", root, rel) >= (int)sizeof path)
+		return 0;
+	return lstat(path, &st) == 0;
+}
+
+/* The plan, or NULL with ``*why`` saying why this rank goes to the Python launcher. */
+static struct plan *make_plan(char **command, const char **why)
+{
+	static struct plan p;
+	const char *image, *rank_dir, *value;
+	char job[48], step[48], rank[48];
+	struct stat st;
+	uid_t uid = getuid();
+	size_t envc = 0;
+	int isatty_any = isatty(0) || isatty(1) || isatty(2);
+
+#define NO(reason) do { *why = (reason); return NULL; } while (0)
+	if (!TR_FAST)
+		NO(TR_WHY_NOT_FAST);
+	if (!config_current())
+		NO("tether's configuration changed since the launcher was installed");
+	if (command[0] == NULL || command[0][0] == '\0')
+		NO("no command");
+	if (getenv("SLURM_JOB_ID") == NULL || getenv("TETHER_CLEANUP") || getenv(TR_GATEWAYS_RUN_VAR) ||
+	    getenv(TR_BATCH_VAR) || getenv("PBS_JOBID"))
+		NO("not a Slurm task of a container step");
+	value = getenv("TETHER_RUN_SUBREAPER");
+	if (value && strcmp(value, "0") == 0)
+		NO("not made a child subreaper by the SPANK plugin");
+	if (uid == 0)
+		NO("root");
+	if (isatty_any)
+		NO("a terminal");
+	if (getenv("PMI_FD") || getenv("PMIX_SERVER_TMPDIR"))
+		NO("MPI (PMI-2 or PMIx)");
+	value = getenv("TETHER_SLOT_IDS");
+	if (value && *value) {
+		const char *type = env_or("TETHER_JOB_SLOT_TYPE", "cuda");
+		if (strcmp(type, "cpu") != 0 && strspn(value, ",") != strlen(value))
+			NO("GPUs");
+	}
+	for (char **e = environ; *e; e++) {
+		if ((starts_with(*e, "TETHER_CONTAINER_") && !starts_with(*e, "TETHER_CONTAINER_IMAGE=")) ||
+		    starts_with(*e, "TETHER_NO_CONTAINER_"))
+			NO("a container option besides the image");
+		envc++;
+	}
+	image = getenv("TETHER_CONTAINER_IMAGE");
+	if (image == NULL || strlen(image) > TR_MAX_TEXT || !plain_path(image))   /* hooks/imageref.py: an absolute path of printable characters is a local image */
+		NO("not a rootfs directory's plain path");
+	rank_dir = getenv("TETHER_RANK_DIR");
+	if (rank_dir == NULL || !plain_path(rank_dir) || strlen(rank_dir) > PATH_MAX - 64)
+		NO("no rank directory");
+	if (stat(image, &st) < 0 || !S_ISDIR(st.st_mode) || access(image, R_OK | X_OK) < 0)
+		NO("the image is not a directory you can read");
+	if (access(image, W_OK) < 0) {        /* shared: only as it is, when it has every mount target */
+		for (const char *const *t = TR_ROOTFS_TARGETS; *t; t++)
+			if (!lexists_in(image, *t))
+				NO("a shared rootfs without podman's mount targets (imported)");
+	}
+	if (safe_id(env_or("SLURM_JOB_ID", env_or("PBS_JOBID", "0")), job, sizeof job) < 0 ||
+	    safe_id(env_or("SLURM_STEP_ID", env_or("PBS_TASKNUM", "0")), step, sizeof step) < 0 ||
+	    safe_id(env_or("RANK", env_or("SLURM_PROCID", "0")), rank, sizeof rank) < 0)
+		NO("a non-ASCII id");
+	if (fmt(p.rank_dir, sizeof p.rank_dir, "%s", rank_dir) < 0)
+		NO("a path too long for the fast path");
+	if (fmt(p.name, sizeof p.name, "tether-%s-%s-%s", job, step, rank) < 0)
+		NO("a path too long for the fast path");
+	if (fmt(p.created, sizeof p.created, "%s/.cid", rank_dir) < 0)
+		NO("a path too long for the fast path");
+	if (fmt(p.tmp_mount, sizeof p.tmp_mount, "%s/tmp:%s", rank_dir, TR_CONTAINER_TMP) < 0)
+		NO("a path too long for the fast path");
+	if (fmt(p.work_mount, sizeof p.work_mount, "%s/work:%s", rank_dir, TR_CONTAINER_WORKDIR) < 0)
+		NO("a path too long for the fast path");
+	if (fmt(p.marker, sizeof p.marker, "%.*s/%s%s", (int)(strrchr(rank_dir, '/') - rank_dir), rank_dir,
+		 TR_CLEANUP_MARKER, rank) < 0)
+		NO("a path too long for the fast path");
+	if (fmt(p.job_label, sizeof p.job_label, "tether.job=%s", job) < 0)
+		NO("a path too long for the fast path");
+	if (fmt(p.step_label, sizeof p.step_label, "tether.step=%s.%s", job, step) < 0)
+		NO("a path too long for the fast path");
+
+	/* podman's environment: the task's (less TETHER_RUN_*), the configured runtime env, and no
+	 * TMPDIR unless configured (rootless podman keeps run state under $TMPDIR) */
+	p.envp = calloc(envc + TR_RUNTIME_ENV_COUNT + 1, sizeof *p.envp);
+	if (p.envp == NULL)
+		NO("out of memory");
+	size_t n = 0;
+	for (char **e = environ; *e; e++) {
+		const char *eq = strchr(*e, '=');
+		int replaced = 0;
+		if (eq == NULL || launcher_own(*e))
+			continue;
+		if (!TR_RUNTIME_ENV_HAS_TMPDIR && starts_with(*e, "TMPDIR="))
+			continue;
+		for (const char *const *r = TR_RUNTIME_ENV; *r; r++)
+			if (strncmp(*r, *e, (size_t)(eq - *e) + 1) == 0)
+				replaced = 1;
+		if (!replaced)
+			p.envp[n++] = *e;
+	}
+	for (const char *const *r = TR_RUNTIME_ENV; *r; r++)
+		p.envp[n++] = (char *)*r;
+	p.envp[n] = NULL;
+
+	/* the names into the container: from the task's environment (Python: host_env), not the
+	 * runtime's additions; a configured runtime variable the task also has was replaced above,
+	 * so look at the task's own entries */
+	{
+		char **host = calloc(envc + 1, sizeof *host);
+		size_t h = 0;
+		if (host == NULL)
+			NO("out of memory");
+		for (char **e = environ; *e; e++)
+			if (!launcher_own(*e))
+				host[h++] = *e;
+		host[h] = NULL;
+		p.names_fd = names_memfd(host);
+		free(host);
+		if (p.names_fd == -2)
+			NO("cannot make the environment names file");
+	}
+
+	if (TR_STORE_TEMPLATE[0]) {
+		const char *xdg = getenv("XDG_RUNTIME_DIR");
+		char base[PATH_MAX];
+		for (const char *const *r = TR_RUNTIME_ENV; *r; r++)
+			if (starts_with(*r, "XDG_RUNTIME_DIR="))
+				xdg = *r + strlen("XDG_RUNTIME_DIR=");
+		if (store_directory(TR_STORE_TEMPLATE, uid, p.store, sizeof p.store) < 0)
+			NO("the podman store needs a check the Python launcher makes");
+		if (fmt(base, sizeof base, "%s", xdg && *xdg ? xdg : "") < 0)
+			NO("a path too long for the fast path");
+		if (base[0] == '\0')
+			fmt(base, sizeof base, "/tmp/podman-run-%u", (unsigned)uid);
+		if (!plain_path(base))
+			NO("an unusual XDG_RUNTIME_DIR");
+		if (mkdir(base, 0700) < 0 && errno != EEXIST)
+			NO("podman's run directory cannot be made");
+		if (own_directory(base, uid, 0) < 0)
+			NO("podman's run directory is not yours");
+		if (fmt(p.run, sizeof p.run, "%s/tether-podman/storage", base) < 0)
+			NO("a path too long for the fast path");
+		strncat(p.store, "/storage", sizeof p.store - strlen(p.store) - 1);
+	}
+
+	{	/* the cleanup marker's content (launch.py: write_marker; podman.py: marker_data) */
+		char quoted[PATH_MAX * 2 - 128];
+		const char *xdg = NULL;
+		for (char **e = p.envp; *e; e++)
+			if (starts_with(*e, "XDG_RUNTIME_DIR="))
+				xdg = *e + strlen("XDG_RUNTIME_DIR=");
+		if (xdg && *xdg) {
+			if (json_string(xdg, quoted, sizeof quoted) < 0)
+				NO("an XDG_RUNTIME_DIR the marker cannot hold");
+			if (fmt(p.marker_data, sizeof p.marker_data,
+				"{\"runtime\": \"podman\", \"container\": \"%s\", \"xdg_runtime_dir\": %s}", p.name, quoted) < 0)
+				NO("a path too long for the fast path");
+		} else {
+			if (fmt(p.marker_data, sizeof p.marker_data, "{\"runtime\": \"podman\", \"container\": \"%s\"}",
+				 p.name) < 0)
+				NO("a path too long for the fast path");
+		}
+	}
+
+	/* podman.py: Podman.launch, for this case */
+	add_all(&p, why, TR_PODMAN_BINARY, "run", NULL);
+	for (const char *const *a = TR_PODMAN_ARGS; *a; a++)
+		add(&p, *a, why);
+	if (TR_STORE_TEMPLATE[0])
+		add_all(&p, why, "--root", p.store, "--runroot", p.run, NULL);
+	add_all(&p, why, "--log-level=fatal", "--rm", "--name", p.name, "--cidfile", p.created,
+		"--label", p.job_label, "--label", p.step_label, "--network=host", "--pid=host",
+		"--log-driver=passthrough", "--userns=keep-id", "--entrypoint=", "--read-only", NULL);
+	if (p.names_fd >= 0) {
+		if (fmt(p.names_arg, sizeof p.names_arg, "/dev/fd/%d", p.names_fd) < 0)
+			NO("a path too long for the fast path");
+		add_all(&p, why, "--env-file", p.names_arg, NULL);
+	}
+	add_all(&p, why, "--env", "TETHER_CONTAINER=1", "--env", "TMPDIR=" TR_CONTAINER_TMP,
+		"--env", "TETHER_WORK_DIR=" TR_CONTAINER_WORKDIR, "--volume", p.tmp_mount, "--volume", p.work_mount,
+		"--workdir", TR_CONTAINER_WORKDIR, "--rootfs", image, NULL);
+	for (char **c = command; *c; c++)
+		add(&p, *c, why);
+	if (*why)
+		return NULL;
+	return &p;
+#undef NO
+}
+
+/* ---- the supervision (launch.py: _supervise) ---- */
+
+static int read_small(const char *path, char *buf, size_t size)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	ssize_t n;
+
+	if (fd < 0)
+		return -1;
+	n = read(fd, buf, size - 1);
+	close(fd);
+	if (n < 0)
+		return -1;
+	buf[n] = '\0';
+	return (int)n;
+}
+
+/* The cgroup v1 freezer path of ``pid`` (0: this process) into ``out``; 0, or -1. */
+static int freezer_of(pid_t pid, char *out, size_t size)
+{
+	char path[64], text[4096];
+
+	if (pid)
+		snprintf(path, sizeof path, "/proc/%d/cgroup", (int)pid);
+	else
+		snprintf(path, sizeof path, "/proc/self/cgroup");
+	if (read_small(path, text, sizeof text) < 0)
+		return -1;
+	for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+		char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+		if (c2 == NULL)
+			continue;
+		*c2 = '\0';
+		for (char *ctl = strtok(c1 + 1, ","); ctl; ctl = strtok(NULL, ","))
+			if (strcmp(ctl, "freezer") == 0) {
+				snprintf(out, size, "%s", c2 + 1);
+				return 0;
+			}
+	}
+	return -1;
+}
+
+/* launch.py: slurm_tracked_cgroup -- this process's freezer cgroup when it is a Slurm step's
+ * (a component job_* followed by one step_*). */
+static int tracked_cgroup(char *out, size_t size)
+{
+	char path[PATH_MAX];
+	int after_job = 0;
+
+	if (freezer_of(0, path, sizeof path) < 0)
+		return 0;
+	snprintf(out, size, "%s", path);
+	for (const char *c = path;; c = strchr(c, '/') + 1) {
+		if (after_job && starts_with(c, "step_"))
+			return 1;
+		after_job = starts_with(c, "job_");
+		if (strchr(c, '/') == NULL)
+			return 0;
+	}
+}
+
+static int children_of(pid_t pid, pid_t *out, int have, int max)
+{
+	char path[96], text[8192];
+	DIR *dir;
+	struct dirent *d;
+
+	snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+	if ((dir = opendir(path)) == NULL)
+		return have;
+	while ((d = readdir(dir)) != NULL) {
+		if (d->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof path, "/proc/%d/task/%.20s/children", (int)pid, d->d_name);
+		if (read_small(path, text, sizeof text) < 0)
+			continue;
+		for (char *tok = strtok(text, " \n"); tok && have < max; tok = strtok(NULL, " \n")) {
+			pid_t kid = (pid_t)atoi(tok);
+			int seen = 0;
+			for (int i = 0; i < have; i++)
+				seen |= out[i] == kid;
+			if (kid > 0 && !seen)
+				out[have++] = kid;
+		}
+	}
+	closedir(dir);
+	return have;
+}
+
+static int comm_is(pid_t pid, const char *name)
+{
+	char path[64], text[64];
+
+	snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+	if (read_small(path, text, sizeof text) < 0)
+		return 0;
+	text[strcspn(text, "\n")] = '\0';
+	return strcmp(text, name) == 0;
+}
+
+static pid_t child = -1;
+static int tracked;
+static char tracked_path[PATH_MAX];
+static char received[64];      /* the signals forwarded, comma-separated */
+
+/* launch.py: _supervise's forward */
+static void forward(int signum)
+{
+	pid_t below[MAX_PIDS], first[MAX_PIDS], targets[MAX_PIDS];
+	int nb = 0, nf = 0, nt = 0;
+	size_t used = strlen(received);
+
+	if (used + 5 < sizeof received)     /* each whole; past ~12 of them, the first ones say enough */
+		snprintf(received + used, sizeof received - used, "%s%d", used ? "," : "", signum);
+	/* every process below this one, nearest first, the runtime (our child) left out */
+	nb = children_of(getpid(), below, 0, MAX_PIDS);
+	for (int i = 0; i < nb; i++)
+		nb = children_of(below[i], below, nb, MAX_PIDS);
+	{
+		int k = 0;
+		for (int i = 0; i < nb; i++)
+			if (below[i] != child)
+				below[k++] = below[i];
+		nb = k;
+	}
+	if (!tracked) {
+		if (child > 0)
+			targets[nt++] = child;
+		for (int i = 0; i < nb && nt < MAX_PIDS; i++)
+			targets[nt++] = below[i];
+	} else {
+		for (int i = 0; i < nb; i++)
+			if (comm_is(below[i], "conmon"))
+				nf = children_of(below[i], first, nf, MAX_PIDS);
+		if (nf) {
+			for (int i = 0; i < nf; i++)
+				targets[nt++] = first[i];
+		} else if (child > 0) {
+			targets[nt++] = child;
+		}
+		for (int i = 0; i < nb && nt < MAX_PIDS; i++) {
+			char cg[PATH_MAX];
+			int in_first = 0;
+			for (int j = 0; j < nf; j++)
+				in_first |= first[j] == below[i];
+			if (in_first)
+				continue;
+			if (freezer_of(below[i], cg, sizeof cg) < 0 || strcmp(cg, tracked_path) != 0)
+				targets[nt++] = below[i];
+		}
+	}
+	for (int i = 0; i < nt; i++)
+		kill(targets[i], signum);
+}
+
+static void remove_file(const char *path)
+{
+	(void)unlink(path);
+}
+
+static int write_marker(const struct plan *p)
+{
+	char tmp[PATH_MAX + 32];
+	int fd;
+	size_t len = strlen(p->marker_data);
+
+	if (fmt(tmp, sizeof tmp, "%s.%d", p->marker, (int)getpid()) < 0)
+		return -1;
+	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -1;
+	if (write(fd, p->marker_data, len) != (ssize_t)len || close(fd) < 0 || rename(tmp, p->marker) < 0) {
+		unlink(tmp);
+		return -1;
+	}
+	return 0;
+}
+
+struct dirstamp {
+	int valid;
+	ino_t ino;
+	struct timespec mtime, ctime;
+};
+
+/* system/dirstamp.py */
+static void stamp_take(struct dirstamp *s, const char *path)
+{
+	struct stat st;
+
+	memset(s, 0, sizeof *s);
+	s->valid = stat(path, &st) == 0 && (st.st_mtim.tv_nsec || st.st_ctim.tv_nsec);
+	if (s->valid) {
+		s->ino = st.st_ino;
+		s->mtime = st.st_mtim;
+		s->ctime = st.st_ctim;
+	}
+}
+
+/* 1 changed, 0 not, -1 unknown */
+static int stamp_changed(const struct dirstamp *s, const char *path)
+{
+	struct stat st;
+
+	if (!s->valid)
+		return -1;
+	if (stat(path, &st) < 0)
+		return 1;
+	return st.st_ino != s->ino || st.st_mtim.tv_sec != s->mtime.tv_sec || st.st_mtim.tv_nsec != s->mtime.tv_nsec ||
+	       st.st_ctim.tv_sec != s->ctime.tv_sec || st.st_ctim.tv_nsec != s->ctime.tv_nsec;
+}
+
+int main(int argc, char **argv)
+{
+	const char *why = NULL, *argv0 = getenv("TETHER_RUN_ARGV0");
+	char **command;
+	struct plan *p;
+	sigset_t mask, old;
+	posix_spawnattr_t attr;
+	posix_spawn_file_actions_t actions;
+	struct dirstamp stamp;
+	int status = 0, monitor_killed = 0, others_killed = 0;
+
+	self_argv = argv;
+	sigprocmask(SIG_BLOCK, NULL, &original_mask);
+	signal(SIGCHLD, SIG_DFL);            /* an inherited SIG_IGN would reap podman behind our back */
+	unsetenv("TETHER_RUN_RESUME");       /* only ever this launcher's word to the Python one */
+	if (argc < 1 || argv0 == NULL)
+		to_python("not handed a task", NULL);
+	/* container/run.py: task_command -- argv[1:] where Slurm prepended the launcher, else argv0 first */
+	command = calloc((size_t)argc + 1, sizeof *command);
+	if (command == NULL)
+		to_python("out of memory", NULL);
+	{
+		int n = 0;
+		if (argv0[0])
+			command[n++] = (char *)argv0;
+		for (int i = 1; i < argc; i++)
+			command[n++] = argv[i];
+		command[n] = NULL;
+	}
+	p = make_plan(command, &why);
+	if (p == NULL)
+		to_python(why, NULL);
+#ifdef TETHER_RUN_PLAN_ONLY
+	/* the tests' build: the plan instead of the run, as NUL-terminated items: a section's name,
+	 * its count of items, the items */
+	{
+		char names[65536];
+		ssize_t n = 0;
+		size_t envc = 0;
+		for (char **e = p->envp; *e; e++)
+			envc++;
+		printf("argv%c%d%c", 0, p->argc, 0);
+		for (int i = 0; i < p->argc; i++)
+			printf("%s%c", p->argv[i], 0);
+		printf("env%c%zu%c", 0, envc, 0);
+		for (char **e = p->envp; *e; e++)
+			printf("%s%c", *e, 0);
+		if (p->names_fd >= 0) {
+			lseek(p->names_fd, 0, SEEK_SET);
+			n = read(p->names_fd, names, sizeof names - 1);
+		}
+		names[n > 0 ? n : 0] = '\0';
+		printf("names%c1%c%s%c", 0, 0, names, 0);
+		printf("marker%c2%c%s%c%s%c", 0, 0, p->marker, 0, p->marker_data, 0);
+		printf("created%c1%c%s%c", 0, 0, p->created, 0);
+		return 0;
+	}
+#endif
+	/* the SPANK plugin made this process a child subreaper; a second call costs nothing */
+	prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+	tracked = tracked_cgroup(tracked_path, sizeof tracked_path);
+	if (write_marker(p) < 0)
+		to_python("cannot write the cleanup marker", NULL);
+	/* signals wait here until podman exists: none is lost, none is fatal (sigwaitinfo below) */
+	sigemptyset(&mask);
+	for (int i = 0; i < N_FORWARDED; i++)
+		sigaddset(&mask, FORWARDED[i]);
+	sigaddset(&mask, SIGCHLD);
+	sigprocmask(SIG_BLOCK, &mask, &old);
+	remove_file(p->created);            /* podman refuses to overwrite a --cidfile */
+	stamp_take(&stamp, p->rank_dir);
+
+	posix_spawnattr_init(&attr);
+	posix_spawn_file_actions_init(&actions);
+	{
+		sigset_t defaults;
+		sigemptyset(&defaults);
+		for (int i = 0; i < N_FORWARDED; i++)
+			sigaddset(&defaults, FORWARDED[i]);
+		sigaddset(&defaults, SIGPIPE);
+		sigaddset(&defaults, SIGXFSZ);
+		sigaddset(&defaults, SIGCHLD);
+		posix_spawnattr_setsigdefault(&attr, &defaults);
+		posix_spawnattr_setsigmask(&attr, &old);
+		posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+	}
+	if (p->names_fd >= 0)
+		posix_spawn_file_actions_adddup2(&actions, p->names_fd, p->names_fd);   /* clears close-on-exec */
+	if (posix_spawnp(&child, p->argv[0], &actions, &attr, (char *const *)p->argv, p->envp) != 0) {
+		remove_file(p->marker);
+		to_python("podman cannot be started (the Python launcher says why)", NULL);
+	}
+
+	/* launch.py: _wait_for, with the forwarding of _supervise */
+	for (int done = 0; !done;) {
+		siginfo_t info;
+		int sig = sigwaitinfo(&mask, &info);
+		if (sig < 0)
+			continue;
+		if (sig != SIGCHLD) {
+			forward(sig);
+			continue;
+		}
+		for (;;) {
+			siginfo_t w;
+			int st;
+			pid_t pid;
+			int is_conmon;
+			memset(&w, 0, sizeof w);
+			if (waitid(P_ALL, 0, &w, WEXITED | WNOHANG | WNOWAIT) < 0) {
+				if (errno == ECHILD)    /* no child left at all (launch.py's _wait_for: status 0) */
+					done = 1;
+				break;
+			}
+			if (w.si_pid == 0)
+				break;
+			is_conmon = comm_is(w.si_pid, "conmon");
+			pid = waitpid(w.si_pid, &st, 0);
+			if (pid < 0)
+				continue;
+			if (pid == child) {
+				status = st;
+				done = 1;
+				break;
+			}
+			if (WIFSIGNALED(st)) {
+				if (is_conmon && !monitor_killed)
+					monitor_killed = WTERMSIG(st);
+				else
+					others_killed++;
+			}
+		}
+	}
+
+	{
+		/* signals that came while podman ended: forwarded as they would have been, and counted */
+		struct timespec now = {0, 0};
+		siginfo_t info;
+		int sig;
+		while ((sig = sigtimedwait(&mask, &info, &now)) > 0)
+			if (sig != SIGCHLD)
+				forward(sig);
+	}
+	{
+		int exited = WIFEXITED(status), code = exited ? WEXITSTATUS(status) : -1;
+		struct stat st;
+		int written = stat(p->created, &st) == 0 ? 1 : stamp_changed(&stamp, p->rank_dir);
+		int clean = exited && received[0] == '\0' && !monitor_killed && !others_killed && code < 125 &&
+			    !(code == 1 && written == 0);
+		if (!clean) {
+			/* launch.py concludes: the retry, the removal, the messages (status;written;received;
+			 * monitor signal;others killed) */
+			char resume[160];
+			snprintf(resume, sizeof resume, "%d;%d;%s;%d;%d", status, written, received, monitor_killed,
+				 others_killed);
+			to_python("the run did not end cleanly", resume);
+		}
+		remove_file(p->created);
+		remove_file(p->marker);
+		/* launch.py: _reap_descendants -- what podman left (conmon finishing), for at most 5 s */
+		{
+			struct timespec end, now;
+			clock_gettime(CLOCK_MONOTONIC, &end);
+			end.tv_sec += GRACE_SECONDS;
+			for (;;) {
+				siginfo_t info;
+				struct timespec left;
+				pid_t pid;
+				while ((pid = waitpid(-1, NULL, WNOHANG)) > 0)
+					;
+				if (pid < 0 && errno == ECHILD)
+					break;
+				clock_gettime(CLOCK_MONOTONIC, &now);
+				left.tv_sec = end.tv_sec - now.tv_sec;
+				left.tv_nsec = end.tv_nsec - now.tv_nsec;
+				if (left.tv_nsec < 0) {
+					left.tv_sec--;
+					left.tv_nsec += 1000000000L;
+				}
+				if (left.tv_sec < 0)
+					break;
+				int sig = sigtimedwait(&mask, &info, &left);
+				if (sig > 0 && sig != SIGCHLD)
+					forward(sig);
+				else if (sig < 0 && errno == EAGAIN)
+					break;
+			}
+		}
+		return code;
+	}
+}

@@ -1,0 +1,395 @@
+"""The C rank launcher (container/tether_run.c): its plan is Podman.launch's, argument for argument,
+for every rank environment it takes; everything else goes to the Python launcher, with the reason;
+its run ends as podman did, leaves nothing behind, and hands an unclean end over to be concluded.
+
+Built here as the tests' variant (``plan_only``: the plan printed instead of run) and as the real
+one; run as an unprivileged user (nobody when the tests run as root), as slurmstepd runs tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tether.container.launch import parse_resume
+from tether.container.rank_launcher import baked_header, build_rank_launcher, c_string, why_not_fast
+
+NOBODY = 65534
+UID = NOBODY if os.getuid() == 0 else os.getuid()
+
+REFERENCE = textwrap.dedent("""\
+    # the Python launcher's plan for this rank, printed as the C launcher's plan-only build prints it
+    import json, os, sys
+    from tether.container.run import task_command, ARGV0_VAR, SUBREAPER_VAR, RESUME_VAR
+    from tether.container.runtimes import adapter
+    from tether.container.spec import spec_from_env
+    settings = json.loads(sys.argv[1])
+    env = dict(os.environ)
+    argv0 = env.pop(ARGV0_VAR, None)
+    env.pop(RESUME_VAR, None)
+    env.pop(SUBREAPER_VAR, None)
+    command = task_command(argv0, ["tether-run", *sys.argv[2:]])
+    spec = spec_from_env(env, command, default_runtime=settings["runtime"], defaults=settings)
+    runtime = adapter("podman", settings["podman"], environment=settings.get("environment") or "inherit")
+    launch = runtime.launch(spec, env)
+    assert not launch.before and launch.prepare is None and launch.supervise and not launch.after
+    names = ""
+    for fd in (launch.fds or {}):
+        os.lseek(fd, 0, 0)
+        names = os.read(fd, 1 << 16).decode()
+    out = {"argv": launch.argv, "env": launch.env, "names": names, "marker": launch.marker,
+           "marker_data": launch.marker_data, "created": launch.created}
+    print(json.dumps(out))
+""")
+
+
+def _as(uid):
+    if os.getuid() == 0:
+        return lambda: (os.setgid(uid), os.setuid(uid))
+    return None
+
+
+@pytest.fixture(scope="module")
+def world():
+    """A rank's world: a store and run base anyone may make theirs, a rank directory and a rootfs
+    of the user's, a complete shared (root-owned where possible) rootfs, a config file."""
+    base = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tether-rank-launcher-"))
+    os.chmod(base, 0o1777)
+    rank = base / "jobs" / "7" / "n1" / "step-0" / "rank-0"
+    for d in (rank / "tmp", rank / "work"):
+        d.mkdir(parents=True)
+    own = base / "own-rootfs"
+    (own / "bin").mkdir(parents=True)
+    shared = base / "shared-rootfs"
+    for target in ("etc/passwd", "etc/group", "etc/hosts", "etc/hostname", "etc/resolv.conf", "etc/mtab"):
+        (shared / target).parent.mkdir(parents=True, exist_ok=True)
+        (shared / target).write_text("")
+    for target in ("proc", "sys", "dev", "run", "tmp", "var/tmp"):
+        (shared / target).mkdir(parents=True)
+    bare = base / "bare-rootfs"
+    (bare / "bin").mkdir(parents=True)
+    if os.getuid() == 0:
+        for path in (base / "jobs", own):
+            for root, dirs, files in os.walk(path):
+                for name in [*dirs, *files]:
+                    os.chown(os.path.join(root, name), NOBODY, NOBODY)
+            os.chown(path, NOBODY, NOBODY)
+    for path in (shared, bare):
+        for root, dirs, _ in os.walk(path):
+            for d in dirs:
+                os.chmod(os.path.join(root, d), 0o755)
+        os.chmod(path, 0o755)
+    config = base / "tether.yaml"
+    config.write_text("# the config whose identity is baked in\n")
+    os.chmod(config, 0o644)
+    stub = base / "tether-run-py"
+    stub.write_text("#!/bin/sh\necho \"python-launcher resume=${TETHER_RUN_RESUME-unset} argv0=${TETHER_RUN_ARGV0-unset}"
+                    " $*\"\nexit 42\n")
+    os.chmod(stub, 0o755)
+    yield {"base": base, "rank": rank, "own": own, "shared": shared, "bare": bare, "config": config, "stub": stub}
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def settings_for(world, **podman) -> dict:
+    return {"runtime": "podman", "environment": podman.pop("environment", "inherit"),
+            "podman": {"args": ["--runtime", "runc"], "env": {"CONTAINERS_CONF": "/etc/tether-test/containers.conf"},
+                       "store": str(world["base"] / "store-{uid}"), **podman}}
+
+
+def build(world, settings, name, *, plan_only=True) -> Path:
+    target = world["base"] / name
+    build_rank_launcher(target, str(world["config"]), settings, str(world["stub"]), plan_only=plan_only)
+    return target
+
+
+def rank_env(world, **extra) -> dict:
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0",
+           "SLURM_STEPID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NNODES": "1",
+           "TETHER_RANK_DIR": str(world["rank"]), "TETHER_STEP_DIR": str(world["rank"].parent),
+           "TETHER_JOB_DIR": str(world["rank"].parents[2]), "TETHER_RUN_ARGV0": "true",
+           "TETHER_CONTAINER_IMAGE": str(world["own"]), "TETHER_WORK_DIR": str(world["rank"] / "work"),
+           "LANG": "C.UTF-8", "OMP_NUM_THREADS": "4", "MY_VAR": "a value\nwith a line", "A": "1", "A1": "2",
+           "AB": "3", "LD_LIBRARY_PATH": "/x", "CONTAINERS_STORAGE_CONF": "/y", "XDG_RUNTIME_DIR": "",
+           "TMPDIR": "/var/tmp/elsewhere", "PYTHONPATH": "", "TETHER_SLOT_IDS": "", "1BAD": "x"}
+    env.update(extra)
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def c_plan(launcher: Path, env: dict, args=()) -> dict | str:
+    """The C launcher's plan, or the Python launcher's line when it handed over (and why)."""
+    out = subprocess.run([str(launcher), *args], env={**env, "TETHER_RUN_WHY_PYTHON": "1"},
+                         capture_output=True, stdin=subprocess.DEVNULL, preexec_fn=_as(UID), timeout=30)
+    if out.stdout.startswith(b"python-launcher"):
+        return out.stderr.decode().strip() + " | " + out.stdout.decode().strip()
+    assert out.returncode == 0, out.stderr.decode()
+    items, plan = out.stdout.decode().split("\0"), {}
+    while len(items) > 1:
+        key, count = items[0], int(items[1])
+        plan[key], items = items[2:2 + count], items[2 + count:]
+    env_out = dict(e.split("=", 1) for e in plan["env"])
+    return {"argv": plan["argv"], "env": env_out, "names": plan["names"][0], "marker": plan["marker"][0],
+            "marker_data": json.loads(plan["marker"][1]), "created": plan["created"][0]}
+
+
+def python_plan(settings: dict, env: dict, args=()) -> dict:
+    out = subprocess.run([sys.executable, "-c", REFERENCE, json.dumps(settings), *args],
+                         env={**env, "TETHER_RUN_WHY_PYTHON": "1"},
+                         capture_output=True, stdin=subprocess.DEVNULL, preexec_fn=_as(UID), timeout=60, cwd="/")
+    assert out.returncode == 0, out.stderr.decode()
+    plan = json.loads(out.stdout)
+    if "LC_CTYPE" not in env and not env.get("LANG") and not env.get("LC_ALL"):
+        # Python's own start set LC_CTYPE=C.UTF-8 in a C locale (PEP 538): the Python launcher
+        # passed it on; the C one passes the job's environment as it is
+        del plan["env"]["LC_CTYPE"]
+        plan["names"] = plan["names"].replace("LC_CTYPE\n", "")
+    return plan
+
+
+def normalized(plan: dict) -> dict:
+    plan = dict(plan)
+    plan["argv"] = ["/dev/fd/N" if a.startswith("/dev/fd/") else a for a in plan["argv"]]
+    return plan
+
+
+FAST_CASES = {
+    "a rank's own rootfs": {},
+    "a shared, complete rootfs": {"TETHER_CONTAINER_IMAGE": "shared"},
+    "XDG_RUNTIME_DIR set (the marker names it)": {"XDG_RUNTIME_DIR": "xdg"},
+    "RANK over SLURM_PROCID, odd ids made safe": {"RANK": "3", "SLURM_JOB_ID": "12+3", "SLURM_STEP_ID": "4 5"},
+    "Slurm 23.11's prepended launcher (empty argv0) and arguments": {"TETHER_RUN_ARGV0": "", "__args": ["sh", "-c", "x y"]},
+    "a small environment": {"__bare": True},
+    "CPU slots": {"TETHER_SLOT_IDS": "0,1", "TETHER_JOB_SLOT_TYPE": "cpu"},
+}
+
+
+@pytest.mark.parametrize("mode", ["inherit", "allowlist"])
+@pytest.mark.parametrize("case", list(FAST_CASES))
+def test_the_c_plan_is_the_python_plan(world, mode, case):
+    settings = settings_for(world, environment=mode)
+    launcher = build(world, settings, f"plan-{mode}")
+    extra = dict(FAST_CASES[case])
+    args = extra.pop("__args", [])
+    if extra.pop("__bare", False):
+        env = {k: v for k, v in rank_env(world).items() if k.startswith(("SLURM_JOB_ID", "TETHER_"))}
+    else:
+        env = rank_env(world)
+    if extra.get("TETHER_CONTAINER_IMAGE") == "shared":
+        extra["TETHER_CONTAINER_IMAGE"] = str(world["shared"])
+    if extra.get("XDG_RUNTIME_DIR") == "xdg":
+        xdg = world["base"] / f"xdg-{mode}"
+        xdg.mkdir(exist_ok=True)
+        if os.getuid() == 0:
+            os.chown(xdg, UID, UID)
+        extra["XDG_RUNTIME_DIR"] = str(xdg)
+    env.update(extra)
+    if args and env.get("TETHER_RUN_ARGV0") == "":
+        ours = c_plan(launcher, env, args)
+        theirs = python_plan(settings, env, args)
+    else:
+        ours, theirs = c_plan(launcher, env, args), python_plan(settings, env, args)
+    assert isinstance(ours, dict), f"went to the Python launcher: {ours}"
+    assert normalized(ours) == normalized(theirs)
+    assert "--rootfs" in ours["argv"] and ours["argv"][-1] == (args[-1] if args else "true")
+    if mode == "inherit" and "MY_VAR" in env:
+        assert "MY_VAR\n" in ours["names"] and "LD_LIBRARY_PATH" not in ours["names"]
+
+
+SETTINGS_CASES = {
+    "podman's default store": {"store": ""},
+    "a configured TMPDIR and XDG_RUNTIME_DIR for podman": {"env": {"TMPDIR": "/var/tmp", "XDG_RUNTIME_DIR": "xdg"}},
+    "another binary, no args": {"binary": "/usr/bin/podman", "args": []},
+    "global options with values": {"args": ["--runtime=runc", "--cgroup-manager", "cgroupfs"]},
+}
+
+
+@pytest.mark.parametrize("case", list(SETTINGS_CASES))
+def test_the_c_plan_is_the_python_plan_for_each_podman_setting(world, case):
+    podman = dict(SETTINGS_CASES[case])
+    if podman.get("env", {}).get("XDG_RUNTIME_DIR") == "xdg":
+        xdg = world["base"] / "xdg-configured"
+        xdg.mkdir(exist_ok=True)
+        if os.getuid() == 0:
+            os.chown(xdg, UID, UID)
+        podman["env"] = {**podman["env"], "XDG_RUNTIME_DIR": str(xdg)}
+    settings = settings_for(world, **podman)
+    launcher = build(world, settings, "plan-settings")
+    env = rank_env(world)
+    ours, theirs = c_plan(launcher, env), python_plan(settings, env)
+    assert isinstance(ours, dict), f"went to the Python launcher: {ours}"
+    assert normalized(ours) == normalized(theirs)
+
+
+HANDED_OVER = {
+    "a mount": ({"TETHER_CONTAINER_MOUNTS": "/etc:/mnt"}, "a container option besides the image"),
+    "--no-container-mount-home": ({"TETHER_NO_CONTAINER_MOUNT_HOME": "1"}, "a container option besides the image"),
+    "a registry image": ({"TETHER_CONTAINER_IMAGE": "ubuntu:22.04"}, "not a rootfs directory's plain path"),
+    "an image path with a colon": ({"TETHER_CONTAINER_IMAGE": "/x:y"}, "not a rootfs directory's plain path"),
+    "a missing image": ({"TETHER_CONTAINER_IMAGE": "/nonexistent/rootfs"}, "not a directory you can read"),
+    "a shared rootfs without podman's mount targets": ({"TETHER_CONTAINER_IMAGE": "bare"}, "imported"),
+    "GPUs": ({"TETHER_SLOT_IDS": "0"}, "GPUs"),
+    "PMI-2": ({"PMI_FD": "5"}, "MPI"),
+    "PMIx": ({"PMIX_SERVER_TMPDIR": "/tmp"}, "MPI"),
+    "PBS": ({"PBS_JOBID": "1.server"}, "not a Slurm task"),
+    "the cleanup after a step": ({"TETHER_CLEANUP": "/x"}, "not a Slurm task"),
+    "a --container-batch script": ({"TETHER_RUN_BATCH": "1"}, "not a Slurm task"),
+    "no rank directory": ({"TETHER_RANK_DIR": None}, "no rank directory"),
+    "a rank directory with a trailing slash": ({"TETHER_RANK_DIR": "slash"}, "no rank directory"),
+    "a non-ASCII id": ({"SLURM_PROCID": "\u00e9"}, "a non-ASCII id"),
+    "not a child subreaper": ({"TETHER_RUN_SUBREAPER": "0"}, "subreaper"),
+    "not handed a task": ({"TETHER_RUN_ARGV0": None}, "not handed a task"),
+}
+
+
+@pytest.mark.parametrize("case", list(HANDED_OVER))
+def test_everything_else_goes_to_the_python_launcher_with_its_argv(world, case):
+    launcher = build(world, settings_for(world), "plan-inherit")
+    extra, why = HANDED_OVER[case]
+    extra = dict(extra)
+    image = extra.get("TETHER_CONTAINER_IMAGE")
+    if image == "bare":
+        extra["TETHER_CONTAINER_IMAGE"] = str(world["bare"])
+    if image == "bare" and os.getuid() != 0:
+        pytest.skip("the shared rootfs is the user's own unless root made it (CI runs the unit tests as root)")
+    if extra.get("TETHER_RANK_DIR") == "slash":
+        extra["TETHER_RANK_DIR"] = str(world["rank"]) + "/"
+    env = rank_env(world, **extra)
+    said = c_plan(launcher, env, ["an", "argument"])
+    assert isinstance(said, str) and why in said, said
+    assert said.startswith("tether-run: python: ") and said.endswith(" an argument")   # the same argv
+    assert "resume=unset" in said
+
+
+def test_a_configuration_the_c_path_cannot_take_or_that_changed_goes_to_python(world):
+    assert why_not_fast({"runtime": "podman", "mounts": ["/a:/b"]}) == "container.mounts is set"
+    assert why_not_fast({"runtime": "enroot"}) == "the default runtime is enroot"
+    launcher = build(world, {**settings_for(world), "runtime": "enroot"}, "plan-enroot")
+    assert "the default runtime is enroot" in c_plan(launcher, rank_env(world))
+    launcher = build(world, settings_for(world), "plan-changed")
+    assert isinstance(c_plan(launcher, rank_env(world)), dict)
+    config = world["config"]
+    text = config.read_text()
+    config.write_text(text + "# changed\n")
+    try:
+        said = c_plan(launcher, rank_env(world))
+        assert isinstance(said, str) and "configuration changed" in said
+    finally:
+        config.write_text(text)
+
+
+def test_root_goes_to_python(world):
+    if os.getuid() != 0:
+        pytest.skip("only root can run a task as root")   # CI runs the unit tests as root
+    launcher = build(world, settings_for(world), "plan-inherit")
+    out = subprocess.run([str(launcher)], env={**rank_env(world), "TETHER_RUN_WHY_PYTHON": "1"},
+                         capture_output=True, timeout=30)
+    assert b"python: root" in out.stderr and out.stdout.startswith(b"python-launcher")
+
+
+def test_baked_strings_are_c_literals():
+    assert c_string('a"b\\c\n\u00e9?') == '"a\\"b\\\\c\\012\\303\\251\\?"'
+    header = baked_header(None, {"runtime": "podman", "podman": {"args": ["--x=\"1\""]}}, "/p")
+    assert 'TR_PODMAN_ARGS[] = {"--x=\\"1\\"", NULL};' in header and "#define TR_HAS_IDENTITY 0" in header
+
+
+FAKE_PODMAN = textwrap.dedent("""\
+    #!/bin/sh
+    # a podman for the run: writes its --cidfile as podman does once the container exists, then
+    # behaves as FAKE_MODE says
+    cid=""; prev=""
+    for a in "$@"; do [ "$prev" = --cidfile ] && cid="$a"; prev="$a"; done
+    case "$FAKE_MODE" in
+      fail-early) echo "Error: something before the container" >&2; exit 125 ;;
+    esac
+    [ -n "$cid" ] && echo 0123abcd > "$cid"
+    echo "podman ran: $*" | tr -s ' ' | cut -c1-60 > "$FAKE_LOG"
+    case "$FAKE_MODE" in
+      exit3) exit 3 ;;
+      sleep) trap 'echo term >> "$FAKE_LOG"; exit 143' TERM; sleep 30 & wait; exit 0 ;;
+    esac
+    exit 0
+""")
+
+
+@pytest.fixture()
+def runnable(world):
+    bin_dir = world["base"] / "fakebin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "podman").write_text(FAKE_PODMAN)
+    os.chmod(bin_dir / "podman", 0o755)
+    launcher = build(world, settings_for(world), "run", plan_only=False)
+    log = world["base"] / "fake.log"
+
+    def start(mode: str, **kw):
+        if log.exists():
+            log.unlink()
+        env = rank_env(world, PATH=f"{bin_dir}:/usr/bin:/bin", FAKE_MODE=mode, FAKE_LOG=str(log))
+        if os.getuid() == 0:
+            log.touch()
+            os.chown(log, UID, UID)
+        return subprocess.Popen([str(launcher)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                preexec_fn=_as(UID), **kw)
+    return start, log
+
+
+def test_a_clean_run_ends_as_podman_did_and_leaves_nothing(world, runnable):
+    start, log = runnable
+    for mode, code in (("ok", 0), ("exit3", 3)):
+        proc = start(mode)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == code, err
+        assert b"python-launcher" not in out                     # concluded here
+        assert log.read_text().startswith("podman ran: run --runtime runc --root")
+        assert not (world["rank"] / ".cid").exists()
+        assert not (world["rank"].parent / ".cleanup-0").exists()
+
+
+def test_an_unclean_end_is_handed_over_with_what_happened(world, runnable):
+    start, log = runnable
+    proc = start("fail-early")
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 42 and b"Error: something before the container" in err
+    said = out.decode()
+    assert f"resume={125 << 8};0;;0;0" in said and "argv0=true" in said     # no id file, nothing changed
+    assert parse_resume(f"{125 << 8};0;;0;0") == (125 << 8, False, [], [])
+    # the marker stays for the Python launcher's conclusion (it removes it once the container is gone)
+    assert json.loads((world["rank"].parent / ".cleanup-0").read_text()) == {"runtime": "podman",
+                                                                             "container": "tether-7-0-0"}
+
+    proc = start("sleep")
+    deadline = time.monotonic() + 20
+    while not (log.exists() and log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)                    # forwarded to podman (no Slurm cgroup here)
+    out, err = proc.communicate(timeout=30)
+    assert "term" in log.read_text()
+    assert proc.returncode == 42 and f"resume={143 << 8};1;15;0;" in out.decode()
+
+
+def test_the_handover_is_parsed_strictly():
+    assert parse_resume(f"{9};-1;15,2;9;1") == (9, None, [15, 2], [("conmon", 9), ("", signal.SIGKILL)])
+    for bad in ("", "1;2;;0;0", "x;0;;0;0", "1;0;a;0;0", "1;0;;-1;0", "1;0;;0"):
+        assert parse_resume(bad) is None
+
+
+def test_the_baked_identity_is_read_back_for_tether_doctor(tmp_path):
+    from tether.container.run import baked_identity, config_identity, launcher_text
+
+    config = tmp_path / "tether.yaml"
+    config.write_text("job_storage_root: /x\n")
+    launcher = tmp_path / "tether-run-py"
+    launcher.write_text(launcher_text(str(config), {"runtime": "podman"}))
+    assert baked_identity(launcher) == (str(config), config_identity(str(config)))
+    config.write_text("job_storage_root: /y/changed\n")
+    assert baked_identity(launcher)[1] != config_identity(str(config))    # doctor warns: ranks take Python
+    launcher.write_text("not a launcher\n")
+    assert baked_identity(launcher) is None and baked_identity(tmp_path / "missing") is None
