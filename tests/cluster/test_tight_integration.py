@@ -359,8 +359,13 @@ def test_a_time_limit_sends_sigterm_into_the_container_first(cluster, time_limit
     said = (out / f"job-{job}.out").read_text() if (out / f"job-{job}.out").exists() else "(no output)"
     # the container was up (its trap set) before the limit, else the test proves nothing
     assert (out / f"up-{job}").exists(), f"the container never started before the time limit: {said}"
+    # At the limit slurmd signals the step's tasks with SIGTERM twice, back to back: _rpc_timelimit,
+    # then the _rpc_terminate_job it calls (22.05 req.c). A host rank's trap runs once or twice (two
+    # SIGTERMs pending while sh waits for `sleep 1` are one); 20 host and 20 container jobs here all
+    # said once, CI once said twice. Never none (the container got it before SIGKILL), never more
+    # (tether forwards each signal once).
     term = out / f"term-{job}"
-    assert term.exists() and term.read_text() == "term\n", said                      # once
+    assert term.exists() and term.read_text() in ("term\n", "term\nterm\n"), said
     assert wait_until(lambda: _containers(cluster, f"tether-{job}-") == [], timeout=60)
 
 
