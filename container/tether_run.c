@@ -808,14 +808,20 @@ int main(int argc, char **argv)
 	const char *why = NULL, *argv0 = getenv("TETHER_RUN_ARGV0");
 	char **command;
 	struct plan *p;
-	sigset_t mask, old;
+	sigset_t mask;
 	posix_spawnattr_t attr;
 	posix_spawn_file_actions_t actions;
 	struct dirstamp stamp;
 	int status = 0, monitor_killed = 0, others_killed = 0;
 
 	self_argv = argv;
-	sigprocmask(SIG_BLOCK, NULL, &original_mask);
+	/* the signals to forward wait from here until podman exists (sigwaitinfo below): none is lost,
+	 * none is fatal; the Python launcher gets the mask this launcher was started with */
+	sigemptyset(&mask);
+	for (int i = 0; i < N_FORWARDED; i++)
+		sigaddset(&mask, FORWARDED[i]);
+	sigaddset(&mask, SIGCHLD);
+	sigprocmask(SIG_BLOCK, &mask, &original_mask);
 	signal(SIGCHLD, SIG_DFL);            /* an inherited SIG_IGN would reap podman behind our back */
 	unsetenv("TETHER_RUN_RESUME");       /* only ever this launcher's word to the Python one */
 	if (argc < 1 || argv0 == NULL)
@@ -866,12 +872,6 @@ int main(int argc, char **argv)
 	tracked = tracked_cgroup(tracked_path, sizeof tracked_path);
 	if (write_marker(p) < 0)
 		to_python("cannot write the cleanup marker", NULL);
-	/* signals wait here until podman exists: none is lost, none is fatal (sigwaitinfo below) */
-	sigemptyset(&mask);
-	for (int i = 0; i < N_FORWARDED; i++)
-		sigaddset(&mask, FORWARDED[i]);
-	sigaddset(&mask, SIGCHLD);
-	sigprocmask(SIG_BLOCK, &mask, &old);
 	remove_file(p->created);            /* podman refuses to overwrite a --cidfile */
 	stamp_take(&stamp, p->rank_dir);
 
@@ -886,7 +886,7 @@ int main(int argc, char **argv)
 		sigaddset(&defaults, SIGXFSZ);
 		sigaddset(&defaults, SIGCHLD);
 		posix_spawnattr_setsigdefault(&attr, &defaults);
-		posix_spawnattr_setsigmask(&attr, &old);
+		posix_spawnattr_setsigmask(&attr, &original_mask);
 		posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
 	}
 	if (p->names_fd >= 0)
