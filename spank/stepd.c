@@ -14,6 +14,7 @@
  * slurmd's config -- not the job's), the step's by S_JOB_STEPID.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -22,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <slurm/slurm.h>
@@ -681,10 +683,45 @@ int tether_stepd_task_exit(spank_t sp)
 	return 0;
 }
 
+/* Does another step's directory remain under this node's part of job directory ``name`` (a step
+ * still ending: its own end removes it, after its containers' cleanup)? Nothing is followed. */
+static int other_steps_here(int root_fd, const char *name)
+{
+	const char *node = step.node[0] ? step.node : getenv("SLURMD_NODENAME");
+	int job_fd, node_fd, found = 0;
+	struct dirent *d;
+	DIR *dir;
+
+	if (node == NULL || !tether_name_ok(node, sizeof(step.node) - 1))
+		return 0;
+	job_fd = openat(root_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (job_fd < 0)
+		return 0;
+	node_fd = openat(job_fd, node, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	close(job_fd);
+	if (node_fd < 0 || (dir = fdopendir(node_fd)) == NULL) {
+		if (node_fd >= 0)
+			close(node_fd);
+		return 0;
+	}
+	while (!found && (d = readdir(dir)) != NULL) {
+		struct stat st;
+
+		if (strncmp(d->d_name, TETHER_STEP_PREFIX, strlen(TETHER_STEP_PREFIX)) != 0 ||
+		    strcmp(d->d_name, step.step_name) == 0)
+			continue;
+		found = d->d_type == DT_DIR || (d->d_type == DT_UNKNOWN &&
+			fstatat(dirfd(dir), d->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode));
+	}
+	closedir(dir);
+	return found;
+}
+
 /*
  * slurmstepd, as root, when the step ends (normally, failed, cancelled or timed out): the step's
  * directories, then the node's and the job's when no other step uses them. The end of the batch
- * step is the end of the job: then the whole job directory goes, whatever the job left in it.
+ * step is the end of the job: then the whole job directory goes, whatever the job left in it --
+ * unless another step is still ending on this node (see below).
  */
 void tether_stepd_exit(void)
 {
@@ -704,11 +741,20 @@ void tether_stepd_exit(void)
 	if (root_fd < 0)
 		return;
 	snprintf(name, sizeof(name), "%u", step.job_id);
-	if (step.step_id == SLURM_BATCH_SCRIPT) {
-		/* the job's end: other steps may still be ending, their markers go with the tree */
+	if (step.step_id == SLURM_BATCH_SCRIPT && !other_steps_here(root_fd, name)) {
+		/* the job's end, with no other step left here: the job's directory goes whole */
 		if (tether_launcher && tether_has_leftovers(root_fd, name, 2))
 			tether_run_leftover_cleanup(tether_launcher, step.job_dir, step.uid, step.gid, what);
 		tether_remove_tree_at(root_fd, name);
+		close(root_fd);
+		return;
+	}
+	/* A step that is still ending here (at a time limit the batch step can end first) removes its
+	 * own directory, after its containers' cleanup: removed with the tree now, its cleanup marker
+	 * was lost while its container was still being stopped, and the container stayed in podman's
+	 * records. So the batch step then ends as any step; the rest goes with that step's end or,
+	 * once every step here has ended, with slurmd's job epilog (tether_job_epilog). */
+	if (!step.node[0]) {
 		close(root_fd);
 		return;
 	}
