@@ -43,7 +43,11 @@ def fakes(cluster) -> FakeRuntimes:
 def settings(cluster, fakes):
     """Switch the sandbox's tether.yaml for one test (the launcher re-reads a changed config); restored."""
     path = cluster.box.tether_conf
-    original = path.read_text()
+    # kept by a second link: restoring it by content would leave a file of another identity, and
+    # every container rank of the session would take the Python launcher (tether doctor warns)
+    installed = path.with_suffix(".installed")
+    installed.unlink(missing_ok=True)
+    os.link(path, installed)
 
     def write(environment: str = "inherit") -> None:
         data = cluster.box.tether_settings()
@@ -56,7 +60,7 @@ def settings(cluster, fakes):
         time.sleep(CONFIG_CHECK_SECONDS + 0.05)
 
     yield write
-    path.write_text(original)
+    os.replace(installed, path)     # the very file (inode, size, mtime) tether-run was built for
 
 
 def srun(cluster, fakes, runtime: str, image: str, *options: str, env: dict[str, str] | None = None,

@@ -27,7 +27,11 @@ RANKS = "srun bash -c 'echo rank=$SLURM_PROCID node=$SLURMD_NODENAME gpus=${CUDA
 def tether_config(cluster):
     """Write the sandbox's tether.yaml (the plugin re-reads it on change); restored afterwards."""
     path = cluster.box.tether_conf
-    original = path.read_text()
+    # kept by a second link: restoring it by content would leave a file of another identity, and
+    # every container rank of the session would take the Python launcher (tether doctor warns)
+    installed = path.with_suffix(".installed")
+    installed.unlink(missing_ok=True)
+    os.link(path, installed)
 
     def write(text: str | dict | None = None, **settings) -> None:
         if text is None:
@@ -41,7 +45,7 @@ def tether_config(cluster):
 
     write()
     yield write
-    path.write_text(original)
+    os.replace(installed, path)     # the very file (inode, size, mtime) tether-run was built for
 
 
 def sbatch(cluster, *args: str, script: str | None = None, env: dict | None = None, wait: bool = True):
