@@ -17,7 +17,6 @@ here; tests/unit/test_rank_launcher.py builds it with ``plan_only`` and compares
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -26,6 +25,7 @@ from ..hooks.layout import CLEANUP_MARKER
 from ..hooks.surface import BATCH_VAR, GATEWAYS_RUN_VAR, MAX_TEXT
 from ..system.toolchain import CBuild
 from . import environment
+from .run import config_identity
 from .runtimes.podman import DEFAULT_STORE, ROOTFS_TARGETS
 from .spec import CONTAINER_TMP, CONTAINER_WORKDIR
 
@@ -73,13 +73,7 @@ def baked_header(config_path: str | None, settings: Mapping[str, Any], python_la
     podman = settings.get("podman") or {}
     runtime_env = {str(k): str(v) for k, v in (podman.get("env") or {}).items()}
     store = podman.get("store", DEFAULT_STORE) or ""
-    identity = None
-    if config_path:
-        try:
-            st = os.stat(config_path)
-            identity = (st.st_ino, st.st_size, st.st_mtime_ns)
-        except OSError:
-            identity = None
+    identity = config_identity(config_path)      # what the Python launcher compares too
     why = why_not_fast(settings)
     mode = settings.get("environment") or environment.DEFAULT_MODE
     own = tuple(environment.overrides(_WithRankDir()))       # tether's own values in a rank with its directories
