@@ -182,10 +182,11 @@ static int mkdir_as_user_at(int dirfd, const char *name, mode_t mode, uid_t uid,
 	return rc;
 }
 
+static int open_owned_dir_at(int dirfd, const char *name, uid_t uid, const char *shown);
+
 int tether_ensure_dir_at(int dirfd, const char *name, mode_t mode, uid_t uid, gid_t gid, const char *shown)
 {
 	struct stat st;
-	int fd;
 
 	if (geteuid() == 0 && uid != 0 && fstat(dirfd, &st) == 0 && st.st_uid == uid) {
 		/* below the job's own directory: created as the user */
@@ -200,6 +201,16 @@ int tether_ensure_dir_at(int dirfd, const char *name, mode_t mode, uid_t uid, gi
 		tether_fail("tether: cannot create %s: %s", shown, strerror(errno));
 		return -1;
 	}
+	return open_owned_dir_at(dirfd, name, uid, shown);
+}
+
+/* The fd of the existing directory ``name`` under ``dirfd`` when uid owns it, not following a
+ * symlink; -1 (reported) or -2 (it is gone: removed under us). */
+static int open_owned_dir_at(int dirfd, const char *name, uid_t uid, const char *shown)
+{
+	struct stat st;
+	int fd;
+
 	fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	if (fd < 0) {
 		if (errno == ENOENT)
@@ -234,9 +245,19 @@ int tether_claim_job_dir(int root_fd, const char *name, uid_t uid, gid_t gid, co
 
 	/* Only root creates entries in the root: one another uid owns is a leftover of an earlier job
 	 * with this id (ids restart when the scheduler's state is cleared; no live job owns it). */
-	if (fstatat(root_fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode) && st.st_uid != uid) {
-		tether_info("tether: removing %s left by an earlier job of uid %u", shown, (unsigned)st.st_uid);
-		tether_remove_tree_at(root_fd, name);
+	if (fstatat(root_fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
+		if (st.st_uid != uid) {
+			tether_info("tether: removing %s left by an earlier job of uid %u", shown, (unsigned)st.st_uid);
+			tether_remove_tree_at(root_fd, name);
+		} else {
+			/* made by an earlier step of this job, or by another node sharing the root: opened
+			 * as it is, without a directory made under a temporary name, handed over, renamed
+			 * and dropped again only to find it exists (4 metadata operations per step) */
+			int fd = open_owned_dir_at(root_fd, name, uid, shown);
+
+			if (fd != -2)
+				return fd;
+		}
 	}
 	return tether_ensure_dir_at(root_fd, name, 0700, uid, gid, shown);
 }

@@ -719,9 +719,9 @@ static int other_steps_here(int root_fd, const char *name)
 
 /*
  * slurmstepd, as root, when the step ends (normally, failed, cancelled or timed out): the step's
- * directories, then the node's and the job's when no other step uses them. The end of the batch
- * step is the end of the job: then the whole job directory goes, whatever the job left in it --
- * unless another step is still ending on this node (see below).
+ * directories; the job's and the node's stay for the job's next step. The end of the batch step is
+ * the end of the job: then the whole job directory goes, whatever the job left in it -- unless
+ * another step is still ending on this node (see below).
  */
 void tether_stepd_exit(void)
 {
@@ -753,7 +753,12 @@ void tether_stepd_exit(void)
 	 * own directory, after its containers' cleanup: removed with the tree now, its cleanup marker
 	 * was lost while its container was still being stopped, and the container stayed in podman's
 	 * records. So the batch step then ends as any step; the rest goes with that step's end or,
-	 * once every step here has ended, with slurmd's job epilog (tether_job_epilog). */
+	 * once every step here has ended, with slurmd's job epilog (tether_job_epilog).
+	 * Any other step removes its own directory only. The job's directory and this node's in it
+	 * stay for the job's next step (made and removed again by each step, they cost 4 metadata
+	 * operations more per node and step, and the directory made under a temporary name
+	 * another 4 on every node but the first); the batch step's end or, without one (salloc),
+	 * slurmd's job epilog removes them. */
 	if (!step.node[0]) {
 		close(root_fd);
 		return;
@@ -767,10 +772,8 @@ void tether_stepd_exit(void)
 			tether_remove_tree_at(node_fd, step.step_name);
 			close(node_fd);
 		}
-		unlinkat(job_fd, step.node, AT_REMOVEDIR); /* only when empty: no other step here */
 		close(job_fd);
 	}
-	unlinkat(root_fd, name, AT_REMOVEDIR);            /* only when no node uses it any more */
 	close(root_fd);
 }
 

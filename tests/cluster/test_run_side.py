@@ -119,6 +119,25 @@ def test_a_failing_command_leaves_nothing(cluster):
     assert wait_until(lambda: job not in job_entries(cluster))
 
 
+def test_a_steps_directory_goes_with_it_and_the_jobs_with_the_job(cluster):
+    """Within an allocation, a step's end removes its own directory; the job's directory and each
+    node's in it stay for the next step (made and removed by every step, they cost 4 metadata
+    operations more per node and step); slurmd's job epilog removes them at the job's end."""
+    wait_gone = 'for i in $(seq 100); do ls "$J"/*/ | grep -q step- || break; sleep 0.1; done'
+    script = (f'J={storage(cluster)}/$SLURM_JOB_ID; srun sh -c "echo STEP=\\$TETHER_STEP_DIR"; {wait_gone}; '
+              'echo LEFT $(cd "$J" && ls -d */ */*); srun sh -c "echo STEP=\\$TETHER_STEP_DIR"; '
+              f'{wait_gone}; echo LEFT $(cd "$J" && ls -d */ */*); echo JOB=$SLURM_JOB_ID')
+    out = cluster.as_user(["salloc", "--slots=2", "--slots-per-node=1", "--slot-type=cpu", "sh", "-c", script],
+                          timeout=120).stdout
+    job = out.split("JOB=")[1].split()[0]
+    steps = sorted(line.split("=", 1)[1] for line in out.splitlines() if line.startswith("STEP="))
+    nodes = sorted(cluster.nodes[:2])
+    assert steps == sorted(f"{storage(cluster)}/{job}/{n}/step-{s}" for s in (0, 1) for n in nodes), out
+    assert [line for line in out.splitlines() if line.startswith("LEFT")] == \
+        ["LEFT " + " ".join(f"{n}/" for n in nodes)] * 2, out          # no step-*, the node dirs kept
+    assert wait_until(lambda: job not in job_entries(cluster), timeout=60)
+
+
 def test_scancel_of_a_running_step_leaves_nothing(cluster):
     job = cluster.as_user(["sbatch", "--parsable", "--slots=2", "--slots-per-node=2",
                            "--slot-type=cpu", "--output=/dev/null", "--wrap",
