@@ -204,13 +204,22 @@ def _kill_sleepers(uid: int) -> None:
             continue
 
 
-def test_a_stale_podman_state_left_by_killed_processes_heals_itself(cluster, image):
+def test_a_stale_podman_state_left_by_killed_processes_heals_itself(cluster, image, time_limited_jobs):
     """A step's processes killed outright (a node's processes killed, the OOM killer, SIGKILL at a
     time limit before podman's cleanup) leave rootless podman's run state naming a pause process
     and a running container that are gone; every podman command of that user on that node then
     fails ("invalid internal status ... podman system migrate"; silently under --log-level=fatal:
     the rank just exited 1). It did so in CI on a machine restored from a snapshot. The launcher
     repairs the state (nothing of the user had run) and the step runs."""
+    # This test breaks the user's podman state on this host (it kills the user's pause process):
+    # the session's time-limited container jobs must be over first, and the cleanup their ends
+    # started as the same user. A cleanup that met the broken state left its container
+    # "Stopping" in podman's records, and the time-limit tests failed (twice here, when this file
+    # ran first and this test came while those jobs ended).
+    ids = set(time_limited_jobs.values())
+    assert wait_until(lambda: not ids & set(cluster.run(["squeue", "-h", "-o", "%i"]).stdout.split()), timeout=300)
+    assert wait_until(lambda: not user_processes(cluster, "tether-run"), timeout=150), \
+        user_processes(cluster, "tether-run")
     podman = cluster.box.user_podman()              # the user's store as jobs use it
     name = f"tether-stale-{os.getpid()}"
     for attempt in range(3):
@@ -401,7 +410,8 @@ def test_scancel_leaves_no_container_and_no_process(cluster, image):
     said = cluster.box.work_dir / "timeout-signals" / f"job-{job}.out"       # the job's output, to say why
     assert wait_until(lambda: _left_behind(cluster, job) == [], timeout=30), (
         _left_behind(cluster, job), said.read_text() if said.exists() else "(no output)")
-    assert job not in job_entries(cluster) - before
+    # the job's directory goes with the job: slurmd's job epilog on each node (an srun's own job)
+    assert wait_until(lambda: job not in job_entries(cluster) - before, timeout=30)
 
 
 def test_a_killed_launcher_leaves_nothing_behind(cluster, image):
@@ -453,7 +463,7 @@ def test_a_container_job_that_hits_its_time_limit_leaves_nothing(cluster, time_l
     said = cluster.box.work_dir / "timeout-signals" / f"job-{job}.out"       # the job's output, to say why
     assert wait_until(lambda: _left_behind(cluster, job) == [], timeout=30), (
         _left_behind(cluster, job), said.read_text() if said.exists() else "(no output)")
-    assert job not in job_entries(cluster)
+    assert wait_until(lambda: job not in job_entries(cluster), timeout=30)
 
 
 def test_a_containerized_rank_reads_its_stdin_like_a_host_rank(cluster, image):
