@@ -6,7 +6,8 @@
   unused   tether loaded, the step has no tether option (goal: <= 1.02 x none)
   tether   tether loaded, the step has one (per-rank directories + rank environment; goal <= 1.05)
 
-The three kinds of steps are interleaved (none, unused, tether, none, ...) so drift hits all alike;
+The three kinds of steps are interleaved so drift hits all alike, and each round starts with the
+next kind (none, unused, tether; unused, tether, none; ...) so no kind always follows the same one;
 the median step time of each is printed, and the median of the per-round ratios with quartiles.
 Then slurmstepd's memory (VmRSS of a one-task step's slurmstepd on n1, while it runs) of each kind.
 Run as root:

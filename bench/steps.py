@@ -18,13 +18,21 @@ def arguments(doc: str, rounds: int) -> argparse.Namespace:
 
 
 def timing_loop(rounds: int, cases: Mapping[str, tuple[str, str]]) -> str:
-    """A bash loop: ``rounds`` times, for each kind in turn, run its setup (untimed) and time its
-    command; prints "kind microseconds" per step. ``cases``: kind -> (setup, command)."""
-    body = []
-    for kind, (setup, command) in cases.items():
-        body += [setup or ":", "t0=$(date +%s%N)", command, "t1=$(date +%s%N)",
-                 f'echo "{kind} $(( (t1 - t0) / 1000 ))"']
-    return f"for i in $(seq {rounds}); do\n  " + "\n  ".join(body) + "\ndone\n"
+    """A bash loop: ``rounds`` times, each kind in turn runs its setup (untimed) and times its
+    command; prints "kind microseconds" per step. ``cases``: kind -> (setup, command). Rounds
+    rotate the order of the kinds (round r starts with kind r mod n), as bench/submit.py rotates
+    its modes: part of a step's cost lands on the step after it (its removal, its completion
+    while the next one starts), and in a fixed order the same kind would always pay it."""
+    functions, calls = [], []
+    for n, (kind, (setup, command)) in enumerate(cases.items()):
+        functions.append(f"kind{n}() {{\n  {setup or ':'}\n  t0=$(date +%s%N)\n  {command}\n"
+                         f"  t1=$(date +%s%N)\n  echo \"{kind} $(( (t1 - t0) / 1000 ))\"\n}}")
+    count = len(cases)
+    for start in range(count):
+        order = "; ".join(f"kind{(start + k) % count}" for k in range(count))
+        calls.append(f"    {start}) {order} ;;")
+    return ("\n".join(functions) + f"\nfor i in $(seq 0 {rounds - 1}); do\n  case $(( i % {count} )) in\n"
+            + "\n".join(calls) + "\n  esac\ndone\n")
 
 
 def step_times(out: str, kinds) -> dict[str, list[float]]:
