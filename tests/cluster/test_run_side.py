@@ -131,7 +131,8 @@ def test_a_steps_directory_goes_with_it_and_the_jobs_with_the_job(cluster):
                           timeout=120).stdout
     job = out.split("JOB=")[1].split()[0]
     steps = sorted(line.split("=", 1)[1] for line in out.splitlines() if line.startswith("STEP="))
-    nodes = sorted(cluster.nodes[:2])
+    nodes = sorted({Path(step).parent.name for step in steps})
+    assert len(nodes) == 2 and set(nodes) <= set(cluster.nodes), out
     assert steps == sorted(f"{storage(cluster)}/{job}/{n}/step-{s}" for s in (0, 1) for n in nodes), out
     assert [line for line in out.splitlines() if line.startswith("LEFT")] == \
         ["LEFT " + " ".join(f"{n}/" for n in nodes)] * 2, out          # no step-*, the node dirs kept
