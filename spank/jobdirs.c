@@ -182,28 +182,6 @@ static int mkdir_as_user_at(int dirfd, const char *name, mode_t mode, uid_t uid,
 	return rc;
 }
 
-static int open_owned_dir_at(int dirfd, const char *name, uid_t uid, const char *shown);
-
-int tether_ensure_dir_at(int dirfd, const char *name, mode_t mode, uid_t uid, gid_t gid, const char *shown)
-{
-	struct stat st;
-
-	if (geteuid() == 0 && uid != 0 && fstat(dirfd, &st) == 0 && st.st_uid == uid) {
-		/* below the job's own directory: created as the user */
-		if (mkdir_as_user_at(dirfd, name, mode, uid, gid) < 0 && errno != EEXIST) {
-			tether_fail("tether: cannot create %s as uid %u: %s", shown, (unsigned)uid, strerror(errno));
-			return -1;
-		}
-	} else if (geteuid() == 0 && uid != 0) {
-		if (create_owned_dir_at(dirfd, name, mode, uid, gid, shown) < 0)
-			return -1;
-	} else if (mkdirat(dirfd, name, mode) < 0 && errno != EEXIST) {
-		tether_fail("tether: cannot create %s: %s", shown, strerror(errno));
-		return -1;
-	}
-	return open_owned_dir_at(dirfd, name, uid, shown);
-}
-
 /* The fd of the existing directory ``name`` under ``dirfd`` when uid owns it, not following a
  * symlink; -1 (reported) or -2 (it is gone: removed under us). */
 static int open_owned_dir_at(int dirfd, const char *name, uid_t uid, const char *shown)
@@ -229,6 +207,26 @@ static int open_owned_dir_at(int dirfd, const char *name, uid_t uid, const char 
 		return -1;
 	}
 	return fd;
+}
+
+int tether_ensure_dir_at(int dirfd, const char *name, mode_t mode, uid_t uid, gid_t gid, const char *shown)
+{
+	struct stat st;
+
+	if (geteuid() == 0 && uid != 0 && fstat(dirfd, &st) == 0 && st.st_uid == uid) {
+		/* below the job's own directory: created as the user */
+		if (mkdir_as_user_at(dirfd, name, mode, uid, gid) < 0 && errno != EEXIST) {
+			tether_fail("tether: cannot create %s as uid %u: %s", shown, (unsigned)uid, strerror(errno));
+			return -1;
+		}
+	} else if (geteuid() == 0 && uid != 0) {
+		if (create_owned_dir_at(dirfd, name, mode, uid, gid, shown) < 0)
+			return -1;
+	} else if (mkdirat(dirfd, name, mode) < 0 && errno != EEXIST) {
+		tether_fail("tether: cannot create %s: %s", shown, strerror(errno));
+		return -1;
+	}
+	return open_owned_dir_at(dirfd, name, uid, shown);
 }
 
 int tether_ensure_child(int dirfd, const char *parent_shown, const char *name, uid_t uid, gid_t gid,

@@ -754,11 +754,8 @@ void tether_stepd_exit(void)
 	 * was lost while its container was still being stopped, and the container stayed in podman's
 	 * records. So the batch step then ends as any step; the rest goes with that step's end or,
 	 * once every step here has ended, with slurmd's job epilog (tether_job_epilog).
-	 * Any other step removes its own directory only. The job's directory and this node's in it
-	 * stay for the job's next step (made and removed again by each step, they cost 4 metadata
-	 * operations more per node and step, and the directory made under a temporary name
-	 * another 4 on every node but the first); the batch step's end or, without one (salloc),
-	 * slurmd's job epilog removes them. */
+	 * The job's directory and this node's stay for the job's next step: made and removed again by
+	 * every step, they cost each node 4 metadata operations more per step. */
 	if (!step.node[0]) {
 		close(root_fd);
 		return;
