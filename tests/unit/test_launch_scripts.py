@@ -70,8 +70,9 @@ def test_scripts_pass_bash_n(tmp_path, kind):
 
 
 # pbs_tmrsh as OpenPBS's: the command runs "on" the host with the job's environment, not the
-# caller's (tm_spawn(..., NULL, ...)); its argv is recorded, as `ps` on the first host would show it
-PBS_TMRSH = ('pbs_tmrsh() {{ local host=$1; shift; printf "%s\\0" "$@" >> {argv_log}; printf "\\1" >> {argv_log}; '
+# caller's (tm_spawn(..., NULL, ...)); its argv is recorded, as `ps` on the first host would show it,
+# in a file per host (the hosts' calls run at once: appends to one file could interleave)
+PBS_TMRSH = ('pbs_tmrsh() {{ local host=$1; shift; printf "%s\\0" "$@" > {argv_log}.$host; '
              'env -i PATH="$PATH" FAKE_OUT="$FAKE_OUT" HOME="$HOME" PBS_JOBID="$PBS_JOBID" ${{FAIL_HOST:+FAIL_HOST=$FAIL_HOST}} '
              '${{FAKE_SLEEP:+FAKE_SLEEP=$FAKE_SLEEP}} FAKE_HOST=$host "$@"; }}\n')
 
@@ -103,7 +104,7 @@ def test_pbs_script_starts_one_container_per_host_with_the_jobs_variables_off_ev
         assert call["env_file_mode"] == 0o600
         assert (call["env"]["NODE_RANK"], call["env"]["TETHER_NNODES"], call["env"]["MASTER_ADDR"],
                 call["env"]["MASTER_PORT"]) == (str(rank), "3", "h1", str(12288 + 12 * 16))
-    calls_argv = argv_log.read_text().split("\1")[:-1]
+    calls_argv = [p.read_text() for p in sorted(tmp_path.glob(f"{argv_log.name}.*"))]
     assert len(calls_argv) == 3 and all("TETHER_RUN_ENV_FILE=" in a for a in calls_argv)
     for name, value in HOSTILE.items():
         if value:
