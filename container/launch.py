@@ -147,6 +147,13 @@ def run_before(launch: Launch) -> None:
             os.close(lock_fd)
 
 
+def _decimal(text: str) -> bool:
+    """What C's %d prints: ASCII digits with an optional minus -- not all that int() takes ("1_0",
+    " 1", "+1", other scripts' digits)."""
+    digits = text[1:] if text.startswith("-") else text
+    return 0 < len(digits) <= 10 and all("0" <= c <= "9" for c in digits)
+
+
 def parse_resume(text: str) -> tuple[int, bool | None, list[int], list[tuple[str, int]]] | None:
     """What the C rank launcher (container/tether_run.c) hands over after a run it did not conclude
     itself: ``status;written;received;monitor signal;others killed`` -- the runtime's wait status,
@@ -154,14 +161,15 @@ def parse_resume(text: str) -> tuple[int, bool | None, list[int], list[tuple[str
     signal that killed the monitor (conmon; 0: none), how many other processes a signal killed.
     None when ``text`` is not that."""
     parts = text.split(";")
-    if len(parts) != 5:
+    if len(parts) != 5 or len(text) > 160:        # the C side's buffer
         return None
-    try:
-        status, written, monitor, others = int(parts[0]), int(parts[1]), int(parts[3]), int(parts[4])
-        received = [int(s) for s in parts[2].split(",") if s]
-    except ValueError:
+    signals = parts[2].split(",") if parts[2] else []
+    if not all(_decimal(p) for p in (parts[0], parts[1], parts[3], parts[4], *signals)):
         return None
-    if written not in (-1, 0, 1) or monitor < 0 or others < 0:
+    status, written, monitor, others = int(parts[0]), int(parts[1]), int(parts[3]), int(parts[4])
+    received = [int(s) for s in signals]
+    if not 0 <= status <= 0xffff or written not in (-1, 0, 1) or not 0 <= monitor <= 64 or others < 0 \
+            or not all(1 <= s <= 64 for s in received):
         return None
     killed = [("conmon", monitor)] * bool(monitor) + [("", signal.SIGKILL)] * min(others, 64)
     return status, None if written < 0 else bool(written), received, killed

@@ -377,8 +377,11 @@ def test_an_unclean_end_is_handed_over_with_what_happened(world, runnable):
 
 def test_the_handover_is_parsed_strictly():
     assert parse_resume(f"{9};-1;15,2;9;1") == (9, None, [15, 2], [("conmon", 9), ("", signal.SIGKILL)])
-    for bad in ("", "1;2;;0;0", "x;0;;0;0", "1;0;a;0;0", "1;0;;-1;0", "1;0;;0"):
-        assert parse_resume(bad) is None
+    for bad in ("", "1;2;;0;0", "x;0;;0;0", "1;0;a;0;0", "1;0;;-1;0", "1;0;;0",
+                # what int() takes but C's %d never prints (issue 39: "strict" was not)
+                "1_0;0;;0;0", " 1;0;;0;0", "+1;0;;0;0", "\u0661;0;;0;0", "1;0;1_5;0;0", "1;0;15,;0;0",
+                "1;0; 15;0;0", "1;0;;0;0\n", "99999999999;0;;0;0", "65536;0;;0;0", "1;0;65;0;0", "1;0;;65;0"):
+        assert parse_resume(bad) is None, bad
 
 
 def test_the_baked_identity_is_read_back_for_tether_doctor(tmp_path):
