@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..container.run import LAUNCHER_NAME, PYTHON_LAUNCHER_NAME, baked_identity, config_identity
+from ..container.runtimes.podman import Podman
 from ..hooks.config import Config
 from ..hooks.configfile import ConfigError, config_path, load_config
 from ..hooks.surface import GATEWAY_PORT_BASE, GATEWAY_PORT_JOBS, MASTER_PORT_BASE, MASTER_PORT_JOBS
@@ -169,6 +170,12 @@ class Doctor:
                           f"gateways.partition: {gateways} in {self.config.source}: `tether slurm install "
                           f"--write` again after changing the config")
             return
+        bases = ":".join(self.config.user_dir_bases()) if self.config else None
+        if self.config and args.get("user_dirs") != bases:
+            yield Finding(FAIL, "plugstack.conf", f"user_dirs={args.get('user_dirs')} there, {bases} from the "
+                          f"stores in {self.config.source} (where root makes each user's directory on a node): "
+                          f"`tether slurm install --write` again after changing the config")
+            return
         launcher = args.get("launcher")
         if not launcher or not os.access(launcher, os.X_OK):
             yield Finding(FAIL, "plugstack.conf", f"launcher={launcher} is not an executable file: "
@@ -267,13 +274,14 @@ class Doctor:
                 yield Finding(FAIL, f"user {user}", f"no range in {' and '.join(missing)} (rootless podman needs "
                               f"one): `usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}`")
                 continue
-            run = Path(f"/tmp/podman-run-{account.pw_uid}")
-            # a Slurm task has no XDG_RUNTIME_DIR: podman keeps its run state in /tmp/podman-run-<uid>
+            # podman's run directory for tether's containers (Podman.run_dir): root makes it for the
+            # user at their first container step here, never from the job's XDG_RUNTIME_DIR
+            run = Path(Podman(self.config.runtime("podman")).run_dir(account.pw_uid))
             if run.exists() and (run.is_symlink() or run.lstat().st_uid != account.pw_uid):
                 yield Finding(FAIL, f"user {user}", f"{run} is not owned by {user}: podman refuses it; remove it")
                 continue
             yield Finding(OK, f"user {user}", "subuid and subgid ranges; podman's run directory "
-                          f"{'is ' + str(run) if run.exists() else 'will be ' + str(run)} (no XDG_RUNTIME_DIR in tasks)")
+                          f"{'is ' + str(run) if run.exists() else 'will be ' + str(run) + ' (made at their first container step)'}")
 
     def check_gpus(self) -> Iterator[Finding]:
         """GPU slots in podman containers need a CDI spec for the configured kind."""

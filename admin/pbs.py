@@ -63,6 +63,7 @@ def hook_configs(config: Config, libexec: Path) -> dict[str, dict]:
     return {SUBMIT_HOOK: {"python_path": paths, "config_source": config.source,
                           "config": plain_data(config.data)},
             EXEC_HOOK: {"python_path": paths, "job_storage_root": config.job_storage_root,
+                        "user_dirs": ":".join(config.user_dir_bases()),
                         "helper": str(Path(libexec) / HELPER_NAME),
                         "launcher": str(Path(libexec) / LAUNCHER_NAME)}}
 

@@ -99,7 +99,8 @@ def plugstack_line(plugin_dir: Path, config: Config) -> str:
     """The plugstack.conf line: the SPANK plugin and the settings its C side needs from the config."""
     gateways = config.data["gateways"]["partition"]
     return (f"required {plugin_dir / spank_build.SO_NAME} job_storage_root={config.job_storage_root} "
-            f"launcher={plugin_dir / LAUNCHER_NAME}" + (f" gateway_partition={gateways}" if gateways else ""))
+            f"launcher={plugin_dir / LAUNCHER_NAME} user_dirs={':'.join(config.user_dir_bases())}"
+            + (f" gateway_partition={gateways}" if gateways else ""))
 
 
 def install_plugins(build_dir: Path | None = None, *, slurm_conf: Path | None = None,

@@ -41,19 +41,8 @@ def _is_container_name(name: object) -> bool:
             and all(c in _NAME_CHARS for c in name))
 
 
-def _own_directory(path: object) -> str | None:
-    """``path`` when it is an absolute path to a directory of this user (not a symlink), else None."""
-    if not (isinstance(path, str) and path.startswith("/")):
-        return None
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return path if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() else None
-
-
 def read_marker(path: str) -> dict[str, str] | None:
-    """What a marker asks to remove -- ``{"runtime", "container"[, "xdg_runtime_dir"]}`` -- or None
+    """What a marker asks to remove -- ``{"runtime", "container"}`` -- or None
     (and a line for the admin) when it is not a marker tether could have written."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -70,11 +59,9 @@ def read_marker(path: str) -> dict[str, str] | None:
             and st.st_uid == os.getuid() and st.st_size <= MARKER_LIMIT):
         report_admin(f"cleanup: ignoring {path}: not a marker tether wrote")
         return None
-    marker = {"runtime": data["runtime"], "container": data["container"]}
-    runtime_dir = _own_directory(data.get("xdg_runtime_dir"))
-    if runtime_dir:
-        marker["xdg_runtime_dir"] = runtime_dir
-    return marker
+    # an "xdg_runtime_dir" of an earlier release is not read: the runtime's run directory is the
+    # adapter's to say (Podman.run_dir), never a file's
+    return {"runtime": data["runtime"], "container": data["container"]}
 
 
 def find_markers(where: str) -> list[str]:
@@ -107,10 +94,8 @@ def run_leftovers(where: str, settings: Mapping[str, Any]) -> int:
             report_admin(f"cleanup: {exc}")
             failed += 1
             continue
-        env = {"PATH": CLEANUP_PATH, "HOME": os.environ.get("HOME", "/"), "USER": os.environ.get("USER", ""),
-               **runtime.runtime_env}
-        if "xdg_runtime_dir" in marker:
-            env["XDG_RUNTIME_DIR"] = marker["xdg_runtime_dir"]
+        env = runtime.base_env({"PATH": CLEANUP_PATH, "HOME": os.environ.get("HOME", "/"),
+                                "USER": os.environ.get("USER", "")})
         # in this session: the watcher's kill reaches the removal too when it overruns
         if not runtime.remove(marker["container"], env, new_session=False):
             failed += 1

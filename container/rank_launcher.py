@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..hooks import layout
 from ..hooks.layout import CLEANUP_MARKER
 from ..hooks.surface import BATCH_VAR, GATEWAYS_RUN_VAR, MAX_TEXT
 from ..system.toolchain import CBuild
@@ -89,6 +90,7 @@ def baked_header(config_path: str | None, settings: Mapping[str, Any], python_la
         f"#define TR_WHY_NOT_FAST {c_string(why or '')}",
         f"#define TR_PODMAN_BINARY {c_string(str(podman.get('binary') or 'podman'))}",
         f"#define TR_STORE_TEMPLATE {c_string(store)}",
+        f"#define TR_USER_RUN_ROOT {c_string(layout.USER_RUN_ROOT)}",
         f"#define TR_RUNTIME_ENV_COUNT {len(runtime_env)}",
         f"#define TR_RUNTIME_ENV_HAS_TMPDIR {int('TMPDIR' in runtime_env)}",
         f"#define TR_ENV_INHERIT {int(mode == 'inherit')}",

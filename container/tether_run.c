@@ -313,6 +313,17 @@ static int store_directory(const char *template, uid_t uid, char *out, size_t si
 
 	if (at == NULL || strstr(at + 5, "{uid}") != NULL)
 		return -1;                /* no {uid}, or two: Python's replace() and count() decide */
+	if (at > template && at[-1] == '/' && (at[5] == '/' || at[5] == '\0')) {
+		/* runtimes/__init__.py: _user_dir -- {uid} a whole component: the directory above it is
+		 * root's, and root made <it>/<uid> for the user (else the Python launcher says why) */
+		char base[PATH_MAX];
+		struct stat st;
+
+		if (snprintf(base, sizeof base, "%.*s", (int)(at - 1 - template), template) >= (int)sizeof base ||
+		    base[0] != '/' || lstat(base, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != 0 ||
+		    (st.st_mode & 022))
+			return -1;
+	}
 	if (snprintf(path, sizeof path, "%.*s%u%s", (int)(at - template), template, (unsigned)uid, at + 5) >= (int)sizeof path)
 		return -1;
 	for (size_t n = strlen(path); n > 1 && path[n - 1] == '/'; n--)
@@ -350,37 +361,6 @@ static int store_directory(const char *template, uid_t uid, char *out, size_t si
 			return -1;
 	}
 	snprintf(out, size, "%s", path);
-	return 0;
-}
-
-/* A JSON string (launch.py: json_text) into ``out``; -1 when it does not fit. */
-static int json_string(const char *s, char *out, size_t size)
-{
-	size_t n = 0;
-
-#define PUT(...) do { int w = snprintf(out + n, size - n, __VA_ARGS__); if (w < 0 || (size_t)w >= size - n) return -1; n += (size_t)w; } while (0)
-	PUT("\"");
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
-		if (c == '"')
-			PUT("\\\"");
-		else if (c == '\\')
-			PUT("\\\\");
-		else if (c == '\n')
-			PUT("\\n");
-		else if (c == '\r')
-			PUT("\\r");
-		else if (c == '\t')
-			PUT("\\t");
-		else if (c < 0x20 || c == 0x7f)
-			PUT("\\u%04x", c);
-		else if (c >= 0x80)
-			return -1;          /* non-ASCII: the Python launcher writes it */
-		else
-			PUT("%c", c);
-	}
-	PUT("\"");
-#undef PUT
 	return 0;
 }
 
@@ -484,16 +464,32 @@ static struct plan *make_plan(char **command, const char **why)
 	if (fmt(p.step_label, sizeof p.step_label, "tether.step=%s.%s", job, step) < 0)
 		NO("a path too long for the fast path");
 
-	/* podman's environment: the task's (less TETHER_RUN_*), the configured runtime env, and no
-	 * TMPDIR unless configured (rootless podman keeps run state under $TMPDIR) */
-	p.envp = calloc(envc + TR_RUNTIME_ENV_COUNT + 1, sizeof *p.envp);
+	/* podman's run directory (podman.py: Podman.run_dir): a configured XDG_RUNTIME_DIR, else the
+	 * user's own that root made -- never the task's XDG_RUNTIME_DIR, which a login node set */
+	static char run_base[PATH_MAX], xdg_entry[PATH_MAX + 32];
+	int xdg_configured = 0;
+	for (const char *const *r = TR_RUNTIME_ENV; *r; r++)
+		if (starts_with(*r, "XDG_RUNTIME_DIR=")) {
+			xdg_configured = 1;
+			if (fmt(run_base, sizeof run_base, "%s", *r + strlen("XDG_RUNTIME_DIR=")) < 0)
+				NO("a path too long for the fast path");
+		}
+	if (!xdg_configured && fmt(run_base, sizeof run_base, "%s/%u", TR_USER_RUN_ROOT, (unsigned)uid) < 0)
+		NO("a path too long for the fast path");
+	if (fmt(xdg_entry, sizeof xdg_entry, "XDG_RUNTIME_DIR=%s", run_base) < 0)
+		NO("a path too long for the fast path");
+
+	/* podman's environment: the task's (less TETHER_RUN_* and XDG_RUNTIME_DIR), the configured
+	 * runtime env, the run directory, and no TMPDIR unless configured (rootless podman keeps
+	 * temporary files under $TMPDIR) */
+	p.envp = calloc(envc + TR_RUNTIME_ENV_COUNT + 2, sizeof *p.envp);
 	if (p.envp == NULL)
 		NO("out of memory");
 	size_t n = 0;
 	for (char **e = environ; *e; e++) {
 		const char *eq = strchr(*e, '=');
 		int replaced = 0;
-		if (eq == NULL || launcher_own(*e))
+		if (eq == NULL || launcher_own(*e) || starts_with(*e, "XDG_RUNTIME_DIR="))
 			continue;
 		if (!TR_RUNTIME_ENV_HAS_TMPDIR && starts_with(*e, "TMPDIR="))
 			continue;
@@ -505,6 +501,8 @@ static struct plan *make_plan(char **command, const char **why)
 	}
 	for (const char *const *r = TR_RUNTIME_ENV; *r; r++)
 		p.envp[n++] = (char *)*r;
+	if (!xdg_configured)
+		p.envp[n++] = xdg_entry;
 	p.envp[n] = NULL;
 
 	/* the names into the container: from the task's environment (Python: host_env), not the
@@ -526,46 +524,20 @@ static struct plan *make_plan(char **command, const char **why)
 	}
 
 	if (TR_STORE_TEMPLATE[0]) {
-		const char *xdg = getenv("XDG_RUNTIME_DIR");
-		char base[PATH_MAX];
-		for (const char *const *r = TR_RUNTIME_ENV; *r; r++)
-			if (starts_with(*r, "XDG_RUNTIME_DIR="))
-				xdg = *r + strlen("XDG_RUNTIME_DIR=");
 		if (store_directory(TR_STORE_TEMPLATE, uid, p.store, sizeof p.store) < 0)
 			NO("the podman store needs a check the Python launcher makes");
-		if (fmt(base, sizeof base, "%s", xdg && *xdg ? xdg : "") < 0)
-			NO("a path too long for the fast path");
-		if (base[0] == '\0')
-			fmt(base, sizeof base, "/tmp/podman-run-%u", (unsigned)uid);
-		if (!plain_path(base))
-			NO("an unusual XDG_RUNTIME_DIR");
-		if (mkdir(base, 0700) < 0 && errno != EEXIST)
-			NO("podman's run directory cannot be made");
-		if (own_directory(base, uid, 0) < 0)
-			NO("podman's run directory is not yours");
-		if (fmt(p.run, sizeof p.run, "%s/tether-podman/storage", base) < 0)
+		if (!plain_path(run_base))
+			NO("an unusual run directory");
+		if (own_directory(run_base, uid, 0) < 0)
+			NO("podman's run directory is missing or not yours");
+		if (fmt(p.run, sizeof p.run, "%s/tether-podman/storage", run_base) < 0)
 			NO("a path too long for the fast path");
 		strncat(p.store, "/storage", sizeof p.store - strlen(p.store) - 1);
 	}
 
-	{	/* the cleanup marker's content (launch.py: write_marker; podman.py: marker_data) */
-		char quoted[PATH_MAX * 2 - 128];
-		const char *xdg = NULL;
-		for (char **e = p.envp; *e; e++)
-			if (starts_with(*e, "XDG_RUNTIME_DIR="))
-				xdg = *e + strlen("XDG_RUNTIME_DIR=");
-		if (xdg && *xdg) {
-			if (json_string(xdg, quoted, sizeof quoted) < 0)
-				NO("an XDG_RUNTIME_DIR the marker cannot hold");
-			if (fmt(p.marker_data, sizeof p.marker_data,
-				"{\"runtime\": \"podman\", \"container\": \"%s\", \"xdg_runtime_dir\": %s}", p.name, quoted) < 0)
-				NO("a path too long for the fast path");
-		} else {
-			if (fmt(p.marker_data, sizeof p.marker_data, "{\"runtime\": \"podman\", \"container\": \"%s\"}",
-				 p.name) < 0)
-				NO("a path too long for the fast path");
-		}
-	}
+	/* the cleanup marker's content (launch.py: write_marker; podman.py: marker_data) */
+	if (fmt(p.marker_data, sizeof p.marker_data, "{\"runtime\": \"podman\", \"container\": \"%s\"}", p.name) < 0)
+		NO("a path too long for the fast path");
 
 	/* podman.py: Podman.launch, for this case */
 	add_all(&p, why, TR_PODMAN_BINARY, "run", NULL);

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .errors import ConfigError, RequestError
+from .layout import USER_STORE_ROOT, user_dir_bases
 from .policy import Arg, PbsUserRequest, parse_qsub_args, parse_sbatch_args, split_qsub_args
 from .schema import NAME_PATTERN, Bool, Enum, Int, List, Map, SchemaError, Str, Struct, walk_keys
 from .surface import RUNTIMES, SLOT_TYPES
@@ -154,20 +155,23 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
                                default=["/etc/cdi", "/var/run/cdi"],
                                doc="where podman finds CDI specs (podman's own default): checked for the "
                                    "GPU kind before a GPU rank starts"),
-            store=Str(default="/var/tmp/tether-podman-{uid}", pattern=PODMAN_STORE_PATTERN,
+            store=Str(default=f"{USER_STORE_ROOT}/{{uid}}/podman", pattern=PODMAN_STORE_PATTERN,
                       accepted="empty, or an absolute path on a node-local disk with {uid} in it",
                       doc="each user's image store on each node (node-local; the storage driver is podman's choice, "
                           "storage.conf's: registry images are "
                           "pulled and rootfs directories imported once per user per node, never into a home "
-                          "directory many nodes share); made 0700 by the user's first container; empty: "
+                          "directory many nodes share); with {uid} as a whole path component, root makes "
+                          "<path above it>/<uid> for the user (0700) at their first container step on the "
+                          "node, in a directory only root writes (plugstack.conf user_dirs=); empty: "
                           "podman's own default store of the user (~/.local/share/containers)")),
         "enroot": _runtime(
             "enroot", "Enroot settings",
-            store=Str(default="/var/tmp/tether-enroot-{uid}", pattern=PODMAN_STORE_PATTERN,
+            store=Str(default=f"{USER_STORE_ROOT}/{{uid}}/enroot", pattern=PODMAN_STORE_PATTERN,
                       accepted="empty, or an absolute path on a node-local disk with {uid} in it",
                       doc="each user's imported images (squashfs) on each node: a registry image is imported "
-                          "once per user per node and kept for the next steps and jobs; made 0700 by the "
-                          "user's first container; empty: imported per step into the step's directory")),
+                          "once per user per node and kept for the next steps and jobs; the user's directory "
+                          "is made by root as for container.podman.store; empty: imported per step into the "
+                          "step's directory")),
     }),
     "launcher": Struct(doc="the launcher service (tether submit/status/logs/cancel/cleanup/list, tether serve)", fields={
         "scheduler": Enum(choices=("slurm", "pbs"), default="slurm", doc="the resource manager it submits to"),
@@ -278,6 +282,11 @@ class Config:
 
     def runtime(self, name: str) -> Mapping[str, Any]:
         return self.data["container"][name]
+
+    def user_dir_bases(self) -> list[str]:
+        """Where root makes each user's own directory on a node (plugstack.conf ``user_dirs=``, the
+        PBS MoM hook's config): hooks.layout.user_dir_bases of the podman and enroot stores."""
+        return user_dir_bases([self.runtime(name).get("store") or "" for name in ("podman", "enroot")])
 
 
 def plain_data(value: Any) -> Any:

@@ -27,6 +27,40 @@ RANK_TMP = "tmp"
 RANK_WORK = "work"
 CLEANUP_MARKER = ".cleanup-"
 
+# Each user's own directories on each node, ``<base>/<uid>`` (the user's, 0700), made by root for
+# the user -- slurmstepd for a container step, the PBS MoM hook for a container task -- in bases
+# that only root writes: a directory a user makes in a shared place (/var/tmp, /tmp) can be made
+# first by another user, who then denies or changes this user's containers. No path here comes
+# from the job's environment (a login node's XDG_RUNTIME_DIR means nothing on a compute node).
+USER_RUN_ROOT = "/run/tether"            # <uid>: rootless podman's run state (a tmpfs, emptied at boot)
+USER_STORE_ROOT = "/var/lib/tether/users"  # <uid>/podman, <uid>/enroot: the default image stores
+
+
+def user_run_dir(uid: int) -> str:
+    """This user's run directory on the node (root's: podman's own, /run)."""
+    return "/run" if uid == 0 else f"{USER_RUN_ROOT}/{uid}"
+
+
+def user_dir_base(template: str) -> str | None:
+    """The base under which root makes the user's directory for a store ``template``: the path
+    above its ``/{uid}/`` component; None when ``{uid}`` is not a whole component (a store the
+    user makes on their own, e.g. ``/var/tmp/tether-podman-{uid}``)."""
+    head, sep, tail = template.partition("/{uid}")
+    if not sep or not head.startswith("/") or (tail and not tail.startswith("/")) or "{uid}" in tail:
+        return None
+    return head
+
+
+def user_dir_bases(store_templates) -> list[str]:
+    """Every base root makes users' directories in (``user_dirs=`` of plugstack.conf): the run
+    directory's and each store template's, in order, once each."""
+    bases = [USER_RUN_ROOT]
+    for template in store_templates:
+        base = user_dir_base(template or "")
+        if base and base not in bases:
+            bases.append(base)
+    return bases
+
 
 def job_dir_name(job_id: str) -> str:
     """The job's directory name: its id with anything but letters, digits, ``.``, ``_``, ``-``

@@ -221,6 +221,8 @@ def launch(pbs, e, settings: dict) -> None:
             if not os.access(launcher, os.X_OK):
                 raise HookFailure(f"tether: the container launcher {launcher} is missing on this host "
                                   f"(run `tether pbs install` here)")
+            if settings.get("user_dirs"):        # the user's own directories on this host (hooks.layout)
+                run_helper(settings, "user", settings["user_dirs"], str(uid), str(gid))
             values[RUN_ARGV0] = argv[0] if argv else str(e.progname)
             values["TETHER_RUN_SUBREAPER"] = "0"     # the launcher makes itself a child subreaper
             e.progname = launcher

@@ -138,7 +138,8 @@ static int usage(void)
 {
 	fprintf(stderr, "usage: tether-jobdirs begin ROOT JOB HOST UID GID\n"
 			"       tether-jobdirs task ROOT JOB HOST TASK RANK UID GID\n"
-			"       tether-jobdirs end ROOT JOB HOST UID GID LAUNCHER|- [HOST...]\n");
+			"       tether-jobdirs end ROOT JOB HOST UID GID LAUNCHER|- [HOST...]\n"
+			"       tether-jobdirs user BASE[:BASE...] UID GID\n");
 	return 2;
 }
 
@@ -157,6 +158,12 @@ static int parse_command(int argc, char **argv, struct command *c)
 	if (argc < 2)
 		return usage();
 	c->cmd = argv[1];
+	if (strcmp(c->cmd, "user") == 0) {   /* the user's own directories on this host (user_dirs) */
+		if (argc != 5 || parse_id(argv[3], (uid_t)-2, &c->uid) < 0 || parse_id(argv[4], (gid_t)-2, &c->gid) < 0)
+			return usage();
+		c->root = argv[2];
+		return 0;
+	}
 	if (strcmp(c->cmd, "begin") == 0 && argc == 7)
 		ids = 5;
 	else if (strcmp(c->cmd, "task") == 0 && argc == 9)
@@ -206,6 +213,8 @@ int main(int argc, char **argv)
 		tether_fail("tether-jobdirs runs as root (from the PBS MoM hooks)");
 		return 1;
 	}
+	if (strcmp(c.cmd, "user") == 0)
+		return tether_ensure_user_dirs(c.root, (uid_t)c.uid, (gid_t)c.gid) < 0 ? 1 : 0;
 	root_fd = tether_open_storage_root(c.root);
 	if (root_fd < 0)
 		return 1;

@@ -377,9 +377,13 @@ class Sandbox:
             "container": {
                 "runtime": "podman",
                 "apptainer_image_root": str(self.root / "images"),
+                # the stores in the sandbox's own directory (never the paths real jobs use), in
+                # the default's form: <root>/users/<uid>, made by root (the SPANK plugin) for the user
                 "podman": {"args": ["--runtime", "runc"], "cdi_kind": FAKE_GPU_CDI_KIND,
+                           "store": str(self.root / "users" / "{uid}" / "podman"),
                            "env": {"CONTAINERS_CONF": str(self.etc / "containers.conf"),
                                    "CONTAINERS_REGISTRIES_CONF": str(self.etc / "registries.conf")}},
+                "enroot": {"store": str(self.root / "users" / "{uid}" / "enroot")},
             },
             "gateways": {"partition": "gateway",
                          "daemon": [self.python, "-m", "tether.sandbox.gateway_daemon", "--port", "{port}",
@@ -436,9 +440,24 @@ class Sandbox:
         :meth:`wrap` for a sandbox in a Slurm root: its podman and store)."""
         settings = self.tether_settings()["container"]["podman"]
         adapter = Podman(settings)
-        env = ["env", *(f"{k}={v}" for k, v in settings["env"].items())]
-        return ["runuser", "-u", self.user, "--", *env, "podman",
-                *adapter.global_args({}, uid=pwd.getpwnam(self.user).pw_uid)]
+        account = pwd.getpwnam(self.user)
+        self.user_dirs(account.pw_uid, account.pw_gid)
+        env = ["env", *(f"{k}={v}" for k, v in settings["env"].items()),
+               f"XDG_RUNTIME_DIR={adapter.run_dir(account.pw_uid)}"]
+        return ["runuser", "-u", self.user, "--", *env, "podman", *adapter.global_args({}, uid=account.pw_uid)]
+
+    def user_dirs(self, uid: int, gid: int) -> None:
+        """The user's own directories on the (one) node host, as the SPANK plugin makes them as
+        root at a container step (jobdirs.c tether_ensure_user_dirs): for podman run by hand as
+        the user with the store and run directory jobs use."""
+        config = load_config(str(self.tether_conf)) if self.tether_conf.exists() else None
+        bases = config.user_dir_bases() if config else []
+        for base in bases:
+            os.makedirs(self.host_path(base), mode=0o755, exist_ok=True)
+            mine = Path(self.host_path(base)) / str(uid)
+            if not mine.exists():
+                mine.mkdir(mode=0o700)
+                os.chown(mine, uid, gid)
 
     def bare_busybox_image(self) -> str:
         """busybox and nothing else (no /etc, no mount targets): a rootfs as users download them,

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..hooks import layout, surface
-from ..hooks.config import CONFIG_SCHEMA
+from ..hooks.config import CONFIG_SCHEMA, default_config
 from ..system.toolchain import CBuild, Toolchain, c_string
 
 SO_NAME = "spank_tether.so"
@@ -90,6 +90,8 @@ def names_header() -> str:
         "",
         "/* the layout under job_storage_root */",
         f"#define TETHER_DEFAULT_JOB_STORAGE_ROOT {c_string(storage_root)}",
+        "/* where root makes each user's own directory on the node, by default (plugstack.conf user_dirs=) */",
+        f"#define TETHER_DEFAULT_USER_DIRS {c_string(':'.join(default_config().user_dir_bases()))}",
         f"#define TETHER_STEP_PREFIX {c_string(layout.NODE_STEP_PREFIX)}",
         f"#define TETHER_TASK_PREFIX {c_string(layout.TASK_PREFIX)}",
         f"#define TETHER_RANK_PREFIX {c_string(layout.RANK_PREFIX)}",

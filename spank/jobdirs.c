@@ -260,6 +260,114 @@ int tether_claim_job_dir(int root_fd, const char *name, uid_t uid, gid_t gid, co
 	return tether_ensure_dir_at(root_fd, name, 0700, uid, gid, shown);
 }
 
+/*
+ * An fd on the absolute path ``base``, walked from / one component at a time without following a
+ * symlink; every component must be a directory owned by root that group and others cannot write
+ * -- or, above ``base`` itself, one that is sticky, as /tmp is, where nobody can rename or remove
+ * root's entries -- so nobody but root can put or swap anything on the way. A missing component
+ * is made, root's, mode 0755. -1 (reported) otherwise.
+ */
+static int open_root_path(const char *base)
+{
+	char path[PATH_MAX], *save = NULL, *part;
+	int fd;
+
+	if (base[0] != '/' || base[strspn(base, "/")] == '\0' || strlen(base) >= sizeof(path)) {
+		tether_fail("tether: %.200s is not an absolute path tether can use", base);
+		return -1;
+	}
+	strcpy(path, base);
+	fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0) {
+		tether_fail("tether: cannot open /: %s", strerror(errno));
+		return -1;
+	}
+	for (part = strtok_r(path, "/", &save); fd >= 0 && part != NULL; part = strtok_r(NULL, "/", &save)) {
+		struct stat st;
+		int next, made = 0, last, err;
+
+		if (strcmp(part, ".") == 0 || strcmp(part, "..") == 0) {
+			tether_fail("tether: %s: '.' and '..' are not accepted in this path", base);
+			close(fd);
+			return -1;
+		}
+		next = openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (next < 0 && errno == ENOENT && (mkdirat(fd, part, 0755) == 0 || errno == EEXIST)) {
+			made = 1;
+			next = openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		}
+		err = errno;
+		if (next < 0) {
+			int link = fstatat(fd, part, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode);
+
+			tether_fail("tether: %s (at '%s'): %s; each user's directory on the node is made there as "
+				    "root", base, part, link ? "a symlink, which root does not follow" : strerror(err));
+			close(fd);
+			return -1;
+		}
+		close(fd);
+		last = save == NULL || save[strspn(save, "/")] == '\0';
+		if (fstat(next, &st) < 0 || st.st_uid != 0 ||
+		    ((st.st_mode & (S_IWGRP | S_IWOTH)) && (last || !(st.st_mode & S_ISVTX)))) {
+			tether_fail("tether: %s (at '%s') must be owned by root and not writable by group or others: "
+				    "each user's directory on the node is made there as root", base, part);
+			close(next);
+			return -1;
+		}
+		if (made && (st.st_mode & 07777) != 0755)
+			fchmod(next, 0755);      /* not the daemon's umask: users enter it to reach their own */
+		fd = next;
+	}
+	return fd;
+}
+
+int tether_ensure_user_dir(const char *base, uid_t uid, gid_t gid)
+{
+	char shown[PATH_MAX], name[16];
+	struct stat st;
+	int fd, user_fd;
+
+	fd = open_root_path(base);
+	if (fd < 0)
+		return -1;
+	snprintf(name, sizeof(name), "%u", (unsigned)uid);
+	if (tether_path_join(shown, sizeof(shown), base, name) < 0) {
+		close(fd);
+		return -1;
+	}
+	/* the user's from an earlier step: nothing to make (one fstatat) */
+	if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode) && st.st_uid == uid) {
+		close(fd);
+		return 0;
+	}
+	user_fd = tether_ensure_dir_at(fd, name, 0700, uid, gid, shown);
+	close(fd);
+	if (user_fd < 0) {
+		if (user_fd == -2)
+			tether_fail("tether: %s disappeared while it was made", shown);
+		return -1;
+	}
+	close(user_fd);
+	return 0;
+}
+
+int tether_ensure_user_dirs(const char *bases, uid_t uid, gid_t gid)
+{
+	char list[4096], *save = NULL, *base;
+
+	if (bases == NULL || bases[0] == '\0')
+		return 0;
+	if (strlen(bases) >= sizeof(list)) {
+		tether_fail("tether: user_dirs= is too long");
+		return -1;
+	}
+	strcpy(list, bases);
+	for (base = strtok_r(list, ":", &save); base != NULL; base = strtok_r(NULL, ":", &save))
+		if (tether_ensure_user_dir(base, uid, gid) < 0)
+			return -1;
+	return 0;
+}
+
 int tether_make_rank_dirs(int step_fd, const char *step_shown, unsigned rank, uid_t uid, gid_t gid)
 {
 	static const char *const subdirs[] = { TETHER_RANK_TMP, TETHER_RANK_WORK };

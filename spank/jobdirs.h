@@ -50,6 +50,14 @@ int tether_ensure_child(int dirfd, const char *parent_shown, const char *name, u
  * this id, owned by another uid, is removed first); its fd, or -1 (reported). */
 int tether_claim_job_dir(int root_fd, const char *name, uid_t uid, gid_t gid, const char *shown);
 
+/* The user's own directory ``<base>/<uid>`` (uid:gid, 0700) on this node, made as root: ``base`` and
+ * each directory above it must be root's and not writable by group or others (missing ones are made,
+ * 0755), so no user can make another's first or swap it. 0, or -1 (reported). */
+int tether_ensure_user_dir(const char *base, uid_t uid, gid_t gid);
+
+/* tether_ensure_user_dir for each of the ':'-separated absolute paths in ``bases``. */
+int tether_ensure_user_dirs(const char *bases, uid_t uid, gid_t gid);
+
 /* One rank's directories rank-<rank>/{tmp,work} below ``step_fd``; 0 or -1 (reported). */
 int tether_make_rank_dirs(int step_fd, const char *step_shown, unsigned rank, uid_t uid, gid_t gid);
 

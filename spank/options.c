@@ -24,6 +24,7 @@ struct tether_opt tether_opts[TETHER_NOPTS] = TETHER_OPTION_TABLE;
 const char *tether_job_storage_root = TETHER_DEFAULT_JOB_STORAGE_ROOT;
 const char *tether_launcher;
 const char *tether_gateway_partition;
+const char *tether_user_dirs = TETHER_DEFAULT_USER_DIRS;
 
 const char *tether_opt_value(enum tether_option id)
 {
@@ -294,6 +295,20 @@ static const char *path_arg(const char *arg, const char *key)
 	return arg + n + 1;
 }
 
+/* ``user_dirs=`` is absolute paths separated by ':', of characters a plain path has. */
+static int user_dirs_ok(const char *value)
+{
+	if (value[0] != '/' || strlen(value) > 2048)
+		return 0;
+	for (const char *c = value; *c; c++) {
+		if (*c == ':' && c[1] != '/')
+			return 0;
+		if (!(isalnum((unsigned char)*c) || strchr("/:._-", *c)))
+			return 0;
+	}
+	return 1;
+}
+
 int tether_parse_args(int ac, char **av)
 {
 	for (int i = 0; i < ac; i++) {
@@ -305,10 +320,12 @@ int tether_parse_args(int ac, char **av)
 			tether_launcher = path;
 		else if (strncmp(av[i], "gateway_partition=", 18) == 0 && tether_name_ok(av[i] + 18, TETHER_MAX_NAME))
 			tether_gateway_partition = av[i] + 18;
+		else if (strncmp(av[i], "user_dirs=", 10) == 0 && user_dirs_ok(av[i] + 10))
+			tether_user_dirs = av[i] + 10;
 		else {
 			slurm_error("tether: plugstack.conf argument '%s' is not understood (accepted: "
 				    "job_storage_root=/absolute/path, launcher=/absolute/path, "
-				    "gateway_partition=NAME)", av[i]);
+				    "gateway_partition=NAME, user_dirs=/absolute/path[:/absolute/path...])", av[i]);
 			return -1;
 		}
 	}

@@ -28,6 +28,8 @@ extern struct tether_opt tether_opts[TETHER_NOPTS];
 extern const char *tether_job_storage_root;
 extern const char *tether_launcher; /* the container launcher (tether-run); NULL: no containers */
 extern const char *tether_gateway_partition; /* the config's gateways.partition; NULL: no gateways */
+/* where root makes each user's own directory on the node (':'-separated; hooks/layout.py user_dir_bases) */
+extern const char *tether_user_dirs;
 
 /* The value of option ``id``, or NULL when it is not set. */
 const char *tether_opt_value(enum tether_option id);

@@ -309,6 +309,11 @@ int tether_stepd_post_opt(spank_t sp)
 	 * reaps pids that are not tasks without complaint). */
 	if (step.container && prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
 		tether_error("tether: prctl(PR_SET_CHILD_SUBREAPER): %s", strerror(errno));
+	/* The user's own directories on this node for the runtimes' stores and run state, made here
+	 * as root in places only root writes: a user-made one in a shared place (/var/tmp, /tmp) could
+	 * be taken first by another user, who could then deny or change this user's containers. */
+	if (step.container && tether_ensure_user_dirs(tether_user_dirs, step.uid, step.gid) < 0)
+		return 0;
 	root_fd = tether_open_storage_root(tether_job_storage_root);
 	if (root_fd < 0)
 		return 0;

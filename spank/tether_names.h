@@ -90,6 +90,8 @@ enum tether_option {
 
 /* the layout under job_storage_root */
 #define TETHER_DEFAULT_JOB_STORAGE_ROOT "/var/lib/tether/jobs"
+/* where root makes each user's own directory on the node, by default (plugstack.conf user_dirs=) */
+#define TETHER_DEFAULT_USER_DIRS "/run/tether:/var/lib/tether/users"
 #define TETHER_STEP_PREFIX "step-"
 #define TETHER_TASK_PREFIX "task-"
 #define TETHER_RANK_PREFIX "rank-"

@@ -14,6 +14,7 @@ import sys
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.imageref import ImageRef, ImageRefError, parse_image
+from ...hooks.layout import user_dir_base
 from ..environment import DEFAULT_MODE, overrides, passed_from_host
 from ..spec import LaunchError, Record, check_reachable
 
@@ -224,23 +225,67 @@ def own_directory(path: str, uid: int, what: str, *, private: bool) -> None:
         os.chmod(path, 0o700)
 
 
+def _user_dir(template: str, uid: int, what: str) -> None:
+    """For a store whose ``{uid}`` is a whole path component: ``<base>/<uid>`` must be there, made by
+    root for this user (slurmstepd or the PBS MoM hook, at the user's first container step on the
+    node) in a base only root writes. A user cannot make it: nobody can take another's first."""
+    base = user_dir_base(template)
+    if base is None:
+        return
+    try:
+        st = os.lstat(base)
+    except OSError as exc:
+        raise LaunchError(f"{what}: {base}: {exc.strerror} (root makes each user's directory there at their "
+                          f"first container step on the node: plugstack.conf user_dirs=, `tether slurm install "
+                          f"--write`)") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise LaunchError(f"{what}: {base} must be a directory of root's that group and others cannot write "
+                          f"(each user's directory is made there as root); an admin fixes it")
+    mine = f"{base}/{uid}"
+    if uid == 0 and os.geteuid() == 0 and not os.path.lexists(mine):
+        os.mkdir(mine, 0o700)                # root's own (tether images pull as root)
+    if not os.path.lexists(mine):
+        raise LaunchError(f"{what}: {mine} does not exist: root makes it for you when your first container "
+                          f"step starts on this node (tether's SPANK plugin, plugstack.conf user_dirs=; on PBS "
+                          f"the MoM hook). Run a container step here first, or ask an admin")
+    own_directory(mine, uid, what, private=False)
+
+
 def store_directory(template: str, uid: int, what: str = "podman store") -> str | None:
     """This user's store on this node from a ``container.<runtime>.store`` template (None: the
     runtime's own default). Made 0700 on first use; every directory from the first one named
     after the user down must be the user's own -- a store planted by another user (a symlink, a
-    directory of theirs) would let them change the images this user runs."""
+    directory of theirs) would let them change the images this user runs. With ``{uid}`` as a whole
+    component, the directory of that name is root's making for the user (``_user_dir``)."""
     if not template:
         return None
     path = template.replace("{uid}", str(uid)).rstrip("/")
+    _user_dir(template, uid, what)
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as exc:
         raise LaunchError(f"image store {path} (container.*.store): cannot create it: {exc.strerror}") from None
+    _check_store(template, path, uid, what, private=True)
+    return path
+
+
+def existing_store(template: str, uid: int, what: str = "podman store") -> str | None:
+    """This user's store on this node when it exists, checked as ``store_directory`` checks it but
+    never made or changed (``tether images ls`` and the like: root's too). None: there is none."""
+    if not template:
+        return None
+    path = template.replace("{uid}", str(uid)).rstrip("/")
+    if not os.path.lexists(path):
+        return None
+    _check_store(template, path, uid, what, private=False)
+    return path
+
+
+def _check_store(template: str, path: str, uid: int, what: str, *, private: bool) -> None:
     parts = path.split("/")
     first = template.split("{uid}", 1)[0].count("/")
     for end in range(first + 1, len(parts) + 1):
-        own_directory("/".join(parts[:end]), uid, what, private=end == len(parts))
-    return path
+        own_directory("/".join(parts[:end]), uid, what, private=private and end == len(parts))
 
 
 def adapter(name: str, settings: Mapping, **kw) -> Runtime:

@@ -20,11 +20,12 @@ import stat
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.imageref import ImageRefError, parse_image
+from ...hooks.layout import USER_STORE_ROOT
 from ..launch import progress
 from ..spec import CONTAINER_BATCH_SCRIPT, NAMED_MADE_BY, LaunchError, Mount, no_named_container, refuse_existing
-from . import Launch, Runtime, store_directory
+from . import Launch, Runtime, existing_store, store_directory
 
-DEFAULT_STORE = "/var/tmp/tether-enroot-{uid}"     # container.enroot.store's default
+DEFAULT_STORE = f"{USER_STORE_ROOT}/{{uid}}/enroot"     # container.enroot.store's default
 
 if TYPE_CHECKING:
     from typing import Mapping
@@ -133,7 +134,7 @@ class Enroot(Runtime):
             return None
         if create:
             return store_directory(self.store_template, os.getuid(), "enroot store")
-        return self.store_template.replace("{uid}", str(os.getuid())).rstrip("/")
+        return existing_store(self.store_template, os.getuid(), "enroot store")   # checked, never made
 
     def import_steps(self, image: str, store: str) -> tuple[str, list[tuple], str]:
         """(the squashfs file, the steps that import it, their lock) for a registry image. The

@@ -21,11 +21,11 @@ import stat
 import time
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
-from ...hooks.layout import CLEANUP_MARKER
+from ...hooks.layout import CLEANUP_MARKER, USER_STORE_ROOT, user_run_dir
 from ..launch import cgroup_paths, progress, remove_file, report
 from ..spec import (CONTAINER_BATCH_SCRIPT, NAMED_MADE_BY, LaunchError, Mount, no_named_container,
                     read_regular, refuse_existing)
-from . import Launch, Runtime, own_directory, store_directory
+from . import Launch, Runtime, existing_store, own_directory, store_directory
 
 if TYPE_CHECKING:
     from typing import Mapping, Sequence
@@ -64,7 +64,7 @@ def repair_stale_state(podman: Sequence[str], *, env: Mapping[str, str] | None =
     """Rootless podman joins the user namespace of its pause process, or else of a container it
     believes running. When every such process is gone -- killed with the step that started it
     (SIGKILL at a time limit, the OOM killer, a node's processes killed) while its run state
-    stayed (``$XDG_RUNTIME_DIR`` or ``/tmp/podman-run-<uid>`` outlives them) -- every podman
+    stayed (its run directory, ``Podman.run_dir``, outlives them) -- every podman
     command of that user on this node fails with "invalid internal status, try resetting the pause
     process with "podman system migrate": ..." (exit 1). Since no process of that state lives, no
     running container is harmed by doing what it says. ``podman``: the command that runs podman as
@@ -268,14 +268,7 @@ def _devices_confined() -> bool:
     return "devices" in slurm_controllers()
 
 
-DEFAULT_STORE = "/var/tmp/tether-podman-{uid}"     # container.podman.store's default
-
-
-def run_base(env: Mapping[str, str], uid: int) -> str:
-    """Where rootless podman keeps its run state: ``$XDG_RUNTIME_DIR``, else /tmp/podman-run-<uid>."""
-    if uid == 0:
-        return "/run"
-    return env.get("XDG_RUNTIME_DIR") or f"/tmp/podman-run-{uid}"
+DEFAULT_STORE = f"{USER_STORE_ROOT}/{{uid}}/podman"     # container.podman.store's default
 
 
 class Podman(Runtime):
@@ -287,29 +280,49 @@ class Podman(Runtime):
         self.cdi_spec_dirs = list(settings.get("cdi_spec_dirs") or ("/etc/cdi", "/var/run/cdi"))
         self.store_template = settings.get("store", DEFAULT_STORE) or ""
 
+    def run_dir(self, uid: int | None = None) -> str:
+        """Where rootless podman keeps its run state for this user on this node (its
+        XDG_RUNTIME_DIR): the config's ``container.podman.env.XDG_RUNTIME_DIR``, else the user's run
+        directory that root made (hooks.layout.user_run_dir) -- never the job's XDG_RUNTIME_DIR, which
+        a login node set (its /run/user/<uid> is not this node's, and podman's records name the run
+        directory they were made with: every later command with another one fails)."""
+        uid = os.getuid() if uid is None else uid
+        return self.runtime_env.get("XDG_RUNTIME_DIR") or user_run_dir(uid)
+
+    def base_env(self, host_env: Mapping[str, str]) -> dict[str, str]:
+        """The host's environment and the configured one, with podman's run directory (``run_dir``)."""
+        env = super().base_env(host_env)
+        if os.getuid() == 0 and "XDG_RUNTIME_DIR" not in self.runtime_env:
+            env.pop("XDG_RUNTIME_DIR", None)          # root's podman: its own /run
+        else:
+            env["XDG_RUNTIME_DIR"] = self.run_dir()
+        return env
+
     def store_args(self, env: Mapping[str, str], *, create: bool = False, uid: int | None = None) -> list[str]:
         """podman's global options for this user's store on this node (container.podman.store):
-        the images in ``<store>/storage``, the storage's run state beside podman's own (a
-        tmpfs or /tmp, emptied at boot, as podman expects) -- nothing when the store is podman's
-        default.
-        ``create``: make and check the store directory (the launch does, as the user); ``uid``:
-        another user's (root's tools that run podman as that user)."""
+        the images in ``<store>/storage``, the storage's run state in podman's run directory (a
+        tmpfs, emptied at boot, as podman expects) -- nothing when the store is podman's default.
+        ``create``: make and check the store directory (the launch does, as the user); else the
+        store is only checked, when it exists (root's ``tether images ls`` never works inside a
+        directory another user made). ``uid``: another user's (root's tools that run podman as
+        that user)."""
         if not self.store_template:
             return []
         uid = os.getuid() if uid is None else uid
+        run = self.run_dir(uid)
         if create:
             store = store_directory(self.store_template, uid)
-            base = run_base(env, uid)
             if uid != 0:
                 try:
-                    os.mkdir(base, 0o700)
-                except FileExistsError:
-                    pass
-                except OSError as exc:
-                    raise LaunchError(f"podman's run directory {base}: {exc.strerror}") from None
-                own_directory(base, uid, "podman's run directory", private=False)
+                    own_directory(run, uid, "podman's run directory", private=False)
+                except LaunchError as exc:
+                    if os.path.lexists(run):
+                        raise
+                    raise LaunchError(f"podman's run directory {run} does not exist: root makes it for you when "
+                                      f"your first container step starts on this node (tether's SPANK plugin, "
+                                      f"plugstack.conf user_dirs=; on PBS the MoM hook)") from exc
         else:
-            store = self.store_template.replace("{uid}", str(uid)).rstrip("/")
+            store = existing_store(self.store_template, uid) or self.store_template.replace("{uid}", str(uid)).rstrip("/")
         # Not --tmpdir: libpod's state there (the boot marker whose absence makes podman reset
         # its records, the pause process) goes with the per-user SHM lock segment, which every
         # store of the user shares. A second tmpdir made podman reset -- free every lock of --
@@ -317,8 +330,7 @@ class Podman(Runtime):
         # The storage driver stays podman's choice (storage.conf; here: vfs). Forcing rootless
         # overlay wedged the store here once processes were SIGKILLed mid-creation: an incomplete
         # layer whose mount stayed busy, and every later podman command of the user hung on it.
-        run = os.path.join(run_base(env, uid), "tether-podman")
-        return ["--root", f"{store}/storage", "--runroot", f"{run}/storage"]
+        return ["--root", f"{store}/storage", "--runroot", f"{run}/tether-podman/storage"]
 
     def pull(self, image: str, env: Mapping[str, str]) -> str:
         """``tether images pull``: a registry image into this user's store on this node, under the
@@ -347,6 +359,8 @@ class Podman(Runtime):
         from . import StoredImage
 
         env = self.base_env(env)
+        if self.store_template and existing_store(self.store_template, os.getuid()) is None:
+            return []                   # nothing stored here (and podman would make the store)
         try:
             out = run_command([self.binary, *self.global_args(env), "images", "--format", "json"], env=env,
                               timeout=120).stdout
@@ -539,8 +553,6 @@ class Podman(Runtime):
         # the step's end kills that too, slurmstepd runs it once the step is over (see ``marker``).
         marker = os.path.join(os.path.dirname(spec.rank_dir), f"{CLEANUP_MARKER}{spec.rank}") if spec.rank_dir else None
         data = {"runtime": self.name, "container": name}
-        if env.get("XDG_RUNTIME_DIR"):
-            data["xdg_runtime_dir"] = env["XDG_RUNTIME_DIR"]
         lock = None
         if before:
             # one pull or import per user per node: the ranks (and jobs) of a user on a node share
@@ -675,17 +687,13 @@ class Podman(Runtime):
         return removed
 
     def oci_state_roots(self, env: Mapping[str, str]) -> list[tuple[str, str]]:
-        """(OCI runtime, its state root) pairs where podman may keep a rootless container's state:
-        ``$XDG_RUNTIME_DIR/<runtime>``, else ``/tmp/podman-run-<uid>/<runtime>`` (podman's fallback
-        when XDG_RUNTIME_DIR is unset, as in a Slurm task); root's is ``/run/<runtime>``."""
+        """(OCI runtime, its state root) pairs where podman keeps a container's state: in its run
+        directory (``run_dir``: root's is ``/run``), ``<run dir>/<runtime>``."""
         args = list(self.args)
         chosen = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--runtime"]
         chosen += [a.split("=", 1)[1] for a in args if a.startswith("--runtime=")]
         runtimes = chosen or ["crun", "runc"]
-        uid = os.getuid()
-        bases = [env["XDG_RUNTIME_DIR"]] if env.get("XDG_RUNTIME_DIR") else []
-        bases += ["/run"] if uid == 0 else [f"/tmp/podman-run-{uid}"]
-        return [(rt, os.path.join(base, os.path.basename(rt))) for rt in runtimes for base in bases]
+        return [(rt, os.path.join(self.run_dir(), os.path.basename(rt))) for rt in runtimes]
 
     def global_args(self, env: Mapping[str, str] | None = None, *, create: bool = False,
                     uid: int | None = None) -> list[str]:

@@ -26,7 +26,7 @@ def test_defaults():
     assert cfg.job_storage_root == "/var/lib/tether/jobs"
     assert cfg.data["container"]["runtime"] == "apptainer"
     assert cfg.runtime("podman") == {"binary": "podman", "args": [], "env": {}, "cdi_kind": "nvidia.com/gpu",
-                                     "cdi_spec_dirs": ["/etc/cdi", "/var/run/cdi"], "store": "/var/tmp/tether-podman-{uid}"}
+                                     "cdi_spec_dirs": ["/etc/cdi", "/var/run/cdi"], "store": "/var/lib/tether/users/{uid}/podman"}
     assert cfg.data["plugin"]["on_failure"] == "reject_tether_jobs"
 
 
@@ -80,7 +80,7 @@ plugin:
     assert cfg.partition_override("gpu").gpu_type == "a100"
     assert cfg.partition_override("cpu") is None
     assert cfg.runtime("podman")["args"] == ["--runtime", "runc"]
-    assert cfg.runtime("enroot") == {"binary": "enroot", "args": [], "env": {}, "store": "/var/tmp/tether-enroot-{uid}"}
+    assert cfg.runtime("enroot") == {"binary": "enroot", "args": [], "env": {}, "store": "/var/lib/tether/users/{uid}/enroot"}
 
 
 def test_unknown_key_wrong_type_and_bad_enum_are_all_reported(tmp_path):
@@ -182,7 +182,7 @@ def test_config_show_prints_effective_config(tmp_path, capsys):
     assert shown["slot_type"] == "cpu"
     assert shown["partition_overrides"]["gpu"] == {"slot_type": None, "gpu_type": "a100",
                                                    "sbatch_args": [], "pbsbatch_args": []}
-    assert shown["container"]["enroot"] == {"binary": "enroot", "args": [], "env": {}, "store": "/var/tmp/tether-enroot-{uid}"}
+    assert shown["container"]["enroot"] == {"binary": "enroot", "args": [], "env": {}, "store": "/var/lib/tether/users/{uid}/enroot"}
     assert out.startswith(f"# effective tether configuration from {path}")
 
 

@@ -476,7 +476,8 @@ def test_cleanup_runs_only_tethers_own_removal_for_what_a_marker_names(public_di
     (xdg / "runc" / ("ab" * 32)).mkdir(parents=True)             # the state podman 4.3 leaves
     pwned = public_dir / "pwned"
     markers = {
-        ".cleanup-0": {"runtime": "podman", "container": "tether-7-0-0", "xdg_runtime_dir": str(xdg)},
+        # an earlier release's run directory field: never read (the adapter says where podman runs)
+        ".cleanup-0": {"runtime": "podman", "container": "tether-7-0-0", "xdg_runtime_dir": str(public_dir)},
         ".cleanup-1": {"commands": [["touch", str(pwned)]], "env": {}},                # the old format
         ".cleanup-2": {"runtime": "podman", "container": "x; touch " + str(pwned)},
         ".cleanup-3": {"runtime": "/bin/sh", "container": "tether-7-0-3"},
@@ -487,14 +488,14 @@ def test_cleanup_runs_only_tethers_own_removal_for_what_a_marker_names(public_di
     os.mkfifo(step / ".cleanup-5")
     for p in [public_dir, step, xdg, *step.iterdir()]:
         os.chown(p, 1003, 1003)
-    settings = {"podman": {"binary": str(fake), "args": ["--runtime", str(runc)], "env": {},
+    settings = {"podman": {"binary": str(fake), "args": ["--runtime", str(runc)], "env": {"XDG_RUNTIME_DIR": str(xdg)},
                            "store": "/var/tmp/store-{uid}"}}
     signal.alarm(30)
     try:
         assert _cleanup_in(step, settings) == 0
     finally:
         signal.alarm(0)
-    # the user's store (its run state under the marker's XDG_RUNTIME_DIR), as the launch used it
+    # the user's store (its run state in podman's run directory, the config's), as the launch used it
     store = f"--root /var/tmp/store-1003/storage --runroot {xdg}/tether-podman/storage"
     assert log.read_text().splitlines() == [
         f"podman inspect --runtime {runc} {store} --format {{{{.Id}}}} tether-7-0-0",
@@ -1150,14 +1151,15 @@ def test_podman_imports_a_shared_rootfs_that_cannot_run_as_it_is():
             for d in dirs:
                 os.chmod(os.path.join(root, d), 0o755)
         store = os.path.join(base, "store-{uid}")
+        os.makedirs(f"{base}/xdg", mode=0o700)
+        os.chown(f"{base}/xdg", 65534, 65534)
         os.chmod(base, 0o1777)
 
         def plan(image, writable=False, mounts=""):
             def call():
-                adapter = Podman({"store": store})
+                adapter = Podman({"store": store, "env": {"XDG_RUNTIME_DIR": f"{base}/xdg"}})
                 spec = type("Spec", (), {"image": image, "writable": writable, "mounts": parse_mounts(mounts)})()
-                argv, before = adapter.image_plan(spec, adapter.global_args({"XDG_RUNTIME_DIR": f"{base}/xdg"},
-                                                                            create=True))
+                argv, before = adapter.image_plan(spec, adapter.global_args({}, create=True))
                 return argv, [(step[1][1], step[2]) for step in before]     # (quick look, argv): the argv
             return _as_user(65534, call)
 

@@ -322,6 +322,63 @@ def test_a_missing_helper_or_launcher_is_named(hook, tmp_path):
     assert e.accepted is False and "tether-jobdirs is missing on this host" in e.reject_msg
 
 
+def test_a_container_task_gets_the_users_own_directories_made_by_root(hook, root, tmp_path):
+    """The user's own directories on the host (podman's store and run directory: hooks.layout
+    user_dir_bases) are made by root in the MoM hook, through tether-jobdirs, before the task is
+    handed to the launcher -- as slurmstepd does on Slurm (issue 39, finding 5)."""
+    bases = [tmp_path / "run-base", tmp_path / "var" / "users"]
+    hook.settings["user_dirs"] = ":".join(map(str, bases))
+    hook.config.write_text(json.dumps(hook.settings))
+    hook(pbs.EXECJOB_BEGIN, host="h2")
+    e = hook(env=_task_env(PBS_TASKNUM="3", TETHER_CONTAINER_IMAGE="/images/busybox"), host="h2",
+             progname="/bin/true", argv=["true"], variables={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
+    assert e.accepted, e.reject_msg
+    uid = pwd.getpwnam(USER).pw_uid
+    for base in bases:
+        assert _owned_private(base / str(uid))
+        st = os.lstat(base)
+        assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o755      # made root's, 0755 (any umask)
+    # a host task (no image) needs none: nothing made for it
+    (bases[0] / str(uid)).rmdir()
+    e = hook(env=_task_env(PBS_TASKNUM="4"), host="h2", progname="/bin/true", argv=["true"])
+    assert e.accepted and not (bases[0] / str(uid)).exists()
+
+
+def test_the_helper_makes_a_users_directory_only_where_no_other_user_can_reach(helper, tmp_path):
+    """``tether-jobdirs user`` (the same C as slurmstepd's): a base another user can write, a
+    symlink on the way, or a directory of another uid where the user's belongs -- refused with the
+    reason, nothing followed or changed."""
+    uid = pwd.getpwnam(USER).pw_uid
+
+    def run(bases: str):
+        return subprocess.run([str(helper), "user", bases, str(uid), str(uid)], capture_output=True, text=True,
+                              timeout=30)
+
+    os.chmod(tmp_path, 0o755)
+    shared = tmp_path / "shared"             # as /var/tmp: everyone may make entries
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    result = run(str(shared))
+    assert result.returncode == 1 and "must be owned by root and not writable by group or others" in result.stderr
+    assert list(shared.iterdir()) == []
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    (tmp_path / "link").symlink_to(elsewhere)
+    result = run(str(tmp_path / "link" / "users"))
+    assert result.returncode == 1 and "a symlink, which root does not follow" in result.stderr
+    assert list(elsewhere.iterdir()) == []
+    base = tmp_path / "users"
+    base.mkdir(mode=0o755)
+    (base / str(uid)).mkdir(mode=0o777)
+    os.chown(base / str(uid), 65534, 65534)         # another uid's, where the user's belongs
+    result = run(str(base))
+    assert result.returncode == 1 and f"owned by uid 65534, not the job's uid {uid}" in result.stderr
+    (base / str(uid)).rmdir()
+    assert run(f"{base}:{tmp_path / 'new' / 'deeper'}").returncode == 0
+    assert _owned_private(base / str(uid)) and _owned_private(tmp_path / "new" / "deeper" / str(uid))
+    assert run("relative/path").returncode == 1
+
+
 def test_the_helper_refuses_unsafe_roots_bad_names_and_non_root_callers(helper, root, tmp_path):
     uid = str(pwd.getpwnam(USER).pw_uid)
 
@@ -369,7 +426,7 @@ def test_a_wrapped_tm_task_runs_in_a_real_podman_container(cluster, helper, publ
     image = cluster.box.busybox_image()
     launcher = install_launcher(helper.parent, config)
     settings = {"python_path": [], "job_storage_root": config.job_storage_root, "helper": str(helper),
-                "launcher": str(launcher)}
+                "launcher": str(launcher), "user_dirs": ":".join(config.user_dir_bases())}
     hook_config = public / f"tether_exec-{os.getpid()}.json"
     hook_config.write_text(json.dumps(settings))
     job_id = f"{os.getpid()}.pbs-e2e"

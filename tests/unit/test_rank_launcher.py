@@ -90,6 +90,18 @@ def world():
                 os.chmod(os.path.join(root, d), 0o755)
         os.chmod(path, 0o755)
     os.chmod(bare, 0o555)         # shared: nobody may write it (not even its owner, when not root)
+    # the user's own directories on the node, as root makes them (a root-owned base, <uid> the
+    # user's): podman's run directory (configured below: the default is /run/tether/<uid>, which
+    # tests never touch) and the store's directory
+    run = base / "run-dir"
+    run.mkdir(mode=0o700)
+    users = base / "users"
+    users.mkdir(mode=0o755)
+    os.chmod(users, 0o755)
+    (users / str(UID)).mkdir(mode=0o700)
+    if os.getuid() == 0:
+        os.chown(run, NOBODY, NOBODY)
+        os.chown(users / str(UID), NOBODY, NOBODY)
     config = base / "tether.yaml"
     config.write_text("# the config whose identity is baked in\n")
     os.chmod(config, 0o644)
@@ -103,9 +115,13 @@ def world():
 
 
 def settings_for(world, **podman) -> dict:
+    # as root: a store whose {uid} directory root made (the default's form); else one the user makes
+    store = world["base"] / ("users/{uid}/podman" if os.getuid() == 0 else "store-{uid}")
     return {"runtime": "podman", "environment": podman.pop("environment", "inherit"),
-            "podman": {"args": ["--runtime", "runc"], "env": {"CONTAINERS_CONF": "/etc/tether-test/containers.conf"},
-                       "store": str(world["base"] / "store-{uid}"), **podman}}
+            "podman": {"args": ["--runtime", "runc"],
+                       "env": {"CONTAINERS_CONF": "/etc/tether-test/containers.conf",
+                               "XDG_RUNTIME_DIR": str(world["base"] / "run-dir")},
+                       "store": str(store), **podman}}
 
 
 def build(world, settings, name, *, plan_only=True) -> Path:
@@ -166,7 +182,7 @@ def normalized(plan: dict) -> dict:
 FAST_CASES = {
     "a rank's own rootfs": {},
     "a shared, complete rootfs": {"TETHER_CONTAINER_IMAGE": "shared"},
-    "XDG_RUNTIME_DIR set (the marker names it)": {"XDG_RUNTIME_DIR": "xdg"},
+    "a login node's XDG_RUNTIME_DIR (not this node's: never used)": {"XDG_RUNTIME_DIR": "/run/user/4242"},
     "RANK over SLURM_PROCID, odd ids made safe": {"RANK": "3", "SLURM_JOB_ID": "12+3", "SLURM_STEP_ID": "4 5"},
     "Slurm 23.11's prepended launcher (empty argv0) and arguments": {"TETHER_RUN_ARGV0": "", "__args": ["sh", "-c", "x y"]},
     "a small environment": {"__bare": True},
@@ -187,12 +203,6 @@ def test_the_c_plan_is_the_python_plan(world, mode, case):
         env = rank_env(world)
     if extra.get("TETHER_CONTAINER_IMAGE") == "shared":
         extra["TETHER_CONTAINER_IMAGE"] = str(world["shared"])
-    if extra.get("XDG_RUNTIME_DIR") == "xdg":
-        xdg = world["base"] / f"xdg-{mode}"
-        xdg.mkdir(exist_ok=True)
-        if os.getuid() == 0:
-            os.chown(xdg, UID, UID)
-        extra["XDG_RUNTIME_DIR"] = str(xdg)
     env.update(extra)
     if args and env.get("TETHER_RUN_ARGV0") == "":
         ours = c_plan(launcher, env, args)
@@ -202,6 +212,9 @@ def test_the_c_plan_is_the_python_plan(world, mode, case):
     assert isinstance(ours, dict), f"went to the Python launcher: {ours}"
     assert normalized(ours) == normalized(theirs)
     assert "--rootfs" in ours["argv"] and ours["argv"][-1] == (args[-1] if args else "true")
+    # podman's run directory is the node's, whatever the job's environment says
+    assert ours["env"]["XDG_RUNTIME_DIR"] == str(world["base"] / "run-dir")
+    assert ours["marker_data"] == {"runtime": "podman", "container": ours["argv"][ours["argv"].index("--name") + 1]}
     if mode == "inherit" and "MY_VAR" in env:
         assert "MY_VAR\n" in ours["names"] and "LD_LIBRARY_PATH" not in ours["names"]
 
