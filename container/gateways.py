@@ -108,12 +108,18 @@ def node_addresses(names: list[str]) -> dict[str, str]:
     return {n: found.get(n, n) for n in names}
 
 
+# srun's output options from the environment: the step's stdout carries the tasks' readiness
+# reports, which must reach wait_ready as they are written (not in a file, not labelled)
+_STEP_OUTPUT = frozenset({"SLURM_STDOUTMODE", "SLURM_STDERRMODE", "SLURM_LABELIO"})
+
+
 def step_environment(env: Mapping[str, str]) -> dict[str, str]:
     """The gateway step's srun environment: the job's, without tether's options (the batch
     script's container options and the options Slurm re-applies from the environment would make
-    the daemon's step a container step of the first component's image)."""
+    the daemon's step a container step of the first component's image) and without srun's output
+    options (the readiness reports are the step's stdout)."""
     option = f"SLURM_SPANK__SLURM_SPANK_OPTION_{PLUGIN}_"
-    return {k: v for k, v in env.items() if not k.startswith(("TETHER_", option))}
+    return {k: v for k, v in env.items() if not k.startswith(("TETHER_", option)) and k not in _STEP_OUTPUT}
 
 
 def _report_lines(data: bytes) -> list[tuple[str, int, str]]:

@@ -195,10 +195,12 @@ def test_in_salloc_tether_gateway_start_gives_the_allocation_its_gateways(cluste
     """salloc has no batch script: `eval "$(tether gateway start)"` starts the daemon step and sets
     TETHER_GATEWAYS (it once kept the command substitution open until the allocation ended: its
     watcher held the caller's stdout); an srun in the allocation reaches the daemon (and does not
-    refuse the allocation's own --gateways, which salloc exports to it)."""
+    refuse the allocation's own --gateways, which salloc exports to it). srun's output options in
+    the user's environment (SLURM_LABELIO) do not reach the daemon's step, whose stdout carries
+    its readiness reports."""
     inner = ('eval "$(' + cluster.box.tether[0] + ' gateway start)" && echo "GATEWAYS=$TETHER_GATEWAYS" && '
              'srun -N1 sh -c "echo | busybox nc \\${TETHER_GATEWAYS%:*} \\${TETHER_GATEWAYS##*:}"')
-    out = cluster.as_user(["env", f"TETHER_CONFIG={cluster.box.tether_conf}", "salloc", "-N1", ":",
+    out = cluster.as_user(["env", f"TETHER_CONFIG={cluster.box.tether_conf}", "SLURM_LABELIO=1", "salloc", "-N1", ":",
                            "--gateways=1", "sh", "-c", inner], timeout=120).stdout
     assert "GATEWAYS=127.0.0.1:" in out and f"tether-gateway {cluster.nodes[2]} " in out, out
     assert wait_until(lambda: not user_processes(cluster, "gateway_daemon"), timeout=30)

@@ -109,9 +109,9 @@ def test_ports_placeholders_and_the_gateway_component_from_the_environment():
     assert gateways.gateway_component({"SLURM_HET_SIZE": "x"}, "gateway") is None
 
 
-def test_the_daemons_step_carries_no_tether_options():
+def test_the_daemons_step_carries_no_tether_options_and_no_srun_output_options():
     env = {"PATH": "/bin", "TETHER_CONTAINER_IMAGE": "busybox", "SLURM_SPANK__SLURM_SPANK_OPTION_tether_slots": "2",
-           "SLURM_SPANK_OTHER": "x", "SLURM_JOB_ID": "5"}
+           "SLURM_SPANK_OTHER": "x", "SLURM_JOB_ID": "5", "SLURM_STDOUTMODE": "gw.out", "SLURM_LABELIO": "1"}
     assert gateways.step_environment(env) == {"PATH": "/bin", "SLURM_SPANK_OTHER": "x", "SLURM_JOB_ID": "5"}
 
 
@@ -235,3 +235,20 @@ def test_each_task_of_the_gateway_step_execs_the_daemon_with_its_own_port(tmp_pa
     env[gateways.DAEMON_VAR] = json.dumps(["/nonexistent/gwd"])
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 127 and "cannot start the gateway daemon /nonexistent/gwd" in out.stderr
+
+
+def test_every_gateway_nodes_task_must_report_and_other_lines_pass_through(tmp_path, capfd):
+    """srun merges the tasks' stdout: ready once each index has reported, whatever the order."""
+    step = subprocess.Popen(["sh", "-c", "echo tether-gateway ready 1; echo a daemon line; sleep 0.2; "
+                             "echo tether-gateway ready 0; exec sleep 60"], stdout=subprocess.PIPE)
+    try:
+        gateways.wait_ready([("10.0.0.1", 30000), ("10.0.0.2", 30001)], step, timeout=60)
+        assert "a daemon line" in capfd.readouterr().err
+    finally:
+        stop(step)
+    step = subprocess.Popen(["sh", "-c", "echo tether-gateway ready 0; exec sleep 60"], stdout=subprocess.PIPE)
+    try:
+        with pytest.raises(gateways.GatewayError, match=r"did not listen on 10.0.0.2:30001 within 0.5 s"):
+            gateways.wait_ready([("10.0.0.1", 30000), ("10.0.0.2", 30001)], step, timeout=0.5)
+    finally:
+        stop(step)
