@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -122,7 +123,8 @@ def gateway_task(tmp_path: Path, daemon: list[str], port: int, **extra: str) -> 
            "SLURMD_NODENAME": "n7", "SLURM_JOB_ID": "9", gateways.DAEMON_VAR: json.dumps(daemon),
            gateways.PORTS_VAR: str(port), **extra}
     code = "from tether.container.gateways import exec_daemon; exec_daemon()"
-    return subprocess.Popen([sys.executable, "-c", code], env=env, cwd=tmp_path, stdout=subprocess.PIPE)
+    return subprocess.Popen([sys.executable, "-c", code], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            start_new_session=True)
 
 
 def free_port() -> int:
@@ -133,7 +135,12 @@ def free_port() -> int:
 
 
 def stop(task: subprocess.Popen) -> None:
-    task.terminate()
+    """End the task and every process it started (its session: the daemon's children, the
+    watcher), as Slurm ends a step's cgroup."""
+    try:
+        os.killpg(task.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     task.wait(timeout=30)
     task.stdout.close()
 
@@ -240,13 +247,15 @@ def test_each_task_of_the_gateway_step_execs_the_daemon_with_its_own_port(tmp_pa
 def test_every_gateway_nodes_task_must_report_and_other_lines_pass_through(tmp_path, capfd):
     """srun merges the tasks' stdout: ready once each index has reported, whatever the order."""
     step = subprocess.Popen(["sh", "-c", "echo tether-gateway ready 1; echo a daemon line; sleep 0.2; "
-                             "echo tether-gateway ready 0; exec sleep 60"], stdout=subprocess.PIPE)
+                             "echo tether-gateway ready 0; exec sleep 60"], stdout=subprocess.PIPE,
+                            start_new_session=True)
     try:
         gateways.wait_ready([("10.0.0.1", 30000), ("10.0.0.2", 30001)], step, timeout=60)
         assert "a daemon line" in capfd.readouterr().err
     finally:
         stop(step)
-    step = subprocess.Popen(["sh", "-c", "echo tether-gateway ready 0; exec sleep 60"], stdout=subprocess.PIPE)
+    step = subprocess.Popen(["sh", "-c", "echo tether-gateway ready 0; exec sleep 60"], stdout=subprocess.PIPE,
+                            start_new_session=True)
     try:
         with pytest.raises(gateways.GatewayError, match=r"did not listen on 10.0.0.2:30001 within 0.5 s"):
             gateways.wait_ready([("10.0.0.1", 30000), ("10.0.0.2", 30001)], step, timeout=0.5)
