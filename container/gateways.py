@@ -10,15 +10,21 @@ with ``TETHER_RUN_GATEWAYS=<component>``, and the launcher (``start_gateways``):
 2. starts the configured daemon on them as **one job step of the gateway component**
    (``srun --het-group=<k> --ntasks-per-node=1``), so Slurm accounts it, limits it and ends it
    with the job like any step -- no process of it outlives the allocation;
-3. waits until every daemon accepts a TCP connection on its port (``gateways.ready_timeout``);
+3. waits until the step's task on every gateway node reports its daemon ready
+   (``gateways.ready_timeout``). The task decides that on its node, where the kernel names the
+   owner of every listening socket (``exec_daemon``): it refuses a port another process already
+   listens on, then reports ready once the daemon (or a process it started) holds a socket
+   listening on the port and no other process does. "Something accepts TCP" is not readiness:
+   another user listening on the port first would receive the job's traffic;
 4. puts ``TETHER_GATEWAYS`` (``ADDR:PORT,...``), ``TETHER_GATEWAY_NODES`` and
    ``TETHER_GATEWAY_COMPONENT`` into the batch script's environment, which every ``srun`` of the
    script passes on to all its ranks, in every component.
 
-A daemon that exits or does not answer in time fails the batch script (exit 1, the reason in its
-error output); the node stays in service. The step's ``srun`` is watched by a small process of its
-own (double-forked: not a child of the batch script, whose ``wait`` must not wait for it), which
-is in the batch step's cgroup and ends with it. In ``salloc``, ``tether gateway start`` does the same.
+A daemon that exits or does not listen in time, or a port another process holds, fails the
+batch script (exit 1, the reason in its error output); the node stays in service. The step's
+``srun`` is watched by a small process of its own (double-forked: not a child of the batch
+script, whose ``wait`` must not wait for it), which is in the batch step's cgroup and ends with it.
+In ``salloc``, ``tether gateway start`` does the same.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -46,6 +53,9 @@ DAEMON_VAR = "TETHER_GATEWAY_DAEMON"      # the daemon's argv (JSON), for the ga
 PORTS_VAR = "TETHER_GATEWAY_PORTS"        # each gateway's port, by the task's SLURM_PROCID
 PORT_VAR = "TETHER_GATEWAY_PORT"          # the daemon's own port, in its environment
 EXIT_DAEMON_MISSING = 127
+EXIT_PORT_IN_USE = 98                     # EADDRINUSE
+REPORT_TAG = "tether-gateway"             # the task's readiness reports on the step's stdout
+_TCP_LISTEN = "0A"                        # the state column of /proc/net/tcp
 
 
 class GatewayError(TetherError):
@@ -98,39 +108,75 @@ def node_addresses(names: list[str]) -> dict[str, str]:
     return {n: found.get(n, n) for n in names}
 
 
+# srun's output options from the environment: the step's stdout carries the tasks' readiness
+# reports, which must reach wait_ready as they are written (not in a file, not labelled)
+_STEP_OUTPUT = frozenset({"SLURM_STDOUTMODE", "SLURM_STDERRMODE", "SLURM_LABELIO"})
+
+
 def step_environment(env: Mapping[str, str]) -> dict[str, str]:
     """The gateway step's srun environment: the job's, without tether's options (the batch
     script's container options and the options Slurm re-applies from the environment would make
-    the daemon's step a container step of the first component's image)."""
+    the daemon's step a container step of the first component's image) and without srun's output
+    options (the readiness reports are the step's stdout)."""
     option = f"SLURM_SPANK__SLURM_SPANK_OPTION_{PLUGIN}_"
-    return {k: v for k, v in env.items() if not k.startswith(("TETHER_", option))}
+    return {k: v for k, v in env.items() if not k.startswith(("TETHER_", option)) and k not in _STEP_OUTPUT}
 
 
-def _answers(addr: str, port: int) -> bool:
-    try:
-        with socket.create_connection((addr, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
+def _report_lines(data: bytes) -> list[tuple[str, int, str]]:
+    """The readiness reports in ``data`` (whole lines of the step's output) as ``(kind, index,
+    message)``; other lines as ``("", -1, line)``."""
+    found = []
+    for raw in data.split(b"\n"):
+        line = raw.decode(errors="replace")
+        tag, _, rest = line.partition(" ")
+        kind, _, rest = rest.partition(" ")
+        index, _, message = rest.partition(" ")
+        if tag == REPORT_TAG and kind in ("ready", "error") and index.isdigit():
+            found.append((kind, int(index), message))
+        elif line:
+            found.append(("", -1, line))
+    return found
 
 
 def wait_ready(targets: list[tuple[str, int]], proc: subprocess.Popen, timeout: float) -> None:
-    """Return once every ``(address, port)`` accepts a TCP connection; GatewayError when the step
-    ends first or ``timeout`` seconds pass."""
+    """Return once the gateway step's task on every node has reported its own daemon listening on
+    its port (``exec_daemon`` decides it on the node, from the kernel's socket owners; whether
+    something accepts a TCP connection says nothing about whose it is). ``proc``'s stdout carries
+    the reports. GatewayError with the task's reason when a port is someone else's, when the step
+    ends first or when ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
-    waiting = list(targets)
+    fd = proc.stdout.fileno()
+    ready: set[int] = set()
+    pending, reading = b"", True
     while True:
-        waiting = [t for t in waiting if not _answers(*t)]
-        if not waiting:
-            return
+        if reading and select.select([fd], [], [], 0.2)[0]:
+            data = os.read(fd, 65536)
+            reading = bool(data)
+            lines, _, pending = (pending + data).rpartition(b"\n")
+            if not data and pending:
+                lines, pending = lines + b"\n" + pending, b""
+            for kind, index, message in _report_lines(lines):
+                if kind == "error":
+                    raise GatewayError(message[:1000])
+                if kind == "ready":
+                    ready.add(index)
+                else:
+                    print(message, file=sys.stderr, flush=True)
+            if ready.issuperset(range(len(targets))):
+                return
+            continue
+        if not reading:
+            time.sleep(0.2)
+        waiting = ", ".join(f"{a}:{p}" for i, (a, p) in enumerate(targets) if i not in ready)
         rc = proc.poll()
         if rc is not None:
-            raise GatewayError(f"the gateway step ended (srun exit {rc}) before its daemon answered on "
-                               f"{', '.join(f'{a}:{p}' for a, p in waiting)}; its output is above")
+            if reading and select.select([fd], [], [], 0)[0]:
+                continue            # what the step wrote before it ended comes first
+            raise GatewayError(f"the gateway step ended (srun exit {rc}) before its daemon listened on "
+                               f"{waiting}; its output is above")
         if time.monotonic() >= deadline:
-            raise GatewayError(f"the gateway daemon did not answer on {', '.join(f'{a}:{p}' for a, p in waiting)} "
-                               f"within {timeout:g} s (gateways.ready_timeout)")
-        time.sleep(0.2)
+            raise GatewayError(f"the gateway daemon did not listen on {waiting} within {timeout:g} s "
+                               f"(gateways.ready_timeout)")
 
 
 def _subreaper(on: bool | None = None) -> bool:
@@ -216,8 +262,9 @@ def _monitor(argv: list[str], env: dict[str, str], targets: list[tuple[str, int]
         os.close(answer_fd)
 
     try:
-        # the daemon's output goes to the job's error stream, not into the user's output
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=2, close_fds=True)
+        # the step's stdout carries only its tasks' readiness reports (wait_ready); the daemon's
+        # own output goes to the job's error stream (exec_daemon), not into the user's output
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, close_fds=True)
     except OSError as exc:
         answer({"ok": False, "error": f"cannot run srun for the gateway step: {exc.strerror}"})
         os._exit(1)
@@ -228,6 +275,8 @@ def _monitor(argv: list[str], env: dict[str, str], targets: list[tuple[str, int]
         answer({"ok": False, "error": str(exc)})
         os._exit(1)
     answer({"ok": True})
+    while os.read(proc.stdout.fileno(), 65536):     # read to its end: a full pipe would stall srun
+        pass
     rc = proc.wait()
     if rc not in (0, -signal.SIGTERM, -signal.SIGKILL):
         print(f"tether: the gateway step ended (srun exit {rc}) while the job runs", file=sys.stderr, flush=True)
@@ -244,8 +293,135 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def port_listeners(port: int, proc_net: str = "/proc/net") -> list[tuple[int, int]]:
+    """The TCP sockets listening on ``port`` in this network namespace, on any address, IPv4 and
+    IPv6, as ``(uid, inode)``: the kernel's record, which names each socket's owner."""
+    found = []
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(os.path.join(proc_net, name)) as table:
+                rows = table.read().splitlines()[1:]
+        except FileNotFoundError:                   # a kernel without IPv6
+            continue
+        for row in rows:
+            fields = row.split()
+            try:
+                if fields[3] == _TCP_LISTEN and int(fields[1].rpartition(":")[2], 16) == port:
+                    found.append((int(fields[7]), int(fields[9])))
+            except (IndexError, ValueError):
+                continue
+    return found
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot), or None once it has ended (a zombie
+    included): with the pid, it names one process, not a later one that reuses the pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _process_tree(root: int) -> set[int]:
+    """``root`` and its descendants (from each process's parent in /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rpartition(")")[2].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo.extend(children.get(pid, ()))
+    return tree
+
+
+def _socket_inodes(pids: set[int]) -> set[int]:
+    """The inodes of the sockets the processes ``pids`` hold open (those this user may read)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target.endswith("]"):
+                inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def _uids(holders: list[tuple[int, int]]) -> str:
+    uids = sorted({uid for uid, _ in holders})
+    return ("uid " if len(uids) == 1 else "uids ") + ", ".join(map(str, uids))
+
+
+def _report(index: int, kind: str, message: str = "") -> None:
+    """One readiness report on this task's stdout (srun's output, read by wait_ready)."""
+    os.write(1, f"{REPORT_TAG} {kind} {index} {' '.join(message.split())}\n".encode())
+
+
+def _watch(daemon: int, started: str, port: int, index: int, node: str) -> None:
+    """Report the daemon ready once a socket listening on ``port`` is one of the daemon's (or its
+    descendants'), and every listener on the port is; report an error when another process
+    listens there. Ends quietly when the daemon ends (the step reports that)."""
+    foreign_before = False
+    while _start_time(daemon) == started:
+        holders = port_listeners(port)
+        if holders:
+            ours = _socket_inodes(_process_tree(daemon))
+            foreign = [h for h in holders if h[1] not in ours]
+            if not foreign:
+                _report(index, "ready")
+                return
+            if foreign_before:      # seen twice: not a socket the daemon was just handing on
+                _report(index, "error", f"port {port} on {node} is held by {_uids(foreign)}, not by the gateway "
+                        f"daemon (another process bound it as the daemon started); the job does not run with it "
+                        f"(resubmit: automatic ports follow the job id; a fixed gateways.port needs an "
+                        f"administrator to free it)")
+                return
+            foreign_before = True
+            time.sleep(0.05)
+            continue
+        foreign_before = False
+        time.sleep(0.1)
+
+
+def _start_watcher(port: int, index: int, node: str) -> None:
+    """Fork the process that watches this task's daemon (``_watch``; double-forked: not a child
+    of the daemon, which would never reap it). It keeps this task's stdout; it stays in the
+    step's cgroup, so it ends with the step at the latest."""
+    daemon = os.getpid()
+    started = _start_time(daemon) or ""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if os.fork() == 0:
+                try:
+                    _watch(daemon, started, port, index, node)
+                except Exception as exc:            # never a traceback in the job's output
+                    _report(index, "error", f"cannot watch the gateway daemon's port {port} on {node}: {exc}")
+                os._exit(0)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
 def exec_daemon() -> NoReturn:
-    """In each task of the gateway step: exec the configured daemon with this node's port."""
+    """In each task of the gateway step: refuse a port another process already listens on, start
+    the watcher that reports the daemon ready (``_watch``), then exec the configured daemon with
+    this node's port."""
     env = dict(os.environ)
     try:
         template = json.loads(env.pop(DAEMON_VAR))
@@ -255,9 +431,17 @@ def exec_daemon() -> NoReturn:
     except (KeyError, ValueError, IndexError) as exc:
         print(f"tether: the gateway step's task has no daemon or port ({exc})", file=sys.stderr)
         os._exit(EXIT_DAEMON_MISSING)
-    node = env.get("SLURMD_NODENAME", "")
+    node = env.get("SLURMD_NODENAME", "") or socket.gethostname()
+    holders = port_listeners(port)
+    if holders:
+        _report(index, "error", f"port {port} on {node} is already in use by {_uids(holders)}; the gateway daemon "
+                f"cannot use it (resubmit: automatic ports follow the job id; a fixed gateways.port needs an "
+                f"administrator to free it)")
+        os._exit(EXIT_PORT_IN_USE)
     argv = daemon_argv(template, port=port, node=node, index=index, job=env.get("SLURM_JOB_ID", ""))
     env[PORT_VAR] = str(port)
+    _start_watcher(port, index, node)
+    os.dup2(2, 1)               # the daemon's output goes to the job's error stream; stdout is the watcher's
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as exc:

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     conn.sendall(reply)
                 except OSError:
-                    pass       # the readiness probe closes at once
+                    pass       # a client that closed at once
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import pwd
+import subprocess
 
 import pytest
 from helpers import parse, user_processes, wait_until
@@ -132,7 +133,7 @@ def test_a_gateway_daemon_that_fails_fails_the_job_with_its_reason_and_the_node_
     out.unlink()
     assert result.returncode == 1 and "SCRIPT_RAN" not in text, text
     assert "failing as SANDBOX_GATEWAY_FAIL asks" in text, text
-    assert "tether: the job's gateway nodes: the gateway step ended (srun exit 3) before its daemon answered" in text
+    assert "tether: the job's gateway nodes: the gateway step ended (srun exit 3) before its daemon listened on" in text
     assert cluster.in_service()
     # not a component of its own; srun; a container in the gateway component
     refused = {
@@ -147,14 +148,59 @@ def test_a_gateway_daemon_that_fails_fails_the_job_with_its_reason_and_the_node_
     assert r.returncode != 0 and "--gateways is an option of sbatch and salloc" in r.stderr, r.stderr
 
 
+# another user's listener on the job's port: answers what connects, and says so on its stdout
+SQUATTER = """import socket, sys
+server = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+print("LISTENING", flush=True)
+while True:
+    conn, _ = server.accept()
+    print("CONNECTED", flush=True)
+    conn.sendall(b"SQUATTED\\n")
+    conn.close()
+"""
+
+
+def test_a_port_another_user_listens_on_fails_the_job_and_gets_no_traffic(cluster):
+    """Issue 39, finding 3: another user (nobody) listens on the job's automatic gateway port
+    before the job starts. Readiness once was "something accepts TCP": the batch script ran and
+    its connection reached the squatter. Now the gateway step's task refuses the port before it
+    starts the daemon, naming the uid that holds it; the job fails before its script runs, nothing
+    connects to the squatter and no node is drained."""
+    out = cluster.box.work_dir / f"gateways-squat-{os.getpid()}.out"
+    script = (f"#!/bin/sh\n#SBATCH -N1 --output={out}\n#SBATCH hetjob\n#SBATCH --gateways=1\n"
+              "echo SCRIPT_RAN ANSWER=$(echo | busybox nc ${TETHER_GATEWAYS%:*} ${TETHER_GATEWAYS##*:})\n")
+    # held, so that the squatter is up before the job can start (its port comes from the job id)
+    job = cluster.as_user(["sbatch", "--parsable", "--hold"], input=script).stdout.strip().split(";")[0]
+    port = 28672 + (int(job) % 256) * 16
+    nobody = pwd.getpwnam("nobody")
+    squatter = subprocess.Popen(["/usr/bin/python3", "-c", SQUATTER, str(port)], user=nobody.pw_uid,
+                                group=nobody.pw_gid, extra_groups=[], stdout=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout.readline() == "LISTENING\n"
+        cluster.run(["scontrol", "release", job])
+        code = cluster.box.wait_for_job(job, timeout=240)
+    finally:
+        squatter.kill()
+    connections = squatter.communicate()[0]
+    text = out.read_text()
+    out.unlink()
+    assert code == 1 and "SCRIPT_RAN" not in text, text
+    assert (f"tether: the job's gateway nodes: port {port} on {cluster.nodes[2]} is already in use by "
+            f"uid {nobody.pw_uid}; the gateway daemon cannot use it") in text, text
+    assert "CONNECTED" not in connections, connections
+    assert cluster.in_service()
+
+
 def test_in_salloc_tether_gateway_start_gives_the_allocation_its_gateways(cluster):
     """salloc has no batch script: `eval "$(tether gateway start)"` starts the daemon step and sets
     TETHER_GATEWAYS (it once kept the command substitution open until the allocation ended: its
     watcher held the caller's stdout); an srun in the allocation reaches the daemon (and does not
-    refuse the allocation's own --gateways, which salloc exports to it)."""
+    refuse the allocation's own --gateways, which salloc exports to it). srun's output options in
+    the user's environment (SLURM_LABELIO) do not reach the daemon's step, whose stdout carries
+    its readiness reports."""
     inner = ('eval "$(' + cluster.box.tether[0] + ' gateway start)" && echo "GATEWAYS=$TETHER_GATEWAYS" && '
              'srun -N1 sh -c "echo | busybox nc \\${TETHER_GATEWAYS%:*} \\${TETHER_GATEWAYS##*:}"')
-    out = cluster.as_user(["env", f"TETHER_CONFIG={cluster.box.tether_conf}", "salloc", "-N1", ":",
+    out = cluster.as_user(["env", f"TETHER_CONFIG={cluster.box.tether_conf}", "SLURM_LABELIO=1", "salloc", "-N1", ":",
                            "--gateways=1", "sh", "-c", inner], timeout=120).stdout
     assert "GATEWAYS=127.0.0.1:" in out and f"tether-gateway {cluster.nodes[2]} " in out, out
     assert wait_until(lambda: not user_processes(cluster, "gateway_daemon"), timeout=30)
