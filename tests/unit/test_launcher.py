@@ -438,8 +438,9 @@ def test_serve_answers_over_https_with_the_token_and_refuses_bad_arguments_in_on
                            "-out", str(cert)], capture_output=True, text=True, timeout=60)
     assert made.returncode == 0, made.stderr
     token.write_text("s" * 32 + "\n")
-    for path in (cert, key, token):
-        os.chmod(path, 0o644)
+    for path, mode in ((cert, 0o644), (key, 0o600), (token, 0o600)):     # the secrets: the service account's
+        os.chown(path, 65534, 65534)
+        os.chmod(path, mode)
     with socket.socket() as probe:                      # a free loopback port
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -475,13 +476,17 @@ def test_serve_answers_over_https_with_the_token_and_refuses_bad_arguments_in_on
         with pytest.raises((urllib.error.URLError, ConnectionError)):
             health({}, context=None, scheme="http")                    # no plain HTTP on the TLS port
         # the port is taken now: a second server says so in one line
-        taken = subprocess.run(_serve_as_nobody(world, "--tcp", tcp, "--token-file", str(token)), env=env,
+        taken = subprocess.run(_serve_as_nobody(world, "--tcp", tcp, "--token-file", str(token), "--tls-cert",
+                                                str(cert), "--tls-key", str(key)), env=env,
                                capture_output=True, text=True, timeout=60, cwd="/")
         assert taken.returncode == 1 and taken.stderr.strip().startswith(f"tether: cannot listen on {tcp}: "), \
             taken.stderr
     finally:
         server.terminate()
         assert server.wait(timeout=30) == 0, server.stderr.read().decode()
+    said = server.stderr.read().decode().splitlines()       # its start and each refusal, one line each
+    assert said[0] == f"tether: serving the launcher on https://{tcp} (a bearer token, TLS)", said
+    assert said.count("tether: refused GET /v1/health: 401 a bearer token is required") == 2, said
     garbage = world.tmp / "garbage.pem"
     garbage.write_text("not a certificate\n")
     os.chmod(garbage, 0o644)
@@ -491,7 +496,9 @@ def test_serve_answers_over_https_with_the_token_and_refuses_bad_arguments_in_on
     for args, words in (
             (["--tls-cert", str(cert), "--tls-key", str(key)], "go with --tcp"),
             (["--tcp", tcp, "--token-file", str(token), "--tls-key", str(key)], "--tls-key needs --tls-cert"),
-            (["--tcp", tcp, "--token-file", str(secret)], f"cannot read the token file {secret}: Permission denied"),
+            (["--tcp", tcp, "--token-file", str(secret), "--tls-cert", str(cert), "--tls-key", str(key)],
+             f"cannot read the token file {secret}: Permission denied"),
+            (["--tcp", tcp, "--token-file", str(token)], "--tcp needs --tls-cert"),
             (["--tcp", tcp, "--token-file", str(token), "--tls-cert", str(garbage)],
              f"cannot load the TLS certificate {garbage}: "),
             (["--tcp", "0.0.0.0:8080", "--token-file", str(token)], "takes a loopback address")):
@@ -666,6 +673,122 @@ def test_a_records_removal_never_needs_its_tree_and_never_touches_another_users(
     assert launcher.list() == []
 
 
+def _raw(port: int, head: str, body: bytes = b""):
+    """One raw HTTP/1.1 request on its own connection (asyncio streams): (reader, writer)."""
+    import asyncio
+
+    async def go():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head.replace("\n", "\r\n").encode() + b"\r\n" + body)
+        await writer.drain()
+        return reader, writer
+
+    return go()
+
+
+def test_the_rest_interface_bounds_what_it_holds(world):
+    """Issue 39 finding 8c: 24 concurrent 12 MiB POSTs took the service from 43 to 677 MB (no cap on
+    a body beyond 32 MiB, none on requests at once). A body over ``launcher.max_request_bytes``
+    (1 MiB: a spec and its small staged files) is refused with 413 from its Content-Length, before
+    a byte of it is read -- these clients never send theirs; at most ``launcher.max_requests`` (32)
+    requests are in hand at once and the next gets 503 with Retry-After: the bodies the service holds
+    are bounded by 32 x 1 MiB."""
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from tether.launcher import rest
+
+    async def scenario():
+        app = rest.make_app(world.launcher)
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            port = client.server.port
+            big = [await _raw(port, f"POST /v1/jobs HTTP/1.1\nHost: launcher\nContent-Type: application/json\n"
+                                    f"Content-Length: {12 << 20}\n") for _ in range(24)]
+            for reader, writer in big:
+                status = await asyncio.wait_for(reader.readline(), 30)      # no body was sent: not waited for
+                assert status.startswith(b"HTTP/1.1 413"), status
+                writer.close()
+            held = [await _raw(port, "POST /v1/jobs HTTP/1.1\nHost: launcher\nContent-Type: application/json\n"
+                                     "Content-Length: 2\n") for _ in range(32)]
+            for _ in range(3000):                                    # each is in the handler, awaiting its body
+                if app[rest.IN_FLIGHT].now == 32:
+                    break
+                await asyncio.sleep(0.01)
+            assert app[rest.IN_FLIGHT].now == 32
+            refused = await client.get("/v1/health")
+            assert refused.status == 503 and refused.headers["Retry-After"] == "1"
+            assert "32 requests" in (await refused.json())["error"]
+            for reader, writer in held:
+                writer.write(b"[]")
+                await writer.drain()
+                assert (await asyncio.wait_for(reader.readline(), 30)).startswith(b"HTTP/1.1 400")
+                writer.close()
+            for _ in range(3000):
+                if app[rest.IN_FLIGHT].now == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert (await client.get("/v1/health")).status == 200
+            async def unsaid_length():
+                yield b"{"
+                yield b" " * (1 << 20)
+
+            r = await client.post("/v1/jobs", data=unsaid_length(), headers={"Content-Type": "application/json"})
+            assert r.status == 413 and "1 MiB" in (await r.json())["error"]      # no length said: cut off at 1 MiB
+        assert world.launcher.list() == [] and os.listdir(world.root) == []
+
+    asyncio.run(scenario())
+
+
+def test_plain_tcp_and_readable_secrets_are_refused_before_anything_listens(world):
+    """Issue 39 finding 8d: with --tcp and no TLS, a user who bound the port while the service was
+    down received every client's bearer token. --tcp now needs TLS (the clients verify the
+    service's certificate: a squatter cannot present it), and the key and the token must be
+    readable by the service account alone (or root's, 0640 at most). A unix socket in a directory
+    others may write (where they could bind its name first) is refused too."""
+    import socket
+
+    cert, key, token = world.tmp / "c.pem", world.tmp / "k.pem", world.tmp / "tok"
+    made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                           "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    token.write_text("s" * 32 + "\n")
+    for path, mode in ((cert, 0o644), (key, 0o600), (token, 0o600)):
+        os.chown(path, 65534, 65534)
+        path.chmod(mode)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        tcp = f"127.0.0.1:{probe.getsockname()[1]}"
+    config = str(world.tmp / "tether.yaml")
+    for args, words, fix in (
+            (["--tcp", tcp, "--token-file", str(token)], "--tcp needs --tls-cert", None),
+            (["--tcp", tcp, "--token-file", str(token), "--tls-cert", str(cert), "--tls-key", str(key)],
+             f"the TLS key {key} is readable by others (mode 644)", (key, 0o644)),
+            (["--tcp", tcp, "--token-file", str(token), "--tls-cert", str(cert), "--tls-key", str(key)],
+             f"the token file {token} is readable by others (mode 640)", (token, 0o640))):
+        if fix:
+            fix[0].chmod(fix[1])
+        try:
+            done = _tether_as(65534, "serve", "--config", config, *args, env=world.env, timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"tether serve {' '.join(args)} listened")
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, (args, done.stderr)
+        if fix:
+            fix[0].chmod(0o600)
+    shared = world.tmp / "shared"               # the unix socket likewise: not where others may make its name
+    shared.mkdir()
+    shared.chmod(0o1777)
+    try:
+        done = _tether_as(65534, "serve", "--config", config, "--socket", str(shared / "launcher.sock"),
+                          env=world.env, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"tether serve listened on a socket in {shared}")
+    assert done.returncode == 2 and f"the socket's directory {shared} (uid 0, mode 1777) may be written by " \
+        "others" in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert os.listdir(shared) == []
+
+
 def test_the_launcher_commands_say_in_one_line_what_is_wrong(world):
     """Issue 39 finding 11: `tether submit` by a user who is not the service account printed a
     traceback (PermissionError on the state directory); so did `list`, `status`, `serve` where its
@@ -682,7 +805,9 @@ def test_the_launcher_commands_say_in_one_line_what_is_wrong(world):
     for args, words in ((["submit", str(spec)], "run as the launcher's service account tether-launcher"),
                         (["list"], "run as the launcher's service account tether-launcher"),
                         (["status", new_id()], "run as the launcher's service account tether-launcher"),
-                        (["submit", str(binary)], f"cannot read job spec {binary}: not UTF-8 text")):
+                        (["submit", str(binary)], f"cannot read job spec {binary}: not UTF-8 text"),
+                        (["serve", "--socket", "/root/no/launcher.sock"], "cannot make the socket's directory "
+                                                                          "/root/no: Permission denied")):
         done = _tether_as(1, *args, "--config", config, env=world.env, timeout=60)
         assert done.returncode in (1, 2) and "Traceback" not in done.stderr, (args, done.stderr)
         assert done.stderr.startswith("tether: ") and words in done.stderr, (args, done.stderr)
