@@ -185,8 +185,9 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=install)
     p = sub.add_parser("serve", parents=[common], help="launcher: the private REST interface")
     p.add_argument("--socket", metavar="PATH", help="unix socket (default: launcher.socket)")
-    p.add_argument("--tcp", metavar="127.0.0.1:PORT", help="loopback TCP instead (a bearer token is required)")
+    p.add_argument("--tcp", metavar="127.0.0.1:PORT", help="loopback TCP instead (a bearer token and TLS are required)")
     p.add_argument("--token-file", metavar="FILE", help="with --tcp: the file holding the bearer token")
-    p.add_argument("--tls-cert", metavar="PEM", help="with --tcp: serve HTTPS with this certificate")
+    p.add_argument("--tls-cert", metavar="PEM",
+                   help="with --tcp (required): serve HTTPS with this certificate, which clients verify")
     p.add_argument("--tls-key", metavar="PEM", help="with --tls-cert: its private key")
     p.set_defaults(func=serve)
