@@ -17,9 +17,25 @@ ENDED_STATES = ENDED | {"UNKNOWN"}     # what `status --wait` stops at (UNKNOWN:
 
 
 def _launcher(args: argparse.Namespace):
-    from ..launcher.service import Launcher
+    """The launcher, for its service account only (another account cannot read its records nor
+    act through its sudo policy; root is refused by the launcher itself)."""
+    import os
+    import pwd
 
-    return Launcher(load_config(config_arg(args)))
+    from ..launcher.service import Launcher, LauncherError
+
+    config = load_config(config_arg(args))
+    service = config.data["launcher"]["service_user"]
+    uid = os.geteuid()
+    try:
+        me = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        me = f"uid {uid}"
+    if uid != 0 and me != service:
+        raise LauncherError(f"tether {args.command_name} and the other launcher commands run as the launcher's "
+                            f"service account {service} (you are {me}): users go through its service (`tether "
+                            f"serve`); an admin runs `sudo -u {service} tether {args.command_name} ...`", 403)
+    return Launcher(config)
 
 
 def _show(record, as_json: bool) -> None:
@@ -52,6 +68,9 @@ def _call(args: argparse.Namespace, action) -> int:
     except LauncherError as exc:
         err(str(exc))
         return EXIT_USAGE if exc.status in (400, 409) else EXIT_FAIL
+    except OSError as exc:                          # not foreseen: still one line, never a traceback
+        err(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
+        return EXIT_FAIL
     if result is not None:
         _show(result, getattr(args, "json", False))
     return EXIT_OK
@@ -64,6 +83,9 @@ def submit(args: argparse.Namespace) -> int:
         data = load_yaml(text, source)
     except OSError as exc:
         err(f"cannot read job spec {source}: {exc.strerror}")
+        return EXIT_USAGE
+    except UnicodeDecodeError:
+        err(f"cannot read job spec {source}: not UTF-8 text (a YAML or JSON job spec)")
         return EXIT_USAGE
     except ConfigError as exc:
         err(str(exc))
@@ -141,7 +163,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("submit", parents=[common], help="launcher: submit a job spec as its user")
     p.add_argument("spec", metavar="SPEC.yaml", help="launcher job spec (YAML or JSON); - reads stdin")
     p.add_argument("--json", action="store_true", help="print the record as JSON")
-    p.set_defaults(func=submit)
+    p.set_defaults(func=submit, command_name="submit")
     for name, func, text in (("status", status, "a launcher job's state"),
                              ("logs", logs, "a launcher job's output and error logs"),
                              ("cancel", cancel, "cancel a launcher job (scancel/qdel as its user)"),
@@ -151,10 +173,10 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
         p.add_argument("--json", action="store_true", help="print JSON")
         if name == "status":
             p.add_argument("--wait", action="store_true", help="until the job has ended")
-        p.set_defaults(func=func)
+        p.set_defaults(func=func, command_name=name)
     p = sub.add_parser("list", parents=[common], help="launcher: every job it keeps a record of")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=list_jobs)
+    p.set_defaults(func=list_jobs, command_name="list")
     launcher = sub.add_parser("launcher", help="set up the launcher service")
     launcher_sub = launcher.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = launcher_sub.add_parser("install", parents=[common],
@@ -163,8 +185,9 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=install)
     p = sub.add_parser("serve", parents=[common], help="launcher: the private REST interface")
     p.add_argument("--socket", metavar="PATH", help="unix socket (default: launcher.socket)")
-    p.add_argument("--tcp", metavar="127.0.0.1:PORT", help="loopback TCP instead (a bearer token is required)")
+    p.add_argument("--tcp", metavar="127.0.0.1:PORT", help="loopback TCP instead (a bearer token and TLS are required)")
     p.add_argument("--token-file", metavar="FILE", help="with --tcp: the file holding the bearer token")
-    p.add_argument("--tls-cert", metavar="PEM", help="with --tcp: serve HTTPS with this certificate")
+    p.add_argument("--tls-cert", metavar="PEM",
+                   help="with --tcp (required): serve HTTPS with this certificate, which clients verify")
     p.add_argument("--tls-key", metavar="PEM", help="with --tls-cert: its private key")
     p.set_defaults(func=serve)

@@ -196,6 +196,12 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
                                  doc="how many lines of the error log a startup failure shows"),
         "socket": Str(default="/run/tether/launcher.sock", pattern=r"/[^\s]*", accepted="an absolute path",
                       doc="tether serve's unix socket (its directory's permissions decide who may connect)"),
+        "max_request_bytes": Int(default=1 << 20, minimum=4096, maximum=64 << 20,
+                                 doc="the largest request body tether serve reads (a job spec with its staged "
+                                     "files, as JSON); a larger one is refused with 413 before it is read"),
+        "max_requests": Int(default=32, minimum=1, maximum=4096,
+                            doc="requests tether serve handles at once; the next gets 503 with Retry-After (so "
+                                "it holds at most max_requests x max_request_bytes of bodies)"),
     }),
     "gateways": Struct(doc="gateway nodes (seed 004): a heterogeneous job's component asking --gateways=N",
                        extra_check=_check_gateways, fields={

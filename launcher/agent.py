@@ -206,18 +206,30 @@ def logs(req: Mapping[str, Any]) -> dict:
 
 
 def remove(req: Mapping[str, Any]) -> dict:
-    """Remove the tree (fd-relative: shutil.rmtree never follows a symlink in it)."""
+    """Remove the tree (fd-relative: shutil.rmtree never follows a symlink in it). A name that is
+    not the user's tree -- gone, or made since by someone else: a directory, a symlink, a file -- is
+    left alone and said so (``removed: false``): the job has nothing there to remove. In the sticky
+    job root nobody else can rename or remove the user's own directory between the check and rmtree."""
+    import errno
     import shutil
 
     root, job = req["job_root"], _check_id(req["id"])
     root_fd = open_job_root(root)
     try:
         try:
-            os.close(open_tree(root_fd, job, root))
-        except AgentError as exc:
-            if str(exc).startswith("no job tree"):
-                return {"removed": False}
+            tree_fd = os.open(job, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+        except FileNotFoundError:
+            return {"removed": False, "left": f"no job tree {root}/{job}"}
+        except OSError as exc:
+            if exc.errno in (errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EPERM):
+                return {"removed": False, "left": f"{root}/{job}: {exc.strerror} (not this user's tree)"}
             raise
+        try:
+            owner = os.fstat(tree_fd).st_uid
+        finally:
+            os.close(tree_fd)
+        if owner != os.getuid():
+            return {"removed": False, "left": f"{root}/{job} is not yours (uid {owner}'s)"}
         shutil.rmtree(job, dir_fd=root_fd)
     finally:
         os.close(root_fd)

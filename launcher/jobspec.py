@@ -2,7 +2,7 @@
 
 ::
 
-    user: alice                 # whose job it is (the sudo policy decides whether the service may)
+    user: alice                 # whose job it is: a member of launcher.users_group (never root, nor the service)
     job_type: exp               # exp, cmd, gc, ... (the seed's job names)
     slots_per_trial: 6
     slurm: {slots_per_node: 2, sbatch_args: [--time=10]}

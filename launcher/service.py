@@ -9,12 +9,15 @@ if the service dies in between, the next look finds the job by its name (``tethe
 so nothing acknowledged -- nor anything submitted -- is lost.
 
 What touches a user's files or acts in a user's name runs as that user: ``sudo -n -u USER
-<launcher.agent>`` with the request on stdin (tether.launcher.agent). The service never runs as root.
+<launcher.agent>`` with the request on stdin (tether.launcher.agent). The service never runs as root,
+and never acts as itself for a client: it acts for the members of ``launcher.users_group`` only (the
+sudo policy's Runas group, checked by the service too), never for root or its own account.
 """
 
 from __future__ import annotations
 
 import fcntl
+import grp
 import json
 import os
 import pwd
@@ -76,6 +79,8 @@ class Launcher:
         self.agent: str = settings["agent"]
         self.auto_cleanup: bool = settings["auto_cleanup"]
         self.excerpt_lines: int = settings["log_excerpt_lines"]
+        self.service_user: str = settings["service_user"]
+        self.users_group: str = settings["users_group"]
         self.env = dict(os.environ if env is None else env)
         self.runner = runner or self._run_agent
         self.tether = _tether_command()
@@ -84,24 +89,63 @@ class Launcher:
     def _record_path(self, job: str) -> str:
         return os.path.join(self.state_root, f"{check_id(job)}.json")
 
+    def _state_error(self, exc: OSError, path: str | None = None) -> LauncherError:
+        """A state file the service cannot use: most often a command run by another account."""
+        where = path or exc.filename or self.state_root
+        me = _user_name(os.geteuid())
+        hint = (f" (the launcher runs as its service account {self.service_user}, not {me}: see `tether "
+                f"launcher install`)" if me != self.service_user else "")
+        return LauncherError(f"launcher.state_root: {where}: {exc.strerror or exc}{hint}", 500)
+
     def _ensure_state_root(self) -> None:
         try:
             os.makedirs(self.state_root, mode=0o700, exist_ok=True)
         except OSError as exc:
-            raise LauncherError(f"launcher.state_root {self.state_root}: {exc.strerror}", 500) from None
+            raise self._state_error(exc, self.state_root) from None
 
     @contextmanager
-    def _locked(self, job: str) -> Iterator[None]:
-        """One request at a time per job (a status and a cleanup, two cancels)."""
+    def _locked(self, job: str, *, new: bool = False) -> Iterator[None]:
+        """One request at a time per job (a status and a cleanup, two cancels). The lock is a file in
+        ``.locks`` that exists only while the job has a record: an unknown id makes nothing, and the
+        holder removes it when the record is gone. Whoever opened it before it went finds the name no
+        longer naming their file and opens it again: the holder is always who locked the file the
+        name names, so removing it never lets two in at once. ``new``: a record about to be made."""
+        record = self._record_path(job)
+        if not new and not os.path.exists(record):
+            raise LauncherError(f"no launcher job {job}", 404)
         self._ensure_state_root()
         locks = os.path.join(self.state_root, ".locks")
-        os.makedirs(locks, mode=0o700, exist_ok=True)
-        fd = os.open(os.path.join(locks, check_id(job)), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        path = os.path.join(locks, job)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                os.mkdir(locks, 0o700)
+            except FileExistsError:
+                pass
+            while True:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    held = os.fstat(fd)
+                    try:
+                        named = os.stat(path, follow_symlinks=False)
+                    except FileNotFoundError:
+                        named = None
+                except BaseException:
+                    os.close(fd)
+                    raise
+                if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+                    break
+                os.close(fd)                     # removed (or replaced) while we waited: the current one
+        except OSError as exc:
+            raise self._state_error(exc) from None
+        try:
             yield
         finally:
-            os.close(fd)
+            try:
+                if not os.path.exists(record):
+                    os.unlink(path)
+            finally:
+                os.close(fd)
 
     def _read(self, job: str) -> dict:
         try:
@@ -109,21 +153,41 @@ class Launcher:
                 return json.load(fh)
         except FileNotFoundError:
             raise LauncherError(f"no launcher job {job}", 404) from None
+        except OSError as exc:
+            raise self._state_error(exc) from None
 
     def _write(self, record: dict) -> None:
         record["updated"] = time.time()
-        write_atomic(self._record_path(record["id"]), json.dumps(record, indent=1, sort_keys=True) + "\n", 0o600)
+        try:
+            write_atomic(self._record_path(record["id"]), json.dumps(record, indent=1, sort_keys=True) + "\n", 0o600)
+        except OSError as exc:
+            raise self._state_error(exc) from None
 
     # --- the agent ------------------------------------------------------------------------------
-    def _run_agent(self, user: str, request: dict) -> dict:
-        """The agent as ``user`` (sudo, or directly when that is this process's user)."""
+    def check_user(self, user: str) -> None:
+        """Refuse (403) a user the service may not act for: root, its own account (which owns every
+        record), anyone outside ``launcher.users_group`` -- the service's own word, not only sudo's."""
         try:
-            uid = pwd.getpwnam(user).pw_uid
+            entry = pwd.getpwnam(user)
         except KeyError:
             raise LauncherError(f"no user {user!r} on this host") from None
-        if uid == 0:
+        if entry.pw_uid == 0:
             raise LauncherError("the launcher never acts for root", 403)
-        argv = [self.agent] if uid == os.geteuid() else ["sudo", "-n", "-u", user, "--", self.agent]
+        if entry.pw_uid == os.geteuid() or user == self.service_user:
+            raise LauncherError(f"the launcher never acts as its own service account ({user}): a job runs as "
+                                f"its user, a member of {self.users_group}", 403)
+        try:
+            gid = grp.getgrnam(self.users_group).gr_gid
+        except KeyError:
+            raise LauncherError(f"launcher.users_group {self.users_group}: no such group on this host (an admin "
+                                f"creates it: see `tether launcher install`)", 500) from None
+        if gid not in os.getgrouplist(user, entry.pw_gid):
+            raise LauncherError(f"the launcher acts only for members of the group {self.users_group}: {user} is "
+                                f"not one (an admin adds them: usermod -a -G {self.users_group} {user})", 403)
+
+    def _run_agent(self, user: str, request: dict) -> dict:
+        """The agent as ``user``, through sudo (always: the service never acts as itself)."""
+        argv = ["sudo", "-n", "-u", user, "--", self.agent]
         try:
             done = subprocess.run(argv, input=json.dumps(request), capture_output=True, text=True, timeout=300,
                                   env={k: v for k, v in self.env.items() if k in ENV_PASSED})
@@ -139,15 +203,13 @@ class Launcher:
             return answer                          # the agent's refusal: _agent says it
         if done.returncode != 0 or not isinstance(answer, dict):
             said = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
-            if argv[0] == "sudo":
-                me = pwd.getpwuid(os.geteuid()).pw_name
-                raise LauncherError(f"the sudo policy does not let {me} act for {user} ({said}); an admin adds "
-                                    f"{user} to the group {self.config.data['launcher']['users_group']} (see "
-                                    f"`tether launcher install`)", 403)
-            raise LauncherError(f"the agent failed: {said}", 500)
+            me = _user_name(os.geteuid())
+            raise LauncherError(f"the sudo policy does not let {me} act for {user} ({said}); an admin adds "
+                                f"{user} to the group {self.users_group} (see `tether launcher install`)", 403)
         return answer
 
     def _agent(self, user: str, op: str, **fields: Any) -> dict:
+        self.check_user(user)
         request = {"op": op, "job_root": self.job_root, "scheduler": self.scheduler,
                    "env": {k: v for k, v in self.env.items() if k in ENV_PASSED}, **fields}
         answer = self.runner(user, request)
@@ -208,7 +270,8 @@ class Launcher:
                   "created": time.time(), "spec": dict(spec.raw)}
         record["spec"].pop("files", None)            # the staged files stay in the tree only,
         record["spec"]["environment"] = sorted(spec.environment)   # and the values in the script
-        with self._locked(job):
+        self.check_user(spec.user)                   # before anything is written
+        with self._locked(job, new=True):
             self._write(record)                      # before anything exists: a crash leaves a findable trace
             try:
                 answer = self._agent(spec.user, "prepare", id=job, script=script, files=spec.files, submit=True,
@@ -332,12 +395,14 @@ class Launcher:
             self.cancel(job)
         with self._locked(job):
             record = self._read(job)
-            try:
+            # a tree removed already is not looked for again: its name may be someone else's now; and
+            # the agent leaves a name that is not the user's tree (gone, another's, a symlink) alone
+            if not record.get("tree_removed"):
                 self._agent(record["user"], "remove", id=job)
-            except LauncherError as exc:
-                if "no job tree" not in str(exc):
-                    raise
-            os.unlink(self._record_path(job))
+            try:
+                os.unlink(self._record_path(job))
+            except OSError as exc:
+                raise self._state_error(exc) from None
         return {"id": job, "removed": True}
 
     def list(self) -> list[dict]:
@@ -346,6 +411,8 @@ class Launcher:
             names = sorted(n for n in os.listdir(self.state_root) if n.endswith(".json") and not n.startswith("."))
         except FileNotFoundError:
             return []
+        except OSError as exc:
+            raise self._state_error(exc, self.state_root) from None
         records = []
         for name in names:
             try:
@@ -364,6 +431,13 @@ class Launcher:
                   "scheduler": shutil.which("sbatch" if self.scheduler == "slurm" else "qsub",
                                             path=self.env.get("PATH")) is not None}
         return {"ok": all(checks.values()), "checks": checks, "scheduler": self.scheduler}
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 def _tether_command() -> str:

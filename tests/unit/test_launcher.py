@@ -57,7 +57,7 @@ def world(public_dir):
     _fake(bin_dir, "scancel", f'echo "CANCELLED by 65534|0:15" > {answers}/sacct-"$1"; rm -f {answers}/squeue-"$1"\n')
     config = tmp_path / "tether.yaml"
     config.write_text(json.dumps({"job_storage_root": str(tmp_path), "launcher": {
-        "state_root": str(tmp_path / "state"), "agent": "/nonexistent/agent"}}))
+        "state_root": str(tmp_path / "state"), "agent": "/nonexistent/agent", "users_group": "nogroup"}}))
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
 
     def runner(user, request):                 # the agent in-process (the cluster test runs it through sudo)
@@ -133,11 +133,12 @@ def test_the_agent_makes_the_tree_as_the_user_and_refuses_what_is_not_theirs(wor
     # another user's tree: no logs, no removal
     assert _agent_as(1, {"op": "logs", "job_root": str(world.root), "id": job})[1] == {
         "error": f"{world.root}/{job}: Permission denied"}
-    assert _agent_as(1, {"op": "remove", "job_root": str(world.root), "id": job})[0] == 1
-    os.chmod(tree, 0o755)                          # even where they could read it: not theirs
-    assert _agent_as(1, {"op": "remove", "job_root": str(world.root), "id": job})[1] == {
-        "error": f"{world.root}/{job} is not yours"}
-    assert tree.exists()
+    assert _agent_as(1, {"op": "remove", "job_root": str(world.root), "id": job}) == (0, {
+        "removed": False, "left": f"{world.root}/{job}: Permission denied (not this user's tree)"})
+    os.chmod(tree, 0o755)                          # even where they could read it: not theirs, left alone
+    assert _agent_as(1, {"op": "remove", "job_root": str(world.root), "id": job}) == (0, {
+        "removed": False, "left": f"{world.root}/{job} is not yours (uid 65534's)"})
+    assert tree.exists() and (tree / "files/conf/a.yaml").exists()
     # a symlink planted where a tree would be made is never followed
     victim = world.tmp / "victim"
     victim.mkdir()
@@ -337,7 +338,7 @@ def test_launcher_install_prints_a_policy_visudo_accepts(world):
 
     config = load_config(str(world.tmp / "tether.yaml"))
     text = sudoers_text(config)
-    assert 'tether-launcher ALL = (%tether-users) NOPASSWD: /nonexistent/agent ""' in text
+    assert 'tether-launcher ALL = (%nogroup) NOPASSWD: /nonexistent/agent ""' in text
     assert any("1777" in line for line in plan(config))
     policy = world.tmp / "policy"
     policy.write_text(text)
@@ -437,8 +438,9 @@ def test_serve_answers_over_https_with_the_token_and_refuses_bad_arguments_in_on
                            "-out", str(cert)], capture_output=True, text=True, timeout=60)
     assert made.returncode == 0, made.stderr
     token.write_text("s" * 32 + "\n")
-    for path in (cert, key, token):
-        os.chmod(path, 0o644)
+    for path, mode in ((cert, 0o644), (key, 0o600), (token, 0o600)):     # the secrets: the service account's
+        os.chown(path, 65534, 65534)
+        os.chmod(path, mode)
     with socket.socket() as probe:                      # a free loopback port
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -474,13 +476,17 @@ def test_serve_answers_over_https_with_the_token_and_refuses_bad_arguments_in_on
         with pytest.raises((urllib.error.URLError, ConnectionError)):
             health({}, context=None, scheme="http")                    # no plain HTTP on the TLS port
         # the port is taken now: a second server says so in one line
-        taken = subprocess.run(_serve_as_nobody(world, "--tcp", tcp, "--token-file", str(token)), env=env,
+        taken = subprocess.run(_serve_as_nobody(world, "--tcp", tcp, "--token-file", str(token), "--tls-cert",
+                                                str(cert), "--tls-key", str(key)), env=env,
                                capture_output=True, text=True, timeout=60, cwd="/")
         assert taken.returncode == 1 and taken.stderr.strip().startswith(f"tether: cannot listen on {tcp}: "), \
             taken.stderr
     finally:
         server.terminate()
         assert server.wait(timeout=30) == 0, server.stderr.read().decode()
+    said = server.stderr.read().decode().splitlines()       # its start and each refusal, one line each
+    assert said[0] == f"tether: serving the launcher on https://{tcp} (a bearer token, TLS)", said
+    assert said.count("tether: refused GET /v1/health: 401 a bearer token is required") == 2, said
     garbage = world.tmp / "garbage.pem"
     garbage.write_text("not a certificate\n")
     os.chmod(garbage, 0o644)
@@ -490,7 +496,9 @@ def test_serve_answers_over_https_with_the_token_and_refuses_bad_arguments_in_on
     for args, words in (
             (["--tls-cert", str(cert), "--tls-key", str(key)], "go with --tcp"),
             (["--tcp", tcp, "--token-file", str(token), "--tls-key", str(key)], "--tls-key needs --tls-cert"),
-            (["--tcp", tcp, "--token-file", str(secret)], f"cannot read the token file {secret}: Permission denied"),
+            (["--tcp", tcp, "--token-file", str(secret), "--tls-cert", str(cert), "--tls-key", str(key)],
+             f"cannot read the token file {secret}: Permission denied"),
+            (["--tcp", tcp, "--token-file", str(token)], "--tcp needs --tls-cert"),
             (["--tcp", tcp, "--token-file", str(token), "--tls-cert", str(garbage)],
              f"cannot load the TLS certificate {garbage}: "),
             (["--tcp", "0.0.0.0:8080", "--token-file", str(token)], "takes a loopback address")):
@@ -511,3 +519,295 @@ def test_a_cancel_says_it_was_requested_until_the_job_has_ended(capsys):
     _show({**record, "state": "CANCELLED"}, False)
     out = capsys.readouterr().out
     assert "state: CANCELLED" in out and "cancel:" not in out
+
+
+# ---- issue 39: the service account, the records' locks, the REST bounds, plain TCP, the CLI ----------
+def _as_service(world, user: str = "nobody") -> tuple[Path, Path]:
+    """The launcher run for real by an unprivileged service account (``user``, whose own group is
+    ``launcher.users_group``): its config and a spec file; the agent the installer writes; a fake
+    ``sudo`` that records being asked (the sandbox's real policy: tests/cluster)."""
+    from tether.launcher.install import agent_text
+
+    bin_dir = Path(world.env["PATH"].split(":")[0])
+    _fake(bin_dir, "sudo", f'echo "$*" >> {world.tmp}/sudo-calls\nexit 1\n')
+    agent_path = bin_dir / "tether-agent"
+    agent_path.write_text(agent_text())
+    agent_path.chmod(0o755)
+    entry = _pwd_entry(user)
+    state = world.tmp / "service-state"
+    state.mkdir()
+    os.chown(state, entry.pw_uid, entry.pw_gid)
+    state.chmod(0o700)
+    for path in [world.answers, *world.answers.iterdir()]:      # the fake sbatch writes here as the service
+        os.chown(path, entry.pw_uid, entry.pw_gid)
+    config = world.tmp / "service.yaml"
+    config.write_text(json.dumps({"job_storage_root": str(world.tmp), "launcher": {
+        "state_root": str(state), "agent": str(agent_path), "service_user": user,
+        "users_group": _group_name(entry.pw_gid)}}))
+    return config, state
+
+
+def _pwd_entry(user: str):
+    import pwd
+
+    return pwd.getpwnam(user)
+
+
+def _group_name(gid: int) -> str:
+    import grp
+
+    return grp.getgrgid(gid).gr_name
+
+
+def _tether_as(uid: int, *args: str, env: dict | None = None, stdin: str | None = None,
+               timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable, "-m",
+                           "tether.cli.main", *args], input=stdin, env={**os.environ, **(env or {}),
+                                                                         "PYTHONDONTWRITEBYTECODE": "1"},
+                          capture_output=True, text=True, timeout=timeout, cwd="/")
+
+
+def test_the_service_never_acts_as_itself_nor_for_a_user_outside_its_group(world):
+    """Issue 39 finding 4: a spec naming the service account ran the job as the service account
+    (no sudo: "that is this process's user"), which can read and rewrite every record. Now the
+    service refuses it (403) and any user outside ``launcher.users_group`` itself, before anything
+    is written and without asking sudo."""
+    config, state = _as_service(world)
+    for user, words in (("nobody", "never acts as its own service account (nobody)"),
+                        ("daemon", "acts only for members of the group nogroup: daemon is not one")):
+        spec = world.tmp / f"spec-{user}.json"
+        spec.write_text(json.dumps({**SPEC, "user": user}))
+        spec.chmod(0o644)
+        done = _tether_as(65534, "submit", "--config", str(config), str(spec), env=world.env)
+        assert done.returncode == 1 and words in done.stderr, (user, done.returncode, done.stdout, done.stderr)
+        assert "Traceback" not in done.stderr and done.stderr.startswith("tether: "), done.stderr
+    assert os.listdir(state) == [] and os.listdir(world.root) == []       # no record, no tree
+    assert not (world.tmp / "sudo-calls").exists()                       # and sudo was never asked
+    assert not list(world.answers.glob("script-*"))                      # nor sbatch
+
+
+def test_unknown_ids_leave_nothing_and_a_removed_job_leaves_no_lock(world):
+    """Issue 39 finding 8a: every request for an id left a lock file, known or not (2000 GETs: 2000
+    files). A lock file exists only while its job has a record."""
+    launcher = world.launcher
+    record = launcher.submit(SPEC)
+    locks = Path(launcher.state_root, ".locks")
+    for i in range(2000):
+        job = new_id()
+        with pytest.raises(LauncherError) as exc:
+            (launcher.status, launcher.logs, launcher.cancel, launcher.cleanup)[i % 4](job)
+        assert exc.value.status == 404, exc.value
+    assert set(os.listdir(locks)) <= {record["id"]}
+    assert sorted(os.listdir(launcher.state_root)) == [".locks", f"{record['id']}.json"]
+    launcher.cleanup(record["id"])
+    assert os.listdir(locks) == [] and os.listdir(launcher.state_root) == [".locks"]
+
+
+def test_the_per_job_lock_still_excludes_while_its_file_comes_and_goes(world):
+    """The lock file goes with the record: requests that opened it before it went lock the new one
+    (the holder is who locked the file the name still points at). Eight threads take turns
+    removing and writing the record; never two inside at once; nothing left when the record is gone."""
+    launcher = world.launcher
+    record = launcher.submit(SPEC)
+    path = Path(launcher.state_root, f"{record['id']}.json")
+    text = path.read_text()
+    path.unlink()                                      # the first turn writes it, the last removes it
+    inside, overlaps, errors, guard = [0], [], [], threading.Lock()
+
+    def turns():
+        try:
+            take_turns()
+        except Exception as exc:                               # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    def take_turns():
+        for _ in range(150):
+            with launcher._locked(record["id"], new=True):      # as submit takes it: with or without a record
+                with guard:
+                    inside[0] += 1
+                    if inside[0] > 1:
+                        overlaps.append(inside[0])
+                time.sleep(0)                                  # let the others try the lock
+                if path.exists():
+                    path.unlink()
+                else:
+                    path.write_text(text)
+                with guard:
+                    inside[0] -= 1
+
+    threads = [threading.Thread(target=turns) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and not overlaps
+    assert not path.exists() and os.listdir(Path(launcher.state_root, ".locks")) == []    # 1200 turns: even
+
+
+def test_a_records_removal_never_needs_its_tree_and_never_touches_another_users(world):
+    """Issue 39 finding 8b: once auto-cleanup had removed a finished job's tree, another user could
+    make a directory of its name, and the record could no longer be deleted ("... is not yours").
+    Also a tree replaced by a symlink while the job ran. The record goes; what is there stays."""
+    launcher = world.launcher
+    record = launcher.submit(SPEC)
+    (world.answers / f"sacct-{record['job_id']}").write_text("COMPLETED|0:0\n")
+    assert launcher.status(record["id"])["tree_removed"]
+    squat = Path(record["tree"])
+    squat.mkdir()
+    (squat / "theirs").write_text("mine\n")
+    for path in (squat, squat / "theirs"):
+        os.chown(path, 1, 1)
+    assert launcher.cleanup(record["id"]) == {"id": record["id"], "removed": True}
+    assert (squat / "theirs").read_text() == "mine\n" and squat.stat().st_uid == 1
+    with pytest.raises(LauncherError):
+        launcher.status(record["id"])
+    running = launcher.submit(SPEC)
+    (world.answers / f"squeue-{running['job_id']}").write_text("RUNNING|None\n")
+    subprocess.run(["rm", "-rf", running["tree"]], check=True)
+    victim = world.tmp / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("keep\n")
+    os.symlink(victim, running["tree"])
+    assert launcher.cleanup(running["id"]) == {"id": running["id"], "removed": True}     # cancelled, then gone
+    assert (victim / "keep").read_text() == "keep\n" and os.path.islink(running["tree"])
+    assert launcher.list() == []
+
+
+def _raw(port: int, head: str, body: bytes = b""):
+    """One raw HTTP/1.1 request on its own connection (asyncio streams): (reader, writer)."""
+    import asyncio
+
+    async def go():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head.replace("\n", "\r\n").encode() + b"\r\n" + body)
+        await writer.drain()
+        return reader, writer
+
+    return go()
+
+
+def test_the_rest_interface_bounds_what_it_holds(world):
+    """Issue 39 finding 8c: 24 concurrent 12 MiB POSTs took the service from 43 to 677 MB (no cap on
+    a body beyond 32 MiB, none on requests at once). A body over ``launcher.max_request_bytes``
+    (1 MiB: a spec and its small staged files) is refused with 413 from its Content-Length, before
+    a byte of it is read -- these clients never send theirs; at most ``launcher.max_requests`` (32)
+    requests are in hand at once and the next gets 503 with Retry-After: the bodies the service holds
+    are bounded by 32 x 1 MiB."""
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from tether.launcher import rest
+
+    async def scenario():
+        app = rest.make_app(world.launcher)
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            port = client.server.port
+            big = [await _raw(port, f"POST /v1/jobs HTTP/1.1\nHost: launcher\nContent-Type: application/json\n"
+                                    f"Content-Length: {12 << 20}\n") for _ in range(24)]
+            for reader, writer in big:
+                status = await asyncio.wait_for(reader.readline(), 30)      # no body was sent: not waited for
+                assert status.startswith(b"HTTP/1.1 413"), status
+                writer.close()
+            held = [await _raw(port, "POST /v1/jobs HTTP/1.1\nHost: launcher\nContent-Type: application/json\n"
+                                     "Content-Length: 2\n") for _ in range(32)]
+            for _ in range(3000):                                    # each is in the handler, awaiting its body
+                if app[rest.IN_FLIGHT].now == 32:
+                    break
+                await asyncio.sleep(0.01)
+            assert app[rest.IN_FLIGHT].now == 32
+            refused = await client.get("/v1/health")
+            assert refused.status == 503 and refused.headers["Retry-After"] == "1"
+            assert "32 requests" in (await refused.json())["error"]
+            for reader, writer in held:
+                writer.write(b"[]")
+                await writer.drain()
+                assert (await asyncio.wait_for(reader.readline(), 30)).startswith(b"HTTP/1.1 400")
+                writer.close()
+            for _ in range(3000):
+                if app[rest.IN_FLIGHT].now == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert (await client.get("/v1/health")).status == 200
+            async def unsaid_length():
+                yield b"{"
+                yield b" " * (1 << 20)
+
+            r = await client.post("/v1/jobs", data=unsaid_length(), headers={"Content-Type": "application/json"})
+            assert r.status == 413 and "1 MiB" in (await r.json())["error"]      # no length said: cut off at 1 MiB
+        assert world.launcher.list() == [] and os.listdir(world.root) == []
+
+    asyncio.run(scenario())
+
+
+def test_plain_tcp_and_readable_secrets_are_refused_before_anything_listens(world):
+    """Issue 39 finding 8d: with --tcp and no TLS, a user who bound the port while the service was
+    down received every client's bearer token. --tcp now needs TLS (the clients verify the
+    service's certificate: a squatter cannot present it), and the key and the token must be
+    readable by the service account alone (or root's, 0640 at most). A unix socket in a directory
+    others may write (where they could bind its name first) is refused too."""
+    import socket
+
+    cert, key, token = world.tmp / "c.pem", world.tmp / "k.pem", world.tmp / "tok"
+    made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                           "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    token.write_text("s" * 32 + "\n")
+    for path, mode in ((cert, 0o644), (key, 0o600), (token, 0o600)):
+        os.chown(path, 65534, 65534)
+        path.chmod(mode)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        tcp = f"127.0.0.1:{probe.getsockname()[1]}"
+    config = str(world.tmp / "tether.yaml")
+    for args, words, fix in (
+            (["--tcp", tcp, "--token-file", str(token)], "--tcp needs --tls-cert", None),
+            (["--tcp", tcp, "--token-file", str(token), "--tls-cert", str(cert), "--tls-key", str(key)],
+             f"the TLS key {key} is readable by others (mode 644)", (key, 0o644)),
+            (["--tcp", tcp, "--token-file", str(token), "--tls-cert", str(cert), "--tls-key", str(key)],
+             f"the token file {token} is readable by others (mode 640)", (token, 0o640))):
+        if fix:
+            fix[0].chmod(fix[1])
+        try:
+            done = _tether_as(65534, "serve", "--config", config, *args, env=world.env, timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"tether serve {' '.join(args)} listened")
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, (args, done.stderr)
+        if fix:
+            fix[0].chmod(0o600)
+    shared = world.tmp / "shared"               # the unix socket likewise: not where others may make its name
+    shared.mkdir()
+    shared.chmod(0o1777)
+    try:
+        done = _tether_as(65534, "serve", "--config", config, "--socket", str(shared / "launcher.sock"),
+                          env=world.env, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"tether serve listened on a socket in {shared}")
+    assert done.returncode == 2 and f"the socket's directory {shared} (uid 0, mode 1777) may be written by " \
+        "others" in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert os.listdir(shared) == []
+
+
+def test_the_launcher_commands_say_in_one_line_what_is_wrong(world):
+    """Issue 39 finding 11: `tether submit` by a user who is not the service account printed a
+    traceback (PermissionError on the state directory); so did `list`, `status`, `serve` where its
+    socket cannot be made, and a spec file that is not text."""
+    state = Path(world.launcher.state_root)
+    state.mkdir(mode=0o700)
+    spec = world.tmp / "spec.json"
+    spec.write_text(json.dumps(SPEC))
+    binary = world.tmp / "binary.yaml"
+    binary.write_bytes(b"user: \xd0\x00\xff\n")
+    for path in (spec, binary):
+        path.chmod(0o644)
+    config = str(world.tmp / "tether.yaml")
+    for args, words in ((["submit", str(spec)], "run as the launcher's service account tether-launcher"),
+                        (["list"], "run as the launcher's service account tether-launcher"),
+                        (["status", new_id()], "run as the launcher's service account tether-launcher"),
+                        (["submit", str(binary)], f"cannot read job spec {binary}: not UTF-8 text"),
+                        (["serve", "--socket", "/root/no/launcher.sock"], "cannot make the socket's directory "
+                                                                          "/root/no: Permission denied")):
+        done = _tether_as(1, *args, "--config", config, env=world.env, timeout=60)
+        assert done.returncode in (1, 2) and "Traceback" not in done.stderr, (args, done.stderr)
+        assert done.stderr.startswith("tether: ") and words in done.stderr, (args, done.stderr)
