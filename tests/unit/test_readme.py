@@ -142,3 +142,18 @@ def test_readme_slot_commands_are_accepted(command, fake_slurm):
 
 def test_readme_has_slot_commands():
     assert len(readme_commands("sbatch")) >= 3
+
+
+def test_every_test_security_md_names_exists():
+    """SECURITY.md's table of what root touches names a test per row: each one must be a test
+    function in that file (a renamed or removed test would leave a row unguarded)."""
+    text = (REPO / "SECURITY.md").read_text()
+    table = text.split("### Every path and input root touches, and its test", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| path")]
+    assert len(rows) >= 10
+    for row in rows:
+        named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", row.rsplit("|", 2)[-2])
+        assert named, f"a row of SECURITY.md's table names no test: {row[:80]}"
+        for path, name in named:
+            source = (REPO / path).read_text()
+            assert re.search(rf"^(async )?def {name}\(", source, re.M), f"SECURITY.md names {path}::{name}, which is not there"
