@@ -247,11 +247,12 @@ class Doctor:
                     yield Finding(FAIL, f"runtime {name}", f"{binary} not found (the default runtime): install "
                                   f"it or set container.{name}.binary")
                 continue
+            asked = VERSION_ARGS.get(name, ["--version"])
             try:
-                version = run_command([found, "--version"], timeout=20).stdout.strip().splitlines()[0]
+                version = run_command([found, *asked], timeout=20).stdout.strip().splitlines()[0]
             except (CommandError, IndexError) as exc:
                 yield Finding(FAIL if name == default else WARN, f"runtime {name}",
-                              f"{found} --version failed: {exc}")
+                              f"{found} {' '.join(asked)} failed: {exc}")
                 continue
             yield Finding(OK, f"runtime {name}", f"{found}: {version}" + (" (default)" if name == default else ""))
 
@@ -269,10 +270,18 @@ class Doctor:
             except KeyError:
                 yield Finding(FAIL, f"user {user}", "no such user on this host")
                 continue
-            missing = [f for f in ("/etc/subuid", "/etc/subgid") if not _has_subids(f, account)]
+            tables = {path: _subid_ranges(path) for path in SUBID_FILES}
+            missing = [path for path, ranges in tables.items() if not _own_ranges(ranges, account)]
             if missing:
+                start = free_subid_start(tables.values())
                 yield Finding(FAIL, f"user {user}", f"no range in {' and '.join(missing)} (rootless podman needs "
-                              f"one): `usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}`")
+                              f"one): `usermod --add-subuids {start}-{start + SUBID_COUNT - 1} --add-subgids "
+                              f"{start}-{start + SUBID_COUNT - 1} {user}` (a range no other user has here)")
+                continue
+            clashes = [f"{path}: {clash}" for path, ranges in tables.items() for clash in _clashes(ranges, account)]
+            if clashes:
+                yield Finding(FAIL, f"user {user}", f"{'; '.join(clashes)} -- podman then fails (\"newuidmap: write "
+                              f"to uid_map failed\"): give each user a range of their own")
                 continue
             # podman's run directory for tether's containers (Podman.run_dir): root makes it for the
             # user at their first container step here, never from the job's XDG_RUNTIME_DIR
@@ -347,13 +356,52 @@ def _reserved_ports() -> set[int]:
     return ports
 
 
-def _has_subids(path: str, account: pwd.struct_passwd) -> bool:
+# how each runtime tells its version: enroot has no --version (usage, exit 1: recorded with 4.1.2)
+VERSION_ARGS = {"enroot": ["version"]}
+SUBID_FILES = ("/etc/subuid", "/etc/subgid")
+SUBID_COUNT = 65536          # what useradd gives each user (login.defs SUB_UID_COUNT)
+
+
+def _subid_ranges(path: str) -> list[tuple[str, int, int]]:
+    """``(owner, first id, count)`` of each well-formed line of a subuid/subgid file."""
     try:
         lines = Path(path).read_text().splitlines()
     except OSError:
-        return False
+        return []
+    ranges = []
+    for line in lines:
+        owner, _, rest = line.strip().partition(":")
+        first, _, count = rest.partition(":")
+        if owner and first.isdigit() and count.isdigit() and int(count) > 0:
+            ranges.append((owner, int(first), int(count)))
+    return ranges
+
+
+def _own_ranges(ranges: list[tuple[str, int, int]], account: pwd.struct_passwd) -> list[tuple[str, int, int]]:
     names = {account.pw_name, str(account.pw_uid)}
-    return any(line.split(":", 1)[0] in names for line in lines if ":" in line)
+    return [r for r in ranges if r[0] in names]
+
+
+def _clashes(ranges: list[tuple[str, int, int]], account: pwd.struct_passwd) -> list[str]:
+    """How this user's ranges overlap another user's, or repeat one of their own."""
+    mine = _own_ranges(ranges, account)
+    said = []
+    for owner, first, count in ranges:
+        for _, m_first, m_count in mine:
+            if first < m_first + m_count and m_first < first + count:
+                if owner not in (account.pw_name, str(account.pw_uid)):
+                    said.append(f"{m_first}-{m_first + m_count - 1} overlaps {owner}'s {first}-{first + count - 1}")
+    own = sorted((f, c) for _, f, c in mine)
+    for (a, n), (b, _) in zip(own, own[1:]):
+        if b < a + n:
+            said.append(f"{account.pw_name} has overlapping lines ({a}-{a + n - 1} and {b}-...)")
+    return said
+
+
+def free_subid_start(tables) -> int:
+    """The first id after every range in every table (100000 at the least, as useradd starts):
+    free in /etc/subuid and /etc/subgid alike, as usermod's advice must be."""
+    return max([100000, *(first + count for ranges in tables for _, first, count in ranges)])
 
 
 def doctor(config_file: str | None, slurm_conf: str | None = None, users: tuple[str, ...] = (),

@@ -304,7 +304,7 @@ def enroot_main(argv: list[str], state: str) -> int:
     }
     entry = {"tool": "enroot", "argv": ["enroot", *argv], "env": dict(env), "paths": paths}
     record_call(state, entry)
-    if argv[:1] in (["--version"], ["version"]):
+    if argv[:1] == ["version"]:                   # no --version: usage, exit 1 (recorded, 4.1.2)
         print("4.1.2")
         return 0
     if not argv or argv[0] not in ENROOT_OPTIONS:

@@ -44,3 +44,61 @@ def test_reserved_ports_are_not_ephemeral(tmp_path, monkeypatch):
     assert finding.status == "ok", finding
     [finding] = check(tmp_path, monkeypatch, "1024 65535", reserved="12288-28000", gateways={"partition": "g"})
     assert finding.status == "warn" and "MASTER_PORT" in finding.detail, finding
+
+
+# ---- job users' subordinate ids, and each runtime's version (issue 41) ----------------------
+def _users_check(tmp_path, monkeypatch, subuid: str, subgid: str, user: str = "nobody"):
+    (tmp_path / "subuid").write_text(subuid)
+    (tmp_path / "subgid").write_text(subgid)
+    monkeypatch.setattr(doctor_mod, "SUBID_FILES", (str(tmp_path / "subuid"), str(tmp_path / "subgid")))
+    config = tmp_path / "tether.yaml"
+    config.write_text("container: {runtime: podman}\n")
+    doc = doctor_mod.Doctor(str(config), users=(user,))
+    doc.config = load_config(str(config))
+    return list(doc.check_job_users())
+
+
+def test_the_advice_for_a_user_without_subids_is_a_range_nobody_has(tmp_path, monkeypatch):
+    """It advised `usermod --add-subuids 100000-165535` whatever the files held: another user's
+    range here, and following it made podman fail ("newuidmap: write to uid_map failed")."""
+    taken = "demo:100000:65536\nother:165536:65536\n"
+    [finding] = _users_check(tmp_path, monkeypatch, taken, taken + "third:300000:65536\n")
+    assert finding.status == doctor_mod.FAIL
+    assert "--add-subuids 365536-431071 --add-subgids 365536-431071 nobody" in finding.detail
+    [finding] = _users_check(tmp_path, monkeypatch, "", "")
+    assert "--add-subuids 100000-165535" in finding.detail     # nothing taken: where useradd starts
+
+
+@pytest.mark.parametrize("subuid,said", [
+    ("demo:100000:65536\nnobody:165535:65536\n", "165535-231070 overlaps demo's 100000-165535"),
+    ("demo:100000:65536\nnobody:100000:65536\n", "100000-165535 overlaps demo's 100000-165535"),
+    ("nobody:100000:65536\n65534:120000:65536\n", "nobody has overlapping lines"),
+])
+def test_overlapping_and_duplicated_ranges_are_found(tmp_path, monkeypatch, subuid, said):
+    [finding] = _users_check(tmp_path, monkeypatch, subuid, "nobody:500000:65536\n")
+    assert finding.status == doctor_mod.FAIL and said in finding.detail and "newuidmap" in finding.detail, finding
+
+
+def test_enroot_is_asked_its_version_as_enroot_answers(tmp_path, fake_runtimes):
+    """The fake enroot replays what real enroot 4.1.2 did (`enroot version` prints it; `enroot
+    --version` is a usage error, exit 1), and the doctor asks the way that works."""
+    import json
+    import os
+    import subprocess
+
+    from helpers import REPO
+
+    recorded = json.loads((REPO / "tests/fixtures/conformance/enroot.json").read_text())["cases"]
+    env = {"PATH": fake_runtimes.path_env(), "HOME": str(tmp_path)}
+    for case in recorded:
+        done = subprocess.run(case["argv"], capture_output=True, text=True, env=env, timeout=30)
+        assert done.returncode == case["exit_code"], case["id"]
+        first = (case["stdout"] or case["stderr"]).splitlines()[0]
+        assert first in done.stdout + done.stderr, case["id"]
+    config = tmp_path / "tether.yaml"
+    config.write_text(f"container: {{runtime: enroot, enroot: {{binary: {fake_runtimes.bin_dir}/enroot}}}}\n")
+    doc = doctor_mod.Doctor(str(config))
+    doc.config = load_config(str(config))
+    findings = {f.name: f for f in doc.check_runtimes()}
+    assert findings["runtime enroot"].status == doctor_mod.OK and "4.1.2" in findings["runtime enroot"].detail
+    assert os.access(fake_runtimes.bin_dir / "enroot", os.X_OK)
