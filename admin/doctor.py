@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 from ..container.run import LAUNCHER_NAME, PYTHON_LAUNCHER_NAME, baked_identity, config_identity
 from ..container.runtimes.podman import Podman
 from ..hooks.config import Config
+from ..hooks.layout import USER_STORE_ROOT, user_dir_base
 from ..hooks.configfile import ConfigError, config_path, load_config
 from ..hooks.surface import GATEWAY_PORT_BASE, GATEWAY_PORT_JOBS, MASTER_PORT_BASE, MASTER_PORT_JOBS
 from ..spank import build as spank_build
@@ -63,8 +64,8 @@ class Doctor:
 
     def checks(self) -> list[Callable[[], Iterator[Finding]]]:
         return [self.check_config, self.check_slurm, self.check_plugins, self.check_plugstack,
-                self.check_slurmctld_config, self.check_storage, self.check_runtimes, self.check_job_users,
-                self.check_gpus, self.check_ports]
+                self.check_slurmctld_config, self.check_storage, self.check_stores, self.check_runtimes,
+                self.check_job_users, self.check_gpus, self.check_ports]
 
     # --- the checks --------------------------------------------------------------------------
     def check_config(self) -> Iterator[Finding]:
@@ -233,6 +234,28 @@ class Doctor:
                               f"write to: `chown root: {path}; chmod 755 {path}`")
                 continue
             yield Finding(OK, name, f"{path} (root, {stat.S_IMODE(st.st_mode):04o})")
+
+    def check_stores(self) -> Iterator[Finding]:
+        """Each user's store on a node is safe from other users only where root makes the directory
+        named after the user (``{uid}`` a whole path component, in a directory only root writes); a
+        store template like ``/var/tmp/tether-podman-{uid}`` (an earlier default) is the user's own
+        making, and in a directory everyone writes any user can make another's first."""
+        if self.config is None:
+            return
+        for name in ("podman", "enroot"):
+            template = self.config.runtime(name).get("store") or ""
+            if not template or user_dir_base(template) is not None:
+                continue
+            parent = template.split("{uid}", 1)[0].rpartition("/")[0] or "/"
+            try:
+                st = os.stat(parent)
+            except OSError:
+                continue
+            if st.st_mode & 0o002:
+                yield Finding(WARN, f"container.{name}.store", f"{template}: {parent} is writable by every user, "
+                              f"so any user can make another's store there first and deny them every container "
+                              f"step; use a path with {{uid}} as a whole component in a directory only root "
+                              f"writes (the default: {USER_STORE_ROOT}/{{uid}}/{name})")
 
     def check_runtimes(self) -> Iterator[Finding]:
         if self.config is None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Mapping, Sequence
 
-from ..hooks.surface import BY_NAME, MASTER_PORT_BASE, MASTER_PORT_JOBS
+from ..hooks.surface import BY_NAME, MASTER_PORT_BASE, MASTER_PORT_JOBS, USER_DIRS_VAR
 from .spec import LaunchError, check_container_options, is_env_name
 
 
@@ -85,7 +85,8 @@ def _render(template: str, command: Sequence[str], options: Mapping[str, str], e
     opts = [_Option(k, v) for k, v in options.items() if BY_NAME[k].kind != "flag" or v]
     return jenv.from_string(text).render(command=list(command), options=opts, env=sorted(env.items()),
                                          env_json=json.dumps(dict(sorted(env.items()))), env_dir=env_dir,
-                                         tether=tether, port_base=MASTER_PORT_BASE, port_jobs=MASTER_PORT_JOBS)
+                                         tether=tether, port_base=MASTER_PORT_BASE, port_jobs=MASTER_PORT_JOBS,
+                                         user_dirs_var=USER_DIRS_VAR)
 
 
 def slurm_launch_script(command: Sequence[str], options: Mapping[str, str], env: Mapping[str, str], *,

@@ -194,8 +194,9 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
                                  "launcher does when the job completes, fails or is cancelled)"),
         "log_excerpt_lines": Int(default=40, minimum=1, maximum=10000,
                                  doc="how many lines of the error log a startup failure shows"),
-        "socket": Str(default="/run/tether/launcher.sock", pattern=r"/[^\s]*", accepted="an absolute path",
-                      doc="tether serve's unix socket (its directory's permissions decide who may connect)"),
+        "socket": Str(default="/run/tether-launcher/launcher.sock", pattern=r"/[^\s]*", accepted="an absolute path",
+                      doc="tether serve's unix socket (its directory's permissions decide who may connect; not "
+                          "/run/tether, where root makes users' own directories)"),
         "max_request_bytes": Int(default=1 << 20, minimum=4096, maximum=64 << 20,
                                  doc="the largest request body tether serve reads (a job spec with its staged "
                                      "files, as JSON); a larger one is refused with 413 before it is read"),

@@ -268,6 +268,10 @@ STEP_PASSES_VAR = "TETHER_STEP_PASSES"
 STEP_DEFAULTS_VAR = "TETHER_STEP_DEFAULTS"
 # Set with it for a batch script of a job with a gateway component: that component's index.
 GATEWAYS_RUN_VAR = "TETHER_RUN_GATEWAYS"
+# Set (1) by a launch script for its srun step, which runs `tether run` itself and so is no container
+# step to the SPANK plugin: slurmstepd makes the user's own directories on each node all the same
+# (hooks.layout.user_dir_bases). A user who sets it gets only their own directories made.
+USER_DIRS_VAR = "TETHER_RUN_USER_DIRS"
 # What the batch script (and so every step it starts) of a job with gateway nodes gets.
 GATEWAY_ENV: tuple[Variable, ...] = (
     Variable("TETHER_GATEWAYS", "where the gateway daemons listen: `ADDRESS:PORT` of each gateway node, "

@@ -77,6 +77,27 @@ def _flag_or_text(opt, value: Any) -> str | None:
     return str(value)
 
 
+# Scheduler options a submission by the service may not carry: they make sbatch/qsub wait for the
+# job's end (the service's worker waits with it: a few such requests would stall every user's), run
+# nothing (a test, help) or take the script's place.
+SERVICE_REFUSED_SBATCH = {"--wait": "makes sbatch wait for the job's end", "--test-only": "submits nothing",
+                          "--wrap": "replaces the job's script", "--help": "submits nothing",
+                          "--usage": "submits nothing", "--version": "submits nothing"}
+SERVICE_REFUSED_QSUB = {"-I": "is an interactive job", "-z": "hides the job's id"}
+
+
+def _refuse_blocking(request, source: str) -> None:
+    said = [f"{a.given} {SERVICE_REFUSED_SBATCH[a.name]}" for a in request.sbatch_args if a.name in SERVICE_REFUSED_SBATCH]
+    for arg in request.qsub.args:
+        if arg.name in SERVICE_REFUSED_QSUB:
+            said.append(f"{arg.given} {SERVICE_REFUSED_QSUB[arg.name]}")
+        elif arg.name == "-W" and any(part.strip().lower().startswith("block=") for part in (arg.value or "").split(",")):
+            said.append(f"-W {arg.value} makes qsub wait for the job's end")
+    if said:
+        raise RequestError(f"{source}: " + "; ".join(said) + ": the launcher submits and returns (follow the "
+                           f"job with tether status --wait)")
+
+
 def parse_launch_spec(data: Any, scheduler: str, source: str = "job spec") -> LaunchSpec:
     """Check ``data`` (a mapping from YAML or JSON) as a launcher job spec for ``scheduler``."""
     if isinstance(data, Mapping) and isinstance(data.get("container"), Mapping):
@@ -105,6 +126,7 @@ def parse_launch_spec(data: Any, scheduler: str, source: str = "job spec") -> La
         raise RequestError("\n".join(f"{source}: {e}" for e in errors))
     job_keys = {k: v for k, v in doc.items() if k in JOB_SPEC_SCHEMA.fields}
     request = request_from_spec(job_keys, scheduler, source)
+    _refuse_blocking(request, source)
     container: dict[str, str] = {}
     if doc.get("image"):
         container["container-image"] = doc["image"]

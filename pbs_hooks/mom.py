@@ -213,6 +213,10 @@ def launch(pbs, e, settings: dict) -> None:
                                                                              "TETHER_CONTAINER_IMAGE")
         # a name alone: the job's container of that name on this host (the launcher says when there is none)
         named = pbs_env_plain(variable(env, "TETHER_CONTAINER_NAME"))
+        if (image or named or runs_tether(argv)) and settings.get("user_dirs"):
+            # the user's own directories on this host, for the launcher: the one this hook hands the
+            # task to, or tether's own per-host launch (pbs-launch.sh's `tether run`)
+            run_helper(settings, "user", settings["user_dirs"], str(uid), str(gid))
         if (image or named) and not runs_tether(argv):
             launcher = settings.get("launcher")
             if not launcher:
@@ -221,8 +225,6 @@ def launch(pbs, e, settings: dict) -> None:
             if not os.access(launcher, os.X_OK):
                 raise HookFailure(f"tether: the container launcher {launcher} is missing on this host "
                                   f"(run `tether pbs install` here)")
-            if settings.get("user_dirs"):        # the user's own directories on this host (hooks.layout)
-                run_helper(settings, "user", settings["user_dirs"], str(uid), str(gid))
             values[RUN_ARGV0] = argv[0] if argv else str(e.progname)
             values["TETHER_RUN_SUBREAPER"] = "0"     # the launcher makes itself a child subreaper
             e.progname = launcher

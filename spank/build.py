@@ -77,6 +77,7 @@ def names_header() -> str:
         f"#define TETHER_ENV_RUN_ARGV0 {c_string(surface.RUN_ARGV0)}",
         f"#define TETHER_ENV_RUN_BATCH {c_string(surface.BATCH_VAR)}",
         f"#define TETHER_ENV_RUN_GATEWAYS {c_string(surface.GATEWAYS_RUN_VAR)}",
+        f"#define TETHER_ENV_RUN_USER_DIRS {c_string(surface.USER_DIRS_VAR)}",
         f"#define TETHER_STEP_OPTIONS_PREFIX {c_string(surface.STEP_OPTIONS_PREFIX)}",
         f"#define TETHER_STEP_PASSES {c_string(surface.STEP_PASSES_VAR)}",
         f"#define TETHER_STEP_DEFAULTS {c_string(surface.STEP_DEFAULTS_VAR)}",

@@ -266,8 +266,16 @@ int tether_stepd_post_opt(spank_t sp)
 		step.job_id = 0;
 		return 0;
 	}
-	if (!step.tether)
+	if (!step.tether) {
+		/* a launch script's step runs tether's launcher itself: the user's own directories, as
+		 * for a container step (nothing else; a user who asks gets only their own made) */
+		char asked[4];
+
+		if (get_env(sp, TETHER_ENV_RUN_USER_DIRS, asked, sizeof(asked)) && strcmp(asked, "1") == 0 &&
+		    step.step_id < SLURM_MAX_NORMAL_STEP_ID)
+			tether_ensure_user_dirs(tether_user_dirs, step.uid, step.gid);
 		return 0; /* not a tether step: nothing (but its end, for a batch step: tether_stepd_exit) */
+	}
 	step_label(step.step_id, step.step_name, sizeof(step.step_name));
 	if (this_node() < 0)
 		return 0;

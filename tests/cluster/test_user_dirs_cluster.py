@@ -75,3 +75,31 @@ def test_a_base_others_can_write_fails_the_step_clearly_and_drains_nothing(clust
     assert result.returncode != 0
     assert "must be owned by root and not writable by group or others" in result.stderr
     assert cluster.in_service()
+
+
+def test_a_launch_scripts_tether_run_gets_the_users_directories_too(cluster, image, tmp_path):
+    """A per-node launch script (`tether plan`, the launcher) runs `srun ... tether run IMAGE`: to
+    slurmstepd no container step, so it made no directory for the user, and on a node where the
+    user had never run a container step every `tether run` failed ("... does not exist"). The
+    script asks slurmstepd for them (TETHER_RUN_USER_DIRS); here on nodes the user never used."""
+    user = pwd.getpwnam(cluster.user)
+    box = cluster.box
+    mine = [box.host_path(f"{base}/{user.pw_uid}") for base in (USER_RUN_ROOT, str(box.root / "users"))]
+    for path in mine:                 # as after the node's boot: nothing of the user's there
+        shutil.rmtree(path, ignore_errors=True)
+    spec = tmp_path / "job.yaml"
+    spec.write_text("resource_pool: null\nslots_per_trial: 3\nslot_type: cpu\nslurm: {slots_per_node: 1}\n")
+    out = box.work_dir / f"launch-user-dirs-{os.getpid()}"
+    script = cluster.run([*box.tether, "plan", "--config", str(box.tether_conf), str(spec),
+                          f"--container-image={image}", f"--log-dir={out}", "--", "sh", "-c",
+                          "echo node=$SLURMD_NODENAME uid=$(id -u)"]).stdout
+    out.mkdir()
+    os.chown(out, user.pw_uid, user.pw_gid)
+    (out / "job.sh").write_text(script)
+    job = cluster.submit(str(out / "job.sh"), env={"TETHER_CONFIG": str(box.tether_conf)})
+    assert cluster.wait_job(job)["JobState"] == "COMPLETED", (out / "job.err").read_text()
+    assert sorted((out / "job.out").read_text().split("\n")[:-1]) == [f"node={n} uid={user.pw_uid}" for n in cluster.nodes]
+    for path in mine:
+        st = os.lstat(path)
+        assert (st.st_uid, st.st_mode & 0o7777) == (user.pw_uid, 0o700), path
+    shutil.rmtree(out, ignore_errors=True)

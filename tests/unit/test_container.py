@@ -187,7 +187,7 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
     launch = adapter("podman", {"args": ["--runtime", "runc"], "env": {"CONTAINERS_CONF": "/c"},
                                 "cdi_spec_dirs": [str(cdi)]}).launch(s, HOST)
     keep_id = ["--userns=keep-id"] if os.getuid() != 0 else []
-    run = "/run/tether-podman" if os.getuid() == 0 else f"/tmp/podman-run-{os.getuid()}/tether-podman"
+    run = "/run/tether-podman" if os.getuid() == 0 else f"/run/tether/{os.getuid()}/tether-podman"
     passed = ["LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "MYVAR", "OTHER", "PMIX_RANK", "RANK",
               "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_ID", "TETHER_SLOT_IDS", "WORLD_SIZE"]
     (names_fd,) = [fd for fd in launch.fds if fd >= 10]

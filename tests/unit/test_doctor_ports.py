@@ -102,3 +102,18 @@ def test_enroot_is_asked_its_version_as_enroot_answers(tmp_path, fake_runtimes):
     findings = {f.name: f for f in doc.check_runtimes()}
     assert findings["runtime enroot"].status == doctor_mod.OK and "4.1.2" in findings["runtime enroot"].detail
     assert os.access(fake_runtimes.bin_dir / "enroot", os.X_OK)
+
+
+def test_a_store_any_user_can_take_first_is_a_warning(tmp_path):
+    """An earlier default (/var/tmp/tether-podman-{uid}) kept in a site's config keeps stores where
+    any user can make another's first (issue 39, finding 5): the doctor says so; the default does
+    not warn."""
+    config = tmp_path / "tether.yaml"
+    config.write_text("container: {podman: {store: \"/var/tmp/tether-podman-{uid}\"}}\n")
+    doc = doctor_mod.Doctor(str(config))
+    doc.config = load_config(str(config))
+    [finding] = list(doc.check_stores())
+    assert finding.status == doctor_mod.WARN and "/var/tmp is writable by every user" in finding.detail
+    config.write_text("{}\n")
+    doc.config = load_config(str(config))
+    assert list(doc.check_stores()) == []

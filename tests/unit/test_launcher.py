@@ -76,6 +76,26 @@ def world(public_dir):
 
 
 # ---- the job spec -------------------------------------------------------------------------------
+@pytest.mark.parametrize("scheduler,args,said", [
+    ("slurm", ["--wait"], "--wait makes sbatch wait for the job's end"),
+    ("slurm", ["-W", "--time=5"], "-W makes sbatch wait for the job's end"),
+    ("slurm", ["--test-only"], "--test-only submits nothing"),
+    ("slurm", ["--wrap=sleep 9"], "replaces the job's script"),
+    ("pbs", ["-W", "block=true"], "-W block=true makes qsub wait for the job's end"),
+    ("pbs", ["-W", "depend=afterok:1,block=TRUE"], "makes qsub wait"),
+    ("pbs", ["-I"], "-I is an interactive job"),
+])
+def test_a_spec_that_would_make_the_service_wait_for_the_job_is_refused(scheduler, args, said):
+    """One user's `sbatch_args: [--wait]` made the agent's sbatch wait for the job's end, and with it
+    a worker of the service: a few such requests stalled every user's status, logs and cancels
+    (issue 39's review). Refused with the reason, before anything is written."""
+    key = "sbatch_args" if scheduler == "slurm" else "pbsbatch_args"
+    with pytest.raises(RequestError, match=said):
+        parse_launch_spec({**SPEC, scheduler: {key: args}}, scheduler)
+    ok = ["--time=5"] if scheduler == "slurm" else ["-W", "depend=afterok:1"]
+    assert parse_launch_spec({**SPEC, scheduler: {key: ok}}, scheduler).user == SPEC["user"]
+
+
 def test_the_job_spec_is_checked_whole_before_anything_is_written():
     spec = parse_launch_spec(SPEC, "slurm")
     assert spec.user == "nobody" and spec.command == ("python", "train.py") and spec.request.slots == 2

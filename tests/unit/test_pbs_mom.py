@@ -342,6 +342,11 @@ def test_a_container_task_gets_the_users_own_directories_made_by_root(hook, root
     (bases[0] / str(uid)).rmdir()
     e = hook(env=_task_env(PBS_TASKNUM="4"), host="h2", progname="/bin/true", argv=["true"])
     assert e.accepted and not (bases[0] / str(uid)).exists()
+    # tether's own per-host launch (pbs-launch.sh: `env ... tether run ...`), not wrapped again,
+    # runs the launcher all the same: the directories are made for it too
+    e = hook(env=_task_env(PBS_TASKNUM="5"), host="h2", progname="/usr/bin/env",
+             argv=["/usr/bin/env", "NODE_RANK=1", "/opt/tether/venv/bin/tether", "run", "--", "true"])
+    assert e.accepted and e.progname == "/usr/bin/env" and _owned_private(bases[0] / str(uid))
 
 
 def test_the_helper_makes_a_users_directory_only_where_no_other_user_can_reach(helper, tmp_path):
