@@ -147,6 +147,17 @@ int tether_client_post_opt(spank_t sp)
 		if (record_step_options() < 0)
 			return -1;
 	}
+	/* TETHER_CONTAINER_* variables alone, with neither an image nor a name (a user's preference
+	 * in their profile): no request of this job -- not forwarded, or slurmctld would refuse every
+	 * job of the user ("--container-* options need --container-image"). Typed, they are refused. */
+	if (tether_opts[OPT_CONTAINER_IMAGE].value == NULL && tether_opts[OPT_CONTAINER_NAME].value == NULL) {
+		for (int i = OPT_CONTAINER_IMAGE + 1; i <= OPT_CONTAINER_BATCH; i++) {
+			if (tether_opts[i].value != NULL && tether_opts[i].from_env) {
+				free(tether_opts[i].value);
+				tether_opts[i].value = NULL;
+			}
+		}
+	}
 	for (int i = 0; i < TETHER_NOPTS; i++) {
 		const struct tether_opt *o = &tether_opts[i];
 		spank_err_t rc;

@@ -248,6 +248,21 @@ def test_bad_container_options_are_refused_at_submit(cluster, tether_config):
     assert "tether: --container-name: apptainer keeps no container between steps (enroot and podman do)" in env.stderr
 
 
+def test_container_variables_alone_are_a_preference_not_a_request(cluster, tether_config):
+    """A user who exports TETHER_CONTAINER_RUNTIME (or ..._MOUNTS, ..._WORKDIR) in their profile,
+    with no image: every job of theirs was refused ("--container-* options need
+    --container-image"), a plain `srun true` too (issue 45). Such variables are defaults for
+    container steps; typed on the command line without an image, they are still refused."""
+    prefs = ["TETHER_CONTAINER_RUNTIME=podman", "TETHER_CONTAINER_WORKDIR=/tmp", "TETHER_CONTAINER_MOUNTS=/etc:/mnt"]
+    plain = cluster.run(["runuser", "-u", cluster.user, "--", "env", *prefs, "srun", "-N1", "true"], check=False)
+    assert plain.returncode == 0, plain.stderr
+    result, job_id, _ = sbatch(cluster, "--slots=1", "--slot-type=cpu", env=dict(p.split("=", 1) for p in prefs))
+    assert result.returncode == 0 and job_id, result.stderr
+    typed = cluster.run(["runuser", "-u", cluster.user, "--", "srun", "-N1", "--container-runtime=podman", "true"],
+                        check=False)
+    assert typed.returncode != 0 and "--container-* options need --container-image" in typed.stderr
+
+
 def test_cpus_per_task_is_the_users_for_gpu_slots(cluster, tether_config):
     result, job_id, _ = sbatch(cluster, "--slots=2", "-c3")
     assert result.returncode == 0, result.stderr
