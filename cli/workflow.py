@@ -42,9 +42,15 @@ def status(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     if args.json:
         print(json.dumps(rows))
-        return EXIT_OK
+        return EXIT_OK if rows else EXIT_FAIL
+    if not rows:
+        err(f"no pack {args.pack} among your jobs of the last 7 days (its id or its name: `tether workflow "
+            f"submit` printed both)")
+        return EXIT_FAIL
+    several = len({r["pack"] for r in rows}) > 1
     for r in rows:
-        print(f"{r['job']:<16} {r['id']:<8} {r['state']:<10} {r.get('dependency') or ''}")
+        print((f"{r['pack']:<20} " if several else "") + f"{r['job']:<16} {r['id']:<8} {r['state']:<10} "
+              f"{r.get('dependency') or ''}")
     return EXIT_OK
 
 

@@ -225,18 +225,32 @@ def set_dependency(kind: str, job_id: str | None = None, env: Mapping[str, str] 
     return _update(dependents(job, env), f"{kind}:{job}", env)
 
 
+def pack_of(comment: str, pack: str) -> str | None:
+    """The pack id of a job's comment when it is ``pack``'s: the id itself (``name-1a2b3c``) or the
+    pack's name (every pack of that name)."""
+    if not comment.startswith(COMMENT_PREFIX):
+        return None
+    pid = comment[len(COMMENT_PREFIX):].partition(":")[0]
+    suffix = pid[len(pack) + 1:]
+    if pid == pack or (pid.startswith(f"{pack}-") and len(suffix) == 6 and all(c in "0123456789abcdef" for c in suffix)):
+        return pid
+    return None
+
+
 def pack_status(pack: str, env: Mapping[str, str] | None = None) -> list[dict]:
-    """The pack's jobs: from squeue while queued or running, else from sacct."""
+    """The jobs of the pack ``pack`` (its id, or its name: every pack of that name): from squeue
+    while queued or running, else from sacct. Each row names its pack."""
     env = dict(os.environ if env is None else env)
-    rows = [r for r in _queue(env) if r["comment"].startswith(f"{COMMENT_PREFIX}{pack}:")]
+    rows = [r for r in _queue(env) if pack_of(r["comment"], pack)]
     seen = {r["id"] for r in rows}
     out = run_command(["sacct", "-n", "-X", "-P", "-o", "JobID,State,Start,End,Comment", "-S", "now-7days"],
                       env=env, timeout=60, check=False).stdout
     for line in out.splitlines():
         job, state, start, end, comment = (line.split("|") + [""] * 5)[:5]
-        if comment.startswith(f"{COMMENT_PREFIX}{pack}:") and job not in seen:
+        if pack_of(comment, pack) and job not in seen:
             rows.append({"id": job, "state": state.split()[0], "dependency": "", "comment": comment,
                          "start": start, "end": end})
     for r in rows:
+        r["pack"] = pack_of(r["comment"], pack)
         r["job"] = r["comment"].split(":", 2)[2] if r["comment"].count(":") >= 2 else ""
     return sorted(rows, key=lambda r: int(r["id"]) if r["id"].isdigit() else 0)

@@ -107,3 +107,29 @@ def test_a_pbs_pack_uses_depend_after_and_an_execution_time(tmp_path):
     qsubs = [c["argv"] for c in pbs.calls() if c["tool"] == "qsub"]
     assert ["-W", f"depend=after:{first}"] == qsubs[1][3:5] and "-a" in qsubs[1]
     assert pbs.job(second)["Variable_List"]["TETHER_PACK_JOB"] == "b"
+
+
+def test_status_takes_the_packs_id_or_its_name_and_says_when_there_is_none(tmp_path, bin_dir, capsys):
+    """`tether workflow status pc` (the pack's name) printed nothing and exited 0, as did an unknown
+    id: only the generated id worked (issue 45). A name shows every pack of that name, each row
+    with its pack; nothing found is an error naming what to give."""
+    from tether.cli.main import main
+
+    _fake(bin_dir, "squeue", 'printf "%s\\n" "601|PENDING|after:600|tether-pack:pc-1a2b3c:consumer|c" '
+                             '"600|RUNNING||tether-pack:pc-1a2b3c:producer|p" "700|RUNNING||tether-pack:pc2-ffffff:x|x" '
+                             '"800|RUNNING||tether-pack:pc-9f9f9f:producer|p"\n')
+    _fake(bin_dir, "sacct", "true\n")
+    os.environ["PATH"], old = f"{bin_dir}:/usr/bin:/bin", os.environ["PATH"]
+    try:
+        assert main(["workflow", "status", "pc-1a2b3c"]) == 0
+        out = capsys.readouterr().out.split()
+        assert out == ["producer", "600", "RUNNING", "consumer", "601", "PENDING", "after:600"]
+        assert main(["workflow", "status", "pc"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert [line.split()[:3] for line in lines] == [["pc-1a2b3c", "producer", "600"],
+                                                         ["pc-1a2b3c", "consumer", "601"],
+                                                         ["pc-9f9f9f", "producer", "800"]]   # not pc2-...
+        assert main(["workflow", "status", "nosuch"]) == 1
+        assert "no pack nosuch among your jobs" in capsys.readouterr().err
+    finally:
+        os.environ["PATH"] = old
