@@ -25,7 +25,7 @@ from ..hooks.surface import BATCH_VAR, GATEWAYS_RUN_VAR, RUN_ARGV0
 from .environment import DEFAULT_MODE
 from .launch import EXIT_LAUNCH_FAILED, execute, report, report_admin
 from .runtimes import adapter
-from .spec import LaunchError, check_mount_sources, spec_from_env
+from .spec import LaunchError, check_mount_sources, check_save_target, spec_from_env
 
 if TYPE_CHECKING:
     from typing import Any, Mapping, NoReturn, Sequence
@@ -65,6 +65,8 @@ def run_container(env: Mapping[str, str], command: Sequence[str], settings: Mapp
     try:
         spec = spec_from_env(env, command, default_runtime=settings["runtime"], defaults=settings)
         check_mount_sources(spec.mounts, settings.get("mounts") or ())
+        if spec.save:
+            check_save_target(spec.save)
         runtime = adapter(spec.runtime, settings.get(spec.runtime) or {},
                           image_root=settings.get("apptainer_image_root", "/var/cache/tether/images"),
                           user_image_cache=settings.get("user_image_cache"),

@@ -234,6 +234,17 @@ def check_mount_sources(mounts: Sequence[Mount], admin: Sequence[str] = ()) -> N
         check_reachable(mount.source, f"{where}: {mount.source}")
 
 
+def check_save_target(path: str) -> None:
+    """``--container-save``'s directory is on this node and the user may write there: found out
+    before the workload runs, not once it has run (the container is saved after its command)."""
+    parent = os.path.dirname(path) or "/"
+    check_reachable(parent, f"--container-save={path}: its directory {parent}")
+    if not os.path.isdir(parent):
+        raise LaunchError(f"--container-save={path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise LaunchError(f"--container-save={path}: you cannot write in {parent} on this node")
+
+
 def check_reachable(path: str, label: str) -> None:
     """``path`` exists on this node and this process (the user's) can reach it; a LaunchError
     starting with ``label`` that says which is not so."""

@@ -1678,6 +1678,18 @@ def test_tether_run_with_the_fakes_saves_an_enroot_container_and_runs_apptainers
     assert call["subcommand"] == "run" and call["command"] == ["true"]
 
 
+def test_a_save_target_on_no_directory_fails_before_the_workload_runs(tmp_path, fake_runtimes, runtime_config):
+    """--container-save into a directory that does not exist was found out after the workload ran
+    (issue 45): now the rank fails at once, with the reason, and nothing ran."""
+    sqsh = tmp_path / "img.sqsh"
+    sqsh.write_bytes(b"hsqs" + b"\0" * 60)
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
+                       f"--container-image={sqsh}", f"--container-save={tmp_path}/missing/saved.sqsh", "--", "true")
+    assert proc.returncode != 0
+    assert f"--container-save={tmp_path}/missing/saved.sqsh: its directory {tmp_path}/missing: no such file" in proc.stderr
+    assert fake_runtimes.calls("enroot") == []
+
+
 def test_apptainer_binds_the_pmix_server_and_client_directories_at_their_own_paths(tmp_path):
     """srun --mpi=pmix under Apptainer (issue 15): the server's directory and the step's client
     directory (Slurm's spmix_appdir_<uid>_<job>.<step> under SLURM_PMIX_TMPDIR) enter at their
