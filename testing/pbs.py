@@ -528,7 +528,8 @@ def pbs_tmrsh(argv: list[str], state: State) -> int:
 
     As OpenPBS's (src/cmds/pbs_tmrsh.c): the host must be in ``$PBS_NODEFILE``; the command is a
     TM task (``tm_spawn``) that the MoM starts with the **job's** environment (the job's
-    variables, ``PBS_TASKNUM``, ``PBS_NODENUM``), not the caller's: what a batch script exports
+    variables, ``PBS_TASKNUM`` in 8 upper-case hex digits as that host's MoM numbers it,
+    ``PBS_NODENUM``), not the caller's: what a batch script exports
     does not reach it (DESIGN.md, "seen on a real OpenPBS"). pbs_tmrsh passes no signal on: when it
     is killed, the task runs on (until the job ends). Its status is the task's exit status."""
     usage = "usage: pbs_tmrsh [-n][-l username] host [-n][-l username] command\n       pbs_tmrsh --version\n"
@@ -578,11 +579,16 @@ def pbs_tmrsh(argv: list[str], state: State) -> int:
     if host.split(".")[0] not in hosts:
         sys.stderr.write(f"pbs_tmrsh: host \"{host}\" is not a node in job <{job_id}>\n")
         return 255
-    with state.jobs() as data:
+    index = hosts.index(host.split(".")[0])
+    with open(os.environ["PBS_NODEFILE"]) as fh:
+        bits = sum(1 for line in fh if line.strip()).bit_length()
+    with state.jobs() as data:                 # each host's MoM numbers its tasks (MomJob.task_number)
         job = data["jobs"][job_id]
-        job["tasks"] = job.get("tasks", 1) + 1
-        env = {**job["environment"], "PBS_TASKNUM": str(job["tasks"]),
-               "PBS_NODENUM": str(hosts.index(host.split(".")[0]))}
+        counters = job["tasks"] if isinstance(job.get("tasks"), dict) else {}
+        counter = counters.get(str(index), 2 if index == 0 else 1)
+        job["tasks"] = {**counters, str(index): counter + 1}
+        env = {**job["environment"], "PBS_TASKNUM": f"{counter | (index << (32 - bits)) if index else counter:08X}",
+               "PBS_NODENUM": str(index)}
     try:
         proc = subprocess.Popen(command, env=env, start_new_session=True)
     except OSError as exc:
