@@ -513,8 +513,8 @@ def test_a_wrapped_tm_task_runs_in_a_real_podman_container(cluster, helper, publ
     command = ("echo RANK=$RANK NODE_RANK=$NODE_RANK WORLD=$WORLD_SIZE TMPDIR=$TMPDIR PWD=$(pwd) UID=$(id -u) "
                "IN=$(grep -qF \"" + image + " / \" /proc/self/mountinfo && echo container || echo host) "
                "V=\"$ODD\"; sleep 3")
-    task = job.task_env("n2")["PBS_TASKNUM"]           # n2's first TM task: 40000001
-    task_env = {"PBS_JOBID": job_id, "PBS_TASKNUM": task, "PBS_ENVIRONMENT": "PBS_BATCH", "TMPDIR": "/tmp",
+    number = job.task_env("n2")["PBS_TASKNUM"]         # n2's first TM task: 40000001
+    task_env = {"PBS_JOBID": job_id, "PBS_TASKNUM": number, "PBS_ENVIRONMENT": "PBS_BATCH", "TMPDIR": "/tmp",
                 "HOME": user.pw_dir, "USER": USER, "LOGNAME": USER, "PATH": "/usr/local/bin:/usr/bin:/bin",
                 "TETHER_CONTAINER_IMAGE": image, "TETHER_CONTAINER_ENV": "ODD", "ODD": "a,b 'c'"}
     e = run_hook(pbs.EXECJOB_LAUNCH, env=task_env, progname="/bin/sh", argv=["sh", "-c", command])
@@ -526,7 +526,7 @@ def test_a_wrapped_tm_task_runs_in_a_real_podman_container(cluster, helper, publ
     task = subprocess.Popen(["runuser", "-u", USER, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()],
                              e.progname, *e.argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd="/", start_new_session=True)
-    name = f"tether-{os.getpid()}-{task}-1"
+    name = f"tether-{os.getpid()}-{number}-1"
 
     def conmon_parent() -> str | None:
         for proc in Path("/proc").iterdir():
