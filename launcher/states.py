@@ -6,7 +6,6 @@ CANCELLED | TIMEOUT; UNKNOWN when the scheduler no longer knows the job (purged 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -78,25 +77,20 @@ def slurm_job_state(job_id: str, env: Mapping[str, str] | None = None) -> JobSta
 
 
 def pbs_job_state(job_id: str, env: Mapping[str, str] | None = None) -> JobState:
-    """``qstat -f -F json -x`` (finished jobs too, while the server keeps their history)."""
+    """``qstat -f -F json -x`` (finished jobs too, while the server keeps their history), read by
+    tether's one PBS client (pbs_hooks.commands: it repairs what OpenPBS's clients print)."""
+    from ..pbs_hooks.commands import PBSCommandError, job_status
+
     try:
-        out = run_command(["qstat", "-f", "-F", "json", "-x", job_id], env=env, timeout=30, check=False)
-    except CommandError as exc:
+        jobs = job_status([job_id], history=True, timeout=30, env=env)
+    except PBSCommandError as exc:
         return JobState("UNKNOWN", None, str(exc))
-    if out.returncode != 0:
-        return JobState("UNKNOWN", None, out.stderr.strip())
-    try:
-        jobs = json.loads(out.stdout).get("Jobs") or {}
-    except ValueError:
-        return JobState("UNKNOWN", None, "qstat printed no JSON")
-    job = next(iter(jobs.values()), None) if jobs else None
-    if not job:
+    job = next(iter(jobs.values()), None)
+    if job is None:
         return JobState("UNKNOWN")
-    letter = str(job.get("job_state", ""))
-    status = job.get("Exit_status")
-    code = int(status) if isinstance(status, (int, str)) and str(status).lstrip("-").isdigit() else None
+    letter, code = job.state_code, job.exit_status
     if letter != "F":
-        return JobState(PBS_STATES.get(letter, "UNKNOWN"), None, str(job.get("comment", "")))
+        return JobState(PBS_STATES.get(letter, "UNKNOWN"), None, job.comment)
     if code == 0:
         return JobState("COMPLETED", 0)
     if code in PBS_CANCELLED:

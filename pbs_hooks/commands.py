@@ -3,8 +3,14 @@
 What the rest of tether (the front door, pilot partitions) asks PBS, with timeouts and errors a
 caller can act on. Parsing copes with what OpenPBS really prints:
 
-* numbers are bare JSON numbers -- also environment values that look like numbers, and those
-  with leading zeros (``"foo":005``) are invalid JSON (openpbs#1255): they are read as strings;
+* numbers are bare JSON numbers -- also environment values that look like numbers; the release
+  23.06.06 client prints ``00``, ``.5``, ``+5``, ``inf`` bare too (invalid JSON, openpbs#1255;
+  recorded, tests/fixtures/pbs/openpbs-qstat-cases.json): any bare value that is not a JSON number,
+  true, false or null is read as the string it printed;
+* that client also drops an empty value and swallows the next variable into it
+  (``"A":",B=x"`` for ``A=,B=x``): split again (``"A":"", "B":"x"``) where B is not a key already;
+* its bytes are not always UTF-8 (``é`` printed as ``^C^\xe9``), with raw control characters in
+  strings: undecodable bytes are read as U+FFFD, control characters as they are;
 * releases before the 2020 fix (openpbs PR #2049) printed PBS's own escapes (``\\,`` ``\\'``)
   inside JSON strings: read as the plain characters;
 * a server that cannot be reached still prints ``{"timestamp":…,"pbs_version":…,"pbs_server":…}``
@@ -18,10 +24,13 @@ raises PBSCommandError naming the command and the position.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+import os
+import re
+import signal
+import subprocess
+from typing import Any, Mapping, Sequence
 
 from ..hooks.errors import TetherError
-from ..system.proc import CommandError, run_command
 
 from .mom import job_hosts
 
@@ -49,6 +58,10 @@ class JobStatus:
 
     def __init__(self, job_id: str, attrs: dict[str, Any]):
         self.job_id = job_id
+        if isinstance(attrs.get("Variable_List"), dict):
+            attrs = {**attrs, "Variable_List": split_swallowed(attrs["Variable_List"])}
+        else:
+            attrs = {**attrs, "Variable_List": {}}
         self.attrs = attrs
         self.name = str(attrs.get("Job_Name", ""))
         self.owner = str(attrs.get("Job_Owner", "")).split("@", 1)[0]
@@ -59,7 +72,7 @@ class JobStatus:
         self.exit_status = int(exit_status) if str(exit_status).lstrip("-").isdigit() else None
         self.hosts = tuple(job_hosts(attrs.get("exec_host")))
         self.resources = dict(attrs.get("Resource_List") or {})
-        self.variables = {k: str(v) for k, v in (attrs.get("Variable_List") or {}).items()}
+        self.variables = {k: str(v) for k, v in attrs.get("Variable_List", {}).items()}
         self.comment = str(attrs.get("comment", ""))
 
     def __repr__(self) -> str:
@@ -95,6 +108,23 @@ class NodeStatus:
         return f"NodeStatus({self.name!r}, states={self.states!r})"
 
 
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_SWALLOWED = re.compile(r",([A-Za-z_][A-Za-z0-9_]*)=")
+
+
+def split_swallowed(variables: dict[str, Any]) -> dict[str, Any]:
+    """``Variable_List`` with the pairs the release 23.06.06 client swallowed into an empty value
+    (``"A":",B=x,C=y"``...) split out again -- only when the name is not a key already."""
+    out: dict[str, Any] = {}
+    for key, value in variables.items():
+        while isinstance(value, str) and (m := _SWALLOWED.match(value)) and m.group(1) not in variables \
+                and m.group(1) not in out:
+            out[key] = ""
+            key, value = m.group(1), value[m.end():]
+        out[key] = value
+    return out
+
+
 def _repair(text: str) -> str:
     """Make OpenPBS's almost-JSON parseable (see the module doc): inside strings, an escape JSON
     does not know loses its backslash; outside, a bare value that is not a JSON number (``005``)
@@ -116,15 +146,14 @@ def _repair(text: str) -> str:
                 j += 1
             out.append('"')
             i = j + 1
-        elif c in "-0123456789":                       # a bare value: keep it if it is a number
+        elif c not in "{}[]:, \t\r\n":                 # a bare value: keep it if JSON knows it
             j = i
             while j < n and text[j] not in ",}] \t\r\n":
                 j += 1
             token = text[i:j]
-            try:
-                json.loads(token)
+            if token in ("true", "false", "null") or _JSON_NUMBER.fullmatch(token):
                 out.append(token)
-            except ValueError:
+            else:
                 out.append(json.dumps(token))
             i = j
         else:
@@ -136,24 +165,34 @@ def _repair(text: str) -> str:
 def parse_json(text: str, what: str) -> dict[str, Any]:
     """The JSON document a PBS command printed (repaired when needed)."""
     try:
-        return json.loads(text)
+        return json.loads(text, strict=False)
     except ValueError:
         pass
     try:
-        return json.loads(_repair(text))
+        return json.loads(_repair(text), strict=False)
     except ValueError as exc:
         raise PBSCommandError(f"{what} printed output tether cannot read ({exc}); the first 200 "
                               f"characters: {text[:200]!r}", "bad_output") from None
 
 
-def _run(argv: list[str], timeout: float) -> tuple[str, str, int]:
+def _run(argv: list[str], timeout: float, env: Mapping[str, str] | None = None) -> tuple[str, str, int]:
+    """(stdout, stderr, exit status); bytes that are not UTF-8 read as U+FFFD (the release
+    23.06.06 qstat prints some), the command killed with its session at ``timeout``."""
     try:
-        result = run_command(argv, timeout=timeout, check=False)
-    except CommandError as exc:
-        if exc.returncode is None and "timed out" in str(exc):
-            raise PBSCommandError(f"{' '.join(argv)} did not answer within {timeout:g} s", "timeout") from None
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=dict(env) if env is not None else None, start_new_session=True)
+    except OSError as exc:
         raise PBSCommandError(f"{argv[0]} is not available here: {exc}", "missing") from None
-    return result.stdout, result.stderr, result.returncode
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+        proc.communicate()
+        raise PBSCommandError(f"{' '.join(argv)} did not answer within {timeout:g} s", "timeout") from None
+    return out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), proc.returncode
 
 
 def _failure(argv: list[str], stderr: str, code: int) -> PBSCommandError:
@@ -169,17 +208,20 @@ def _failure(argv: list[str], stderr: str, code: int) -> PBSCommandError:
 
 
 def job_status(job_ids: Sequence[str] = (), *, history: bool = True, timeout: float = DEFAULT_TIMEOUT,
-               qstat: str = "qstat") -> dict[str, JobStatus]:
+               qstat: str = "qstat", env: Mapping[str, str] | None = None) -> dict[str, JobStatus]:
     """``qstat -f -F json [-x] [ID…]``: job id -> status (all visible jobs when no id is given).
     ``history`` adds finished jobs (-x; the server keeps them only with job_history_enable).
-    Ids PBS does not know are left out; if none is known, PBSCommandError(kind="unknown_job")."""
+    Ids PBS does not know are left out; if none is known, PBSCommandError(kind="unknown_job");
+    a finished job asked for without ``history``: kind="finished". tether's one reader of qstat:
+    the launcher, the pilot and ``tether pbs status`` use it."""
     argv = [qstat, "-f", "-F", "json", *(["-x"] if history else []), *job_ids]
-    stdout, stderr, code = _run(argv, timeout)
+    stdout, stderr, code = _run(argv, timeout, env)
     unknown = [line for line in stderr.splitlines() if "Unknown Job Id" in line]
     if code != 0 and not (unknown and stdout.strip()):
         raise _failure(argv, stderr, code)
     doc = parse_json(stdout, "qstat") if stdout.strip() else {}
-    jobs = {job_id: JobStatus(job_id, attrs) for job_id, attrs in (doc.get("Jobs") or {}).items()}
+    jobs = {job_id: JobStatus(job_id, attrs) for job_id, attrs in (doc.get("Jobs") or {}).items()
+            if isinstance(attrs, dict)}
     if job_ids and not jobs and unknown:
         raise PBSCommandError("; ".join(line.strip() for line in unknown), "unknown_job")
     return jobs

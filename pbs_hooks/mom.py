@@ -5,13 +5,23 @@ Run by ``tether_exec.py`` (the hook file qmgr imports) in each MoM's ``pbs_pytho
 execjob_begin   (every host of the job) ``<job_storage_root>/<job>/<host>/``, owned by the job user;
 execjob_launch  (the job shell on the first host, and every task spawned through TM -- ``pbs_tmrsh``,
                 ``pbsdsh``, MPI -- on any host) the rank environment; each TM task also gets its
-                per-rank directories ``<host>/task-<PBS_TASKNUM>/rank-<RANK>/{tmp,work}`` and, when
+                per-rank directories ``<host>/task-<task number>/rank-<RANK>/{tmp,work}`` and, when
                 the job has a container image (``qsub -v TETHER_CONTAINER_IMAGE=…``), is handed to
                 tether's container launcher (``e.progname``/``e.argv``). The job shell stays on the
                 host (like Slurm's batch script), so ``pbs_tmrsh`` inside it works;
 execjob_end, execjob_abort  the containers' leftover cleanup (as the job user) and the host's
                 directories; the job's first host also removes whatever the job left directly in
                 its directory; the job's directory goes with the last host.
+
+What a MoM hook is given (recorded on OpenPBS 23.06; tests/fixtures/pbs/openpbs-mom-cases.json):
+``job.exec_host`` is None -- the placement is ``exec_host2`` (``host:port/index*ncpus`` per chunk),
+``exec_vnode`` (``(vnode:ncpus=N+...)`` per chunk) and ``schedselect`` (the chunks, with ``mpiprocs``);
+``Resource_List`` holds no ``select``. A task's environment has no ``PBS_VNODENUM`` (Torque's) and,
+for a TM task, no ``PBS_NODEFILE``; ``PBS_TASKNUM`` is the MoM's task number: ``1`` (decimal) for the
+job shell, 8 upper-case hex digits for a TM task (OpenPBS's momtask_create: a counter per host, the
+host's index in the job in the top bits). Hosts, node ranks and the ranks' layout come from the job's
+placement, never from a variable; the task number only orders a host's tasks (a job's own TM client
+can pass any value in tm_spawn's environment: it only renumbers that job's own ranks).
 
 Directories are made and removed by ``tether-jobdirs``, the C helper built from the same source as
 the SPANK plugin's directory code (no symlink is followed as root; ownership handed over atomically).
@@ -25,7 +35,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
-import stat
+import re
 import subprocess
 
 from ..hooks.layout import RANK_WORK, job_dir_name
@@ -63,13 +73,95 @@ def pbs_env_plain(value: str | None) -> str | None:
 
 
 def job_hosts(exec_host: str | None) -> list[str]:
-    """The job's hosts in order, once each, from ``exec_host`` (``h1/0*2+h2/0*2``)."""
+    """The job's hosts in order, once each, from ``exec_host`` (``h1/0*2+h2/0*2``) or ``exec_host2``
+    (``h1:15002/0*2+h2:15002/0*2``)."""
     hosts: list[str] = []
-    for part in str(exec_host or "").split("+"):
-        host = part.split("/", 1)[0].strip()
-        if host and host not in hosts:
+    for host in chunk_hosts(exec_host):
+        if host not in hosts:
             hosts.append(host)
     return hosts
+
+
+def chunk_hosts(exec_host: str | None) -> list[str]:
+    """The host of each chunk, from ``exec_host``/``exec_host2`` (one ``host[:port]/index[*ncpus]``
+    per chunk, joined by ``+``)."""
+    hosts = []
+    for part in str(exec_host or "").split("+"):
+        host = part.split("/", 1)[0].split(":", 1)[0].strip()
+        if host:
+            hosts.append(host)
+    return hosts
+
+
+def vnode_chunk_hosts(exec_vnode: str | None) -> list[str]:
+    """The host of each chunk from ``exec_vnode`` (``(n1:ncpus=2)+(n2[0]:ncpus=1+n2[1]:ncpus=1)``):
+    the chunk's first vnode, a ``[index]`` suffix dropped (the vnodes of one MoM's host)."""
+    hosts = []
+    for chunk in re.findall(r"\(([^()]*)\)", str(exec_vnode or "")):
+        name = chunk.split("+", 1)[0].split(":", 1)[0].strip()
+        if name:
+            hosts.append(name.split("[", 1)[0])
+    return hosts
+
+
+def select_mpiprocs(schedselect: str | None) -> list[int] | None:
+    """The node-file lines of each chunk of ``schedselect`` (``2:ncpus=2:mpiprocs=2+ncpus=1``):
+    ``mpiprocs``, else 1 -- 0 for a chunk without ncpus -- as OpenPBS's MoM counts them. None when
+    it is not a select statement."""
+    counts: list[int] = []
+    for spec in str(schedselect or "").split("+"):
+        words = spec.split(":")
+        repeat = 1
+        if words and re.fullmatch(r"[0-9]{1,6}", words[0]):
+            repeat = int(words.pop(0))
+        values = dict(w.split("=", 1) for w in words if "=" in w)
+        if not words or len(values) != len(words):
+            return None
+        procs, ncpus = values.get("mpiprocs"), values.get("ncpus", "0")
+        if procs is not None and not re.fullmatch(r"[0-9]{1,6}", procs):
+            return None
+        counts += [int(procs) if procs is not None else (1 if ncpus.strip("0") else 0)] * repeat
+    return counts or None
+
+
+class Placement:
+    """Where PBS placed a job: its hosts in order (the first is the MoM the job shell runs on) and the
+    host index of each rank slot (one per line of the node file: mpiprocs per chunk)."""
+
+    def __init__(self, hosts: list[str], slots: list[int]):
+        self.hosts = hosts
+        self.slots = slots
+
+    def index(self, host: str) -> int | None:
+        """``host``'s position in the job (PBS's node number), names compared up to their first '.'."""
+        short = [short_host(h) for h in self.hosts]
+        return short.index(short_host(host)) if short_host(host) in short else None
+
+
+def job_placement(job) -> Placement:
+    """The job's placement from what the server set (never from a task's variables): exec_host2 or
+    exec_vnode for each chunk's host (exec_host where PBS gives it, as in server hooks), schedselect
+    for each chunk's mpiprocs. Without a usable schedselect, one slot per host."""
+    per_chunk: list[str] = []
+    for name, parse in (("exec_host2", chunk_hosts), ("exec_vnode", vnode_chunk_hosts), ("exec_host", chunk_hosts)):
+        per_chunk = parse(getattr(job, name, None))
+        if per_chunk:
+            break
+    hosts = list(dict.fromkeys(per_chunk))
+    procs = select_mpiprocs(getattr(job, "schedselect", None))
+    if procs is None or len(procs) != len(per_chunk):
+        return Placement(hosts, list(range(len(hosts))))
+    slots = [hosts.index(host) for host, count in zip(per_chunk, procs) for _ in range(count)]
+    return Placement(hosts, slots)
+
+
+HEX_TASK = re.compile(r"[0-9A-F]{8}")
+SHELL_TASK = "1"                   # the job shell's PBS_TASKNUM (decimal; TM tasks' are hex)
+
+
+def task_number(text: str | None) -> int | None:
+    """A TM task's PBS_TASKNUM as OpenPBS writes it (``%8.8X``: ``0000000A``), or None."""
+    return int(text, 16) if text is not None and HEX_TASK.fullmatch(text) else None
 
 
 def short_host(name: str) -> str:
@@ -138,7 +230,7 @@ def runs_tether(argv: list[str]) -> bool:
 
 def _is_job_shell(env, argv: list[str]) -> bool:
     task = variable(env, "PBS_TASKNUM")
-    return str(task) == "1" if task is not None else not argv
+    return str(task) == SHELL_TASK if task is not None else not argv
 
 
 def begin(pbs, e, settings: dict) -> None:
@@ -149,38 +241,23 @@ def begin(pbs, e, settings: dict) -> None:
                pbs.get_local_nodename(), str(uid), str(gid))
 
 
-def read_node_file(path: str | None, job_id: str) -> list[str]:
-    """The job's node file (one line per mpiproc). The hook runs as root and a task's environment
-    can be the user's: only PBS's own file is read -- ``<PBS_HOME>/aux/<job id>``, root-owned, not
-    a symlink -- anything else counts as no node file."""
-    if not path or os.path.basename(path) != str(job_id) or \
-            os.path.basename(os.path.dirname(path)) != "aux":
-        return []
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return []
-    with os.fdopen(fd) as fh:
-        st = os.fstat(fh.fileno())
-        if st.st_uid != 0 or not stat.S_ISREG(st.st_mode):
-            return []
-        return [line.strip() for line in fh.read(1 << 20).splitlines() if line.strip()]
+def _rank_values(placement: Placement, node_rank: int, task: int) -> dict[str, str]:
+    """RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE of TM task ``task`` on the job's host ``node_rank``.
 
-
-def _rank_values(env, hosts: list[str], host: str, node_rank: int, job_id: str) -> dict[str, str]:
-    """RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE of a TM task. pbsdsh gives each task its line
-    of the node file (PBS_VNODENUM): that line is the rank. Otherwise the seed's layout applies:
-    one task (container) per host, the host's index is the rank."""
-    vnode = variable(env, "PBS_VNODENUM")
-    lines = read_node_file(pbs_env_plain(variable(env, "PBS_NODEFILE")), job_id)
-    if vnode is not None and str(vnode).isdigit() and lines:
-        rank = int(str(vnode))
-        if rank < len(lines):
-            here = [i for i, name in enumerate(lines) if short_host(name) == short_host(lines[rank])]
-            return {"RANK": str(rank), "LOCAL_RANK": str(here.index(rank)), "WORLD_SIZE": str(len(lines)),
-                    "LOCAL_WORLD_SIZE": str(len(here))}
-    return {"RANK": str(node_rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(len(hosts)),
-            "LOCAL_WORLD_SIZE": "1"}
+    The ranks are the job's node-file lines (mpiprocs per chunk, in chunk order), as pbsdsh starts a
+    task per line; a host's tasks take its lines in the order its MoM numbered them (the low bits of
+    the task number count up from 2 on the first host, whose 1 is the job shell, and from 1 on the
+    others), and start over when there are more tasks than lines (a later step). A job with a host
+    that has no line (mpiprocs=0) has one rank per host, the seed's layout."""
+    slots = placement.slots
+    if len(set(slots)) < len(placement.hosts):
+        slots = list(range(len(placement.hosts)))
+    here = [rank for rank, host in enumerate(slots) if host == node_rank]
+    node_bits = len(placement.slots).bit_length()          # OpenPBS's numbits(mpiprocs of the job)
+    counter = task & ((1 << (32 - node_bits)) - 1)
+    local = (counter - (2 if node_rank == 0 else 1)) % len(here)
+    return {"RANK": str(here[local]), "LOCAL_RANK": str(local), "WORLD_SIZE": str(len(slots)),
+            "LOCAL_WORLD_SIZE": str(len(here))}
 
 
 def launch(pbs, e, settings: dict) -> None:
@@ -188,9 +265,11 @@ def launch(pbs, e, settings: dict) -> None:
     job = e.job
     env = e.env
     host = pbs.get_local_nodename()
-    hosts = job_hosts(job.exec_host) or [host]
-    short = [short_host(h) for h in hosts]
-    node_rank = short.index(short_host(host)) if short_host(host) in short else 0
+    placement = job_placement(job)
+    if not placement.hosts:                 # nothing says where PBS placed the job: this host alone
+        placement = Placement([host], [0])
+    node_rank = placement.index(host) or 0
+    hosts = placement.hosts
     job_dir = os.path.join(settings["job_storage_root"], job_dir_name(job.id))
     values = {"TETHER_JOB_DIR": job_dir, "TETHER_NNODES": str(len(hosts)), "NODE_RANK": str(node_rank),
               "MASTER_ADDR": hosts[0], "MASTER_PORT": str(master_port(job.id))}
@@ -201,12 +280,14 @@ def launch(pbs, e, settings: dict) -> None:
     argv = [str(a) for a in (e.argv or [])]
     if not _is_job_shell(env, argv):
         uid, gid = job_user(job)
-        task = str(variable(env, "PBS_TASKNUM") or "0")
-        if not task.isdigit():
-            raise HookFailure(f"tether: PBS_TASKNUM={task!r} is not a task number")
-        values.update(_rank_values(env, hosts, host, node_rank, str(job.id)))
+        text = pbs_env_plain(variable(env, "PBS_TASKNUM"))
+        task = task_number(text)
+        if task is None:
+            raise HookFailure(f"tether: PBS_TASKNUM={text!r} is not a task number OpenPBS gives a TM task "
+                              f"(8 upper-case hex digits); the task was not started")
+        values.update(_rank_values(placement, node_rank, task))
         rank_dir = run_helper(settings, "task", settings["job_storage_root"], job_dir_name(job.id), host,
-                              task, values["RANK"], str(uid), str(gid))
+                              str(task), values["RANK"], str(uid), str(gid))
         values.update(TETHER_STEP_DIR=os.path.dirname(rank_dir), TETHER_RANK_DIR=rank_dir,
                       TETHER_WORK_DIR=os.path.join(rank_dir, RANK_WORK))
         image = pbs_env_plain(variable(env, "TETHER_CONTAINER_IMAGE")) or variable(job.Variable_List,
@@ -240,7 +321,7 @@ def end(pbs, e, settings: dict) -> None:
     host = pbs.get_local_nodename()
     args = ["end", settings["job_storage_root"], job_dir_name(job.id), host, str(uid), str(gid),
             settings.get("launcher") or "-"]
-    hosts = job_hosts(job.exec_host)
+    hosts = job_placement(job).hosts
     if hosts and short_host(hosts[0]) == short_host(host):
         args += hosts        # the first host also removes what the job left in its directory
     run_helper(settings, *args)

@@ -23,16 +23,18 @@ pilot): only ``pbs_tmrsh``, ``qstat`` and a pilot directory every host sees.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from .resources import Node, Slice
+
+if TYPE_CHECKING:
+    from ..pbs_hooks.commands import JobStatus
 
 # An agent step holds its slice's CPUs and GPUs, and this much memory per node. A task's step
 # shares the agent's CPUs (--overlap) and asks for --mem=0: the job's memory on its nodes, not
@@ -208,10 +210,10 @@ class PbsAllocation(Allocation):
     kind = "pbs"
 
     def nodes(self) -> list[Node]:
-        job = _qstat_job(_run(["qstat", "-f", "-F", "json", self.job]))
+        job = _qstat_job(self.job, history=False)
         if job is None:
             raise PilotError(f"cannot read job {self.job} from qstat -f -F json")
-        nodes = parse_exec_vnode(job.get("exec_vnode") or "")
+        nodes = parse_exec_vnode(str(job.attrs.get("exec_vnode") or ""))
         if not nodes:
             raise PilotError(f"job {self.job} has no exec_vnode (qstat -f): is it running?")
         return nodes
@@ -229,15 +231,13 @@ class PbsAllocation(Allocation):
 
     def ended(self) -> bool | None:
         """qstat -x: the job finished (F), or unknown to the server."""
+        from ..pbs_hooks.commands import PBSCommandError
+
         try:
-            out = subprocess.run(["qstat", "-x", "-f", "-F", "json", self.job], capture_output=True, text=True,
-                                 timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        if out.returncode != 0:
-            return True if "Unknown Job Id" in out.stderr else None
-        job = _qstat_job(out.stdout)
-        return None if job is None or "job_state" not in job else job["job_state"] == "F"
+            job = _qstat_job(self.job, history=True)
+        except PBSCommandError as exc:
+            return True if exc.kind == "unknown_job" else None
+        return None if job is None or not job.state_code else job.state_code == "F"
 
     def kill(self, record: dict) -> None:
         fan_out = record.get("fan_out")
@@ -262,13 +262,19 @@ class PbsAllocation(Allocation):
                 for i, node in enumerate(record["slice"])]
 
 
-def _qstat_job(text: str) -> dict | None:
-    """The one job of a ``qstat -f -F json JOB`` answer (None when it is not one)."""
+def _qstat_job(job: str, *, history: bool) -> "JobStatus | None":
+    """The job as ``qstat -f -F json [-x] JOB`` shows it, read by tether's one PBS client
+    (pbs_hooks.commands.job_status, which repairs what OpenPBS's clients print); None when the answer
+    holds no job. nodes() turns its errors into a PilotError; ended() reads their kind."""
+    from ..pbs_hooks.commands import PBSCommandError, job_status
+
     try:
-        job = next(iter(json.loads(text)["Jobs"].values()))
-    except (ValueError, KeyError, StopIteration, AttributeError, TypeError):
-        return None
-    return job if isinstance(job, dict) else None
+        jobs = job_status([job], history=history, timeout=30)
+    except PBSCommandError as exc:
+        if history:
+            raise
+        raise PilotError(f"cannot read job {job} from qstat -f -F json: {exc}") from None
+    return next(iter(jobs.values()), None)
 
 
 def parse_exec_vnode(text: str) -> list[Node]:

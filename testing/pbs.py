@@ -130,6 +130,113 @@ class ServerInterpreter:
             return [json.loads(line) for line in output.read_text().splitlines()]
 
 
+# ---- a running job, as each MoM's hooks see it ------------------------------------------------------
+MOM_PORT = 15002                  # exec_host2's port, and PBS_MOMPORT (15003) that tasks see
+PBS_HOME = "/var/spool/pbs"
+
+
+def select_chunks(select: str) -> list[dict[str, str]]:
+    """``2:ncpus=2:mpiprocs=2+1:ncpus=1`` -> one dict per chunk (the count expanded)."""
+    chunks: list[dict[str, str]] = []
+    for spec in select.split("+"):
+        count, *items = spec.split(":")
+        if not count.isdigit():
+            count, items = "1", [count, *items]
+        chunks += [dict(item.split("=", 1) for item in items)] * int(count)
+    return chunks
+
+
+def chunk_mpiprocs(chunk: dict[str, str]) -> int:
+    """A chunk's lines in the node file: mpiprocs, else 1 -- 0 when it has no ncpus (start_exec.c
+    job_nodes_inner)."""
+    if "mpiprocs" in chunk:
+        return int(chunk["mpiprocs"])
+    return 1 if int(chunk.get("ncpus", "0")) else 0
+
+
+class MomJob:
+    """A running job as the MoM hooks of each of its hosts see it, for tests of tether's MoM hook.
+
+    Single-host facts are recorded on OpenPBS 23.06.06 (tests/fixtures/pbs/openpbs-mom-cases.json,
+    replayed by tests/unit/test_pbs_replay.py): ``exec_host`` None, the placement in ``exec_vnode``
+    ``(h:ncpus=N)+...``, ``exec_host2`` ``h:15002/I[*N]`` and ``schedselect`` (one entry per chunk),
+    ``Resource_List`` only ``ncpus`` and ``place`` (and flag=m custom resources); the job shell is
+    task ``1`` (decimal) with ``PBS_NODEFILE``; a TM task has neither PBS_NODEFILE nor USER/LOGNAME/
+    SHELL, ``PATH=/bin:/usr/bin`` and ``PBS_TASKNUM`` as 8 upper-case hex digits. A second host was
+    not recorded; its task numbers follow OpenPBS's ``momtask_create`` (src/resmom/mom_comm.c): a
+    counter per host from 1 (the first host's 1 is the job shell) with the host's index in the
+    job (PBS_NODENUM) in the top ``numbits(mpiprocs of the job)`` bits of 32.
+    ``hosts``: the host of each chunk of ``select``, in order."""
+
+    def __init__(self, job_id: str, user: str, select: str, hosts: list[str], *, resources: dict | None = None,
+                 variables: dict | None = None, place: str = "free", group: str | None = None,
+                 home: str = "/home/user", workdir: str = "/tmp", name: str = "job.sh", shell: str = "/bin/sh"):
+        self.id, self.user, self.group, self.home, self.shell = job_id, user, group or user, home, shell
+        self.chunks = select_chunks(select)
+        if len(hosts) != len(self.chunks):
+            raise ValueError(f"{len(self.chunks)} chunks in {select!r}, {len(hosts)} hosts given")
+        self.chunk_hosts = list(hosts)
+        self.hosts = list(dict.fromkeys(hosts))
+        self.schedselect = select
+        seen: dict[str, int] = {}
+        vnodes, hosts2 = [], []
+        for host, chunk in zip(hosts, self.chunks):
+            extra = "".join(f":{k}={chunk[k]}" for k in ("ngpus", "mem") if k in chunk)
+            ncpus = int(chunk.get("ncpus", "1"))
+            vnodes.append(f"({host}:ncpus={ncpus}{extra})")
+            hosts2.append(f"{host}:{MOM_PORT}/{seen.get(host, 0)}" + (f"*{ncpus}" if ncpus != 1 else ""))
+            seen[host] = seen.get(host, 0) + 1
+        self.exec_vnode, self.exec_host2 = "+".join(vnodes), "+".join(hosts2)
+        self.nodefile = [host for host, chunk in zip(hosts, self.chunks) for _ in range(chunk_mpiprocs(chunk))]
+        self.resources = {"ncpus": sum(int(c.get("ncpus", "1")) for c in self.chunks), "place": place,
+                          **(resources or {})}
+        self.name, self.cookie = name, "0123456789ABCDEF0123456789ABCDEF"
+        self.variables = {"PBS_O_HOME": home, "PBS_O_HOST": "localhost", "PBS_O_INTERACTIVE_AUTH_METHOD": "resvport",
+                          "PBS_O_INTERACTIVE_ENCRYPT_METHOD": "", "PBS_O_LANG": "C.UTF-8", "PBS_O_LOGNAME": user,
+                          "PBS_O_PATH": "/opt/pbs/bin:/usr/local/bin:/usr/bin:/bin", "PBS_O_QUEUE": "workq",
+                          "PBS_O_SHELL": shell, "PBS_O_SYSTEM": "Linux", "PBS_O_WORKDIR": workdir,
+                          **(variables or {})}
+        self._next_task = {host: 2 if i == 0 else 1 for i, host in enumerate(self.hosts)}
+
+    def attrs(self, event_type: int) -> dict[str, Any]:
+        """``pbs.stub_event`` keywords for this job at ``event_type`` (job_state as a digit, as recorded)."""
+        pbs = pbs_module()
+        state = {pbs.EXECJOB_BEGIN: "0", pbs.EXECJOB_LAUNCH: "4"}.get(event_type, "5")
+        return {"id": self.id, "euser": self.user, "egroup": self.group, "exec_vnode": self.exec_vnode,
+                "exec_host2": self.exec_host2, "schedselect": self.schedselect, "job_state": state,
+                "Job_Name": self.name, "Variable_List": dict(self.variables), "resources": dict(self.resources)}
+
+    def _env(self, host: str) -> dict[str, str]:
+        index = self.hosts.index(host)
+        ncpus = next(c.get("ncpus", "1") for h, c in zip(self.chunk_hosts, self.chunks) if h == host)
+        return {"ENVIRONMENT": "BATCH", "HOME": self.home, "NCPUS": ncpus, "OMP_NUM_THREADS": ncpus,
+                "PATH": "/bin:/usr/bin", "PBS_ENVIRONMENT": "PBS_BATCH", "PBS_JOBCOOKIE": self.cookie,
+                "PBS_JOBDIR": self.home, "PBS_JOBID": self.id, "PBS_JOBNAME": self.name,
+                "PBS_MOMPORT": str(MOM_PORT + 1), "PBS_NODENUM": str(index), **self.variables,
+                "PBS_QUEUE": "workq", "TMPDIR": f"/var/tmp/pbs.{self.id}"}
+
+    def shell_env(self) -> dict[str, str]:
+        """The job shell's environment at execjob_launch (on the first host)."""
+        return {**self._env(self.hosts[0]), "LOGNAME": self.user, "USER": self.user, "SHELL": self.shell,
+                "PBS_NODEFILE": f"{PBS_HOME}/aux/{self.id}", "PBS_TASKNUM": "1"}
+
+    def task_number(self, host: str) -> int:
+        """The number the MoM of ``host`` gives its next TM task (and counts it)."""
+        index = self.hosts.index(host)
+        counter = self._next_task[host]
+        self._next_task[host] += 1
+        bits = len(self.nodefile).bit_length()
+        return counter | (index << (32 - bits)) if index else counter
+
+    def task_env(self, host: str) -> dict[str, str]:
+        """The environment of the next TM task (pbsdsh, pbs_tmrsh, MPI) on ``host`` at execjob_launch."""
+        return {**self._env(host), "PBS_TASKNUM": f"{self.task_number(host):08X}"}
+
+    def pbsdsh(self) -> list[tuple[str, dict[str, str]]]:
+        """``pbsdsh -- CMD``: one task per node file line, spawned in its order: (host, environment)."""
+        return [(host, self.task_env(host)) for host in self.nodefile]
+
+
 # ---- the fake server ------------------------------------------------------------------------------
 class State(JobTable):
     """The fake server's state directory: ``server.json`` (set up by FakePbs) and the jobs."""
@@ -421,7 +528,8 @@ def pbs_tmrsh(argv: list[str], state: State) -> int:
 
     As OpenPBS's (src/cmds/pbs_tmrsh.c): the host must be in ``$PBS_NODEFILE``; the command is a
     TM task (``tm_spawn``) that the MoM starts with the **job's** environment (the job's
-    variables, ``PBS_TASKNUM``, ``PBS_NODENUM``), not the caller's: what a batch script exports
+    variables, ``PBS_TASKNUM`` in 8 upper-case hex digits as that host's MoM numbers it,
+    ``PBS_NODENUM``), not the caller's: what a batch script exports
     does not reach it (DESIGN.md, "seen on a real OpenPBS"). pbs_tmrsh passes no signal on: when it
     is killed, the task runs on (until the job ends). Its status is the task's exit status."""
     usage = "usage: pbs_tmrsh [-n][-l username] host [-n][-l username] command\n       pbs_tmrsh --version\n"
@@ -471,11 +579,16 @@ def pbs_tmrsh(argv: list[str], state: State) -> int:
     if host.split(".")[0] not in hosts:
         sys.stderr.write(f"pbs_tmrsh: host \"{host}\" is not a node in job <{job_id}>\n")
         return 255
-    with state.jobs() as data:
+    index = hosts.index(host.split(".")[0])
+    with open(os.environ["PBS_NODEFILE"]) as fh:
+        bits = sum(1 for line in fh if line.strip()).bit_length()
+    with state.jobs() as data:                 # each host's MoM numbers its tasks (MomJob.task_number)
         job = data["jobs"][job_id]
-        job["tasks"] = job.get("tasks", 1) + 1
-        env = {**job["environment"], "PBS_TASKNUM": str(job["tasks"]),
-               "PBS_NODENUM": str(hosts.index(host.split(".")[0]))}
+        counters = job["tasks"] if isinstance(job.get("tasks"), dict) else {}
+        counter = counters.get(str(index), 2 if index == 0 else 1)
+        job["tasks"] = {**counters, str(index): counter + 1}
+        env = {**job["environment"], "PBS_TASKNUM": f"{counter | (index << (32 - bits)) if index else counter:08X}",
+               "PBS_NODENUM": str(index)}
     try:
         proc = subprocess.Popen(command, env=env, start_new_session=True)
     except OSError as exc:

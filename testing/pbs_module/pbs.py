@@ -30,6 +30,16 @@ and ``src/lib/Libpython``, cited below by file) or what a real server did on a m
 - ``e.env`` of execjob_launch is a ``pbs_env`` (_base_types.py): PBS's own variables are read-only, a
   backslash not already escaping ``, ' " \\`` is doubled on assignment, and the task gets the values
   with those escapes removed (``task_env()``), joined with commas -- an unescaped comma splits a value.
+- MoM events hand the hook what a real MoM does (recorded on OpenPBS 23.06.06, cases
+  ``hook-execjob_begin-view``, ``hook-execjob_launch-*``, ``hook-two-chunks-one-host`` in
+  tests/fixtures/pbs/openpbs-mom-cases.json): ``job.exec_host`` is **None** -- the placement is in
+  ``exec_vnode``, ``exec_host2`` (``host:port/index[*ncpus]`` per chunk) and ``schedselect``;
+  ``Resource_List`` has no ``select``/``nodect``/``mpiprocs``. ``stub_event`` refuses a MoM event
+  set up otherwise, and a launch ``env`` PBS never gives: ``PBS_VNODENUM`` (Torque's), a TM task
+  (non-empty argv) with ``PBS_NODEFILE`` or a ``PBS_TASKNUM`` that is not 8 upper-case hex digits,
+  a job shell whose ``PBS_TASKNUM`` is not ``1``. What a job's own TM client can put into a task's
+  environment (tm_spawn's envp, applied after PBS's own variables) goes in ``job_set``.
+  ``tether.testing.pbs.MomJob`` builds these events for a job on several hosts.
 Module state (the event, the log, the defined resources) is reset by ``stub_event``; a hook run in
 the same interpreter again sees the new event, as in pbs_server's persistent interpreter.
 """
@@ -196,6 +206,10 @@ class exec_host(_generic_attr):
     pass
 
 
+class exec_vnode(_generic_attr):
+    pass
+
+
 # Resource definitions: the builtins of src/lib/Libattr/master_resc_def_all.xml (name -> type), and
 # the custom resources `tether pbs install` creates. A resource outside this table is "not defined
 # on this server": reading it raises AttributeError.
@@ -334,7 +348,7 @@ _WRITABLE = {
 }
 _ATTR_TYPES = {"Rerunable": pbs_bool, "umask": pbs_int, "project": project, "Job_Name": name,
                "Account_Name": pbs_str, "comment": pbs_str, "euser": pbs_str, "egroup": pbs_str,
-               "exec_host": exec_host}
+               "exec_host": exec_host, "exec_vnode": exec_vnode}
 
 
 class job:
@@ -344,7 +358,8 @@ class job:
         object.__setattr__(self, "_frozen", False)
         defaults = {"id": "", "queue": "", "Rerunable": None, "umask": None, "project": None, "comment": None,
                     "Variable_List": {}, "Account_Name": None, "Job_Name": None, "euser": None, "egroup": None,
-                    "exec_host": None}
+                    "exec_host": None, "exec_vnode": None, "exec_host2": None, "schedselect": None,
+                    "job_state": None}
         defaults.update(attrs)
         for key, value in defaults.items():
             if key == "Resource_List":
@@ -498,13 +513,16 @@ def stub_event(event_type: int, *, resources: dict | None = None, requestor: str
                config_file: str | None = None, queues=("workq",), original: dict | None = None,
                env: dict | None = None, progname: str = "", argv: list | None = None,
                local_node: str = "localhost", original_variables: dict | None = None,
-               defined: dict[str, str] | None = None, **attrs) -> _Event:
+               defined: dict[str, str] | None = None, job_set: dict | None = None, **attrs) -> _Event:
     """Set up the event the next hook run sees. ``resources``: the job's Resource_List as submitted
     (text or values, typed here as the server types them); ``defined``: the server's custom
     resources (name -> long|string|size|time|boolean|float; default tether's own); ``original`` /
     ``original_variables``: the job before qalter (modifyjob); ``env``/``progname``/``argv``: the
-    task execjob_launch is about to start (env as plain values); ``attrs``: other job attributes."""
+    task execjob_launch is about to start (env as plain values, as PBS gives it; ``job_set``: what a
+    job's own TM client put on top of it); ``attrs``: other job attributes."""
     global _EVENT, hook_config_filename, _QUEUES, _LOCAL_NODE, _DAEMON
+    if event_type not in SERVER_EVENTS:
+        _check_mom_event(event_type, resources or {}, attrs, env, argv)
     LOG.clear()
     define_resources(defined)
     _QUEUES = tuple(queues)
@@ -519,6 +537,35 @@ def stub_event(event_type: int, *, resources: dict | None = None, requestor: str
     if event_type not in SERVER_EVENTS:
         params["vnode_list"] = {}
     if event_type == EXECJOB_LAUNCH:
-        params.update(env=pbs_env.from_plain(env or {}), progname=progname, argv=list(argv or []))
+        params.update(env=pbs_env.from_plain({**(env or {}), **(job_set or {})}), progname=progname,
+                      argv=list(argv or []))
     _EVENT = _Event(event_type, params, requestor)
     return _EVENT
+
+
+_HEX_TASK = re.compile(r"[0-9A-F]{8}")
+
+
+def _check_mom_event(event_type: int, resources: dict, attrs: dict, env: dict | None, argv: list | None) -> None:
+    """Refuse a MoM event real OpenPBS never hands a hook (see the module doc; the case ids name
+    the recording)."""
+    if attrs.get("exec_host") is not None:
+        raise ValueError("a MoM hook sees job.exec_host None (hook-execjob_begin-view): give exec_vnode, "
+                         "exec_host2 and schedselect (tether.testing.pbs.MomJob)")
+    for name in ("select", "nodect", "mpiprocs"):
+        if resources.get(name) is not None:
+            raise ValueError(f"a MoM hook sees Resource_List.{name} None (hook-execjob_begin-view)")
+    if event_type != EXECJOB_LAUNCH or env is None:
+        return
+    if "PBS_VNODENUM" in env:
+        raise ValueError("OpenPBS never sets PBS_VNODENUM (hook-execjob_launch-pbsdsh-task-1); a job's own "
+                         "value goes in job_set")
+    task = env.get("PBS_TASKNUM")
+    if argv:                                   # a TM task (pbsdsh, pbs_tmrsh, MPI)
+        if "PBS_NODEFILE" in env:
+            raise ValueError("a TM task's environment has no PBS_NODEFILE (hook-execjob_launch-pbsdsh-task-1)")
+        if task is not None and not _HEX_TASK.fullmatch(task):
+            raise ValueError(f"a TM task's PBS_TASKNUM is 8 upper-case hex digits, not {task!r} "
+                             f"(hook-execjob_launch-tmrsh-12-tasks)")
+    elif task is not None and task != "1":
+        raise ValueError(f"the job shell's PBS_TASKNUM is '1', not {task!r} (hook-execjob_launch-job-shell)")

@@ -22,13 +22,19 @@ import pytest
 from helpers import REPO, run_hook_file, wait_until
 
 HOOK = REPO / "pbs_hooks" / "tether_exec.py"
-from tether.testing.pbs import pbs_module  # noqa: E402
+from tether.testing.pbs import MomJob, pbs_module  # noqa: E402
 
 pbs = pbs_module()  # the stand-in (tether.testing)
 
 USER = "tether-demo"
 JOB_ID = "4242.pbs-server"
-HOSTS = "h1/0*2+h2/0*2+h3/0*2"
+SLOTS = {"tether_slots": 6, "tether_slot_type": "cuda"}
+
+
+def three_hosts(**kw) -> MomJob:
+    """The job most tests use: one chunk (one rank) on each of h1, h2, h3, as OpenPBS hands it to
+    MoM hooks (exec_host None; exec_vnode, exec_host2, schedselect)."""
+    return MomJob(JOB_ID, USER, "3:ncpus=2", ["h1", "h2", "h3"], resources=kw.pop("resources", SLOTS), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +84,13 @@ def hook(tmp_path, helper, root, launcher):
     config.write_text(json.dumps(settings))
 
     def run(event_type=pbs.EXECJOB_LAUNCH, *, resources=None, variables=None, host="h1", config_file=None,
-            **kw):
-        if resources is None:
-            resources = {"tether_slots": 6, "tether_slot_type": "cuda"}
-        event = pbs.stub_event(event_type, config_file=str(config_file or config), resources=resources or {},
-                               id=JOB_ID, euser=USER, exec_host=HOSTS, Variable_List=dict(variables or {}),
-                               local_node=host, **kw)
+            job=None, **kw):
+        attrs = (job or three_hosts()).attrs(event_type)
+        if resources is not None:           # the job's own resources instead of tether's (PBS's stay)
+            attrs["resources"] = {"ncpus": attrs["resources"]["ncpus"], "place": attrs["resources"]["place"],
+                                  **resources}
+        attrs["Variable_List"].update(variables or {})
+        event = pbs.stub_event(event_type, config_file=str(config_file or config), local_node=host, **attrs, **kw)
         return run_hook_file(HOOK, event)
 
     run.settings = settings
@@ -104,8 +111,8 @@ def _task_env(**extra) -> dict:
 def test_jobs_without_tether_are_untouched(hook, root):
     for event_type in (pbs.EXECJOB_BEGIN, pbs.EXECJOB_END):
         assert hook(event_type, resources={}).accepted
-    e = hook(resources={}, env=_task_env(PBS_TASKNUM="2"), progname="/bin/hostname", argv=["hostname"])
-    assert e.accepted and e.progname == "/bin/hostname" and e.env.task_env() == _task_env(PBS_TASKNUM="2")
+    e = hook(resources={}, env=_task_env(PBS_TASKNUM="00000002"), progname="/bin/hostname", argv=["hostname"])
+    assert e.accepted and e.progname == "/bin/hostname" and e.env.task_env() == _task_env(PBS_TASKNUM="00000002")
     assert list(root.iterdir()) == []
 
 
@@ -131,7 +138,7 @@ def test_the_job_shell_gets_the_job_environment_and_stays_on_the_host(hook, root
 
 def test_a_tm_task_of_a_container_job_is_handed_to_the_launcher(hook, root, launcher):
     hook(pbs.EXECJOB_BEGIN, host="h2")
-    e = hook(env=_task_env(PBS_TASKNUM="3", TETHER_CONTAINER_IMAGE="/images/busybox"), host="h2",
+    e = hook(env=_task_env(PBS_TASKNUM="00000003", TETHER_CONTAINER_IMAGE="/images/busybox"), host="h2",
              progname="/usr/bin/hostname", argv=["hostname", "-f", "it's, odd"],
              variables={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
     assert e.accepted, e.reject_msg
@@ -149,7 +156,7 @@ def test_a_tm_task_naming_a_container_alone_is_handed_to_the_launcher(hook, laun
     """TETHER_CONTAINER_NAME without an image (a later task of a job whose earlier task made the
     container): the launcher runs it in that container or says there is none -- not the host."""
     hook(pbs.EXECJOB_BEGIN, host="h2")
-    e = hook(env=_task_env(PBS_TASKNUM="4", TETHER_CONTAINER_NAME="dev"), host="h2",
+    e = hook(env=_task_env(PBS_TASKNUM="00000004", TETHER_CONTAINER_NAME="dev"), host="h2",
              progname="/usr/bin/hostname", argv=["hostname"])
     assert e.accepted, e.reject_msg
     assert e.progname == launcher and e.env.task_env()["TETHER_RUN_ARGV0"] == "hostname"
@@ -158,14 +165,14 @@ def test_a_tm_task_naming_a_container_alone_is_handed_to_the_launcher(hook, laun
 def test_tether_s_own_per_host_launch_is_not_wrapped_twice(hook):
     argv = ["/usr/bin/env", "NODE_RANK=0", "MASTER_ADDR=h1", "/opt/tether/venv/bin/tether", "run",
             "--container-image=/images/busybox", "--", "python", "train.py"]
-    e = hook(env=_task_env(PBS_TASKNUM="2", TETHER_CONTAINER_IMAGE="/images/busybox"), progname="/usr/bin/env",
+    e = hook(env=_task_env(PBS_TASKNUM="00000002", TETHER_CONTAINER_IMAGE="/images/busybox"), progname="/usr/bin/env",
              argv=argv)
     assert e.accepted and e.progname == "/usr/bin/env" and e.argv == argv
     assert "TETHER_RUN_ARGV0" not in e.env.task_env()
 
 
 def test_tasks_without_an_image_run_on_the_host_with_their_directories(hook, root):
-    e = hook(env=_task_env(PBS_TASKNUM="2"), progname="/bin/sleep", argv=["sleep", "1"])
+    e = hook(env=_task_env(PBS_TASKNUM="00000002"), progname="/bin/sleep", argv=["sleep", "1"])
     assert e.accepted and e.progname == "/bin/sleep"
     assert _owned_private(Path(e.env.task_env()["TETHER_RANK_DIR"]))
 
@@ -174,7 +181,7 @@ def test_values_with_commas_quotes_newlines_and_backslashes_reach_the_task_exact
     hostile = "a,b 'c' \"d\" \\e\\,f\nline2 $(id) `id`"
     user_value = "x,y\\z'\"\n"
     e = hook(resources={"tether_slots": 2, "tether_gpu_type": hostile},
-             env=_task_env(PBS_TASKNUM="2", USER_VAR=user_value), progname="/bin/true", argv=["true"])
+             env=_task_env(PBS_TASKNUM="00000002", USER_VAR=user_value), progname="/bin/true", argv=["true"])
     assert e.accepted, e.reject_msg
     env = e.env.task_env()
     assert env["TETHER_JOB_GPU_TYPE"] == hostile          # escaped by the hook, unescaped by PBS
@@ -182,29 +189,93 @@ def test_values_with_commas_quotes_newlines_and_backslashes_reach_the_task_exact
     assert env["TMPDIR"] == "/var/tmp/pbs.4242" and env["PBS_JOBID"] == JOB_ID
 
 
-def test_pbsdsh_tasks_take_their_rank_from_the_node_file(hook, tmp_path):
-    (tmp_path / "aux").mkdir()
-    nodefile = tmp_path / "aux" / JOB_ID                 # PBS_HOME/aux/<job id>, root's
-    nodefile.write_text("h1\nh1\nh2\nh2\n")
-    e = hook(env=_task_env(PBS_TASKNUM="4", PBS_VNODENUM="3", PBS_NODEFILE=str(nodefile)), host="h2",
-             progname="/bin/true", argv=["true"])
+def _ranks(e) -> tuple[str, ...]:
+    assert e.accepted, e.reject_msg
     env = e.env.task_env()
-    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("3", "1", "4", "2")
-    assert env["NODE_RANK"] == "1" and env["TETHER_RANK_DIR"].endswith("/h2/task-4/rank-3")
+    return tuple(env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
+                                  "MASTER_ADDR"))
 
 
-def test_only_pbs_s_own_node_file_is_read(hook, tmp_path):
-    """As root, the hook must not read a file a task's environment names (a user can set it)."""
+def test_pbsdsh_tasks_get_the_ranks_pbs_placed(hook, root):
+    """Issue 40, 1: `-l select=1:mpiprocs=2` and `pbsdsh`: OpenPBS sets no PBS_VNODENUM, so both tasks
+    were RANK=0 of WORLD_SIZE=1. Ranks come from the placement (schedselect's mpiprocs on
+    exec_host2's hosts) and the number the MoM gave the task (hook-execjob_launch-pbsdsh-task-1/2)."""
+    job = MomJob(JOB_ID, USER, "1:ncpus=2:mpiprocs=2", ["vm"],
+                 resources={"tether_slots": 2, "tether_slots_per_node": 2})
+    hook(pbs.EXECJOB_BEGIN, job=job, host="vm")
+    tasks = job.pbsdsh()
+    assert [env["PBS_TASKNUM"] for _, env in tasks] == ["00000002", "00000003"]        # as recorded
+    ranks = [_ranks(hook(job=job, host=host, env=env, progname="/bin/sh", argv=["/bin/sh", "-c", "true"]))
+             for host, env in tasks]
+    assert ranks == [("0", "0", "2", "2", "0", "vm"), ("1", "1", "2", "2", "0", "vm")]
+
+
+def test_twelve_tm_tasks_numbered_in_hex_all_run(hook, root):
+    """Issue 40, 2: OpenPBS numbers TM tasks in 8-digit upper-case hex (hook-execjob_launch-tmrsh-12-
+    tasks: 00000002 ... 0000000D); the tenth task (0000000A) and later were refused."""
+    job = MomJob(JOB_ID, USER, "1:ncpus=12:mpiprocs=12", ["vm"], resources={"tether_slots": 12})
+    hook(pbs.EXECJOB_BEGIN, job=job, host="vm")
+    seen = []
+    for _ in range(12):
+        env = job.task_env("vm")
+        e = hook(job=job, host="vm", env=env, progname="/bin/sh", argv=["/bin/sh", "-c", "true"])
+        seen.append((env["PBS_TASKNUM"], _ranks(e)[0], e.env.task_env()["TETHER_RANK_DIR"]))
+    assert [t for t, _, _ in seen] == [f"{n:08X}" for n in range(2, 14)]
+    assert [r for _, r, _ in seen] == [str(n) for n in range(12)]
+    assert [d for _, _, d in seen] == [str(root / JOB_ID / "vm" / f"task-{n}" / f"rank-{n - 2}") for n in range(2, 14)]
+
+
+def test_more_tm_tasks_than_mpiprocs_take_the_host_s_ranks_again(hook):
+    """12 sequential pbs_tmrsh on a host with 2 mpiprocs (the recorded job): each round of tasks
+    gets the host's ranks again (a later step of the job), none is refused."""
+    job = MomJob(JOB_ID, USER, "1:ncpus=2:mpiprocs=2", ["vm"], resources={"tether_slots": 2})
+    ranks = [_ranks(hook(job=job, host="vm", env=job.task_env("vm"), progname="/bin/true", argv=["true"]))[0]
+             for _ in range(12)]
+    assert ranks == ["0", "1"] * 6
+
+
+@pytest.mark.parametrize("order", [("h1", "h2"), ("h2", "h1")])
+def test_a_job_on_two_hosts_with_two_tasks_each(hook, root, order):
+    """Issue 40, 3 (and its 'done when'): exec_host is None in MoM hooks; the hosts come from
+    exec_host2/exec_vnode. 2 hosts x 2 pbsdsh tasks: ranks 0-3, one MASTER_ADDR, NODE_RANK by host
+    order, and after both hosts' end nothing is left under the job storage root -- also what the
+    job wrote directly into $TETHER_JOB_DIR -- whichever host ends first."""
+    job = MomJob(JOB_ID, USER, "2:ncpus=2:mpiprocs=2", ["h1", "h2"],
+                 resources={"tether_slots": 4, "tether_slots_per_node": 2})
+    for host in job.hosts:
+        assert hook(pbs.EXECJOB_BEGIN, job=job, host=host).accepted
+    shell = hook(job=job, host="h1", env=job.shell_env(), progname="/bin/sh", argv=[]).env.task_env()
+    assert (shell["MASTER_ADDR"], shell["NODE_RANK"], shell["TETHER_NNODES"]) == ("h1", "0", "2")
+    results = []
+    for host, env in job.pbsdsh():
+        e = hook(job=job, host=host, env=env, progname="/bin/sh", argv=["/bin/sh", "-c", "true"])
+        results.append(_ranks(e))
+        Path(e.env.task_env()["TETHER_WORK_DIR"], "out").write_text("x")
+    assert results == [("0", "0", "4", "2", "0", "h1"), ("1", "1", "4", "2", "0", "h1"),
+                       ("2", "0", "4", "2", "1", "h1"), ("3", "1", "4", "2", "1", "h1")]
+    (root / JOB_ID / "written-by-the-job-shell").write_text("x")     # $TETHER_JOB_DIR/...
+    for host in order:
+        assert hook(pbs.EXECJOB_END, job=job, host=host).accepted
+    assert list(root.iterdir()) == []
+
+
+def test_variables_a_job_can_set_do_not_change_ranks_or_hosts(hook, tmp_path):
+    """A job's own TM client can put anything into a task's environment (tm_spawn's envp is applied
+    after PBS's own variables): PBS_VNODENUM, PBS_NODEFILE, PBS_NODENUM change nothing; as root the
+    hook reads no file a task names."""
     secret = tmp_path / "secret"
     secret.write_text("h1\nh2\nh2\nh2\nh2\n")
-    (tmp_path / "aux").mkdir()
-    link = tmp_path / "aux" / JOB_ID
-    link.symlink_to(secret)
-    for path in (secret, link):
-        e = hook(env=_task_env(PBS_TASKNUM="4", PBS_VNODENUM="3", PBS_NODEFILE=str(path)), host="h2",
-                 progname="/bin/true", argv=["true"])
-        env = e.env.task_env()
-        assert (env["RANK"], env["WORLD_SIZE"]) == ("1", "3")  # one task per host: the node file ignored
+    job = three_hosts()
+    for forged in ({}, {"PBS_VNODENUM": "3", "PBS_NODEFILE": str(secret), "PBS_NODENUM": "0",
+                        "MASTER_ADDR": "evil", "NODE_RANK": "7"}):
+        e = hook(job=job, host="h2", env=job.task_env("h2"), job_set=forged, progname="/bin/true", argv=["true"])
+        assert _ranks(e) == ("1", "0", "3", "1", "1", "h1")
+
+
+@pytest.mark.parametrize("number", ["0000000a", "2", "00000002 ", "0x2", "000000002", "", "+2", "٢"])
+def test_a_task_number_pbs_never_gives_is_refused_with_its_value(hook, number):
+    e = hook(env=_task_env(), job_set={"PBS_TASKNUM": number}, progname="/bin/true", argv=["true"])
+    assert e.accepted is False and f"PBS_TASKNUM={number!r}" in e.reject_msg, e.reject_msg
 
 
 def test_a_planted_symlink_is_refused_not_followed(hook, root, tmp_path):
@@ -212,7 +283,7 @@ def test_a_planted_symlink_is_refused_not_followed(hook, root, tmp_path):
     target = tmp_path / "elsewhere"
     target.mkdir()
     os.symlink(target, root / JOB_ID / "h1" / "task-2")       # the user owns h1/: they could do this
-    e = hook(env=_task_env(PBS_TASKNUM="2"), progname="/bin/true", argv=["true"])
+    e = hook(env=_task_env(PBS_TASKNUM="00000002"), progname="/bin/true", argv=["true"])
     assert e.accepted is False
     assert "is a symlink where tether's directory belongs; refusing to follow it" in e.reject_msg
     assert list(target.iterdir()) == []
@@ -221,9 +292,9 @@ def test_a_planted_symlink_is_refused_not_followed(hook, root, tmp_path):
 
 
 def test_end_removes_each_host_and_the_job_directory_with_the_last(hook, root):
-    for host in ("h1", "h2.cluster.example"):          # exec_host says h2: the same host, spelled long
+    for host in ("h1", "h2.cluster.example"):          # exec_host2 says h2: the same host, spelled long
         hook(pbs.EXECJOB_BEGIN, host=host)
-        hook(env=_task_env(PBS_TASKNUM="2"), host=host, progname="/bin/true", argv=["true"])
+        hook(env=_task_env(PBS_TASKNUM="00000002"), host=host, progname="/bin/true", argv=["true"])
     (root / JOB_ID / "h1" / "task-2" / "rank-0" / "tmp" / "left").write_text("x")
     (root / JOB_ID / "written-by-the-job-shell").write_text("x")     # $TETHER_JOB_DIR/...
     os.symlink("/etc", root / JOB_ID / "planted")
@@ -244,7 +315,7 @@ def test_end_runs_the_launcher_s_leftover_cleanup_as_the_user(hook, root, public
     hook.settings["launcher"] = str(launcher)
     hook.config.write_text(json.dumps(hook.settings))
     hook(pbs.EXECJOB_BEGIN)
-    hook(env=_task_env(PBS_TASKNUM="2"), progname="/bin/true", argv=["true"])
+    hook(env=_task_env(PBS_TASKNUM="00000002"), progname="/bin/true", argv=["true"])
     (root / JOB_ID / "h1" / "task-2" / ".cleanup-0").write_text("{'commands': [], 'env': {}}")
     assert hook(pbs.EXECJOB_END).accepted
     wait_until(lambda: (out / "cleanup").exists(), timeout=15)
@@ -304,16 +375,16 @@ def test_the_leftover_cleanup_starts_with_clean_signals_and_is_killed_at_its_bou
 
 def test_an_unloadable_hook_refuses_tether_jobs_only(hook, tmp_path):
     missing = tmp_path / "no-such.json"
-    e = hook(env=_task_env(PBS_TASKNUM="2"), progname="/bin/true", argv=["true"], config_file=missing)
+    e = hook(env=_task_env(PBS_TASKNUM="00000002"), progname="/bin/true", argv=["true"], config_file=missing)
     assert e.accepted is False and e.reject_msg.startswith("tether unavailable")
-    assert hook(resources={}, env=_task_env(PBS_TASKNUM="2"), config_file=missing).accepted
+    assert hook(resources={}, env=_task_env(PBS_TASKNUM="1"), config_file=missing).accepted
     assert hook(pbs.EXECJOB_END, config_file=missing).accepted      # never blocks a job's end
 
 
 def test_a_missing_helper_or_launcher_is_named(hook, tmp_path):
     hook.settings["launcher"] = str(tmp_path / "nowhere" / "tether-run")
     hook.config.write_text(json.dumps(hook.settings))
-    e = hook(env=_task_env(PBS_TASKNUM="2", TETHER_CONTAINER_IMAGE="/images/busybox"), progname="/bin/true",
+    e = hook(env=_task_env(PBS_TASKNUM="00000002", TETHER_CONTAINER_IMAGE="/images/busybox"), progname="/bin/true",
              argv=["true"])
     assert e.accepted is False and "tether-run is missing on this host" in e.reject_msg
     hook.settings["helper"] = str(tmp_path / "nowhere" / "tether-jobdirs")
@@ -330,7 +401,7 @@ def test_a_container_task_gets_the_users_own_directories_made_by_root(hook, root
     hook.settings["user_dirs"] = ":".join(map(str, bases))
     hook.config.write_text(json.dumps(hook.settings))
     hook(pbs.EXECJOB_BEGIN, host="h2")
-    e = hook(env=_task_env(PBS_TASKNUM="3", TETHER_CONTAINER_IMAGE="/images/busybox"), host="h2",
+    e = hook(env=_task_env(PBS_TASKNUM="00000003", TETHER_CONTAINER_IMAGE="/images/busybox"), host="h2",
              progname="/bin/true", argv=["true"], variables={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
     assert e.accepted, e.reject_msg
     uid = pwd.getpwnam(USER).pw_uid
@@ -340,7 +411,7 @@ def test_a_container_task_gets_the_users_own_directories_made_by_root(hook, root
         assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o755      # made root's, 0755 (any umask)
     # a host task (no image) needs none: nothing made for it
     (bases[0] / str(uid)).rmdir()
-    e = hook(env=_task_env(PBS_TASKNUM="4"), host="h2", progname="/bin/true", argv=["true"])
+    e = hook(env=_task_env(PBS_TASKNUM="00000004"), host="h2", progname="/bin/true", argv=["true"])
     assert e.accepted and not (bases[0] / str(uid)).exists()
     # tether's own per-host launch (pbs-launch.sh: `env ... tether run ...`), not wrapped again,
     # runs the launcher all the same: the directories are made for it too
@@ -436,17 +507,19 @@ def test_a_wrapped_tm_task_runs_in_a_real_podman_container(cluster, helper, publ
     hook_config.write_text(json.dumps(settings))
     job_id = f"{os.getpid()}.pbs-e2e"
     user = pwd.getpwnam(USER)
-    common = dict(resources={"tether_slots": 2, "tether_slot_type": "cpu"}, id=job_id, euser=USER,
-                  exec_host="n1/0+n2/0", Variable_List={"TETHER_CONTAINER_IMAGE": image}, local_node="n2")
+    job = MomJob(job_id, USER, "2:ncpus=1", ["n1", "n2"], resources={"tether_slots": 2, "tether_slot_type": "cpu"},
+                 variables={"TETHER_CONTAINER_IMAGE": image})
 
     def run_hook(event_type, **kw):
-        return run_hook_file(HOOK, pbs.stub_event(event_type, config_file=str(hook_config), **common, **kw))
+        return run_hook_file(HOOK, pbs.stub_event(event_type, config_file=str(hook_config), local_node="n2",
+                                                  **job.attrs(event_type), **kw))
 
     assert run_hook(pbs.EXECJOB_BEGIN).accepted
     command = ("echo RANK=$RANK NODE_RANK=$NODE_RANK WORLD=$WORLD_SIZE TMPDIR=$TMPDIR PWD=$(pwd) UID=$(id -u) "
                "IN=$(grep -qF \"" + image + " / \" /proc/self/mountinfo && echo container || echo host) "
                "V=\"$ODD\"; sleep 3")
-    task_env = {"PBS_JOBID": job_id, "PBS_TASKNUM": "2", "PBS_ENVIRONMENT": "PBS_BATCH", "TMPDIR": "/tmp",
+    number = job.task_env("n2")["PBS_TASKNUM"]         # n2's first TM task: 40000001
+    task_env = {"PBS_JOBID": job_id, "PBS_TASKNUM": number, "PBS_ENVIRONMENT": "PBS_BATCH", "TMPDIR": "/tmp",
                 "HOME": user.pw_dir, "USER": USER, "LOGNAME": USER, "PATH": "/usr/local/bin:/usr/bin:/bin",
                 "TETHER_CONTAINER_IMAGE": image, "TETHER_CONTAINER_ENV": "ODD", "ODD": "a,b 'c'"}
     e = run_hook(pbs.EXECJOB_LAUNCH, env=task_env, progname="/bin/sh", argv=["sh", "-c", command])
@@ -458,7 +531,7 @@ def test_a_wrapped_tm_task_runs_in_a_real_podman_container(cluster, helper, publ
     task = subprocess.Popen(["runuser", "-u", USER, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()],
                              e.progname, *e.argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd="/", start_new_session=True)
-    name = f"tether-{os.getpid()}-2-1"
+    name = f"tether-{os.getpid()}-{number}-1"
 
     def conmon_parent() -> str | None:
         for proc in Path("/proc").iterdir():
