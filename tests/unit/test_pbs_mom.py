@@ -415,7 +415,7 @@ def test_a_container_task_gets_the_users_own_directories_made_by_root(hook, root
     assert e.accepted and not (bases[0] / str(uid)).exists()
     # tether's own per-host launch (pbs-launch.sh: `env ... tether run ...`), not wrapped again,
     # runs the launcher all the same: the directories are made for it too
-    e = hook(env=_task_env(PBS_TASKNUM="5"), host="h2", progname="/usr/bin/env",
+    e = hook(env=_task_env(PBS_TASKNUM="00000005"), host="h2", progname="/usr/bin/env",
              argv=["/usr/bin/env", "NODE_RANK=1", "/opt/tether/venv/bin/tether", "run", "--", "true"])
     assert e.accepted and e.progname == "/usr/bin/env" and _owned_private(bases[0] / str(uid))
 
