@@ -35,6 +35,9 @@ def _guard(action) -> int:
     except (PilotError, PartitionError, StateError) as exc:
         err(str(exc))
         return EXIT_FAIL
+    except OSError as exc:                      # the pilot directory's files: a message, not a traceback
+        err(f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc))
+        return EXIT_FAIL
 
 
 def create(args: argparse.Namespace) -> int:
@@ -64,10 +67,19 @@ def reconfig(args: argparse.Namespace) -> int:
 
 
 def list_(args: argparse.Namespace) -> int:
+    from ..pilot import StateError
+
     def act() -> int:
         pilot = _pilot(args.job)
         pilot.recover()
         parts = pilot.partitions
+        listed = {p.id for p in parts}
+        for pid in pilot.store.partition_ids():       # a record that cannot be read: say which, and why
+            if pid not in listed:
+                try:
+                    pilot.store.read(pid)
+                except StateError as exc:
+                    err(f"warning: {exc}")
         if args.json:
             print(json.dumps([p.record for p in parts]))
         else:

@@ -33,7 +33,7 @@ from .allocation import (
 from .resources import FILL, Description, Node, PartitionError, Slice, fit, parse_cpus_per_node, unused
 from .state import (
     ACTIVE, CANCELED, DONE, FAILED, FINAL, HOLDING, NEW, PENDING, STARTING, STATES, PilotStore,
-    StateError, recover, settle_tasks, stop_message,
+    StateError, open_record_file, recover, settle_tasks, stop_message,
 )
 
 __all__ = ["ACTIVE", "ALL", "CANCELED", "DONE", "FAILED", "FILL", "NEW", "PENDING", "STARTING", "STATES",
@@ -47,7 +47,8 @@ DEFAULT_AGENTS = {"default": {"command": None, "cores": 0, "gpus": 0}}
 def pilot_dir(env: os._Environ | dict | None = None, job: str | None = None) -> Path:
     """Where a pilot keeps its records: ``$TETHER_PILOT_DIR``; else the job's directory
     (``$TETHER_JOB_DIR/pilot``, removed with the job); else ``~/.tether/pilots/<job id>``. On PBS
-    it must be a directory every host of the job sees (the agents on other hosts read it).
+    it must be a directory every host of the job sees (the agents on other hosts read it). It must
+    be the user's own, below directories nobody else can change (``PilotStore.create`` checks).
     ``job``: another job than the one this process runs in (its records, from outside it)."""
     env = os.environ if env is None else env
     if job is not None:
@@ -77,8 +78,14 @@ class Task:
 
     @property
     def output(self) -> str:
-        path = self.pilot.store.tasks / f"{self.id}.out"
-        return path.read_text(errors="replace") if path.exists() else ""
+        try:
+            fd = open_record_file(self.pilot.store.tasks / f"{self.id}.out", os.O_RDONLY, "task output")
+        except FileNotFoundError:
+            return ""
+        except OSError as exc:
+            raise PilotError(f"task output {self.pilot.store.tasks / f'{self.id}.out'}: {exc.strerror}") from None
+        with os.fdopen(fd, "rb") as fh:
+            return fh.read().decode(errors="replace")
 
     def wait(self, timeout: float | None = None) -> dict:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -142,10 +149,13 @@ class Pilot:
         self.job = self.allocation.job
         self.inside = job_id(os.environ) == self.job      # this process runs in the allocation
         store = PilotStore(root or pilot_dir(job=self.job))
-        if root is None and not self.inside and not store.root.is_dir():   # another job's: read, not made
+        if root is None and not self.inside and not os.path.lexists(store.root):   # another job's: read, not made
             raise PilotError(f"job {self.job} has no pilot records in {store.root} (a pilot job keeps them "
                              f"there unless TETHER_PILOT_DIR says otherwise)")
-        self.store = store.create()
+        try:
+            self.store = store.create()
+        except StateError as exc:                     # a directory another user could write: refused
+            raise PilotError(str(exc)) from None
         self.agents = {**DEFAULT_AGENTS, **(agents or {})}
         self._nodes: list[Node] | None = None
 
@@ -233,7 +243,7 @@ class Pilot:
             try:
                 os.setsid()
                 if os.fork() == 0:
-                    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+                    fd = open_record_file(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, "agent log")
                     os.dup2(fd, 1)
                     os.dup2(fd, 2)
                     null = os.open(os.devnull, os.O_RDONLY)

@@ -31,6 +31,7 @@ settles its partition once the allocation has ended (``tether partition list --j
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -39,7 +40,9 @@ import sys
 import time
 
 from .allocation import PbsAllocation, SlurmAllocation, process_start, step_environment
-from .state import ACTIVE, CANCELED, DONE, FAILED, FINAL, PilotStore, StateError, cancel_message
+from .state import (
+    ACTIVE, CANCELED, DONE, FAILED, FINAL, PilotStore, StateError, cancel_message, open_record_file,
+)
 
 POLL = 0.2
 RANK_POLL = 0.5          # how often a PBS rank wrapper reads whether it is stopped
@@ -70,6 +73,13 @@ def _end(proc: subprocess.Popen, group: bool) -> None:
             continue
 
 
+def _why(exc: Exception) -> str:
+    """An OSError as "path: reason", anything else as its message."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    return str(exc)
+
+
 def partition_env(record: dict, root: str) -> dict[str, str]:
     """What an agent command and every task run with: the job's environment for a step, and the
     partition's id, nodes and pilot directory."""
@@ -81,7 +91,7 @@ def partition_env(record: dict, root: str) -> dict[str, str]:
 
 class Agent:
     def __init__(self, root: str, pid: str, node_index: int | None = None):
-        self.store = PilotStore(root)
+        self.store = PilotStore(root).open()          # the user's own, or refused: its tasks run as the user
         self.pid = pid
         self.record = self.store.read(pid)
         self.pbs = self.record.get("batch") == "pbs"
@@ -155,9 +165,14 @@ class Agent:
         use = nodes[:min(len(nodes), ntasks)]
         env = self.env()
         env["TETHER_TASK_ID"] = task["id"]
-        out = self.store.tasks / f"{task['id']}.out"
+        try:
+            fh = os.fdopen(open_record_file(self.store.tasks / f"{task['id']}.out",
+                                            os.O_WRONLY | os.O_APPEND | os.O_CREAT, "task output"), "ab")
+        except (OSError, StateError) as exc:
+            self.store.update_task(task["id"], "FAILED", exit_code=1, message=_why(exc))
+            return
         procs = []
-        with open(out, "ab") as fh:
+        with fh:
             for argv in self.allocation.task_argvs(self.pid, task, use, env):
                 try:
                     procs.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=fh,
@@ -239,14 +254,20 @@ def run_agent(root: str, pid: str, lead: bool, node_index: int | None = None) ->
     try:
         return agent.run_tasks()
     except Exception as exc:                        # the partition says why, never a silent end
-        agent.end_tasks(f"its agent failed: {exc}")
-        agent.store.transition(agent.pid, FAILED, f"its agent failed: {type(exc).__name__}: {exc}")
+        print(f"tether: {agent.pid}: its agent failed: {_why(exc)}", file=sys.stderr)
+        with contextlib.suppress(StateError, OSError):
+            agent.end_tasks(f"its agent failed: {exc}")
+            agent.store.transition(agent.pid, FAILED, f"its agent failed: {type(exc).__name__}: {exc}")
         return 1
 
 
 def fan_out(root: str, pid: str) -> int:
     """PBS: one agent per node of the partition as a TM task; see the module doc."""
-    store = PilotStore(root)
+    try:
+        store = PilotStore(root).open()
+    except StateError as exc:
+        print(f"tether: {exc}", file=sys.stderr)
+        return 1
     me = os.getpid()
     with store.lock():
         record = store.update(pid, fan_out={"host": socket.gethostname(), "pid": me, "pgid": os.getpgrp(),
@@ -280,11 +301,15 @@ def fan_out(root: str, pid: str) -> int:
 
 def run_rank(root: str, pid: str, tid: str, rank: str, node: str) -> int:
     """PBS: one rank of a task, ended when the task or its partition is stopped."""
-    store = PilotStore(root)
-    record, task = store.read(pid), store.read_task(tid)
-    env = partition_env(record, root)
+    try:
+        store = PilotStore(root).open()
+        record, task = store.read(pid), store.read_task(tid)
+        fd = open_record_file(store.tasks / f"{tid}.out", os.O_WRONLY | os.O_APPEND | os.O_CREAT, "task output")
+    except (OSError, StateError) as exc:
+        print(f"tether: rank {rank} on {node}: {_why(exc)}", file=sys.stderr)
+        return 1
+    env = partition_env(record, str(store.root))
     env.update(TETHER_TASK_ID=tid, TETHER_TASK_RANK=rank, TETHER_TASK_NODE=node)
-    fd = os.open(store.tasks / f"{tid}.out", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         proc = subprocess.Popen(task["command"], env=env, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
                                 start_new_session=True)

@@ -1,12 +1,17 @@
-"""Files written whole or not at all, directories with exact modes, and other programs' config lines.
+"""Files written whole or not at all, directories with exact modes, and other programs' config lines;
+directories and files a user's process may trust.
 
 Used where tether writes as an admin (plugins, launchers, hook configs, slurm.conf and
-plugstack.conf lines) and where a rank writes metadata (the image cache).
+plugstack.conf lines), where a rank writes metadata (the image cache), and where a user's process
+keeps state in a place another user might have prepared first (the pilot directory).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import pwd
 import re
 import stat
 import tempfile
@@ -76,3 +81,106 @@ def set_conf_line(path: Path, pattern: str, line: str | None) -> None:
         else:
             lines.append(line)
     write_atomic(path, "\n".join(lines) + "\n", mode)
+
+
+class UntrustedPath(Exception):
+    """A path another user could change (or has prepared): ``str()`` names it and says why."""
+
+
+def _owner(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _private(path: str, st: os.stat_result, uid: int, what: str, kind: str) -> None:
+    """Refuse ``path`` unless it is a ``kind`` ("directory", "regular file") of ``uid`` that
+    nobody else can write."""
+    if stat.S_ISLNK(st.st_mode):
+        raise UntrustedPath(f"{what} {path}: it is a symlink")
+    if not (stat.S_ISDIR if kind == "directory" else stat.S_ISREG)(st.st_mode):
+        raise UntrustedPath(f"{what} {path}: it is not a {kind}")
+    if st.st_uid != uid:
+        raise UntrustedPath(f"{what} {path}: it belongs to {_owner(st.st_uid)}, not to you (uid {uid})")
+    if st.st_mode & 0o022:
+        raise UntrustedPath(f"{what} {path}: others can write to it (mode {stat.S_IMODE(st.st_mode):04o})")
+
+
+def trusted_directory(path: str | os.PathLike, uid: int, what: str, *, create: bool = False,
+                      mode: int = 0o700) -> Path:
+    """``path`` as a directory only ``uid`` can change: a real directory of ``uid``, not writable
+    by group or others, and every directory above it root's or ``uid``'s and not writable by
+    others unless sticky (as /tmp) -- as OpenSSH's StrictModes checks a path: whoever can rename
+    entries in a parent can swap the directory for one of their own at any time. ``create``:
+    make what is missing (``mode``, whatever the umask). Symlinks above it are followed and
+    what they lead to is checked; the directory itself must not be one. Returns the path with
+    those symlinks resolved (use it from then on). UntrustedPath when it is not so, OSError
+    (FileNotFoundError without ``create``) when it cannot be reached."""
+    path = os.path.abspath(os.fspath(path))
+    parent, name = os.path.split(path)
+    if not name:
+        raise UntrustedPath(f"{what} {path}: it is not a directory of yours")
+    parent = os.path.realpath(parent)
+    here = "/"
+    for part in [p for p in parent.split("/") if p] + [None]:
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            if not create:
+                raise
+            try:
+                os.mkdir(here, mode)
+            except FileExistsError:
+                pass                                # made meanwhile: checked below as any other
+            else:
+                os.chmod(here, mode)
+            st = os.lstat(here)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            raise UntrustedPath(f"{what} {path}: its parent {here} is not a directory")
+        if st.st_uid not in (0, uid):
+            raise UntrustedPath(f"{what} {path}: its parent {here} belongs to {_owner(st.st_uid)}, who could "
+                                f"replace what is below it")
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise UntrustedPath(f"{what} {path}: its parent {here} can be written by others (mode "
+                                f"{stat.S_IMODE(st.st_mode):04o}, not sticky), who could replace what is below it")
+        if part is None:
+            break
+        here = os.path.join(here, part)
+    target = os.path.join(parent, name)
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        if not create:
+            raise
+        try:
+            os.mkdir(target, mode)
+        except FileExistsError:
+            pass
+        else:
+            os.chmod(target, mode)
+        st = os.lstat(target)
+    _private(target if target == path else f"{path} ({target})", st, uid, what, "directory")
+    return Path(target)
+
+
+def open_trusted_file(path: str | os.PathLike, flags: int, uid: int, what: str, mode: int = 0o600) -> int:
+    """An fd of ``path``, opened ``flags`` without following a symlink or waiting on a FIFO, once
+    it is a regular file of ``uid`` that nobody else can write (UntrustedPath otherwise; OSError
+    when it cannot be opened). For files in a directory ``trusted_directory`` checked: what
+    is there is then the user's own doing, and still read as data."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UntrustedPath(f"{what} {path}: it is a symlink") from None
+        if exc.errno in (errno.ENXIO, errno.EISDIR):   # a FIFO without a reader; a directory
+            raise UntrustedPath(f"{what} {path}: it is not a regular file") from None
+        raise
+    try:
+        _private(os.fspath(path), os.fstat(fd), uid, what, "regular file")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

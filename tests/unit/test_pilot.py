@@ -5,10 +5,13 @@ reconfiguration cases. The agents as job steps run on the sandbox (tests/cluster
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tether.pilot import ALL, FILL, Pilot, PilotError
 from tether.pilot.resources import Description, Node, PartitionError, Slice, fit, parse_cpus_per_node, unused
@@ -431,3 +434,383 @@ def test_the_pilot_script_stops_what_still_runs_when_it_ends_keeping_its_exit_st
         assert ("ran" in out.stdout) is (create_rc == 0)
         assert calls.read_text().splitlines() == [
             "partition create 1 node --wait", f"partition stop ALL --reason {SCRIPT_ENDED}"]
+
+
+# ---- the pilot directory is the user's own (issue 39, finding 1) ----------------------------------
+# The attack: another user makes the directory a victim names in TETHER_PILOT_DIR first (`mkdir -m777
+# /tmp/p{,/partitions,/tasks}`) and writes a QUEUED task into it; the victim's agent ran it as the
+# victim. The tests run as root (the victim here); the attacker is `nobody`.
+NOBODY = 65534
+
+
+def _plant(path: Path, mode: int = 0o777, owner: int = NOBODY) -> Path:
+    """`mkdir -m777 p{,/partitions,/tasks}` as another user."""
+    for d in (path, path / "partitions", path / "tasks"):
+        d.mkdir()
+        os.chmod(d, mode)
+        os.chown(d, owner, owner)
+    return path
+
+
+def _write(path: Path, data, owner: int | None = None) -> None:
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    if owner is not None:
+        os.chown(path, owner, owner)
+
+
+def _partition(pid: str = "part.0000", state: str = ACTIVE, **fields) -> dict:
+    return {"id": pid, "description": {"nodes": 1, "config": "default"},
+            "agent": {"command": None, "cores": 0, "gpus": 0, "config": "default"}, "slice": {"n1": [1, 0]},
+            "state": state, "message": "", "history": [[NEW, 1.0, ""], [state, 2.0, ""]], "stop_requested": False,
+            "launched": 2.0, "step_name": f"tether-{pid}", "batch": "slurm", **fields}
+
+
+def _task(tid: str, command: list, partition: str = "part.0000", **fields) -> dict:
+    return {"id": tid, "partition": partition, "command": command, "ntasks": 1, "state": "QUEUED",
+            "exit_code": None, "nodes": [], "history": [["QUEUED", 1.0]], **fields}
+
+
+def _one_round_of_the_agent(monkeypatch) -> list[str]:
+    """The lead agent's loop for one round, each task it starts run here (not with srun) to its end;
+    the ids of the tasks it started."""
+    from tether.pilot import agent as agent_mod
+    from tether.pilot.allocation import SlurmAllocation
+
+    started, rounds = [], []
+    real_start = agent_mod.Agent.start
+
+    def start(self, task):
+        started.append(task["id"])
+        real_start(self, task)
+        for proc in self.running.get(task["id"], []):
+            proc.wait()
+    monkeypatch.setattr(agent_mod.Agent, "start", start)
+    monkeypatch.setattr(SlurmAllocation, "task_argvs", lambda self, pid, task, nodes, env: [list(task["command"])])
+    monkeypatch.setattr(agent_mod, "_stopped", lambda store, pid: rounds.append(1) or len(rounds) > 1)
+    monkeypatch.setattr(agent_mod, "POLL", 0)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    return started
+
+
+def test_the_attack_a_planted_pilot_directory_is_refused(tmp_path):
+    """The victim's `tether partition create` in the attacker's directory: refused, nothing written."""
+    planted = _plant(tmp_path / "p")
+    with pytest.raises(PilotError, match=rf"pilot directory {planted}: it belongs to uid {NOBODY} \(nobody\), "
+                                         rf"not to you \(uid 0\).*TETHER_PILOT_DIR"):
+        Pilot(root=planted, job="7")
+    assert list(planted.rglob("*")) == [planted / "partitions", planted / "tasks"]
+
+
+def test_the_attack_an_agent_in_a_planted_directory_runs_nothing(tmp_path, monkeypatch, capsys):
+    """The attacker's QUEUED task beside the victim's partition: today the agent ran it as the victim."""
+    from tether.pilot.agent import run_agent
+
+    planted = _plant(tmp_path / "p")
+    pwned = tmp_path / "pwned"
+    _write(planted / "partitions" / "part.0000.json", _partition(state=STARTING))   # the victim's
+    _write(planted / "tasks" / "task.000099.json", _task("task.000099", ["sh", "-c", f"id > {pwned}"]), NOBODY)
+    started = _one_round_of_the_agent(monkeypatch)
+    assert run_agent(str(planted), "part.0000", lead=True) == 1
+    assert started == [] and not pwned.exists()
+    assert f"tether: pilot directory {planted}: it belongs to uid {NOBODY} (nobody)" in capsys.readouterr().err
+
+
+def test_an_agent_in_the_users_own_directory_runs_the_users_tasks(tmp_path, monkeypatch):
+    """The same round in a directory of the user's own: the user's task runs (the check takes nothing
+    away)."""
+    from tether.pilot.agent import run_agent
+
+    store = PilotStore(tmp_path / "mine").create()
+    ran = tmp_path / "ran"
+    _write(store.parts / "part.0000.json", _partition(state=STARTING))
+    store.new_task("part.0000", ["sh", "-c", f"echo ok > {ran}"], 1)
+    started = _one_round_of_the_agent(monkeypatch)
+    assert run_agent(str(store.root), "part.0000", lead=True) == 0
+    assert started == ["task.000000"] and ran.read_text() == "ok\n"
+    assert store.read_task("task.000000")["state"] == "DONE" and store.read("part.0000")["state"] == CANCELED
+
+
+def _symlink_to_own(path: Path) -> None:
+    (path.parent / "elsewhere").mkdir(mode=0o700)
+    path.symlink_to(path.parent / "elsewhere")
+
+
+@pytest.mark.parametrize("case, make, problem", [
+    ("another user's, private", lambda p: _plant(p, 0o700), rf"it belongs to uid {NOBODY} \(nobody\)"),
+    ("another user's, open", lambda p: _plant(p), rf"it belongs to uid {NOBODY} \(nobody\)"),
+    ("yours, world-writable", lambda p: _plant(p, 0o777, 0), r"others can write to it \(mode 0777\)"),
+    ("yours, group-writable", lambda p: _plant(p, 0o770, 0), r"others can write to it \(mode 0770\)"),
+    ("yours, sticky and open", lambda p: _plant(p, 0o1777, 0), r"others can write to it \(mode 1777\)"),
+    ("a symlink", _symlink_to_own, r"it is a symlink"),
+    ("a file", lambda p: p.write_text(""), r"it is not a directory"),
+])
+def test_a_pilot_directory_that_is_not_the_users_own_is_refused(tmp_path, case, make, problem):
+    path = tmp_path / "pilot"
+    make(path)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    with pytest.raises(StateError, match=rf"^pilot directory {path}: {problem}[^:]*: tether keeps a pilot's records "
+                                         r"only in a directory of your own that nobody else can write"):
+        PilotStore(path).create()
+    with pytest.raises(StateError, match=problem):
+        PilotStore(path).open()
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before          # nothing made, nothing changed
+
+
+@pytest.mark.parametrize("sub", ["partitions", "tasks"])
+@pytest.mark.parametrize("make, problem", [
+    (lambda p: (p.mkdir(mode=0o700), os.chown(p, NOBODY, NOBODY)), rf"it belongs to uid {NOBODY}"),
+    (lambda p: (p.mkdir(), os.chmod(p, 0o777)), r"others can write to it \(mode 0777\)"),
+    (_symlink_to_own, r"it is a symlink"),
+])
+def test_its_partitions_and_tasks_directories_too(tmp_path, sub, make, problem):
+    root = tmp_path / "pilot"
+    root.mkdir(mode=0o700)
+    make(root / sub)
+    with pytest.raises(StateError, match=rf"pilot directory {root / sub}: {problem}"):
+        PilotStore(root).create()
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda p: (p.write_text(""), os.chown(p, NOBODY, NOBODY)), rf"it belongs to uid {NOBODY}"),
+    (lambda p: (p.write_text(""), os.chmod(p, 0o666)), r"others can write to it \(mode 0666\)"),
+    (lambda p: p.symlink_to(p.parent / "elsewhere"), r"it is a symlink"),
+    (lambda p: os.mkfifo(p), r"it is not a regular file"),
+])
+def test_the_lock_file_must_be_the_users_own_regular_file(tmp_path, make, problem):
+    store = PilotStore(tmp_path / "pilot").create()
+    (store.root / "lock").unlink()
+    make(store.root / "lock")
+    with pytest.raises(StateError, match=rf"pilot lock {store.root / 'lock'}: {problem}"):
+        with store.lock():
+            pass
+    with pytest.raises(StateError, match="pilot lock"):
+        PilotStore(store.root).create()
+    assert not (tmp_path / "elsewhere").exists()                # a symlink is never followed
+
+
+@pytest.mark.parametrize("case, make, accepted", [
+    ("below an open directory", lambda p: (p.mkdir(), os.chmod(p, 0o777)), False),
+    ("below another user's directory", lambda p: (p.mkdir(mode=0o755), os.chown(p, NOBODY, NOBODY)), False),
+    ("below a group-writable directory", lambda p: (p.mkdir(), os.chmod(p, 0o775)), False),
+    ("below a sticky directory such as /tmp", lambda p: (p.mkdir(), os.chmod(p, 0o1777)), True),
+    ("below a directory of the user's own", lambda p: p.mkdir(mode=0o755), True),
+])
+def test_every_parent_of_the_pilot_directory_is_checked(tmp_path, case, make, accepted):
+    """As OpenSSH's StrictModes: whoever can rename entries in a parent can swap the pilot directory
+    for one of their own between two commands."""
+    make(tmp_path / "shared")
+    path = tmp_path / "shared" / "a" / "pilot"
+    if accepted:
+        store = PilotStore(path).create()
+        assert store.root == path
+        for d in (path, path / "partitions", path / "tasks"):       # made private, whatever the umask
+            assert (os.stat(d).st_mode & 0o777, os.stat(d).st_uid) == (0o700, 0)
+        return
+    with pytest.raises(StateError, match=rf"^pilot directory {path}: its parent {tmp_path / 'shared'} "
+                                         r"(belongs to uid 65534|can be written by others)"):
+        PilotStore(path).create()
+    assert not (tmp_path / "shared" / "a").exists()
+
+
+def test_a_parent_reached_through_a_symlink_is_checked_where_it_leads(tmp_path):
+    """A symlink above the pilot directory (a site's /home -> /export/home) is followed, and what it
+    leads to is checked; the store then uses the real path."""
+    (tmp_path / "real").mkdir(mode=0o755)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    store = PilotStore(tmp_path / "link" / "pilot").create()
+    assert store.root == tmp_path / "real" / "pilot"
+    (tmp_path / "open").mkdir()
+    os.chmod(tmp_path / "open", 0o777)
+    (tmp_path / "link2").symlink_to(tmp_path / "open")
+    with pytest.raises(StateError, match=rf"its parent {tmp_path / 'open'} can be written by others"):
+        PilotStore(tmp_path / "link2" / "pilot").create()
+
+
+def _unblock(fifo: Path) -> None:
+    """Let a reader that hangs in open() on ``fifo`` go (only when it hangs: a failure)."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+@pytest.mark.parametrize("case", ["another user's", "a symlink", "a FIFO", "malformed"])
+def test_the_agent_runs_only_task_records_it_can_trust(tmp_path, monkeypatch, case):
+    """In the user's own directory (so only root could plant these): a task record that is another
+    user's file, a symlink, a FIFO (which must not hang the agent) or not a task record is not run."""
+    from tether.pilot.agent import run_agent
+
+    store = PilotStore(tmp_path / "mine").create()
+    _write(store.parts / "part.0000.json", _partition(state=STARTING))
+    pwned = tmp_path / "pwned"
+    bad = store.tasks / "task.000000.json"
+    planted = _task("task.000000", ["sh", "-c", f"id > {pwned}"])
+    if case == "another user's":
+        _write(bad, planted, NOBODY)
+    elif case == "a symlink":
+        _write(tmp_path / "elsewhere.json", planted)
+        bad.symlink_to(tmp_path / "elsewhere.json")
+    elif case == "a FIFO":
+        os.mkfifo(bad)
+    else:
+        _write(bad, {**planted, "command": f"id > {pwned}"})         # a string, not an argv
+    store.new_task("part.0000", ["true"], 1)                           # the user's own: task.000001
+    started = _one_round_of_the_agent(monkeypatch)
+    hung = []
+    watchdog = threading.Timer(60, lambda: (hung.append(1), _unblock(bad)))   # only a hang waits for it
+    watchdog.start()
+    try:
+        rc = run_agent(str(store.root), "part.0000", lead=True)
+    finally:
+        watchdog.cancel()
+    assert not hung, "the agent hung on the task record"
+    assert rc == 0 and started == ["task.000001"] and not pwned.exists()
+    with pytest.raises(StateError, match=rf"task record {bad}: "):
+        store.read_task("task.000000")
+
+
+# ---- malformed records: a message, never a traceback (issue 39, finding 11) -------------------------
+MALFORMED = [
+    "", "{", "[]", "null", "7", '"part.0000"', "\xff\xfe", "{}",
+    json.dumps({**_partition(), "state": "RUNNING"}),
+    json.dumps({**_partition(), "state": None}),
+    json.dumps({k: v for k, v in _partition().items() if k != "state"}),
+    json.dumps({k: v for k, v in _partition().items() if k != "history"}),
+    json.dumps({k: v for k, v in _partition().items() if k != "slice"}),
+    json.dumps({**_partition(), "slice": {"n1": 4}}),
+    json.dumps({**_partition(), "slice": {"n1": ["a", 0]}}),
+    json.dumps({**_partition(), "slice": []}),
+    json.dumps({**_partition(), "history": [[]]}),
+    json.dumps({**_partition(), "history": {}}),
+    json.dumps({**_partition(), "agent": None}),
+    json.dumps({**_partition(), "agent": {"command": "x"}}),
+    json.dumps({**_partition(), "description": "1 node"}),
+    json.dumps({**_partition(), "id": "part.0001"}),
+    json.dumps({**_partition(), "launched": "soon"}),
+    json.dumps({**_partition(), "message": ["x"]}),
+    json.dumps({**_partition(), "fan_out": {"pid": "x"}}),
+    json.dumps({**_partition(), "batch": "pbs", "fan_out": {"host": 1}}),
+]
+COMMANDS = [["stop", "part.0000"], ["stop", "ALL"], ["list"], ["wait", "part.0000", "--timeout", "0"],
+            ["wait", "ALL", "--timeout", "0"], ["run", "part.0000", "--no-wait", "--", "true"],
+            ["reconfig", "--stop", "part.0000"]]
+
+
+@pytest.fixture
+def cli_pilot(tmp_path, monkeypatch):
+    """`tether partition …` inside allocation 7, its squeue and scancel left out."""
+    from tether.pilot.allocation import SlurmAllocation
+
+    root = tmp_path / "pilot"
+
+    def agent_ends(pid: str) -> None:                  # what the agent records on the stop's SIGTERM
+        try:
+            store.transition(pid, CANCELED, "stopped")
+        except (StateError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+            pass                                        # today's store on a malformed record
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("TETHER_PILOT_DIR", str(root))
+    monkeypatch.setattr(SlurmAllocation, "steps", lambda self: [])
+    monkeypatch.setattr(SlurmAllocation, "nodes", lambda self: list(THREE))
+    monkeypatch.setattr(SlurmAllocation, "ask_stop", lambda self, record: agent_ends(record["id"]))
+    monkeypatch.setattr("tether.pilot.state.time.sleep", lambda s: None)
+    monkeypatch.setattr("tether.pilot.time.sleep", lambda s: None)
+    store = PilotStore(root).create()
+    return store
+
+
+def _partition_cli(*argv: str) -> int:
+    from tether.cli.main import main
+
+    return main(["partition", *argv])
+
+
+def _clear(capsys, rc: int) -> None:
+    """The command ended with 0 or 1 and every line it wrote to stderr is a message of tether's."""
+    err = capsys.readouterr().err
+    assert rc in (0, 1), err
+    assert all(line.startswith("tether: ") for line in err.splitlines()), err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("content", MALFORMED)
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_a_malformed_partition_record_gets_a_message_not_a_traceback(cli_pilot, capsys, content, command):
+    path = cli_pilot.parts / "part.0000.json"
+    path.write_bytes(b"\xff\xfe" if content == "\xff\xfe" else content.encode())     # not UTF-8, or the text
+    rc = _partition_cli(*command)
+    _clear(capsys, rc)
+    if "part.0000" in command and command[0] != "reconfig":
+        assert rc == 1
+
+
+def test_stop_on_a_malformed_record_names_it(cli_pilot, capsys):
+    path = cli_pilot.parts / "part.0000.json"
+    path.write_text(json.dumps({k: v for k, v in _partition().items() if k != "state"}))
+    assert _partition_cli("stop", "part.0000") == 1
+    assert capsys.readouterr().err == (f"tether: partition record {path}: state: missing (a pilot record is "
+                                       f"tether's own: remove it, or the pilot directory, if it is not)\n")
+
+
+@pytest.mark.parametrize("pid", ["../tasks/task.000000", "part.1/../part.0000", "part.x", "", "ALL/..", "/etc/passwd"])
+def test_a_partition_id_must_have_a_partition_ids_form(cli_pilot, capsys, pid):
+    assert _partition_cli("stop", pid) == 1
+    assert capsys.readouterr().err.startswith(f"tether: {pid!r} is not a partition id (part.NNNN)")
+
+
+@pytest.mark.parametrize("content", MALFORMED[:8] + [
+    json.dumps(_task("task.000000", "true")), json.dumps(_task("task.000000", [])),
+    json.dumps(_task("task.000000", [1])), json.dumps(_task("task.000000", ["true"], ntasks="2")),
+    json.dumps(_task("task.000000", ["true"], state="GONE")), json.dumps(_task("task.000000", ["true"], partition=3)),
+    json.dumps(_task("task.000000", ["true"], history=None)), json.dumps(_task("task.000001", ["true"]))])
+def test_a_malformed_task_record_gets_a_message_not_a_traceback(cli_pilot, capsys, content):
+    _write(cli_pilot.parts / "part.0000.json", _partition())
+    _write(cli_pilot.tasks / "task.000000.json", content)
+    for command in COMMANDS:
+        rc = _partition_cli(*command)
+        _clear(capsys, rc)
+        _write(cli_pilot.parts / "part.0000.json", _partition())     # stop ended it: active again
+
+
+@pytest.mark.parametrize("name", ["part.x.json", "part..json", "part.0000.extra.json", "part.-1.json"])
+def test_stray_names_in_the_records_directory_do_not_break_new_ids(cli_pilot, capsys, name):
+    (cli_pilot.parts / name).write_text("{}")
+    (cli_pilot.tasks / name.replace("part", "task")).write_text("{}")
+    with cli_pilot.lock():
+        pid = cli_pilot.new_partition({"nodes": 1, "config": "default"}, {"command": None, "cores": 0, "gpus": 0})["id"]
+    assert pid == "part.0000"
+    assert cli_pilot.new_task(pid, ["true"], 1)["id"] == "task.000000"
+    assert _partition_cli("list") == 0
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                       max_size=3), max_leaves=8)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["partition", "task"]), key=st.sampled_from(sorted({*_partition(), *_task("t", [])})),
+       value=json_values | st.just(KeyError), command=st.sampled_from(COMMANDS))
+def test_fuzzed_records_get_a_message_not_a_traceback(cli_pilot, capsys, kind, key, value, command):
+    """One field of a partition or task record replaced by any JSON value (or removed), then each
+    `tether partition` command: it works or says what is wrong, never a traceback."""
+    part, task = _partition(), _task("task.000000", ["true"])
+    record = part if kind == "partition" else task
+    if value is KeyError:
+        record.pop(key, None)
+    else:
+        record[key] = value
+    _write(cli_pilot.parts / "part.0000.json", part)
+    _write(cli_pilot.tasks / "task.000000.json", task)
+    _clear(capsys, _partition_cli(*command))
+
+
+def test_list_names_a_record_it_cannot_read(cli_pilot, capsys):
+    _write(cli_pilot.parts / "part.0000.json", _partition())
+    _write(cli_pilot.parts / "part.0001.json", {**_partition("part.0001"), "slice": []})
+    assert _partition_cli("list") == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("part.0000") and "part.0001" not in out
+    assert err == (f"tether: warning: partition record {cli_pilot.parts / 'part.0001.json'}: slice: not a mapping of "
+                   f"node to [cores, gpus] (a pilot record is tether's own: remove it, or the pilot directory, if it "
+                   f"is not)\n")
