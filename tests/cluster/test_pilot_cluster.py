@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
+import time
 
 import pytest
 from helpers import user_processes, wait_until
@@ -17,7 +19,6 @@ from tether.pilot.state import ENDED, TERMINATED
 from tether.pilot.submit import SCRIPT_ENDED
 
 pytestmark = pytest.mark.cluster
-
 
 
 def test_partitions_of_one_allocation(cluster):
@@ -143,3 +144,46 @@ def test_partitions_in_a_plain_sbatch_job_run_their_tasks(cluster):
     shutil.rmtree(pilot_dir, ignore_errors=True)
     assert "RAN part.0000 on" in text and "TASK-EXIT=3" in text, text
     assert "Memory required by task is not available" not in text, text
+
+
+def test_a_pilot_directory_planted_by_another_user_runs_nothing(cluster):
+    """Issue 39, finding 1, through the daemons: another user (nobody) makes the directory the
+    victim's job names in TETHER_PILOT_DIR first (`mkdir -m777 p{,/partitions,/tasks}`) and puts a
+    QUEUED task for the victim's first partition in it. The victim's `tether partition create`
+    refuses the directory, naming it and what to do, and nothing runs -- before, the victim's agent
+    ran the task as the victim."""
+    work = cluster.box.work_dir
+    planted, out = work / f"planted-pilot-{os.getpid()}", work / f"planted-pilot-{os.getpid()}.out"
+    pwned = planted / "pwned"
+    for d in (planted, planted / "partitions", planted / "tasks"):
+        d.mkdir()
+        os.chmod(d, 0o777)
+        os.chown(d, 65534, 65534)
+    task = planted / "tasks" / "task.000099.json"
+    task.write_text(json.dumps({"id": "task.000099", "partition": "part.0000", "command": ["sh", "-c", f"id > {pwned}"],
+                                "ntasks": 1, "state": "QUEUED", "exit_code": None, "nodes": [],
+                                "history": [["QUEUED", time.time()]]}))
+    os.chown(task, 65534, 65534)
+    planted_task = task.read_text()
+    t = cluster.box.tether[0]
+    script = "\n".join([
+        "#!/bin/sh", f"#SBATCH -N1 --time=5 --output={out}",
+        f"{t} partition create '1 node' --wait || exit 3",
+        f"for i in $(seq 60); do [ -e {pwned} ] && break; sleep 1; done",     # the agent's time to run it
+        f"cat {pwned}", ""])
+    done = cluster.sbatch_wait([f"--export=ALL,TETHER_PILOT_DIR={planted}"], input=script, check=False, timeout=240)
+    text = out.read_text()
+    out.unlink()
+    try:
+        assert not pwned.exists(), text
+        assert done.returncode == 3, text
+        uid = pwd.getpwnam(cluster.user).pw_uid
+        assert text.startswith(f"tether: pilot directory {planted}: it belongs to uid 65534 (nobody), not to you "
+                               f"(uid {uid}): tether keeps a pilot's records only in a directory of your own"), text
+        assert "TETHER_PILOT_DIR" in text and "Traceback" not in text, text
+        assert list((planted / "partitions").iterdir()) == [] and not (planted / "lock").exists()   # nothing written
+        assert task.read_text() == planted_task
+        assert not user_processes(cluster, "tether.pilot.agent")
+        assert cluster.in_service()
+    finally:
+        shutil.rmtree(planted)
