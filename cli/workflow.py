@@ -36,7 +36,7 @@ def status(args: argparse.Namespace) -> int:
     from ..workflow import PackError, pack_status
 
     try:
-        rows = pack_status(args.pack)
+        rows = pack_status(args.pack, scheduler=args.scheduler)
     except PackError as exc:
         err(str(exc))
         return EXIT_FAIL
@@ -123,7 +123,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=submit)
     p = wf_sub.add_parser("status", parents=[common], help="the pack's jobs and their states")
-    p.add_argument("pack", metavar="PACK", help="the pack id tether workflow submit printed")
+    p.add_argument("pack", metavar="PACK", help="the pack id tether workflow submit printed, or the pack's name")
+    p.add_argument("--scheduler", choices=("slurm", "pbs"), default="slurm")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=status)
     p = wf_sub.add_parser("release", parents=[common],

@@ -225,6 +225,26 @@ def set_dependency(kind: str, job_id: str | None = None, env: Mapping[str, str] 
     return _update(dependents(job, env), f"{kind}:{job}", env)
 
 
+def _pbs_pack_status(pack: str, env: Mapping[str, str]) -> list[dict]:
+    """The pack's jobs of this user from ``qstat -f -F json -x`` (tether's one PBS client): a pack's
+    job carries ``TETHER_PACK``/``TETHER_PACK_JOB`` in its variables (qsub -v)."""
+    from ..pbs_hooks.commands import PBSCommandError, job_status
+
+    me = env.get("USER") or __import__("pwd").getpwuid(os.getuid()).pw_name
+    try:
+        jobs = job_status(history=True, env=env)
+    except PBSCommandError as exc:
+        raise PackError(f"qstat: {exc}") from None
+    rows = []
+    for job_id, job in jobs.items():
+        pid = pack_of(f"{COMMENT_PREFIX}{job.variables.get('TETHER_PACK', '')}:", pack)
+        if pid and job.owner == me:
+            rows.append({"id": job_id, "state": job.state.upper(), "dependency": str(job.attrs.get("depend", "")),
+                         "comment": f"{COMMENT_PREFIX}{pid}:{job.variables.get('TETHER_PACK_JOB', '')}",
+                         "pack": pid, "job": job.variables.get("TETHER_PACK_JOB", "")})
+    return sorted(rows, key=lambda r: [int(p) if p.isdigit() else 0 for p in r["id"].split(".")[:1]])
+
+
 def pack_of(comment: str, pack: str) -> str | None:
     """The pack id of a job's comment when it is ``pack``'s: the id itself (``name-1a2b3c``) or the
     pack's name (every pack of that name)."""
@@ -237,10 +257,13 @@ def pack_of(comment: str, pack: str) -> str | None:
     return None
 
 
-def pack_status(pack: str, env: Mapping[str, str] | None = None) -> list[dict]:
+def pack_status(pack: str, env: Mapping[str, str] | None = None, *, scheduler: str = "slurm") -> list[dict]:
     """The jobs of the pack ``pack`` (its id, or its name: every pack of that name): from squeue
-    while queued or running, else from sacct. Each row names its pack."""
+    while queued or running, else from sacct; on PBS from qstat (finished ones too, where the
+    server keeps its history). Each row names its pack."""
     env = dict(os.environ if env is None else env)
+    if scheduler == "pbs":
+        return _pbs_pack_status(pack, env)
     rows = [r for r in _queue(env) if pack_of(r["comment"], pack)]
     seen = {r["id"] for r in rows}
     out = run_command(["sacct", "-n", "-X", "-P", "-o", "JobID,State,Start,End,Comment", "-S", "now-7days"],

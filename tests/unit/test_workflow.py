@@ -109,6 +109,30 @@ def test_a_pbs_pack_uses_depend_after_and_an_execution_time(tmp_path):
     assert pbs.job(second)["Variable_List"]["TETHER_PACK_JOB"] == "b"
 
 
+def test_a_pbs_packs_status_comes_from_qstat(tmp_path, capsys):
+    """On PBS, `tether workflow status` ran squeue ("squeue: fatal: ...", issue 40): it reads the
+    pack's jobs from qstat (their TETHER_PACK variables), by the pack's id or its name."""
+    from tether.cli.main import main
+    from tether.testing.pbs import FakePbs
+
+    pbs = FakePbs(tmp_path / "pbs")
+    pack = {"name": "pp", "jobs": [{"name": "a", "command": ["true"]}, {"name": "b", "delay": 3, "command": ["true"]}]}
+    result = submit_pack(pack, env=pbs.env(), scheduler="pbs")
+    old = dict(os.environ)
+    os.environ.update(pbs.env())
+    try:
+        for asked in (result["pack"], "pp"):
+            assert main(["workflow", "status", "--scheduler", "pbs", "--json", asked]) == 0
+            rows = json.loads(capsys.readouterr().out)
+            assert [(r["job"], r["id"], r["pack"]) for r in rows] == [("a", result["jobs"]["a"], result["pack"]),
+                                                                      ("b", result["jobs"]["b"], result["pack"])]
+        assert main(["workflow", "status", "--scheduler", "pbs", "other"]) == 1
+        assert "no pack other" in capsys.readouterr().err
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+
 def test_status_takes_the_packs_id_or_its_name_and_says_when_there_is_none(tmp_path, bin_dir, capsys):
     """`tether workflow status pc` (the pack's name) printed nothing and exited 0, as did an unknown
     id: only the generated id worked (issue 45). A name shows every pack of that name, each row
