@@ -247,6 +247,41 @@ def test_an_allocations_leftovers_go_at_its_end_and_no_link_is_followed(cluster,
     assert wait_until(cluster.in_service, timeout=30), cluster.node_states()
 
 
+# ---- issue 39, 6. a job directory that outlives its job on demand -----------------------------------
+def test_a_fake_step_directory_keeps_nothing_after_the_job(cluster):
+    """A batch job that made a step directory no step owns (step-fake, and step-<id> of steps that do
+    not run) and a 20 MB file directly in its job directory: both stayed after the job (the batch
+    step's end took any step-* name for a step still ending, and the job epilog removed only the
+    node's part). Now the job's directory goes whole."""
+    script = ('d=$TETHER_JOB_DIR/$SLURMD_NODENAME; mkdir "$d/step-fake" "$d/step-4000000" "$d/step-0" && '
+              'head -c 20M /dev/zero > "$TETHER_JOB_DIR/big" && touch "$d/step-fake/kept" && echo planted')
+    job = submit(cluster, "--slots=1", "--slot-type=cpu", "--wrap", script)
+    fields = cluster.wait_job(job)
+    assert fields["JobState"] == "COMPLETED" and "planted" in output_of(cluster, job), output_of(cluster, job)
+    assert wait_until(lambda: job not in job_entries(cluster), timeout=60), \
+        sorted(str(p) for p in (storage(cluster) / job).rglob("*"))
+    assert cluster.in_service(), cluster.node_states()
+
+
+def test_what_an_allocation_left_beside_its_node_parts_goes_with_the_last_node(cluster):
+    """salloc has no batch step: each node's job epilog removes its own part; what the job wrote
+    directly into its job directory (a file, a directory, a symlink, a FIFO, a directory named as a
+    node the job does not have) goes with the last node's, and then the job directory -- before,
+    every such entry stayed, and the directory too."""
+    first, second, third = cluster.nodes[:3]
+    plant = ('mkdir -p "$TETHER_JOB_DIR/results/$SLURMD_NODENAME" && '
+             'echo data > "$TETHER_JOB_DIR/out-$SLURMD_NODENAME" && echo planted')
+    top = f'ln -s /etc "$TETHER_JOB_DIR/etc-link"; mkfifo "$TETHER_JOB_DIR/fifo"; mkdir "$TETHER_JOB_DIR/{third}"'
+    out = cluster.as_user(["salloc", "--slots=2", "--slots-per-node=1", "--slot-type=cpu", "-w", f"{first},{second}",
+                           "sh", "-c", f"srun sh -c '{plant}'; srun -N1 -n1 sh -c '{top}'; echo JOB=$SLURM_JOB_ID"],
+                          timeout=120)
+    assert out.stdout.count("planted") == 2, (out.stdout, out.stderr)
+    job = out.stdout.split("JOB=")[1].split()[0]
+    assert wait_until(lambda: job not in job_entries(cluster), timeout=60), \
+        sorted(str(p) for p in (storage(cluster) / job).rglob("*"))
+    assert Path("/etc/passwd").is_file() and wait_until(cluster.in_service, timeout=30), cluster.node_states()
+
+
 # ---- 11. another user's private image --------------------------------------------------------------
 def test_another_users_private_rootfs_says_permission_denied(cluster, image, public_module_dir):
     ensure_user("tether-victim")
