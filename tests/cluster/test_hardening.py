@@ -321,6 +321,42 @@ def test_container_jobs_ended_by_their_time_limit_or_a_killed_launcher_leave_no_
     assert cluster.in_service(), cluster.node_states()
 
 
+# ---- issue 39, 10. more child cgroups than the keeper watches ---------------------------------------
+def test_a_process_hidden_past_the_keepers_watch_still_ends_with_its_step(cluster, image):
+    """The cgroup keeper watches at most 512 directories: a process the user moved into a child
+    cgroup made after those (here from the batch script, into the container step's freezer
+    directory) was in no directory of Slurm's, so the step's end never signalled it and it outlived
+    the job. Now the unwatched rest is swept: the process is moved into the step's own cgroup and
+    ends with the step, and the unwatched directories are removed, so Slurm removes its own."""
+    marker = f"sleep {1000 + os.getpid() % 1000}"
+    script = "\n".join([
+        "#!/bin/bash",
+        f"srun -N1 -n1 --container-image={image} sleep 8 & step=$!",
+        'S=/sys/fs/cgroup/freezer/slurm_$SLURMD_NODENAME/uid_$(id -u)/job_$SLURM_JOB_ID/step_0',
+        'for i in $(seq 100); do [ -d "$S" ] && break; sleep 0.1; done',
+        'for i in $(seq 1 600); do mkdir "$S/c$i" || exit 9; done',
+        f"{marker} & hidden=$!",
+        'echo $hidden > "$S/c600/cgroup.procs" && grep -q "^$hidden$" "$S/c600/cgroup.procs" && echo hidden',
+        "wait $step; echo step=$?",
+    ])
+    job = submit(cluster, "--slots=1", "--slot-type=cpu", "--time=5", "--wrap", script)
+    try:
+        fields = cluster.wait_job(job)
+        out = output_of(cluster, job)
+        assert "hidden" in out and fields["JobState"] == "COMPLETED", out
+        assert wait_until(lambda: not user_processes(cluster, marker), timeout=30), user_processes(cluster, marker)
+        assert wait_until(lambda: not job_cgroups(cluster, job), timeout=30), job_cgroups(cluster, job)
+        assert wait_until(cluster.in_service, timeout=30), cluster.node_states()
+    finally:
+        for line in user_processes(cluster, marker):       # a failing run's survivor, by its pid
+            os.kill(int(line.split()[0]), 9)
+        for cg in job_cgroups(cluster, job):                # what a failing run left: children first
+            for d in sorted(Path(cg).rglob("*"), key=lambda p: -len(p.parts)):
+                if d.is_dir():
+                    d.rmdir()
+            Path(cg).rmdir()
+
+
 # ---- 11. another user's private image --------------------------------------------------------------
 def test_another_users_private_rootfs_says_permission_denied(cluster, image, public_module_dir):
     ensure_user("tether-victim")
