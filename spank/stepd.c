@@ -856,7 +856,7 @@ static int is_other_node(const char *name, void *arg)
 static int another_nodes_part(int job_fd, struct other_nodes *o)
 {
 	struct dirent *d;
-	int found = 0, fd = dup(job_fd);
+	int found = 0, fd = openat(job_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* its own offset */
 	DIR *dir = fd >= 0 ? fdopendir(fd) : NULL;
 
 	if (dir == NULL) {
