@@ -287,17 +287,40 @@ static void sweep_one(int h, const char *pid, char *rest)
 		close(target);
 }
 
-/* Every process of the node in a user's cgroup below this step's directories (see the top). */
+/* One line of /proc/<pid>/cgroup ("<id>:<controllers>:<path>"): sweep ``pid`` if the path is
+ * below this step's directory in that hierarchy. */
+static void sweep_line(char *line, const char *pid)
+{
+	char *ctrl = strchr(line, ':'), *cg;
+
+	if (ctrl == NULL || (cg = strchr(++ctrl, ':')) == NULL)
+		return;
+	*cg++ = '\0';
+	for (int h = 0; h < keeper.nhier; h++) {
+		size_t len = strlen(keeper.hier[h].path);
+
+		if (strcmp(keeper.hier[h].ctrl, ctrl) == 0 && strncmp(cg, keeper.hier[h].path, len) == 0 &&
+		    cg[len] == '/' && keeper.dirs[keeper.hier[h].index].fd >= 0) {
+			sweep_one(h, pid, cg + len + 1);
+			return;
+		}
+	}
+}
+
+/* Every process of the node in a user's cgroup below this step's directories (see the top). Each
+ * line is read whole up to 4 KiB and cut there: a user's cgroups nested deep make a line longer,
+ * but the first of the user's directories, all sweep_one needs, comes long before. */
 static void sweep(void)
 {
-	static char buf[8192];
+	static char line[4096], chunk[4096];
 	DIR *proc = opendir("/proc");
 	struct dirent *e;
 
 	if (proc == NULL)
 		return;
 	while ((e = readdir(proc)) != NULL) {
-		char path[64], *save = NULL;
+		char path[64];
+		size_t len = 0;
 		ssize_t n;
 		int fd;
 
@@ -307,26 +330,21 @@ static void sweep(void)
 		fd = openat(dirfd(proc), path, O_RDONLY | O_CLOEXEC);
 		if (fd < 0)
 			continue;
-		n = read(fd, buf, sizeof(buf) - 1);
-		close(fd);
-		if (n <= 0)
-			continue;
-		buf[n] = '\0';
-		for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-			char *ctrl = strchr(line, ':'), *cg;
-
-			if (ctrl == NULL || (cg = strchr(++ctrl, ':')) == NULL)
-				continue;
-			*cg++ = '\0';
-			for (int h = 0; h < keeper.nhier; h++) {
-				size_t len = strlen(keeper.hier[h].path);
-
-				if (strcmp(keeper.hier[h].ctrl, ctrl) == 0 && strncmp(cg, keeper.hier[h].path, len) == 0 &&
-				    cg[len] == '/' && keeper.dirs[keeper.hier[h].index].fd >= 0) {
-					sweep_one(h, e->d_name, cg + len + 1);
-					break;
+		while ((n = read(fd, chunk, sizeof(chunk))) > 0)
+			for (ssize_t i = 0; i < n; i++) {
+				if (chunk[i] != '\n') {
+					if (len < sizeof(line) - 1)
+						line[len++] = chunk[i];
+					continue;
 				}
+				line[len] = '\0';
+				sweep_line(line, e->d_name);
+				len = 0;
 			}
+		close(fd);
+		if (len > 0) {
+			line[len] = '\0';
+			sweep_line(line, e->d_name);
 		}
 	}
 	closedir(proc);
