@@ -21,8 +21,8 @@ from ..job_submit import build as job_submit_build
 from ..spank import build as spank_build
 from ..system.files import install_file, set_conf_line
 from ..system.toolchain import (
-    BuildError, CBuild, Toolchain, find_toolchain, installed_slurm_version, read_stamp, system_plugin_dir,
-    write_stamp,
+    LDFLAGS, BuildError, CBuild, Toolchain, cflags, find_toolchain, installed_slurm_version, read_stamp,
+    system_plugin_dir, write_stamp,
 )
 from .host import LAUNCHER_NAME, ensure_image_root, ensure_storage_root, install_launcher
 
@@ -32,7 +32,8 @@ DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 
 def source_digest(toolchain: Toolchain) -> str:
     """A digest of everything compiled into the plugins (to skip identical rebuilds)."""
-    h = hashlib.sha256(repr(toolchain).encode())
+    h = hashlib.sha256(repr((toolchain, cflags(), LDFLAGS, spank_build.EXPORTS,
+                             job_submit_build.EXPORTS)).encode())
     for directory in (spank_build.source_dir(), job_submit_build.source_dir()):
         for path in sorted(directory.glob("*.[ch]")):
             h.update(path.name.encode() + path.read_bytes())

@@ -20,6 +20,8 @@ MODULE = "_tether_job_submit"
 UNITS = ("plugin.c", "cache.c", "worker.c")
 SPANK_UNITS = ("imageref.c",)     # the image grammar, shared with the SPANK plugin (the shape cache's)
 BRIDGE = "bridge.h"
+# What slurmctld looks up in a job_submit plugin (22.05 and later); nothing else is exported.
+EXPORTS = ("plugin_name", "plugin_type", "plugin_version", "init", "fini", "job_submit", "job_modify")
 
 
 def source_dir() -> Path:
@@ -103,4 +105,4 @@ def build(out_dir: Path, toolchain: Toolchain, cbuild: CBuild, *, extra_init: st
     return compile_cffi_plugin(module=MODULE, glue=GLUE, cdef=cdef(), embedding_api=embedding_api(),
                                init_code=INIT_CODE + extra_init, objects=objects(cbuild, toolchain),
                                include_dirs=[str(source_dir())], target=out_dir / SO_NAME,
-                               toolchain=toolchain, verbose=cbuild.verbose)
+                               toolchain=toolchain, exports=EXPORTS, verbose=cbuild.verbose)

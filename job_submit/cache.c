@@ -104,16 +104,24 @@ struct key {
 	size_t len, cap;
 };
 
-static void key_add(struct key *k, const char *s)
+/*
+ * One field of a key: a tag, the field's length in decimal, ':' and its bytes ("-" for a field that
+ * is not set). Every field says where it ends, so no byte inside one (a raw libslurm client can
+ * put any but NUL into a spank_job_env entry) makes two requests one key; the tag keeps what a
+ * request spelled ('v') apart from the class a shape key puts in its place ('c').
+ */
+static void key_put(struct key *k, char tag, const char *s)
 {
 	size_t n = s ? strlen(s) : 0;
+	char head[32];
+	int h = s ? snprintf(head, sizeof(head), "%c%zu:", tag, n) : snprintf(head, sizeof(head), "%c-", tag);
 
 	if (k->text == NULL)
 		return;
-	if (k->len + n + 2 > k->cap) {
+	if (k->len + (size_t)h + n + 1 > k->cap) {
 		char *bigger;
 
-		k->cap = (k->len + n + 2) * 2;
+		k->cap = (k->len + (size_t)h + n + 1) * 2;
 		bigger = realloc(k->text, k->cap);
 		if (bigger == NULL) {
 			free(k->text);
@@ -122,10 +130,16 @@ static void key_add(struct key *k, const char *s)
 		}
 		k->text = bigger;
 	}
+	memcpy(k->text + k->len, head, (size_t)h);
+	k->len += (size_t)h;
 	memcpy(k->text + k->len, s ? s : "", n);
 	k->len += n;
-	k->text[k->len++] = s ? '\x1f' : '\x1e'; /* separators that cannot occur in the fields */
 	k->text[k->len] = '\0';
+}
+
+static void key_add(struct key *k, const char *s)
+{
+	key_put(k, 'v', s);
 }
 
 /* The fields of ``job`` the handler reads, but spank_env. */
@@ -299,7 +313,7 @@ char *tether_shape_key(const tether_job_t *job, struct tether_counts *counts)
 			seen[what][fwd] = v;
 			snprintf(class, sizeof(class), "%s=#%s", shape_entries[e].name, v ? "N" : "0");
 		}
-		key_add(&k, class);
+		key_put(&k, 'c', class);
 		abstracted = 1;
 	}
 	if (!abstracted) { /* nothing a shape stands for: the request is its own shape */

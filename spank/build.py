@@ -21,6 +21,9 @@ from ..system.toolchain import CBuild, Toolchain, c_string
 SO_NAME = "spank_tether.so"
 UNITS = ("dispatch.c", "options.c", "imageref.c", "client.c", "stepd.c", "jobdirs.c", "cgkeeper.c")
 HEADER = "tether_names.h"
+# What Slurm looks up in a SPANK plugin (SPANK_PLUGIN's four symbols and the callbacks); nothing
+# else is exported, so no symbol of tether's can interpose on or be bound by another object.
+EXPORTS = ("plugin_name", "plugin_type", "plugin_version", "spank_plugin_version", "slurm_spank_*")
 
 
 def source_dir() -> Path:
@@ -113,5 +116,5 @@ def objects(cbuild: CBuild, toolchain_include: str, units: tuple[str, ...] = UNI
 def build(out_dir: Path, toolchain: Toolchain, cbuild: CBuild) -> Path:
     """Compile and link the SPANK plugin into ``out_dir``."""
     return cbuild.link(objects(cbuild, toolchain.include_dir), out_dir / SO_NAME, shared=True,
-                       link_args=["-Wl,-z,nodelete", "-Wl,-z,now"])
+                       link_args=["-Wl,-z,nodelete"], exports=EXPORTS)
 

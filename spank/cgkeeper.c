@@ -22,6 +22,15 @@
  * node's last task has exited, the keeping stops and the empty child cgroups are removed, before
  * Slurm removes its own (which it cannot while a child is left: they leaked).
  *
+ * At most MAX_DIRS directories are watched (bounded memory). A user who makes more has the rest
+ * swept instead: once a directory was not watched, every SWEEP_MS and when the keeping stops the
+ * thread reads each process's cgroups in /proc and moves a process it finds below this step's
+ * directory, in a cgroup of the user's, to the nearest of Slurm's directories above it -- no
+ * number of directories lets a process outlive the step (Slurm signals only the pids its own
+ * directories list). The sweep holds one file and at most two directories open at a time. The
+ * unwatched directories, empty once swept, are removed at the end too (up to REMOVE_DEPTH levels
+ * deep), so that Slurm can remove its own.
+ *
  * The thread never logs (a fork of a task while it held the log lock would leave the task stuck):
  * it counts, and tether_cgkeeper_stop reports. Every descriptor is close-on-exec; all signals
  * are blocked in the thread; any error stops only the keeping, never the step.
@@ -52,6 +61,9 @@
 #define FRESH_MS 3000
 #define FAST_MS 10
 #define SLOW_MS 500
+#define SWEEP_MS 2000
+#define REMOVE_DEPTH 32
+#define MAX_HIERARCHIES 16
 
 struct kdir {
 	int fd;          /* the directory, -1 once gone */
@@ -73,7 +85,10 @@ static struct {
 	int finished;    /* the thread has drained and removed: only closing its inotify instance is left */
 	int ndirs;
 	struct kdir dirs[MAX_DIRS];
-	unsigned long moved, failed, removed, overflow;
+	/* each hierarchy's step directory as /proc/<pid>/cgroup names it, for the sweep */
+	int nhier;
+	struct { char ctrl[64]; char path[512]; int index; } hier[MAX_HIERARCHIES];
+	unsigned long moved, failed, removed, overflow, swept;
 } keeper = { .inotify_fd = -1, .stop_pipe = { -1, -1 }, .lock = PTHREAD_MUTEX_INITIALIZER,
 	     .cond = PTHREAD_COND_INITIALIZER };
 
@@ -100,7 +115,7 @@ static void scan(int index);
 static int free_slot(void)
 {
 	for (int i = 0; i < keeper.ndirs; i++) {
-		int used = keeper.dirs[i].fd >= 0;
+		int used = keeper.dirs[i].fd >= 0 || keeper.dirs[i].parent < 0; /* a step directory's: the sweep's */
 
 		for (int j = 0; j < keeper.ndirs && !used; j++)
 			used = keeper.dirs[j].fd >= 0 && (keeper.dirs[j].parent == i || keeper.dirs[j].target == i);
@@ -110,8 +125,8 @@ static int free_slot(void)
 	return keeper.ndirs < MAX_DIRS ? keeper.ndirs : -1;
 }
 
-/* A directory found in dirs[parent] (or a step directory: parent -1, fd given). */
-static void add_dir(int parent, const char *name, int fd)
+/* A directory found in dirs[parent] (or a step directory: parent -1, fd given); its index, or -1. */
+static int add_dir(int parent, const char *name, int fd)
 {
 	struct stat st;
 	struct kdir *d;
@@ -120,12 +135,12 @@ static void add_dir(int parent, const char *name, int fd)
 	if (fd < 0)
 		fd = openat(keeper.dirs[parent].fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
-		return;
+		return -1;
 	index = free_slot();
 	if (index < 0 || fstatat(fd, "cgroup.procs", &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {
 		keeper.overflow += index < 0;
 		close(fd);
-		return;
+		return -1;
 	}
 	if (index == keeper.ndirs)
 		keeper.ndirs++;
@@ -143,11 +158,14 @@ static void add_dir(int parent, const char *name, int fd)
 	}
 	d->wd = watch(fd);            /* before the scan: nothing made in between is missed */
 	scan(index);
+	return index;
 }
 
 static void scan(int index)
 {
-	int fd = dup(keeper.dirs[index].fd);
+	/* a new open file, not a dup: a dup shares the offset, which the first scan left at the end,
+	 * so a second scan (after an inotify overflow) read nothing */
+	int fd = openat(keeper.dirs[index].fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	DIR *dir;
 	struct dirent *e;
 
@@ -226,6 +244,143 @@ static int drain(void)
 	return fresh;
 }
 
+/* Is ``fd``'s cgroup.procs Slurm's (root's), not a user's? */
+static int slurms(int fd)
+{
+	struct stat st;
+
+	return fstatat(fd, "cgroup.procs", &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0;
+}
+
+/* Process ``pid`` is in ``rest`` below hierarchy ``h``'s step directory: if that is a cgroup of the
+ * user's, move it to the deepest of Slurm's directories on the way (opened level by level from the
+ * step's, O_NOFOLLOW; at most two open at a time). */
+static void sweep_one(int h, const char *pid, char *rest)
+{
+	int target = dup(keeper.dirs[keeper.hier[h].index].fd), users = 0;
+	char *save = NULL;
+
+	for (char *name = strtok_r(rest, "/", &save); name && target >= 0; name = strtok_r(NULL, "/", &save)) {
+		int fd = openat(target, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+		if (fd < 0 || !slurms(fd)) {
+			users = fd >= 0;
+			if (fd >= 0)
+				close(fd);
+			break;
+		}
+		close(target);
+		target = fd;
+	}
+	if (target >= 0 && users) {
+		int out = openat(target, "cgroup.procs", O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+
+		if (out >= 0) {
+			if (write(out, pid, strlen(pid)) >= 0)
+				keeper.swept++;
+			else if (errno != ESRCH)
+				keeper.failed++;
+			close(out);
+		}
+	}
+	if (target >= 0)
+		close(target);
+}
+
+/* One line of /proc/<pid>/cgroup ("<id>:<controllers>:<path>"): sweep ``pid`` if the path is
+ * below this step's directory in that hierarchy. */
+static void sweep_line(char *line, const char *pid)
+{
+	char *ctrl = strchr(line, ':'), *cg;
+
+	if (ctrl == NULL || (cg = strchr(++ctrl, ':')) == NULL)
+		return;
+	*cg++ = '\0';
+	for (int h = 0; h < keeper.nhier; h++) {
+		size_t len = strlen(keeper.hier[h].path);
+
+		if (strcmp(keeper.hier[h].ctrl, ctrl) == 0 && strncmp(cg, keeper.hier[h].path, len) == 0 &&
+		    cg[len] == '/' && keeper.dirs[keeper.hier[h].index].fd >= 0) {
+			sweep_one(h, pid, cg + len + 1);
+			return;
+		}
+	}
+}
+
+/* Every process of the node in a user's cgroup below this step's directories (see the top). Each
+ * line is read whole up to 4 KiB and cut there: a user's cgroups nested deep make a line longer,
+ * but the first of the user's directories, all sweep_one needs, comes long before. */
+static void sweep(void)
+{
+	static char line[4096], chunk[4096];
+	DIR *proc = opendir("/proc");
+	struct dirent *e;
+
+	if (proc == NULL)
+		return;
+	while ((e = readdir(proc)) != NULL) {
+		char path[64];
+		size_t len = 0;
+		ssize_t n;
+		int fd;
+
+		if (e->d_name[0] < '1' || e->d_name[0] > '9' || strlen(e->d_name) > 10)
+			continue;
+		snprintf(path, sizeof(path), "%s/cgroup", e->d_name);
+		fd = openat(dirfd(proc), path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		while ((n = read(fd, chunk, sizeof(chunk))) > 0)
+			for (ssize_t i = 0; i < n; i++) {
+				if (chunk[i] != '\n') {
+					if (len < sizeof(line) - 1)
+						line[len++] = chunk[i];
+					continue;
+				}
+				line[len] = '\0';
+				sweep_line(line, e->d_name);
+				len = 0;
+			}
+		close(fd);
+		if (len > 0) {
+			line[len] = '\0';
+			sweep_line(line, e->d_name);
+		}
+	}
+	closedir(proc);
+}
+
+/* The user's empty cgroups below ``fd`` (directories not watched: past MAX_DIRS), children first,
+ * at most REMOVE_DEPTH levels down (one directory open per level). */
+static void remove_unwatched(int fd, int depth)
+{
+	int dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* its own offset, as in scan() */
+	DIR *dir = dfd >= 0 ? fdopendir(dfd) : NULL;
+	struct dirent *e;
+
+	if (dir == NULL) {
+		if (dfd >= 0)
+			close(dfd);
+		return;
+	}
+	while ((e = readdir(dir)) != NULL) {
+		int child, users;
+
+		if (e->d_type != DT_DIR || e->d_name[0] == '.')
+			continue;
+		child = openat(dirfd(dir), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (child < 0)
+			continue;
+		users = !slurms(child);
+		if (depth < REMOVE_DEPTH)
+			remove_unwatched(child, depth + 1);
+		close(child);
+		if (users && unlinkat(dirfd(dir), e->d_name, AT_REMOVEDIR) == 0)
+			keeper.removed++;
+	}
+	closedir(dir);
+}
+
 static int find_wd(int wd)
 {
 	for (int i = 0; i < keeper.ndirs; i++)
@@ -262,6 +417,7 @@ static void *keep(void *arg)
 	sigset_t all;
 	struct pollfd fds[2];
 	int fresh = 1;
+	long long swept_at = 0;
 
 	(void)arg;
 	sigfillset(&all);
@@ -280,8 +436,14 @@ static void *keep(void *arg)
 		if (rc > 0 && (fds[0].revents & POLLIN))
 			read_events();
 		fresh = drain();
+		if (keeper.overflow && now_ms() - swept_at >= SWEEP_MS) {
+			sweep();
+			swept_at = now_ms();
+		}
 	}
 	drain();
+	if (keeper.overflow)
+		sweep();
 	/* the user's empty child cgroups (rmdir refuses one with processes or children; a reused slot
 	 * may hold a child before its parent: a second pass takes the parents) */
 	for (int pass = 0; pass < 2; pass++)
@@ -295,6 +457,9 @@ static void *keep(void *arg)
 				d->fd = -1;
 			}
 		}
+	for (int h = 0; keeper.overflow && h < keeper.nhier; h++)
+		if (keeper.dirs[keeper.hier[h].index].fd >= 0)
+			remove_unwatched(keeper.dirs[keeper.hier[h].index].fd, 0);
 	pthread_mutex_lock(&keeper.lock);
 	keeper.finished = 1;
 	pthread_cond_signal(&keeper.cond);
@@ -349,7 +514,14 @@ static int open_step_dirs(uint32_t job_id, const char *slurm_step)
 			continue;
 		fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (fd >= 0) {
-			add_dir(-1, slurm_step, fd);
+			int index = add_dir(-1, slurm_step, fd);
+
+			if (index >= 0 && keeper.nhier < MAX_HIERARCHIES &&
+			    snprintf(keeper.hier[keeper.nhier].ctrl, sizeof(keeper.hier[0].ctrl), "%s", ctrl) <
+				    (int)sizeof(keeper.hier[0].ctrl) &&
+			    snprintf(keeper.hier[keeper.nhier].path, sizeof(keeper.hier[0].path), "%s/%s", prefix,
+				     slurm_step) < (int)sizeof(keeper.hier[0].path))
+				keeper.hier[keeper.nhier++].index = index;
 			found++;
 		}
 	}
@@ -397,8 +569,8 @@ void tether_cgkeeper_stop(void)
 	pthread_detach(keeper.thread);
 	if (keeper.moved || keeper.failed || keeper.overflow)
 		slurm_info("tether: kept %lu container process(es) in the step's cgroups (%lu failed, %lu "
-			   "cgroup(s) not watched), removed %lu empty child cgroup(s)",
-			   keeper.moved, keeper.failed, keeper.overflow, keeper.removed);
+			   "cgroup(s) not watched, %lu process(es) swept from those), removed %lu empty child cgroup(s)",
+			   keeper.moved, keeper.failed, keeper.overflow, keeper.swept, keeper.removed);
 	for (int i = 0; i < keeper.ndirs; i++)
 		if (keeper.dirs[i].fd >= 0)
 			close(keeper.dirs[i].fd);

@@ -540,7 +540,51 @@ int tether_has_leftovers(int parent, const char *name, int depth)
  */
 struct cleanup_env {
 	char cleanup[PATH_MAX + 32], home[PATH_MAX + 8], user[300];
+	/* the cgroup.procs of each cgroup v1 hierarchy's root where the daemon sits in a job's
+	 * cgroup (see job_cgroup_exits) */
+	char exits[16][128];
+	int nexits;
 };
+
+/*
+ * Where the cleanup leaves the job's cgroups. proctrack/cgroup keeps slurmstepd itself in the
+ * job's freezer cgroup (.../job_<id>, not the step's), so a process it forks starts there; the
+ * cleanup outlives the step by design, and Slurm's end of the job's last step (which moves
+ * slurmstepd to the hierarchy's root first) then could not remove job_<id> while the cleanup ran,
+ * and never tried again: an empty job_<id> stayed on the node for most container jobs ended by their
+ * time limit or with their launchers killed. The cleanup therefore moves to the root of each
+ * hierarchy in which the daemon is in a job's cgroup (a "job_<digits>" level, as Slurm names them),
+ * as Slurm moves slurmstepd. Read here, before fork(); written by the child, still root.
+ */
+static void job_cgroup_exits(struct cleanup_env *env)
+{
+	char line[512];
+	FILE *fh = fopen("/proc/self/cgroup", "re");
+
+	env->nexits = 0;
+	if (fh == NULL)
+		return;
+	while (env->nexits < 16 && fgets(line, sizeof(line), fh)) {
+		char *ctrl = strchr(line, ':'), *path, *job;
+
+		if (ctrl == NULL || (path = strchr(++ctrl, ':')) == NULL)
+			continue;
+		*path++ = '\0';
+		path[strcspn(path, "\n")] = '\0';
+		if (*ctrl == '\0' || strncmp(ctrl, "name=", 5) == 0 || strchr(ctrl, '/') || strstr(ctrl, ".."))
+			continue;   /* cgroup v2 (Slurm's own removal differs there), or a named hierarchy */
+		for (job = strstr(path, "/job_"); job; job = strstr(job + 1, "/job_")) {
+			size_t digits = strspn(job + 5, "0123456789");
+
+			if (digits > 0 && (job[5 + digits] == '/' || job[5 + digits] == '\0'))
+				break;
+		}
+		if (job && snprintf(env->exits[env->nexits], sizeof(env->exits[0]), "/sys/fs/cgroup/%s/cgroup.procs",
+				    ctrl) < (int)sizeof(env->exits[0]))
+			env->nexits++;
+	}
+	fclose(fh);
+}
 
 static volatile sig_atomic_t cleanup_timed_out;
 
@@ -587,6 +631,16 @@ __attribute__((noreturn)) static void cleanup_child(const char *launcher, int pi
 	setsid();
 	if (fork() != 0)
 		_exit(0); /* the grandchild is re-parented to init: outside the step */
+	for (int i = 0; i < env->nexits; i++) { /* and outside the job's cgroups (job_cgroup_exits) */
+		int fd = open(env->exits[i], O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+
+		if (fd >= 0) {
+			ssize_t moved = write(fd, "0", 1); /* "0": the writer; a failure leaves it where it was */
+
+			(void)moved;
+			close(fd);
+		}
+	}
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
 	for (int s = 1; s < NSIG; s++)
@@ -630,6 +684,7 @@ void tether_run_leftover_cleanup(const char *launcher, const char *where, uid_t 
 	snprintf(env.cleanup, sizeof(env.cleanup), "TETHER_CLEANUP=%s", where);
 	snprintf(env.home, sizeof(env.home), "HOME=%s", pw.pw_dir);
 	snprintf(env.user, sizeof(env.user), "USER=%s", pw.pw_name);
+	job_cgroup_exits(&env);
 	if (pipe2(fds, O_CLOEXEC) < 0) {
 		tether_error("tether: cleanup after %s: pipe: %s", what, strerror(errno));
 		return;

@@ -696,8 +696,120 @@ int tether_stepd_task_exit(spank_t sp)
 	return 0;
 }
 
-/* Does another step's directory remain under this node's part of job directory ``name`` (a step
- * still ending: its own end removes it, after its containers' cleanup)? Nothing is followed. */
+/* Does a file of /proc hold exactly ``want`` (its first ``len`` bytes, then NUL or its end)? */
+static int proc_file_starts(int pid_fd, const char *file, const char *want, size_t len, int whole)
+{
+	char buf[128];
+	ssize_t n;
+	int fd = openat(pid_fd, file, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf));
+	close(fd);
+	if (n < (ssize_t)len || memcmp(buf, want, len) != 0)
+		return 0;
+	return !whole || n == (ssize_t)len || buf[len] == '\0';
+}
+
+/* Is process ``pid_fd`` (a /proc/<pid> directory) root's through and through (real, effective,
+ * saved and filesystem uid 0)? Not the directory's owner: a user's process that made itself
+ * non-dumpable shows a root-owned /proc/<pid>. */
+static int proc_is_root(int pid_fd)
+{
+	char buf[4096], *uid;
+	unsigned r, e, sv, fs;
+	ssize_t n;
+	int fd = openat(pid_fd, "status", O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	uid = strstr(buf, "\nUid:");
+	return uid && sscanf(uid + 5, "%u %u %u %u", &r, &e, &sv, &fs) == 4 && (r | e | sv | fs) == 0;
+}
+
+/* Is process ``pid_fd`` not told apart from this slurmd's by its SLURM_CONF (both unset, or the
+ * same)? Several clusters on one host (developers' sandboxes) number their jobs alike. When in
+ * doubt (an environment beyond 64 KiB), it is: that only leaves the job's directory to the epilog. */
+static int proc_same_slurm(int pid_fd, const char *conf)
+{
+	const size_t cap = 64 * 1024;
+	char *env = malloc(cap + 1), *p;
+	size_t len = 0;
+	ssize_t n = 0;
+	int fd = openat(pid_fd, "environ", O_RDONLY | O_CLOEXEC), same = conf == NULL;
+
+	if (fd < 0 || env == NULL) {
+		if (fd >= 0)
+			close(fd);
+		free(env);
+		return 1;
+	}
+	while (len < cap && (n = read(fd, env + len, cap - len)) > 0)
+		len += (size_t)n;
+	close(fd);
+	env[len] = '\0';
+	if (len == cap)
+		same = 1;
+	for (p = env; p < env + len; p += strlen(p) + 1)
+		if (strncmp(p, "SLURM_CONF=", 11) == 0) {
+			same = conf && strcmp(p + 11, conf) == 0;
+			break;
+		}
+	free(env);
+	return same;
+}
+
+/*
+ * Is step directory ``label`` (step-<id>, step-batch, step-extern, step-interactive) one of a step of
+ * job ``job_id`` that slurmstepd still runs here? The user owns the node's directory and can make
+ * any name in it, and run any process; but not a root process titled "slurmstepd: [<job>.<step>]"
+ * (a heterogeneous step's component: "[<job>.<step>+<n>]") of this slurmd's configuration. Several
+ * slurmd on one host (the sandbox) see each other's steps: then a step of the job still running on
+ * another of them counts too, which only leaves the job's directory to the job epilog.
+ */
+static int step_still_running(uint32_t job_id, const char *label)
+{
+	const char *id = label + strlen(TETHER_STEP_PREFIX), *conf = getenv("SLURM_CONF");
+	char want[96];
+	struct dirent *d;
+	size_t n, digits = strspn(id, "0123456789");
+	int found = 0;
+	DIR *proc;
+
+	if (!(strcmp(id, "batch") == 0 || strcmp(id, "extern") == 0 || strcmp(id, "interactive") == 0 ||
+	      (digits > 0 && digits <= 10 && id[digits] == '\0' && (id[0] != '0' || digits == 1))))
+		return 0;
+	n = (size_t)snprintf(want, sizeof(want), "slurmstepd: [%u.%s", job_id, id);
+	if (n >= sizeof(want) || (proc = opendir("/proc")) == NULL)
+		return 0;
+	while (!found && (d = readdir(proc)) != NULL) {
+		int pid_fd;
+
+		if (d->d_name[0] < '1' || d->d_name[0] > '9')
+			continue;
+		pid_fd = openat(dirfd(proc), d->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (pid_fd < 0)
+			continue;
+		want[n] = ']';
+		found = proc_file_starts(pid_fd, "cmdline", want, n + 1, 1);
+		want[n] = '+';
+		found = found || proc_file_starts(pid_fd, "cmdline", want, n + 1, 0);
+		found = found && proc_is_root(pid_fd) && proc_same_slurm(pid_fd, conf);
+		close(pid_fd);
+	}
+	closedir(proc);
+	return found;
+}
+
+/* Does another step still end on this node: its directory under this node's part of job directory
+ * ``name``, of a step slurmstepd still runs (its own end removes it, after its containers'
+ * cleanup)? A directory the job made itself with such a name is not one. Nothing is followed. */
 static int other_steps_here(int root_fd, const char *name)
 {
 	const char *node = step.node[0] ? step.node : getenv("SLURMD_NODENAME");
@@ -723,10 +835,72 @@ static int other_steps_here(int root_fd, const char *name)
 		if (strncmp(d->d_name, TETHER_STEP_PREFIX, strlen(TETHER_STEP_PREFIX)) != 0 ||
 		    strcmp(d->d_name, step.step_name) == 0)
 			continue;
-		found = d->d_type == DT_DIR || (d->d_type == DT_UNKNOWN &&
-			fstatat(dirfd(dir), d->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode));
+		found = (d->d_type == DT_DIR || (d->d_type == DT_UNKNOWN &&
+			 fstatat(dirfd(dir), d->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))) &&
+			step_still_running(step.job_id, d->d_name);
 	}
 	closedir(dir);
+	return found;
+}
+
+struct other_nodes {
+	tether_hostlist_t nodes; /* the job's; NULL: unknown, every configured node counts */
+	const char *self;
+};
+
+/* Is ``name`` another node of the job's (of the cluster's, when the job's are unknown)? */
+static int is_other_node(const char *name, void *arg)
+{
+	const struct other_nodes *o = arg;
+	char *addr;
+
+	if (name[0] == '.' || strcmp(name, o->self) == 0)
+		return 0;
+	if (o->nodes)
+		return slurm_hostlist_find(o->nodes, name) >= 0;
+	addr = slurm_conf_get_address(name);
+	if (addr == NULL)
+		return 0;
+	slurm_xfree((void **)&addr);
+	return 1;
+}
+
+/* Does job directory ``job_fd`` hold a directory of another node of the job? */
+static int another_nodes_part(int job_fd, struct other_nodes *o)
+{
+	struct dirent *d;
+	int found = 0, fd = openat(job_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* its own offset */
+	DIR *dir = fd >= 0 ? fdopendir(fd) : NULL;
+
+	if (dir == NULL) {
+		if (fd >= 0)
+			close(fd);
+		return 1;
+	}
+	while (!found && (d = readdir(dir)) != NULL) {
+		struct stat st;
+
+		found = is_other_node(d->d_name, o) &&
+			(d->d_type == DT_DIR || (d->d_type == DT_UNKNOWN &&
+			 fstatat(dirfd(dir), d->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)));
+	}
+	closedir(dir);
+	return found;
+}
+
+/* Does job directory ``name`` hold a part of another node of the cluster (one that cannot be opened
+ * has none)? The batch step does not know the job's nodes: a directory of the job's own that takes
+ * a node's name only leaves the job's directory to the job epilog, which knows them. */
+static int other_nodes_at(int root_fd, const char *name)
+{
+	const char *node = step.node[0] ? step.node : getenv("SLURMD_NODENAME");
+	struct other_nodes others = { NULL, node ? node : "" };
+	int job_fd = openat(root_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), found;
+
+	if (job_fd < 0)
+		return 0;
+	found = another_nodes_part(job_fd, &others);
+	close(job_fd);
 	return found;
 }
 
@@ -734,7 +908,8 @@ static int other_steps_here(int root_fd, const char *name)
  * slurmstepd, as root, when the step ends (normally, failed, cancelled or timed out): the step's
  * directories; the job's and the node's stay for the job's next step. The end of the batch step is
  * the end of the job: then the whole job directory goes, whatever the job left in it -- unless
- * another step is still ending on this node (see below).
+ * another step is still ending on this node (see below), or another node has a part in it (its
+ * steps may still be ending): then the job epilog of the job's last node takes the rest.
  */
 void tether_stepd_exit(void)
 {
@@ -754,8 +929,9 @@ void tether_stepd_exit(void)
 	if (root_fd < 0)
 		return;
 	snprintf(name, sizeof(name), "%u", step.job_id);
-	if (step.step_id == SLURM_BATCH_SCRIPT && !other_steps_here(root_fd, name)) {
-		/* the job's end, with no other step left here: the job's directory goes whole */
+	if (step.step_id == SLURM_BATCH_SCRIPT && !other_steps_here(root_fd, name) && !other_nodes_at(root_fd, name)) {
+		/* the job's end, with no other step left here and no other node's part: the job's
+		 * directory goes whole */
 		if (tether_launcher && tether_has_leftovers(root_fd, name, 2))
 			tether_run_leftover_cleanup(tether_launcher, step.job_dir, step.uid, step.gid, what);
 		tether_remove_tree_at(root_fd, name);
@@ -787,19 +963,33 @@ void tether_stepd_exit(void)
 	close(root_fd);
 }
 
+/* The job's nodes in the epilog: slurmd's own SLURM_NODELIST (set after the job's spank
+ * environment, whose entries slurmd prefixes with SPANK_, so not the user's); NULL when absent. */
+static tether_hostlist_t epilog_nodes(void)
+{
+	const char *list = getenv("SLURM_NODELIST");
+
+	return list && list[0] ? slurm_hostlist_create(list) : NULL;
+}
+
 /*
  * slurmd's job epilog (`slurmstepd spank epilog`, as root, on each node of the job once its steps
  * there have ended): this node's part of the job's directory goes -- what an allocation without a
  * batch step (salloc) kept across its steps (a --container-name root, enroot's data) had nothing
- * else to remove it. A batch job's directory is gone already (tether_stepd_exit). Only the job id,
- * the uid and gid (spank items) and slurmd's own node name (SLURMD_NODENAME, which slurmd sets
- * after merging the job's spank environment) say where; nothing is followed, as at a step's end.
- * Never fails: an epilog error would drain the node.
+ * else to remove it, and a batch step's end leaves it when another step still ended here or another
+ * node had a part. The last node out then removes everything else the job left in its directory
+ * (files, directories, links -- beside the nodes' parts) and the directory itself: the job storage
+ * root may be shared between the nodes, so a node removes only its own part while another node of
+ * the job still has one (the last to remove its own sees none left, whatever the order). Only the
+ * job id, the uid and gid (spank items), slurmd's own node name (SLURMD_NODENAME) and the job's
+ * nodes (SLURM_NODELIST), which slurmd sets after merging the job's spank environment, say where;
+ * nothing is followed, as at a step's end. Never fails: an epilog error would drain the node.
  */
 void tether_job_epilog(spank_t sp)
 {
 	const char *node = getenv("SLURMD_NODENAME");
 	char name[32], where[PATH_MAX], what[64];
+	struct other_nodes others = { NULL, NULL };
 	uint32_t job_id;
 	uid_t uid;
 	gid_t gid;
@@ -829,6 +1019,18 @@ void tether_job_epilog(spank_t sp)
 	if (tether_launcher && tether_has_leftovers(job_fd, node, 1))
 		tether_run_leftover_cleanup(tether_launcher, where, uid, gid, what);
 	tether_remove_tree_at(job_fd, node);
+	others.nodes = epilog_nodes();
+	others.self = node;
+	if (!another_nodes_part(job_fd, &others)) {
+		int fd = dup(job_fd);
+
+		/* the last node out: no node of the job can make its part again now */
+		if (fd >= 0 && tether_remove_entries(fd, NULL, NULL) < 0)
+			tether_error("tether: job epilog of job %u: %s/%s could not be emptied completely", job_id,
+				     tether_job_storage_root, name);
+	}
+	if (others.nodes)
+		slurm_hostlist_destroy(others.nodes);
 	close(job_fd);
 	unlinkat(root_fd, name, AT_REMOVEDIR); /* only when no other node uses it any more */
 	close(root_fd);

@@ -7,9 +7,12 @@ every job user can read (Debian's), fix the interpreter's search paths at build 
 ``-z nodelete`` (slurmctld dlcloses plugins while Python still points into them) and
 ``--disable-new-dtags``, and install with a new inode.
 
-tether's own C files are compiled here, each on its own, with ``-Wall -Wextra -Werror`` into object
-files (once per build, whatever links them); cffi compiles only the glue it generates and links
-those objects in.
+tether's own C files are compiled here, each on its own, with ``-Wall -Wextra`` into object files
+(once per build, whatever links them); cffi compiles only the glue it generates and links those
+objects in. Everything is built hardened as pyxis builds its plugin: ``_FORTIFY_SOURCE=2``, the
+stack protector, full RELRO (``-z relro -z now``), and a plugin exports only the entry points
+Slurm looks up (a version script). ``-Werror`` is added only where ``TETHER_WERROR=1`` (the test
+run and CI): a site's compiler that warns about something new must not stop its install.
 """
 
 from __future__ import annotations
@@ -30,7 +33,25 @@ from .files import install_file, world_readable
 from .proc import CommandError, run_command
 
 SLURM_INCLUDE_DIRS = ("/usr/include", "/usr/local/include")
-CFLAGS = ("-std=gnu11", "-O2", "-fPIC", "-Wall", "-Wextra", "-Werror")
+# -U first: a compiler that defines _FORTIFY_SOURCE itself (Ubuntu's) would warn of a redefinition
+HARDENING = ("-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong")
+CFLAGS = ("-std=gnu11", "-O2", "-fPIC", "-Wall", "-Wextra", *HARDENING)
+LDFLAGS = ("-Wl,-z,relro,-z,now",)
+WERROR_ENV = "TETHER_WERROR"
+
+
+def cflags() -> tuple[str, ...]:
+    """The flags tether's C is compiled with: ``CFLAGS``, plus ``-Werror`` where ``TETHER_WERROR=1``
+    (the test run and CI; never a site's install)."""
+    return (*CFLAGS, "-Werror") if os.environ.get(WERROR_ENV) == "1" else CFLAGS
+
+
+def version_script(directory: Path, exports: Sequence[str]) -> Path:
+    """A linker version script in ``directory`` that exports ``exports`` (names or globs such as
+    ``slurm_spank_*``) and binds everything else locally."""
+    path = Path(directory) / "exports.map"
+    path.write_text("{\n  global:\n" + "".join(f"    {name};\n" for name in exports) + "  local:\n    *;\n};\n")
+    return path
 
 
 class BuildError(TetherError):
@@ -164,10 +185,10 @@ class CBuild:
 
     def compile(self, source: Path, *, include_dirs: Sequence[str] = (), defines: Sequence[str] = (),
                 header_dirs: Sequence[Path] = ()) -> Path:
-        """``source`` as an object file (-Wall -Wextra -Werror); its path. It is compiled again when
-        a header next to it or in ``header_dirs`` changed."""
+        """``source`` as an object file (``cflags()``); its path. It is compiled again when a header
+        next to it or in ``header_dirs`` changed."""
         source = Path(source)
-        flags = [*CFLAGS, *(f"-I{d}" for d in (source.parent, *include_dirs)), *defines]
+        flags = [*cflags(), *(f"-I{d}" for d in (source.parent, *include_dirs)), *defines]
         digest = hashlib.sha256(source.read_bytes() + repr(flags).encode())
         for header in [h for d in (source.parent, *header_dirs) for h in sorted(Path(d).glob("*.h"))]:
             digest.update(header.read_bytes())
@@ -180,12 +201,15 @@ class CBuild:
         return obj
 
     def link(self, objects: Sequence[Path], target: Path, *, shared: bool = False,
-             link_args: Sequence[str] = ()) -> Path:
+             link_args: Sequence[str] = (), exports: Sequence[str] | None = None) -> Path:
         """Link ``objects`` into ``target`` (a program, or with ``shared`` a shared object), installed
-        with mode 755 and a new inode (a running copy keeps the old one)."""
+        with mode 755 and a new inode (a running copy keeps the old one). ``exports``: the only
+        dynamic symbols a shared object defines (see ``version_script``)."""
         with tempfile.TemporaryDirectory(prefix="tether-build-") as tmp:
             out = Path(tmp) / target.name
-            argv = ["gcc", *(["-shared"] if shared else []), *map(str, objects), "-o", str(out), *link_args]
+            script = [f"-Wl,--version-script={version_script(Path(tmp), exports)}"] if exports is not None else []
+            argv = ["gcc", *(["-shared"] if shared else []), *map(str, objects), "-o", str(out), *LDFLAGS,
+                    *script, *link_args]
             _gcc(argv, target.name, self.verbose)
             install_file(out, target)
         return target
@@ -193,25 +217,28 @@ class CBuild:
 
 def compile_cffi_plugin(*, module: str, glue: str, cdef: str, embedding_api: str, init_code: str,
                         objects: Sequence[Path], include_dirs: Sequence[str], target: Path,
-                        toolchain: Toolchain, verbose: bool = False) -> Path:
+                        toolchain: Toolchain, exports: Sequence[str], verbose: bool = False) -> Path:
     """A cffi embedding module that is also a Slurm plugin: cffi compiles its generated glue (with
-    ``glue`` as the source prefix) and links tether's ``objects`` and libpython into ``target``."""
+    ``glue`` as the source prefix) and links tether's ``objects`` and libpython into ``target``,
+    which exports only ``exports``. Nothing of cffi's needs exporting: its module's init function
+    and the ``extern "Python"`` functions are called from inside the object, never looked up."""
     import cffi  # imported here: only the build needs the compiler side of cffi
 
-    ffi = cffi.FFI()
-    ffi.cdef(cdef)
-    ffi.embedding_api(embedding_api)
-    ffi.set_source(
-        module, glue,
-        include_dirs=[toolchain.include_dir, *include_dirs],
-        libraries=[toolchain.python_lib_name, "dl", "pthread"],
-        library_dirs=[str(Path(toolchain.libpython).parent)],
-        extra_objects=[str(o) for o in objects],
-        extra_compile_args=["-O2", "-fvisibility=default"],
-        extra_link_args=["-Wl,-z,nodelete", "-Wl,--disable-new-dtags", "-Wl,-z,now"],
-    )
-    ffi.embedding_init_code(init_code)
     with tempfile.TemporaryDirectory(prefix=f"tether-build-{module}-") as tmp:
+        ffi = cffi.FFI()
+        ffi.cdef(cdef)
+        ffi.embedding_api(embedding_api)
+        ffi.set_source(
+            module, glue,
+            include_dirs=[toolchain.include_dir, *include_dirs],
+            libraries=[toolchain.python_lib_name, "dl", "pthread"],
+            library_dirs=[str(Path(toolchain.libpython).parent)],
+            extra_objects=[str(o) for o in objects],
+            extra_compile_args=["-O2", "-fvisibility=default", *HARDENING],
+            extra_link_args=["-Wl,-z,nodelete", "-Wl,--disable-new-dtags", *LDFLAGS,
+                             f"-Wl,--version-script={version_script(Path(tmp), exports)}"],
+        )
+        ffi.embedding_init_code(init_code)
         try:
             built = ffi.compile(tmpdir=tmp, target=str(Path(tmp) / target.name), verbose=verbose)
         except Exception as exc:  # cffi raises VerificationError/CompileError with the compiler's text

@@ -24,6 +24,9 @@ settings.register_profile("thorough", max_examples=3000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# The test run builds tether's C with -Werror (tether.system.toolchain.cflags); a site's install does not.
+os.environ.setdefault("TETHER_WERROR", "1")
+
 def pytest_configure(config):
     """On another Slurm release (TETHER_TEST_SLURM) the tests' temporary files live in the release's
     sandbox directory, the one host directory its Debian root sees at the same path (its /tmp and

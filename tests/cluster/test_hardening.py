@@ -247,6 +247,116 @@ def test_an_allocations_leftovers_go_at_its_end_and_no_link_is_followed(cluster,
     assert wait_until(cluster.in_service, timeout=30), cluster.node_states()
 
 
+# ---- issue 39, 6. a job directory that outlives its job on demand -----------------------------------
+def test_a_fake_step_directory_keeps_nothing_after_the_job(cluster):
+    """A batch job that made a step directory no step owns (step-fake, and step-<id> of steps that do
+    not run) and a 20 MB file directly in its job directory: both stayed after the job (the batch
+    step's end took any step-* name for a step still ending, and the job epilog removed only the
+    node's part). Now the job's directory goes whole."""
+    script = ('d=$TETHER_JOB_DIR/$SLURMD_NODENAME; mkdir "$d/step-fake" "$d/step-4000000" "$d/step-0" && '
+              'head -c 20M /dev/zero > "$TETHER_JOB_DIR/big" && touch "$d/step-fake/kept" && echo planted')
+    job = submit(cluster, "--slots=1", "--slot-type=cpu", "--wrap", script)
+    fields = cluster.wait_job(job)
+    assert fields["JobState"] == "COMPLETED" and "planted" in output_of(cluster, job), output_of(cluster, job)
+    assert wait_until(lambda: job not in job_entries(cluster), timeout=60), \
+        sorted(str(p) for p in (storage(cluster) / job).rglob("*"))
+    assert cluster.in_service(), cluster.node_states()
+
+
+def test_what_an_allocation_left_beside_its_node_parts_goes_with_the_last_node(cluster):
+    """salloc has no batch step: each node's job epilog removes its own part; what the job wrote
+    directly into its job directory (a file, a directory, a symlink, a FIFO, a directory named as a
+    node the job does not have) goes with the last node's, and then the job directory -- before,
+    every such entry stayed, and the directory too."""
+    first, second, third = cluster.nodes[:3]
+    plant = ('mkdir -p "$TETHER_JOB_DIR/results/$SLURMD_NODENAME" && '
+             'echo data > "$TETHER_JOB_DIR/out-$SLURMD_NODENAME" && echo planted')
+    top = f'ln -s /etc "$TETHER_JOB_DIR/etc-link"; mkfifo "$TETHER_JOB_DIR/fifo"; mkdir "$TETHER_JOB_DIR/{third}"'
+    out = cluster.as_user(["salloc", "--slots=2", "--slots-per-node=1", "--slot-type=cpu", "-w", f"{first},{second}",
+                           "sh", "-c", f"srun sh -c '{plant}'; srun -N1 -n1 sh -c '{top}'; echo JOB=$SLURM_JOB_ID"],
+                          timeout=120)
+    assert out.stdout.count("planted") == 2, (out.stdout, out.stderr)
+    job = out.stdout.split("JOB=")[1].split()[0]
+    assert wait_until(lambda: job not in job_entries(cluster), timeout=60), \
+        sorted(str(p) for p in (storage(cluster) / job).rglob("*"))
+    assert Path("/etc/passwd").is_file() and wait_until(cluster.in_service, timeout=30), cluster.node_states()
+
+
+# ---- issue 39, 9. empty freezer cgroups of container jobs ----------------------------------------------
+def job_cgroups(cluster, job: str) -> list[str]:
+    """The cgroup v1 directories Slurm made for ``job`` on the sandbox's nodes (any hierarchy)."""
+    uid = int(cluster.run(["id", "-u", cluster.user]).stdout)
+    return sorted(str(p) for node in cluster.nodes
+                  for p in Path("/sys/fs/cgroup").glob(f"*/slurm_{node}/uid_{uid}/job_{job}"))
+
+
+def test_container_jobs_ended_by_their_time_limit_or_a_killed_launcher_leave_no_cgroup(cluster, image):
+    """14 of 16 container jobs ended by their time limit left an empty job_<id> freezer cgroup on
+    their nodes, and so did jobs whose launchers were killed: the containers' leftover cleanup, forked
+    by slurmstepd, started in the job's freezer cgroup (where proctrack/cgroup keeps slurmstepd) and
+    outlived the step, so Slurm's removal of job_<id> failed and was never tried again."""
+    spin = "srun -N1 sh -c 'while :; do sleep 1; done'"
+    timed = [submit(cluster, "-H", "--time=1", "-N1", f"--container-image={image}", "--wrap", spin)
+             for _ in range(5)]
+    killed = [submit(cluster, "-H", "--time=5", "-N1", f"--container-image={image}", "--wrap", spin)
+              for _ in range(3)]
+    # several sandboxes on one host share slurm_<node>/uid_<uid> (the same node names and user): a
+    # job id another one left a directory for says nothing here
+    fresh = {job for job in timed + killed if not job_cgroups(cluster, job)}
+    cluster.run(["scontrol", "release", ",".join(timed + killed)])
+    assert wait_until(lambda: all(cluster.job_fields(j).get("JobState") == "RUNNING" and
+                                  any(_comm(p) in ("tether-run", "tether-run-py") for p in _processes_of_job(j))
+                                  for j in killed), timeout=180, step=1)
+    time.sleep(3)                                           # the containers are up
+    for job in killed:
+        for pid in [p for p in _processes_of_job(job) if _comm(p) in ("tether-run", "tether-run-py")]:
+            os.kill(pid, 9)
+    assert wait_until(lambda: all(cluster.job_fields(j).get("JobState") not in ("RUNNING", "PENDING", "COMPLETING")
+                                  for j in timed + killed), timeout=300, step=2)
+    assert {cluster.job_fields(j)["JobState"] for j in timed} == {"TIMEOUT"}
+    checked = sorted(fresh)
+    assert len(checked) >= 4, (timed, killed, fresh)
+    assert wait_until(lambda: not any(job_cgroups(cluster, j) for j in checked), timeout=90, step=2), \
+        [c for j in checked for c in job_cgroups(cluster, j)]
+    assert cluster.in_service(), cluster.node_states()
+
+
+# ---- issue 39, 10. more child cgroups than the keeper watches ---------------------------------------
+def test_a_process_hidden_past_the_keepers_watch_still_ends_with_its_step(cluster, image):
+    """The cgroup keeper watches at most 512 directories: a process the user moved into a child
+    cgroup made after those (here from the batch script, into the container step's freezer
+    directory) was in no directory of Slurm's, so the step's end never signalled it and it outlived
+    the job. Now the unwatched rest is swept: the process is moved into the step's own cgroup and
+    ends with the step, and the unwatched directories are removed, so Slurm removes its own."""
+    marker = f"sleep {1000 + os.getpid() % 1000}"
+    script = "\n".join([
+        "#!/bin/bash",
+        f"srun -N1 -n1 --container-image={image} sleep 8 & step=$!",
+        'S=/sys/fs/cgroup/freezer/slurm_$SLURMD_NODENAME/uid_$(id -u)/job_$SLURM_JOB_ID/step_0',
+        'for i in $(seq 100); do [ -d "$S" ] && break; sleep 0.1; done',
+        'for i in $(seq 1 600); do mkdir "$S/c$i" || exit 9; done',
+        f"{marker} & hidden=$!",
+        'echo $hidden > "$S/c600/cgroup.procs" && grep -q "^$hidden$" "$S/c600/cgroup.procs" && echo hidden',
+        "wait $step; echo step=$?",
+    ])
+    job = submit(cluster, "--slots=1", "--slot-type=cpu", "--time=5", "--wrap", script)
+    try:
+        fields = cluster.wait_job(job)
+        out = output_of(cluster, job)
+        assert "hidden" in out and fields["JobState"] == "COMPLETED", out
+        assert wait_until(lambda: not user_processes(cluster, marker), timeout=30), user_processes(cluster, marker)
+        assert wait_until(lambda: not job_cgroups(cluster, job), timeout=30), job_cgroups(cluster, job)
+        assert wait_until(cluster.in_service, timeout=30), cluster.node_states()
+    finally:
+        for line in user_processes(cluster, marker):       # a failing run's survivor, by its pid
+            os.kill(int(line.split()[0]), 9)
+        for cg in job_cgroups(cluster, job):                # what a failing run left: children first
+            for d in sorted(Path(cg).rglob("*"), key=lambda p: -len(p.parts)):
+                if d.is_dir():
+                    d.rmdir()
+            Path(cg).rmdir()
+
+
 # ---- 11. another user's private image --------------------------------------------------------------
 def test_another_users_private_rootfs_says_permission_denied(cluster, image, public_module_dir):
     ensure_user("tether-victim")

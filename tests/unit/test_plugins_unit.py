@@ -4,6 +4,7 @@ reading spank_job_env, build/install helpers."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import sysconfig
@@ -19,7 +20,7 @@ from tether.job_submit.handler import _on_failure_of_broken, gres_prefix, tether
 from tether.spank.build import names_header
 from tether.system import toolchain
 from tether.system.files import set_conf_line, world_readable
-from tether.system.toolchain import CFLAGS, BuildError
+from tether.system.toolchain import BuildError, cflags
 
 from helpers import REPO
 
@@ -47,7 +48,7 @@ C_UNITS = sorted((REPO / "spank").glob("*.c")) + sorted((REPO / "job_submit").gl
 @pytest.mark.parametrize("unit", C_UNITS, ids=[f"{u.parent.name}/{u.name}" for u in C_UNITS])
 def test_each_c_unit_compiles_on_its_own(unit, tmp_path):
     include = ["-I/usr/include", f"-I{REPO / 'spank'}", f"-I{sysconfig.get_paths()['include']}"]
-    result = subprocess.run(["gcc", *CFLAGS, *include, "-c", str(unit), "-o", str(tmp_path / "unit.o")],
+    result = subprocess.run(["gcc", *cflags(), *include, "-c", str(unit), "-o", str(tmp_path / "unit.o")],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
@@ -170,3 +171,72 @@ def test_the_handler_skips_its_stat_when_the_shim_vouches_for_the_config(tmp_pat
         job.ntasks_per_node = job.cpus_per_task = 0xfffe
         assert h.submit(job, 1000, 1) == ACCEPT, ffi.string(job.msg)
         assert stats == expected
+
+
+# ---- the hardened build (issue 39): what the built objects show -----------------------------------
+
+SPANK_ENTRY_POINTS = {"plugin_name", "plugin_type", "plugin_version", "spank_plugin_version"}
+JOB_SUBMIT_ENTRY_POINTS = {"plugin_name", "plugin_type", "plugin_version", "init", "fini", "job_submit",
+                           "job_modify"}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, Path]:
+    """Both plugins, tether-run and tether-jobdirs, built as `tether slurm build` and `tether pbs
+    install` build them (in a temporary directory)."""
+    from tether.admin.pbs import build_helper
+    from tether.admin.slurm import build_plugins
+    from tether.container.rank_launcher import build_rank_launcher
+
+    out = tmp_path_factory.mktemp("hardened")
+    build_plugins(out / "slurm", log=lambda *_: None)
+    (out / "libexec").mkdir()
+    settings = {"runtime": "podman", "environment": "inherit",
+                "podman": {"args": [], "env": {}, "store": str(out / "store-{uid}")}}
+    return {"spank": out / "slurm" / "spank_tether.so", "job_submit": out / "slurm" / "job_submit_tether.so",
+            "tether-run": build_rank_launcher(out / "tether-run", None, settings, "/bin/false"),
+            "tether-jobdirs": build_helper(out / "libexec", build_dir=out / "jobdirs-build")}
+
+
+def _tool(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+
+def dynamic_symbols(path: Path, *, defined: bool) -> set[str]:
+    out = _tool("nm", "-D", "--defined-only" if defined else "--undefined-only", str(path))
+    return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
+
+
+@pytest.mark.parametrize("name,expected", [("spank", SPANK_ENTRY_POINTS), ("job_submit", JOB_SUBMIT_ENTRY_POINTS)])
+def test_a_plugin_exports_only_its_entry_points(built, name, expected):
+    """A version script leaves Slurm's entry points the only dynamic symbols a plugin defines: no
+    tether_* function (nor cffi's, nor the embedded module's) can be bound by another object."""
+    exported = dynamic_symbols(built[name], defined=True)
+    callbacks = {s for s in exported if s.startswith("slurm_spank_")} if name == "spank" else set()
+    assert exported - callbacks == expected
+    if name == "spank":
+        assert {"slurm_spank_init", "slurm_spank_init_post_opt", "slurm_spank_exit",
+                "slurm_spank_job_epilog"} <= callbacks
+
+
+@pytest.mark.parametrize("name", ["spank", "job_submit", "tether-run", "tether-jobdirs"])
+def test_everything_tether_builds_is_hardened(built, name):
+    """Full RELRO (GNU_RELRO, bound now), the stack protector and _FORTIFY_SOURCE=2 (checked
+    variants of libc's calls imported), as pyxis builds its plugin."""
+    path = built[name]
+    dynamic = _tool("readelf", "-dW", str(path))
+    assert re.search(r"\(FLAGS\)\s.*\bBIND_NOW\b", dynamic) or re.search(r"\(BIND_NOW\)", dynamic), dynamic
+    assert re.search(r"\(FLAGS_1\)\s.*\bNOW\b", dynamic), dynamic
+    assert "GNU_RELRO" in _tool("readelf", "-lW", str(path))
+    imported = dynamic_symbols(path, defined=False)
+    assert "__stack_chk_fail" in imported
+    assert {s for s in imported if s.endswith("_chk") and s != "__stack_chk_fail"}, sorted(imported)
+
+
+def test_werror_only_where_asked(monkeypatch):
+    """-Werror where TETHER_WERROR=1 (the test run, CI), never in a site's install."""
+    monkeypatch.setenv(toolchain.WERROR_ENV, "1")
+    assert "-Werror" in toolchain.cflags()
+    monkeypatch.delenv(toolchain.WERROR_ENV)
+    assert "-Werror" not in toolchain.cflags()
+    assert {"-D_FORTIFY_SOURCE=2", "-fstack-protector-strong", "-O2"} <= set(toolchain.cflags())

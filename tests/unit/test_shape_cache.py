@@ -14,6 +14,8 @@ import os
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tether.job_submit import build as job_submit_build
 from tether.job_submit.handler import ACCEPT, Handler
@@ -25,6 +27,8 @@ char *tether_shape_key(const tether_job_t *job, struct tether_counts *counts);
 int tether_shape_lookup(tether_job_t *job, const char *key, const struct tether_counts *counts);
 void tether_shape_store(const tether_job_t *job, const char *key, int rc);
 char *tether_cache_key(const tether_job_t *job);
+int tether_cache_lookup(tether_job_t *job, const char *key);
+void tether_cache_store(const tether_job_t *job, const char *key, int rc);
 void free(void *);
 """
 
@@ -223,6 +227,112 @@ def test_a_shape_key_stands_for_counts_and_image_only(shim):
     assert key(spank_env=forwarded)[1] == (1, 6, 0, 1)                         # TETHER_SLOTS wins
     assert key(spank_env={"TETHER_CONTAINER_NAME": "x"}) is None                  # nothing to stand for
     assert NO_VAL and NO_VAL16
+
+
+def handler_on(shim, tmp_path, config_name: str) -> JobSubmit:
+    """A JobSubmit whose handler's config stamps reach the compiled cache (as in the plugin)."""
+    config = tmp_path / "tether.yaml"
+    config.write_text(CONFIGS[config_name])
+    js = JobSubmit.__new__(JobSubmit)
+    js.ffi, js.lib, js._keep = shim.ffi, ShimLib(shim.lib), []
+    js.handler = Handler(shim.ffi, js.lib, env={"TETHER_CONFIG": str(config)})
+    assert js.handler.init() == ACCEPT
+    return js
+
+
+def c_key(shim, make, job: dict) -> bytes | None:
+    """``make``'s key (tether_cache_key or tether_shape_key) of ``job``, freed."""
+    ffi, lib = shim.ffi, shim.lib
+    js = JobSubmit.__new__(JobSubmit)
+    js.ffi, js._keep = ffi, []
+    args = (js.struct(job),) if make is lib.tether_cache_key else (js.struct(job), ffi.new("struct tether_counts *"))
+    k = make(*args)
+    if k == ffi.NULL:
+        return None
+    text = ffi.string(k)
+    lib.free(k)
+    return text
+
+
+# Two requests a raw libslurm client can send that once made the same key (issue 39, finding 7):
+# the fields were joined with 0x1f, which a spank_job_env entry may hold; and a shape's class of a
+# valid image ("TETHER_CONTAINER_IMAGE=#image") was spelled as a request could spell its image.
+COLLIDING = [
+    ({"TETHER_SLOTS": "4", "TETHER_SLOT_TYPE": "cpu"}, {"TETHER_SLOTS": "4\x1fTETHER_SLOT_TYPE=cpu"}),
+    ({"TETHER_SLOTS": "4", "TETHER_SLOT_TYPE": "cpu"}, {"TETHER_SLOTS": "4\x1eTETHER_SLOT_TYPE=cpu"}),
+    ({"TETHER_SLOTS": "4"}, {"TETHER_SLOTS": "4\x1f"}),
+    ({"A": "1", "B": "2"}, {"A": "1\x1fB=2"}),
+]
+
+
+@pytest.mark.parametrize("plain,crafted", COLLIDING)
+def test_a_separator_inside_an_entry_is_another_request(shim, tmp_path, plain, crafted):
+    """The exact collision of finding 7: after the plain request was answered (and kept), the single
+    crafted entry is not answered from the cache -- the handler refuses it, so must the plugin."""
+    ffi, lib = shim.ffi, shim.lib
+    js = handler_on(shim, tmp_path, "tres-gres")
+    assert c_key(shim, lib.tether_cache_key, {"spank_env": plain}) != \
+        c_key(shim, lib.tether_cache_key, {"spank_env": crafted})
+
+    first = js.struct({"spank_env": plain, "uid": 1000})
+    rc = js.handler.submit(first, 1000, 1)
+    key = lib.tether_cache_key(first)
+    lib.tether_cache_store(first, key, rc)
+    lib.free(key)
+
+    truth = js.struct({"spank_env": crafted, "uid": 1000})
+    expected = js.handler.submit(truth, 1000, 1), answer_of(ffi, truth)
+    probe = js.struct({"spank_env": crafted, "uid": 1000})
+    key = lib.tether_cache_key(probe)
+    found = lib.tether_cache_lookup(probe, key)
+    lib.free(key)
+    assert found == 0 or (found, answer_of(ffi, probe)) == expected
+
+
+# entries as a raw libslurm client can send them: any bytes but NUL, the separators most of all
+entry_text = st.text(st.sampled_from("AB=4\x1e\x1f:-v0c1#"), max_size=8)
+
+
+@given(a=st.lists(entry_text, max_size=4), b=st.lists(entry_text, max_size=4),
+       partition=st.sampled_from([None, "", "p", "p\x1fv-"]))
+def test_two_requests_have_one_key_only_when_they_are_one_request(shim, a, b, partition):
+    """The answers cache's key is injective: requests whose entries differ never share a key."""
+    def job(entries):
+        return {"spank_env": dict(e.split("=", 1) if "=" in e else (e, "") for e in entries),
+                "partition": partition}
+
+    ja, jb = job(a), job(b)
+    same = list(ja["spank_env"].items()) == list(jb["spank_env"].items())  # entries in order
+    assert (c_key(shim, shim.lib.tether_cache_key, ja) == c_key(shim, shim.lib.tether_cache_key, jb)) == same
+
+
+def test_a_shapes_class_is_not_a_requests_entry(shim, tmp_path):
+    """A valid image stands for its class in the shape key; an entry spelled as that class (not an
+    image: the handler refuses it) is another key, never the shape's answer."""
+    ffi, lib = shim.ffi, shim.lib
+    js = handler_on(shim, tmp_path, "tres-gres")
+    shaped = {"TETHER_SLOTS": "8", "TETHER_CONTAINER_IMAGE": "ubuntu:22.04"}
+    spelled = {"TETHER_SLOTS": "8", "TETHER_CONTAINER_IMAGE": "#image"}
+    assert c_key(shim, lib.tether_shape_key, {"spank_env": shaped}) != \
+        c_key(shim, lib.tether_shape_key, {"spank_env": spelled})
+
+    first = js.struct({"spank_env": shaped, "uid": 1000})
+    rc = js.handler.submit(first, 1000, 1)
+    assert rc == ACCEPT and first.shaped
+    counts = ffi.new("struct tether_counts *")
+    key = lib.tether_shape_key(first, counts)
+    lib.tether_shape_store(first, key, rc)
+    lib.free(key)
+
+    truth = js.struct({"spank_env": spelled, "uid": 1000})
+    expected = js.handler.submit(truth, 1000, 1)
+    assert expected != ACCEPT
+    probe = js.struct({"spank_env": spelled, "uid": 1000})
+    key = lib.tether_shape_key(probe, counts)
+    assert key != ffi.NULL
+    found = lib.tether_shape_lookup(probe, key, counts)
+    lib.free(key)
+    assert found == 0
 
 
 def test_the_handlers_quantity_codes_are_bridge_hs():
