@@ -384,7 +384,7 @@ def test_install_prints_the_lines_and_write_applies_them(cluster, tmp_path):
     common = ["--build-dir", str(cluster.box.plugin_build_dir), "--slurm-conf", str(conf), "--config", str(config)]
     dry = cluster.run([*tether, "slurm", "install", *common])
     line = (f"required {tmp_path}/plugins/spank_tether.so job_storage_root={storage} "
-            f"launcher={tmp_path}/plugins/tether-run")
+            f"launcher={tmp_path}/plugins/tether-run user_dirs=/run/tether:/var/lib/tether/users")
     assert "JobSubmitPlugins=lua,tether" in dry.stdout and line in dry.stdout
     assert "JobSubmitPlugins=lua\n" in conf.read_text()                 # not written without --write
     assert not storage.exists() and not (tmp_path / "plugins").exists()  # nothing installed either
