@@ -303,8 +303,9 @@ def _supervise(launch: Launch, subreaper: bool, first=None) -> int:
     if launch.marker and cleaned:
         remove_file(launch.marker)
     reaped, left, ran_out = _reap_descendants(GRACE_SECONDS, lambda: runtime_own(launch.runtime_own))
+    ended = _end_runtime_own(left)
     if os.environ.get(TELL_REAPING_VAR):
-        tell_reaping("python", reaped, left, ran_out)
+        tell_reaping("python", reaped, left, ended, ran_out)
     code = _outcome(launch, status, monitor_killed, not_created)
     return EXIT_LAUNCH_FAILED if saved is False and code == 0 else code
 
@@ -558,14 +559,47 @@ def _reap_descendants(grace: float, runtime_own=frozenset) -> tuple[int, list[in
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
 
 
+def _end_runtime_own(pids: list[int], bound: float = 1.0) -> int:
+    """End the runtime's own processes this launcher was left with (podman's pause process, made by
+    this rank's podman, which the step's end would kill anyway): SIGKILL, reaped within ``bound``
+    seconds. Left to the step's end, Slurm's proctrack/cgroup finds a process in the step after
+    its tasks, SIGKILLs it and looks again only a second later -- a second every step on a cold node
+    paid. Podman commands that joined its user namespace keep it; a later one makes a new pause
+    process. How many were reaped."""
+    if not pids:
+        return 0
+    pending, deadline = set(pids), time.monotonic() + bound
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    try:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        while True:
+            for pid in list(pending):
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        pending.discard(pid)
+                except ChildProcessError:
+                    pending.discard(pid)
+            left = deadline - time.monotonic()
+            if not pending or left <= 0 or signal.sigtimedwait({signal.SIGCHLD}, left) is None:
+                return len(pids) - len(pending)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+
+
 TELL_REAPING_VAR = "TETHER_RUN_TELL_REAPING"   # the tests' question: what the launcher waited for
 
 
-def tell_reaping(launcher: str, reaped: int, left: list[int], ran_out: bool) -> None:
-    """The answer to TETHER_RUN_TELL_REAPING, on stderr, as tether_run.c writes it."""
+def tell_reaping(launcher: str, reaped: int, left: list[int], ended: int, ran_out: bool) -> None:
+    """The answer to TETHER_RUN_TELL_REAPING, on stderr, as tether_run.c writes it: how many
+    processes were reaped after the runtime, the runtime's own it did not wait for, how many of
+    those it ended, whether the grace ran out."""
     print(f"tether-run: after the runtime: launcher={launcher} reaped={reaped} "
-          f"runtime_own={','.join(map(str, left)) or 'none'} grace_ran_out={int(ran_out)}", file=sys.stderr,
-          flush=True)
+          f"runtime_own={','.join(map(str, left)) or 'none'} ended={ended} grace_ran_out={int(ran_out)}",
+          file=sys.stderr, flush=True)
 
 
 def runtime_own(kept) -> frozenset[int]:

@@ -776,8 +776,9 @@ def test_the_launcher_never_waits_for_the_runtimes_own_pause_process(tmp_path, r
     (catatonit -P), which outlives the container for the user's later podman commands and -- the
     launcher being a child subreaper -- becomes the launcher's child. The launcher waited its whole
     grace (5 s) for it in every step on a cold node. Now it still waits for the monitor finishing
-    (conmon) but leaves the pause process podman recorded to the step's end; a record that names
-    another process (stale: its pid reused) makes nothing the runtime's own."""
+    (conmon), but not for the pause process podman recorded: it ends that one itself, as the step's
+    end would (left there, it cost the step a second of Slurm's). A record that names another
+    process (stale: its pid reused) makes nothing the runtime's own."""
     bin_dir, run = tmp_path / "bin", tmp_path / "run"
     bin_dir.mkdir()
     for name in ("catatonit", "conmon"):          # processes with those command names
@@ -802,10 +803,10 @@ def test_the_launcher_never_waits_for_the_runtimes_own_pause_process(tmp_path, r
         pause, monitor = (int((tmp_path / name).read_text()) for name in ("pause", "monitor"))
         assert proc.returncode == 0, proc.stderr
         if record == "the pause process":
-            said = f"launcher=python reaped=1 runtime_own={pause} grace_ran_out=0"
-            assert _alive(pause)                  # left running: the step's end ends it
+            said = f"launcher=python reaped=1 runtime_own={pause} ended=1 grace_ran_out=0"
+            assert not _alive(pause)              # not waited for, but ended: see _end_runtime_own
         else:
-            said = "launcher=python reaped=1 runtime_own=none grace_ran_out=1"
+            said = "launcher=python reaped=1 runtime_own=none ended=0 grace_ran_out=1"
         assert f"tether-run: after the runtime: {said}\n" in proc.stderr
         assert not _alive(monitor)                # the monitor was waited for, and reaped
     finally:

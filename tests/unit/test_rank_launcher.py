@@ -402,9 +402,10 @@ def test_a_clean_run_ends_as_podman_did_and_leaves_nothing(world, runnable):
 def test_the_launcher_never_waits_for_podmans_pause_process(world, runnable, mode):
     """Issue 46, 6: the C launcher too waited its whole grace (5 s) for rootless podman's pause
     process, which podman's first command of a user on a cold node starts and which becomes the
-    launcher's child. It still waits for the monitor finishing (conmon), but leaves the process
-    podman recorded as its pause process to the step's end; a record naming another process
-    (stale: its pid reused) makes nothing the runtime's own, and that process is waited for."""
+    launcher's child. It still waits for the monitor finishing (conmon), but not for the process
+    podman recorded as its pause process, which it ends itself, as the step's end would; a record
+    naming another process (stale: its pid reused) makes nothing the runtime's own, and that
+    process is waited for."""
     start, log = runnable
     pause = Path(f"{log}.pause")
     try:
@@ -414,10 +415,10 @@ def test_the_launcher_never_waits_for_podmans_pause_process(world, runnable, mod
         assert b"python-launcher" not in out                     # concluded here
         pause_pid, monitor = int(pause.read_text()), int(Path(f"{log}.monitor").read_text())
         if mode == "pause":
-            said = f"launcher=c reaped=1 runtime_own={pause_pid} grace_ran_out=0"
-            assert _alive(pause_pid)                  # left running: the step's end ends it
+            said = f"launcher=c reaped=1 runtime_own={pause_pid} ended=1 grace_ran_out=0"
+            assert not _alive(pause_pid)              # not waited for, but ended (end_runtime_own)
         else:
-            said = "launcher=c reaped=1 runtime_own=none grace_ran_out=1"
+            said = "launcher=c reaped=1 runtime_own=none ended=0 grace_ran_out=1"
         assert f"tether-run: after the runtime: {said}\n" in err.decode()
         assert not _alive(monitor)                    # waited for, and reaped
     finally:
@@ -437,7 +438,7 @@ def test_a_pause_process_its_podman_killed_is_no_unclean_end(world, runnable):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert b"python-launcher" not in out, out                    # concluded here
-    assert b"tether-run: after the runtime: launcher=c reaped=0 runtime_own=none grace_ran_out=0\n" in err
+    assert b"tether-run: after the runtime: launcher=c reaped=0 runtime_own=none ended=0 grace_ran_out=0\n" in err
 
 
 def _alive(pid: int) -> bool:
