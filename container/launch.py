@@ -12,8 +12,8 @@ cgroup to the container's first process, as Slurm signals a host rank's first pr
 the runtime and every process below it: see ``_supervise``); when the runtime exits, the ``after``
 commands run (e.g. removing a container an abnormal end left behind), the remaining descendants get
 a short grace -- all but the runtime's own (``Launch.runtime_own``: rootless podman's pause process,
-which outlives every container for the user's later podman commands, and which the step's end
-ends) -- and the wrapper ends as the runtime did (same exit code, or the same signal).
+made to outlive every container for the user's later podman commands), which are ended instead of
+waited for -- and the wrapper ends as the runtime did (same exit code, or the same signal).
 
 Errors before the runtime starts are printed as ``tether: ...`` on stderr (the job's output) and
 sent to syslog for the admin; the runtime's own errors reach the job's stderr unchanged.
@@ -535,8 +535,8 @@ def _descendants(pid: int) -> list[int]:
 def _reap_descendants(grace: float, runtime_own=frozenset) -> tuple[int, list[int], bool]:
     """Reap what the runtime left (conmon finishing its cleanup, the container's removal) until
     nothing is left but the runtime's own processes (``runtime_own()``: podman's pause process,
-    which lives on for the user's later podman commands and which nothing of the rank's ends), for
-    at most ``grace`` seconds; anything still there after that is the step's to kill. (How many
+    which would live on for the user's later podman commands: see _end_runtime_own), for at most
+    ``grace`` seconds; anything still there after that is the step's to kill. (How many
     were reaped, the runtime's own processes left running, whether the grace ran out.)"""
     reaped, mine = 0, os.getpid()
     deadline = time.monotonic() + grace

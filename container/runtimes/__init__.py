@@ -48,7 +48,8 @@ class Launch(Record):
         "monitor": None,
         # processes the runtime starts to outlive every container, as (the file it records the
         # pid in, the command names such a process has): the rank never waits for them -- they are
-        # the runtime's, not the rank's (podman: its pause process; the step's end ends it)
+        # the runtime's, not the rank's -- and ends those it was left with, as the step's end
+        # would (podman: its pause process)
         "runtime_own": (),
         # a file that says which container to remove (``marker_data``) while the runtime runs,
         # removed once nothing is left to clean: if the step's end kills the cleanup too, slurmstepd

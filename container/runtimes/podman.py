@@ -277,8 +277,8 @@ DEFAULT_STORE = f"{USER_STORE_ROOT}/{{uid}}/podman"     # container.podman.store
 # no catatonit (pkg/rootless/rootless_linux.c create_pause_process, do_pause); its pid is recorded
 # in podman's run directory. Ranks of a node race to make one: the record is renamed into place
 # without replacing, and a podman that lost kills its own at once (SIGKILL, still "podman"). It
-# is podman's, not the rank's: the launcher never waits for it, and one killed is no process of
-# the rank's killed (Launch.runtime_own).
+# is podman's, not the rank's: the launcher never waits for it (the one its podman made, it ends as
+# the step's end would), and one killed is no process of the rank's killed (Launch.runtime_own).
 PAUSE_NAMES = ("catatonit", "podman pause", "podman")
 PAUSE_PID_FILE = "libpod/tmp/pause.pid"          # in podman's run directory (its XDG_RUNTIME_DIR)
 
