@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tether.container.runtimes.podman import Podman, pause_pid_file
 from helpers import cpu_seconds, job_entries, parse, user_processes, wait_until, without_runc_warnings
 
 pytestmark = pytest.mark.cluster
@@ -170,13 +172,19 @@ def _make_stale(cluster, podman: list[str], name: str, image: str, *, payload: b
         cluster.run(["ps", "-u", cluster.user, "-o", "pid,ppid,stat,etime,args"], check=False).stdout
     cluster.run([*podman, "run", "-d", "--name", name, "--network=host", "--userns=keep-id", "--read-only",
                  "--rootfs", image, "sleep", "300"], cwd="/", timeout=60)
-    victims = []
-    for proc in Path("/proc").iterdir():        # the user's pause processes, the container's conmon
+    # the pause process of the run directory jobs use (podman's record of it): the user's podman by
+    # hand has a run directory, and a pause process, of its own, which later tests need working
+    run_dir = Podman(cluster.box.tether_settings()["container"]["podman"]).run_dir(uid)
+    try:
+        pause = int(Path(cluster.box.host_path(pause_pid_file(run_dir))).read_text().strip())
+    except (OSError, ValueError):
+        pause = None
+    victims = [pause] if pause and Path(f"/proc/{pause}").exists() else []
+    for proc in Path("/proc").iterdir():        # the container's conmon
         try:
             if not (proc.name.isdigit() and proc.stat().st_uid == uid):
                 continue
-            cmdline = (proc / "cmdline").read_bytes()
-            if name.encode() in cmdline or cmdline.startswith(b"catatonit\x00-P"):
+            if name.encode() in (proc / "cmdline").read_bytes():
                 victims.append(int(proc.name))
         except OSError:
             continue
