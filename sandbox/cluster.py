@@ -797,8 +797,10 @@ class Sandbox:
         until it is repaired, as jobs repair it (podman.repair_stale_state) -- in tether's store
         and in the user's default one (podman by hand, the tests' and benchmarks' baseline)."""
         settings = self.tether_settings()["container"]["podman"]
+        account = pwd.getpwnam(self.user)
+        self.user_dirs(account.pw_uid, account.pw_gid)
         by_hand = ["runuser", "-u", self.user, "--", "env", *(f"{k}={v}" for k, v in settings["env"].items()),
-                   "podman", *settings["args"]]
+                   f"XDG_RUNTIME_DIR={Podman(settings).run_dir(account.pw_uid)}", "podman", *settings["args"]]
         for podman in map(self.wrap, (self.user_podman(), by_hand)):  # tether's store, and the user's default one
             repair_stale_state(podman, tell=lambda m: log(f"{self.user}: {m}"), cwd="/")
             try:

@@ -80,7 +80,7 @@ def cold_node(cluster):
     was_warm = _make_cold(cluster)
     yield
     if was_warm and _live_pause_process(cluster) is None:
-        cluster.run([*cluster.box.wrap(cluster.box.user_podman()), "ps", "--quiet"], timeout=120)
+        cluster.run([*cluster.box.user_podman(), "ps", "--quiet"], timeout=120, cwd="/")   # run() wraps it
 
 
 def _reaping(stderr: str) -> list[tuple[str, list[int], int, bool]]:

@@ -52,8 +52,8 @@ def settings(cluster, fakes):
     def write(environment: str = "inherit") -> None:
         data = cluster.box.tether_settings()
         data["container"]["environment"] = environment
-        for name in ("apptainer", "singularity", "enroot"):
-            data["container"][name] = {"binary": str(fakes.bin_dir / name)}
+        for name in ("apptainer", "singularity", "enroot"):     # the sandbox's own settings kept (enroot's store)
+            data["container"][name] = {**data["container"].get(name, {}), "binary": str(fakes.bin_dir / name)}
         tmp = path.with_suffix(".tmp")
         tmp.write_text(yaml.safe_dump(data))
         os.replace(tmp, path)

@@ -10,12 +10,15 @@ tight from loose.
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+
+from tether.container.runtimes.podman import Podman
 from helpers import cpu_seconds, user_processes, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -65,8 +68,11 @@ def podman_loose(cluster, image: str, *args: str) -> list[str]:
     """podman run as a user would start it by hand under srun (this machine needs runc and the host's
     network; a shared, root-owned rootfs needs --read-only)."""
     conf = cluster.box.etc / "containers.conf"
-    return ["env", f"CONTAINERS_CONF={conf}", "podman", "run", "--runtime", "runc", "--network=host", "--read-only",
-            *args, "--rootfs", image]
+    # podman's run directory as tether's own podman has it (Podman.run_dir): one state, which
+    # tether's repair of stale state keeps working for both
+    run = Podman(cluster.box.tether_settings()["container"]["podman"]).run_dir(pwd.getpwnam(cluster.user).pw_uid)
+    return ["env", f"CONTAINERS_CONF={conf}", f"XDG_RUNTIME_DIR={run}", "podman", "run", "--runtime", "runc",
+            "--network=host", "--read-only", *args, "--rootfs", image]
 
 
 def loose_podman_has_own_cgroups(cluster) -> bool:
