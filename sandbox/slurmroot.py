@@ -33,6 +33,7 @@ from pathlib import Path
 
 from ..container.spec import read_regular
 from ..hooks.errors import TetherError
+from ..hooks.layout import USER_RUN_ROOT
 from ..system.proc import CommandError, run_command
 
 CACHE = Path("/var/cache/tether/slurm-roots")
@@ -196,7 +197,10 @@ class SlurmRoot:
             uid = pwd.getpwnam(user).pw_uid
             # the pid file is the user's: read only a regular file (a FIFO must not hang root), and
             # kill only what /proc says is that user's catatonit; the file is left to podman
-            for pid_file in self.path.glob(f"tmp/*-run-{uid}/libpod/tmp/pause.pid"):
+            # podman's own run directory (/tmp/*-run-<uid>) and tether's (hooks.layout.user_run_dir)
+            files = [*self.path.glob(f"tmp/*-run-{uid}/libpod/tmp/pause.pid"),
+                     *self.path.glob(f"{USER_RUN_ROOT.lstrip('/')}/{uid}/libpod/tmp/pause.pid")]
+            for pid_file in files:
                 text = read_regular(str(pid_file), limit=32)
                 try:
                     pid = int((text or "").strip())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.container.runtimes.podman import Podman, pause_pid_file
+from tether.container.runtimes.podman import Podman, repair_stale_state
 from helpers import cpu_seconds, job_entries, parse, user_processes, wait_until, without_runc_warnings
 
 pytestmark = pytest.mark.cluster
@@ -170,13 +170,16 @@ def _make_stale(cluster, podman: list[str], name: str, image: str, *, payload: b
     # a container still running (another test's step ending) gives podman a namespace to join
     assert wait_until(lambda: not user_processes(cluster, "conmon"), timeout=90), \
         cluster.run(["ps", "-u", cluster.user, "-o", "pid,ppid,stat,etime,args"], check=False).stdout
+    # a state another sandbox's start left stale (it ends the user's pause processes of a Slurm
+    # root, which every sandbox on that root shares) is repaired first, as jobs repair it
+    repair_stale_state(cluster.box.wrap(podman), cwd="/")
     cluster.run([*podman, "run", "-d", "--name", name, "--network=host", "--userns=keep-id", "--read-only",
                  "--rootfs", image, "sleep", "300"], cwd="/", timeout=60)
     # the pause process of the run directory jobs use (podman's record of it): the user's podman by
     # hand has a run directory, and a pause process, of its own, which later tests need working
     run_dir = Podman(cluster.box.tether_settings()["container"]["podman"]).run_dir(uid)
     try:
-        pause = int(Path(cluster.box.host_path(pause_pid_file(run_dir))).read_text().strip())
+        pause = int(Path(cluster.box.host_path(f"{run_dir}/libpod/tmp/pause.pid")).read_text().strip())
     except (OSError, ValueError):
         pause = None
     victims = [pause] if pause and Path(f"/proc/{pause}").exists() else []

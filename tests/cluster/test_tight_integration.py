@@ -67,12 +67,16 @@ def job_named(cluster, name: str) -> str:
 def podman_loose(cluster, image: str, *args: str) -> list[str]:
     """podman run as a user would start it by hand under srun (this machine needs runc and the host's
     network; a shared, root-owned rootfs needs --read-only)."""
-    conf = cluster.box.etc / "containers.conf"
-    # podman's run directory as tether's own podman has it (Podman.run_dir): one state, which
-    # tether's repair of stale state keeps working for both
-    run = Podman(cluster.box.tether_settings()["container"]["podman"]).run_dir(pwd.getpwnam(cluster.user).pw_uid)
-    return ["env", f"CONTAINERS_CONF={conf}", f"XDG_RUNTIME_DIR={run}", "podman", "run", "--runtime", "runc",
+    return ["env", *by_hand_env(cluster), "podman", "run", "--runtime", "runc",
             "--network=host", "--read-only", *args, "--rootfs", image]
+
+
+def by_hand_env(cluster) -> list[str]:
+    """podman by hand: the sandbox's containers.conf, and podman's run directory as tether's own
+    podman has it (Podman.run_dir) -- one state, which tether's repair of stale state keeps working
+    for both."""
+    run = Podman(cluster.box.tether_settings()["container"]["podman"]).run_dir(pwd.getpwnam(cluster.user).pw_uid)
+    return [f"CONTAINERS_CONF={cluster.box.etc / 'containers.conf'}", f"XDG_RUNTIME_DIR={run}"]
 
 
 def loose_podman_has_own_cgroups(cluster) -> bool:
@@ -174,9 +178,8 @@ def test_podman_by_hand_under_srun_leaves_slurms_cgroups_for_a_child_of_its_own(
 def _remove_loose(cluster, name: str) -> None:
     """podman by hand leaves its container behind when the step is cancelled: remove it (twice --
     the first rm of a container whose conmon was killed only marks it stopped)."""
-    conf = cluster.box.etc / "containers.conf"
     for _ in range(2):
-        cluster.run(["runuser", "-u", cluster.user, "--", "env", f"CONTAINERS_CONF={conf}", "podman", "rm", "-f",
+        cluster.run(["runuser", "-u", cluster.user, "--", "env", *by_hand_env(cluster), "podman", "rm", "-f",
                      "--ignore", name], check=False, cwd="/")
 
 
@@ -342,8 +345,7 @@ def _in_job_cgroups(job: str) -> list[str]:
 def _loose_containers(cluster, name: str) -> list[str]:
     """``NAME STATE`` (podman 4.3's: ``Up 5 seconds ago``) of the containers called ``name`` in the user's own podman (where podman by
     hand keeps them -- not tether's store)."""
-    conf = cluster.box.etc / "containers.conf"
-    out = cluster.run(["runuser", "-u", cluster.user, "--", "env", f"CONTAINERS_CONF={conf}", "podman", "ps", "-a",
+    out = cluster.run(["runuser", "-u", cluster.user, "--", "env", *by_hand_env(cluster), "podman", "ps", "-a",
                        "--filter", f"name=^{name}$", "--format", "{{.Names}} {{.State}}"], check=False, cwd="/").stdout
     return out.split("\n")[:-1] if out else []
 
