@@ -308,7 +308,8 @@ def enroot_main(argv: list[str], state: str) -> int:
         print("4.1.2")
         return 0
     if not argv or argv[0] not in ENROOT_OPTIONS:
-        raise UsageError("Usage: enroot COMMAND [ARG...]", status=1)
+        print("Usage: enroot COMMAND [ARG...]")    # on stdout, exit 1, as enroot 4.1.2 does (--version too)
+        return 1
     old = os.umask(0o077)                        # (umask 077 && mkdir -p CACHE DATA RUNTIME)
     try:
         for key in ("ENROOT_CACHE_PATH", "ENROOT_DATA_PATH", "ENROOT_RUNTIME_PATH"):
