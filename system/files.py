@@ -107,6 +107,23 @@ def _private(path: str, st: os.stat_result, uid: int, what: str, kind: str) -> N
         raise UntrustedPath(f"{what} {path}: others can write to it (mode {stat.S_IMODE(st.st_mode):04o})")
 
 
+def _lstat_or_make(path: str, create: bool, mode: int) -> os.stat_result:
+    """``lstat(path)``; with ``create``, a missing directory is made first (``mode`` whatever the
+    umask; one made meanwhile by someone else is taken as it is: the caller checks it)."""
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        if not create:
+            raise
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    else:
+        os.chmod(path, mode)
+    return os.lstat(path)
+
+
 def trusted_directory(path: str | os.PathLike, uid: int, what: str, *, create: bool = False,
                       mode: int = 0o700) -> Path:
     """``path`` as a directory only ``uid`` can change: a real directory of ``uid``, not writable
@@ -124,18 +141,7 @@ def trusted_directory(path: str | os.PathLike, uid: int, what: str, *, create: b
     parent = os.path.realpath(parent)
     here = "/"
     for part in [p for p in parent.split("/") if p] + [None]:
-        try:
-            st = os.lstat(here)
-        except FileNotFoundError:
-            if not create:
-                raise
-            try:
-                os.mkdir(here, mode)
-            except FileExistsError:
-                pass                                # made meanwhile: checked below as any other
-            else:
-                os.chmod(here, mode)
-            st = os.lstat(here)
+        st = _lstat_or_make(here, create, mode)
         if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
             raise UntrustedPath(f"{what} {path}: its parent {here} is not a directory")
         if st.st_uid not in (0, uid):
@@ -148,18 +154,7 @@ def trusted_directory(path: str | os.PathLike, uid: int, what: str, *, create: b
             break
         here = os.path.join(here, part)
     target = os.path.join(parent, name)
-    try:
-        st = os.lstat(target)
-    except FileNotFoundError:
-        if not create:
-            raise
-        try:
-            os.mkdir(target, mode)
-        except FileExistsError:
-            pass
-        else:
-            os.chmod(target, mode)
-        st = os.lstat(target)
+    st = _lstat_or_make(target, create, mode)
     _private(target if target == path else f"{path} ({target})", st, uid, what, "directory")
     return Path(target)
 
