@@ -271,8 +271,8 @@ int tether_stepd_post_opt(spank_t sp)
 		 * for a container step (nothing else; a user who asks gets only their own made) */
 		char asked[4];
 
-		if (get_env(sp, TETHER_ENV_RUN_USER_DIRS, asked, sizeof(asked)) && strcmp(asked, "1") == 0 &&
-		    step.step_id < SLURM_MAX_NORMAL_STEP_ID)
+		if (step.step_id < SLURM_MAX_NORMAL_STEP_ID &&
+		    get_env(sp, TETHER_ENV_RUN_USER_DIRS, asked, sizeof(asked)) && strcmp(asked, "1") == 0)
 			tether_ensure_user_dirs(tether_user_dirs, step.uid, step.gid);
 		return 0; /* not a tether step: nothing (but its end, for a batch step: tether_stepd_exit) */
 	}

@@ -241,14 +241,14 @@ def _user_dir(template: str, uid: int, what: str) -> None:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
         raise LaunchError(f"{what}: {base} must be a directory of root's that group and others cannot write "
                           f"(each user's directory is made there as root); an admin fixes it")
-    mine = f"{base}/{uid}"
-    if uid == 0 and os.geteuid() == 0 and not os.path.lexists(mine):
-        os.mkdir(mine, 0o700)                # root's own (tether images pull as root)
+    mine = f"{base}/{uid}"              # whose it is: store_directory's check from this one down
     if not os.path.lexists(mine):
+        if uid == 0 and os.geteuid() == 0:
+            os.mkdir(mine, 0o700)            # root's own (tether images pull as root)
+            return
         raise LaunchError(f"{what}: {mine} does not exist: root makes it for you when your first container "
                           f"step starts on this node (tether's SPANK plugin, plugstack.conf user_dirs=; on PBS "
                           f"the MoM hook). Run a container step here first, or ask an admin")
-    own_directory(mine, uid, what, private=False)
 
 
 def store_directory(template: str, uid: int, what: str = "podman store") -> str | None:
