@@ -359,10 +359,11 @@ class Podman(Runtime):
         from . import StoredImage
 
         env = self.base_env(env)
-        if self.store_template and existing_store(self.store_template, os.getuid()) is None:
+        glob = self.global_args(env)    # a store that is there is checked (store_args: existing_store)
+        if self.store_template and not os.path.lexists(self.store_path()):
             return []                   # nothing stored here (and podman would make the store)
         try:
-            out = run_command([self.binary, *self.global_args(env), "images", "--format", "json"], env=env,
+            out = run_command([self.binary, *glob, "images", "--format", "json"], env=env,
                               timeout=120).stdout
         except CommandError as exc:
             raise LaunchError(f"podman images: {exc}") from None
