@@ -43,6 +43,7 @@ from typing import Mapping, NoReturn
 from ..hooks.errors import TetherError
 from ..hooks.surface import GATEWAY_PORT_BASE, GATEWAY_PORT_JOBS, PLUGIN
 from ..system.proc import CommandError, run_command
+from .launch import _descendants
 
 # Automatic ports: 28672..32767, above MASTER_PORT's and below Linux's ephemeral ports
 # (surface.py). Inside the ephemeral range an outgoing connection of the gateway node (slurmd's, a
@@ -324,26 +325,6 @@ def _start_time(pid: int) -> str | None:
     return None if fields[0] in ("Z", "X") else fields[19]
 
 
-def _process_tree(root: int) -> set[int]:
-    """``root`` and its descendants (from each process's parent in /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    parent = int(stat.read().rpartition(")")[2].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
-    tree, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        if pid not in tree:
-            tree.add(pid)
-            todo.extend(children.get(pid, ()))
-    return tree
-
-
 def _socket_inodes(pids: set[int]) -> set[int]:
     """The inodes of the sockets the processes ``pids`` hold open (those this user may read)."""
     inodes = set()
@@ -380,7 +361,7 @@ def _watch(daemon: int, started: str, port: int, index: int, node: str) -> None:
     while _start_time(daemon) == started:
         holders = port_listeners(port)
         if holders:
-            ours = _socket_inodes(_process_tree(daemon))
+            ours = _socket_inodes({daemon, *_descendants(daemon)})
             foreign = [h for h in holders if h[1] not in ours]
             if not foreign:
                 _report(index, "ready")
