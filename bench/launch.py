@@ -59,7 +59,7 @@ def direct_podman(box: Sandbox, image: str) -> str:
         argv.insert(argv.index("--entrypoint="), "--userns=keep-id")
     at = argv.index("--name")                      # three ranks on one host: podman picks names
     del argv[at:at + 2]
-    return shlex.join(["env", *[f"{k}={v}" for k, v in settings["env"].items()], *argv])
+    return shlex.join(["env", *box.podman_env(), *argv])
 
 
 def main() -> int:
@@ -70,8 +70,7 @@ def main() -> int:
     image = box.busybox_image()
     remote = box.registry_image()
     settings = box.tether_settings()["container"]["podman"]
-    podman_cmd = shlex.join(["env", *[f"{k}={v}" for k, v in settings["env"].items()], "podman",
-                             *settings["args"], *user_store(box)])
+    podman_cmd = shlex.join(["env", *box.podman_env(), "podman", *settings["args"], *user_store(box)])
     forget = f"{podman_cmd} rmi --force {shlex.quote(remote)} >/dev/null 2>&1"
     rootfs = {"direct": ("", f"srun -N3 -n3 {direct_podman(box, image)} true"),
               "tether": ("", f"srun -N3 -n3 --container-image={image} true")}

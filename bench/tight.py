@@ -52,7 +52,7 @@ class Bench:
                            timeout=timeout)
 
     def podman(self) -> list[str]:
-        return ["env", f"CONTAINERS_CONF={self.box.etc / 'containers.conf'}", "podman"]
+        return ["env", *self.box.podman_env(), "podman"]
 
     def rank(self, mode: str, script: str, mounts: bool = False) -> list[str]:
         """The srun arguments that run ``sh -c SCRIPT`` as ``mode``; /mnt is the bench's directory."""

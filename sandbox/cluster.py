@@ -439,12 +439,20 @@ class Sandbox:
         tether store on this node (container.podman.store), through ``runuser`` (run it with
         :meth:`wrap` for a sandbox in a Slurm root: its podman and store)."""
         settings = self.tether_settings()["container"]["podman"]
-        adapter = Podman(settings)
+        uid = pwd.getpwnam(self.user).pw_uid
+        return ["runuser", "-u", self.user, "--", "env", *self.podman_env(), "podman",
+                *Podman(settings).global_args({}, uid=uid)]
+
+    def podman_env(self) -> list[str]:
+        """``NAME=VALUE`` of podman's environment as tether's launcher gives the job user's podman:
+        the config's, and podman's run directory (Podman.run_dir, made as root would make it). Any
+        podman of that user on the node -- by hand too -- runs with it: one run state (libpod resets
+        the user's shared locks when it meets a second one), which tether's repair keeps working."""
+        settings = self.tether_settings()["container"]["podman"]
         account = pwd.getpwnam(self.user)
         self.user_dirs(account.pw_uid, account.pw_gid)
-        env = ["env", *(f"{k}={v}" for k, v in settings["env"].items()),
-               f"XDG_RUNTIME_DIR={adapter.run_dir(account.pw_uid)}"]
-        return ["runuser", "-u", self.user, "--", *env, "podman", *adapter.global_args({}, uid=account.pw_uid)]
+        return [*(f"{k}={v}" for k, v in settings["env"].items()),
+                f"XDG_RUNTIME_DIR={Podman(settings).run_dir(account.pw_uid)}"]
 
     def user_dirs(self, uid: int, gid: int) -> None:
         """The user's own directories on the (one) node host, as the SPANK plugin makes them as
@@ -797,10 +805,7 @@ class Sandbox:
         until it is repaired, as jobs repair it (podman.repair_stale_state) -- in tether's store
         and in the user's default one (podman by hand, the tests' and benchmarks' baseline)."""
         settings = self.tether_settings()["container"]["podman"]
-        account = pwd.getpwnam(self.user)
-        self.user_dirs(account.pw_uid, account.pw_gid)
-        by_hand = ["runuser", "-u", self.user, "--", "env", *(f"{k}={v}" for k, v in settings["env"].items()),
-                   f"XDG_RUNTIME_DIR={Podman(settings).run_dir(account.pw_uid)}", "podman", *settings["args"]]
+        by_hand = ["runuser", "-u", self.user, "--", "env", *self.podman_env(), "podman", *settings["args"]]
         for podman in map(self.wrap, (self.user_podman(), by_hand)):  # tether's store, and the user's default one
             repair_stale_state(podman, tell=lambda m: log(f"{self.user}: {m}"), cwd="/")
             try:
