@@ -10,15 +10,12 @@ tight from loose.
 from __future__ import annotations
 
 import os
-import pwd
 import re
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-
-from tether.container.runtimes.podman import Podman
 from helpers import cpu_seconds, user_processes, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -67,16 +64,8 @@ def job_named(cluster, name: str) -> str:
 def podman_loose(cluster, image: str, *args: str) -> list[str]:
     """podman run as a user would start it by hand under srun (this machine needs runc and the host's
     network; a shared, root-owned rootfs needs --read-only)."""
-    return ["env", *by_hand_env(cluster), "podman", "run", "--runtime", "runc",
+    return ["env", *cluster.box.podman_env(), "podman", "run", "--runtime", "runc",
             "--network=host", "--read-only", *args, "--rootfs", image]
-
-
-def by_hand_env(cluster) -> list[str]:
-    """podman by hand: the sandbox's containers.conf, and podman's run directory as tether's own
-    podman has it (Podman.run_dir) -- one state, which tether's repair of stale state keeps working
-    for both."""
-    run = Podman(cluster.box.tether_settings()["container"]["podman"]).run_dir(pwd.getpwnam(cluster.user).pw_uid)
-    return [f"CONTAINERS_CONF={cluster.box.etc / 'containers.conf'}", f"XDG_RUNTIME_DIR={run}"]
 
 
 def loose_podman_has_own_cgroups(cluster) -> bool:
@@ -179,7 +168,7 @@ def _remove_loose(cluster, name: str) -> None:
     """podman by hand leaves its container behind when the step is cancelled: remove it (twice --
     the first rm of a container whose conmon was killed only marks it stopped)."""
     for _ in range(2):
-        cluster.run(["runuser", "-u", cluster.user, "--", "env", *by_hand_env(cluster), "podman", "rm", "-f",
+        cluster.run(["runuser", "-u", cluster.user, "--", "env", *cluster.box.podman_env(), "podman", "rm", "-f",
                      "--ignore", name], check=False, cwd="/")
 
 
@@ -345,7 +334,7 @@ def _in_job_cgroups(job: str) -> list[str]:
 def _loose_containers(cluster, name: str) -> list[str]:
     """``NAME STATE`` (podman 4.3's: ``Up 5 seconds ago``) of the containers called ``name`` in the user's own podman (where podman by
     hand keeps them -- not tether's store)."""
-    out = cluster.run(["runuser", "-u", cluster.user, "--", "env", *by_hand_env(cluster), "podman", "ps", "-a",
+    out = cluster.run(["runuser", "-u", cluster.user, "--", "env", *cluster.box.podman_env(), "podman", "ps", "-a",
                        "--filter", f"name=^{name}$", "--format", "{{.Names}} {{.State}}"], check=False, cwd="/").stdout
     return out.split("\n")[:-1] if out else []
 
