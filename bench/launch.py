@@ -15,10 +15,22 @@ cold (removed from it before each round, untimed):
            run --pull=never, by the Python launcher the C one hands registry images to; goal warm
            <= 1.05 x direct)
 
+and the registry image in the user's store on cold and warm nodes (issue 46): cold, the job user
+has no rootless-podman pause process on the node -- a compute node's state between jobs, since each
+step's end ends the one its podman made; the user's pause process is killed by the PID podman
+recorded before each cold round (untimed) -- and warm, one is left running outside Slurm (what a
+user's own podman, or `sandbox up`, leaves):
+
+  tether-cold  srun -N3 --container-image=REGISTRY/tether/busybox:1 true on cold nodes (goal <= 1.2
+               x tether-warm, and <= 1.05 x direct-cold)
+  tether-warm  the same on warm nodes
+  direct-cold  srun -N3 podman run … (tether's podman run directory) true on cold nodes
+
 The kinds of steps are interleaved so drift hits all alike; the medians are printed, and the
 median of the per-round ratios (single steps are noisy here: the three sandbox nodes' ranks all
 get host CPU 0 from Slurm's cpuset, so a step's three podman starts and tether's three launchers
 run on one core, one after the other; see the README's containers section for where the time goes). Run as root: /opt/tether/venv/bin/python bench/launch.py
+[--only rootfs|registry|nodes] (TETHER_BENCH_SANDBOX_DIR: another sandbox directory than steps.ROOT)
 """
 
 from __future__ import annotations
@@ -62,8 +74,23 @@ def direct_podman(box: Sandbox, image: str) -> str:
     return shlex.join(["env", *box.podman_env(), *argv])
 
 
+def node_states(box: Sandbox) -> tuple[str, str]:
+    """Shell commands run as the job user outside Slurm (salloc's shell): one that makes the node
+    cold -- kills the user's podman pause process by the PID podman recorded in tether's podman run
+    directory, when that process has a pause process's name -- and one that makes it warm (podman
+    unshare true: joins the pause process, or makes one that stays, outside Slurm)."""
+    settings = box.tether_settings()["container"]["podman"]
+    run = podman.Podman(settings).run_dir(pwd.getpwnam(box.user).pw_uid)
+    names = "|".join(shlex.quote(name) for name in podman.PAUSE_NAMES)
+    cold = (f"p=$(cat {shlex.quote(podman.pause_pid_file(run))} 2>/dev/null); "
+            f"case \"$(cat /proc/$p/comm 2>/dev/null)\" in {names}) kill -KILL \"$p\" ;; esac")
+    warm = shlex.join(["env", f"XDG_RUNTIME_DIR={run}", *[f"{k}={v}" for k, v in settings["env"].items()], "podman",
+                       *settings["args"], *user_store(box), "unshare", "true"])
+    return cold, warm
+
+
 def main() -> int:
-    args = arguments(__doc__, rounds=30)
+    args = arguments(__doc__, rounds=30, groups=("rootfs", "registry", "nodes"))
 
     box = Sandbox(ROOT)
     box.up(install=False, log=lambda m: None)
@@ -78,11 +105,20 @@ def main() -> int:
                 "tether-warm": ("", f"srun -N3 -n3 --container-image={remote} true"),
                 "direct-cold": (forget, f"srun -N3 -n3 {direct_podman(box, remote)} true"),
                 "tether-cold": (forget, f"srun -N3 -n3 --container-image={remote} true")}
+    cold, warm = node_states(box)
+    run = podman.Podman(settings).run_dir(pwd.getpwnam(box.user).pw_uid)
+    nodes = {"tether-cold": (cold, f"srun -N3 -n3 --container-image={remote} true"),
+             "tether-warm": (f"{warm} >/dev/null 2>&1", f"srun -N3 -n3 --container-image={remote} true"),
+             "direct-cold": (cold, f"srun -N3 -n3 env XDG_RUNTIME_DIR={shlex.quote(run)} "
+                                   f"{direct_podman(box, remote)} true")}
+    # the image in the user's store first (untimed): the node's state is what differs, not a pull
+    pulled = f"srun -N3 -n3 --container-image={remote} true >/dev/null 2>&1\n"
     try:
         out = {name: run_command(["runuser", "-u", box.user, "--", "salloc", "-N3", "--time=30", "bash", "-c",
-                                  timing_loop(args.rounds, cases)],
+                                  (pulled if name == "nodes" else "") + timing_loop(args.rounds, cases)],
                                  env=box.command_env(), cwd=str(box.work_dir), timeout=1800).stdout
-               for name, cases in (("rootfs", rootfs), ("registry", registry))}
+               for name, cases in (("rootfs", rootfs), ("registry", registry), ("nodes", nodes))
+               if name in args.only}
     finally:
         removed = remove_baseline_cgroups(box)
         if removed:
@@ -90,17 +126,28 @@ def main() -> int:
         if not args.keep:
             box.down(purge=False, log=lambda m: None)
 
-    times = step_times(out["rootfs"], ("direct", "tether"))
-    print_medians(f"containerized srun -N3 true inside a 3-node allocation, {args.rounds} interleaved rounds",
-                  times)
-    report("tether / direct", times["tether"], times["direct"], goal=1.05,
-           figure="containerized `srun -N3 true`, rootfs directory: tether / the same podman under srun")
-    times = step_times(out["registry"], tuple(registry))
-    print_medians(f"the same with a registry image ({remote}), warm and cold", times)
-    report("warm: tether / direct", times["tether-warm"], times["direct-warm"], goal=1.05,
-           figure="the same, registry image in the user's store (warm)")
-    report("cold: tether / direct", times["tether-cold"], times["direct-cold"], goal=None,
-           figure="the same, registry image pulled (cold; tether: one pull per node)")
+    if "rootfs" in out:
+        times = step_times(out["rootfs"], ("direct", "tether"))
+        print_medians(f"containerized srun -N3 true inside a 3-node allocation, {args.rounds} interleaved rounds",
+                      times)
+        report("tether / direct", times["tether"], times["direct"], goal=1.05,
+               figure="containerized `srun -N3 true`, rootfs directory: tether / the same podman under srun")
+    if "registry" in out:
+        times = step_times(out["registry"], tuple(registry))
+        print_medians(f"the same with a registry image ({remote}), warm and cold", times)
+        report("warm: tether / direct", times["tether-warm"], times["direct-warm"], goal=1.05,
+               figure="the same, registry image in the user's store (warm)")
+        report("cold: tether / direct", times["tether-cold"], times["direct-cold"], goal=None,
+               figure="the same, registry image pulled (cold; tether: one pull per node)")
+    if "nodes" in out:
+        times = step_times(out["nodes"], tuple(nodes))
+        print_medians(f"the same, registry image in the store, on cold nodes (no podman pause process of the "
+                      f"user) and warm ones, {args.rounds} interleaved rounds", times)
+        report("cold nodes: tether / tether on warm nodes", times["tether-cold"], times["tether-warm"], goal=1.2,
+               figure="the same, registry image in the store, on cold nodes (no podman pause process of the "
+                      "job user: a compute node between jobs) / on warm nodes (one left outside Slurm)")
+        report("cold nodes: tether / direct", times["tether-cold"], times["direct-cold"], goal=1.05,
+               figure="the same on cold nodes: tether / the same podman under srun")
     return 0
 
 

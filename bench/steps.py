@@ -4,17 +4,26 @@ step launches, run inside one allocation, with its "kind microseconds" lines par
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from typing import Mapping
 
-ROOT = "/var/lib/tether/sandbox-bench"
+ROOT = os.environ.get("TETHER_BENCH_SANDBOX_DIR", "/var/lib/tether/sandbox-bench")
 
 
-def arguments(doc: str, rounds: int) -> argparse.Namespace:
+def arguments(doc: str, rounds: int, groups: tuple[str, ...] = ()) -> argparse.Namespace:
+    """The benchmarks' options; ``groups``: the kinds of figures a benchmark has, which ``--only``
+    chooses from (all by default)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--keep", action="store_true", help="leave the bench sandbox running")
-    return parser.parse_args()
+    if groups:
+        parser.add_argument("--only", choices=groups, action="append",
+                            help="only these figures (repeatable; default: all)")
+    args = parser.parse_args()
+    if groups and not args.only:
+        args.only = list(groups)
+    return args
 
 
 def timing_loop(rounds: int, cases: Mapping[str, tuple[str, str]]) -> str:

@@ -11,7 +11,9 @@ and it is killed with the step. Signals the wrapper receives are passed on (in a
 cgroup to the container's first process, as Slurm signals a host rank's first process; elsewhere to
 the runtime and every process below it: see ``_supervise``); when the runtime exits, the ``after``
 commands run (e.g. removing a container an abnormal end left behind), the remaining descendants get
-a short grace, and the wrapper ends as the runtime did (same exit code, or the same signal).
+a short grace -- all but the runtime's own (``Launch.runtime_own``: rootless podman's pause process,
+made to outlive every container for the user's later podman commands), which are ended instead of
+waited for -- and the wrapper ends as the runtime did (same exit code, or the same signal).
 
 Errors before the runtime starts are printed as ``tether: ...`` on stderr (the job's output) and
 sent to syslog for the admin; the runtime's own errors reach the job's stderr unchanged.
@@ -23,6 +25,7 @@ import errno
 import fcntl
 import os
 import _signal as signal   # the C module signal.py wraps: signal.py imports enum, ~6 ms of each rank's start
+import stat                # os imports it: free
 import sys
 import time
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
@@ -299,7 +302,10 @@ def _supervise(launch: Launch, subreaper: bool, first=None) -> int:
         cleaned = launch.runtime.remove(launch.container, launch.env) and cleaned
     if launch.marker and cleaned:
         remove_file(launch.marker)
-    _reap_descendants(GRACE_SECONDS)
+    reaped, left, ran_out = _reap_descendants(GRACE_SECONDS, lambda: runtime_own(launch.runtime_own))
+    ended = _end_runtime_own(left)
+    if os.environ.get(TELL_REAPING_VAR):
+        tell_reaping("python", reaped, left, ended, ran_out)
     code = _outcome(launch, status, monitor_killed, not_created)
     return EXIT_LAUNCH_FAILED if saved is False and code == 0 else code
 
@@ -369,7 +375,7 @@ def _start_and_wait(launch: Launch, children: list[int], received: list[int]) ->
             os.kill(child, signum)
         except ProcessLookupError:
             pass
-    return _wait_for(child)
+    return _wait_for(child, {name for _, names in launch.runtime_own for name in names})
 
 
 def _spawn(launch: Launch) -> int:
@@ -431,10 +437,12 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def _wait_for(child: int) -> tuple[int, list[tuple[str, int]]]:
+def _wait_for(child: int, runtime_own: set[str] = frozenset()) -> tuple[int, list[tuple[str, int]]]:
     """Wait for ``child``, reaping re-parented descendants meanwhile: its raw wait status, and the
     (name, signal) of every descendant reaped on the way that a signal killed (a conmon killed
-    under a running rank is seen here: it was re-parented to this subreaper)."""
+    under a running rank is seen here: it was re-parented to this subreaper) -- but for the
+    runtime's own processes (by name, ``runtime_own``: a podman that lost the race to make the
+    pause process kills its own)."""
     killed: list[tuple[str, int]] = []
     while True:
         try:
@@ -448,7 +456,7 @@ def _wait_for(child: int) -> tuple[int, list[tuple[str, int]]]:
             continue
         if pid == child:
             return status, killed
-        if os.WIFSIGNALED(status):
+        if os.WIFSIGNALED(status) and name not in runtime_own:
             killed.append((name, os.WTERMSIG(status)))
 
 
@@ -524,22 +532,104 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _reap_descendants(grace: float) -> None:
-    """Reap what the runtime left (conmon finishing its cleanup) until none is left, for at most
-    ``grace`` seconds; anything still there after that is the step's to kill."""
-
-    def give_up(signum, frame):
-        raise TimeoutError
-
-    signal.signal(signal.SIGALRM, give_up)
-    signal.setitimer(signal.ITIMER_REAL, grace)
+def _reap_descendants(grace: float, runtime_own=frozenset) -> tuple[int, list[int], bool]:
+    """Reap what the runtime left (conmon finishing its cleanup, the container's removal) until
+    nothing is left but the runtime's own processes (``runtime_own()``: podman's pause process,
+    which would live on for the user's later podman commands: see _end_runtime_own), for at most
+    ``grace`` seconds; anything still there after that is the step's to kill. (How many
+    were reaped, the runtime's own processes left running, whether the grace ran out.)"""
+    reaped, mine = 0, os.getpid()
+    deadline = time.monotonic() + grace
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})   # an exit between look and wait is kept
     try:
         while True:
-            os.waitpid(-1, 0)
-    except (ChildProcessError, TimeoutError):
-        pass
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    reaped += 1
+            except ChildProcessError:
+                return reaped, [], False
+            children = _children(mine)
+            own = runtime_own() if children else ()
+            if all(pid in own for pid in children):
+                return reaped, sorted(children), False
+            left = deadline - time.monotonic()
+            if left <= 0 or signal.sigtimedwait({signal.SIGCHLD}, left) is None:
+                return reaped, sorted(pid for pid in _children(mine) if pid in own), True
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+
+
+def _end_runtime_own(pids: list[int], bound: float = 1.0) -> int:
+    """End the runtime's own processes this launcher was left with (podman's pause process, made by
+    this rank's podman, which the step's end would kill anyway): SIGKILL, reaped within ``bound``
+    seconds. Left to the step's end, Slurm's proctrack/cgroup finds a process in the step after
+    its tasks, SIGKILLs it and looks again only a second later -- a second every step on a cold node
+    paid. Podman commands that joined its user namespace keep it; a later one makes a new pause
+    process. How many were reaped."""
+    if not pids:
+        return 0
+    pending, deadline = set(pids), time.monotonic() + bound
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    try:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        while True:
+            for pid in list(pending):
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        pending.discard(pid)
+                except ChildProcessError:
+                    pending.discard(pid)
+            left = deadline - time.monotonic()
+            if not pending or left <= 0 or signal.sigtimedwait({signal.SIGCHLD}, left) is None:
+                return len(pids) - len(pending)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+
+
+TELL_REAPING_VAR = "TETHER_RUN_TELL_REAPING"   # the tests' question: what the launcher waited for
+
+
+def tell_reaping(launcher: str, reaped: int, left: list[int], ended: int, ran_out: bool) -> None:
+    """The answer to TETHER_RUN_TELL_REAPING, on stderr, as tether_run.c writes it: how many
+    processes were reaped after the runtime, the runtime's own it did not wait for, how many of
+    those it ended, whether the grace ran out."""
+    print(f"tether-run: after the runtime: launcher={launcher} reaped={reaped} "
+          f"runtime_own={','.join(map(str, left)) or 'none'} ended={ended} grace_ran_out={int(ran_out)}",
+          file=sys.stderr, flush=True)
+
+
+def runtime_own(kept) -> frozenset[int]:
+    """The processes the runtime keeps for itself (Launch.runtime_own: (pid file, command names)
+    pairs) that are alive now: the pid its file records, when that process has one of the names --
+    a stale record whose pid went to another process names nothing."""
+    found = set()
+    for path, names in kept:
+        pid = _pid_in(path)
+        if pid and _comm(pid) in names:
+            found.add(pid)
+    return frozenset(found)
+
+
+def _pid_in(path: str) -> int | None:
+    """The pid a runtime's pid file holds (decimal digits, a newline at most), or None. Never
+    blocks (a FIFO there is not read) and never follows a symlink."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = os.read(fd, 32).decode("ascii", "replace").rstrip("\n")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return int(text) if 0 < len(text) <= 10 and all("0" <= c <= "9" for c in text) else None
 
 
 def _run_quietly(argv: list[str], env: dict[str, str], *, tell: bool = True) -> bool:

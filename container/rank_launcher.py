@@ -27,7 +27,7 @@ from ..hooks.surface import BATCH_VAR, GATEWAYS_RUN_VAR, MAX_TEXT
 from ..system.toolchain import CBuild
 from . import environment
 from .run import config_identity
-from .runtimes.podman import DEFAULT_STORE, ROOTFS_TARGETS
+from .runtimes.podman import DEFAULT_STORE, PAUSE_NAMES, PAUSE_PID_FILE, ROOTFS_TARGETS
 from .spec import CONTAINER_TMP, CONTAINER_WORKDIR
 
 RANK_LAUNCHER_SOURCE = Path(__file__).with_name("tether_run.c")
@@ -103,6 +103,8 @@ def baked_header(config_path: str | None, settings: Mapping[str, Any], python_la
         f"static const char *const TR_PODMAN_ARGS[] = {c_list([str(a) for a in podman.get('args') or ()])};",
         f"static const char *const TR_RUNTIME_ENV[] = {c_list([f'{k}={v}' for k, v in runtime_env.items()])};",
         f"static const char *const TR_ROOTFS_TARGETS[] = {c_list(ROOTFS_TARGETS)};",
+        f"#define TR_PAUSE_PID_FILE {c_string(PAUSE_PID_FILE)}",
+        f"static const char *const TR_PAUSE_NAMES[] = {c_list(PAUSE_NAMES)};",
         f"static const char *const TR_OWN_NAMES[] = {c_list(own)};",
         f"static const char *const TR_HOST_ONLY[] = {c_list(environment.HOST_ONLY)};",
         f"static const char *const TR_RUNTIME_CONTROL[] = {c_list(environment.RUNTIME_CONTROL)};",

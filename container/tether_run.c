@@ -13,7 +13,7 @@
  * (tests/unit/test_rank_launcher.py compares the two over many rank environments); the supervision
  * is container/launch.py's `_supervise`: the cleanup marker, podman as a child of this child
  * subreaper, the forwarded signals (in a Slurm step's cgroup to the container's first process),
- * conmon and whatever podman left reaped. A run that did not end cleanly -- a signal, podman's own
+ * conmon and whatever podman left reaped (never waited for: podman's pause process). A run that did not end cleanly -- a signal, podman's own
  * failure (exit 125-127, or 1 before it made the container), a process killed below it -- is
  * concluded by the Python launcher (TETHER_RUN_RESUME: what happened), which retries, removes the
  * container and says why, as it always did.
@@ -190,6 +190,7 @@ struct plan {
 	char marker[PATH_MAX];    /* <step dir>/.cleanup-<rank> */
 	char marker_data[PATH_MAX * 2 + 512];
 	char store[PATH_MAX], run[PATH_MAX];
+	char pause_pid[PATH_MAX]; /* podman's record of its pause process (podman.py: pause_pid_file) */
 	char job_label[96], step_label[160], names_arg[32];
 	char tmp_mount[PATH_MAX], work_mount[PATH_MAX];
 };
@@ -478,6 +479,8 @@ static struct plan *make_plan(char **command, const char **why)
 		NO("a path too long for the fast path");
 	if (fmt(xdg_entry, sizeof xdg_entry, "XDG_RUNTIME_DIR=%s", run_base) < 0)
 		NO("a path too long for the fast path");
+	if (fmt(p.pause_pid, sizeof p.pause_pid, "%s/%s", run_base, TR_PAUSE_PID_FILE) < 0)
+		NO("a path too long for the fast path");
 
 	/* podman's environment: the task's (less TETHER_RUN_* and XDG_RUNTIME_DIR), the configured
 	 * runtime env, the run directory, and no TMPDIR unless configured (rootless podman keeps
@@ -664,6 +667,46 @@ static int comm_is(pid_t pid, const char *name)
 	return strcmp(text, name) == 0;
 }
 
+/* Is ``pid`` named as podman's pause process is (podman.py: PAUSE_NAMES)? */
+static int is_pause_name(pid_t pid)
+{
+	for (const char *const *name = TR_PAUSE_NAMES; *name; name++)
+		if (comm_is(pid, *name))
+			return 1;
+	return 0;
+}
+
+/* podman's pause process (podman.py: PAUSE_NAMES, launch.py: runtime_own): the pid its record
+ * ``path`` holds when that process is alive under one of the pause process's names, else 0 -- a
+ * stale record whose pid went to another process names nothing. Never blocks, follows no symlink. */
+static pid_t runtime_own(const char *path)
+{
+	char text[16];
+	struct stat st;
+	ssize_t n;
+	long pid = 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+
+	if (fd < 0)
+		return 0;
+	n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? read(fd, text, sizeof text - 1) : -1;
+	close(fd);
+	if (n <= 0)
+		return 0;
+	if (text[n - 1] == '\n')
+		n--;
+	if (n == 0 || n > 10)
+		return 0;
+	for (ssize_t i = 0; i < n; i++) {
+		if (text[i] < '0' || text[i] > '9')
+			return 0;
+		pid = pid * 10 + (text[i] - '0');
+	}
+	if (pid <= 0 || pid > INT_MAX)
+		return 0;
+	return is_pause_name((pid_t)pid) ? (pid_t)pid : 0;
+}
+
 static pid_t child = -1;
 static int tracked;
 static char tracked_path[PATH_MAX];
@@ -717,6 +760,39 @@ static void forward(int signum)
 	}
 	for (int i = 0; i < nt; i++)
 		kill(targets[i], signum);
+}
+
+/* launch.py: _end_runtime_own -- the pause process this rank's podman made, which the step's end
+ * would kill anyway: SIGKILLed and reaped here, within a second (``mask`` blocks SIGCHLD), so that
+ * Slurm's proctrack/cgroup finds the step empty (a process left there costs the step a second: it
+ * kills it, then looks again a second later). 1 when it was reaped. */
+static int end_runtime_own(pid_t pid, const sigset_t *mask)
+{
+	struct timespec end, now, left;
+	siginfo_t info;
+
+	kill(pid, SIGKILL);
+	clock_gettime(CLOCK_MONOTONIC, &end);
+	end.tv_sec += 1;
+	for (;;) {
+		pid_t got = waitpid(pid, NULL, WNOHANG);
+		if (got == pid || (got < 0 && errno == ECHILD))
+			return got == pid;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		left.tv_sec = end.tv_sec - now.tv_sec;
+		left.tv_nsec = end.tv_nsec - now.tv_nsec;
+		if (left.tv_nsec < 0) {
+			left.tv_sec--;
+			left.tv_nsec += 1000000000L;
+		}
+		if (left.tv_sec < 0)
+			return 0;
+		int sig = sigtimedwait(mask, &info, &left);
+		if (sig > 0 && sig != SIGCHLD)
+			forward(sig);
+		else if (sig < 0 && errno == EAGAIN)
+			return 0;
+	}
 }
 
 static void remove_file(const char *path)
@@ -882,7 +958,7 @@ int main(int argc, char **argv)
 			siginfo_t w;
 			int st;
 			pid_t pid;
-			int is_conmon;
+			int is_conmon, is_pause;
 			memset(&w, 0, sizeof w);
 			if (waitid(P_ALL, 0, &w, WEXITED | WNOHANG | WNOWAIT) < 0) {
 				if (errno == ECHILD)    /* no child left at all (launch.py's _wait_for: status 0) */
@@ -892,6 +968,7 @@ int main(int argc, char **argv)
 			if (w.si_pid == 0)
 				break;
 			is_conmon = comm_is(w.si_pid, "conmon");
+			is_pause = is_pause_name(w.si_pid);
 			pid = waitpid(w.si_pid, &st, 0);
 			if (pid < 0)
 				continue;
@@ -903,7 +980,7 @@ int main(int argc, char **argv)
 			if (WIFSIGNALED(st)) {
 				if (is_conmon && !monitor_killed)
 					monitor_killed = WTERMSIG(st);
-				else
+				else if (!is_pause)      /* a podman that lost the race to make one kills its own */
 					others_killed++;
 			}
 		}
@@ -934,18 +1011,35 @@ int main(int argc, char **argv)
 		}
 		remove_file(p->created);
 		remove_file(p->marker);
-		/* launch.py: _reap_descendants -- what podman left (conmon finishing), for at most 5 s */
+		/* launch.py: _reap_descendants -- what podman left (conmon finishing), for at most 5 s;
+		 * never podman's pause process, which is podman's, not the rank's (the step's end ends it) */
 		{
 			struct timespec end, now;
+			int reaped = 0, ran_out = 0, ended;
+			pid_t own = 0, left_running = 0;
 			clock_gettime(CLOCK_MONOTONIC, &end);
 			end.tv_sec += GRACE_SECONDS;
 			for (;;) {
 				siginfo_t info;
 				struct timespec left;
-				pid_t pid;
+				pid_t pid, kids[MAX_PIDS];
+				int nk, others = 0;
 				while ((pid = waitpid(-1, NULL, WNOHANG)) > 0)
-					;
-				if (pid < 0 && errno == ECHILD)
+					reaped++;
+				if (pid < 0 && errno == ECHILD) {
+					left_running = 0;
+					break;
+				}
+				nk = children_of(getpid(), kids, 0, MAX_PIDS);
+				own = nk ? runtime_own(p->pause_pid) : 0;
+				left_running = 0;
+				for (int i = 0; i < nk; i++) {
+					if (own && kids[i] == own)
+						left_running = own;
+					else
+						others++;
+				}
+				if (!others)
 					break;
 				clock_gettime(CLOCK_MONOTONIC, &now);
 				left.tv_sec = end.tv_sec - now.tv_sec;
@@ -954,13 +1048,25 @@ int main(int argc, char **argv)
 					left.tv_sec--;
 					left.tv_nsec += 1000000000L;
 				}
-				if (left.tv_sec < 0)
+				if (left.tv_sec < 0) {
+					ran_out = 1;
 					break;
+				}
 				int sig = sigtimedwait(&mask, &info, &left);
-				if (sig > 0 && sig != SIGCHLD)
+				if (sig > 0 && sig != SIGCHLD) {
 					forward(sig);
-				else if (sig < 0 && errno == EAGAIN)
+				} else if (sig < 0 && errno == EAGAIN) {
+					ran_out = 1;
 					break;
+				}
+			}
+			ended = left_running ? end_runtime_own(left_running, &mask) : 0;
+			if (getenv("TETHER_RUN_TELL_REAPING") != NULL) {   /* the tests' question: what was waited for */
+				char kept[16] = "none";
+				if (left_running)
+					snprintf(kept, sizeof kept, "%d", (int)left_running);
+				fprintf(stderr, "tether-run: after the runtime: launcher=c reaped=%d runtime_own=%s "
+					"ended=%d grace_ran_out=%d\n", reaped, kept, ended, ran_out);
 			}
 		}
 		return code;

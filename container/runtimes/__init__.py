@@ -46,6 +46,11 @@ class Launch(Record):
         # a process (by name) that owns the container's state: if it dies by a signal, the
         # container's exit status is lost and the container must be removed (podman: conmon)
         "monitor": None,
+        # processes the runtime starts to outlive every container, as (the file it records the
+        # pid in, the command names such a process has): the rank never waits for them -- they are
+        # the runtime's, not the rank's -- and ends those it was left with, as the step's end
+        # would (podman: its pause process)
+        "runtime_own": (),
         # a file that says which container to remove (``marker_data``) while the runtime runs,
         # removed once nothing is left to clean: if the step's end kills the cleanup too, slurmstepd
         # runs the launcher again in cleanup mode afterwards (tether.container.cleanup)

@@ -270,6 +270,24 @@ def _devices_confined() -> bool:
 
 DEFAULT_STORE = f"{USER_STORE_ROOT}/{{uid}}/podman"     # container.podman.store's default
 
+# Rootless podman's pause process: made by the first podman command of a user that finds none (on
+# a compute node, in every step: the step's end kills the one the step made), it holds the user
+# namespace every later podman command of that user joins. podman 4.3 forks it from itself
+# ("podman" until it execs), and it execs catatonit -P, or names itself "podman pause" when there is
+# no catatonit (pkg/rootless/rootless_linux.c create_pause_process, do_pause); its pid is recorded
+# in podman's run directory. Ranks of a node race to make one: the record is renamed into place
+# without replacing, and a podman that lost kills its own at once (SIGKILL, still "podman"). It
+# is podman's, not the rank's: the launcher never waits for it (the one its podman made, it ends as
+# the step's end would), and one killed is no process of the rank's killed (Launch.runtime_own).
+PAUSE_NAMES = ("catatonit", "podman pause", "podman")
+PAUSE_PID_FILE = "libpod/tmp/pause.pid"          # in podman's run directory (its XDG_RUNTIME_DIR)
+
+
+def pause_pid_file(run_dir: str) -> str:
+    """Where podman records its pause process's pid, for the run directory (XDG_RUNTIME_DIR) it
+    was given."""
+    return os.path.join(run_dir, PAUSE_PID_FILE)
+
 
 class Podman(Runtime):
     name = "podman"
@@ -569,9 +587,11 @@ class Podman(Runtime):
             partial = f"{spec.save}.{os.uname().nodename}.{os.getpid()}.partial"
             finish = ([lambda env: save_oci_archive([self.binary, *glob], name, partial, env)], partial, spec.save)
             after = [[self.binary, *glob, "rm", "--force", "--ignore", name]]
+        # root's podman keeps no pause process (no XDG_RUNTIME_DIR: see base_env)
+        kept = ((pause_pid_file(env["XDG_RUNTIME_DIR"]), PAUSE_NAMES),) if env.get("XDG_RUNTIME_DIR") else ()
         return Launch(argv=argv, env=env, supervise=True, runtime=self, container=name, monitor="conmon",
                       marker=marker, marker_data=data, before=before, lock=lock, created=created,
-                      fds=fds, finish=finish, after=after, prepare=prepare)
+                      fds=fds, finish=finish, after=after, prepare=prepare, runtime_own=kept)
 
     def named_container(self, spec: LaunchSpec, image_argv: list[str], before: list[tuple],
                         glob: list[str]) -> tuple[list[str], list[tuple], object]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -767,6 +768,91 @@ def test_supervised_runtime_keeps_double_forked_processes_and_forwards_signals(t
     while _alive(daemon) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(daemon)
+
+
+@pytest.mark.parametrize("record", ["the pause process", "another process"])
+def test_the_launcher_never_waits_for_the_runtimes_own_pause_process(tmp_path, record):
+    """Issue 46, 6: rootless podman's first command of a user on a node starts its pause process
+    (catatonit -P), which outlives the container for the user's later podman commands and -- the
+    launcher being a child subreaper -- becomes the launcher's child. The launcher waited its whole
+    grace (5 s) for it in every step on a cold node. Now it still waits for the monitor finishing
+    (conmon), but not for the pause process podman recorded: it ends that one itself, as the step's
+    end would (left there, it cost the step a second of Slurm's). A record that names another
+    process (stale: its pid reused) makes nothing the runtime's own."""
+    bin_dir, run = tmp_path / "bin", tmp_path / "run"
+    bin_dir.mkdir()
+    for name in ("catatonit", "conmon"):          # processes with those command names
+        shutil.copy("/bin/sleep", bin_dir / name)
+    pause_file = run / "libpod" / "tmp" / "pause.pid"
+    recorded = "pause" if record == "the pause process" else "monitor"
+    runtime = tmp_path / "runtime.sh"
+    runtime.write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        mkdir -p {pause_file.parent}
+        ( setsid {bin_dir}/catatonit 600 </dev/null >/dev/null 2>&1 & echo $! > {tmp_path}/pause )
+        ( {bin_dir}/conmon 2 </dev/null >/dev/null 2>&1 & echo $! > {tmp_path}/monitor )
+        cp {tmp_path}/{recorded} {pause_file}
+        exit 0
+        """))
+    runtime.chmod(0o755)
+    code = _supervised(runtime, tmp_path / "removed", monitor="conmon").replace(
+        'monitor=\'conmon\'', f"monitor='conmon', runtime_own=(({str(pause_file)!r}, ('catatonit', 'podman pause')),)")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TETHER_RUN_TELL_REAPING": "1"},
+                              capture_output=True, text=True, timeout=60)
+        pause, monitor = (int((tmp_path / name).read_text()) for name in ("pause", "monitor"))
+        assert proc.returncode == 0, proc.stderr
+        if record == "the pause process":
+            said = f"launcher=python reaped=1 runtime_own={pause} ended=1 grace_ran_out=0"
+            assert not _alive(pause)              # not waited for, but ended: see _end_runtime_own
+        else:
+            said = "launcher=python reaped=1 runtime_own=none ended=0 grace_ran_out=1"
+        assert f"tether-run: after the runtime: {said}\n" in proc.stderr
+        assert not _alive(monitor)                # the monitor was waited for, and reaped
+    finally:
+        if (tmp_path / "pause").exists() and _alive(int((tmp_path / "pause").read_text())):
+            os.kill(int((tmp_path / "pause").read_text()), signal.SIGKILL)
+
+
+def test_a_pause_process_its_podman_killed_is_not_a_process_of_the_rank_killed(tmp_path):
+    """On a cold node the ranks' podmans race to make the pause process; the losers kill theirs,
+    which the launcher (a child subreaper) reaps: not a killed process of the rank's, which would
+    have stopped the retry of a podman that failed before it made the container."""
+    code = textwrap.dedent("""\
+        import ctypes, os, time
+        from tether.container.launch import _set_subreaper, _wait_for
+        from tether.container.runtimes.podman import PAUSE_NAMES
+        _set_subreaper()
+        child = os.fork()
+        if child == 0:                         # 'podman'
+            middle = os.fork()
+            if middle == 0:                    # which makes the pause process
+                r, w = os.pipe()
+                pid = os.fork()
+                if pid == 0:                   # forked from podman: named podman until it execs
+                    ctypes.CDLL(None).prctl(15, b"podman", 0, 0, 0)
+                    os.write(w, b"x")
+                    time.sleep(600)
+                os.read(r, 1)
+                os.kill(pid, 9)                # lost the race: killed, left to the subreaper
+                os._exit(1)
+            os.waitpid(middle, 0)
+            time.sleep(0.2)                    # podman goes on: the killed one is reaped first
+            os._exit(3)
+        status, killed = _wait_for(child, set(PAUSE_NAMES))
+        print(os.WEXITSTATUS(status), killed)
+        """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout == "3 []\n", proc.stderr
+
+
+def test_podmans_launch_names_its_pause_process_in_its_run_directory(tmp_path):
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    run = tmp_path / "run"
+    launch = adapter("podman", {"env": {"XDG_RUNTIME_DIR": str(run)}}).launch(
+        spec(image=str(rootfs), runtime="podman"), {**HOST, "XDG_RUNTIME_DIR": "/run/user/1000"})
+    assert launch.runtime_own == ((f"{run}/libpod/tmp/pause.pid", ("catatonit", "podman pause", "podman")),)
 
 
 FREEZER = Path("/sys/fs/cgroup/freezer")

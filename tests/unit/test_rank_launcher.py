@@ -327,10 +327,39 @@ FAKE_PODMAN = textwrap.dedent("""\
     echo "podman ran: $*" | tr -s ' ' | cut -c1-60 > "$FAKE_LOG"
     case "$FAKE_MODE" in
       exit3) exit 3 ;;
+      pause|stale-pause)   # rootless podman's pause process (recorded in its run directory) and a
+                           # monitor finishing after podman; stale-pause: the record names the monitor
+        mkdir -p "$XDG_RUNTIME_DIR/libpod/tmp"
+        ( setsid catatonit 600 </dev/null >/dev/null 2>&1 & echo $! > "$FAKE_LOG.pause" )
+        ( conmon 2 </dev/null >/dev/null 2>&1 & echo $! > "$FAKE_LOG.monitor" )
+        [ "$FAKE_MODE" = pause ] && cp "$FAKE_LOG.pause" "$XDG_RUNTIME_DIR/libpod/tmp/pause.pid"
+        [ "$FAKE_MODE" = stale-pause ] && cp "$FAKE_LOG.monitor" "$XDG_RUNTIME_DIR/libpod/tmp/pause.pid"
+        exit 0 ;;
+      lost-race)   # a podman that lost the race to make the pause process kills its own (forked,
+                   # still named podman), which is the launcher's once its parent exits
+        python3 -c "$LOST_RACE"
+        sleep 0.2    # podman goes on: the launcher reaps the killed one first
+        exit 0 ;;
       sleep) trap 'echo term >> "$FAKE_LOG"; exit 143' TERM; sleep 30 & wait; exit 0 ;;
     esac
     exit 0
 """)
+
+
+# a pause process forked (named podman, as podman forks it from itself) and killed by its parent,
+# which exits without reaping it
+LOST_RACE = textwrap.dedent("""\
+    import ctypes, os, time
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        ctypes.CDLL(None).prctl(15, b"podman", 0, 0, 0)     # PR_SET_NAME
+        os.write(w, b"x")
+        time.sleep(600)
+    os.read(r, 1)
+    os.kill(pid, 9)
+    os._exit(0)
+    """)
 
 
 @pytest.fixture()
@@ -339,13 +368,16 @@ def runnable(world):
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "podman").write_text(FAKE_PODMAN)
     os.chmod(bin_dir / "podman", 0o755)
+    for name in ("catatonit", "conmon"):          # processes with those command names
+        shutil.copy("/bin/sleep", bin_dir / name)
+        os.chmod(bin_dir / name, 0o755)
     launcher = build(world, settings_for(world), "run", plan_only=False)
     log = world["base"] / "fake.log"
 
     def start(mode: str, **kw):
         if log.exists():
             log.unlink()
-        env = rank_env(world, PATH=f"{bin_dir}:/usr/bin:/bin", FAKE_MODE=mode, FAKE_LOG=str(log))
+        env = rank_env(world, PATH=f"{bin_dir}:/usr/bin:/bin", FAKE_MODE=mode, FAKE_LOG=str(log), **kw.pop("env", {}))
         if os.getuid() == 0:
             log.touch()
             os.chown(log, UID, UID)
@@ -364,6 +396,58 @@ def test_a_clean_run_ends_as_podman_did_and_leaves_nothing(world, runnable):
         assert log.read_text().startswith("podman ran: run --runtime runc --root")
         assert not (world["rank"] / ".cid").exists()
         assert not (world["rank"].parent / ".cleanup-0").exists()
+
+
+@pytest.mark.parametrize("mode", ["pause", "stale-pause"])
+def test_the_launcher_never_waits_for_podmans_pause_process(world, runnable, mode):
+    """Issue 46, 6: the C launcher too waited its whole grace (5 s) for rootless podman's pause
+    process, which podman's first command of a user on a cold node starts and which becomes the
+    launcher's child. It still waits for the monitor finishing (conmon), but not for the process
+    podman recorded as its pause process, which it ends itself, as the step's end would; a record
+    naming another process (stale: its pid reused) makes nothing the runtime's own, and that
+    process is waited for."""
+    start, log = runnable
+    pause = Path(f"{log}.pause")
+    try:
+        proc = start(mode, env={"TETHER_RUN_TELL_REAPING": "1"})
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert b"python-launcher" not in out                     # concluded here
+        pause_pid, monitor = int(pause.read_text()), int(Path(f"{log}.monitor").read_text())
+        if mode == "pause":
+            said = f"launcher=c reaped=1 runtime_own={pause_pid} ended=1 grace_ran_out=0"
+            assert not _alive(pause_pid)              # not waited for, but ended (end_runtime_own)
+        else:
+            said = "launcher=c reaped=1 runtime_own=none ended=0 grace_ran_out=1"
+        assert f"tether-run: after the runtime: {said}\n" in err.decode()
+        assert not _alive(monitor)                    # waited for, and reaped
+    finally:
+        if pause.exists() and _alive(int(pause.read_text())):
+            os.kill(int(pause.read_text()), signal.SIGKILL)
+        shutil.rmtree(world["base"] / "run-dir" / "libpod", ignore_errors=True)
+        for leftover in (pause, Path(f"{log}.monitor")):
+            leftover.unlink(missing_ok=True)
+
+
+def test_a_pause_process_its_podman_killed_is_no_unclean_end(world, runnable):
+    """Issue 46, 6: on a cold node the ranks' podmans race to make the pause process; the losers kill
+    theirs, which a child subreaper reaps. That is podman's own business, not a process of the
+    rank killed: the C launcher concludes the run itself (it handed such runs to Python)."""
+    start, log = runnable
+    proc = start("lost-race", env={"TETHER_RUN_TELL_REAPING": "1", "LOST_RACE": LOST_RACE})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert b"python-launcher" not in out, out                    # concluded here
+    assert b"tether-run: after the runtime: launcher=c reaped=0 runtime_own=none ended=0 grace_ran_out=0\n" in err
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (this machine's PID 1 does not reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_an_unclean_end_is_handed_over_with_what_happened(world, runnable):

@@ -1,0 +1,120 @@
+"""A container step on a cold node, through the real daemons (issue 46, 6): the job user has no
+rootless-podman pause process there -- a compute node's state between jobs, since each step's end
+kills the one its podman made. The pause process the step's podman then makes is podman's, kept for
+the user's later podman commands: the rank's launcher must not wait for it (it waited its whole
+5-second grace, every cold step). It must not outlive the step either: the launcher ends it, as
+the step's end would (left to Slurm, it cost the step another second: proctrack/cgroup kills what
+is left and looks again a second later)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import signal
+
+import pytest
+
+from helpers import wait_until
+from tether.container.runtimes.podman import PAUSE_NAMES, Podman, pause_pid_file
+
+pytestmark = pytest.mark.cluster
+
+# the launchers' answer to the tests' question (TETHER_RUN_TELL_REAPING): what they waited for
+# once podman had exited
+REAPING = re.compile(r"^tether-run: after the runtime: launcher=(c|python) reaped=(\d+) "
+                     r"runtime_own=(none|[\d,]+) ended=(\d+) grace_ran_out=([01])$", re.M)
+
+
+def _pause_file(cluster) -> str:
+    """podman's record of the job user's pause process on the (one) node host."""
+    box = cluster.box
+    uid = pwd.getpwnam(cluster.user).pw_uid
+    run_dir = Podman(box.tether_settings()["container"]["podman"]).run_dir(uid)
+    return box.host_path(pause_pid_file(run_dir))
+
+
+def _state(pid: int) -> tuple[str, str, int] | None:
+    """(command name, state letter, uid) of a process, or None when there is none."""
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            comm = fh.read().strip()
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+        return comm, state, os.stat(f"/proc/{pid}").st_uid
+    except (OSError, IndexError):
+        return None
+
+
+def _live_pause_process(cluster) -> int | None:
+    """The job user's pause process as podman recorded it, when it is alive."""
+    try:
+        with open(_pause_file(cluster)) as fh:
+            pid = int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+    found = _state(pid)
+    user = pwd.getpwnam(cluster.user).pw_uid
+    return pid if found and found[0] in PAUSE_NAMES and found[1] != "Z" and found[2] == user else None
+
+
+def _make_cold(cluster) -> bool:
+    """Kill the job user's pause process (by its PID, checked: podman's pause process of that user);
+    whether there was one."""
+    pid = _live_pause_process(cluster)
+    if pid is None:
+        return False
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: (_state(pid) or ("", "Z", 0))[1] == "Z", timeout=30)
+    return True
+
+
+@pytest.fixture
+def cold_node(cluster):
+    """The job user without a pause process; the state the sandbox left (one, outside Slurm, made by
+    `sandbox up`) is given back afterwards, as the other tests expect it. Another job of the user
+    running a container step holds one in its step (this session's time-limited jobs do, for their
+    minute): the node is cold only once they ended."""
+    assert wait_until(lambda: not cluster.run(["squeue", "-h", "-u", cluster.user, "-o", "%i"]).stdout.strip(),
+                      timeout=300), "the job user's other jobs did not end"
+    was_warm = _make_cold(cluster)
+    yield
+    if was_warm and _live_pause_process(cluster) is None:
+        cluster.run([*cluster.box.user_podman(), "ps", "--quiet"], timeout=120, cwd="/")   # run() wraps it
+
+
+def _reaping(stderr: str) -> list[tuple[str, list[int], int, bool]]:
+    """Each rank's answer: (launcher, the runtime's own processes not waited for, how many of them
+    it ended, whether its grace ran out)."""
+    return [(launcher, [] if own == "none" else [int(p) for p in own.split(",")], int(ended), ran_out == "1")
+            for launcher, _, own, ended, ran_out in REAPING.findall(stderr)]
+
+
+@pytest.mark.parametrize("kind", ["registry", "rootfs"])
+def test_a_cold_nodes_container_step_never_waits_for_podmans_pause_process(cluster, cold_node, kind, image,
+                                                                        registry_image):
+    """Three ranks on cold nodes: the rank whose podman made the pause process does not wait for it
+    (named, as podman recorded it) but ends it, no launcher runs out its grace, and nothing of it
+    outlives the step. A registry image goes through the Python launcher, a rootfs directory
+    through the C one."""
+    chosen = registry_image if kind == "registry" else image
+    if kind == "registry":      # in the store already: the step's cost is the cold node's, not a pull
+        cluster.as_user(["srun", "-N3", "-n3", f"--container-image={chosen}", "true"])
+        _make_cold(cluster)
+    assert _live_pause_process(cluster) is None
+    result = cluster.as_user(["env", "TETHER_RUN_TELL_REAPING=1", "srun", "-N3", "-n3",
+                              f"--container-image={chosen}", "true"], check=False)
+    assert result.returncode == 0, result.stderr
+    ranks = _reaping(result.stderr)
+    assert len(ranks) == 3, result.stderr
+    assert {launcher for launcher, *_ in ranks} == {"python" if kind == "registry" else "c"}
+    assert not any(ran_out for *_, ran_out in ranks), result.stderr
+    # the three ranks share one run directory (the sandbox's nodes are one host): one podman made
+    # the pause process, the others joined it
+    own = [pid for _, pids, _, _ in ranks for pid in pids]
+    with open(_pause_file(cluster)) as fh:
+        recorded = int(fh.read().strip())
+    assert own == [recorded], result.stderr
+    assert sum(ended for _, _, ended, _ in ranks) == 1, result.stderr
+    assert (_state(recorded) or ("", "Z", 0))[1] == "Z"         # gone with its rank
+    assert cluster.in_service()
