@@ -806,12 +806,28 @@ class Sandbox:
         and in the user's default one (podman by hand, the tests' and benchmarks' baseline)."""
         settings = self.tether_settings()["container"]["podman"]
         by_hand = ["runuser", "-u", self.user, "--", "env", *self.podman_env(), "podman", *settings["args"]]
+        # tether's store first: its podman makes the pause process the other one's then joins
         for podman in map(self.wrap, (self.user_podman(), by_hand)):  # tether's store, and the user's default one
             repair_stale_state(podman, tell=lambda m: log(f"{self.user}: {m}"), cwd="/")
             try:
                 run_command([*podman, "ps", "--quiet"], timeout=120, cwd="/")
             except CommandError as exc:
                 raise SandboxError(f"podman does not work for {self.user}: {exc}") from None
+        # the default store is the tests' and benchmarks' podman by hand under srun: on a cold node
+        # (no pause process) podman joins a container it believes running instead, and refuses
+        # every command when that one's conmon is gone -- which `podman system migrate` cannot
+        # repair on podman 5. None is left there (twice: the first rm of a container whose conmon
+        # was killed only marks it stopped).
+        for _ in range(2):
+            run_command([*self.wrap(by_hand), "rm", "--all", "--force"], timeout=120, cwd="/", check=False)
+        self.cool_nodes()
+
+    def cool_nodes(self) -> list[int]:
+        """Leave the nodes cold for the job user, as a compute node is between jobs: no rootless
+        podman pause process of theirs (the repair above, a test's or a benchmark's podman by hand
+        outside Slurm made one; each step's end kills the one its own podman made). The pids
+        ended."""
+        return slurmroot.end_pause_processes(self.host_path("/"), (self.user,))
 
     def _start_registry(self) -> None:
         """docker-registry runs in the foreground; ready when its port answers. Both registries."""

@@ -30,7 +30,9 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
+from ..container.runtimes.podman import PAUSE_NAMES, PAUSE_PID_FILE
 from ..container.spec import read_regular
 from ..hooks.errors import TetherError
 from ..hooks.layout import USER_RUN_ROOT
@@ -71,6 +73,42 @@ umount -l /{OLD_ROOT}
 cd "$cwd"
 exec "$@"
 """
+
+
+# a pause process's name once it runs as one: "podman" (before it execs catatonit) is also the
+# name of every other podman command
+PAUSE_RUNNING_NAMES = tuple(name for name in PAUSE_NAMES if name != "podman")
+
+
+def end_pause_processes(root: Path, users: Iterable[str]) -> list[int]:
+    """End each user's rootless podman pause process below ``root`` (``/`` for the host; the pids
+    it killed): the one recorded in podman's own run directory (``/tmp/*-run-<uid>``) and in
+    tether's (hooks.layout.user_run_dir). A compute node between jobs has none -- each step's end
+    kills the one its podman made -- so the sandbox leaves none behind either (issue 46: a node
+    the sandbox warmed hid the cost of every cold step). The pid file is the user's: only a
+    regular file is read (a FIFO must not hang root), only a process /proc says is that user's
+    pause process is killed, and the file is left to podman."""
+    killed = []
+    for user in users:
+        uid = pwd.getpwnam(user).pw_uid
+        files = [*root.glob(f"tmp/*-run-{uid}/{PAUSE_PID_FILE}"),
+                 *root.glob(f"{USER_RUN_ROOT.lstrip('/')}/{uid}/{PAUSE_PID_FILE}")]
+        for pid_file in files:
+            text = read_regular(str(pid_file), limit=32)
+            try:
+                pid = int((text or "").strip())
+                status = Path(f"/proc/{pid}/status").read_text()
+            except (OSError, ValueError):
+                continue
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            if (fields.get("Name", "").strip() in PAUSE_RUNNING_NAMES
+                    and fields.get("Uid", "").split()[:1] == [str(uid)]):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except ProcessLookupError:
+                    pass
+    return killed
 
 
 class SlurmRootError(TetherError):
@@ -192,29 +230,7 @@ class SlurmRoot:
         Every later podman of the user joins that process's namespaces, and so the mount namespace
         of the command that first started podman: a sandbox directory made again since (``down
         --purge``) or another sandbox's is not in it. So each ``up`` and ``down`` ends them."""
-        killed = []
-        for user in users:
-            uid = pwd.getpwnam(user).pw_uid
-            # the pid file is the user's: read only a regular file (a FIFO must not hang root), and
-            # kill only what /proc says is that user's catatonit; the file is left to podman
-            # podman's own run directory (/tmp/*-run-<uid>) and tether's (hooks.layout.user_run_dir)
-            files = [*self.path.glob(f"tmp/*-run-{uid}/libpod/tmp/pause.pid"),
-                     *self.path.glob(f"{USER_RUN_ROOT.lstrip('/')}/{uid}/libpod/tmp/pause.pid")]
-            for pid_file in files:
-                text = read_regular(str(pid_file), limit=32)
-                try:
-                    pid = int((text or "").strip())
-                    status = Path(f"/proc/{pid}/status").read_text()
-                except (OSError, ValueError):
-                    continue
-                fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-                if fields.get("Name", "").strip() == "catatonit" and fields.get("Uid", "").split()[:1] == [str(uid)]:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                        killed.append(pid)
-                    except ProcessLookupError:
-                        pass
-        return killed
+        return end_pause_processes(self.path, users)
 
     def wrap(self, argv: list[str], cwd: str | None = None) -> list[str]:
         """``argv`` run inside the root (in ``cwd``: paths are the same on both sides)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import pwd
 import re
-import signal
 
 import pytest
 
@@ -58,29 +57,16 @@ def _live_pause_process(cluster) -> int | None:
     return pid if found and found[0] in PAUSE_NAMES and found[1] != "Z" and found[2] == user else None
 
 
-def _make_cold(cluster) -> bool:
-    """Kill the job user's pause process (by its PID, checked: podman's pause process of that user);
-    whether there was one."""
-    pid = _live_pause_process(cluster)
-    if pid is None:
-        return False
-    os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: (_state(pid) or ("", "Z", 0))[1] == "Z", timeout=30)
-    return True
-
-
 @pytest.fixture
 def cold_node(cluster):
-    """The job user without a pause process; the state the sandbox left (one, outside Slurm, made by
-    `sandbox up`) is given back afterwards, as the other tests expect it. Another job of the user
-    running a container step holds one in its step (this session's time-limited jobs do, for their
-    minute): the node is cold only once they ended."""
+    """The job user without a pause process on the node (the state each test leaves: the
+    cold_nodes fixture). Another job of the user running a container step holds one in its step
+    (this session's time-limited jobs do, for their minute): the node is cold only once they
+    ended."""
     assert wait_until(lambda: not cluster.run(["squeue", "-h", "-u", cluster.user, "-o", "%i"]).stdout.strip(),
                       timeout=300), "the job user's other jobs did not end"
-    was_warm = _make_cold(cluster)
-    yield
-    if was_warm and _live_pause_process(cluster) is None:
-        cluster.run([*cluster.box.user_podman(), "ps", "--quiet"], timeout=120, cwd="/")   # run() wraps it
+    cluster.box.cool_nodes()
+    assert wait_until(lambda: _live_pause_process(cluster) is None, timeout=30)
 
 
 def _reaping(stderr: str) -> list[tuple[str, list[int], int, bool]]:
@@ -100,8 +86,7 @@ def test_a_cold_nodes_container_step_never_waits_for_podmans_pause_process(clust
     chosen = registry_image if kind == "registry" else image
     if kind == "registry":      # in the store already: the step's cost is the cold node's, not a pull
         cluster.as_user(["srun", "-N3", "-n3", f"--container-image={chosen}", "true"])
-        _make_cold(cluster)
-    assert _live_pause_process(cluster) is None
+    assert _live_pause_process(cluster) is None       # ended by the rank whose podman made it
     result = cluster.as_user(["env", "TETHER_RUN_TELL_REAPING=1", "srun", "-N3", "-n3",
                               f"--container-image={chosen}", "true"], check=False)
     assert result.returncode == 0, result.stderr
