@@ -15,7 +15,8 @@ def sandbox(args: argparse.Namespace) -> int:
     from ..sandbox.cluster import Sandbox
 
     slurm = getattr(args, "slurm", None)
-    box = Sandbox(args.dir, port_base=args.port_base, slurm=None if slurm is None else slurm.replace("host", ""))
+    box = Sandbox(args.dir, port_base=args.port_base, slurm=None if slurm is None else slurm.replace("host", ""),
+                  nodes=getattr(args, "nodes", None))
     if args.action == "env":
         print(box.export_line())
         return EXIT_OK
@@ -51,7 +52,7 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
-    for name, helptext, func in (("sandbox", "the local 3-node Slurm cluster for tests and demos", sandbox),
+    for name, helptext, func in (("sandbox", "the local Slurm cluster (3 nodes by default) for tests and demos", sandbox),
                                  ("demo", "bring up the sandbox and run the main multi-node job", demo)):
         p = sub.add_parser(name, parents=[common], help=helptext)
         if name == "sandbox":
@@ -66,6 +67,9 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
                               help="up: with slurmdbd, MariaDB and cgroups (the default for a new sandbox; "
                                    "without either flag a sandbox starts as it last ran)")
         if name == "sandbox":
+            p.add_argument("--nodes", type=int, metavar="N",
+                           help="up: how many nodes (each a slurmd on this machine); 3 for a new sandbox, else as it "
+                                "last ran")
             p.add_argument("--slurm", choices=("host", "24.11", "26.05"),
                            help="up: the Slurm release to run: the host's (Debian 12: 22.05), 24.11 (Debian 13) "
                                 "or 26.05 (Debian testing) in a Debian root of its own that the first `up` builds "
@@ -73,6 +77,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
         p.add_argument("--dir", metavar="DIR", help="sandbox root (default: $TETHER_SANDBOX_DIR, else "
                                                     "/var/lib/tether/sandbox)")
         p.add_argument("--port-base", type=int, metavar="PORT",
-                       help="slurmctld port; slurmd use the next three (default 17000 or a free range)")
+                       help="slurmctld port; the registries, slurmdbd and MariaDB use the next ones, slurmd "
+                            "PORT+10 on (default 17000 or a free range)")
         p.add_argument("--no-install", action="store_true", help="do not apt-get missing packages")
         p.set_defaults(func=func)

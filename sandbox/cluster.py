@@ -1,4 +1,4 @@
-"""A real local Slurm cluster for tests and demos: slurmctld + three slurmd on localhost.
+"""A real local Slurm cluster for tests and demos: slurmctld + N slurmd (three by default) on localhost.
 
 Everything it starts has its own config directory (``SLURM_CONF``), ports, state, spool, logs,
 pid files and munge socket under one root directory, so it never collides with another Slurm
@@ -42,7 +42,10 @@ DEFAULT_ROOT = "/var/lib/tether/sandbox"
 ROOT_ENV = "TETHER_SANDBOX_DIR"
 DEFAULT_PORT_BASE = 17000
 DEFAULT_USER = "tether-demo"
-NODE_COUNT = 3
+NODE_COUNT = 3          # nodes of a new sandbox, unless `up --nodes N` says otherwise (kept across restarts)
+MAX_NODES = 64          # each slurmd is small, but they share this machine's cores
+SLURMD_OFFSET = 10      # slurmd ports: base+10, base+11, ... (below them the registries, slurmdbd, MariaDB)
+PORT_BLOCK = 100        # a sandbox's ports span base .. base+SLURMD_OFFSET+MAX_NODES; the next free block
 # node names: n1..n3 on the host's Slurm; a sandbox on another release names its nodes after it
 # (r2411n1..r2411n3), because Slurm puts each node's cgroups under /slurm_<node name> (CgroupPrepend is
 # fixed there when several slurmd share a host): two sandboxes with the same names would share them
@@ -160,9 +163,14 @@ class Sandbox:
     """One sandbox cluster rooted at ``root`` (default /var/lib/tether/sandbox)."""
 
     def __init__(self, root: str | os.PathLike | None = None, port_base: int | None = None,
-                 user: str = DEFAULT_USER, slurm: str | None = None, node_prefix: str | None = None):
+                 user: str = DEFAULT_USER, slurm: str | None = None, node_prefix: str | None = None,
+                 nodes: int | None = None):
         self.root = Path(root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT).absolute()
         self.user = user
+        if nodes is not None and not 1 <= nodes <= MAX_NODES:
+            raise SandboxError(f"--nodes {nodes}: a sandbox has 1 to {MAX_NODES} nodes (each is a slurmd on this "
+                               f"machine)")
+        self._nodes = nodes
         self._port_base = port_base
         self._slurm = slurm
         self._node_prefix = node_prefix
@@ -231,9 +239,14 @@ class Sandbox:
         return f"r{release.replace('.', '')}n" if release else HOST_NODE_PREFIX
 
     @property
+    def node_count(self) -> int:
+        """How many nodes: as ``--nodes`` asked, else as the sandbox last ran, else NODE_COUNT."""
+        return self._nodes or int(self._settings().get("nodes") or NODE_COUNT)
+
+    @property
     def nodes(self) -> tuple[str, ...]:
         """The node names, in order (``("n1", "n2", "n3")`` on the host's Slurm)."""
-        return tuple(f"{self.node_prefix}{i}" for i in range(1, NODE_COUNT + 1))
+        return tuple(f"{self.node_prefix}{i}" for i in range(1, self.node_count + 1))
 
     def host_path(self, path: str | os.PathLike) -> Path:
         """Where ``path`` as the sandbox's jobs see it is on this host: the same, except in a Slurm
@@ -541,7 +554,8 @@ class Sandbox:
             return {}
 
     def port_base(self) -> int:
-        """Ports: slurmctld at base, slurmd n1..n3 at base+1..base+3 (kept across restarts)."""
+        """Ports: slurmctld at base, the registry +5, slurmdbd +6, MariaDB +7, the private registry +8,
+        slurmd n1, n2, ... from base+10 on (kept across restarts)."""
         if self._port_base is not None:
             return self._port_base
         return int(self._settings().get("port_base", DEFAULT_PORT_BASE))
@@ -565,6 +579,10 @@ class Sandbox:
         if quick is not None and quick != self.quick() and self.running():
             log(f"restarting the sandbox at {self.root} {'without' if quick else 'with'} accounting and cgroups")
             self.down(log=log)
+        if self._nodes is not None and self._nodes != int(self._settings().get("nodes") or NODE_COUNT) \
+                and self.running():
+            log(f"restarting the sandbox at {self.root} with {self._nodes} nodes")
+            self.down(log=log)
         if self.running():
             log(f"sandbox already running at {self.root}")
             self.wait_idle(timeout)
@@ -582,7 +600,8 @@ class Sandbox:
         ensure_user(self.user, log=log)
         self._make_layout()
         self.settings_file.write_text(json.dumps({"port_base": port_base, "user": self.user, "quick": quick,
-                                                  "slurm": release, "node_prefix": self.node_prefix}) + "\n")
+                                                  "slurm": release, "node_prefix": self.node_prefix,
+                                                  "nodes": self.node_count}) + "\n")
         self._launcher_accounts(log=log)
         if self.slurm_root:
             self.slurm_root.ensure(log=log)
@@ -624,7 +643,7 @@ class Sandbox:
         extra = ("quick: no accounting, no cgroups" if quick else
                  f"slurmdbd {port_base + DBD_OFFSET}, MariaDB {port_base + MARIADB_OFFSET}, cgroups")
         log(f"sandbox up: {self.root} (slurmctld port {port_base}, slurmd ports "
-            f"{port_base + 1}-{port_base + NODE_COUNT}, registry {self.registry_address}, {extra}); "
+            f"{port_base + SLURMD_OFFSET}-{port_base + SLURMD_OFFSET + self.node_count - 1}, registry {self.registry_address}, {extra}); "
             f"{self.export_line()}")
 
     def down(self, *, purge: bool = False, log=print) -> list[str]:
@@ -726,13 +745,14 @@ class Sandbox:
 
     def _choose_ports(self) -> int:
         wanted = self.port_base()
-        if _ports_free(wanted):
+        count = self.node_count
+        if _ports_free(wanted, count):
             return wanted
         if self._port_base is not None:
-            raise SandboxError(f"ports {wanted}-{wanted + NODE_COUNT} on 127.0.0.1 are in use; "
+            raise SandboxError(f"ports {wanted}-{wanted + SLURMD_OFFSET + count - 1} on 127.0.0.1 are in use; "
                                f"choose another --port-base")
-        for base in range(wanted + 10, wanted + 1000, 10):
-            if _ports_free(base):
+        for base in range(wanted + PORT_BLOCK, wanted + 20 * PORT_BLOCK, PORT_BLOCK):
+            if _ports_free(base, count):
                 return base
         raise SandboxError(f"no free ports near {wanted} on 127.0.0.1")
 
@@ -763,12 +783,12 @@ class Sandbox:
         env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True)
         values = {
             "cluster_name": "tether-sandbox", "ctld_port": port_base,
-            "slurmd_ports": [port_base + 1 + i for i in range(NODE_COUNT)],
+            "slurmd_ports": [port_base + SLURMD_OFFSET + i for i in range(self.node_count)],
             "munge_socket": self.munge_socket, "state_dir": self.root / "state",
             "spool_dir": self.root / "spool", "tmpfs_dir": self.tmpfs_dir(port_base), "run_dir": self.run_dir, "log_dir": self.log_dir,
             "plugin_dir": f"{system_plugin_dir()}:{self.plugin_dir}",
             "plugstack_conf": self.plugstack_conf,
-            "nodes": NODE_COUNT, "node_prefix": self.node_prefix, "cpus": CPUS_PER_NODE, "memory_mb": MEMORY_MB,
+            "nodes": self.node_count, "node_prefix": self.node_prefix, "cpus": CPUS_PER_NODE, "memory_mb": MEMORY_MB,
             "gpus": GPUS_PER_NODE, "gpu_prefix": FAKE_GPU_PREFIX,
             "cgroups": not self.quick(), "accounting": not self.quick(), "dbd_port": port_base + DBD_OFFSET,
         }
@@ -1227,8 +1247,11 @@ def _require_root() -> None:
         raise SandboxError("the sandbox installs packages and starts Slurm daemons: run it as root")
 
 
-def _ports_free(base: int) -> bool:
-    for port in [*range(base, base + NODE_COUNT + 1), base + REGISTRY_OFFSET, base + DBD_OFFSET, base + MARIADB_OFFSET]:
+def _ports_free(base: int, nodes: int) -> bool:
+    """Whether slurmctld's, the registries', slurmdbd's, MariaDB's and ``nodes`` slurmd's ports from
+    ``base`` on are free on 127.0.0.1."""
+    for port in [base, base + REGISTRY_OFFSET, base + DBD_OFFSET, base + MARIADB_OFFSET, base + PRIVATE_REGISTRY_OFFSET,
+                 *range(base + SLURMD_OFFSET, base + SLURMD_OFFSET + nodes)]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:

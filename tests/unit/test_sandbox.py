@@ -115,3 +115,39 @@ def test_poll_job_returns_the_last_records_seen(monkeypatch):
     assert box.poll_job("8", timeout=0) == [{"JobState": "PENDING"}]
     assert not job_ended([]) and not job_ended([{"JobState": "COMPLETED"}, {"JobState": "RUNNING"}])
     assert job_ended([{"JobState": "COMPLETED"}, {"JobState": "OUT_OF_MEMORY"}])
+
+
+@pytest.mark.parametrize("count", [0, -1, 65, 1000])
+def test_a_node_count_out_of_range_is_refused_before_anything_starts(tmp_path, capsys, count):
+    """`tether sandbox up --nodes N` (issue 46, 4): a clear error, and nothing made or started."""
+    from tether.cli.main import main
+
+    root = tmp_path / "box"
+    assert main(["sandbox", "up", "--dir", str(root), "--nodes", str(count), "--no-install"]) != 0
+    assert f"--nodes {count}: a sandbox has 1 to 64 nodes" in capsys.readouterr().err
+    assert not root.exists()
+
+
+def test_a_sixteen_node_sandbox_has_sixteen_slurmd_on_ports_of_their_own(tmp_path):
+    """Its slurm.conf names n1..n16 with one port each, past the registries', slurmdbd's and
+    MariaDB's; the count is kept for the next start; the ports it checks before starting are those."""
+    import socket
+
+    from tether.sandbox import cluster
+
+    box = cluster.Sandbox(tmp_path, port_base=23000, nodes=16)
+    box.etc.mkdir(parents=True)
+    box._write_configs(23000)
+    conf = (box.etc / "slurm.conf").read_text()
+    assert "NodeName=n[1-16] NodeHostname=localhost NodeAddr=127.0.0.1 Port=23010-23025 " in conf
+    assert "PartitionName=debug Nodes=n[1-16] " in conf
+    assert box.nodes == tuple(f"n{i}" for i in range(1, 17))
+    box.settings_file.write_text('{"nodes": 16}\n')
+    assert cluster.Sandbox(tmp_path).node_count == 16                  # as it last ran
+    assert cluster.Sandbox(tmp_path / "new").node_count == 3           # a new one
+    with socket.socket() as sock:                                      # the 16th slurmd's port taken
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 23025))
+        sock.listen()
+        assert not cluster._ports_free(23000, 16)
+        assert cluster._ports_free(23000, 15)
