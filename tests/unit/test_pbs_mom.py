@@ -533,19 +533,25 @@ def test_a_wrapped_tm_task_runs_in_a_real_podman_container(cluster, helper, publ
                             cwd="/", start_new_session=True)
     name = f"tether-{os.getpid()}-{number}-1"
 
-    def conmon_parent() -> str | None:
+    def conmon_ancestors() -> list[str] | None:
+        """The command lines of conmon's parent, its parent, ... up to the task's session leader.
+        On a cold node (no pause process of the user) podman makes one and runs on in a child
+        of its own in the new user namespace, the one conmon is then re-parented to."""
         for proc in Path("/proc").iterdir():
             try:
                 if proc.name.isdigit() and name.encode() in (proc / "cmdline").read_bytes() and \
                         (proc / "comm").read_text().strip() == "conmon":
-                    ppid = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
-                    return (Path("/proc") / ppid / "cmdline").read_bytes().decode(errors="replace")
+                    chain, pid = [], proc.name
+                    while pid not in ("0", "1", str(task.pid)):
+                        pid = (Path("/proc") / pid / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                        chain.append((Path("/proc") / pid / "cmdline").read_bytes().decode(errors="replace"))
+                    return chain
             except OSError:
                 continue
         return None
 
-    parent = wait_until(conmon_parent, timeout=60)
-    assert str(launcher) in parent                        # conmon stayed under the launcher
+    ancestors = wait_until(conmon_ancestors, timeout=60)
+    assert ancestors and any(str(launcher) in cmdline for cmdline in ancestors), ancestors  # stayed under it
     stdout, stderr = task.communicate(timeout=120)
     result = subprocess.CompletedProcess(task.args, task.returncode, stdout, stderr)
     assert result.returncode == 0, result.stdout + result.stderr
