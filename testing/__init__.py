@@ -3,13 +3,15 @@
 Installed with tether; pytest loads its plugin (tether.testing.plugin) through the ``pytest11``
 entry point named ``tether.testing`` (or ``pytest -p tether.testing``). It gives a site's own test suite -- and tether's -- these fixtures:
 
-``tether_site_config``  the ``tether.yaml`` under test: ``$TETHER_CONFIG``, else ``tether.yaml`` in
-                        pytest's root directory, else None (tether's defaults)
+``tether_site_config``  the ``tether.yaml`` under test: the one beside the test file, else the one
+                        in pytest's root directory, else ``$TETHER_CONFIG``, else None (tether's
+                        defaults)
 ``fake_slurm``          a stateful fake Slurm 22.05 whose sbatch/srun run tether's job_submit handler
                         with that config (tether.testing.slurm.FakeSlurm)
 ``fake_pbs``            a stateful fake OpenPBS whose qsub runs tether's submit hook
                         (tether.testing.pbs.FakePbs)
-``fake_runtimes``       strict fake apptainer/singularity/enroot (tether.testing.runtimes.FakeRuntimes)
+``fake_runtimes``       strict fake apptainer/singularity/enroot (tether.testing.runtimes.FakeRuntimes);
+                        on the PATH of fake_slurm's and fake_pbs's commands in the same test
 ``pbs_stub``            the stand-in ``pbs`` module, for running hook files yourself
                         (tether.testing.pbs.run_hook)
 

@@ -172,18 +172,36 @@ class FakeCommands:
     """What every fake program set offers a test: its ``bin_dir``, an environment that finds it
     first, running one of its commands, and the calls recorded in ``state_dir``."""
 
+    root: Path
     bin_dir: Path
     state_dir: Path
+
+    @property
+    def also_on_path(self) -> list[Path]:
+        """Other fakes' bin directories, put on PATH right after this one's (tether.testing's
+        plugin adds the fake runtimes' when a test uses both)."""
+        return self.__dict__.setdefault("_also_on_path", [])
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """``base`` (default: this process's environment) with the fakes first on PATH."""
         env = dict(os.environ if base is None else base)
-        env["PATH"] = f"{self.bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"
+        env["PATH"] = ":".join([str(self.bin_dir), *map(str, self.also_on_path), env.get("PATH", "/usr/bin:/bin")])
         return env
 
+    @property
+    def work_dir(self) -> Path:
+        """Where the commands run unless told otherwise (``cwd=``): the fakes' own directory, so
+        that a job's default output (``slurm-N.out``, ``NAME.oN``) never lands in the test's
+        working directory."""
+        path = self.root / "work"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
     def run(self, *argv: str, **kwargs) -> subprocess.CompletedProcess:
-        """Run one of the fake commands (``argv[0]`` by name) with text output captured."""
+        """Run one of the fake commands (``argv[0]`` by name) with text output captured, in
+        ``work_dir`` unless ``cwd`` says otherwise."""
         kwargs.setdefault("env", self.env())
+        kwargs.setdefault("cwd", self.work_dir)
         return subprocess.run([str(self.bin_dir / argv[0]), *argv[1:]], capture_output=True, text=True,
                               timeout=kwargs.pop("timeout", 300), **kwargs)
 

@@ -14,21 +14,33 @@ from .slurm import FakeSlurm
 
 @pytest.fixture
 def tether_site_config(request) -> Path | None:
-    """The site's tether.yaml: $TETHER_CONFIG, else tether.yaml in pytest's root directory."""
-    if os.environ.get("TETHER_CONFIG"):
-        return Path(os.environ["TETHER_CONFIG"])
-    candidate = Path(str(request.config.rootpath)) / "tether.yaml"
-    return candidate if candidate.exists() else None
+    """The tether.yaml under test, the test's own first: the one beside the test file, else the
+    one in pytest's root directory, else $TETHER_CONFIG (a shell's, which must not override what
+    the test directory holds), else None (tether's defaults)."""
+    for candidate in (Path(str(request.path)).parent / "tether.yaml", Path(str(request.config.rootpath)) / "tether.yaml"):
+        if candidate.exists():
+            return candidate
+    return Path(os.environ["TETHER_CONFIG"]) if os.environ.get("TETHER_CONFIG") else None
 
 
 @pytest.fixture
-def fake_slurm(tmp_path_factory, tether_site_config) -> FakeSlurm:
-    return FakeSlurm(tmp_path_factory.mktemp("fake-slurm"), config=tether_site_config)
+def fake_slurm(request, tmp_path_factory, tether_site_config) -> FakeSlurm:
+    """The fake Slurm; with ``fake_runtimes`` in the same test, its commands are on the jobs' PATH."""
+    return _with_runtimes(request, FakeSlurm(tmp_path_factory.mktemp("fake-slurm"), config=tether_site_config))
 
 
 @pytest.fixture
-def fake_pbs(tmp_path_factory, tether_site_config) -> FakePbs:
-    return FakePbs(tmp_path_factory.mktemp("fake-pbs"), config=tether_site_config)
+def fake_pbs(request, tmp_path_factory, tether_site_config) -> FakePbs:
+    """The fake OpenPBS; with ``fake_runtimes`` in the same test, its commands are on the jobs' PATH."""
+    return _with_runtimes(request, FakePbs(tmp_path_factory.mktemp("fake-pbs"), config=tether_site_config))
+
+
+def _with_runtimes(request, fakes):
+    """``fakes`` composed with the test's fake runtimes, when it asked for them: their bin directory
+    follows the scheduler's on the PATH its commands and jobs get."""
+    if "fake_runtimes" in request.fixturenames:
+        fakes.also_on_path.append(request.getfixturevalue("fake_runtimes").bin_dir)
+    return fakes
 
 
 @pytest.fixture

@@ -873,10 +873,11 @@ class FakeSlurm(FakeCommands):
             raise SubmissionRefused(result.returncode, result.stderr)
         return result.stdout.strip()
 
-    def job(self, job_id: str | int) -> dict:
+    def job(self, job_id: str | int) -> JobRecord:
         """A job's record: the fields tether's plan set (min_nodes, max_nodes, num_tasks,
-        ntasks_per_node, cpus_per_task, tres_per_job/node/task, partition, wckey, requeue), state..."""
-        return self.state.read_jobs()[str(job_id)]
+        ntasks_per_node, cpus_per_task, tres_per_job/node/task, partition, wckey, requeue), state...;
+        a field nobody set is None, as in the job_submit plugin's view of the request."""
+        return JobRecord(self.state.read_jobs()[str(job_id)])
 
     def jobs(self) -> dict[str, dict]:
         return self.state.read_jobs()
@@ -891,6 +892,13 @@ class FakeSlurm(FakeCommands):
 
 
 
+class JobRecord(dict):
+    """A fake job's record: a field that was never set reads as None (Slurm's unset), not KeyError."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
 class SubmissionRefused(Exception):
     """The fake sbatch refused a job (``status``, and ``stderr`` with the messages)."""
 
@@ -899,4 +907,4 @@ class SubmissionRefused(Exception):
         self.status, self.stderr = status, stderr
 
 
-__all__ = ["FakeSlurm", "SubmissionRefused", "JobSubmit", "PluginLib", "bridge_ffi", "expand_hostlist", "OPTIONAL"]
+__all__ = ["FakeSlurm", "JobRecord", "SubmissionRefused", "JobSubmit", "PluginLib", "bridge_ffi", "expand_hostlist", "OPTIONAL"]

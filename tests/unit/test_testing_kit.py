@@ -257,3 +257,36 @@ def test_fake_srun_decides_a_container_step_as_the_spank_plugin_does():
     # a variable is a default (a job's, or a preference in a profile): no container, no error
     assert container_step({}, {"TETHER_CONTAINER_RUNTIME": "podman", "TETHER_CONTAINER_MOUNTS": "/a:/b"}) == (
         False, None)
+
+
+COMPOSED_TEST = '''
+def test_a_container_job_runs_on_the_fake_runtime(fake_slurm, fake_runtimes, tmp_path):
+    image = tmp_path / "img.sif"
+    image.write_text("")
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/sh\\n#SBATCH -N2\\nsrun --ntasks-per-node=1 --container-image={image} true\\n")
+    job_id = fake_slurm.sbatch(str(script))
+    final = fake_slurm.run_job(job_id)
+    assert final["state"] == "COMPLETED", final
+    assert sorted(c["container_env"]["RANK"] for c in fake_runtimes.calls("apptainer")) == ["0", "1"]
+    assert fake_slurm.job(job_id)["reservation"] is None          # never set: None, as Slurm's unset
+'''
+
+
+def test_the_kits_fixtures_compose_and_keep_to_their_own_directories(tmp_path):
+    """Issue 41 (the testing kit): fake_runtimes are on the PATH of fake_slurm's jobs when a test
+    uses both (before: the job failed, exit 125, and no call was recorded); the tether.yaml beside
+    the test wins over a $TETHER_CONFIG in the environment; a field nobody set is None; a job's
+    default output goes to the fake's own directory, not the test's working directory."""
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / "tether.yaml").write_text(f"container: {{runtime: apptainer, apptainer_image_root: {tmp_path / 'img'}}}\n")
+    (site_dir / "test_composed.py").write_text(COMPOSED_TEST)
+    shell_config = tmp_path / "shell-tether.yaml"
+    shell_config.write_text("container: {runtime: enroot}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "TETHER_"))}
+    env.update(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", TETHER_CONFIG=str(shell_config))
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "tether.testing", "-q", "-p", "no:cacheprovider",
+                             "test_composed.py"], cwd=site_dir, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout + result.stderr
+    assert sorted(p.name for p in site_dir.iterdir() if p.name != "__pycache__") == ["test_composed.py", "tether.yaml"]
