@@ -104,6 +104,11 @@ def plugstack_line(plugin_dir: Path, config: Config) -> str:
             + (f" gateway_partition={gateways}" if gateways else ""))
 
 
+def _conf_step(path, line: str, present: bool) -> str:
+    """What a config file needs, as the dry run says it: the line to add, or that it is there."""
+    return f"{path} already has:\n  {line}" if present else f"add to {path}:\n  {line}"
+
+
 def install_plugins(build_dir: Path | None = None, *, slurm_conf: Path | None = None,
                     plugin_dir: Path | None = None, config: Config | None = None, write: bool = False,
                     log=print) -> list[str]:
@@ -125,8 +130,13 @@ def install_plugins(build_dir: Path | None = None, *, slurm_conf: Path | None = 
     jsp_line = f"JobSubmitPlugins={','.join(plugins)}"
     spank_line = plugstack_line(plugin_dir, config)
     if not write:
+        try:
+            stacked = spank_line in (line.strip() for line in Path(conf.plugstack).read_text().splitlines())
+        except (OSError, UnicodeDecodeError):
+            stacked = False
         log(f"would install {', '.join(stamp['files'])} and {LAUNCHER_NAME} into {plugin_dir}\n"
-            f"add to {conf.path}:\n  {jsp_line}\nadd to {conf.plugstack}:\n  {spank_line}\n"
+            f"{_conf_step(conf.path, jsp_line, 'tether' in conf.job_submit_plugins)}\n"
+            f"{_conf_step(conf.plugstack, spank_line, stacked)}\n"
             f"(nothing was changed: run this command again with --write to do it, then "
             f"`scontrol reconfigure`)")
         return [jsp_line, spank_line]

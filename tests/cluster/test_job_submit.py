@@ -394,6 +394,9 @@ def test_install_prints_the_lines_and_write_applies_them(cluster, tmp_path):
     inode = so.stat().st_ino
     cluster.run([*tether, "slurm", "install", *common, "--write"])
     assert "JobSubmitPlugins=lua,tether\n" in conf.read_text()
+    again = cluster.run([*tether, "slurm", "install", *common]).stdout       # what is there is said so
+    assert f"{conf} already has:\n  JobSubmitPlugins=lua,tether\n" in again
+    assert f"{tmp_path / 'plugstack.conf'} already has:\n  {line}\n" in again and "add to" not in again
     assert (tmp_path / "plugstack.conf").read_text() == f"{line}\nrequired other.so\n"
     assert so.stat().st_ino != inode and oct(so.stat().st_mode & 0o777) == "0o755"
     assert storage.is_dir() and oct(storage.stat().st_mode & 0o777) == "0o755"
