@@ -3,33 +3,38 @@ VENV ?= /opt/tether/venv
 PYTEST_ARGS ?=
 PYTEST = $(VENV)/bin/python -m pytest -p no:cacheprovider
 
-.PHONY: install demo test test-unit test-cluster bench sandbox-up sandbox-down generated
+.PHONY: install test-setup demo test test-unit test-cluster bench sandbox-up sandbox-down generated
 
+# The product only (the venv, tether, its link); the sandbox and the tests need test-setup.
 install:
+	tools/install
+
+# install, plus the test extras and the sandbox cluster's packages and job user
+test-setup:
 	tests/bootstrap
 
 # Bring up the local 3-node Slurm cluster and run the main multi-node job on it.
-demo: install
+demo: test-setup
 	$(VENV)/bin/tether demo
 
 # The whole test suite: tests/unit (no daemons, seconds) and tests/cluster (the real sandbox, the
 # host's Slurm 22.05), then the whole cluster level again on Slurm 24.11 and the run side on 26.05
 # (a sandbox in a Debian root each; tests/cluster/test_slurm_releases.py runs on both in the first
 # pass). TETHER_TEST_SLURM points the tests' cluster at a release.
-test: install
+test: test-setup
 	$(PYTEST) $(PYTEST_ARGS)
 	TETHER_TEST_SLURM=24.11 $(PYTEST) tests/cluster $(PYTEST_ARGS)
 	TETHER_TEST_SLURM=26.05 $(PYTEST) tests/cluster/test_run_side.py $(PYTEST_ARGS)
 
-test-unit: install
+test-unit: test-setup
 	$(PYTEST) tests/unit $(PYTEST_ARGS)
 
-test-cluster: install
+test-cluster: test-setup
 	$(PYTEST) tests/cluster $(PYTEST_ARGS)
 
 # Every benchmark, then the README's performance table rewritten from what they recorded.
 BENCH_SUMMARY := /var/tmp/tether-bench-summary.jsonl
-bench: install
+bench: test-setup
 	rm -f $(BENCH_SUMMARY)
 	TETHER_BENCH_SUMMARY=$(BENCH_SUMMARY) $(VENV)/bin/python bench/plan.py
 	TETHER_BENCH_SUMMARY=$(BENCH_SUMMARY) $(VENV)/bin/python bench/submit.py
@@ -41,7 +46,7 @@ bench: install
 	$(VENV)/bin/python bench/workflow.py
 	$(VENV)/bin/python bench/report.py $(BENCH_SUMMARY) README.md
 
-sandbox-up: install
+sandbox-up: test-setup
 	$(VENV)/bin/tether sandbox up
 
 sandbox-down:
