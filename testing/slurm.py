@@ -540,7 +540,9 @@ def run_step(state: State, job: dict, step_id: int, nodes: list[str], tasks: int
         return 1
     procs = []
     rank = 0
-    port = 12288 + (int(job["id"]) % 1024) * 16 + step_id % 16
+    from ..hooks.surface import MASTER_PORT_BASE, MASTER_PORT_JOBS       # the rule's one owner (stepd.c's too)
+
+    port = MASTER_PORT_BASE + (int(job["id"]) % MASTER_PORT_JOBS) * 16 + step_id % 16
     for node_index, (node, count) in enumerate(zip(nodes, per_node)):
         for local in range(count):
             task_env = {**env, **job_env(job, nodes, batch=False), "SLURM_STEP_ID": str(step_id), "SLURM_STEPID": str(step_id),
