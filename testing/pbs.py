@@ -37,7 +37,7 @@ from typing import Any
 from .fakebin import FakeCommands, JobTable, UsageError, getopt_long, install_fakes, record_call, run_main
 
 PBS_MODULE_DIR = Path(__file__).resolve().parent / "pbs_module"
-COMMANDS = ("qsub", "qstat", "qdel", "pbsnodes", "pbs_tmrsh")
+COMMANDS = ("qsub", "qstat", "qdel", "pbsnodes", "pbs_tmrsh", "qmgr")
 REJECTED = 32                     # qsub's exit status when a hook rejects (seen on OpenPBS 23.06)
 UNKNOWN_JOB = 153                 # PBSE_UNKJOBID (15001) as an exit status: 15001 % 256
 QSUB_GETOPT = "a:A:c:C:e:fhIj:J:k:l:m:M:N:o:p:q:r:R:S:u:v:VW:XzP:"   # src/cmds/qsub_sup.c, GETOPT_ARGS
@@ -601,7 +601,135 @@ def pbs_tmrsh(argv: list[str], state: State) -> int:
             continue
 
 
-_DISPATCH = {"qsub": qsub, "qstat": qstat, "qdel": qdel, "pbsnodes": pbsnodes, "pbs_tmrsh": pbs_tmrsh}
+# ---- qmgr: resources, hooks and nodes, as recorded on OpenPBS 23.06.06 ----------------------------
+# Each answer is a recorded one (tests/fixtures/pbs/openpbs-qmgr-cases.json, replayed by
+# tests/unit/test_pbs_replay.py): the message with the object's name put in and the exit status.
+QMGR_SERVER_ERROR = "qmgr: hook error returned from server\n"
+QMGR_HOOK_EXISTS = "qmgr obj={name} svr=default: hook name '{name}' already registered, try another name\n"
+QMGR_NO_HOOK = "qmgr obj={name} svr=default: {name} does not exist!\n"
+QMGR_HOOK_PREFIX = "qmgr obj={name} svr=default: hook_name '{name}', cannot use PBS as a prefix it is reserved for pbs hooks\n"
+QMGR_HOOK_NOT_FOUND = "qmgr obj={name} svr=default: hook not found\n"
+QMGR_DUPLICATE = "qmgr obj={name} svr=default: Duplicate entry in list \nqmgr: Error (15055) returned from server\n"
+# qmgr-delete-resource-missing; `set node ... resources_available.X` of an undefined X answers
+# "Unknown resource" too (issue 40, 5: seen by hand, its exact lines not recorded): this text
+QMGR_UNKNOWN_RESOURCE = "qmgr obj={name} svr=default: Unknown resource\nqmgr: Error (15035) returned from server\n"
+QMGR_OVERWRITTEN = "hook '{name}' contents overwritten\n"
+QMGR_STDIN_BANNER = "Max open servers: 49\n"
+# resources a stock server defines besides the pbs module's builtins (seen in pbsnodes -av)
+QMGR_NODE_RESOURCES = ("accelerator_memory", "naccelerators")
+
+
+class QmgrError(Exception):
+    """One qmgr command refused: the text qmgr prints on stderr and its exit status."""
+
+    def __init__(self, stderr: str, status: int):
+        super().__init__(stderr)
+        self.stderr, self.status = stderr, status
+
+
+def _qmgr_words(command: str) -> list[str]:
+    """A qmgr command's words; ``a = b`` and ``a=b`` alike (attribute lists stay one word)."""
+    return shlex.split(command.replace(" = ", "=").replace("= ", "=").replace(" =", "="))
+
+
+def _qmgr_one(command: str, server: dict) -> str:
+    """Run one qmgr command against ``server`` (changed in place); what it prints on stderr when
+    it succeeds. Raises QmgrError as the recorded qmgr answers, and a plain error for a command
+    this fake has no recording of (never a silent success)."""
+    words = _qmgr_words(command)
+    if len(words) < 3:
+        raise ValueError(f"fake qmgr: no recorded answer for {command!r}")
+    verb, kind, name, rest = words[0], words[1], words[2], words[3:]
+    hooks, resources = server.setdefault("hooks", {}), server["custom_resources"]
+    pbs = pbs_module()
+    if kind == "hook":
+        if verb == "create":
+            if name.startswith("PBS"):
+                raise QmgrError(QMGR_HOOK_PREFIX.format(name=name) + QMGR_SERVER_ERROR, 32)
+            if name in hooks:
+                raise QmgrError(QMGR_HOOK_EXISTS.format(name=name) + QMGR_SERVER_ERROR, 32)
+            hooks[name] = {"attributes": {}, "contents": {}}
+            return ""
+        if name not in hooks:
+            if verb == "list":
+                raise QmgrError(QMGR_HOOK_NOT_FOUND.format(name=name) + QMGR_SERVER_ERROR, 1)
+            if verb in ("set", "import", "delete"):
+                raise QmgrError(QMGR_NO_HOOK.format(name=name) + QMGR_SERVER_ERROR, 32)
+        elif verb == "delete":
+            del hooks[name]
+            return ""
+        elif verb == "set":
+            for item in rest:
+                key, _, value = item.partition("=")
+                hooks[name]["attributes"][key] = value
+            return ""
+        elif verb == "import" and len(rest) == 3:
+            content_type, _, path = rest
+            try:
+                text = Path(path).read_text()
+            except OSError:
+                raise QmgrError(f"{path} - No such file or directory\n", 1) from None
+            had = bool(hooks[name]["contents"])
+            hooks[name]["contents"][content_type] = {"path": path, "text": text}
+            # a first import's answer was not recorded; an import over contents says so
+            return QMGR_OVERWRITTEN.format(name=name) if had else ""
+    elif kind == "resource":
+        if verb == "create":
+            if name in resources or name in pbs.BUILTIN_RESOURCES:
+                raise QmgrError(QMGR_DUPLICATE.format(name=name), 207)
+            settings = dict(item.partition("=")[::2] for item in ",".join(rest).split(",") if item)
+            resources[name] = settings.get("type", "long")
+            server.setdefault("resource_flags", {})[name] = settings.get("flag", "")
+            return ""
+        if verb == "delete":
+            if name not in resources:
+                raise QmgrError(QMGR_UNKNOWN_RESOURCE.format(name=name), 187)
+            del resources[name]
+            return ""
+    elif kind == "node" and verb == "set" and name in server["nodes"]:
+        for item in rest:
+            key, _, value = item.partition("=")
+            group, _, resource_name = key.partition(".")
+            if group != "resources_available" or not resource_name:
+                raise ValueError(f"fake qmgr: no recorded answer for {command!r}")
+            if resource_name not in resources and resource_name not in pbs.BUILTIN_RESOURCES \
+                    and resource_name not in QMGR_NODE_RESOURCES:
+                raise QmgrError(QMGR_UNKNOWN_RESOURCE.format(name=name), 187)
+            value = int(value) if value.isdigit() else value
+            server["nodes"][name].setdefault("resources_available", {})[resource_name] = value
+        return ""
+    raise ValueError(f"fake qmgr: no recorded answer for {command!r}")
+
+
+def qmgr(argv: list[str], state: State) -> int:
+    """``qmgr -c COMMAND`` or commands on stdin (then ``Max open servers: 49`` first on stdout;
+    each command runs, the status is the last refused one's). The commands tether's install and
+    the README use: create/set/import/delete/list hook, create/delete resource, set node
+    resources_available. Run as the server's manager (the caller is taken for root)."""
+    if argv[:1] == ["--version"]:
+        print("pbs_version = 23.06.06")
+        return 0
+    if len(argv) == 2 and argv[0] == "-c":
+        commands = [argv[1]]
+    elif not argv:
+        sys.stdout.write(QMGR_STDIN_BANNER)
+        commands = [line for line in sys.stdin.read().splitlines() if line.strip()]
+    else:
+        raise UsageError(f"fake qmgr: no recorded answer for the arguments {argv!r}", status=1)
+    server = json.loads((state.path / "server.json").read_text())
+    status = 0
+    for command in commands:
+        try:
+            sys.stderr.write(_qmgr_one(command, server))
+        except QmgrError as exc:
+            sys.stderr.write(exc.stderr)
+            status = exc.status
+        (state.path / "server.json").write_text(json.dumps(server))
+    return status
+
+
+_DISPATCH = {"qsub": qsub, "qstat": qstat, "qdel": qdel, "pbsnodes": pbsnodes, "pbs_tmrsh": pbs_tmrsh,
+             "qmgr": qmgr}
 
 
 def main(name: str, argv: list[str], state_dir: str) -> int:

@@ -31,6 +31,8 @@ pbs = pbs_module()
 FIXTURES = REPO / "tests" / "fixtures" / "pbs"
 MOM = {c["id"]: c for c in json.loads((FIXTURES / "openpbs-mom-cases.json").read_text())["cases"]}
 QSTAT = {c["id"]: c for c in json.loads((FIXTURES / "openpbs-qstat-cases.json").read_text())["cases"]}
+QMGR = {c["id"]: c for c in json.loads((FIXTURES / "openpbs-qmgr-cases.json").read_text())["cases"]}
+QSUB = {c["id"]: c for c in json.loads((FIXTURES / "openpbs-qsub-cases.json").read_text())["cases"]}
 JOB_ID, HOME, TMP = "56.vm", "/home/feasuser", "/tmp/conform"
 
 
@@ -236,3 +238,110 @@ def test_the_pilot_reads_its_job_from_the_release_client(fp):
         for argv in (["qstat", "-f", "-F", "json", "-x", JOB_ID], ["qstat", "-x", "-f", "-F", "json", JOB_ID]):
             _register(fp, QSTAT[case], argv)          # either spelling of the same question
         assert allocation.ended() is ended, case
+
+
+# ---- qmgr: hooks and resources -----------------------------------------------------------------
+# What the server held before each recorded command (the recording's own sequence of commands).
+QMGR_BEFORE = {
+    "qmgr-create-hook-existing": {"hooks": {"zz_reject": True}},
+    "qmgr-import-hook-existing": {"hooks": {"zz_reject": True}, "file": True},
+    "qmgr-delete-hook-missing": {},
+    "qmgr-delete-hook-ok": {"hooks": {"zz_reject": True}},
+    "qmgr-delete-hook-again": {},
+    "qmgr-import-hook-missing": {"file": True},
+    "qmgr-set-hook-missing": {},
+    "qmgr-list-hook-missing": {},
+    "qmgr-import-hook-missing-file": {"hooks": {"zz_reject": True}},
+    "qmgr-create-hook-bad-name": {},
+    "qmgr-create-hook-twice-in-one": {},
+    "qmgr-create-resource": {},
+    "qmgr-create-resource-again": {"resources": {"tether_probe": "long"}},
+    "qmgr-delete-resource-missing": {},
+    "qmgr-delete-resource-after-purge": {"resources": {"tether_probe": "long"}},
+}
+QMGR_NOT_REPLAYED = {
+    "qmgr-create-hook-feasuser": "the fake takes its caller for the server's manager (tests run it as root)",
+    "qmgr-delete-resource-busy-on-job": "the fake keeps no history of finished jobs that used a resource",
+    "qmgr-delete-resource-busy-history": "the fake keeps no history of finished jobs that used a resource",
+}
+
+
+def test_every_recorded_qmgr_case_is_replayed_or_named():
+    assert set(QMGR) == set(QMGR_BEFORE) | set(QMGR_NOT_REPLAYED)
+
+
+def fake_server(tmp_path, resources=None, hooks=()) -> FakePbs:
+    """A fake server with ``resources`` (default: none of tether's, as a stock server) and ``hooks``
+    (with contents) already made."""
+    fake = FakePbs(tmp_path / "pbs", nodes=1, custom_resources=dict(resources or {}))
+    server = json.loads((fake.state_dir / "server.json").read_text())
+    server["hooks"] = {name: {"attributes": {}, "contents": {"application/x-python": {"path": "x", "text": ""}}}
+                       for name in hooks}
+    (fake.state_dir / "server.json").write_text(json.dumps(server))
+    return fake
+
+
+@pytest.mark.parametrize("case", sorted(QMGR_BEFORE))
+def test_the_fake_qmgr_answers_as_recorded(tmp_path, case):
+    recorded = QMGR[case]
+    before = QMGR_BEFORE[case]
+    fake = fake_server(tmp_path, before.get("resources"), before.get("hooks", {}))
+    if before.get("file"):
+        (tmp_path / "zz_reject.py").write_text("import pbs\npbs.event().accept()\n")
+    argv = [a.replace("<TMP>", str(tmp_path)) for a in recorded["argv"]]
+    result = fake.run(*argv, input=recorded.get("stdin", ""))
+    assert (result.returncode, result.stdout, result.stderr) == \
+        (recorded["exit_code"], recorded["stdout"], recorded["stderr"].replace("<TMP>", str(tmp_path)))
+
+
+def test_the_fake_qmgr_refuses_a_node_resource_the_server_does_not_define(tmp_path):
+    """Issue 40, 5: `set node ... resources_available.ngpus` before ngpus is created ("Unknown
+    resource", seen by hand; the text and status are those of qmgr-delete-resource-missing)."""
+    fake = fake_server(tmp_path)
+    result = fake.run("qmgr", "-c", "set node n1 resources_available.ngpus = 4")
+    assert (result.returncode, result.stderr) == (187, "qmgr obj=n1 svr=default: Unknown resource\n"
+                                                        "qmgr: Error (15035) returned from server\n")
+    assert fake.run("qmgr", "-c", "create resource ngpus type=long,flag=hn").returncode == 0
+    assert fake.run("qmgr", "-c", "set node n1 resources_available.ngpus = 4").returncode == 0
+    nodes = json.loads(fake.run("pbsnodes", "-a", "-F", "json").stdout)["nodes"]
+    assert nodes["n1"]["resources_available"]["ngpus"] == 4
+
+
+# ---- qsub: a malformed custom resource value ---------------------------------------------------
+def test_the_stand_in_drops_a_malformed_long_value_as_recorded(tmp_path):
+    """qsub-custom-long-abc/-1.5/-12abc: with a queuejob hook enabled, a malformed value of a
+    type=long custom resource never reaches the hook and the job is accepted without it; -12 is
+    seen as a number (qsub-custom-long-12)."""
+    fake = fake_server(tmp_path, {"tether_probe": "long"})
+    script = tmp_path / "jobT.sh"
+    script.write_text("#!/bin/sh\ntrue\n")
+    for case in ("qsub-custom-long-abc", "qsub-custom-long-1.5", "qsub-custom-long-12abc", "qsub-custom-long-12"):
+        recorded = QSUB[case]
+        result = fake.run(*recorded["argv"], cwd=tmp_path)
+        assert (result.returncode, result.stderr) == (recorded["exit_code"], recorded["stderr"]), case
+        job = fake.job(result.stdout.strip())
+        assert job["Resource_List"].get("tether_probe") == ("12" if case.endswith("-12") else None), case
+
+
+def test_a_malformed_slot_count_is_refused_at_qsub(tmp_path):
+    """Issue 40, 6: `-l tether_slots=abc` ran as a plain job (a type=long resource: PBS dropped the
+    value before tether's hook saw it, as recorded above). The resources `tether pbs install`
+    creates -- run through the fake qmgr on a stock server -- are strings the hook checks itself:
+    qsub refuses the job with tether's message, as a hook's reject reaches qsub (qsub-hook-reject-msg)."""
+    from tether.admin.pbs import qmgr_commands
+
+    fake = fake_server(tmp_path)
+    for cmd in qmgr_commands(tmp_path / "etc"):
+        if cmd.startswith("create resource"):
+            assert fake.run("qmgr", "-c", cmd).returncode == 0, cmd
+    script = tmp_path / "jobT.sh"
+    script.write_text("#!/bin/sh\ntrue\n")
+    rejected = QSUB["qsub-hook-reject-msg"]
+    for value in ("abc", "1.5", "12abc"):
+        result = fake.run("qsub", "-l", f"tether_slots={value}", str(script), cwd=tmp_path)
+        assert (result.returncode, result.stdout) == (rejected["exit_code"], ""), result
+        assert result.stderr == f"qsub: tether: -l tether_slots={value}: expected a whole number\n"
+    result = fake.run("qsub", "-l", "tether_slots=2", "-l", "tether_slots_per_node=x", str(script), cwd=tmp_path)
+    assert result.returncode == 32 and "tether_slots_per_node=x: expected a whole number" in result.stderr
+    job = fake.job(fake.qsub("-l", "tether_slots=2", "-l", "tether_slots_per_node=2", str(script), cwd=tmp_path))
+    assert (job["Resource_List"]["tether_slots"], job["Resource_List"]["select"]) == ("2", "1:ngpus=2")
