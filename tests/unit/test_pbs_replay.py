@@ -5,12 +5,14 @@ stand-in ``pbs`` module with ``MomJob``, the fake pbs_tmrsh, and tether's one qs
 here: values, presence or absence of attributes and variables, task numbers, parsed qstat values.
 
 Cases deliberately not replayed, and why:
-- ``task-process-env-pbsdsh``, ``job-shell-process-env``, ``tm-caller-env-not-passed-to-task``: the
-  fake pbs_tmrsh starts a task with the job shell's environment (PBS_NODEFILE, USER, the fake bin
-  directory on PATH), which a real TM task does not get -- issue 40, finding 8 (the pilot's TM
-  tasks), another part of that issue; here only its task numbers are replayed.
-- ``pbsdsh-task-output``: there is no fake pbsdsh; ``MomJob.pbsdsh`` gives the events it causes and
-  is replayed against ``hook-execjob_launch-pbsdsh-task-1/2`` instead.
+- ``pbsdsh-task-output``, ``pbsdsh-*`` in openpbs-tm-cases.json and the pbsdsh half of
+  ``tm-caller-env-not-passed-to-task``: there is no fake pbsdsh (tether never calls it);
+  ``MomJob.pbsdsh`` gives the events it causes and is replayed against
+  ``hook-execjob_launch-pbsdsh-task-1/2`` instead, and the environment of a pbsdsh task is the one
+  a pbs_tmrsh task gets (the recording says so), replayed through the fake pbs_tmrsh.
+- ``MANPATH`` of ``job-shell-process-env``: set by the recording machine's login profile
+  (/etc/profile.d of an /opt/pbs install), not by PBS.
+- qmgr: see QMGR_NOT_REPLAYED.
 """
 
 from __future__ import annotations
@@ -345,3 +347,119 @@ def test_a_malformed_slot_count_is_refused_at_qsub(tmp_path):
     assert result.returncode == 32 and "tether_slots_per_node=x: expected a whole number" in result.stderr
     job = fake.job(fake.qsub("-l", "tether_slots=2", "-l", "tether_slots_per_node=2", str(script), cwd=tmp_path))
     assert (job["Resource_List"]["tether_slots"], job["Resource_List"]["select"]) == ("2", "1:ngpus=2")
+
+
+# ---- TM tasks: pbs_tmrsh and the environment the MoM gives ---------------------------------------
+TM = {c["id"]: c for c in json.loads((FIXTURES / "openpbs-tm-cases.json").read_text())["cases"]}
+REJECT_HOOK = """import json, pbs
+e = pbs.event()
+seen = {"argv": [str(a) for a in e.argv], "CONF_REJECT_in_env": "CONF_REJECT" in e.env,
+        "tasknum": e.env["PBS_TASKNUM"]}
+seen["rejected"] = any("CONF_REJECT_ARGV" in a for a in seen["argv"]) or ("CONF_REJECT" in e.env and e.env["CONF_REJECT"] == "1")
+open(%r, "a").write(json.dumps(seen) + "\\n")
+if seen["rejected"]:
+    e.reject("conformance: task rejected by zz_rejtask")
+e.accept()
+"""
+
+
+@pytest.fixture
+def tm_job(tmp_path):
+    """A running job select=1:ncpus=2:mpiprocs=2 on the fake's one node n1 (the recording's vm),
+    with the recorder's site hook zz_rejtask at execjob_launch (as its cases describe it: reject
+    when an argv element holds CONF_REJECT_ARGV or e.env has CONF_REJECT=1): (fake, job id, the job
+    shell's environment, the hook's observations file)."""
+    seen = tmp_path / "rejtask.jsonl"
+    hook = tmp_path / "zz_rejtask.py"
+    hook.write_text(REJECT_HOOK % str(seen))
+    fake = FakePbs(tmp_path / "pbs", nodes=1, launch_hooks=[hook])
+    script = tmp_path / "jobA.sh"
+    script.write_text("#!/bin/sh\n")
+    job_id = fake.qsub("-l", "select=1:ncpus=2:mpiprocs=2", str(script), cwd=tmp_path)
+    return fake, job_id, fake.run_job(job_id), seen
+
+
+def recorded_env(text: str, fake: FakePbs, job_id: str, env: dict[str, str], **values: str) -> dict[str, str]:
+    """A recorded ``env | sort`` as this fake job's: placeholders and the recording machine's own
+    values (its host, user, install prefix, MoM tmpdir) put back; ``values``: keys whose value is
+    the test's (the script's name, the task number)."""
+    job = fake.job(job_id)
+    swap = {"<JOBID>": job_id, "<COOKIE>": env["PBS_JOBCOOKIE"], "<HOME>": os.environ["HOME"],
+            "<TMP>": job["Variable_List"]["PBS_O_WORKDIR"], "<PBS_HOME>/aux/" + "<JOBID>": env["PBS_NODEFILE"],
+            "/var/tmp/pbs.<JOBID>": env["TMPDIR"], "/opt/pbs/bin": str(fake.bin_dir)}
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        for placeholder in sorted(swap, key=len, reverse=True):
+            value = value.replace(placeholder, swap[placeholder])
+        out[key] = value
+    mine = {k: v for k, v in job["Variable_List"].items() if k in ("PBS_O_HOST", "PBS_O_PATH", "PBS_O_SHELL",
+                                                                    "PBS_O_LOGNAME", "PBS_O_LANG")}
+    user = job["Variable_List"]["PBS_O_LOGNAME"]
+    out.update({k: v for k, v in mine.items() if k in out})
+    out.update({k: user for k in ("USER", "LOGNAME") if k in out})
+    out.update(values)
+    return out
+
+
+def env_of(output: str) -> dict[str, str]:
+    return dict(line.partition("=")[::2] for line in output.splitlines())
+
+
+def test_the_job_shell_gets_the_recorded_environment(tm_job):
+    """job-shell-process-env: the job shell's variables (a login shell: its profile's PATH ending in
+    PBS's bin directory, PBS_NODEFILE, PBS_TASKNUM 1)."""
+    fake, job_id, env, _ = tm_job
+    text = MOM["job-shell-process-env"]["stdout"].split("== job shell env\n")[1].split("== nodefile")[0]
+    expected = recorded_env(text, fake, job_id, env, PBS_JOBNAME="jobA.sh", SHELL=env["SHELL"])
+    del expected["MANPATH"]                                   # the recording machine's profile
+    shell = subprocess.run(["/bin/sh", "-c", "env"], env=env, cwd=os.environ["HOME"], capture_output=True,
+                           text=True)
+    assert env_of(shell.stdout) == expected
+
+
+def test_a_tm_task_gets_the_recorded_environment(tm_job):
+    """task-process-env-pbsdsh (a pbs_tmrsh task's is the same but its number, the recording says):
+    PATH=/bin:/usr/bin, no PBS_NODEFILE, USER, LOGNAME or SHELL, the home as its directory, hex task
+    numbers -- and nothing the caller exported."""
+    fake, job_id, env, _ = tm_job
+    expected = recorded_env(MOM["task-process-env-pbsdsh"]["stdout"], fake, job_id, env, PBS_JOBNAME="jobA.sh")
+    task = fake.run("pbs_tmrsh", "n1", "/bin/sh", "-c", "env", env={**env, "EXPORTED": "1"})
+    assert task.returncode == 0, task.stderr
+    assert env_of(task.stdout) == expected
+    assert expected["PATH"] == "/bin:/usr/bin" and expected["PBS_TASKNUM"] == "00000002"
+
+
+def test_the_callers_exports_never_reach_a_launch_hook(tm_job):
+    """tm-caller-env-not-passed-to-task (its pbs_tmrsh half): CONF_REJECT=1 in the caller's
+    environment is not in the task's e.env, so the site hook keyed on it rejects nothing."""
+    fake, job_id, env, seen = tm_job
+    recorded = MOM["tm-caller-env-not-passed-to-task"]["observed"][-1]
+    result = fake.run("pbs_tmrsh", "n1", "/bin/true", env={**env, "CONF_REJECT": "1"})
+    assert result.returncode == 0
+    observed = json.loads(seen.read_text().splitlines()[-1])
+    assert {k: observed[k] for k in ("argv", "CONF_REJECT_in_env", "rejected")} == \
+        {k: recorded[k] for k in ("argv", "CONF_REJECT_in_env", "rejected")}
+
+
+@pytest.mark.parametrize("case", sorted(c for c in TM if c.startswith("tmrsh-")))
+def test_the_fake_pbs_tmrsh_answers_as_recorded(tm_job, case):
+    """Each recorded pbs_tmrsh case: its exit status and what it printed (inside a job its stdout
+    and stderr were one file, followed by the recording script's `<label> rc=N` line). A task the
+    launch hook rejects: nothing printed, exit 0, the reason only in the MoM's log."""
+    fake, job_id, env, _ = tm_job
+    recorded = TM[case]
+    argv = [a.replace("vm", "n1") if a == "vm" else a for a in recorded["argv"]]
+    inside = recorded.get("context", "").startswith("inside a job")
+    run_env = env if inside else {**real(recorded["env"]), "HOME": os.environ["HOME"], "PATH": env["PATH"]}
+    result = fake.run(*argv, env=run_env)
+    printed = result.stdout + result.stderr
+    expected = recorded["stdout"] if recorded["stderr"] == "(merged into stdout)" else \
+        recorded["stdout"] + recorded["stderr"]
+    if recorded["stderr"] == "(merged into stdout)" and "rc=" in expected:
+        expected = expected.rsplit("\n", 2)[0] + "\n" if expected.count("\n") > 1 else ""
+    assert (result.returncode, printed) == (recorded["exit_code"], real(expected.replace("<JOBID>", job_id)))
+    if case == "tmrsh-task-rejected-by-launch-hook":
+        log = (fake.state_dir / "mom.log").read_text()
+        for line in recorded["mom_log"]:
+            assert line.split(";", 3)[3].replace("<JOBID>", job_id) in log
