@@ -263,6 +263,10 @@ HOST_ONLY = tuple(v.name for v in RANK_ENV if v.host_only)
 # Set by the hand-off to the container launcher: the task's argv[0] it replaced (Slurm 22.05 and PBS
 # cannot prepend to a task's argv), or empty where Slurm (23.11+) prepended the launcher.
 RUN_ARGV0 = "TETHER_RUN_ARGV0"
+# PBS's per-host launch starts each host's task as `/bin/sh -c STARTED_MARK FILE COMMAND...`: the task
+# leaves FILE, then becomes COMMAND -- the launch script's proof that the MoM really ran it (pbs_tmrsh
+# exits 0 when a MoM hook rejects a task); the MoM hook sees COMMAND through it.
+STARTED_MARK = ': > "$0" && exec "$@"'
 # Set with it for a batch script handed over (--container-batch): the command is the script's path.
 BATCH_VAR = "TETHER_RUN_BATCH"
 # srun's option passes of a heterogeneous step, for slurmstepd (spank/client.c): one per pass.
