@@ -654,9 +654,9 @@ QMGR_NO_HOOK = "qmgr obj={name} svr=default: {name} does not exist!\n"
 QMGR_HOOK_PREFIX = "qmgr obj={name} svr=default: hook_name '{name}', cannot use PBS as a prefix it is reserved for pbs hooks\n"
 QMGR_HOOK_NOT_FOUND = "qmgr obj={name} svr=default: hook not found\n"
 QMGR_DUPLICATE = "qmgr obj={name} svr=default: Duplicate entry in list \nqmgr: Error (15055) returned from server\n"
-# qmgr-delete-resource-missing; `set node ... resources_available.X` of an undefined X answers
-# "Unknown resource" too (issue 40, 5: seen by hand, its exact lines not recorded): this text
-QMGR_UNKNOWN_RESOURCE = "qmgr obj={name} svr=default: Unknown resource\nqmgr: Error (15035) returned from server\n"
+# qmgr-delete-resource-missing; `set node N resources_available.X` of an undefined X names the
+# attribute (not in the recording: seen by hand on an OpenPBS built from its sources, exit 187)
+QMGR_UNKNOWN_RESOURCE = "qmgr obj={name} svr=default: Unknown resource{attribute}\nqmgr: Error (15035) returned from server\n"
 QMGR_OVERWRITTEN = "hook '{name}' contents overwritten\n"
 QMGR_STDIN_BANNER = "Max open servers: 49\n"
 # resources a stock server defines besides the pbs module's builtins (seen in pbsnodes -av)
@@ -715,7 +715,7 @@ def _qmgr_one(command: str, server: dict) -> str:
                 raise QmgrError(f"{path} - No such file or directory\n", 1) from None
             had = bool(hooks[name]["contents"])
             hooks[name]["contents"][content_type] = {"path": path, "text": text}
-            # a first import's answer was not recorded; an import over contents says so
+            # a first import is silent (seen by hand), an import over contents says so (recorded)
             return QMGR_OVERWRITTEN.format(name=name) if had else ""
     elif kind == "resource":
         if verb == "create":
@@ -727,7 +727,7 @@ def _qmgr_one(command: str, server: dict) -> str:
             return ""
         if verb == "delete":
             if name not in resources:
-                raise QmgrError(QMGR_UNKNOWN_RESOURCE.format(name=name), 187)
+                raise QmgrError(QMGR_UNKNOWN_RESOURCE.format(name=name, attribute=""), 187)
             del resources[name]
             return ""
     elif kind == "node" and verb == "set" and name in server["nodes"]:
@@ -738,7 +738,7 @@ def _qmgr_one(command: str, server: dict) -> str:
                 raise ValueError(f"fake qmgr: no recorded answer for {command!r}")
             if resource_name not in resources and resource_name not in pbs.BUILTIN_RESOURCES \
                     and resource_name not in QMGR_NODE_RESOURCES:
-                raise QmgrError(QMGR_UNKNOWN_RESOURCE.format(name=name), 187)
+                raise QmgrError(QMGR_UNKNOWN_RESOURCE.format(name=name, attribute=f" {key}"), 187)
             value = int(value) if value.isdigit() else value
             server["nodes"][name].setdefault("resources_available", {})[resource_name] = value
         return ""

@@ -297,11 +297,13 @@ def test_the_fake_qmgr_answers_as_recorded(tmp_path, case):
 
 
 def test_the_fake_qmgr_refuses_a_node_resource_the_server_does_not_define(tmp_path):
-    """Issue 40, 5: `set node ... resources_available.ngpus` before ngpus is created ("Unknown
-    resource", seen by hand; the text and status are those of qmgr-delete-resource-missing)."""
+    """Issue 40, 5: `set node ... resources_available.ngpus` before ngpus is created. Not in the
+    recording; seen by hand on an OpenPBS 23.06 built from its sources (qmgr -c "set node vm
+    resources_available.ngpus = 4" on a server without ngpus): these two lines, exit 187."""
     fake = fake_server(tmp_path)
     result = fake.run("qmgr", "-c", "set node n1 resources_available.ngpus = 4")
-    assert (result.returncode, result.stderr) == (187, "qmgr obj=n1 svr=default: Unknown resource\n"
+    assert (result.returncode, result.stderr) == (187, "qmgr obj=n1 svr=default: Unknown resource "
+                                                        "resources_available.ngpus\n"
                                                         "qmgr: Error (15035) returned from server\n")
     assert fake.run("qmgr", "-c", "create resource ngpus type=long,flag=hn").returncode == 0
     assert fake.run("qmgr", "-c", "set node n1 resources_available.ngpus = 4").returncode == 0
