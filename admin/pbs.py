@@ -32,10 +32,12 @@ HELPER_NAME = "tether-jobdirs"
 DEFAULT_HOOK_DIR = "/etc/tether"
 DEFAULT_LIBEXEC = "/opt/tether/libexec"
 NOTES = """\
-# Then, for GPU slots: ngpus must be a host resource the scheduler schedules on: add it to the
+# Then, for GPU slots (on the server host): ngpus must exist before a node can have it, and be a host
+#   resource the scheduler schedules on -- create it, give GPU vnodes their count, add ngpus to the
 #   "resources:" line of PBS_HOME/sched_priv/sched_config (e.g. resources: "ncpus, mem, arch, host,
-#   vnode, aoe, eoe, ngpus") and signal the scheduler (kill -HUP <pbs_sched pid>); give GPU vnodes
-#   resources_available.ngpus (qmgr -c "set node <vnode> resources_available.ngpus = 4").
+#   vnode, aoe, eoe, ngpus") and signal the scheduler (kill -HUP <pbs_sched pid>):
+#   qmgr -c 'create resource ngpus type=long,flag=hn'
+#   qmgr -c 'set node <vnode> resources_available.ngpus = 4'
 """
 
 
@@ -85,6 +87,16 @@ def qmgr_commands(hook_dir: Path) -> list[str]:
     return cmds
 
 
+# What OpenPBS 23.06 answers a `create` of an existing object (tests/fixtures/pbs/openpbs-qmgr-cases.json):
+# a resource, exit 207 "Duplicate entry in list"; a hook, exit 32 "hook name 'X' already registered".
+ALREADY_THERE = ((207, "Duplicate entry in list"), (32, "already registered"))
+
+
+def already_there(exc: CommandError) -> bool:
+    """A refused ``qmgr -c 'create ...'`` whose object exists already: an install run again."""
+    return any(exc.returncode == code and text in exc.stderr for code, text in ALREADY_THERE)
+
+
 def install(config: Config, *, hook_dir: Path = Path(DEFAULT_HOOK_DIR), libexec: Path = Path(DEFAULT_LIBEXEC),
             apply: bool = False, log=print) -> list[str]:
     """Print (or, with ``apply``, do) this host's part and the qmgr commands; returns the commands."""
@@ -110,10 +122,14 @@ def install(config: Config, *, hook_dir: Path = Path(DEFAULT_HOOK_DIR), libexec:
         try:
             run_command(["qmgr", "-c", cmd], timeout=60)
         except CommandError as exc:
-            exists = "already exists" in exc.stderr or "Duplicate entry" in exc.stderr
-            if not (exists and cmd.startswith("create ")):
+            if not (cmd.startswith("create ") and already_there(exc)):
                 raise
-            log(f"qmgr -c {shlex.quote(cmd)}: already there, kept")
+            log(f"qmgr -c {shlex.quote(cmd)}: already there, kept (the commands after it update it)")
+            if cmd.split()[:3] in (["create", "resource", opt.pbs_resource] for opt in PBS_RESOURCES
+                                   if opt.kind == "count"):
+                log(f"#   an existing resource keeps its type: one made type=long by an older tether drops a "
+                    f"malformed -l value unseen; `qmgr -c 'delete resource {cmd.split()[2]}'` (refused while a "
+                    f"job, also a finished one in history, uses it) and run this again")
             continue
         log(f"qmgr -c {shlex.quote(cmd)}")
     log(NOTES.rstrip())

@@ -151,8 +151,9 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_OK
         record = task.record
         sys.stdout.write(task.output)
+        why = f" ({record['message']})" if record.get("message") and record["state"] != "DONE" else ""
         print(f"tether: {task.id} ran in partition {record['partition']} on {','.join(record['nodes']) or '-'}: "
-              f"{record['state']}", file=sys.stderr)
+              f"{record['state']}{why}", file=sys.stderr)
         code = record.get("exit_code")
         return 0 if record["state"] == "DONE" else (code if isinstance(code, int) and 0 < code < 256 else EXIT_FAIL)
     return _guard(act)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Mapping, Sequence
 
-from ..hooks.surface import BY_NAME, MASTER_PORT_BASE, MASTER_PORT_JOBS, USER_DIRS_VAR
+from ..hooks.surface import BY_NAME, MASTER_PORT_BASE, MASTER_PORT_JOBS, STARTED_MARK, USER_DIRS_VAR
 from .spec import LaunchError, check_container_options, is_env_name
 
 
@@ -86,7 +86,7 @@ def _render(template: str, command: Sequence[str], options: Mapping[str, str], e
     return jenv.from_string(text).render(command=list(command), options=opts, env=sorted(env.items()),
                                          env_json=json.dumps(dict(sorted(env.items()))), env_dir=env_dir,
                                          tether=tether, port_base=MASTER_PORT_BASE, port_jobs=MASTER_PORT_JOBS,
-                                         user_dirs_var=USER_DIRS_VAR)
+                                         user_dirs_var=USER_DIRS_VAR, started_mark=STARTED_MARK)
 
 
 def slurm_launch_script(command: Sequence[str], options: Mapping[str, str], env: Mapping[str, str], *,

@@ -101,12 +101,15 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     # --- the slot request (seed 000: slots_per_trial, slots_per_node, slot_type, gpu_type, resource_pool)
+    # The counts are PBS resources of type string, which the submit hook checks itself: with a
+    # queuejob hook enabled, OpenPBS drops a malformed value of a type=long resource before the hook
+    # sees it (-l tether_slots=abc became a plain job: issue 40, 6; recorded: qsub-custom-long-abc)
     Option("slots", "N", "count", "slots for the job (slots_per_trial in a job spec); 0: an auxiliary task",
            minimum=0, maximum=MAX_SLOTS, field="slots", spec_key="slots_per_trial",
-           pbs_resource="tether_slots", pbs_type="long"),
+           pbs_resource="tether_slots", pbs_type="string"),
     Option("slots-per-node", "N", "count", "slots each node must provide (slots_per_node)",
            minimum=1, maximum=MAX_SLOTS_PER_NODE, field="slots_per_node", spec_key="{scheduler}.slots_per_node",
-           pbs_resource="tether_slots_per_node", pbs_type="long"),
+           pbs_resource="tether_slots_per_node", pbs_type="string"),
     Option("slot-type", "cuda|rocm|cpu", "slot_type", "what a slot is; overrides the partition's and the cluster's",
            field="slot_type", spec_key="slot_type", pbs_resource="tether_slot_type", pbs_type="string"),
     Option("gpu-type", "TYPE", "name", "GPU gres type for --gpus/--gres (gpu_type)",
@@ -260,6 +263,10 @@ HOST_ONLY = tuple(v.name for v in RANK_ENV if v.host_only)
 # Set by the hand-off to the container launcher: the task's argv[0] it replaced (Slurm 22.05 and PBS
 # cannot prepend to a task's argv), or empty where Slurm (23.11+) prepended the launcher.
 RUN_ARGV0 = "TETHER_RUN_ARGV0"
+# PBS's per-host launch starts each host's task as `/bin/sh -c STARTED_MARK FILE COMMAND...`: the task
+# leaves FILE, then becomes COMMAND -- the launch script's proof that the MoM really ran it (pbs_tmrsh
+# exits 0 when a MoM hook rejects a task); the MoM hook sees COMMAND through it.
+STARTED_MARK = ': > "$0" && exec "$@"'
 # Set with it for a batch script handed over (--container-batch): the command is the script's path.
 BATCH_VAR = "TETHER_RUN_BATCH"
 # srun's option passes of a heterogeneous step, for slurmstepd (spank/client.c): one per pass.

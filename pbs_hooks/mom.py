@@ -39,7 +39,7 @@ import re
 import subprocess
 
 from ..hooks.layout import RANK_WORK, job_dir_name
-from ..hooks.surface import MASTER_PORT_BASE, MASTER_PORT_JOBS, PBS_RESOURCES, RUN_ARGV0
+from ..hooks.surface import MASTER_PORT_BASE, MASTER_PORT_JOBS, PBS_RESOURCES, RUN_ARGV0, STARTED_MARK
 from .attrs import resource, variable
 
 HELPER_TIMEOUT = 20          # seconds; the hook's alarm is 30
@@ -218,9 +218,12 @@ def run_helper(settings: dict, *args: str) -> str:
 
 
 def runs_tether(argv: list[str]) -> bool:
-    """Is this task already tether's launch (``[/usr/bin/env NAME=VALUE…] …/tether run …``, as the
-    per-host launch script starts it)? Then it is not wrapped a second time."""
+    """Is this task already tether's launch (``[/bin/sh -c STARTED_MARK FILE] [/usr/bin/env
+    NAME=VALUE…] …/tether run …``, as the per-host launch script starts it)? Then it is not wrapped a
+    second time."""
     words = list(argv)
+    if len(words) > 4 and words[0] == "/bin/sh" and words[1:3] == ["-c", STARTED_MARK]:
+        words = words[4:]
     if words and os.path.basename(words[0]) == "env":
         words = words[1:]
         while words and "=" in words[0] and not words[0].startswith("/"):

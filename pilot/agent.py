@@ -39,7 +39,10 @@ import subprocess
 import sys
 import time
 
-from .allocation import PbsAllocation, SlurmAllocation, process_start, step_environment
+from pathlib import Path
+
+from ..pbs_hooks.commands import PBSCommandError
+from .allocation import PbsAllocation, PilotError, SlurmAllocation, process_start, step_environment
 from .state import (
     ACTIVE, CANCELED, DONE, FAILED, FINAL, PilotStore, StateError, cancel_message, open_record_file,
 )
@@ -95,7 +98,7 @@ class Agent:
         self.pid = pid
         self.record = self.store.read(pid)
         self.pbs = self.record.get("batch") == "pbs"
-        self.allocation = PbsAllocation(os.environ.get("PBS_JOBID", "")) if self.pbs else \
+        self.allocation = PbsAllocation(os.environ.get("PBS_JOBID", ""), self.record.get("tm")) if self.pbs else \
             SlurmAllocation(os.environ.get("SLURM_JOB_ID", ""))
         nodes = list(self.record["slice"])
         self.node = nodes[node_index] if node_index is not None and node_index < len(nodes) else \
@@ -152,7 +155,9 @@ class Agent:
                 if all(rc is not None for rc in codes):
                     del self.running[tid]
                     rc = next((c for c in codes if c != 0), 0)
-                    self.store.update_task(tid, "DONE" if rc == 0 else "FAILED", exit_code=rc)
+                    never = self.ranks_never_ran(tid, codes) if self.pbs else ""
+                    self.store.update_task(tid, "DONE" if rc == 0 and not never else "FAILED", exit_code=rc or
+                                           (1 if never else 0), **({"message": never} if never else {}))
             time.sleep(POLL)
         self.end_tasks("the partition was stopped")
         record = self.store.read(self.pid)
@@ -172,10 +177,11 @@ class Agent:
             self.store.update_task(task["id"], "FAILED", exit_code=1, message=_why(exc))
             return
         procs = []
+        launch_env = self.allocation.tm_env(env) if self.pbs else env
         with fh:
             for argv in self.allocation.task_argvs(self.pid, task, use, env):
                 try:
-                    procs.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=fh,
+                    procs.append(subprocess.Popen(argv, env=launch_env, stdin=subprocess.DEVNULL, stdout=fh,
                                                   stderr=subprocess.STDOUT, start_new_session=True))
                 except OSError as exc:
                     for proc in procs:
@@ -184,6 +190,18 @@ class Agent:
                     return
         self.running[task["id"]] = procs
         self.store.update_task(task["id"], "RUNNING", nodes=use)
+
+    def ranks_never_ran(self, tid: str, codes: list[int]) -> str:
+        """PBS: the ranks of a task whose wrapper never started (no marker: pbs_tmrsh exits 0 without
+        a word when a MoM's execjob_launch hook rejects the task -- recorded on OpenPBS 23.06.06),
+        said as the task's message; "" when every rank ran."""
+        nodes = list(self.store.read_task(tid).get("nodes") or self.record["slice"])
+        missing = [r for r in range(len(codes)) if not rank_marker(self.store, tid, r).exists()]
+        if not missing:
+            return ""
+        where = ", ".join(f"{r} on {nodes[r % len(nodes)]} (pbs_tmrsh exit {codes[r]})" for r in missing)
+        return (f"rank {where} never ran: its TM task did not start (a MoM's execjob_launch hook may have "
+                f"rejected it: see that MoM's log)")
 
     def end_tasks(self, why: str) -> None:
         for tid, procs in self.running.items():
@@ -269,14 +287,21 @@ def fan_out(root: str, pid: str) -> int:
         print(f"tether: {exc}", file=sys.stderr)
         return 1
     me = os.getpid()
+    allocation = PbsAllocation(os.environ.get("PBS_JOBID", ""))
+    try:
+        tm = allocation.tm_setup(store.root)            # here, in the job shell: see allocation.py
+    except (PilotError, PBSCommandError, OSError) as exc:
+        store.transition(pid, FAILED, f"cannot start its agents: {exc}")
+        return 1
     with store.lock():
         record = store.update(pid, fan_out={"host": socket.gethostname(), "pid": me, "pgid": os.getpgrp(),
-                                            "start": process_start(me)})
-    argvs = PbsAllocation(os.environ.get("PBS_JOBID", "")).fan_out_argvs(record, root)
+                                            "start": process_start(me)}, tm=tm)
+    allocation.tm = tm
+    argvs = allocation.fan_out_argvs(record, root)
     procs = []
     for argv in argvs:
         try:
-            procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL))
+            procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=allocation.tm_env(os.environ)))
         except OSError as exc:
             store.transition(pid, FAILED, f"cannot start its agents: {argv[0]}: {exc.strerror}")
             with store.lock():
@@ -292,11 +317,18 @@ def fan_out(root: str, pid: str) -> int:
             record = store.read(pid)
             if record["state"] not in FINAL and not record.get("stop_requested"):
                 store.transition(pid, FAILED, f"its agent on {node} ended (pbs_tmrsh exit {rc}) while the "
-                                              f"partition ran")
+                                              f"partition ran" if node in record.get("nodes_up", []) else
+                                 f"its agent on {node} never started (pbs_tmrsh exit {rc}; a MoM's execjob_launch "
+                                 f"hook may have rejected the TM task: see that MoM's log)")
                 with store.lock():
                     store.update(pid, stop_requested=True)       # the other nodes' agents end too
         time.sleep(POLL)
     return 0
+
+
+def rank_marker(store: PilotStore, tid: str, rank: int) -> Path:
+    """The file a PBS rank's wrapper makes when it starts: its agent's proof that the TM task ran."""
+    return store.tasks / f"{tid}.rank{rank}.ran"
 
 
 def run_rank(root: str, pid: str, tid: str, rank: str, node: str) -> int:
@@ -305,7 +337,9 @@ def run_rank(root: str, pid: str, tid: str, rank: str, node: str) -> int:
         store = PilotStore(root).open()
         record, task = store.read(pid), store.read_task(tid)
         fd = open_record_file(store.tasks / f"{tid}.out", os.O_WRONLY | os.O_APPEND | os.O_CREAT, "task output")
-    except (OSError, StateError) as exc:
+        # this TM task runs: what its agent checks (a launch a MoM hook rejects looks like success)
+        os.close(open_record_file(rank_marker(store, tid, int(rank)), os.O_WRONLY | os.O_CREAT, "rank marker"))
+    except (OSError, StateError, ValueError) as exc:
         print(f"tether: rank {rank} on {node}: {_why(exc)}", file=sys.stderr)
         return 1
     env = partition_env(record, str(store.root))

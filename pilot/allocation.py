@@ -8,6 +8,12 @@ What differs between them is small and lives here:
 * **Starting an agent** -- Slurm: one job step on the partition's slice (``srun``, one task per
   node). PBS: one TM task per node through ``pbs_tmrsh`` (as MPI starts ranks, so the MoM
   accounts and, at the job's end, kills them), from a small fan-out process on the calling host.
+* **A TM task starting another** -- a TM task (an agent) gets ``PATH=/bin:/usr/bin`` and no
+  ``PBS_NODEFILE`` (recorded on OpenPBS 23.06.06: task-process-env-pbsdsh), both of which
+  ``pbs_tmrsh`` needs. The fan-out, in the job shell, finds ``pbs_tmrsh`` once (``PBS_EXEC`` of
+  the PBS config, else its PATH) and writes the job's node file from the placement the server
+  gave the job (``qstat``: exec_host and the select's mpiprocs, as the MoM writes it), and the
+  partition's record hands both to the agents (``tm``).
 * **Is the agent alive** -- Slurm: its step is among the job's steps (``squeue -s``). PBS: the
   fan-out process (host, pid and start time in the record) still runs; from another host that
   cannot be told (None: nothing is settled).
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -204,10 +211,75 @@ class SlurmAllocation(Allocation):
                  "--kill-on-bad-exit=1", "--quiet", "--", *task["command"]]]
 
 
+PBS_CONF = "/etc/pbs.conf"
+
+
+def pbs_client(name: str, env: Mapping[str, str] | None = None) -> str:
+    """The absolute path of PBS's command ``name``: ``<PBS_EXEC>/bin/<name>`` from the PBS config
+    (``$PBS_CONF_FILE``, else /etc/pbs.conf), else ``name`` found on PATH; a PilotError otherwise."""
+    env = os.environ if env is None else env
+    try:
+        with open(env.get("PBS_CONF_FILE") or PBS_CONF, encoding="utf-8", errors="replace") as fh:
+            conf = dict(line.strip().partition("=")[::2] for line in fh if "=" in line)
+    except OSError:
+        conf = {}
+    if conf.get("PBS_EXEC"):
+        path = os.path.join(conf["PBS_EXEC"].strip(), "bin", name)
+        if os.access(path, os.X_OK):
+            return path
+    found = shutil.which(name, path=env.get("PATH", os.defpath))
+    if not found:
+        raise PilotError(f"cannot find {name}: neither PBS_EXEC in {env.get('PBS_CONF_FILE') or PBS_CONF} "
+                         f"nor PATH has it")
+    return os.path.abspath(found)
+
+
+def nodefile_lines(attrs: Mapping) -> list[str]:
+    """A job's node file as the MoM writes it (one line per mpiproc of each chunk, in the chunks'
+    order) from what ``qstat -f`` shows of its placement: exec_host (exec_vnode without it) and the
+    select's mpiprocs (schedselect, else Resource_List.select)."""
+    from types import SimpleNamespace
+
+    from ..pbs_hooks.mom import job_placement
+
+    select = attrs.get("schedselect") or (attrs.get("Resource_List") or {}).get("select")
+    job = SimpleNamespace(exec_host2=None, exec_host=attrs.get("exec_host"),
+                          exec_vnode=None if attrs.get("exec_host") else attrs.get("exec_vnode"),
+                          schedselect=str(select) if select else None)
+    placement = job_placement(job)
+    return [placement.hosts[slot] for slot in placement.slots]
+
+
 class PbsAllocation(Allocation):
     """A PBS job (``PBS_JOBID``): agents and task ranks are TM tasks started with ``pbs_tmrsh``."""
 
     kind = "pbs"
+    NODEFILE = "pbs_nodefile"
+
+    def __init__(self, job: str, tm: dict | None = None):
+        """``tm``: a partition's ``pbs_tmrsh`` and node file (``tm_setup``), for an agent's TM tasks."""
+        super().__init__(job)
+        self.tm = tm
+
+    def tm_setup(self, root: str | os.PathLike) -> dict[str, str]:
+        """In the job shell, for the TM tasks to come: ``pbs_tmrsh``'s path and the node file it
+        needs, written into the pilot directory from the job's placement (never from a variable)."""
+        tmrsh = pbs_client("pbs_tmrsh")
+        job = _qstat_job(self.job, history=False)
+        lines = nodefile_lines(job.attrs) if job is not None else []
+        if not lines:
+            raise PilotError(f"job {self.job} has no exec_host (qstat -f): is it running?")
+        path = os.path.join(os.fspath(root), self.NODEFILE)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as fh:
+            fh.write("".join(f"{line}\n" for line in lines))
+        os.replace(tmp, path)
+        return {"tmrsh": tmrsh, "nodefile": path}
+
+    def tm_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The environment of the ``pbs_tmrsh`` a TM task (an agent) runs: ``env`` and the node
+        file (what pbs_tmrsh passes on to the task it starts is the job's, not this)."""
+        return {**env, "PBS_NODEFILE": self.tm["nodefile"]} if self.tm else dict(env)
 
     def nodes(self) -> list[Node]:
         job = _qstat_job(self.job, history=False)
@@ -253,13 +325,15 @@ class PbsAllocation(Allocation):
         task or partition is stopped (a TM task gets no signal from here)."""
         ntasks = max(1, int(task["ntasks"]))
         root = env["TETHER_PILOT_DIR"]
-        return [["pbs_tmrsh", nodes[r % len(nodes)], sys.executable, "-m", "tether.pilot.agent", "--rank", root,
-                 pid, task["id"], str(r), nodes[r % len(nodes)]] for r in range(ntasks)]
+        if not self.tm:
+            raise PilotError("the partition's record has no pbs_tmrsh (its fan-out did not start it)")
+        return [[self.tm["tmrsh"], nodes[r % len(nodes)], sys.executable, "-m", "tether.pilot.agent", "--rank",
+                 root, pid, task["id"], str(r), nodes[r % len(nodes)]] for r in range(ntasks)]
 
     def fan_out_argvs(self, record: dict, root: str) -> list[list[str]]:
-        """One agent per node of the slice, the first leading."""
-        return [["pbs_tmrsh", node, sys.executable, "-m", "tether.pilot.agent", "--node", str(i), root, record["id"]]
-                for i, node in enumerate(record["slice"])]
+        """One agent per node of the slice, the first leading (``record["tm"]``: tm_setup's)."""
+        return [[record["tm"]["tmrsh"], node, sys.executable, "-m", "tether.pilot.agent", "--node", str(i), root,
+                 record["id"]] for i, node in enumerate(record["slice"])]
 
 
 def _qstat_job(job: str, *, history: bool) -> "JobStatus | None":

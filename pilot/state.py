@@ -144,6 +144,9 @@ PARTITION_FIELDS: dict[str, tuple[bool, Callable[[object], bool], str]] = {
     "batch": (False, lambda v: v in ("slurm", "pbs"), "slurm or pbs"),
     "agent_node": (False, lambda v: isinstance(v, str), "text"),
     "nodes_up": (False, _is_strs, "a list of node names"),
+    "tm": (False, lambda v: isinstance(v, dict) and all(isinstance(v.get(k), str) and os.path.isabs(v[k])
+                                                         for k in ("tmrsh", "nodefile")),
+           "tmrsh, nodefile (absolute paths)"),
     "fan_out": (False, lambda v: isinstance(v, dict) and isinstance(v.get("host"), str) and _is_int(v.get("pid"))
                 and v["pid"] > 0 and _is_int(v.get("pgid")) and v["pgid"] > 0
                 and (v.get("start") is None or isinstance(v["start"], str)), "host, pid, pgid, start"),

@@ -23,7 +23,9 @@ import contextlib
 import getpass
 import json
 import os
+import pwd
 import runpy
+import secrets
 import shlex
 import socket
 import subprocess
@@ -37,7 +39,7 @@ from typing import Any
 from .fakebin import FakeCommands, JobTable, UsageError, getopt_long, install_fakes, record_call, run_main
 
 PBS_MODULE_DIR = Path(__file__).resolve().parent / "pbs_module"
-COMMANDS = ("qsub", "qstat", "qdel", "pbsnodes", "pbs_tmrsh")
+COMMANDS = ("qsub", "qstat", "qdel", "pbsnodes", "pbs_tmrsh", "qmgr")
 REJECTED = 32                     # qsub's exit status when a hook rejects (seen on OpenPBS 23.06)
 UNKNOWN_JOB = 153                 # PBSE_UNKJOBID (15001) as an exit status: 15001 % 256
 QSUB_GETOPT = "a:A:c:C:e:fhIj:J:k:l:m:M:N:o:p:q:r:R:S:u:v:VW:XzP:"   # src/cmds/qsub_sup.c, GETOPT_ARGS
@@ -342,9 +344,13 @@ def qsub(argv: list[str], state: State) -> int:
         sys.stderr.write(f"qsub: Unknown queue\n")
         return 2
     user = getpass.getuser()
+    # what qsub adds of its own (recorded: job-shell-process-env; PBS_O_QUEUE once the queue is known)
     variables = {"PBS_O_HOME": os.environ.get("HOME", ""), "PBS_O_LOGNAME": user,
+                 **({"PBS_O_LANG": os.environ["LANG"]} if "LANG" in os.environ else {}),
                  "PBS_O_PATH": os.environ.get("PATH", ""), "PBS_O_SHELL": os.environ.get("SHELL", "/bin/sh"),
-                 "PBS_O_WORKDIR": os.getcwd(), "PBS_O_HOST": socket.gethostname(), **variables}
+                 "PBS_O_INTERACTIVE_AUTH_METHOD": "resvport", "PBS_O_INTERACTIVE_ENCRYPT_METHOD": "",
+                 "PBS_O_WORKDIR": os.getcwd(), "PBS_O_SYSTEM": os.uname().sysname,
+                 "PBS_O_HOST": socket.gethostname(), **variables}
     try:
         outcome = run_submit_hook(state, resources, variables, attrs, user)
     except Exception as exc:                      # refused before any hook runs, as the server does
@@ -370,9 +376,11 @@ def qsub(argv: list[str], state: State) -> int:
         data["next"] += 1
         job_id = f"{seq}.{server['name']}"
         name = attrs.get("Job_Name") or (os.path.basename(command) if command.startswith("/") else command)
+        job_queue = outcome["attributes"].get("queue") or queue or server["default_queue"]
+        variables = {**variables, "PBS_O_QUEUE": job_queue}
         data["jobs"][job_id] = {
             "id": job_id, "Job_Name": name, "Job_Owner": f"{user}@{socket.gethostname()}", "job_state": "Q",
-            "queue": outcome["attributes"].get("queue") or queue or server["default_queue"],
+            "queue": job_queue,
             "Resource_List": outcome["resources"], "Variable_List": variables,
             "comment": outcome["attributes"].get("comment"), "Rerunable": outcome["attributes"].get("Rerunable"),
             "umask": outcome["attributes"].get("umask"), "project": outcome["attributes"].get("project"),
@@ -524,15 +532,22 @@ def pbsnodes(argv: list[str], state: State) -> int:
 
 
 def pbs_tmrsh(argv: list[str], state: State) -> int:
-    """A task "on" a host of the job: here. Refuses as the real one outside a job (exit 255).
-
-    As OpenPBS's (src/cmds/pbs_tmrsh.c): the host must be in ``$PBS_NODEFILE``; the command is a
-    TM task (``tm_spawn``) that the MoM starts with the **job's** environment (the job's
-    variables, ``PBS_TASKNUM`` in 8 upper-case hex digits as that host's MoM numbers it,
-    ``PBS_NODENUM``), not the caller's: what a batch script exports
-    does not reach it (DESIGN.md, "seen on a real OpenPBS"). pbs_tmrsh passes no signal on: when it
-    is killed, the task runs on (until the job ends). Its status is the task's exit status."""
+    """A task "on" a host of the job: here. As OpenPBS's (src/cmds/pbs_tmrsh.c), with every answer
+    recorded (tests/fixtures/pbs/openpbs-tm-cases.json): outside a job, a host not in
+    ``$PBS_NODEFILE`` (which it needs: a TM task has none), bad options -- exit 255. The command is
+    a TM task the MoM starts in the user's home with the job's environment, exactly as recorded
+    (``task-process-env-pbsdsh``): PBS's variables and the job's, ``PATH=/bin:/usr/bin``, no
+    PBS_NODEFILE/USER/LOGNAME/SHELL, ``PBS_TASKNUM`` in 8 upper-case hex digits as that host's MoM
+    numbers it, never the caller's exports. The server's execjob_launch hooks (``FakePbs(launch_hooks=)``)
+    run first, through the stand-in ``pbs`` module; one that rejects the task means it never starts
+    and pbs_tmrsh prints **nothing and exits 0** (``tmrsh-task-rejected-by-launch-hook``; the MoM log
+    says why: ``mom.log`` in the state directory). A command that cannot start: its message, exit 254.
+    pbs_tmrsh passes no signal on: when it is killed, the task runs on. Otherwise its status is the
+    task's."""
     usage = "usage: pbs_tmrsh [-n][-l username] host [-n][-l username] command\n       pbs_tmrsh --version\n"
+    if argv == ["--version"]:
+        print("pbs_version = 23.06.06")
+        return 0
     host, err, at = None, False, 0
     while at < len(argv):                      # pbs_tmrsh.c's own loop: options before and after the host
         arg = argv[at]
@@ -579,21 +594,28 @@ def pbs_tmrsh(argv: list[str], state: State) -> int:
     if host.split(".")[0] not in hosts:
         sys.stderr.write(f"pbs_tmrsh: host \"{host}\" is not a node in job <{job_id}>\n")
         return 255
-    index = hosts.index(host.split(".")[0])
-    with open(os.environ["PBS_NODEFILE"]) as fh:
-        bits = sum(1 for line in fh if line.strip()).bit_length()
     with state.jobs() as data:                 # each host's MoM numbers its tasks (MomJob.task_number)
         job = data["jobs"][job_id]
+        job_hosts = list(dict.fromkeys(job["chunk_hosts"]))
+        index = job_hosts.index(host.split(".")[0])
+        bits = job["mpiprocs"].bit_length()           # from the job, never from a file the job can change
         counters = job["tasks"] if isinstance(job.get("tasks"), dict) else {}
         counter = counters.get(str(index), 2 if index == 0 else 1)
         job["tasks"] = {**counters, str(index): counter + 1}
-        env = {**job["environment"], "PBS_TASKNUM": f"{counter | (index << (32 - bits)) if index else counter:08X}",
-               "PBS_NODENUM": str(index)}
+        ncpus = job["host_ncpus"].get(job_hosts[index], "1")
+        env = {**job["task_environment"], "NCPUS": ncpus, "OMP_NUM_THREADS": ncpus, "PBS_NODENUM": str(index),
+               "PBS_TASKNUM": f"{counter | (index << (32 - bits)) if index else counter:08X}"}
+    env, command, rejected = _launch_hooks(state, job, job_hosts[index], env, command)
+    if rejected is not None:
+        with open(state.path / "mom.log", "a") as log:   # what the MoM logs; pbs_tmrsh says nothing
+            log.write(f"pbs_mom;Job;{job_id};{rejected}\npbs_mom;Job;{job_id};task not started, Failure "
+                      f"{command[0]} -17\n")
+        return 0
     try:
-        proc = subprocess.Popen(command, env=env, start_new_session=True)
-    except OSError as exc:
-        sys.stderr.write(f"pbs_tmrsh: tm_spawn: host \"{host}\" err {exc.strerror}\n")
-        return 255
+        proc = subprocess.Popen(command, env=env, cwd=env["HOME"], start_new_session=True)
+    except OSError as exc:                     # the task started and could not exec (tmrsh-missing-command)
+        sys.stderr.write(f"{command[0]}: {exc.strerror}\n")
+        return 254
     while True:
         try:
             return proc.wait()
@@ -601,7 +623,157 @@ def pbs_tmrsh(argv: list[str], state: State) -> int:
             continue
 
 
-_DISPATCH = {"qsub": qsub, "qstat": qstat, "qdel": qdel, "pbsnodes": pbsnodes, "pbs_tmrsh": pbs_tmrsh}
+def _launch_hooks(state: State, job: dict, host: str, env: dict[str, str], command: list[str]
+                  ) -> tuple[dict[str, str], list[str], str | None]:
+    """The server's execjob_launch hooks for a TM task on ``host``, run through the stand-in with the
+    job as that MoM's hooks see it (MomJob): the task's environment and argv as the hooks leave them,
+    and the message of the hook that rejected it (else None)."""
+    paths = state.server.get("launch_hooks") or []
+    if not paths:
+        return env, command, None
+    pbs = pbs_module()
+    select = job["Resource_List"].get("select") or "1:ncpus=1"
+    mom_job = MomJob(job["id"], getpass.getuser(), select, job["chunk_hosts"], home=env["HOME"],
+                     variables={k: v for k, v in job["Variable_List"].items()}, name=job["Job_Name"])
+    for path in paths:
+        event = pbs.stub_event(pbs.EXECJOB_LAUNCH, local_node=host, env=env, progname=command[0], argv=command,
+                               **mom_job.attrs(pbs.EXECJOB_LAUNCH))
+        run_hook(path, event)
+        if not event.accepted:
+            return env, command, event.reject_msg or ""
+        env, command = event.env.task_env(), [str(a) for a in event.argv]
+    return env, command, None
+
+
+# ---- qmgr: resources, hooks and nodes, as recorded on OpenPBS 23.06.06 ----------------------------
+# Each answer is a recorded one (tests/fixtures/pbs/openpbs-qmgr-cases.json, replayed by
+# tests/unit/test_pbs_replay.py): the message with the object's name put in and the exit status.
+QMGR_SERVER_ERROR = "qmgr: hook error returned from server\n"
+QMGR_HOOK_EXISTS = "qmgr obj={name} svr=default: hook name '{name}' already registered, try another name\n"
+QMGR_NO_HOOK = "qmgr obj={name} svr=default: {name} does not exist!\n"
+QMGR_HOOK_PREFIX = "qmgr obj={name} svr=default: hook_name '{name}', cannot use PBS as a prefix it is reserved for pbs hooks\n"
+QMGR_HOOK_NOT_FOUND = "qmgr obj={name} svr=default: hook not found\n"
+QMGR_DUPLICATE = "qmgr obj={name} svr=default: Duplicate entry in list \nqmgr: Error (15055) returned from server\n"
+# qmgr-delete-resource-missing; `set node N resources_available.X` of an undefined X names the
+# attribute (not in the recording: seen by hand on an OpenPBS built from its sources, exit 187)
+QMGR_UNKNOWN_RESOURCE = "qmgr obj={name} svr=default: Unknown resource{attribute}\nqmgr: Error (15035) returned from server\n"
+QMGR_OVERWRITTEN = "hook '{name}' contents overwritten\n"
+QMGR_STDIN_BANNER = "Max open servers: 49\n"
+# resources a stock server defines besides the pbs module's builtins (seen in pbsnodes -av)
+QMGR_NODE_RESOURCES = ("accelerator_memory", "naccelerators")
+
+
+class QmgrError(Exception):
+    """One qmgr command refused: the text qmgr prints on stderr and its exit status."""
+
+    def __init__(self, stderr: str, status: int):
+        super().__init__(stderr)
+        self.stderr, self.status = stderr, status
+
+
+def _qmgr_words(command: str) -> list[str]:
+    """A qmgr command's words; ``a = b`` and ``a=b`` alike (attribute lists stay one word)."""
+    return shlex.split(command.replace(" = ", "=").replace("= ", "=").replace(" =", "="))
+
+
+def _qmgr_one(command: str, server: dict) -> str:
+    """Run one qmgr command against ``server`` (changed in place); what it prints on stderr when
+    it succeeds. Raises QmgrError as the recorded qmgr answers, and a plain error for a command
+    this fake has no recording of (never a silent success)."""
+    words = _qmgr_words(command)
+    if len(words) < 3:
+        raise ValueError(f"fake qmgr: no recorded answer for {command!r}")
+    verb, kind, name, rest = words[0], words[1], words[2], words[3:]
+    hooks, resources = server.setdefault("hooks", {}), server["custom_resources"]
+    pbs = pbs_module()
+    if kind == "hook":
+        if verb == "create":
+            if name.startswith("PBS"):
+                raise QmgrError(QMGR_HOOK_PREFIX.format(name=name) + QMGR_SERVER_ERROR, 32)
+            if name in hooks:
+                raise QmgrError(QMGR_HOOK_EXISTS.format(name=name) + QMGR_SERVER_ERROR, 32)
+            hooks[name] = {"attributes": {}, "contents": {}}
+            return ""
+        if name not in hooks:
+            if verb == "list":
+                raise QmgrError(QMGR_HOOK_NOT_FOUND.format(name=name) + QMGR_SERVER_ERROR, 1)
+            if verb in ("set", "import", "delete"):
+                raise QmgrError(QMGR_NO_HOOK.format(name=name) + QMGR_SERVER_ERROR, 32)
+        elif verb == "delete":
+            del hooks[name]
+            return ""
+        elif verb == "set":
+            for item in rest:
+                key, _, value = item.partition("=")
+                hooks[name]["attributes"][key] = value
+            return ""
+        elif verb == "import" and len(rest) == 3:
+            content_type, _, path = rest
+            try:
+                text = Path(path).read_text()
+            except OSError:
+                raise QmgrError(f"{path} - No such file or directory\n", 1) from None
+            had = bool(hooks[name]["contents"])
+            hooks[name]["contents"][content_type] = {"path": path, "text": text}
+            # a first import is silent (seen by hand), an import over contents says so (recorded)
+            return QMGR_OVERWRITTEN.format(name=name) if had else ""
+    elif kind == "resource":
+        if verb == "create":
+            if name in resources or name in pbs.BUILTIN_RESOURCES:
+                raise QmgrError(QMGR_DUPLICATE.format(name=name), 207)
+            settings = dict(item.partition("=")[::2] for item in ",".join(rest).split(",") if item)
+            resources[name] = settings.get("type", "long")
+            server.setdefault("resource_flags", {})[name] = settings.get("flag", "")
+            return ""
+        if verb == "delete":
+            if name not in resources:
+                raise QmgrError(QMGR_UNKNOWN_RESOURCE.format(name=name, attribute=""), 187)
+            del resources[name]
+            return ""
+    elif kind == "node" and verb == "set" and name in server["nodes"]:
+        for item in rest:
+            key, _, value = item.partition("=")
+            group, _, resource_name = key.partition(".")
+            if group != "resources_available" or not resource_name:
+                raise ValueError(f"fake qmgr: no recorded answer for {command!r}")
+            if resource_name not in resources and resource_name not in pbs.BUILTIN_RESOURCES \
+                    and resource_name not in QMGR_NODE_RESOURCES:
+                raise QmgrError(QMGR_UNKNOWN_RESOURCE.format(name=name, attribute=f" {key}"), 187)
+            value = int(value) if value.isdigit() else value
+            server["nodes"][name].setdefault("resources_available", {})[resource_name] = value
+        return ""
+    raise ValueError(f"fake qmgr: no recorded answer for {command!r}")
+
+
+def qmgr(argv: list[str], state: State) -> int:
+    """``qmgr -c COMMAND`` or commands on stdin (then ``Max open servers: 49`` first on stdout;
+    each command runs, the status is the last refused one's). The commands tether's install and
+    the README use: create/set/import/delete/list hook, create/delete resource, set node
+    resources_available. Run as the server's manager (the caller is taken for root)."""
+    if argv[:1] == ["--version"]:
+        print("pbs_version = 23.06.06")
+        return 0
+    if len(argv) == 2 and argv[0] == "-c":
+        commands = [argv[1]]
+    elif not argv:
+        sys.stdout.write(QMGR_STDIN_BANNER)
+        commands = [line for line in sys.stdin.read().splitlines() if line.strip()]
+    else:
+        raise UsageError(f"fake qmgr: no recorded answer for the arguments {argv!r}", status=1)
+    server = json.loads((state.path / "server.json").read_text())
+    status = 0
+    for command in commands:
+        try:
+            sys.stderr.write(_qmgr_one(command, server))
+        except QmgrError as exc:
+            sys.stderr.write(exc.stderr)
+            status = exc.status
+        (state.path / "server.json").write_text(json.dumps(server))
+    return status
+
+
+_DISPATCH = {"qsub": qsub, "qstat": qstat, "qdel": qdel, "pbsnodes": pbsnodes, "pbs_tmrsh": pbs_tmrsh,
+             "qmgr": qmgr}
 
 
 def main(name: str, argv: list[str], state_dir: str) -> int:
@@ -614,10 +786,12 @@ class FakePbs(FakeCommands):
     """The fake server: commands in ``bin_dir``, state in ``state_dir``; see the module doc."""
 
     def __init__(self, root: Path, *, config: str | Path | None = None, nodes: int = 3, name: str = "pbs",
-                 queues: list[str] | None = None, custom_resources: dict[str, str] | None = None):
+                 queues: list[str] | None = None, custom_resources: dict[str, str] | None = None,
+                 launch_hooks: list[str | Path] = ()):
         """``custom_resources``: the server's custom resources (name -> long|string|size|...), by
         default tether's own as ``tether pbs install`` creates them -- no ``ngpus`` unless given,
-        as on a stock server."""
+        as on a stock server. ``launch_hooks``: hook files the MoMs run at execjob_launch for each
+        TM task (pbs_tmrsh), in order."""
         from ..hooks.configfile import load_config
 
         self.root = Path(root)
@@ -632,7 +806,8 @@ class FakePbs(FakeCommands):
                       for i in range(1, nodes + 1)}
         pbs = pbs_module()
         server = {"name": name, "queues": queues, "default_queue": queues[0], "nodes": node_table,
-                  "custom_resources": dict(pbs.TETHER_RESOURCES if custom_resources is None else custom_resources)}
+                  "custom_resources": dict(pbs.TETHER_RESOURCES if custom_resources is None else custom_resources),
+                  "launch_hooks": [str(path) for path in launch_hooks]}
         (self.state_dir / "server.json").write_text(json.dumps(server))
         self.state = State(self.state_dir)
 
@@ -678,12 +853,29 @@ class FakePbs(FakeCommands):
                 lines += [node] * int(chunk.get("mpiprocs", "1"))
             nodefile = self.state_dir / f"aux-{job_id}"
             nodefile.write_text("".join(f"{line}\n" for line in lines))
-            env = {"PATH": f"{self.bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"),
-                   "LOGNAME": getpass.getuser(), "USER": getpass.getuser(), **job["Variable_List"],
-                   "PBS_JOBID": job_id, "PBS_JOBNAME": job["Job_Name"], "PBS_QUEUE": job["queue"],
-                   "PBS_ENVIRONMENT": "PBS_BATCH", "PBS_NODEFILE": str(nodefile), "PBS_TASKNUM": "1",
-                   "PBS_NODENUM": "0", "NCPUS": chunks[0].get("ncpus", "1") if chunks else "1"}
+            tmpdir = self.root / "var" / "tmp" / f"pbs.{job_id}"          # the MoM's $tmpdir (/var/tmp)
+            tmpdir.mkdir(parents=True, exist_ok=True)
+            home, user = os.environ.get("HOME", "/"), getpass.getuser()
+            ncpus = {}                                   # NCPUS on each host: its first chunk's ncpus
+            for k, chunk in enumerate(chunks):
+                ncpus.setdefault(nodes[k % len(nodes)], chunk.get("ncpus", "1"))
+            # what every process the MoM starts for the job has (recorded: job-shell-process-env,
+            # task-process-env-pbsdsh): PBS's variables and the job's own (-v and PBS_O_*)
+            base = {"ENVIRONMENT": "BATCH", "HOME": home, "PBS_ENVIRONMENT": "PBS_BATCH",
+                    "PBS_JOBCOOKIE": secrets.token_hex(16).upper(), "PBS_JOBDIR": home, "PBS_JOBID": job_id,
+                    "PBS_JOBNAME": job["Job_Name"], "PBS_MOMPORT": str(MOM_PORT + 1), **job["Variable_List"],
+                    "PBS_QUEUE": job["queue"], "TMPDIR": str(tmpdir)}
+            first = nodes[0]
+            # the job shell: a login shell (its profile's PATH, /opt/pbs/bin last: here the fakes)
+            env = {**base, "LOGNAME": user, "USER": user, "SHELL": pwd.getpwuid(os.getuid()).pw_shell or "/bin/sh",
+                   "PATH": f"/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games:{self.bin_dir}",
+                   "PBS_NODEFILE": str(nodefile), "PBS_NODENUM": "0", "PBS_TASKNUM": "1",
+                   "NCPUS": ncpus.get(first, "1"), "OMP_NUM_THREADS": ncpus.get(first, "1")}
+            # a TM task: no PBS_NODEFILE, USER, LOGNAME, SHELL; PATH=/bin:/usr/bin; the caller's
+            # exports never reach it
             job.update(job_state="R", exec_host="+".join(hosts), exec_vnode="+".join(vnodes), environment=env,
+                       task_environment={**base, "PATH": "/bin:/usr/bin"}, host_ncpus=ncpus,
+                       chunk_hosts=[nodes[k % len(nodes)] for k in range(len(chunks))], mpiprocs=len(lines),
                        tasks=1)
         return env
 

@@ -223,8 +223,9 @@ BUILTIN_RESOURCES = {
     "pcput": "time", "nodemask": "string", "hpm": "long", "ssinodes": "long", "host": "string",
     "vnode": "string", "software": "string", "site": "string", "partition": "string", "hbmem": "size",
 }
-# what `tether pbs install` creates (tether.admin.pbs: type=long|string, flag=m)
-TETHER_RESOURCES = {"tether_slots": "long", "tether_slots_per_node": "long", "tether_slot_type": "string",
+# what `tether pbs install` creates (tether.admin.pbs: type=string, flag=m; the counts too, so that a
+# malformed count reaches the hook instead of being dropped)
+TETHER_RESOURCES = {"tether_slots": "string", "tether_slots_per_node": "string", "tether_slot_type": "string",
                     "tether_gpu_type": "string"}
 _DEFINED: dict[str, str] = {}
 

@@ -262,9 +262,43 @@ def test_pbs_script_collects_every_host_even_when_they_end_at_once(tmp_path):
     script.write_text(pbs_launch_script(["true"], {"container-image": "/i"}, {}, tether="/bin/true"))
     runner = (f'pbs_tmrsh() {{ shift; exec "$@"; }}\n'
               f'for i in $(seq 100); do ( source {script} ) || {{ echo "run $i: $?"; exit 1; }}; done\n')
-    result = subprocess.run(["bash", "-c", runner], env={"PATH": "/usr/bin:/bin", "PBS_NODEFILE": str(nodefile)},
+    result = subprocess.run(["bash", "-c", runner], env={"PATH": "/usr/bin:/bin", "PBS_NODEFILE": str(nodefile),
+                                                         "HOME": str(tmp_path)},
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_pbs_hosts_task_the_mom_never_ran_fails_the_job_visibly(tmp_path, fakes):
+    """pbs_tmrsh exits 0 without a word when a MoM's execjob_launch hook rejects the task (recorded:
+    tmrsh-task-rejected-by-launch-hook; the fake OpenPBS replays it). Each host's task leaves a
+    marker first; a host without one fails the job with a message, the others' containers having
+    run; a job whose every task ran ends 0 and leaves nothing behind."""
+    from tether.testing.pbs import FakePbs
+
+    bin_dir, out, env = fakes
+    hook = tmp_path / "site_launch.py"
+    hook.write_text("import pbs\ne = pbs.event()\n"
+                    "if pbs.get_local_nodename() == 'n2':\n    e.reject('site: no tasks on n2 today')\ne.accept()\n")
+    pbs = FakePbs(tmp_path / "pbs", launch_hooks=[hook])
+    script = tmp_path / "job.sh"
+    shared = tmp_path / "shared"
+    script.write_text(pbs_launch_script(["true"], {"container-image": "/i"}, {"A": "1"}, tether=str(bin_dir / "tether"),
+                                        env_dir=str(shared)))
+    results = []
+    for select in ("select=3:ncpus=1", "select=1:ncpus=1"):          # n1..n3 (n2 refuses), then n1 alone
+        job_id = pbs.qsub("-l", select, "-v", f"FAKE_OUT={out}", str(script), cwd=tmp_path)
+        results.append(subprocess.run(["bash", str(script)], env=pbs.run_job(job_id), capture_output=True,
+                                      text=True, timeout=60))
+    rejected, fine = results
+    assert rejected.returncode == 255, rejected.stderr
+    # (the other hosts' tasks may still print: ending the job does not reach a TM task)
+    assert rejected.stderr.startswith("tether: the task on n2 never started (pbs_tmrsh exit 0: the MoM did not run it; its "
+                               "execjob_launch hook may have rejected it, see that MoM's log)\n"
+                               "tether: a host's container exited with status 255; ending the job\n"), \
+        rejected.stderr
+    assert "site: no tasks on n2 today" in (pbs.state_dir / "mom.log").read_text()
+    assert (fine.returncode, fine.stderr) == (0, "")
+    assert list(shared.iterdir()) == [] and _recorded(out)                  # the others' containers ran
 
 
 CPU_SPEC = "resource_pool: null\nslots_per_trial: 6\nslot_type: cpu\nslurm: {slots_per_node: 2}\npbs: {slots_per_node: 2}\n"

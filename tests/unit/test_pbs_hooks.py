@@ -149,8 +149,9 @@ def test_the_stub_refuses_what_pbs_refuses():
     assert e.job.Resource_List["ncpus"] is None               # defined, not asked for
     with pytest.raises(pbs.EventIncompatibleError):          # queuejob has no job_o
         pbs.stub_event(pbs.QUEUEJOB).job_o
-    e = pbs.stub_event(pbs.QUEUEJOB, resources={"tether_slots": "abc", "walltime": "1:00"})
-    assert e.job.Resource_List["tether_slots"] is None        # a malformed custom value is dropped
+    e = pbs.stub_event(pbs.QUEUEJOB, resources={"tether_probe": "abc", "walltime": "1:00"},
+                       defined={"tether_probe": "long", **pbs.TETHER_RESOURCES})
+    assert e.job.Resource_List["tether_probe"] is None        # a malformed custom long value is dropped
     assert int(e.job.Resource_List["walltime"]) == 60 and str(e.job.Resource_List["walltime"]) == "1:00"
     with pytest.raises(SystemExit):
         e.accept()
@@ -228,8 +229,8 @@ def test_pbs_install_prints_what_it_would_do_and_changes_nothing(tmp_path, capsy
     submit_json, exec_json = tmp_path / "etc" / "tether_submit.json", tmp_path / "etc" / "tether_exec.json"
     installed = Path(json.loads(submit_json.read_text())["python_path"][0]) / "tether" / "pbs_hooks"
     expected = [
-        "qmgr -c 'create resource tether_slots type=long,flag=m'",
-        "qmgr -c 'create resource tether_slots_per_node type=long,flag=m'",
+        "qmgr -c 'create resource tether_slots type=string,flag=m'",
+        "qmgr -c 'create resource tether_slots_per_node type=string,flag=m'",
         "qmgr -c 'create resource tether_slot_type type=string,flag=m'",
         "qmgr -c 'create resource tether_gpu_type type=string,flag=m'",
         "qmgr -c 'create hook tether_submit'",
@@ -277,8 +278,10 @@ def test_pbs_install_apply_runs_qmgr_and_keeps_existing_resources(tmp_path, fp):
     kw = dict(hook_dir=tmp_path / "etc", libexec=tmp_path / "libexec", apply=True, log=lambda m: None)
     cmds = qmgr_commands(tmp_path / "etc")
     for cmd in cmds:
-        if cmd == "create resource tether_slots type=long,flag=m":
-            fp.register(["qmgr", "-c", cmd], returncode=1, stderr="qmgr obj=tether_slots svr=default: Duplicate entry in list")
+        if cmd == "create resource tether_slots type=string,flag=m":
+            fp.register(["qmgr", "-c", cmd], returncode=207,       # as recorded: openpbs-qmgr-cases.json
+                        stderr="qmgr obj=tether_slots svr=default: Duplicate entry in list \n"
+                               "qmgr: Error (15055) returned from server\n")
         else:
             fp.register(["qmgr", "-c", cmd])
     assert install(config, **kw) == cmds
@@ -286,6 +289,41 @@ def test_pbs_install_apply_runs_qmgr_and_keeps_existing_resources(tmp_path, fp):
     fp.register(["qmgr", "-c", cmds[0]], returncode=2, stderr="qmgr: cannot connect to server")
     with pytest.raises(Exception, match="cannot connect to server"):
         install(config, **kw)
+
+
+def test_pbs_install_apply_run_again_updates_the_hooks(tmp_path, monkeypatch):
+    """Issue 40, 4: `tether pbs install --apply` a second time (the README says so after changing
+    tether.yaml) stopped at `create hook tether_submit` (qmgr exit 32, "already registered") and
+    applied nothing after it. Through the fake qmgr, which answers as the recorded one."""
+    from tether.admin.pbs import SUBMIT_HOOK, EXEC_HOOK, install
+    from tether.hooks.configfile import load_config
+    from tether.testing.pbs import FakePbs
+
+    fake = FakePbs(tmp_path / "pbs", custom_resources={})          # a stock server
+    monkeypatch.setenv("PATH", fake.env()["PATH"])
+    os.chmod(tmp_path, 0o755)
+    config_file = tmp_path / "tether.yaml"
+    config_file.write_text(f"job_storage_root: {tmp_path / 'jobs'}\n")
+    kw = dict(hook_dir=tmp_path / "etc", libexec=tmp_path / "libexec", apply=True)
+    first: list[str] = []
+    install(load_config(str(config_file)), log=first.append, **kw)
+    server = json.loads((fake.state_dir / "server.json").read_text())
+    assert set(server["hooks"]) == {SUBMIT_HOOK, EXEC_HOOK}
+    assert server["hooks"][SUBMIT_HOOK]["attributes"]["alarm"] == "30"
+    # the admin changes tether.yaml and the hook's event list was changed by hand: run it again
+    config_file.write_text(f"job_storage_root: {tmp_path / 'jobs2'}\n")
+    assert fake.run("qmgr", "-c", f"set hook {SUBMIT_HOOK} enabled = false").returncode == 0
+    again: list[str] = []
+    install(load_config(str(config_file)), log=again.append, **kw)
+    assert f"qmgr -c 'create hook {SUBMIT_HOOK}': already there, kept (the commands after it update it)" in again
+    assert "qmgr -c 'create resource tether_slots type=string,flag=m': already there, kept (the commands " \
+           "after it update it)" in again
+    server = json.loads((fake.state_dir / "server.json").read_text())
+    assert server["hooks"][SUBMIT_HOOK]["attributes"]["enabled"] == "true"
+    imported = server["hooks"][EXEC_HOOK]["contents"]["application/x-config"]
+    assert json.loads(imported["text"])["job_storage_root"] == str(tmp_path / "jobs2")
+    qmgr_calls = [c["argv"] for c in fake.calls() if c["tool"] == "qmgr"]
+    assert qmgr_calls[-1] == ["qmgr", "-c", f"set hook {EXEC_HOOK} enabled = true"]
 
 
 def test_container_variables_are_checked_at_qsub_with_the_run_side_s_messages(hook):

@@ -418,6 +418,14 @@ def test_a_container_task_gets_the_users_own_directories_made_by_root(hook, root
     e = hook(env=_task_env(PBS_TASKNUM="00000005"), host="h2", progname="/usr/bin/env",
              argv=["/usr/bin/env", "NODE_RANK=1", "/opt/tether/venv/bin/tether", "run", "--", "true"])
     assert e.accepted and e.progname == "/usr/bin/env" and _owned_private(bases[0] / str(uid))
+    # ... as the launch script starts it: through the marker that proves the task ran
+    from tether.hooks.surface import STARTED_MARK
+
+    (bases[0] / str(uid)).rmdir()
+    e = hook(env=_task_env(PBS_TASKNUM="00000006"), host="h2", progname="/bin/sh",
+             argv=["/bin/sh", "-c", STARTED_MARK, "/shared/1.s.started.x/1", "/usr/bin/env", "NODE_RANK=1",
+                   "/opt/tether/venv/bin/tether", "run", "--", "true"])
+    assert e.accepted and e.progname == "/bin/sh" and _owned_private(bases[0] / str(uid))
 
 
 def test_the_helper_makes_a_users_directory_only_where_no_other_user_can_reach(helper, tmp_path):

@@ -5,12 +5,14 @@ stand-in ``pbs`` module with ``MomJob``, the fake pbs_tmrsh, and tether's one qs
 here: values, presence or absence of attributes and variables, task numbers, parsed qstat values.
 
 Cases deliberately not replayed, and why:
-- ``task-process-env-pbsdsh``, ``job-shell-process-env``, ``tm-caller-env-not-passed-to-task``: the
-  fake pbs_tmrsh starts a task with the job shell's environment (PBS_NODEFILE, USER, the fake bin
-  directory on PATH), which a real TM task does not get -- issue 40, finding 8 (the pilot's TM
-  tasks), another part of that issue; here only its task numbers are replayed.
-- ``pbsdsh-task-output``: there is no fake pbsdsh; ``MomJob.pbsdsh`` gives the events it causes and
-  is replayed against ``hook-execjob_launch-pbsdsh-task-1/2`` instead.
+- ``pbsdsh-task-output``, ``pbsdsh-*`` in openpbs-tm-cases.json and the pbsdsh half of
+  ``tm-caller-env-not-passed-to-task``: there is no fake pbsdsh (tether never calls it);
+  ``MomJob.pbsdsh`` gives the events it causes and is replayed against
+  ``hook-execjob_launch-pbsdsh-task-1/2`` instead, and the environment of a pbsdsh task is the one
+  a pbs_tmrsh task gets (the recording says so), replayed through the fake pbs_tmrsh.
+- ``MANPATH`` of ``job-shell-process-env``: set by the recording machine's login profile
+  (/etc/profile.d of an /opt/pbs install), not by PBS.
+- qmgr: see QMGR_NOT_REPLAYED.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ pbs = pbs_module()
 FIXTURES = REPO / "tests" / "fixtures" / "pbs"
 MOM = {c["id"]: c for c in json.loads((FIXTURES / "openpbs-mom-cases.json").read_text())["cases"]}
 QSTAT = {c["id"]: c for c in json.loads((FIXTURES / "openpbs-qstat-cases.json").read_text())["cases"]}
+QMGR = {c["id"]: c for c in json.loads((FIXTURES / "openpbs-qmgr-cases.json").read_text())["cases"]}
+QSUB = {c["id"]: c for c in json.loads((FIXTURES / "openpbs-qsub-cases.json").read_text())["cases"]}
 JOB_ID, HOME, TMP = "56.vm", "/home/feasuser", "/tmp/conform"
 
 
@@ -236,3 +240,228 @@ def test_the_pilot_reads_its_job_from_the_release_client(fp):
         for argv in (["qstat", "-f", "-F", "json", "-x", JOB_ID], ["qstat", "-x", "-f", "-F", "json", JOB_ID]):
             _register(fp, QSTAT[case], argv)          # either spelling of the same question
         assert allocation.ended() is ended, case
+
+
+# ---- qmgr: hooks and resources -----------------------------------------------------------------
+# What the server held before each recorded command (the recording's own sequence of commands).
+QMGR_BEFORE = {
+    "qmgr-create-hook-existing": {"hooks": {"zz_reject": True}},
+    "qmgr-import-hook-existing": {"hooks": {"zz_reject": True}, "file": True},
+    "qmgr-delete-hook-missing": {},
+    "qmgr-delete-hook-ok": {"hooks": {"zz_reject": True}},
+    "qmgr-delete-hook-again": {},
+    "qmgr-import-hook-missing": {"file": True},
+    "qmgr-set-hook-missing": {},
+    "qmgr-list-hook-missing": {},
+    "qmgr-import-hook-missing-file": {"hooks": {"zz_reject": True}},
+    "qmgr-create-hook-bad-name": {},
+    "qmgr-create-hook-twice-in-one": {},
+    "qmgr-create-resource": {},
+    "qmgr-create-resource-again": {"resources": {"tether_probe": "long"}},
+    "qmgr-delete-resource-missing": {},
+    "qmgr-delete-resource-after-purge": {"resources": {"tether_probe": "long"}},
+}
+QMGR_NOT_REPLAYED = {
+    "qmgr-create-hook-feasuser": "the fake takes its caller for the server's manager (tests run it as root)",
+    "qmgr-delete-resource-busy-on-job": "the fake keeps no history of finished jobs that used a resource",
+    "qmgr-delete-resource-busy-history": "the fake keeps no history of finished jobs that used a resource",
+}
+
+
+def test_every_recorded_qmgr_case_is_replayed_or_named():
+    assert set(QMGR) == set(QMGR_BEFORE) | set(QMGR_NOT_REPLAYED)
+
+
+def fake_server(tmp_path, resources=None, hooks=()) -> FakePbs:
+    """A fake server with ``resources`` (default: none of tether's, as a stock server) and ``hooks``
+    (with contents) already made."""
+    fake = FakePbs(tmp_path / "pbs", nodes=1, custom_resources=dict(resources or {}))
+    server = json.loads((fake.state_dir / "server.json").read_text())
+    server["hooks"] = {name: {"attributes": {}, "contents": {"application/x-python": {"path": "x", "text": ""}}}
+                       for name in hooks}
+    (fake.state_dir / "server.json").write_text(json.dumps(server))
+    return fake
+
+
+@pytest.mark.parametrize("case", sorted(QMGR_BEFORE))
+def test_the_fake_qmgr_answers_as_recorded(tmp_path, case):
+    recorded = QMGR[case]
+    before = QMGR_BEFORE[case]
+    fake = fake_server(tmp_path, before.get("resources"), before.get("hooks", {}))
+    if before.get("file"):
+        (tmp_path / "zz_reject.py").write_text("import pbs\npbs.event().accept()\n")
+    argv = [a.replace("<TMP>", str(tmp_path)) for a in recorded["argv"]]
+    result = fake.run(*argv, input=recorded.get("stdin", ""))
+    assert (result.returncode, result.stdout, result.stderr) == \
+        (recorded["exit_code"], recorded["stdout"], recorded["stderr"].replace("<TMP>", str(tmp_path)))
+
+
+def test_the_fake_qmgr_refuses_a_node_resource_the_server_does_not_define(tmp_path):
+    """Issue 40, 5: `set node ... resources_available.ngpus` before ngpus is created. Not in the
+    recording; seen by hand on an OpenPBS 23.06 built from its sources (qmgr -c "set node vm
+    resources_available.ngpus = 4" on a server without ngpus): these two lines, exit 187."""
+    fake = fake_server(tmp_path)
+    result = fake.run("qmgr", "-c", "set node n1 resources_available.ngpus = 4")
+    assert (result.returncode, result.stderr) == (187, "qmgr obj=n1 svr=default: Unknown resource "
+                                                        "resources_available.ngpus\n"
+                                                        "qmgr: Error (15035) returned from server\n")
+    assert fake.run("qmgr", "-c", "create resource ngpus type=long,flag=hn").returncode == 0
+    assert fake.run("qmgr", "-c", "set node n1 resources_available.ngpus = 4").returncode == 0
+    nodes = json.loads(fake.run("pbsnodes", "-a", "-F", "json").stdout)["nodes"]
+    assert nodes["n1"]["resources_available"]["ngpus"] == 4
+
+
+# ---- qsub: a malformed custom resource value ---------------------------------------------------
+def test_the_stand_in_drops_a_malformed_long_value_as_recorded(tmp_path):
+    """qsub-custom-long-abc/-1.5/-12abc: with a queuejob hook enabled, a malformed value of a
+    type=long custom resource never reaches the hook and the job is accepted without it; -12 is
+    seen as a number (qsub-custom-long-12)."""
+    fake = fake_server(tmp_path, {"tether_probe": "long"})
+    script = tmp_path / "jobT.sh"
+    script.write_text("#!/bin/sh\ntrue\n")
+    for case in ("qsub-custom-long-abc", "qsub-custom-long-1.5", "qsub-custom-long-12abc", "qsub-custom-long-12"):
+        recorded = QSUB[case]
+        result = fake.run(*recorded["argv"], cwd=tmp_path)
+        assert (result.returncode, result.stderr) == (recorded["exit_code"], recorded["stderr"]), case
+        job = fake.job(result.stdout.strip())
+        assert job["Resource_List"].get("tether_probe") == ("12" if case.endswith("-12") else None), case
+
+
+def test_a_malformed_slot_count_is_refused_at_qsub(tmp_path):
+    """Issue 40, 6: `-l tether_slots=abc` ran as a plain job (a type=long resource: PBS dropped the
+    value before tether's hook saw it, as recorded above). The resources `tether pbs install`
+    creates -- run through the fake qmgr on a stock server -- are strings the hook checks itself:
+    qsub refuses the job with tether's message, as a hook's reject reaches qsub (qsub-hook-reject-msg)."""
+    from tether.admin.pbs import qmgr_commands
+
+    fake = fake_server(tmp_path)
+    for cmd in qmgr_commands(tmp_path / "etc"):
+        if cmd.startswith("create resource"):
+            assert fake.run("qmgr", "-c", cmd).returncode == 0, cmd
+    script = tmp_path / "jobT.sh"
+    script.write_text("#!/bin/sh\ntrue\n")
+    rejected = QSUB["qsub-hook-reject-msg"]
+    for value in ("abc", "1.5", "12abc"):
+        result = fake.run("qsub", "-l", f"tether_slots={value}", str(script), cwd=tmp_path)
+        assert (result.returncode, result.stdout) == (rejected["exit_code"], ""), result
+        assert result.stderr == f"qsub: tether: -l tether_slots={value}: expected a whole number\n"
+    result = fake.run("qsub", "-l", "tether_slots=2", "-l", "tether_slots_per_node=x", str(script), cwd=tmp_path)
+    assert result.returncode == 32 and "tether_slots_per_node=x: expected a whole number" in result.stderr
+    job = fake.job(fake.qsub("-l", "tether_slots=2", "-l", "tether_slots_per_node=2", str(script), cwd=tmp_path))
+    assert (job["Resource_List"]["tether_slots"], job["Resource_List"]["select"]) == ("2", "1:ngpus=2")
+
+
+# ---- TM tasks: pbs_tmrsh and the environment the MoM gives ---------------------------------------
+TM = {c["id"]: c for c in json.loads((FIXTURES / "openpbs-tm-cases.json").read_text())["cases"]}
+REJECT_HOOK = """import json, pbs
+e = pbs.event()
+seen = {"argv": [str(a) for a in e.argv], "CONF_REJECT_in_env": "CONF_REJECT" in e.env,
+        "tasknum": e.env["PBS_TASKNUM"]}
+seen["rejected"] = any("CONF_REJECT_ARGV" in a for a in seen["argv"]) or ("CONF_REJECT" in e.env and e.env["CONF_REJECT"] == "1")
+open(%r, "a").write(json.dumps(seen) + "\\n")
+if seen["rejected"]:
+    e.reject("conformance: task rejected by zz_rejtask")
+e.accept()
+"""
+
+
+@pytest.fixture
+def tm_job(tmp_path):
+    """A running job select=1:ncpus=2:mpiprocs=2 on the fake's one node n1 (the recording's vm),
+    with the recorder's site hook zz_rejtask at execjob_launch (as its cases describe it: reject
+    when an argv element holds CONF_REJECT_ARGV or e.env has CONF_REJECT=1): (fake, job id, the job
+    shell's environment, the hook's observations file)."""
+    seen = tmp_path / "rejtask.jsonl"
+    hook = tmp_path / "zz_rejtask.py"
+    hook.write_text(REJECT_HOOK % str(seen))
+    fake = FakePbs(tmp_path / "pbs", nodes=1, launch_hooks=[hook])
+    script = tmp_path / "jobA.sh"
+    script.write_text("#!/bin/sh\n")
+    job_id = fake.qsub("-l", "select=1:ncpus=2:mpiprocs=2", str(script), cwd=tmp_path)
+    return fake, job_id, fake.run_job(job_id), seen
+
+
+def recorded_env(text: str, fake: FakePbs, job_id: str, env: dict[str, str], **values: str) -> dict[str, str]:
+    """A recorded ``env | sort`` as this fake job's: placeholders and the recording machine's own
+    values (its host, user, install prefix, MoM tmpdir) put back; ``values``: keys whose value is
+    the test's (the script's name, the task number)."""
+    job = fake.job(job_id)
+    swap = {"<JOBID>": job_id, "<COOKIE>": env["PBS_JOBCOOKIE"], "<HOME>": os.environ["HOME"],
+            "<TMP>": job["Variable_List"]["PBS_O_WORKDIR"], "<PBS_HOME>/aux/" + "<JOBID>": env["PBS_NODEFILE"],
+            "/var/tmp/pbs.<JOBID>": env["TMPDIR"], "/opt/pbs/bin": str(fake.bin_dir)}
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        for placeholder in sorted(swap, key=len, reverse=True):
+            value = value.replace(placeholder, swap[placeholder])
+        out[key] = value
+    mine = {k: v for k, v in job["Variable_List"].items() if k in ("PBS_O_HOST", "PBS_O_PATH", "PBS_O_SHELL",
+                                                                    "PBS_O_LOGNAME", "PBS_O_LANG")}
+    user = job["Variable_List"]["PBS_O_LOGNAME"]
+    out.update({k: v for k, v in mine.items() if k in out})
+    out.update({k: user for k in ("USER", "LOGNAME") if k in out})
+    out.update(values)
+    return out
+
+
+def env_of(output: str) -> dict[str, str]:
+    return dict(line.partition("=")[::2] for line in output.splitlines())
+
+
+def test_the_job_shell_gets_the_recorded_environment(tm_job):
+    """job-shell-process-env: the job shell's variables (a login shell: its profile's PATH ending in
+    PBS's bin directory, PBS_NODEFILE, PBS_TASKNUM 1)."""
+    fake, job_id, env, _ = tm_job
+    text = MOM["job-shell-process-env"]["stdout"].split("== job shell env\n")[1].split("== nodefile")[0]
+    expected = recorded_env(text, fake, job_id, env, PBS_JOBNAME="jobA.sh", SHELL=env["SHELL"])
+    del expected["MANPATH"]                                   # the recording machine's profile
+    shell = subprocess.run(["/bin/sh", "-c", "env"], env=env, cwd=os.environ["HOME"], capture_output=True,
+                           text=True)
+    assert env_of(shell.stdout) == expected
+
+
+def test_a_tm_task_gets_the_recorded_environment(tm_job):
+    """task-process-env-pbsdsh (a pbs_tmrsh task's is the same but its number, the recording says):
+    PATH=/bin:/usr/bin, no PBS_NODEFILE, USER, LOGNAME or SHELL, the home as its directory, hex task
+    numbers -- and nothing the caller exported."""
+    fake, job_id, env, _ = tm_job
+    expected = recorded_env(MOM["task-process-env-pbsdsh"]["stdout"], fake, job_id, env, PBS_JOBNAME="jobA.sh")
+    task = fake.run("pbs_tmrsh", "n1", "/bin/sh", "-c", "env", env={**env, "EXPORTED": "1"})
+    assert task.returncode == 0, task.stderr
+    assert env_of(task.stdout) == expected
+    assert expected["PATH"] == "/bin:/usr/bin" and expected["PBS_TASKNUM"] == "00000002"
+
+
+def test_the_callers_exports_never_reach_a_launch_hook(tm_job):
+    """tm-caller-env-not-passed-to-task (its pbs_tmrsh half): CONF_REJECT=1 in the caller's
+    environment is not in the task's e.env, so the site hook keyed on it rejects nothing."""
+    fake, job_id, env, seen = tm_job
+    recorded = MOM["tm-caller-env-not-passed-to-task"]["observed"][-1]
+    result = fake.run("pbs_tmrsh", "n1", "/bin/true", env={**env, "CONF_REJECT": "1"})
+    assert result.returncode == 0
+    observed = json.loads(seen.read_text().splitlines()[-1])
+    assert {k: observed[k] for k in ("argv", "CONF_REJECT_in_env", "rejected")} == \
+        {k: recorded[k] for k in ("argv", "CONF_REJECT_in_env", "rejected")}
+
+
+@pytest.mark.parametrize("case", sorted(c for c in TM if c.startswith("tmrsh-")))
+def test_the_fake_pbs_tmrsh_answers_as_recorded(tm_job, case):
+    """Each recorded pbs_tmrsh case: its exit status and what it printed (inside a job its stdout
+    and stderr were one file, followed by the recording script's `<label> rc=N` line). A task the
+    launch hook rejects: nothing printed, exit 0, the reason only in the MoM's log."""
+    fake, job_id, env, _ = tm_job
+    recorded = TM[case]
+    argv = [a.replace("vm", "n1") if a == "vm" else a for a in recorded["argv"]]
+    inside = recorded.get("context", "").startswith("inside a job")
+    run_env = env if inside else {**real(recorded["env"]), "HOME": os.environ["HOME"], "PATH": env["PATH"]}
+    result = fake.run(*argv, env=run_env)
+    printed = result.stdout + result.stderr
+    expected = recorded["stdout"] if recorded["stderr"] == "(merged into stdout)" else \
+        recorded["stdout"] + recorded["stderr"]
+    if recorded["stderr"] == "(merged into stdout)" and "rc=" in expected:
+        expected = expected.rsplit("\n", 2)[0] + "\n" if expected.count("\n") > 1 else ""
+    assert (result.returncode, printed) == (recorded["exit_code"], real(expected.replace("<JOBID>", job_id)))
+    if case == "tmrsh-task-rejected-by-launch-hook":
+        log = (fake.state_dir / "mom.log").read_text()
+        for line in recorded["mom_log"]:
+            assert line.split(";", 3)[3].replace("<JOBID>", job_id) in log

@@ -118,23 +118,55 @@ def test_the_seeds_case_inside_a_pbs_job(job):
     assert agents(pilot) == []
 
 
-def test_an_agent_that_cannot_start_on_its_node_fails_the_partition_with_the_reason(job, monkeypatch):
+def launch_hook(pbs: FakePbs, tmp_path, condition: str) -> None:
+    """A site execjob_launch hook on every MoM of the fake server that rejects a TM task when
+    ``condition`` (on ``argv`` and ``node``, the MoM's) holds -- as a real MoM hook may."""
+    hook = tmp_path / "site_launch.py"
+    hook.write_text("import pbs\ne = pbs.event()\nargv = [str(a) for a in e.argv]\n"
+                    "node = pbs.get_local_nodename()\n"
+                    f"if {condition}:\n    e.reject('site: not here')\ne.accept()\n")
+    server = json.loads((pbs.state_dir / "server.json").read_text())
+    server["launch_hooks"] = [str(hook)]
+    (pbs.state_dir / "server.json").write_text(json.dumps(server))
+
+
+def test_an_agent_that_never_starts_on_its_node_fails_the_partition_with_the_reason(job, tmp_path):
+    """Issue 40, 8 and the unseen failure: a MoM hook rejecting the agent's TM task on n3 makes
+    pbs_tmrsh exit 0 without a word (recorded: tmrsh-task-rejected-by-launch-hook); the partition
+    fails saying its agent there never started. The job's own PBS_NODEFILE plays no part: the
+    hosts come from the job's placement (qstat)."""
     pbs, job_id, env, pilot = job
-    nodefile = env["PBS_NODEFILE"]
-    with open(nodefile) as fh:
-        lines = fh.read().splitlines()
-    with open(nodefile, "w") as fh:                     # n3 is no longer a host of the job's
-        fh.write("".join(f"{line}\n" for line in lines if line != "n3"))
+    with open(env["PBS_NODEFILE"], "w") as fh:             # what the job may do to it: no effect
+        fh.write("n1\n")
+    launch_hook(pbs, tmp_path, "'--node' in argv and node == 'n3'")
     created = tether(env, "partition", "create", "3 nodes", "--wait", "--json")
     part = json.loads(created.stdout)[0]
     assert part["state"] == "FAILED", part
-    assert "its agent on n3 ended (pbs_tmrsh exit 255)" in part["message"], part
-    log = (pilot / "partitions" / f"{part['id']}.agent.log").read_text()
-    assert 'pbs_tmrsh: host "n3" is not a node in job' in log
+    assert part["message"].startswith("its agent on n3 never started (pbs_tmrsh exit 0; a MoM's execjob_launch "
+                                      "hook may have rejected the TM task"), part
+    assert "site: not here" in (pbs.state_dir / "mom.log").read_text()
     deadline = time.monotonic() + 15
     while agents(pilot) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert agents(pilot) == []
+
+
+def test_a_rank_whose_tm_task_never_ran_fails_its_task(job, tmp_path):
+    """pbs_tmrsh's exit 0 for a rejected launch is not taken for the rank's success: each rank's
+    wrapper leaves a marker, and a rank without one fails the task, saying which and why."""
+    pbs, job_id, env, pilot = job
+    created = tether(env, "partition", "create", "2 nodes", "--wait", "--json")
+    part = json.loads(created.stdout)[0]
+    assert part["state"] == "ACTIVE", part
+    ran = tether(env, "partition", "run", part["id"], "-n", "2", "--", "sh", "-c", "echo rank $TETHER_TASK_RANK")
+    assert ran.returncode == 0 and sorted(ran.stdout.split("\n")[:2]) == ["rank 0", "rank 1"], ran
+    launch_hook(pbs, tmp_path, "'--rank' in argv and argv[-2] == '1'")
+    ran = tether(env, "partition", "run", part["id"], "-n", "2", "--", "sh", "-c", "echo rank $TETHER_TASK_RANK")
+    assert ran.returncode == 1 and ran.stdout == "rank 0\n", ran
+    assert ran.stderr.rstrip().endswith(
+        "FAILED (rank 1 on n2 (pbs_tmrsh exit 0) never ran: its TM task did not start (a MoM's execjob_launch "
+        "hook may have rejected it: see that MoM's log))"), ran.stderr
+    assert tether(env, "partition", "stop", "ALL").returncode == 0
 
 
 def test_outside_a_running_job_pbs_tmrsh_and_the_pilot_refuse(tmp_path):
@@ -222,3 +254,30 @@ def test_a_pilot_job_submitted_with_qsub_runs_its_partitions_and_stops_them_when
     with pytest.raises(Exception, match="sbatch_args: not for pbs"):
         from tether.pilot.submit import pilot_job
         pilot_job({"partitions": ["1 node"], "sbatch_args": ["-A", "x"]}, 2, "pbs")
+
+
+def test_pbs_tmrsh_is_found_from_the_pbs_config_where_a_tm_task_s_path_has_none(tmp_path):
+    """A TM task's PATH is /bin:/usr/bin (recorded): pbs_tmrsh comes from PBS_EXEC of the PBS
+    config (PBS_CONF_FILE, else /etc/pbs.conf), else the caller's PATH; none: a PilotError."""
+    from tether.pilot.allocation import PilotError, pbs_client
+
+    tool = tmp_path / "opt" / "pbs" / "bin" / "pbs_tmrsh"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    conf = tmp_path / "pbs.conf"
+    conf.write_text(f"PBS_SERVER=vm\nPBS_EXEC={tmp_path / 'opt' / 'pbs'}\nPBS_HOME=/var/spool/pbs\n")
+    assert pbs_client("pbs_tmrsh", {"PBS_CONF_FILE": str(conf), "PATH": "/bin:/usr/bin"}) == str(tool)
+    assert pbs_client("pbs_tmrsh", {"PBS_CONF_FILE": str(tmp_path / "none"), "PATH": str(tool.parent)}) == str(tool)
+    with pytest.raises(PilotError, match="cannot find pbs_tmrsh"):
+        pbs_client("pbs_tmrsh", {"PBS_CONF_FILE": str(tmp_path / "none"), "PATH": "/bin:/usr/bin"})
+
+
+def test_the_node_file_is_the_jobs_placement_as_the_mom_writes_it():
+    """From qstat's exec_host and the select's mpiprocs (hook-two-chunks-one-host: `vm vm`)."""
+    from tether.pilot.allocation import nodefile_lines
+
+    assert nodefile_lines({"exec_host": "vm/0", "Resource_List": {"select": "1:ncpus=1"}}) == ["vm"]
+    assert nodefile_lines({"exec_host": "vm/0+vm/1", "schedselect": "2:ncpus=1:mpiprocs=1"}) == ["vm", "vm"]
+    assert nodefile_lines({"exec_host": "n1/0*4+n2/0*4", "Resource_List": {"select": "2:ncpus=4:mpiprocs=2"}}) == \
+        ["n1", "n1", "n2", "n2"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 import os
 import shlex
@@ -80,6 +81,31 @@ def test_readme_pbs_install_commands_are_what_tether_prints():
     block = README.split("### The PBS hooks")[1].split("```")[3]
     printed = [f"qmgr -c {shlex.quote(cmd)}" for cmd in qmgr_commands(Path("/etc/tether"))]
     assert [line for line in block.splitlines() if line.startswith("qmgr")] == printed
+
+
+def test_readme_pbs_admin_commands_run_as_written(tmp_path):
+    """Issue 40, 5: every qmgr command of the README's PBS section, the GPU steps included (in the
+    notes, with a vnode put in), in order, against the fake qmgr of a stock server -- which refuses
+    `set node ... resources_available.ngpus` before ngpus exists ("Unknown resource"), as the real
+    one did when the README said only that."""
+    from tether.testing.pbs import FakePbs
+
+    section = README.split("### The PBS hooks")[1].split("\n## ")[0]
+    commands = [m.group(2).replace("<vnode>", "n1")
+                for m in re.finditer(r"qmgr -c (['\"])(.+?)\1", section)]
+    assert any("resources_available.ngpus" in c for c in commands), commands
+    fake = FakePbs(tmp_path / "pbs", custom_resources={})
+    (tmp_path / "opt").mkdir()
+    for command in commands:
+        for path in re.findall(r"default (/\S+)", command):          # the files install writes
+            target = tmp_path / "opt" / path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text("{}\n")
+            command = command.replace(path, str(target))
+        result = fake.run("qmgr", "-c", command)
+        assert result.returncode == 0, (command, result.stderr)
+    nodes = json.loads(fake.run("pbsnodes", "-a", "-F", "json").stdout)["nodes"]
+    assert nodes["n1"]["resources_available"]["ngpus"] == 4
 
 
 def test_readme_tables_are_current():
