@@ -88,6 +88,12 @@ def pbs_job_state(job_id: str, env: Mapping[str, str] | None = None) -> JobState
     job = next(iter(jobs.values()), None)
     if job is None:
         return JobState("UNKNOWN")
+    return pbs_state(job)
+
+
+def pbs_state(job) -> JobState:
+    """One job of ``pbs_hooks.commands.job_status`` as tether's states: a finished job (F) is
+    COMPLETED, CANCELLED, TIMEOUT or FAILED by its Exit_status (the launcher and workflow packs)."""
     letter, code = job.state_code, job.exit_status
     if letter != "F":
         return JobState(PBS_STATES.get(letter, "UNKNOWN"), None, job.comment)

@@ -228,6 +228,7 @@ def set_dependency(kind: str, job_id: str | None = None, env: Mapping[str, str] 
 def _pbs_pack_status(pack: str, env: Mapping[str, str]) -> list[dict]:
     """The pack's jobs of this user from ``qstat -f -F json -x`` (tether's one PBS client): a pack's
     job carries ``TETHER_PACK``/``TETHER_PACK_JOB`` in its variables (qsub -v)."""
+    from ..launcher.states import pbs_state
     from ..pbs_hooks.commands import PBSCommandError, job_status
 
     me = env.get("USER") or __import__("pwd").getpwuid(os.getuid()).pw_name
@@ -239,7 +240,9 @@ def _pbs_pack_status(pack: str, env: Mapping[str, str]) -> list[dict]:
     for job_id, job in jobs.items():
         pid = pack_of(f"{COMMENT_PREFIX}{job.variables.get('TETHER_PACK', '')}:", pack)
         if pid and job.owner == me:
-            rows.append({"id": job_id, "state": job.state.upper(), "dependency": str(job.attrs.get("depend", "")),
+            state = pbs_state(job)        # FINISHED said nothing of success: COMPLETED/FAILED/... as on Slurm
+            rows.append({"id": job_id, "state": state.state, "exit_code": state.exit_code,
+                         "pbs_state": job.state_code, "dependency": str(job.attrs.get("depend", "")),
                          "comment": f"{COMMENT_PREFIX}{pid}:{job.variables.get('TETHER_PACK_JOB', '')}",
                          "pack": pid, "job": job.variables.get("TETHER_PACK_JOB", "")})
     return sorted(rows, key=lambda r: [int(p) if p.isdigit() else 0 for p in r["id"].split(".")[:1]])

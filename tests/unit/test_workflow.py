@@ -133,6 +133,26 @@ def test_a_pbs_packs_status_comes_from_qstat(tmp_path, capsys):
         os.environ.update(old)
 
 
+def test_a_finished_pbs_packs_jobs_say_whether_they_succeeded(tmp_path):
+    """On a real OpenPBS (issue 40) `tether workflow status --scheduler pbs` printed FINISHED for a
+    producer that exited 0 and a consumer that exited 3 alike (qstat's job_state F): a pack's ended
+    jobs are COMPLETED/FAILED/CANCELLED with their exit code, as the launcher reports PBS jobs and as
+    sacct does on Slurm; waiting ones PENDING."""
+    from tether.testing.pbs import FakePbs
+    from tether.workflow import pack_status
+
+    pbs = FakePbs(tmp_path / "pbs")
+    pack = {"name": "pf", "jobs": [{"name": "a", "command": ["true"]}, {"name": "b", "delay": 1, "command": ["false"]},
+                                   {"name": "c", "delay": 1, "command": ["true"]}]}
+    result = submit_pack(pack, env=pbs.env(), scheduler="pbs")
+    with pbs.state.jobs() as data:
+        for name, (letter, code) in {"a": ("F", 0), "b": ("F", 3), "c": ("W", None)}.items():
+            data["jobs"][result["jobs"][name]].update(job_state=letter, Exit_status=code)
+    rows = {r["job"]: r for r in pack_status(result["pack"], pbs.env(), scheduler="pbs")}
+    assert [(rows[n]["state"], rows[n]["exit_code"]) for n in "abc"] == [("COMPLETED", 0), ("FAILED", 3),
+                                                                         ("PENDING", None)]
+
+
 def test_status_takes_the_packs_id_or_its_name_and_says_when_there_is_none(tmp_path, bin_dir, capsys):
     """`tether workflow status pc` (the pack's name) printed nothing and exited 0, as did an unknown
     id: only the generated id worked (issue 45). A name shows every pack of that name, each row
