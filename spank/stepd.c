@@ -119,17 +119,18 @@ static int set_env_u(spank_t sp, const char *name, unsigned long value)
 /*
  * The TETHER_<NAME> fallbacks, from the job's environment: Slurm hands slurmstepd only the options
  * given on a command line or in #SBATCH lines, so a step asked for with `TETHER_CONTAINER_IMAGE=IMG
- * srun ...` (or a job script exporting it) is recognised here, exactly as the option would be.
+ * srun ...` (or a job script exporting it; or pyxis's PYXIS_CONTAINER_IMAGE) is recognised here,
+ * exactly as the option would be.
  */
+/* tether_env_getter over the job's environment (a value too long for any option is not read) */
+static int job_env(void *sp, const char *name, char *buf, size_t len)
+{
+	return get_env(sp, name, buf, (int)len);
+}
+
 static void env_fallbacks(spank_t sp)
 {
-	char value[TETHER_MAX_TEXT + 2];
-
-	for (int i = 0; i < TETHER_NOPTS; i++) {
-		if (tether_opts[i].value || !get_env(sp, tether_opts[i].env, value, sizeof(value)))
-			continue;
-		tether_opt_set(i, value, tether_opts[i].env, 1); /* a bad value is kept as the failure */
-	}
+	tether_env_fallbacks(job_env, sp); /* a bad value is kept as the failure */
 }
 
 static void het_step(spank_t sp);
@@ -496,6 +497,9 @@ static int set_step_env(spank_t sp, uint32_t ntasks, uint32_t nlocal, uint32_t n
 		else if (o->value) /* a container option: the launcher reads TETHER_CONTAINER_*; in a
 				    * batch script they are the defaults srun picks up for the job's steps */
 			rc = set_env(sp, o->env, o->value);
+		else if (tether_partner_set(i) && spank_unsetenv(sp, o->env) != ESPANK_SUCCESS)
+			rc = -1; /* the job's own fallback its partner overrode (--container-readonly
+				  * over an exported TETHER_CONTAINER_WRITABLE=1): not for the launcher */
 	}
 	return rc;
 }
