@@ -466,6 +466,30 @@ static void het_step(spank_t sp)
 }
 
 /* The step-wide part of the rank environment, and the options the step's ranks see. */
+/*
+ * SLURM_CPUS_PER_TASK, as sbatch and srun set it for --cpus-per-task (issue 45): tether's plan gives
+ * a job its CPUs per task in slurmctld (CPU slots: slots_per_node), which neither client sees, so
+ * the batch script and the ranks had no SLURM_CPUS_PER_TASK (OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK
+ * broke). Set when the job's environment has none: with --slot-type=cpu the plan's CPUs per task;
+ * otherwise the step's, when more than one (the job's for the batch script, whose srun steps
+ * inherit the variable; Slurm sets nothing where nobody asked for CPUs per task).
+ */
+static int set_cpus_per_task(spank_t sp)
+{
+	uint32_t cpus = 0;
+	const char *type = tether_opt_value(OPT_SLOT_TYPE), *per_node = tether_opt_value(OPT_SLOTS_PER_NODE);
+
+	if (env_nonempty(sp, "SLURM_CPUS_PER_TASK"))
+		return 0;
+	if (type != NULL && strcmp(type, "cpu") == 0) /* the plan's (hooks/plan.py, slurm-cpu): slots_per_node,
+							 * 1 unless given -- also where srun made the
+							 * allocation, whose step has 1 CPU per task */
+		return set_env(sp, "SLURM_CPUS_PER_TASK", per_node ? per_node : "1");
+	if (spank_get_item(sp, S_STEP_CPUS_PER_TASK, &cpus) != ESPANK_SUCCESS || cpus <= 1 || cpus > 65535)
+		return 0;
+	return set_env_u(sp, "SLURM_CPUS_PER_TASK", cpus);
+}
+
 static int set_step_env(spank_t sp, uint32_t ntasks, uint32_t nlocal, uint32_t nnodes)
 {
 	int rc;
@@ -480,7 +504,7 @@ static int set_step_env(spank_t sp, uint32_t ntasks, uint32_t nlocal, uint32_t n
 			return -1;
 	}
 	if (set_env(sp, "TETHER_JOB_DIR", step.job_dir) || set_env(sp, "TETHER_STEP_DIR", step.step_dir) ||
-	    set_env_u(sp, "WORLD_SIZE", ntasks) || set_env_u(sp, "LOCAL_WORLD_SIZE", nlocal) ||
+	    set_cpus_per_task(sp) || set_env_u(sp, "WORLD_SIZE", ntasks) || set_env_u(sp, "LOCAL_WORLD_SIZE", nlocal) ||
 	    set_env_u(sp, "TETHER_NNODES", nnodes) || set_master_addr(sp) < 0)
 		return -1;
 	/* Every rank of a step derives the same port; concurrent steps of a job (and jobs with
