@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..hooks.imageref import ImageRefError, parse_image
-from ..hooks.surface import BATCH_VAR, BY_NAME, CONTAINER_NAME_FLAGS, MAX_TEXT, RUNTIMES
+from ..hooks.surface import BATCH_VAR, BY_NAME, CONTAINER_NAME_FLAGS, MAX_TEXT, RUNTIMES, UNSHARE_NAMESPACES, unknown_namespace
 
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
@@ -143,6 +143,7 @@ class LaunchSpec(Record):
         "entrypoint": False,      # --[no-]container-entrypoint: run the image's entrypoint first
         "save": None,             # --container-save: where this rank saves its container (an absolute path)
         "batch_script": None,     # the batch script's path, when the batch script runs in the container
+        "unshare": (),            # --container-unshare: namespaces of the container's own (of UNSHARE_NAMESPACES)
     }
     __slots__ = tuple(FIELDS)
     image: str
@@ -165,6 +166,7 @@ class LaunchSpec(Record):
     entrypoint: bool
     save: str | None
     batch_script: str | None
+    unshare: tuple[str, ...]
 
     @property
     def instance(self) -> str:
@@ -332,6 +334,18 @@ def save_path(value: str, cwd: str | None = None) -> str:
     return path
 
 
+def parse_unshare(text: str) -> tuple[str, ...]:
+    """``--container-unshare=NS[,NS...]`` as a tuple in UNSHARE_NAMESPACES' order (pyxis's words)."""
+    if not text:
+        return ()
+    bad = unknown_namespace(text)
+    if bad is not None:
+        what = "empty namespace argument" if bad == "" else f"unknown namespace {bad[:40]!r}"
+        raise LaunchError(f"--container-unshare={text[:60]}: {what} (expected namespaces separated by commas, "
+                          f"of {', '.join(UNSHARE_NAMESPACES)})")
+    return tuple(ns for ns in UNSHARE_NAMESPACES if ns in text.split(","))
+
+
 def parse_env_names(text: str | None) -> tuple[str, ...]:
     names = tuple(n.strip() for n in (text or "").split(",") if n.strip())
     for n in names:
@@ -407,7 +421,8 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
         remap_root=remap_root, entrypoint=entrypoint,
         # one container per node is saved, as pyxis saves its one per node: the node's first rank's
         save=save if (env.get("LOCAL_RANK") or env.get("SLURM_LOCALID") or "0") == "0" else None,
-        batch_script=batch_script)
+        batch_script=batch_script,
+        unshare=parse_unshare(_text(env, "TETHER_CONTAINER_UNSHARE", "--container-unshare")))
 
 
 def _safe_id(value: str) -> str:
@@ -432,6 +447,9 @@ def check_container_options(values: Mapping[str, str], default_runtime: str) -> 
     if spec.name and spec.runtime not in ("enroot", "podman"):
         raise LaunchError(f"--container-name: {spec.runtime} keeps no container between steps (enroot and "
                           f"podman do)")
+    if spec.unshare and spec.runtime in ("apptainer", "singularity"):
+        raise LaunchError(f"--container-unshare: tether does not unshare namespaces with {spec.runtime} yet "
+                          f"(podman and enroot do)")
     if env.get("TETHER_CONTAINER_SAVE") and spec.runtime in ("apptainer", "singularity"):
         raise LaunchError(f"--container-save: {spec.runtime} keeps no container to save (it runs the image "
                           f"itself); use podman or enroot, or build a new image with `{spec.runtime} build`")

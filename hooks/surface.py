@@ -19,6 +19,11 @@ from __future__ import annotations
 from .imageref import FORMS as IMAGE_FORMS
 from .imageref import valid_reference
 
+TYPE_CHECKING = False  # not `typing`: see above
+
+if TYPE_CHECKING:
+    from typing import Mapping
+
 PLUGIN = "tether"  # SPANK_PLUGIN(tether, 1): Slurm forwards options as _SLURM_SPANK_OPTION_tether_<name>
 
 SLOT_TYPES = ("cuda", "rocm", "cpu")
@@ -40,12 +45,16 @@ GATEWAY_PORT_BASE, GATEWAY_PORT_JOBS = 28672, 256      # 28672..32767
 
 # Value kinds: each is checked in C in srun/sbatch/salloc (cheap, with a clear message) and again
 # where the value is used (slurmctld, the PBS server, the launcher).
-KINDS = ("count", "slot_type", "name", "runtime", "text", "env_names", "flag", "image", "container_name")
+KINDS = ("count", "slot_type", "name", "runtime", "text", "env_names", "flag", "image", "container_name",
+         "namespaces")
 # pyxis's --container-name=NAME[:FLAG]: auto (the default) and no_exec run in the job's container of
 # that name, made by the step when missing (tether never enters a container another step is running,
 # so the two are one here); create: this step makes it and fails when the job has it already.
 # pyxis's exec (enter the running container of another step) is refused.
 CONTAINER_NAME_FLAGS = ("auto", "no_exec", "create")
+# pyxis 0.24's --container-unshare=NS[,NS...]: namespaces the container gets of its own (the host's
+# network, IPC and UTS namespaces otherwise).
+UNSHARE_NAMESPACES = ("net", "ipc", "uts")
 
 
 class Option:
@@ -146,6 +155,9 @@ OPTIONS: tuple[Option, ...] = (
            "is always the rank's own output"),
     Option("container-save", "PATH", "text", "after the step, save the first rank's container of each node "
            "(podman: an OCI archive; enroot: squashfs); relative to the working directory"),
+    Option("container-unshare", "NS[,NS...]", "namespaces", "namespaces of the container's own, of net, ipc, "
+           "uts (default: the host's): net, only a loopback interface; ipc, its own SysV IPC and /dev/shm; "
+           "uts, its own host name (at first the node's)"),
     Option("container-batch", None, "flag", "run the batch script itself in the container too (default: on "
            "the host, where its srun works)"),
     # --- modular jobs (seed 004): a heterogeneous job's component of gateway nodes
@@ -182,6 +194,8 @@ def normalize(opt: Option, value: str) -> str | None:
         name, colon, flag = value.partition(":") if opt.kind == "container_name" else (value, "", "")
         ok = 0 < len(name) <= (opt.maximum or MAX_NAME) and name[0] in _ASCII_ALNUM and all(
             c in _ASCII_ALNUM or c in "._-" for c in name) and (not colon or flag in CONTAINER_NAME_FLAGS)
+    elif opt.kind == "namespaces":
+        ok = unknown_namespace(value) is None
     elif opt.kind == "image":   # empty: no container (one step on the host in a container job)
         ok = value == "" or valid_reference(value)
     elif opt.kind == "env_names":
@@ -206,7 +220,14 @@ def expected(opt: Option) -> str:
         "flag": "1/0, true/false or yes/no",
         "text": f"printable text of at most {MAX_TEXT} characters",
         "image": IMAGE_FORMS,
+        "namespaces": "namespaces separated by commas, of " + ", ".join(UNSHARE_NAMESPACES),
     }[opt.kind]
+
+
+def unknown_namespace(value: str) -> str | None:
+    """The first word of ``--container-unshare=NS[,NS...]`` that is no namespace tether unshares
+    ('' for an empty one), or None when every word is one (pyxis's grammar)."""
+    return next((ns for ns in value.split(",") if ns not in UNSHARE_NAMESPACES), None)
 
 
 BY_NAME = {opt.name: opt for opt in OPTIONS}
@@ -214,6 +235,65 @@ BY_FIELD = {opt.field: opt for opt in OPTIONS if opt.field}
 SLOT_OPTIONS = tuple(opt for opt in OPTIONS if opt.field)
 CONTAINER_OPTIONS = tuple(opt for opt in OPTIONS if opt.is_container)
 PBS_RESOURCES = tuple(opt for opt in OPTIONS if opt.pbs_resource)
+
+# Flags of opposite meaning, two options each: given on the command line, one of them wins over the
+# other's environment fallback (TETHER_CONTAINER_WRITABLE=1 with --container-readonly: read-only).
+PARTNERS = {a: b for x, y in (("container-writable", "container-readonly"),
+                              ("container-mount-home", "no-container-mount-home"),
+                              ("container-remap-root", "no-container-remap-root"),
+                              ("container-entrypoint", "no-container-entrypoint")) for a, b in ((x, y), (y, x))}
+
+# pyxis's environment fallbacks (pyxis 0.24, args.c), read after tether's own TETHER_<NAME>:
+# (variable, the option it sets, for a flag the option a false value sets). A value pyxis would
+# ignore with an error is refused here too; an empty one is ignored, as pyxis does.
+PYXIS_ENV: tuple[tuple[str, str, str | None], ...] = (
+    ("PYXIS_CONTAINER_IMAGE", "container-image", None),
+    ("PYXIS_CONTAINER_MOUNTS", "container-mounts", None),
+    ("PYXIS_CONTAINER_WORKDIR", "container-workdir", None),
+    ("PYXIS_CONTAINER_NAME", "container-name", None),
+    ("PYXIS_CONTAINER_SAVE", "container-save", None),
+    ("PYXIS_CONTAINER_MOUNT_HOME", "container-mount-home", "no-container-mount-home"),
+    ("PYXIS_CONTAINER_REMAP_ROOT", "container-remap-root", "no-container-remap-root"),
+    ("PYXIS_CONTAINER_ENTRYPOINT", "container-entrypoint", "no-container-entrypoint"),
+    ("PYXIS_CONTAINER_ENTRYPOINT_LOG", "container-entrypoint-log", None),
+    ("PYXIS_CONTAINER_WRITABLE", "container-writable", "container-readonly"),
+    ("PYXIS_CONTAINER_READONLY", "container-readonly", "container-writable"),
+    ("PYXIS_CONTAINER_ENV", "container-env", None),
+    ("PYXIS_CONTAINER_UNSHARE", "container-unshare", None),
+)
+# pyxis's boolean spellings (config.c, parse_bool)
+PYXIS_TRUE, PYXIS_FALSE = ("1", "true", "yes", "y"), ("0", "false", "no", "n")
+
+
+def env_fallbacks(given: Mapping[str, str], env: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """The options the environment adds to ``given`` (option name -> value, from the command line
+    or #SBATCH lines), as {option name: (value, the variable it came from)}: each option's
+    ``TETHER_<NAME>``, then pyxis's ``PYXIS_CONTAINER_<NAME>``, only where neither the option nor
+    its partner (PARTNERS) is set already -- what the SPANK plugin does in srun/sbatch/salloc and
+    slurmstepd (spank/options.c, tether_env_fallbacks). Values are returned as written: checking
+    them is the caller's (pyxis's booleans become "1")."""
+    added: dict[str, tuple[str, str]] = {}
+
+    def taken(name: str) -> bool:
+        return any(n in given or n in added for n in (name, PARTNERS.get(name)) if n)
+
+    for opt in OPTIONS:
+        if not taken(opt.name) and opt.env in env:
+            added[opt.name] = (env[opt.env], opt.env)
+    for var, on, off in PYXIS_ENV:
+        value = env.get(var, "")
+        if value == "" or taken(on) or (off and taken(off)):
+            continue
+        if BY_NAME[on].kind != "flag":
+            added[on] = (value, var)
+        elif value in PYXIS_TRUE:
+            added[on] = ("1", var)
+        elif value in PYXIS_FALSE:
+            if off:
+                added[off] = ("1", var)
+        else:
+            added[on] = (value, var)          # refused by the flag's check, naming the variable
+    return added
 
 
 class Variable:

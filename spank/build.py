@@ -45,6 +45,10 @@ def names_header() -> str:
                     f"K_{opt.kind.upper()}, {c_string(opt.env)}, {job_env}, {opt.minimum}L, {opt.maximum}L, "
                     f"NULL, 0 }}, \\")
     enum = ",\n".join(f"\t{_enum_name(o.name)}" for o in surface.OPTIONS)
+    partners = ", ".join(_enum_name(surface.PARTNERS[o.name]) if o.name in surface.PARTNERS else "-1"
+                         for o in surface.OPTIONS)
+    pyxis = [f"\t\t{{ {c_string(var)}, {_enum_name(on)}, {_enum_name(off) if off else '-1'} }}, \\"
+             for var, on, off in surface.PYXIS_ENV]
     kinds = ", ".join(f"K_{k.upper()}" for k in surface.KINDS)
     storage_root = CONFIG_SCHEMA.fields["job_storage_root"].default
     lines = [
@@ -65,6 +69,20 @@ def names_header() -> str:
         "\t{ \\",
         *rows,
         "\t}",
+        "",
+        "/* each option's partner of opposite meaning (surface.PARTNERS), or -1 */",
+        f"#define TETHER_PARTNERS {{ {partners} }}",
+        "",
+        "/* pyxis's fallbacks (surface.PYXIS_ENV): struct tether_pyxis_env { variable, option, option when false } */",
+        f"#define TETHER_PYXIS_NENV {len(surface.PYXIS_ENV)}",
+        "#define TETHER_PYXIS_ENV_TABLE \\",
+        "\t{ \\",
+        *pyxis,
+        "\t}",
+        f"#define TETHER_PYXIS_TRUE {', '.join(map(c_string, surface.PYXIS_TRUE))}",
+        f"#define TETHER_PYXIS_FALSE {', '.join(map(c_string, surface.PYXIS_FALSE))}",
+        f"#define TETHER_UNSHARE_NAMESPACES {', '.join(map(c_string, surface.UNSHARE_NAMESPACES))}",
+        f"#define TETHER_UNSHARE_NAMESPACES_TEXT {c_string(', '.join(surface.UNSHARE_NAMESPACES))}",
         "",
         f"#define TETHER_SLOT_TYPES {', '.join(map(c_string, surface.SLOT_TYPES))}",
         f"#define TETHER_SLOT_TYPES_TEXT {c_string(', '.join(surface.SLOT_TYPES))}",

@@ -1,6 +1,6 @@
 /*
  * The SPANK plugin in srun, sbatch and salloc: apply the TETHER_<NAME> environment fallbacks (used
- * when the option is not given), then forward every effective value to slurmctld with
+ * when the option is not given), then pyxis's PYXIS_CONTAINER_<NAME> (options.c), then forward every effective value to slurmctld with
  * spank_job_control_setenv: job_desc->spank_job_env gets TETHER_<NAME>=value, next to Slurm's own
  * _SLURM_SPANK_OPTION_tether_<name>=value for options given on the command line (prolog and epilog
  * see SPANK_TETHER_<NAME>). The job_submit plugin reads them there.
@@ -122,16 +122,24 @@ static int record_step_options(void)
 	return rc;
 }
 
+/* tether_env_getter over this process's environment (srun's, sbatch's, salloc's). */
+static int process_env(void *ctx, const char *name, char *buf, size_t len)
+{
+	const char *value = getenv(name);
+
+	(void)ctx;
+	if (value == NULL)
+		return 0;
+	snprintf(buf, len, "%s", value);
+	return 1;
+}
+
 int tether_client_post_opt(spank_t sp)
 {
 	char name[TETHER_MAX_NAME + 40];
 
-	for (int i = 0; tether_component == 0 && i < TETHER_NOPTS; i++) {
-		const char *env = getenv(tether_opts[i].env);
-
-		if (tether_opts[i].value == NULL && env != NULL && tether_opt_set(i, env, tether_opts[i].env, 1) < 0)
-			return -1;
-	}
+	if (tether_component == 0 && tether_env_fallbacks(process_env, NULL) < 0)
+		return -1;
 	if (spank_context() == S_CTX_LOCAL) {
 		struct tether_opt *gw = &tether_opts[OPT_GATEWAYS];
 

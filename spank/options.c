@@ -20,6 +20,8 @@
 #include "options.h"
 
 struct tether_opt tether_opts[TETHER_NOPTS] = TETHER_OPTION_TABLE;
+static const int partners[TETHER_NOPTS] = TETHER_PARTNERS;
+static const struct tether_pyxis_env pyxis_env[TETHER_PYXIS_NENV] = TETHER_PYXIS_ENV_TABLE;
 
 const char *tether_job_storage_root = TETHER_DEFAULT_JOB_STORAGE_ROOT;
 const char *tether_launcher;
@@ -126,6 +128,30 @@ static int container_name_ok(const char *value, size_t max)
 	return tether_name_ok(name, max) && (colon == NULL || tether_one_of(colon + 1, flags));
 }
 
+/* --container-unshare=NS[,NS...]: the first word that is no namespace tether unshares (pointing
+ * into ``value``, ``*len`` its length; an empty word too), or NULL when every word is one. */
+static const char *unknown_namespace(const char *value, size_t *len)
+{
+	static const char *const known[] = { TETHER_UNSHARE_NAMESPACES, NULL };
+	const char *word = value;
+
+	for (;;) {
+		size_t n = strcspn(word, ",");
+		int found = 0;
+
+		for (const char *const *k = known; *k; k++)
+			if (strlen(*k) == n && strncmp(*k, word, n) == 0)
+				found = 1;
+		if (!found) {
+			*len = n;
+			return word;
+		}
+		if (word[n] == '\0')
+			return NULL;
+		word += n + 1;
+	}
+}
+
 /* Is ``value`` valid for ``o``? The normalized value, or NULL. */
 static const char *check_value(const struct tether_opt *o, const char *value)
 {
@@ -155,6 +181,11 @@ static const char *check_value(const struct tether_opt *o, const char *value)
 		return container_name_ok(value, o->maximum > 0 ? (size_t)o->maximum : TETHER_MAX_NAME) ? value : NULL;
 	case K_IMAGE: /* empty: no container for this step (--container-image= in a container job) */
 		return value[0] == '\0' || tether_image_ok(value) ? value : NULL;
+	case K_NAMESPACES: {
+		size_t n;
+
+		return strlen(value) <= TETHER_MAX_TEXT && unknown_namespace(value, &n) == NULL ? value : NULL;
+	}
 	default:
 		return NULL;
 	}
@@ -196,6 +227,19 @@ static void report_bad(const struct tether_opt *o, const char *value, const char
 		tether_fail("tether: %s=%.60s: expected %s%s", how, shown, TETHER_IMAGE_FORMS,
 			    tether_image_looks_local(shown) ? " (a local image needs its absolute path)" : "");
 		break;
+	case K_NAMESPACES: {
+		size_t n = 0;
+		const char *word = unknown_namespace(shown, &n);
+
+		if (word != NULL && n == 0)
+			tether_fail("tether: %s=%.60s: empty namespace argument (expected namespaces separated by "
+				    "commas, of %s)", how, shown, TETHER_UNSHARE_NAMESPACES_TEXT);
+		else
+			tether_fail("tether: %s=%.60s: unknown namespace '%.*s' (expected namespaces separated by "
+				    "commas, of %s)", how, shown, (int)(n > 40 ? 40 : n), word ? word : "",
+				    TETHER_UNSHARE_NAMESPACES_TEXT);
+		break;
+	}
 	default:
 		tether_fail("tether: %s: expected printable text of at most %d characters", how,
 			    TETHER_MAX_TEXT);
@@ -220,6 +264,49 @@ int tether_opt_set(int index, const char *value, const char *how, int from_env)
 	free(o->value); /* Slurm may call us twice (script and command line): the last one wins */
 	o->value = copy;
 	o->from_env = from_env;
+	return 0;
+}
+
+/* Has option ``i`` or its partner of opposite meaning a value? */
+static int taken(int i)
+{
+	return i >= 0 && (tether_opts[i].value != NULL || (partners[i] >= 0 && tether_opts[partners[i]].value != NULL));
+}
+
+int tether_partner_set(int i)
+{
+	return partners[i] >= 0 && tether_opts[partners[i]].value != NULL;
+}
+
+int tether_env_fallbacks(tether_env_getter get, void *ctx)
+{
+	static const char *const yes[] = { TETHER_PYXIS_TRUE, NULL };
+	static const char *const no[] = { TETHER_PYXIS_FALSE, NULL };
+	char value[TETHER_MAX_TEXT + 2];
+
+	for (int i = 0; i < TETHER_NOPTS; i++) {
+		if (taken(i) || !get(ctx, tether_opts[i].env, value, sizeof(value)))
+			continue;
+		if (tether_opt_set(i, value, tether_opts[i].env, 1) < 0)
+			return -1;
+	}
+	for (int v = 0; v < TETHER_PYXIS_NENV; v++) {
+		const struct tether_pyxis_env *p = &pyxis_env[v];
+		int rc = 0;
+
+		if (taken(p->on) || taken(p->off) || !get(ctx, p->name, value, sizeof(value)) || value[0] == '\0')
+			continue; /* an empty one is ignored, as pyxis does */
+		if (tether_opts[p->on].kind != K_FLAG)
+			rc = tether_opt_set(p->on, value, p->name, 1);
+		else if (tether_one_of(value, yes))
+			rc = tether_opt_set(p->on, "1", p->name, 1);
+		else if (tether_one_of(value, no))
+			rc = p->off >= 0 ? tether_opt_set(p->off, "1", p->name, 1) : 0;
+		else
+			rc = tether_opt_set(p->on, value, p->name, 1); /* refused, naming the variable */
+		if (rc < 0)
+			return -1;
+	}
 	return 0;
 }
 

@@ -24,6 +24,17 @@ struct tether_opt {
 
 extern struct tether_opt tether_opts[TETHER_NOPTS];
 
+/* A pyxis variable (PYXIS_CONTAINER_<NAME>) and the option it sets; for a flag, ``off`` is the
+ * option a false value sets (-1: none). */
+struct tether_pyxis_env {
+	const char *name;
+	int on, off;
+};
+
+/* Reads variable ``name`` of the job's environment into ``buf`` (``len`` bytes, truncated); 1 when
+ * it is set, else 0. */
+typedef int (*tether_env_getter)(void *ctx, const char *name, char *buf, size_t len);
+
 /* plugstack.conf arguments (`tether slurm install` writes them from tether's config). */
 extern const char *tether_job_storage_root;
 extern const char *tether_launcher; /* the container launcher (tether-run); NULL: no containers */
@@ -40,6 +51,15 @@ int tether_any_option(void);
 /* Validate ``value`` for option ``index`` and store it (the last call wins). ``how`` is what the
  * user typed ("--slots" or "TETHER_SLOTS"), for the message. 0 or -1 (reported with slurm_error). */
 int tether_opt_set(int index, const char *value, const char *how, int from_env);
+
+/* The environment fallbacks for options not given (hooks/surface.py, env_fallbacks): each
+ * option's TETHER_<NAME>, then pyxis's PYXIS_CONTAINER_<NAME>, where neither the option nor its
+ * partner of opposite meaning has a value yet; values from here are from_env. 0, or -1 at the first
+ * value refused (reported with tether_fail, naming the variable). */
+int tether_env_fallbacks(tether_env_getter get, void *ctx);
+
+/* Has option ``i``'s partner of opposite meaning a value? */
+int tether_partner_set(int i);
 
 /* Register every option with Slurm (slurm_spank_init, local/allocator/remote contexts). */
 int tether_register_options(spank_t sp);

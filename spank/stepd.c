@@ -119,17 +119,18 @@ static int set_env_u(spank_t sp, const char *name, unsigned long value)
 /*
  * The TETHER_<NAME> fallbacks, from the job's environment: Slurm hands slurmstepd only the options
  * given on a command line or in #SBATCH lines, so a step asked for with `TETHER_CONTAINER_IMAGE=IMG
- * srun ...` (or a job script exporting it) is recognised here, exactly as the option would be.
+ * srun ...` (or a job script exporting it; or pyxis's PYXIS_CONTAINER_IMAGE) is recognised here,
+ * exactly as the option would be.
  */
+/* tether_env_getter over the job's environment (a value too long for any option is not read) */
+static int job_env(void *sp, const char *name, char *buf, size_t len)
+{
+	return get_env(sp, name, buf, (int)len);
+}
+
 static void env_fallbacks(spank_t sp)
 {
-	char value[TETHER_MAX_TEXT + 2];
-
-	for (int i = 0; i < TETHER_NOPTS; i++) {
-		if (tether_opts[i].value || !get_env(sp, tether_opts[i].env, value, sizeof(value)))
-			continue;
-		tether_opt_set(i, value, tether_opts[i].env, 1); /* a bad value is kept as the failure */
-	}
+	tether_env_fallbacks(job_env, sp); /* a bad value is kept as the failure */
 }
 
 static void het_step(spank_t sp);
@@ -465,6 +466,30 @@ static void het_step(spank_t sp)
 }
 
 /* The step-wide part of the rank environment, and the options the step's ranks see. */
+/*
+ * SLURM_CPUS_PER_TASK, as sbatch and srun set it for --cpus-per-task (issue 45): tether's plan gives
+ * a job its CPUs per task in slurmctld (CPU slots: slots_per_node), which neither client sees, so
+ * the batch script and the ranks had no SLURM_CPUS_PER_TASK (OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK
+ * broke). Set when the job's environment has none: with --slot-type=cpu the plan's CPUs per task;
+ * otherwise the step's, when more than one (the job's for the batch script, whose srun steps
+ * inherit the variable; Slurm sets nothing where nobody asked for CPUs per task).
+ */
+static int set_cpus_per_task(spank_t sp)
+{
+	uint32_t cpus = 0;
+	const char *type = tether_opt_value(OPT_SLOT_TYPE), *per_node = tether_opt_value(OPT_SLOTS_PER_NODE);
+
+	if (env_nonempty(sp, "SLURM_CPUS_PER_TASK"))
+		return 0;
+	if (type != NULL && strcmp(type, "cpu") == 0) /* the plan's (hooks/plan.py, slurm-cpu): slots_per_node,
+							 * 1 unless given -- also where srun made the
+							 * allocation, whose step has 1 CPU per task */
+		return set_env(sp, "SLURM_CPUS_PER_TASK", per_node ? per_node : "1");
+	if (spank_get_item(sp, S_STEP_CPUS_PER_TASK, &cpus) != ESPANK_SUCCESS || cpus <= 1 || cpus > 65535)
+		return 0;
+	return set_env_u(sp, "SLURM_CPUS_PER_TASK", cpus);
+}
+
 static int set_step_env(spank_t sp, uint32_t ntasks, uint32_t nlocal, uint32_t nnodes)
 {
 	int rc;
@@ -479,7 +504,7 @@ static int set_step_env(spank_t sp, uint32_t ntasks, uint32_t nlocal, uint32_t n
 			return -1;
 	}
 	if (set_env(sp, "TETHER_JOB_DIR", step.job_dir) || set_env(sp, "TETHER_STEP_DIR", step.step_dir) ||
-	    set_env_u(sp, "WORLD_SIZE", ntasks) || set_env_u(sp, "LOCAL_WORLD_SIZE", nlocal) ||
+	    set_cpus_per_task(sp) || set_env_u(sp, "WORLD_SIZE", ntasks) || set_env_u(sp, "LOCAL_WORLD_SIZE", nlocal) ||
 	    set_env_u(sp, "TETHER_NNODES", nnodes) || set_master_addr(sp) < 0)
 		return -1;
 	/* Every rank of a step derives the same port; concurrent steps of a job (and jobs with
@@ -496,6 +521,9 @@ static int set_step_env(spank_t sp, uint32_t ntasks, uint32_t nlocal, uint32_t n
 		else if (o->value) /* a container option: the launcher reads TETHER_CONTAINER_*; in a
 				    * batch script they are the defaults srun picks up for the job's steps */
 			rc = set_env(sp, o->env, o->value);
+		else if (tether_partner_set(i) && spank_unsetenv(sp, o->env) != ESPANK_SUCCESS)
+			rc = -1; /* the job's own fallback its partner overrode (--container-readonly
+				  * over an exported TETHER_CONTAINER_WRITABLE=1): not for the launcher */
 	}
 	return rc;
 }

@@ -3,7 +3,7 @@
 #ifndef TETHER_NAMES_H
 #define TETHER_NAMES_H
 
-enum tether_kind { K_COUNT, K_SLOT_TYPE, K_NAME, K_RUNTIME, K_TEXT, K_ENV_NAMES, K_FLAG, K_IMAGE, K_CONTAINER_NAME };
+enum tether_kind { K_COUNT, K_SLOT_TYPE, K_NAME, K_RUNTIME, K_TEXT, K_ENV_NAMES, K_FLAG, K_IMAGE, K_CONTAINER_NAME, K_NAMESPACES };
 
 enum tether_option {
 	OPT_SLOTS,
@@ -27,6 +27,7 @@ enum tether_option {
 	OPT_NO_CONTAINER_ENTRYPOINT,
 	OPT_CONTAINER_ENTRYPOINT_LOG,
 	OPT_CONTAINER_SAVE,
+	OPT_CONTAINER_UNSHARE,
 	OPT_CONTAINER_BATCH,
 	OPT_GATEWAYS,
 	TETHER_NOPTS
@@ -56,9 +57,36 @@ enum tether_option {
 		{ "no-container-entrypoint", NULL, "[tether] do not run the image's entrypoint", K_FLAG, "TETHER_NO_CONTAINER_ENTRYPOINT", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-entrypoint-log", NULL, "[tether] accepted for pyxis scripts: the entrypoint's output is always the rank's own output", K_FLAG, "TETHER_CONTAINER_ENTRYPOINT_LOG", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-save", "PATH", "[tether] after the step, save the first rank's container of each node (podman: an OCI archive; enroot: squashfs); relative to the working directory", K_TEXT, "TETHER_CONTAINER_SAVE", NULL, 0L, 0L, NULL, 0 }, \
+		{ "container-unshare", "NS[,NS...]", "[tether] namespaces of the container's own, of net, ipc, uts (default: the host's): net, only a loopback interface; ipc, its own SysV IPC and /dev/shm; uts, its own host name (at first the node's)", K_NAMESPACES, "TETHER_CONTAINER_UNSHARE", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-batch", NULL, "[tether] run the batch script itself in the container too (default: on the host, where its srun works)", K_FLAG, "TETHER_CONTAINER_BATCH", NULL, 0L, 0L, NULL, 0 }, \
 		{ "gateways", "N", "[tether] this heterogeneous job component is N gateway nodes: tether gives it the gateway partition and starts the gateway daemon there (sbatch; see the README)", K_COUNT, "TETHER_GATEWAY_COUNT", NULL, 1L, 16L, NULL, 0 }, \
 	}
+
+/* each option's partner of opposite meaning (surface.PARTNERS), or -1 */
+#define TETHER_PARTNERS { -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, OPT_CONTAINER_READONLY, OPT_CONTAINER_WRITABLE, -1, OPT_NO_CONTAINER_MOUNT_HOME, OPT_CONTAINER_MOUNT_HOME, OPT_NO_CONTAINER_REMAP_ROOT, OPT_CONTAINER_REMAP_ROOT, OPT_NO_CONTAINER_ENTRYPOINT, OPT_CONTAINER_ENTRYPOINT, -1, -1, -1, -1, -1 }
+
+/* pyxis's fallbacks (surface.PYXIS_ENV): struct tether_pyxis_env { variable, option, option when false } */
+#define TETHER_PYXIS_NENV 13
+#define TETHER_PYXIS_ENV_TABLE \
+	{ \
+		{ "PYXIS_CONTAINER_IMAGE", OPT_CONTAINER_IMAGE, -1 }, \
+		{ "PYXIS_CONTAINER_MOUNTS", OPT_CONTAINER_MOUNTS, -1 }, \
+		{ "PYXIS_CONTAINER_WORKDIR", OPT_CONTAINER_WORKDIR, -1 }, \
+		{ "PYXIS_CONTAINER_NAME", OPT_CONTAINER_NAME, -1 }, \
+		{ "PYXIS_CONTAINER_SAVE", OPT_CONTAINER_SAVE, -1 }, \
+		{ "PYXIS_CONTAINER_MOUNT_HOME", OPT_CONTAINER_MOUNT_HOME, OPT_NO_CONTAINER_MOUNT_HOME }, \
+		{ "PYXIS_CONTAINER_REMAP_ROOT", OPT_CONTAINER_REMAP_ROOT, OPT_NO_CONTAINER_REMAP_ROOT }, \
+		{ "PYXIS_CONTAINER_ENTRYPOINT", OPT_CONTAINER_ENTRYPOINT, OPT_NO_CONTAINER_ENTRYPOINT }, \
+		{ "PYXIS_CONTAINER_ENTRYPOINT_LOG", OPT_CONTAINER_ENTRYPOINT_LOG, -1 }, \
+		{ "PYXIS_CONTAINER_WRITABLE", OPT_CONTAINER_WRITABLE, OPT_CONTAINER_READONLY }, \
+		{ "PYXIS_CONTAINER_READONLY", OPT_CONTAINER_READONLY, OPT_CONTAINER_WRITABLE }, \
+		{ "PYXIS_CONTAINER_ENV", OPT_CONTAINER_ENV, -1 }, \
+		{ "PYXIS_CONTAINER_UNSHARE", OPT_CONTAINER_UNSHARE, -1 }, \
+	}
+#define TETHER_PYXIS_TRUE "1", "true", "yes", "y"
+#define TETHER_PYXIS_FALSE "0", "false", "no", "n"
+#define TETHER_UNSHARE_NAMESPACES "net", "ipc", "uts"
+#define TETHER_UNSHARE_NAMESPACES_TEXT "net, ipc, uts"
 
 #define TETHER_SLOT_TYPES "cuda", "rocm", "cpu"
 #define TETHER_SLOT_TYPES_TEXT "cuda, rocm, cpu"

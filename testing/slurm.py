@@ -233,7 +233,7 @@ def _check_tether_values(prog: str, given: dict[str, str]) -> dict[str, str]:
 def request_from_options(prog: str, opts: list[tuple[str, str | None]], env: dict[str, str],
                          cluster: dict) -> dict:
     """A job record from parsed options, as sbatch + slurmctld fill job_desc."""
-    from ..hooks.surface import OPTIONS
+    from ..hooks.surface import OPTIONS, env_fallbacks
 
     tether_names = {o.name for o in OPTIONS}
     values: dict[str, str] = {}
@@ -241,9 +241,8 @@ def request_from_options(prog: str, opts: list[tuple[str, str | None]], env: dic
     for name, value in opts:
         if name in tether_names:
             values[name] = "1" if value is None else value
-    for opt in OPTIONS:                                   # the plugin's environment fallback
-        if opt.name not in values and opt.env in env:
-            values[opt.name] = env[opt.env]
+    # the plugin's environment fallbacks: TETHER_<NAME>, then pyxis's PYXIS_CONTAINER_<NAME>
+    values.update({name: value for name, (value, _) in env_fallbacks(values, env).items()})
     values = _check_tether_values(prog, values)
     job["tether"] = values
     job["spank_env"] = {next(o.env for o in OPTIONS if o.name == n): v for n, v in values.items()}
@@ -515,8 +514,12 @@ def container_step(values: dict[str, str], env: dict[str, str]) -> tuple[bool, s
     a non-empty image (``--container-image=``: on the host), or a name alone (the job's container of
     that name); other container options typed without either: (False, the reason the step fails);
     TETHER_CONTAINER_* variables alone are defaults that do not apply to a step on the host."""
+    from ..hooks.surface import env_fallbacks
+
+    defaults = env_fallbacks(values, env)
+
     def given(option: str) -> str | None:
-        return values[option] if option in values else env.get("TETHER_" + option.upper().replace("-", "_"))
+        return values[option] if option in values else defaults.get(option, (None,))[0]
 
     image, name = given("container-image"), given("container-name")
     if image is not None or name:

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from ..spec import LaunchSpec
 
 CD_PROLOGUE = 'cd "$1" || exit 125; shift; exec "$@"'
+# the last enroot release without start's --net/--ipc/--uts (NVIDIA/enroot, after v4.1.2)
+UNSHARE_BEFORE = (4, 1, 2)
 
 
 def enroot_uri(image: str) -> str:
@@ -270,6 +272,9 @@ class Enroot(Runtime):
         argv = [self.binary, "start", *self.args]
         if spec.writable:
             argv.append("--rw")
+        if spec.unshare:    # enroot start's --net, --ipc, --uts (ENROOT_UNSHARE_*), as pyxis 0.24 asks
+            self.require_unshare(spec.unshare, env)
+            argv += [f"--{ns}" for ns in spec.unshare]
         after = []
         if not spec.entrypoint:
             # the image's /etc/rc (enroot's docker::configure) runs the entrypoint with the command
@@ -304,6 +309,23 @@ class Enroot(Runtime):
             finish = ([[self.binary, "export", "--output", partial, name]], partial, spec.save)
         return Launch(argv=argv, env=env, supervise=True, before=before, lock=lock, after=after, runtime=self,
                       finish=finish)
+
+    def require_unshare(self, namespaces: tuple[str, ...], env: Mapping[str, str]) -> None:
+        """Refuse ``--container-unshare`` with an enroot that cannot (asked only then: one more
+        process per rank). enroot 4.1.2 has no --net/--ipc/--uts and ignores ENROOT_UNSHARE_*,
+        the variables pyxis 0.24 sets: its container would silently share the host's namespaces."""
+        from ...system.proc import CommandError, run_command
+
+        try:
+            text = run_command([self.binary, "version"], env=dict(env), timeout=20).stdout.strip()
+        except CommandError as exc:
+            raise LaunchError(f"cannot ask {self.binary} for its version: {exc}") from None
+        numbers = tuple(int(n) for n in text.split("-")[0].split(".")[:3] if n.isdigit())
+        if numbers <= UNSHARE_BEFORE:
+            raise LaunchError(f"--container-unshare={','.join(namespaces)}: enroot {text or '(unknown version)'} "
+                              f"cannot give a container namespaces of its own (enroot start's --net, --ipc "
+                              f"and --uts came after {'.'.join(map(str, UNSHARE_BEFORE))}); use a newer enroot "
+                              f"or --container-runtime=podman")
 
 
 ADAPTER = Enroot

@@ -516,7 +516,7 @@ class Podman(Runtime):
                 "--name", name,
                 *(["--cidfile", created] if created else []),
                 "--label", f"tether.job={spec.job_id}", "--label", f"tether.step={spec.job_id}.{spec.step_id}",
-                "--network=host", "--pid=host"]
+                *unshare_args(spec.unshare), "--pid=host"]
         if not stdio_is_terminal():
             # the container gets the rank's own stdin/stdout/stderr, as a host rank does: no attach
             # through conmon (which lost a short rank's output once here, and does not pass stdin)
@@ -817,6 +817,18 @@ def image_config(podman: Sequence[str], image: str, env: Mapping[str, str] | Non
     done = run_command([*podman, "image", "inspect", "--format", "{{json .Config}}", image], env=env,
                        timeout=120, check=check)
     return (json.loads(done.stdout or "null") or {}) if done.returncode == 0 else {}
+
+
+def unshare_args(namespaces: Sequence[str]) -> list[str]:
+    """podman's namespace options for ``--container-unshare``: the host's network unless ``net``
+    (then a network namespace with only a loopback interface, as enroot's); ``ipc`` and ``uts``
+    ask for podman's private ones by name. A namespace of the container's own keeps the node's host
+    name (pyxis: at first the node's), where podman would give it the container's id."""
+    argv = ["--network=none" if "net" in namespaces else "--network=host"]
+    argv += [f"--{ns}=private" for ns in ("ipc", "uts") if ns in namespaces]
+    if "net" in namespaces or "uts" in namespaces:
+        argv.append(f"--hostname={os.uname().nodename}")
+    return argv
 
 
 def unpack_named(image_argv: Sequence[str], podman: Sequence[str], home: str, container: str,

@@ -157,3 +157,18 @@ def test_a_large_and_hostile_environment_still_works(cluster, image, fakes, sett
         for call in [c for c in fakes.calls() if c["tool"] == tool][-3:]:
             text = json.dumps(call["argv"])
             assert "value-9999-" not in text and "pwned" not in text and "yyyy" not in text
+
+
+def test_enroot_without_namespace_support_refuses_container_unshare_with_the_reason(cluster, fakes, settings):
+    """Issue 45: --container-unshare (pyxis 0.24) on enroot is start's --net/--ipc/--uts, which the
+    recorded enroot 4.1.2 lacks (it also ignores the ENROOT_UNSHARE_* pyxis sets): the rank ends
+    with the reason instead of running in the host's namespaces; PYXIS_CONTAINER_UNSHARE alike."""
+    settings("inherit")
+    base = ["runuser", "-u", cluster.user, "--", "env"]
+    step = ["srun", "-N1", "-n1", "--container-runtime=enroot", f"--container-image={fake_image(fakes, 'enroot')}"]
+    for asked in (["--container-unshare=net"], []):
+        variables = [] if asked else ["PYXIS_CONTAINER_UNSHARE=net"]
+        result = cluster.run([*base, *variables, *step, *asked, "true"], check=False, timeout=180)
+        assert result.returncode != 0, (result.stdout, result.stderr)
+        assert "--container-unshare=net: enroot 4.1.2 cannot give a container namespaces of its own" in result.stderr, \
+            result.stderr

@@ -780,3 +780,61 @@ def test_tether_images_lists_pulls_and_prunes_the_users_podman_store(cluster, re
     gone = cluster.as_user([*images, "prune", "--older-than", "0", "--runtime", "podman"], cwd="/")
     assert f"podman: removed {registry_image}" in gone.stdout, gone
     assert registry_image not in cluster.as_user([*images, "ls", "--runtime", "podman"], cwd="/").stdout
+
+
+NAMESPACES = "for ns in net ipc uts; do echo $ns=$(readlink /proc/self/ns/$ns); done; echo HOST=$(hostname)"
+
+
+def test_pyxis_container_variables_work_as_their_options(cluster, image, public_dir):
+    """Issue 45: pyxis users keep PYXIS_CONTAINER_* in their scripts and module files; tether
+    ignored them and ran the step on the host. They are the options' fallbacks as in pyxis 0.24:
+    the command line wins, tether's own TETHER_CONTAINER_* win over them, and one without an image
+    or a name does not refuse a plain step."""
+    where = f"$(grep -qF ' {image} / ' /proc/self/mountinfo && echo container || echo host)"
+    contained = cluster.as_user(["env", f"PYXIS_CONTAINER_IMAGE={image}", "PYXIS_CONTAINER_WORKDIR=/etc",
+                                 "srun", "-N1", "sh", "-c", f"echo IN={where} PWD=$(pwd)"])
+    assert contained.stdout.split() == ["IN=container", "PWD=/etc"], contained.stderr
+    mounts = cluster.as_user(["env", f"PYXIS_CONTAINER_MOUNTS={public_dir}:/mnt-env", "srun", "-N1",
+                              f"--container-image={image}", f"--container-mounts={public_dir}:/mnt-cli", "sh", "-c",
+                              "test -d /mnt-cli && echo cli; test -d /mnt-env && echo env; true"])
+    assert mounts.stdout.split() == ["cli"], mounts.stderr          # the command line wins
+    touch = ["srun", "-N1", f"--container-image={image}", "sh", "-c", "touch /newfile 2>&1; true"]
+    writable = cluster.as_user(["env", "PYXIS_CONTAINER_WRITABLE=1", *touch])
+    readonly = cluster.as_user(["env", "PYXIS_CONTAINER_WRITABLE=1", *touch[:3], "--container-readonly", *touch[3:]])
+    mine = cluster.as_user(["env", "PYXIS_CONTAINER_WRITABLE=1", "TETHER_CONTAINER_READONLY=1", *touch])
+    off = cluster.as_user(["env", "PYXIS_CONTAINER_READONLY=0", *touch])
+    assert "Read-only file system" not in writable.stdout + off.stdout, (writable.stdout, off.stdout)
+    assert "Read-only file system" in readonly.stdout and "Read-only file system" in mine.stdout
+    unshared = cluster.as_user(["env", f"PYXIS_CONTAINER_IMAGE={image}", "PYXIS_CONTAINER_UNSHARE=net", "srun",
+                                "-N1", "readlink", "/proc/self/ns/net"])
+    host = cluster.as_user(["srun", "-N1", "readlink", "/proc/self/ns/net"])
+    assert unshared.stdout.startswith("net:[") and unshared.stdout != host.stdout, (unshared.stdout, host.stdout)
+    alone = cluster.as_user(["env", "PYXIS_CONTAINER_MOUNTS=/etc:/mnt", "PYXIS_CONTAINER_WRITABLE=1", "srun", "-N1",
+                             "sh", "-c", f"echo IN={where}"], check=False)
+    assert alone.returncode == 0 and alone.stdout.strip() == "IN=host", alone.stderr
+    bad = cluster.as_user(["env", "PYXIS_CONTAINER_UNSHARE=net,foo", "srun", "-N1", f"--container-image={image}",
+                           "true"], check=False)
+    assert bad.returncode != 0 and "tether: PYXIS_CONTAINER_UNSHARE=net,foo: unknown namespace 'foo'" in bad.stderr
+
+
+def test_container_unshare_gives_the_container_namespaces_of_its_own(cluster, image):
+    """Issue 45: pyxis 0.24's --container-unshare=net|ipc|uts was an unknown option. Without it a
+    podman rank shares the node's network; with it each asked-for namespace is the container's own:
+    net with nothing but a loopback interface, uts with the node's host name."""
+    host = parse_namespaces(cluster.as_user(["srun", "-N1", "sh", "-c", NAMESPACES]).stdout)
+    plain = parse_namespaces(cluster.as_user(["srun", "-N1", f"--container-image={image}", "sh", "-c",
+                                              NAMESPACES]).stdout)
+    assert plain["net"] == host["net"]
+    every = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-unshare=net,ipc,uts",
+                             "sh", "-c", NAMESPACES + "; echo LINKS=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ')"])
+    inside = parse_namespaces(every.stdout)
+    assert all(inside[ns] != host[ns] for ns in ("net", "ipc", "uts")), (inside, host)
+    assert inside["LINKS"] == "lo" and inside["HOST"] == host["HOST"], every.stdout
+    bad = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-unshare=net,foo", "true"],
+                          check=False)
+    assert bad.returncode != 0 and "tether: --container-unshare=net,foo: unknown namespace 'foo'" in bad.stderr
+
+
+def parse_namespaces(text: str) -> dict[str, str]:
+    """``name=value`` lines (NAMESPACES' output) as a mapping."""
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)

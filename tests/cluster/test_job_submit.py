@@ -269,6 +269,25 @@ def test_cpus_per_task_is_the_users_for_gpu_slots(cluster, tether_config):
     assert cluster.job_fields(job_id)["CPUs/Task"] == "3"
 
 
+def test_cpu_slot_jobs_tell_their_ranks_their_cpus_per_task(cluster, tether_config):
+    """Issue 45: tether plans a CPU-slot job's --cpus-per-task in slurmctld, where sbatch and srun
+    never see it, so neither the batch script nor the ranks had SLURM_CPUS_PER_TASK (scripts'
+    OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK broke). It is the plan's CPUs per task now, in a batch
+    job's script and its steps, and in srun's own allocation; a GPU-slot job gets none, as in Slurm."""
+    show = "echo cpus=${SLURM_CPUS_PER_TASK:-unset}"
+    script = f"#!/bin/sh\necho batch; {show}\nsrun sh -c 'echo rank; {show}'\n"
+    result, job_id, output = sbatch(cluster, "--slots=4", "--slots-per-node=2", "--slot-type=cpu", script=script)
+    assert result.returncode == 0 and cluster.job_fields(job_id)["CPUs/Task"] == "2", result.stderr
+    assert output.split()[:2] == ["batch", "cpus=2"], output
+    assert sorted(output.split()[2:]) == ["cpus=2", "cpus=2", "rank", "rank"], output    # the srun step's
+    own = cluster.as_user(["srun", "--slots=2", "--slot-type=cpu", "sh", "-c", show])       # 1 per node
+    assert own.stdout.split() == ["cpus=1", "cpus=1"], own.stderr
+    wide = cluster.as_user(["srun", "--slots=4", "--slots-per-node=2", "--slot-type=cpu", "sh", "-c", show])
+    assert wide.stdout.split() == ["cpus=2", "cpus=2"], wide.stderr
+    gpu = cluster.as_user(["srun", "--slots=1", "sh", "-c", show])
+    assert gpu.stdout.split() == ["cpus=unset"], gpu.stderr
+
+
 # ---- robustness: slurmctld survives, tether jobs are never silently accepted ---------------------
 def ping(cluster) -> bool:
     return "is UP" in cluster.run(["scontrol", "ping"], check=False).stdout

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from tether.container import cleanup
 from tether.container.images import read_metadata
-from tether.hooks.surface import OPTIONS, expected, normalize
+from tether.hooks.surface import BY_NAME, OPTIONS, PYXIS_ENV, env_fallbacks, expected, normalize
 from tether.job_submit.handler import ACCEPT, REJECT, Handler
 from tether.spank.build import source_dir
 from tether.system.toolchain import CBuild
@@ -263,3 +263,125 @@ def test_a_marker_yields_only_what_tether_would_write(tmp_path_factory, content)
         assert marker["runtime"] in ("apptainer", "singularity", "podman", "enroot")
         assert re.fullmatch(r"tether-[A-Za-z0-9_.-]+", marker["container"])
     os.unlink(path)
+
+
+# -- the environment fallbacks: TETHER_<NAME>, then pyxis's PYXIS_CONTAINER_<NAME> (issue 45) --------
+GETTER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
+FALLBACK_NAMES = sorted({o.env for o in OPTIONS if o.is_container} | {var for var, _, _ in PYXIS_ENV})
+fallback_values = st.sampled_from(["", "1", "0", "y", "n", "yes", "no", "on", "off", "maybe", "true", "false",
+                                   "/img", "ubuntu:22.04", "net", "net,uts", "ipc,foo", "net,", "dev:create",
+                                   "/a:/b", "A,B", "x" * 4097])
+
+
+def c_fallbacks(options_c, given: dict[str, str], env: dict[str, str]) -> tuple[int, dict[str, str]]:
+    """spank/options.c's tether_env_fallbacks over ``env`` after ``given`` was typed: its return
+    value and every option's value afterwards."""
+    def get(_ctx, name, buf, size):
+        value = env.get(name.decode())
+        if value is None:
+            return 0
+        data = value.encode()[:size - 1] + b"\0"
+        ctypes.memmove(buf, data, len(data))
+        return 1
+
+    callback = GETTER(get)
+    options_c.tether_opts_clear()
+    for name, value in given.items():
+        assert options_c.tether_opt_set(OPTIONS.index(BY_NAME[name]), value.encode(), b"--x", 0) == 0
+    options_c.tether_env_fallbacks.argtypes = [GETTER, ctypes.c_void_p]
+    rc = options_c.tether_env_fallbacks(callback, None)
+    values = {o.name: options_c.tether_opt_value(i).decode() for i, o in enumerate(OPTIONS)
+              if options_c.tether_opt_value(i) is not None}
+    return rc, values
+
+
+def python_fallbacks(given: dict[str, str], env: dict[str, str]) -> tuple[int, dict[str, str]]:
+    """hooks.surface.env_fallbacks, checked as the plugin checks a value: -1 when one is refused."""
+    values = dict(given)
+    for name, (value, _) in env_fallbacks(given, env).items():
+        checked = normalize(BY_NAME[name], value)
+        if checked is None:
+            return -1, {}
+        values[name] = checked
+    return 0, values
+
+
+@given(env=st.dictionaries(st.sampled_from(FALLBACK_NAMES), fallback_values, max_size=6),
+       given_names=st.lists(st.sampled_from(["container-readonly", "container-writable", "container-image",
+                                             "no-container-mount-home", "container-unshare"]), max_size=2,
+                            unique=True))
+def test_the_environment_fallbacks_are_the_same_in_c_and_python(options_c, env, given_names):
+    typed = {name: {"container-image": "/typed", "container-unshare": "ipc"}.get(name, "1") for name in given_names}
+    rc, values = c_fallbacks(options_c, typed, env)
+    expected_rc, expected_values = python_fallbacks(typed, env)
+    assert rc == expected_rc, (env, typed)
+    if rc == 0:
+        assert values == expected_values, (env, typed)
+
+
+@pytest.mark.parametrize("typed, env, wanted", [
+    # pyxis's variables alone: what the options would be
+    ({}, {"PYXIS_CONTAINER_IMAGE": "ubuntu:22.04", "PYXIS_CONTAINER_MOUNTS": "/a:/b",
+          "PYXIS_CONTAINER_WORKDIR": "/w", "PYXIS_CONTAINER_NAME": "c1", "PYXIS_CONTAINER_SAVE": "x.tar",
+          "PYXIS_CONTAINER_ENV": "A,B", "PYXIS_CONTAINER_UNSHARE": "net,uts"},
+     {"container-image": "ubuntu:22.04", "container-mounts": "/a:/b", "container-workdir": "/w",
+      "container-name": "c1", "container-save": "x.tar", "container-env": "A,B", "container-unshare": "net,uts"}),
+    # pyxis's booleans, both ways and in its spellings
+    ({}, {"PYXIS_CONTAINER_MOUNT_HOME": "1", "PYXIS_CONTAINER_REMAP_ROOT": "y", "PYXIS_CONTAINER_ENTRYPOINT": "yes",
+          "PYXIS_CONTAINER_WRITABLE": "true"},
+     {"container-mount-home": "1", "container-remap-root": "1", "container-entrypoint": "1", "container-writable": "1"}),
+    ({}, {"PYXIS_CONTAINER_MOUNT_HOME": "0", "PYXIS_CONTAINER_REMAP_ROOT": "n", "PYXIS_CONTAINER_ENTRYPOINT": "no",
+          "PYXIS_CONTAINER_WRITABLE": "false", "PYXIS_CONTAINER_ENTRYPOINT_LOG": "0"},
+     {"no-container-mount-home": "1", "no-container-remap-root": "1", "no-container-entrypoint": "1",
+      "container-readonly": "1"}),
+    ({}, {"PYXIS_CONTAINER_READONLY": "1"}, {"container-readonly": "1"}),
+    ({}, {"PYXIS_CONTAINER_READONLY": "0"}, {"container-writable": "1"}),
+    # WRITABLE is read before READONLY, which then changes nothing (pyxis's order)
+    ({}, {"PYXIS_CONTAINER_WRITABLE": "1", "PYXIS_CONTAINER_READONLY": "1"}, {"container-writable": "1"}),
+    # the command line wins over pyxis's variables, its partner of opposite meaning too
+    ({"container-image": "/typed"}, {"PYXIS_CONTAINER_IMAGE": "ubuntu:22.04"}, {"container-image": "/typed"}),
+    ({"container-readonly": "1"}, {"PYXIS_CONTAINER_WRITABLE": "1"}, {"container-readonly": "1"}),
+    ({"no-container-mount-home": "1"}, {"PYXIS_CONTAINER_MOUNT_HOME": "1"}, {"no-container-mount-home": "1"}),
+    ({"container-unshare": "ipc"}, {"PYXIS_CONTAINER_UNSHARE": "net"}, {"container-unshare": "ipc"}),
+    # ... and over tether's own variables, which win over pyxis's
+    ({"container-readonly": "1"}, {"TETHER_CONTAINER_WRITABLE": "1"}, {"container-readonly": "1"}),
+    ({}, {"TETHER_CONTAINER_IMAGE": "/mine", "PYXIS_CONTAINER_IMAGE": "ubuntu:22.04"}, {"container-image": "/mine"}),
+    ({}, {"TETHER_CONTAINER_READONLY": "1", "PYXIS_CONTAINER_WRITABLE": "1"}, {"container-readonly": "1"}),
+    # empty: ignored, as pyxis ignores it
+    ({}, {"PYXIS_CONTAINER_IMAGE": "", "PYXIS_CONTAINER_WRITABLE": ""}, {}),
+])
+def test_pyxis_variables_fill_in_what_the_command_line_and_tether_variables_leave(options_c, typed, env, wanted):
+    assert python_fallbacks(typed, env) == (0, {**typed, **wanted})
+    assert c_fallbacks(options_c, typed, env) == (0, {**typed, **wanted})
+
+
+@pytest.mark.parametrize("env, said", [
+    ({"PYXIS_CONTAINER_WRITABLE": "maybe"}, "tether: PYXIS_CONTAINER_WRITABLE=maybe: expected 1/0, true/false or yes/no"),
+    ({"PYXIS_CONTAINER_UNSHARE": "net,foo"}, "tether: PYXIS_CONTAINER_UNSHARE=net,foo: unknown namespace 'foo'"),
+    ({"PYXIS_CONTAINER_IMAGE": "./x.sqsh"}, "tether: PYXIS_CONTAINER_IMAGE=./x.sqsh: expected"),
+])
+def test_a_bad_pyxis_variable_is_refused_naming_it(options_c, env, said):
+    rc, _ = c_fallbacks(options_c, {}, env)
+    message = ctypes.c_char.in_dll(options_c, "tether_test_message")
+    assert rc == -1 and ctypes.string_at(ctypes.addressof(message)).decode().startswith(said)
+    assert python_fallbacks({}, env)[0] == -1
+
+
+UNSHARE = OPTIONS.index(BY_NAME["container-unshare"])
+
+
+@pytest.mark.parametrize("value, said", [
+    ("net", None), ("ipc", None), ("uts", None), ("net,ipc,uts", None), ("uts,net", None), ("net,net", None),
+    ("foo", "unknown namespace 'foo'"), ("net,foo", "unknown namespace 'foo'"), ("pid", "unknown namespace 'pid'"),
+    ("NET", "unknown namespace 'NET'"), ("", "empty namespace argument"), ("net,", "empty namespace argument"),
+    (",ipc", "empty namespace argument"), ("net,,ipc", "empty namespace argument"),
+])
+def test_container_unshare_takes_pyxis_namespaces_alike_in_c_and_python(options_c, value, said):
+    options_c.tether_opts_clear()
+    accepted = options_c.tether_opt_set(UNSHARE, value.encode(), b"--container-unshare", 0) == 0
+    assert accepted is (said is None) and (normalize(OPTIONS[UNSHARE], value) is not None) is (said is None)
+    if said:
+        message = ctypes.c_char.in_dll(options_c, "tether_test_message")
+        text = ctypes.string_at(ctypes.addressof(message)).decode()
+        assert text.startswith(f"tether: --container-unshare={value}: {said} (expected namespaces separated "
+                               f"by commas, of net, ipc, uts)"), text
