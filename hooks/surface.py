@@ -195,7 +195,7 @@ def normalize(opt: Option, value: str) -> str | None:
         ok = 0 < len(name) <= (opt.maximum or MAX_NAME) and name[0] in _ASCII_ALNUM and all(
             c in _ASCII_ALNUM or c in "._-" for c in name) and (not colon or flag in CONTAINER_NAME_FLAGS)
     elif opt.kind == "namespaces":
-        ok = unknown_namespace(value) is None
+        ok = len(value.encode("utf-8", "surrogateescape")) <= MAX_TEXT and unknown_namespace(value) is None
     elif opt.kind == "image":   # empty: no container (one step on the host in a container job)
         ok = value == "" or valid_reference(value)
     elif opt.kind == "env_names":

@@ -81,6 +81,10 @@ class Apptainer(Runtime):
         if spec.save:
             raise LaunchError(f"--container-save: {self.name} keeps no container to save (it runs the image "
                               f"itself); use podman or enroot, or build a new image with `{self.name} build`")
+        if spec.unshare:    # refused at submit too, but a step inside an allocation meets only this
+            raise LaunchError(f"--container-unshare: tether does not unshare namespaces with {self.name} yet "
+                              f"(the container would run in the host's {', '.join(spec.unshare)}); use podman "
+                              f"or enroot")
         flagged = [m for m in spec.mounts if m.flags]
         if flagged:
             raise LaunchError(f"--container-mounts: {self.name} binds take ro or rw only, not "

@@ -2026,6 +2026,30 @@ def test_podman_gives_the_container_the_namespaces_it_asks_for(monkeypatch):
                                 f"--hostname={os.uname().nodename}"]
 
 
+@pytest.mark.parametrize("runtime", ["apptainer", "singularity"])
+def test_apptainer_refuses_unshare_at_launch_too(runtime):
+    """A step inside an allocation is never seen by the job_submit plugin: --container-unshare (or
+    an inherited TETHER_/PYXIS_CONTAINER_UNSHARE) on Apptainer/Singularity reached the launcher,
+    which ran the container in the host's network without a word (a hostile review's finding)."""
+    env = {"TETHER_CONTAINER_IMAGE": "/tmp", "TETHER_CONTAINER_UNSHARE": "net"}
+    unshared = spec_from_env(env, ["hostname", "-I"], default_runtime=runtime)
+    with pytest.raises(LaunchError, match=f"--container-unshare: tether does not unshare namespaces with {runtime} "
+                                          r"yet \(the container would run in the host's net\)"):
+        adapter(runtime, {}).launch(unshared, HOST)
+
+
+def test_an_unshare_value_longer_than_any_option_value_is_refused_by_python_as_by_c():
+    """spank/options.c refuses a --container-unshare value over TETHER_MAX_TEXT bytes; the Python
+    twin accepted "net,net,..." of any length (a hostile review's finding)."""
+    from tether.hooks.surface import MAX_TEXT, OPTIONS, normalize
+
+    opt = next(o for o in OPTIONS if o.name == "container-unshare")
+    fits = ",".join(["net"] * (MAX_TEXT // 4))
+    assert len(fits) <= MAX_TEXT and normalize(opt, fits) == fits
+    too_long = ",".join(["net"] * (MAX_TEXT // 4 + 2))
+    assert len(too_long) > MAX_TEXT and normalize(opt, too_long) is None
+
+
 def test_enroot_unshares_with_start_flags_and_refuses_an_enroot_that_cannot(tmp_path, fake_runtimes, monkeypatch):
     sqsh = tmp_path / "img.sqsh"
     sqsh.write_bytes(b"hsqs")
