@@ -33,7 +33,10 @@ def big_cluster():
         pytest.fail(f"the 16-node sandbox did not start:\n{exc}", pytrace=False)
     yield Cluster(box)
     box.cool_nodes()
-    box.down(log=lambda m: None)
+    # purged: its TmpFS directory (/tmp/tether-sandbox-<port base>, a node's directory each) would
+    # otherwise meet the next sandbox that takes the same free ports (CI: test_second_sandbox_via_cli
+    # found big1..big16 in its own)
+    box.down(purge=True, log=lambda m: None)
 
 
 def test_a_containerized_step_runs_a_rank_on_each_of_sixteen_nodes(big_cluster):
