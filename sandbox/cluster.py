@@ -840,7 +840,6 @@ class Sandbox:
         # was killed only marks it stopped).
         for _ in range(2):
             run_command([*self.wrap(by_hand), "rm", "--all", "--force"], timeout=120, cwd="/", check=False)
-        self.cool_nodes()
 
     def cool_nodes(self) -> list[int]:
         """Leave the nodes cold for the job user, as a compute node is between jobs: no rootless
