@@ -762,13 +762,28 @@ static void forward(int signum)
 		kill(targets[i], signum);
 }
 
+/* What is left until ``end`` (CLOCK_MONOTONIC) in ``left``; 0 when it has passed. */
+static int time_left(const struct timespec *end, struct timespec *left)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	left->tv_sec = end->tv_sec - now.tv_sec;
+	left->tv_nsec = end->tv_nsec - now.tv_nsec;
+	if (left->tv_nsec < 0) {
+		left->tv_sec--;
+		left->tv_nsec += 1000000000L;
+	}
+	return left->tv_sec >= 0;
+}
+
 /* launch.py: _end_runtime_own -- the pause process this rank's podman made, which the step's end
  * would kill anyway: SIGKILLed and reaped here, within a second (``mask`` blocks SIGCHLD), so that
  * Slurm's proctrack/cgroup finds the step empty (a process left there costs the step a second: it
  * kills it, then looks again a second later). 1 when it was reaped. */
 static int end_runtime_own(pid_t pid, const sigset_t *mask)
 {
-	struct timespec end, now, left;
+	struct timespec end, left;
 	siginfo_t info;
 
 	kill(pid, SIGKILL);
@@ -778,14 +793,7 @@ static int end_runtime_own(pid_t pid, const sigset_t *mask)
 		pid_t got = waitpid(pid, NULL, WNOHANG);
 		if (got == pid || (got < 0 && errno == ECHILD))
 			return got == pid;
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		left.tv_sec = end.tv_sec - now.tv_sec;
-		left.tv_nsec = end.tv_nsec - now.tv_nsec;
-		if (left.tv_nsec < 0) {
-			left.tv_sec--;
-			left.tv_nsec += 1000000000L;
-		}
-		if (left.tv_sec < 0)
+		if (!time_left(&end, &left))
 			return 0;
 		int sig = sigtimedwait(mask, &info, &left);
 		if (sig > 0 && sig != SIGCHLD)
@@ -1014,7 +1022,7 @@ int main(int argc, char **argv)
 		/* launch.py: _reap_descendants -- what podman left (conmon finishing), for at most 5 s;
 		 * never podman's pause process, which is podman's, not the rank's (the step's end ends it) */
 		{
-			struct timespec end, now;
+			struct timespec end;
 			int reaped = 0, ran_out = 0, ended;
 			pid_t own = 0, left_running = 0;
 			clock_gettime(CLOCK_MONOTONIC, &end);
@@ -1041,14 +1049,7 @@ int main(int argc, char **argv)
 				}
 				if (!others)
 					break;
-				clock_gettime(CLOCK_MONOTONIC, &now);
-				left.tv_sec = end.tv_sec - now.tv_sec;
-				left.tv_nsec = end.tv_nsec - now.tv_nsec;
-				if (left.tv_nsec < 0) {
-					left.tv_sec--;
-					left.tv_nsec += 1000000000L;
-				}
-				if (left.tv_sec < 0) {
+				if (!time_left(&end, &left)) {
 					ran_out = 1;
 					break;
 				}

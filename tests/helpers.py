@@ -219,3 +219,12 @@ def cpu_seconds(text: str) -> float:
     for part in rest.split(":"):
         total = total * 60 + float(part)
     return total + int(days or 0) * 86400
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (this machine's PID 1 does not reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -25,7 +25,7 @@ from tether.container.spec import (
     CONTAINER_WORKDIR, LaunchError, LaunchSpec, Mount, check_container_options, parse_mounts, spec_from_env,
 )
 
-from helpers import REPO  # noqa: E402
+from helpers import REPO, alive  # noqa: E402
 TETHER = [sys.executable, "-m", "tether.cli.main"]
 
 HOST = {
@@ -765,9 +765,9 @@ def test_supervised_runtime_keeps_double_forked_processes_and_forwards_signals(t
     # the double-forked 'conmon' got the SIGTERM too: every process below the runtime does, as Slurm
     # signals every process of a step (podman's runc keeps the container's out of Slurm's reach)
     deadline = time.monotonic() + 10
-    while _alive(daemon) and time.monotonic() < deadline:
+    while alive(daemon) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(daemon)
+    assert not alive(daemon)
 
 
 @pytest.mark.parametrize("record", ["the pause process", "another process"])
@@ -804,13 +804,13 @@ def test_the_launcher_never_waits_for_the_runtimes_own_pause_process(tmp_path, r
         assert proc.returncode == 0, proc.stderr
         if record == "the pause process":
             said = f"launcher=python reaped=1 runtime_own={pause} ended=1 grace_ran_out=0"
-            assert not _alive(pause)              # not waited for, but ended: see _end_runtime_own
+            assert not alive(pause)              # not waited for, but ended: see _end_runtime_own
         else:
             said = "launcher=python reaped=1 runtime_own=none ended=0 grace_ran_out=1"
         assert f"tether-run: after the runtime: {said}\n" in proc.stderr
-        assert not _alive(monitor)                # the monitor was waited for, and reaped
+        assert not alive(monitor)                # the monitor was waited for, and reaped
     finally:
-        if (tmp_path / "pause").exists() and _alive(int((tmp_path / "pause").read_text())):
+        if (tmp_path / "pause").exists() and alive(int((tmp_path / "pause").read_text())):
             os.kill(int((tmp_path / "pause").read_text()), signal.SIGKILL)
 
 
@@ -888,11 +888,11 @@ def test_in_a_slurm_step_signals_go_only_where_slurm_does_not_reach(tmp_path):
         assert f"{step.relative_to(FREEZER)}" in Path(f"/proc/{kept}/cgroup").read_text()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 7                         # the runtime got it
-        assert not _alive(moved)                                  # out of Slurm's reach: from the launcher
-        assert _alive(kept)                                       # Slurm's to signal: not twice
+        assert not alive(moved)                                  # out of Slurm's reach: from the launcher
+        assert alive(kept)                                       # Slurm's to signal: not twice
     finally:
         for pid in (kept, moved):
-            if pid and _alive(pid):
+            if pid and alive(pid):
                 os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         for path in (own, step, step.parent, step.parent.parent):
@@ -901,15 +901,6 @@ def test_in_a_slurm_step_signals_go_only_where_slurm_does_not_reach(tmp_path):
                     path.rmdir()
                 except OSError:
                     time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (this machine's PID 1 does not reap)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _supervised(runtime: Path, removed: Path, monitor: str | None = None) -> str:

@@ -23,6 +23,7 @@ import pytest
 
 from tether.container.launch import parse_resume
 from tether.container.rank_launcher import baked_header, build_rank_launcher, c_string, why_not_fast
+from helpers import alive
 
 NOBODY = 65534
 UID = NOBODY if os.getuid() == 0 else os.getuid()
@@ -416,13 +417,13 @@ def test_the_launcher_never_waits_for_podmans_pause_process(world, runnable, mod
         pause_pid, monitor = int(pause.read_text()), int(Path(f"{log}.monitor").read_text())
         if mode == "pause":
             said = f"launcher=c reaped=1 runtime_own={pause_pid} ended=1 grace_ran_out=0"
-            assert not _alive(pause_pid)              # not waited for, but ended (end_runtime_own)
+            assert not alive(pause_pid)              # not waited for, but ended (end_runtime_own)
         else:
             said = "launcher=c reaped=1 runtime_own=none ended=0 grace_ran_out=1"
         assert f"tether-run: after the runtime: {said}\n" in err.decode()
-        assert not _alive(monitor)                    # waited for, and reaped
+        assert not alive(monitor)                    # waited for, and reaped
     finally:
-        if pause.exists() and _alive(int(pause.read_text())):
+        if pause.exists() and alive(int(pause.read_text())):
             os.kill(int(pause.read_text()), signal.SIGKILL)
         shutil.rmtree(world["base"] / "run-dir" / "libpod", ignore_errors=True)
         for leftover in (pause, Path(f"{log}.monitor")):
@@ -439,15 +440,6 @@ def test_a_pause_process_its_podman_killed_is_no_unclean_end(world, runnable):
     assert proc.returncode == 0, err
     assert b"python-launcher" not in out, out                    # concluded here
     assert b"tether-run: after the runtime: launcher=c reaped=0 runtime_own=none ended=0 grace_ran_out=0\n" in err
-
-
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (this machine's PID 1 does not reap)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_an_unclean_end_is_handed_over_with_what_happened(world, runnable):
