@@ -701,7 +701,7 @@ class Sandbox:
         nodes = self.nodes
         while time.monotonic() < deadline:
             states = self.node_states()
-            plain = {n: s.split()[0].rstrip("*~#$@+") for n, s in states.items()}
+            plain = {n: s.split()[0].rstrip("*~#$@+-") for n, s in states.items()}
             if set(plain) >= set(nodes) and all(plain[n] in usable for n in nodes):
                 return
             bad = {n: s for n, s in plain.items() if s.startswith(("drain", "inval", "fail"))}

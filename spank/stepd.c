@@ -440,29 +440,40 @@ static long env_number(spank_t sp, const char *name)
 	return (errno || *end || value > 0x7fffffffUL) ? -1 : (long)value;
 }
 
-/* Is this step one component of a heterogeneous step (srun --het-group=0,1)? Which one: the k
- * whose SLURM_JOB_ID_HET_GROUP_k is this component's own job id (S_JOB_ID). The step's own job
- * environment does not always say how many tasks the earlier components have (with --slots in
- * component 0, SLURM_NTASKS_HET_GROUP_0 is missing); each task's does (SLURM_PROCID, SLURM_NTASKS,
- * SLURM_NODEID: the whole step's), so the ranks are completed in task_init. */
-static void het_step(spank_t sp)
+/* Which component of a heterogeneous job this step's job is: the k whose SLURM_JOB_ID_HET_GROUP_k
+ * is this component's own job id (S_JOB_ID); -1 outside one. ``leader``: the job's first id. */
+static long het_component(spank_t sp, long *size, long *leader)
 {
 	char name[64];
-	long size = env_number(sp, "SLURM_HET_SIZE"), leader = env_number(sp, "SLURM_JOB_ID");
+
+	*size = env_number(sp, "SLURM_HET_SIZE");
+	*leader = env_number(sp, "SLURM_JOB_ID");
+	if (*size < 2 || *size > 1024 || *leader < 0)
+		return -1;
+	for (long k = 0; k < *size; k++) {
+		snprintf(name, sizeof(name), "SLURM_JOB_ID_HET_GROUP_%ld", k);
+		if (env_number(sp, name) == (long)step.job_id)
+			return k;
+	}
+	return -1;
+}
+
+/* Is this step one component of a heterogeneous step (srun --het-group=0,1)? Which one (above).
+ * The step's own job environment does not always say how many tasks the earlier components have
+ * (with --slots in component 0, SLURM_NTASKS_HET_GROUP_0 is missing); each task's does
+ * (SLURM_PROCID, SLURM_NTASKS, SLURM_NODEID: the whole step's), so the ranks are completed in
+ * task_init. */
+static void het_step(spank_t sp)
+{
+	long size, leader, k = het_component(sp, &size, &leader);
 
 	step.het = 0;
-	if (size < 2 || size > 1024 || leader < 0 || step.step_id >= SLURM_MAX_NORMAL_STEP_ID)
+	if (k < 0 || step.step_id >= SLURM_MAX_NORMAL_STEP_ID)
 		return;
-	for (long k = 0; k < size; k++) {
-		snprintf(name, sizeof(name), "SLURM_JOB_ID_HET_GROUP_%ld", k);
-		if (env_number(sp, name) == (long)step.job_id) {
-			step.het = 1;
-			step.het_component = (uint32_t)k;
-			step.het_components = (uint32_t)size;
-			step.het_leader = (uint32_t)leader;
-			return;
-		}
-	}
+	step.het = 1;
+	step.het_component = (uint32_t)k;
+	step.het_components = (uint32_t)size;
+	step.het_leader = (uint32_t)leader;
 }
 
 /* The step-wide part of the rank environment, and the options the step's ranks see. */
@@ -476,18 +487,27 @@ static void het_step(spank_t sp)
  */
 static int set_cpus_per_task(spank_t sp)
 {
+	char name[64] = "SLURM_CPUS_PER_TASK";
 	uint32_t cpus = 0;
+	long size, leader, k;
 	const char *type = tether_opt_value(OPT_SLOT_TYPE), *per_node = tether_opt_value(OPT_SLOTS_PER_NODE);
 
-	if (env_nonempty(sp, "SLURM_CPUS_PER_TASK"))
+	/* The batch script of a heterogeneous job gets it as Slurm sets it there (sbatch -c2 : -n1):
+	 * SLURM_CPUS_PER_TASK_HET_GROUP_<its component>, never plain -- srun applies a plain one to
+	 * every component it starts (Slurm >= 23.11 reads it), and `srun --het-group=0,1` then asked
+	 * component 1 for CPUs it never had and waited for ever ("step creation temporarily
+	 * disabled"). */
+	if (step.step_id == SLURM_BATCH_SCRIPT && (k = het_component(sp, &size, &leader)) >= 0)
+		snprintf(name, sizeof(name), "SLURM_CPUS_PER_TASK_HET_GROUP_%ld", k);
+	if (env_nonempty(sp, name) || env_nonempty(sp, "SLURM_CPUS_PER_TASK"))
 		return 0;
 	if (type != NULL && strcmp(type, "cpu") == 0) /* the plan's (hooks/plan.py, slurm-cpu): slots_per_node,
 							 * 1 unless given -- also where srun made the
 							 * allocation, whose step has 1 CPU per task */
-		return set_env(sp, "SLURM_CPUS_PER_TASK", per_node ? per_node : "1");
+		return set_env(sp, name, per_node ? per_node : "1");
 	if (spank_get_item(sp, S_STEP_CPUS_PER_TASK, &cpus) != ESPANK_SUCCESS || cpus <= 1 || cpus > 65535)
 		return 0;
-	return set_env_u(sp, "SLURM_CPUS_PER_TASK", cpus);
+	return set_env_u(sp, name, cpus);
 }
 
 static int set_step_env(spank_t sp, uint32_t ntasks, uint32_t nlocal, uint32_t nnodes)

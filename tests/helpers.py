@@ -166,8 +166,9 @@ class Cluster:
 
     def in_service(self) -> bool:
         """No node left the idle/allocated states (drained, down, failing). "planned" is Slurm
-        22.05's idle node that backfill has reserved for a pending job: in service."""
-        return all(state.rstrip("*~#$@+") in ("idle", "mixed", "allocated", "completing", "planned")
+        22.05's idle node that backfill has reserved for a pending job, "mixed-" Slurm 24.11's
+        partly used one (sinfo's "-" suffix): in service."""
+        return all(state.rstrip("*~#$@+-") in ("idle", "mixed", "allocated", "completing", "planned")
                    for state in self.node_states().values())
 
 

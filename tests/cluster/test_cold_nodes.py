@@ -102,4 +102,4 @@ def test_a_cold_nodes_container_step_never_waits_for_podmans_pause_process(clust
     assert own == [recorded], result.stderr
     assert sum(ended for _, _, ended, _ in ranks) == 1, result.stderr
     assert (_state(recorded) or ("", "Z", 0))[1] == "Z"         # gone with its rank
-    assert cluster.in_service()
+    assert cluster.in_service(), cluster.node_states()

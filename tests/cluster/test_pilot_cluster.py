@@ -88,7 +88,7 @@ squeue -h -s -j $SLURM_JOB_ID -o "STEP %j"
                                          "--json"]).stdout)
     assert [(r["id"], r["state"]) for r in listed] == [(r, records[r]["state"]) for r in sorted(records)
                                                        if r != "part.0008"] + [("part.0008", "CANCELED")]
-    assert cluster.in_service()
+    assert cluster.in_service(), cluster.node_states()
     shutil.rmtree(pilot_dir)
 
 
@@ -121,7 +121,7 @@ def test_a_pilot_cancelled_whole_leaves_every_partition_and_task_ended(cluster):
     assert [(r["id"], r["state"]) for r in listed] == [("part.0000", "CANCELED"), ("part.0001", "CANCELED")]
     assert all(r["message"] in (TERMINATED, ENDED) for r in listed), listed
     assert json.loads((pilot_dir / "tasks" / "task.000000.json").read_text())["state"] == "CANCELED"
-    assert cluster.in_service()
+    assert cluster.in_service(), cluster.node_states()
     shutil.rmtree(pilot_dir)
 
 
@@ -184,6 +184,6 @@ def test_a_pilot_directory_planted_by_another_user_runs_nothing(cluster):
         assert list((planted / "partitions").iterdir()) == [] and not (planted / "lock").exists()   # nothing written
         assert task.read_text() == planted_task
         assert not user_processes(cluster, "tether.pilot.agent")
-        assert cluster.in_service()
+        assert cluster.in_service(), cluster.node_states()
     finally:
         shutil.rmtree(planted)

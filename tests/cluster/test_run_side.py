@@ -172,6 +172,9 @@ def test_a_heterogeneous_job_mixes_a_tether_component_with_a_plain_one_and_one_s
         f"#SBATCH --slots=2 --slot-type=cpu --slots-per-node=2 --output={out}",
         "#SBATCH hetjob",
         "#SBATCH -N1 -n1",
+        # the plan's CPUs per task as Slurm gives -c2 here: for component 0 only (a plain
+        # SLURM_CPUS_PER_TASK=2 made Slurm 24.11's srun ask component 1 for 2 CPUs: it waited for ever)
+        "echo BATCH plain=${SLURM_CPUS_PER_TASK:-unset} group0=${SLURM_CPUS_PER_TASK_HET_GROUP_0:-unset}",
         "srun --het-group=0,1 sh -c 'echo RANK=$RANK WORLD_SIZE=$WORLD_SIZE NODE_RANK=$NODE_RANK "
         "COMPONENT=$TETHER_HET_COMPONENT OFFSET=$TETHER_HET_OFFSET NNODES=$TETHER_NNODES "
         "MASTER=$MASTER_ADDR:$MASTER_PORT NODE=$SLURMD_NODENAME'",
@@ -183,7 +186,8 @@ def test_a_heterogeneous_job_mixes_a_tether_component_with_a_plain_one_and_one_s
     cluster.sbatch_wait([], input=script, timeout=180)
     text = out.read_text()
     out.unlink()
-    ranks = parse("\n".join(line for line in text.splitlines() if "STEP2" not in line))
+    assert "BATCH plain=unset group0=2" in text, text
+    ranks = parse("\n".join(line for line in text.splitlines() if "STEP2" not in line and "BATCH" not in line))
     second = parse("\n".join(line for line in text.splitlines() if "STEP2" in line))
     assert [(r["RANK"], r["COMPONENT"], r["IN"]) for r in second] == [("0", "0", "host"), ("1", "1", "container")], text
     assert [(r["RANK"], r["COMPONENT"], r["OFFSET"], r["WORLD_SIZE"]) for r in ranks] == [

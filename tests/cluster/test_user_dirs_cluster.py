@@ -74,7 +74,7 @@ def test_a_base_others_can_write_fails_the_step_clearly_and_drains_nothing(clust
         os.chmod(users, 0o755)
     assert result.returncode != 0
     assert "must be owned by root and not writable by group or others" in result.stderr
-    assert cluster.in_service()
+    assert cluster.in_service(), cluster.node_states()
 
 
 def test_a_launch_scripts_tether_run_gets_the_users_directories_too(cluster, image, tmp_path):

@@ -119,7 +119,7 @@ def test_gateway_nodes_serve_every_rank_of_both_components_and_end_with_the_job(
     assert wait_until(lambda: f"{job}+2.0|tether-gateway|{cluster.nodes[2]}" in steps(), timeout=30), steps()
     assert wait_until(lambda: not user_processes(cluster, "gateway_daemon"), timeout=30), \
         user_processes(cluster, "gateway_daemon")
-    assert cluster.in_service()
+    assert cluster.in_service(), cluster.node_states()
 
 
 def test_a_gateway_daemon_that_fails_fails_the_job_with_its_reason_and_the_node_stays(cluster):
@@ -134,7 +134,7 @@ def test_a_gateway_daemon_that_fails_fails_the_job_with_its_reason_and_the_node_
     assert result.returncode == 1 and "SCRIPT_RAN" not in text, text
     assert "failing as SANDBOX_GATEWAY_FAIL asks" in text, text
     assert "tether: the job's gateway nodes: the gateway step ended (srun exit 3) before its daemon listened on" in text
-    assert cluster.in_service()
+    assert cluster.in_service(), cluster.node_states()
     # not a component of its own; srun; a container in the gateway component
     refused = {
         "--gateways=1 --wrap=true": "gateway nodes are a component of their own in a heterogeneous job",
@@ -188,7 +188,7 @@ def test_a_port_another_user_listens_on_fails_the_job_and_gets_no_traffic(cluste
     assert (f"tether: the job's gateway nodes: port {port} on {cluster.nodes[2]} is already in use by "
             f"uid {nobody.pw_uid}; the gateway daemon cannot use it") in text, text
     assert "CONNECTED" not in connections, connections
-    assert cluster.in_service()
+    assert cluster.in_service(), cluster.node_states()
 
 
 def test_in_salloc_tether_gateway_start_gives_the_allocation_its_gateways(cluster):
