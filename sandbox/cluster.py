@@ -791,6 +791,7 @@ class Sandbox:
             "nodes": self.node_count, "node_prefix": self.node_prefix, "cpus": CPUS_PER_NODE, "memory_mb": MEMORY_MB,
             "gpus": GPUS_PER_NODE, "gpu_prefix": FAKE_GPU_PREFIX,
             "cgroups": not self.quick(), "accounting": not self.quick(), "dbd_port": port_base + DBD_OFFSET,
+            "first_job_id": first_job_id(port_base),
         }
         for name in ("slurm.conf", "gres.conf"):
             template = resources.files("tether.sandbox").joinpath(f"{name}.j2").read_text()
@@ -1244,6 +1245,15 @@ def ensure_user(name: str, *, log=print) -> None:
 def _require_root() -> None:
     if os.geteuid() != 0:
         raise SandboxError("the sandbox installs packages and starts Slurm daemons: run it as root")
+
+
+def first_job_id(port_base: int) -> int:
+    """The first job id of a sandbox on these ports: 1 on the default ones, a million more for each
+    port block after them (60 blocks, below Slurm's MaxJobId). Sandboxes of one release on one
+    machine share node names, and so each node's cgroups (/slurm_<node>/uid_<uid>/job_<id>): two
+    jobs of the same id on the same node name met in cpuset.cpus ("Device or resource busy") and
+    drained the node."""
+    return 1 + ((port_base - DEFAULT_PORT_BASE) // PORT_BLOCK % 60) * 1_000_000
 
 
 def _ports_free(base: int, nodes: int) -> bool:

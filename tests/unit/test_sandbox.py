@@ -151,3 +151,18 @@ def test_a_sixteen_node_sandbox_has_sixteen_slurmd_on_ports_of_their_own(tmp_pat
         sock.listen()
         assert not cluster._ports_free(23000, 16)
         assert cluster._ports_free(23000, 15)
+
+
+def test_sandboxes_on_other_ports_number_their_jobs_apart(tmp_path):
+    """Two sandboxes of one release share node names, hence each node's cgroups: jobs of the same id
+    on both met in /slurm_n1/uid_<uid>/job_<id> and drained the node. The default ports count from
+    1, each port block after them a million further on (below Slurm's MaxJobId, 67043328)."""
+    from tether.sandbox import cluster
+
+    assert cluster.first_job_id(cluster.DEFAULT_PORT_BASE) == 1
+    ids = {cluster.first_job_id(cluster.DEFAULT_PORT_BASE + k * cluster.PORT_BLOCK) for k in range(20)}
+    assert len(ids) == 20 and max(ids) < 67043328
+    box = cluster.Sandbox(tmp_path, port_base=cluster.DEFAULT_PORT_BASE + 3 * cluster.PORT_BLOCK)
+    box.etc.mkdir(parents=True)
+    box._write_configs(box.port_base())
+    assert "\nFirstJobId=3000001\n" in (box.etc / "slurm.conf").read_text()
