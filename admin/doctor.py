@@ -65,7 +65,7 @@ class Doctor:
     def checks(self) -> list[Callable[[], Iterator[Finding]]]:
         return [self.check_config, self.check_slurm, self.check_plugins, self.check_plugstack,
                 self.check_slurmctld_config, self.check_storage, self.check_stores, self.check_runtimes,
-                self.check_job_users, self.check_gpus, self.check_ports]
+                self.check_enroot, self.check_plain_http, self.check_job_users, self.check_gpus, self.check_ports]
 
     # --- the checks --------------------------------------------------------------------------
     def check_config(self) -> Iterator[Finding]:
@@ -279,6 +279,69 @@ class Doctor:
                 continue
             yield Finding(OK, f"runtime {name}", f"{found}: {version}" + (" (default)" if name == default else ""))
 
+    def _found(self, name: str) -> str | None:
+        """The configured runtime's binary, when this host has it."""
+        binary = self.config.data["container"][name]["binary"] if self.config else name
+        return binary if os.path.isabs(binary) and os.access(binary, os.X_OK) else shutil.which(binary)
+
+    def check_enroot(self) -> Iterator[Finding]:
+        """What `enroot import` (a registry image's first container) needs beside enroot itself:
+        its helper programs, the tools its scripts call, and -- run by a user, not root -- the
+        capabilities enroot's "+caps" package gives two helpers. Only where enroot is installed."""
+        enroot = self._found("enroot") if self.config is not None else None
+        if enroot is None:
+            return
+        where = [os.path.dirname(os.path.realpath(enroot)), os.path.dirname(enroot)]
+        path = os.pathsep.join([*where, os.environ.get("PATH", "")])
+        helpers = {name: shutil.which(name, path=path) for name in ENROOT_HELPERS}
+        missing = [name for name, found in helpers.items() if not found]
+        if missing:
+            yield Finding(FAIL if self.config.data["container"]["runtime"] == "enroot" else WARN, "enroot helpers",
+                          f"{', '.join(missing)} not found beside {enroot} or on PATH: enroot's package installs "
+                          f"them with it (reinstall enroot)")
+        tools = [f"{tool} ({package})" for tool, package in ENROOT_TOOLS if not shutil.which(tool, path=path)]
+        if tools:
+            yield Finding(WARN, "enroot tools", f"`enroot import` (every registry image's first container) calls "
+                          f"{', '.join(tools)}: not on PATH; install the Debian packages named")
+        lacking = []
+        for name, caps in ENROOT_CAPS.items():
+            found = helpers.get(name)
+            if found and not set(caps) <= file_capabilities(found):
+                lacking.append(f"{found} ({'+'.join(CAP_NAMES[c] for c in caps)})")
+        if lacking:
+            yield Finding(WARN, "enroot capabilities",
+                          f"{', '.join(lacking)} lack the file capabilities that let users import and convert "
+                          f"images: a job user's `enroot import` fails; enroot's \"+caps\" package sets them "
+                          f"(enroot+caps), or give users images already converted (squashfs)")
+        if not missing and not tools and not lacking:
+            yield Finding(OK, "enroot helpers", f"helpers, tools and capabilities for `enroot import` ({enroot})")
+
+    def check_plain_http(self) -> Iterator[Finding]:
+        """A registry podman is told to reach over plain http (registries.conf ``insecure = true``)
+        is refused by the other runtimes unless each is told too: enroot without ENROOT_ALLOW_HTTP
+        (curl's TLS error, exit 35), SingularityCE without SINGULARITY_NOHTTPS ("server gave HTTP
+        response to HTTPS client") -- both recorded. Said for each runtime installed here."""
+        if self.config is None:
+            return
+        podman_env = self.config.runtime("podman").get("env") or {}
+        conf = podman_env.get("CONTAINERS_REGISTRIES_CONF") or os.environ.get("CONTAINERS_REGISTRIES_CONF") \
+            or "/etc/containers/registries.conf"
+        registries = plain_http_registries(conf)
+        if not registries:
+            return
+        named = ", ".join(registries)
+        for name, variable, value, refusal in PLAIN_HTTP_SETTINGS:
+            if self._found(name) is None:
+                continue
+            env = self.config.runtime(name).get("env") or {}
+            if env.get(variable) or os.environ.get(variable):
+                yield Finding(OK, f"{name} plain http", f"{variable} is set for {named} (plain http in {conf})")
+                continue
+            yield Finding(WARN, f"{name} plain http",
+                          f"{named} speak{'s' if len(registries) == 1 else ''} plain http ({conf}: insecure = true), "
+                          f"but {name} is not told so: its images from there fail ({refusal}); set "
+                          f"container.{name}.env.{variable}: \"{value}\" in tether.yaml")
+
     def check_job_users(self) -> Iterator[Finding]:
         """Rootless podman needs subordinate ids for each job user, and a run directory it owns."""
         if self.config is None or not self._uses("podman"):
@@ -377,6 +440,54 @@ def _reserved_ports() -> set[int]:
         except ValueError:
             continue
     return ports
+
+
+# enroot's helper programs (installed beside it), and the tools its import scripts call: (tool, package)
+ENROOT_HELPERS = ("enroot-aufs2ovlfs", "enroot-mksquashovlfs", "enroot-mount", "enroot-nsenter", "enroot-switchroot")
+ENROOT_TOOLS = (("curl", "curl"), ("jq", "jq"), ("mksquashfs", "squashfs-tools"), ("unsquashfs", "squashfs-tools"),
+                ("parallel", "parallel"), ("zstd", "zstd"))
+CAP_MKNOD, CAP_SYS_ADMIN = 27, 21
+CAP_NAMES = {CAP_MKNOD: "cap_mknod", CAP_SYS_ADMIN: "cap_sys_admin"}
+# what enroot's "+caps" package gives its helpers (setcap ... +pe) so that users can convert images
+ENROOT_CAPS = {"enroot-aufs2ovlfs": (CAP_SYS_ADMIN, CAP_MKNOD), "enroot-mksquashovlfs": (CAP_SYS_ADMIN,)}
+# (runtime, the variable that lets it use a plain-http registry, its value, what it says without)
+PLAIN_HTTP_SETTINGS = (
+    ("enroot", "ENROOT_ALLOW_HTTP", "y", "curl: (35) ... wrong version number, exit 35"),
+    ("singularity", "SINGULARITY_NOHTTPS", "1", "server gave HTTP response to HTTPS client"),
+    ("apptainer", "APPTAINER_NOHTTPS", "1", "server gave HTTP response to HTTPS client"),
+)
+
+
+def file_capabilities(path: str) -> set[int]:
+    """The permitted capabilities in a file's ``security.capability`` attribute, when they are also
+    effective (setcap's ``+pe``); empty when it has none or they are not effective."""
+    try:
+        raw = os.getxattr(path, "security.capability")
+    except OSError:
+        return set()
+    if len(raw) < 12:
+        return set()
+    magic = int.from_bytes(raw[0:4], "little")
+    if not magic & 0x1:                          # VFS_CAP_FLAGS_EFFECTIVE
+        return set()
+    permitted = int.from_bytes(raw[4:8], "little")
+    if magic & 0xFF000000 >= 0x02000000 and len(raw) >= 20:   # revisions 2 and 3: a second word
+        permitted |= int.from_bytes(raw[12:16], "little") << 32
+    return {bit for bit in range(64) if permitted >> bit & 1}
+
+
+def plain_http_registries(conf: str) -> list[str]:
+    """The ``location`` of each ``[[registry]]`` with ``insecure = true`` in a registries.conf."""
+    import tomllib
+
+    try:
+        with open(conf, "rb") as fh:
+            data = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError):
+        return []
+    entries = data.get("registry") if isinstance(data, dict) else None
+    return [str(r.get("location") or r.get("prefix")) for r in entries or []
+            if isinstance(r, dict) and r.get("insecure") is True and (r.get("location") or r.get("prefix"))]
 
 
 # how each runtime tells its version: enroot has no --version (usage, exit 1: recorded with 4.1.2)
