@@ -29,7 +29,7 @@ import jinja2
 import yaml
 
 from ..admin.slurm import build_plugins, install_plugins
-from ..container.runtimes.podman import Podman, repair_stale_state
+from ..container.runtimes.podman import BOOT_MARKER, Podman, repair_stale_state
 from ..hooks.configfile import load_config
 from ..hooks.errors import TetherError
 from ..system.files import set_conf_line
@@ -828,8 +828,9 @@ class Sandbox:
         settings = self.tether_settings()["container"]["podman"]
         by_hand = ["runuser", "-u", self.user, "--", "env", *self.podman_env(), "podman", *settings["args"]]
         # tether's store first: its podman makes the pause process the other one's then joins
-        for podman in map(self.wrap, (self.user_podman(), by_hand)):  # tether's store, and the user's default one
-            repair_stale_state(podman, tell=lambda m: log(f"{self.user}: {m}"), cwd="/")
+        for podman in (self.user_podman(), by_hand):  # tether's store, and the user's default one
+            self.repair_podman(podman, tell=lambda m: log(f"{self.user}: {m}"))
+            podman = self.wrap(podman)
             try:
                 run_command([*podman, "ps", "--quiet"], timeout=120, cwd="/")
             except CommandError as exc:
@@ -841,6 +842,17 @@ class Sandbox:
         # was killed only marks it stopped).
         for _ in range(2):
             run_command([*self.wrap(by_hand), "rm", "--all", "--force"], timeout=120, cwd="/", check=False)
+        self.cool_nodes()
+
+    def repair_podman(self, podman: list[str], *, tell=lambda m: None) -> bool | None:
+        """repair_stale_state for the job user's ``podman`` (a command that runs it as them), as
+        their launcher repairs it -- removing podman's boot marker, as the user, when `podman
+        system migrate` cannot (podman 5 on a cold node)."""
+        settings = self.tether_settings()["container"]["podman"]
+        marker = os.path.join(Podman(settings).run_dir(pwd.getpwnam(self.user).pw_uid), BOOT_MARKER)
+        reset_argv = self.wrap(["runuser", "-u", self.user, "--", "rm", "-f", marker])
+        return repair_stale_state(self.wrap(podman), tell=tell, cwd="/",
+                                  reset=lambda: run_command(reset_argv, timeout=60, cwd="/", check=False))
 
     def cool_nodes(self) -> list[int]:
         """Leave the nodes cold for the job user, as a compute node is between jobs: no rootless

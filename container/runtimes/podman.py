@@ -59,8 +59,11 @@ except ImportError:                        # pragma: no cover -- Python 3.12 ren
 STALE_STATE = "invalid internal status, try resetting the pause process"   # podman 4.3's words
 
 
+BOOT_MARKER = "libpod/tmp/alive"     # in podman's run directory: its absence says "a new boot"
+
+
 def repair_stale_state(podman: Sequence[str], *, env: Mapping[str, str] | None = None, output: str | None = None,
-                       tell=progress, cwd: str | None = None) -> bool | None:
+                       tell=progress, cwd: str | None = None, reset=None) -> bool | None:
     """Rootless podman joins the user namespace of its pause process, or else of a container it
     believes running. When every such process is gone -- killed with the step that started it
     (SIGKILL at a time limit, the OOM killer, a node's processes killed) while its run state
@@ -69,7 +72,17 @@ def repair_stale_state(podman: Sequence[str], *, env: Mapping[str, str] | None =
     process with "podman system migrate": ..." (exit 1). Since no process of that state lives, no
     running container is harmed by doing what it says. ``podman``: the command that runs podman as
     that user; ``output``: a failed command's stderr (None: ask podman). True when it repaired,
-    False when it could not, None when the state was not stale."""
+    False when it could not, None when the state was not stale.
+
+    Podman 5 (Slurm 24.11's root here) cannot migrate such a state: it stops the container it
+    believes running and fails to unmount that container's /dev/shm outside the user namespace,
+    which died with its processes ("operation not permitted"), and the state stays stale. Then
+    ``reset`` (a callable: remove podman's boot marker, ``BOOT_MARKER``, as that user) makes the
+    next podman command take the node for freshly booted, as it is for podman's purposes: no process
+    of its state lives, every mount went with the namespace. That command makes a new user
+    namespace and marks every container stopped (libpod's refresh), as after a reboot. Safe for the
+    same reason as the migrate: while the state is stale no podman command of the user succeeds,
+    so none runs a container that the reset could forget."""
     from ...system.proc import CommandError, run_command
 
     def stale() -> bool:    # ask podman again, cheaply
@@ -97,9 +110,26 @@ def repair_stale_state(podman: Sequence[str], *, env: Mapping[str, str] | None =
             said = f" (it said: {lines[-1]})" if lines else ""
         if not stale():
             return True
+        if reset is not None and attempt == 0:
+            tell("podman's run state is still stale after `podman system migrate`: starting it afresh, as "
+                 "after a reboot (none of its processes lives)")
+            reset()
+            if not stale():
+                return True
     tell(f"podman's run state is still stale after `podman system migrate` twice{said} (see "
          f"\"podman's run state is stale\" in tether's README, troubleshooting)")
     return False
+
+
+def remove_boot_marker(run_dir: str) -> None:
+    """Remove podman's boot marker in ``run_dir`` (see repair_stale_state), as the user who owns
+    it: unlink never follows the last component, and the directories are the user's own."""
+    try:
+        os.unlink(os.path.join(run_dir, BOOT_MARKER))
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        progress(f"could not remove podman's boot marker in {run_dir}: {exc.strerror}")
 
 
 def names_list(text: str, name: str) -> bool:
@@ -655,7 +685,10 @@ class Podman(Runtime):
         rank), one more try also when the state is not stale: rebuilding its state after the
         processes it named were killed, podman 4.3 sometimes exits 1 without a word, and the next
         run works (seen in the stale-state test, about 1 in 2 on this machine)."""
-        repaired = repair_stale_state([self.binary, *self.global_args(env)], env=env, output=output)
+        run_dir = env.get("XDG_RUNTIME_DIR")
+        # root's podman has no run directory of a user's (base_env), nor such a state
+        reset = (lambda: remove_boot_marker(run_dir)) if run_dir else None
+        repaired = repair_stale_state([self.binary, *self.global_args(env)], env=env, output=output, reset=reset)
         if repaired is None and output is None:
             progress("podman exited before it created the container, and its state checks out now: trying "
                      "once more (nothing of this rank ran yet)")
@@ -671,22 +704,33 @@ class Podman(Runtime):
         from ...system.proc import CommandError, run_command
 
         def run(argv: list[str]) -> str | None:
-            try:
-                return run_command(argv, env=env, timeout=30, new_session=new_session).stdout
-            except CommandError as exc:
-                failures.append(exc)
-                return None
+            for _ in range(2):
+                try:
+                    return run_command(argv, env=env, timeout=30, new_session=new_session).stdout
+                except CommandError as exc:
+                    # the step's end killed the processes podman's state names (a cold node: no
+                    # pause process of the user's outlives the step): repaired once, asked again
+                    if repaired or STALE_STATE not in (exc.stderr or ""):
+                        failures.append(exc)
+                        return None
+                    repaired.append(self.recover_state(env, exc.stderr))
+                    if not repaired[0]:
+                        failures.append(exc)
+                        return None
+            return None
 
         def gone() -> bool:
-            # `podman container exists`: 0 it exists, 1 it does not (anything else: unknown)
+            # `podman container exists`: 0 it exists, 1 it does not (anything else, and a stale
+            # state's exit 1: unknown)
             try:
                 run_command([self.binary, "container", "exists", *glob, name], env=env, timeout=30,
                             new_session=new_session)
             except CommandError as exc:
-                return exc.returncode == 1
+                return exc.returncode == 1 and STALE_STATE not in (exc.stderr or "")
             return False
 
         failures: list[CommandError] = []
+        repaired: list[bool] = []
         glob = self.global_args(env)
         cid = (run([self.binary, "inspect", *glob, "--format", "{{.Id}}", name]) or "").strip()
         removed = False

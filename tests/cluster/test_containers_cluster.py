@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.container.runtimes.podman import Podman, repair_stale_state
+from tether.container.runtimes.podman import Podman
 from helpers import cpu_seconds, job_entries, parse, user_processes, wait_until, without_runc_warnings
 
 pytestmark = pytest.mark.cluster
@@ -171,7 +171,7 @@ def _make_stale(cluster, podman: list[str], name: str, image: str, *, payload: b
         cluster.run(["ps", "-u", cluster.user, "-o", "pid,ppid,stat,etime,args"], check=False).stdout
     # a state another sandbox's start left stale (it ends the user's pause processes of a Slurm
     # root, which every sandbox on that root shares) is repaired first, as jobs repair it
-    repair_stale_state(cluster.box.wrap(podman), cwd="/")
+    cluster.box.repair_podman(podman)
     cluster.run([*podman, "run", "-d", "--name", name, "--network=host", "--userns=keep-id", "--read-only",
                  "--rootfs", image, "sleep", "300"], cwd="/", timeout=60)
     # the pause process of the run directory jobs use (podman's record of it): the user's podman by

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tether.container.runtimes.podman import STALE_STATE, repair_stale_state
+from tether.container.runtimes.podman import STALE_STATE
 from helpers import cpu_seconds, user_processes, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -174,7 +174,7 @@ def _remove_loose(cluster, name: str) -> None:
     container, makes a pause process first (outside Slurm: the test's cold_nodes fixture ends it) --
     once its own state is repaired as tether's launcher repairs it: a cold node meets tether's
     store with a container of a killed step recorded running too (the time-limited jobs')."""
-    repair_stale_state(cluster.box.wrap(cluster.box.user_podman()), tell=lambda m: None, cwd="/")
+    cluster.box.repair_podman(cluster.box.user_podman())
     cluster.run([*cluster.box.user_podman(), "ps", "--quiet"], cwd="/")
     podman = ["runuser", "-u", cluster.user, "--", "env", *cluster.box.podman_env(), "podman"]
     for _ in range(2):

@@ -1520,6 +1520,71 @@ def test_podman_a_failed_command_whose_output_says_nothing_stale_is_not_retried(
     assert capsys.readouterr().err == ""
 
 
+def _podman5(tmp_path: Path) -> tuple[Path, Path]:
+    """A podman that behaves as podman 5 did on a cold node here (Slurm 24.11's root): its state
+    names a container whose conmon died with the step, so every command says the state is stale
+    and ``system migrate`` does not help (it fails to unmount the container's /dev/shm outside the
+    user namespace); without its boot marker (``$XDG_RUNTIME_DIR/libpod/tmp/alive``) the next
+    command starts afresh, as after a reboot, and writes the marker again. ``rm`` then removes.
+    Returns the podman and the run directory."""
+    run = tmp_path / "run"
+    (run / "libpod" / "tmp").mkdir(parents=True)
+    (run / "libpod" / "tmp" / "alive").write_text("")
+    (tmp_path / "stale").write_text("")
+    (tmp_path / "record").write_text("")
+    script = tmp_path / "podman"
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        echo "$*" >> {tmp_path}/calls
+        alive="$XDG_RUNTIME_DIR/libpod/tmp/alive"
+        if [ ! -e "$alive" ]; then rm -f {tmp_path}/stale; : > "$alive"; fi
+        if [ -e {tmp_path}/stale ]; then
+          case "$*" in *"system migrate"*)
+            echo 'Error: unmounting container shm: operation not permitted' >&2; exit 125 ;; esac
+          echo 'Error: invalid internal status, try resetting the pause process with "podman system migrate": could not find any running process: no such process' >&2
+          exit 1
+        fi
+        case "$1 $2" in
+          "rm "*) rm -f {tmp_path}/record; exit 0 ;;
+          "container exists") [ -e {tmp_path}/record ] && [ "${{*##* }}" = c1 ] && exit 0; exit 1 ;;
+          "inspect "*) echo 0123abcd; exit 0 ;;
+        esac
+        exit 0
+        """))
+    script.chmod(0o755)
+    return script, run
+
+
+def test_podman_5_state_that_migrate_cannot_repair_starts_afresh_as_after_a_reboot(tmp_path, capsys):
+    """Issue 46 (cold nodes on podman 5): a container's record whose conmon died with its step left
+    every podman command of the user failing, and `system migrate` could not repair it. The boot
+    marker removed, podman starts afresh; the repair says so. Before: False, the state stale."""
+    from tether.container.runtimes.podman import Podman
+
+    binary, run = _podman5(tmp_path)
+    podman = Podman({"binary": str(binary)})
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(run)}
+    assert podman.recover_state(env) is True
+    err = capsys.readouterr().err
+    assert "starting it afresh, as after a reboot" in err and "migrate` twice" not in err, err
+    assert (run / "libpod" / "tmp" / "alive").exists()          # podman made it again
+    assert (tmp_path / "calls").read_text().count("system migrate") == 1
+
+
+def test_podman_removal_after_a_cold_step_end_repairs_the_state_first(tmp_path, capsys):
+    """The cleanup after a step whose end killed conmon and the pause process (a time limit on a
+    cold node): `rm` met the stale state, and `container exists` -- exit 1 there too -- read as
+    "removed", so the record stayed while the removal said done. Now the state is repaired and the
+    container removed; a stale answer never counts as gone."""
+    from tether.container.runtimes.podman import Podman
+
+    binary, run = _podman5(tmp_path)
+    podman = Podman({"binary": str(binary)})
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(run)}
+    assert podman.remove("c1", env) is True
+    assert not (tmp_path / "record").exists()
+
+
 def test_container_mount_home_on_off_or_the_runtimes_own_default(tmp_path):
     """Issue 15 (pyxis parity): --container-mount-home / --no-container-mount-home; neither: each
     runtime's own default (Apptainer/Singularity mount home, podman does not, enroot per its
