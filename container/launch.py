@@ -298,15 +298,17 @@ def _supervise(launch: Launch, subreaper: bool, first=None) -> int:
     if launch.finish and not abnormal and os.WIFEXITED(status):
         saved = save_container(launch)
     cleaned = all([_run_quietly(argv, launch.env) for argv in launch.after])
+    removed = True
     if abnormal and launch.container:
-        cleaned = launch.runtime.remove(launch.container, launch.env) and cleaned
+        removed = launch.runtime.remove(launch.container, launch.env)
+        cleaned = removed and cleaned
     if launch.marker and cleaned:
         remove_file(launch.marker)
     reaped, left, ran_out = _reap_descendants(GRACE_SECONDS, lambda: runtime_own(launch.runtime_own))
     ended = _end_runtime_own(left)
     if os.environ.get(TELL_REAPING_VAR):
         tell_reaping("python", reaped, left, ended, ran_out)
-    code = _outcome(launch, status, monitor_killed, not_created)
+    code = _outcome(launch, status, monitor_killed, not_created, removed=removed)
     return EXIT_LAUNCH_FAILED if saved is False and code == 0 else code
 
 
@@ -407,11 +409,14 @@ def _report_not_started(launch: Launch, exc: OSError) -> None:
     report(f"cannot start the container runtime {launch.argv[0]!r}: {exc.strerror}{hint}")
 
 
-def _outcome(launch: Launch, status: int, monitor_killed: int | None, not_created: bool = False) -> int:
-    """End as the runtime did (the same signal, or its exit code) and say what a user must know."""
+def _outcome(launch: Launch, status: int, monitor_killed: int | None, not_created: bool = False, *,
+             removed: bool = True) -> int:
+    """End as the runtime did (the same signal, or its exit code) and say what a user must know
+    (``removed``: whether the container of an abnormal end is gone)."""
     if monitor_killed is not None:
         report(f"the container's {launch.monitor} was killed ({signal_name(monitor_killed)}): the "
-               f"container's exit status is lost; it was removed")
+               f"container's exit status is lost; " + ("it was removed" if removed else
+                                                        "tether removes it when the step ends"))
         return EXIT_LAUNCH_FAILED
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -530,6 +535,19 @@ def _descendants(pid: int) -> list[int]:
                 found.append(kid)
                 queue.append(kid)
     return found
+
+
+def reap_zombies() -> int:
+    """Reap the children that have ended, without waiting; how many. A killed container's processes
+    are this launcher's children (a subreaper) once their conmon is gone, and stay zombies until
+    reaped -- which podman 5's ``rm`` waits for ("given PID did not die within timeout")."""
+    reaped = 0
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            reaped += 1
+    except ChildProcessError:
+        pass
+    return reaped
 
 
 def _reap_descendants(grace: float, runtime_own=frozenset) -> tuple[int, list[int], bool]:

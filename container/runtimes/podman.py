@@ -22,7 +22,7 @@ import time
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.layout import CLEANUP_MARKER, USER_STORE_ROOT, user_run_dir
-from ..launch import cgroup_paths, progress, remove_file, report
+from ..launch import cgroup_paths, progress, reap_zombies, remove_file, report
 from ..spec import (CONTAINER_BATCH_SCRIPT, NAMED_MADE_BY, LaunchError, Mount, no_named_container,
                     read_regular, refuse_existing)
 from . import Launch, Runtime, existing_store, own_directory, store_directory
@@ -698,7 +698,9 @@ class Podman(Runtime):
     def remove(self, name: str, env: Mapping[str, str], *, new_session: bool = True) -> bool:
         """``podman rm --force`` (twice: the first rm of a container whose conmon was killed only
         marks it stopped), then the OCI runtime's own state of it, which podman 4.3 leaves behind in
-        that case (``<root>/<container id>/state.json``; seen after every scancel of a step)."""
+        that case (``<root>/<container id>/state.json``; seen after every scancel of a step). Before
+        each try it reaps this process's ended children (reap_zombies): its callers, the launcher
+        and the cleanup, wait for no other child then."""
         import time
 
         from ...system.proc import CommandError, run_command
@@ -739,6 +741,9 @@ class Podman(Runtime):
         # only a container podman no longer knows counts as removed
         for attempt in range(4):
             time.sleep(0.5 * attempt)                    # 0, 0.5, 1, 1.5 s: 3 s at most
+            # with its conmon killed, the container's processes are the launcher's children: the
+            # last rm's SIGKILL left them zombies, which podman 5 waits for in vain
+            reap_zombies()
             run([self.binary, "rm", *glob, "--force", "--ignore", "--time", "0", name])
             if gone():
                 removed = True

@@ -903,9 +903,9 @@ def test_in_a_slurm_step_signals_go_only_where_slurm_does_not_reach(tmp_path):
                     time.sleep(0.05)
 
 
-def _supervised(runtime: Path, removed: Path, monitor: str | None = None) -> str:
+def _supervised(runtime: Path, removed: Path, monitor: str | None = None, result: bool = True) -> str:
     """Python code that supervises ``runtime`` as the podman adapter's launches are, with a fake
-    adapter whose removal writes the container's name into ``removed``."""
+    adapter whose removal writes the container's name into ``removed`` (and answers ``result``)."""
     return textwrap.dedent(f"""\
         import os
         from tether.container.launch import execute
@@ -914,7 +914,7 @@ def _supervised(runtime: Path, removed: Path, monitor: str | None = None) -> str
             name = "fake"
             def remove(self, name, env, *, new_session=True):
                 open({str(removed)!r}, "w").write(name)
-                return True
+                return {result!r}
         execute(Launch(argv=[{str(runtime)!r}], env=dict(os.environ), supervise=True, runtime=Fake({{}}),
                        container="c1", monitor={monitor!r}))
         """)
@@ -1034,10 +1034,12 @@ def test_a_run_that_failed_before_creating_its_container_is_tried_again_after_re
     assert not cid.exists()
 
 
-def test_a_killed_monitor_is_reported_and_its_container_removed(tmp_path):
+@pytest.mark.parametrize("removal", [True, False])
+def test_a_killed_monitor_is_reported_and_its_container_removed(tmp_path, removal):
     """Regression (issue 12): with podman's conmon killed, the rank said "podman could not start the
     container (exit 127)" for a container that had run, and the record stayed. The monitor here is a
-    double-forked process named conmon; the 'runtime' exits 127 when it dies, as podman does."""
+    double-forked process named conmon; the 'runtime' exits 127 when it dies, as podman does. When
+    the removal fails, the rank no longer says "it was removed" (it did, on podman 5)."""
     conmon = tmp_path / "conmon"
     conmon.symlink_to("/bin/sleep")
     runtime = tmp_path / "runtime.sh"
@@ -1050,10 +1052,11 @@ def test_a_killed_monitor_is_reported_and_its_container_removed(tmp_path):
         exit 127
         """))
     runtime.chmod(0o755)
-    proc = subprocess.run([sys.executable, "-c", _supervised(runtime, tmp_path / "removed", "conmon")],
+    proc = subprocess.run([sys.executable, "-c", _supervised(runtime, tmp_path / "removed", "conmon", removal)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 125, proc.stderr
-    assert "the container's conmon was killed (SIGKILL): the container's exit status is lost" in proc.stderr
+    said = "it was removed" if removal else "tether removes it when the step ends"
+    assert f"the container's conmon was killed (SIGKILL): the container's exit status is lost; {said}" in proc.stderr
     assert "could not start" not in proc.stderr and (tmp_path / "removed").read_text() == "c1"
 
 
@@ -1583,6 +1586,42 @@ def test_podman_removal_after_a_cold_step_end_repairs_the_state_first(tmp_path, 
     env = {**os.environ, "XDG_RUNTIME_DIR": str(run)}
     assert podman.remove("c1", env) is True
     assert not (tmp_path / "record").exists()
+
+
+def test_podman_removal_reaps_the_killed_containers_processes_it_waits_for(tmp_path):
+    """Podman 5 with a killed conmon: the container's processes are the launcher's children, and
+    `rm`'s SIGKILL leaves them zombies until the launcher reaps them -- rm then fails "given PID did
+    not die within timeout" on every try (seen on Slurm 24.11's root), and the container stayed for
+    the step's end. The stand-in fails as long as the zombie's /proc entry is there."""
+    from tether.container.runtimes.podman import Podman
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)                                   # a zombie until reaped
+    (tmp_path / "record").write_text("")
+    script = tmp_path / "podman"
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case "$1 $2" in
+          "rm "*) if [ -e /proc/{pid} ]; then
+                    echo 'Error: cannot remove container 0123 as it could not be stopped: given PID did not die within timeout' >&2
+                    exit 125
+                  fi
+                  rm -f {tmp_path}/record; exit 0 ;;
+          "container exists") [ -e {tmp_path}/record ] && exit 0; exit 1 ;;
+          "inspect "*) echo 0123abcd; exit 0 ;;
+        esac
+        exit 0
+        """))
+    script.chmod(0o755)
+    try:
+        assert Podman({"binary": str(script)}).remove("c1", dict(os.environ)) is True
+        assert not (tmp_path / "record").exists()
+    finally:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
 
 
 def test_container_mount_home_on_off_or_the_runtimes_own_default(tmp_path):
