@@ -170,9 +170,10 @@ SHAPED_FIELDS = {"min_nodes": "min_nodes", "max_nodes": "max_nodes", "num_tasks"
 def mark_shaped(job, plan: Plan | None, ffi) -> None:
     """Mark an accepted answer as every request's of its shape (the C shim's shape cache, cache.h):
     the same request with other slot counts or another valid image gets the same answer, its numbers
-    following the counts by the quantities of the plan's table row (seed 000: slots, slots per node,
-    nodes = slots / slots per node, or fixed). Each quantity is checked against this answer itself;
-    an answer with a note for the user, or one that does not check out, is not shaped."""
+    following the counts by the quantities of the plan's table row (docs/requirements.md, "Slurm
+    resource calculations": slots, slots per node, nodes = slots / slots per node, or fixed). Each
+    quantity is checked against this answer itself; an answer with a note for the user, or one that
+    does not check out, is not shaped."""
     if ffi.string(job.msg):
         return
     quantities = {}
