@@ -1,11 +1,12 @@
 """The job_submit plugin's Python side: job request -> Request -> Plan -> answer.
 
-Runs inside slurmctld on the C shim's worker thread (shim.c), for jobs that carry tether options.
-The shim copies what matters out of job_desc into a ``tether_job_t``; this handler reads the tether
-request from its ``spank_env`` (values forwarded by the SPANK plugin), refuses options that conflict
-with the plan (naming them), runs the core planner and fills in the struct's ``out_*`` fields, which
-the shim writes into job_desc with Slurm's allocator. No blocking work: the config is re-read only
-when its file changed (a stat per tether job), keeping the last good one when the new one is bad.
+Runs inside slurmctld on the C shim's worker thread (worker.c), for jobs that carry tether options.
+The shim (plugin.c) copies what matters out of job_desc into a ``tether_job_t`` (bridge.h); this
+handler reads the tether request from its ``spank_env`` (values forwarded by the SPANK plugin),
+refuses options that conflict with the plan (naming them), runs the core planner and fills in the
+struct's ``out_*`` fields, which plugin.c writes into job_desc with Slurm's allocator. No blocking
+work: the config is re-read only when its file changed (a stat per tether job), keeping the last
+good one when the new one is bad.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def pbs_envvariable(value: str) -> str:
 
 
 def pbs_env_plain(value: str | None) -> str | None:
-    """What a task sees for an ``e.env`` value (the reverse of pbs_env_value)."""
+    """What a task sees for an ``e.env`` value (the reverse of pbs_envvariable)."""
     if value is None:
         return None
     out, i = [], 0
