@@ -3,6 +3,7 @@ resource tables are what hooks/plan.py does."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 
@@ -148,3 +149,55 @@ def test_the_tables_cover_every_row_of_the_plan():
     pbs = {plan_for("pbs", p.values[0], p.values[1], gres_supported=p.values[2]).row for p in pbs_cases()}
     assert slurm == {row.key for row in SLURM_TABLE}
     assert pbs == {row.key for row in PBS_TABLE}
+
+
+# ---- docs/architecture.md's floors against the imports ---------------------------------------------
+def floors() -> dict[str, int]:
+    """Folder -> floor (0 at the top) from the picture at the head of docs/architecture.md."""
+    picture = (REPO / "docs" / "architecture.md").read_text().split("```\n", 2)[1]
+    return {folder.strip(): floor for floor, line in enumerate(picture.splitlines())
+            for folder in line.split("(", 1)[0].split("·")}
+
+
+def imported_folders(folder: str, folders: set[str]) -> dict[str, str]:
+    """The other folders ``folder``'s code uses -> one file that does: Python imports (relative or
+    ``tether.``), and C's ``#include "x.h"`` of a header that one other folder alone has."""
+    headers: dict[str, set[str]] = {}
+    for path in TEXTS:
+        if path.endswith(".h") and path.split(os.sep)[0] in folders:
+            headers.setdefault(os.path.basename(path), set()).add(path.split(os.sep)[0])
+    used: dict[str, str] = {}
+    for path, text in TEXTS.items():
+        parts = path.split(os.sep)
+        if parts[0] != folder:
+            continue
+        targets = []
+        if path.endswith(".py"):
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.ImportFrom) and node.level:
+                    base = parts[:-1][:len(parts) - node.level]
+                    targets.append((base + (node.module or "").split("."))[0])
+                elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tether."):
+                    targets.append(node.module.split(".")[1])
+                elif isinstance(node, ast.Import):
+                    targets += [a.name.split(".")[1] for a in node.names if a.name.startswith("tether.")]
+        elif path.endswith((".c", ".h")):
+            for name in re.findall(r'^#include "([^"]+)"', text, re.M):
+                owners = headers.get(name, set()) - {folder}
+                if folder not in headers.get(name, set()) and len(owners) == 1:
+                    targets.append(owners.pop())
+        for target in targets:
+            if target in folders and target != folder:
+                used.setdefault(target, path)
+    return used
+
+
+def test_the_architecture_floors_hold():
+    """A folder imports only folders on lower floors of the picture, and every package is in it."""
+    floor = floors()
+    packages = {p.split(os.sep)[0] for p in TEXTS if p.endswith("__init__.py") and p.count(os.sep) == 1}
+    assert packages <= set(floor), f"not in docs/architecture.md's picture: {sorted(packages - set(floor))}"
+    wrong = [f"{user} ({path}) uses {used}, which is not on a lower floor"
+             for user in floor for used, path in imported_folders(user, set(floor)).items()
+             if floor[used] <= floor[user]]
+    assert not wrong, "\n".join(wrong)
