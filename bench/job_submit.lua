@@ -1,6 +1,7 @@
--- bench/submit.py's job_submit/lua baseline: the rewrite tether does for the seed's tres+gres row
--- (--slots/--slots-per-node from spank_job_env -> --gpus, --nodes, --tasks-per-node,
--- --gpus-per-task, the task count, no requeue), written the way a site would in Lua.
+-- bench/submit.py's job_submit/lua baseline: the rewrite tether does for the tres+gres row of the
+-- Slurm table in docs/requirements.md (--slots/--slots-per-node from spank_job_env -> --gpus,
+-- --nodes, --tasks-per-node, --gpus-per-task, the task count, no requeue), written the way a site
+-- would in Lua.
 function slurm_job_submit(job_desc, part_list, submit_uid)
    local env = job_desc.spank_job_env
    if env == nil then

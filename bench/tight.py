@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Tight integration, measured (seed 002, issue 16): the same rank run three ways on the sandbox
-(slurmdbd, proctrack/cgroup, task/cgroup with ConstrainRAMSpace and ConstrainDevices), as the job
-user, with real rootless podman and the sandbox's busybox image --
+"""Tight integration, measured (docs/requirements.md, "Tight integration"; issue 16): the same rank
+run three ways on the sandbox (slurmdbd, proctrack/cgroup, task/cgroup with ConstrainRAMSpace and
+ConstrainDevices), as the job user, with real rootless podman and the sandbox's busybox image --
 
   host     the program as a plain Slurm rank
   tether   srun --container-image=IMG <program>

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Benchmark: what a workflow pack saves (seed 004). A producer works 30 s and has its data ready
-after 5 s; a consumer needs that data.
+"""Benchmark: what a workflow pack saves (docs/requirements.md, "Workflow packs"). A producer works
+30 s and has its data ready after 5 s; a consumer needs that data.
 
   chain    the consumer submitted with --dependency=afterok:<producer> (plain Slurm): it starts
            when the producer has ended

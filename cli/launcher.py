@@ -1,5 +1,5 @@
 """``tether submit|status|logs|cancel|cleanup|list``, ``tether launcher install`` and ``tether serve``:
-the launcher (seed 000), run by its service account."""
+the launcher (docs/requirements.md, "The launcher"), run by its service account."""
 
 from __future__ import annotations
 

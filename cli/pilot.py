@@ -1,5 +1,6 @@
-"""``tether partition create|list|wait|stop|reconfig|run``: pilot partitions (seed 003), inside an
-allocation; ``tether pilot submit|size``: a pilot job sized from its initial partitions."""
+"""``tether partition create|list|wait|stop|reconfig|run``: pilot partitions (docs/requirements.md,
+"Pilot partitions"), inside an allocation; ``tether pilot submit|size``: a pilot job sized from its
+initial partitions."""
 
 from __future__ import annotations
 
@@ -160,8 +161,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def size(args: argparse.Namespace) -> int:
-    """The nodes a pilot needs for its initial partitions (the seed: the pilot's size follows from
-    them, the agents' needs included)."""
+    """The nodes a pilot needs for its initial partitions (docs/requirements.md, "Pilot partitions":
+    the pilot's size follows from them, the agents' needs included)."""
     from ..pilot import Description, PartitionError
     from ..pilot.submit import pilot_nodes
 
@@ -178,7 +179,7 @@ def size(args: argparse.Namespace) -> int:
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     from ..pilot.state import STATES
 
-    part = sub.add_parser("partition", help="pilot partitions: divide this allocation among agents (seed 003)")
+    part = sub.add_parser("partition", help="pilot partitions: divide this allocation among agents")
     ps = part.add_subparsers(dest="action", required=True, metavar="ACTION")
     desc_help = "'1 node', '2 nodes', '16 cores', '50%%', FILL"
     p = ps.add_parser("create", parents=[common], help="create partitions, each with its agent step")
@@ -216,7 +217,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.set_defaults(cmd=[])                    # the words after --: tether.cli.main puts them here
     p.set_defaults(func=run)
 
-    pilot = sub.add_parser("pilot", help="pilots (seed 003): a job sized from its initial partitions")
+    pilot = sub.add_parser("pilot", help="pilots: a job sized from its initial partitions")
     pls = pilot.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = pls.add_parser("submit", parents=[common], help="submit a pilot job sized from its initial partitions")
     p.add_argument("spec", metavar="PILOT.yaml")

@@ -76,7 +76,8 @@ def plan(args: argparse.Namespace) -> int:
 
 def _batch_script(args: argparse.Namespace, planned, directives: list[str], command: list[str], config) -> int:
     """Print a complete batch script: the directives, then one container per node running
-    ``command`` (seed 000: srun with one task per node; PBS: pbs_tmrsh per host), through
+    ``command`` (docs/requirements.md, "One container per node": srun with one task per node; PBS:
+    pbs_tmrsh per host), through
     ``tether run`` with the --container-* options given here."""
     from ..container.scripts import compose_batch_script, pbs_launch_script, slurm_launch_script
     from ..container.spec import LaunchError

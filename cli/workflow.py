@@ -1,5 +1,5 @@
 """``tether workflow submit|status|release|set-dependency``: workflow packs; ``tether gateway start``:
-gateway nodes (seed 004)."""
+gateway nodes (docs/requirements.md, "Modular jobs")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Gateway nodes (seed 004) on the run side: their daemons, started before the batch script runs.
+"""Gateway nodes (docs/requirements.md, "Gateway nodes") on the run side: their daemons, started
+before the batch script runs.
 
 A heterogeneous job asks for gateway nodes with a component of its own (``--gateways=N``); the
 job_submit plugin gives that component the config's gateway partition (and feature), N nodes and

@@ -1,4 +1,5 @@
-"""Per-node launch scripts (seed 000): one container per node, for jobs tether writes itself.
+"""Per-node launch scripts: one container per node (docs/requirements.md, "One container per
+node"), for jobs tether writes itself.
 
 Slurm: ``srun`` one task per node running ``tether run``. PBS: for each unique host of
 ``$PBS_NODEFILE`` a background ``pbs_tmrsh HOST /usr/bin/env TETHER_RUN_ENV_FILE=F NODE_RANK=N …

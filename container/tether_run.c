@@ -18,9 +18,10 @@
  * concluded by the Python launcher (TETHER_RUN_RESUME: what happened), which retries, removes the
  * container and says why, as it always did.
  *
- * The configuration is baked in at install (tether_run_baked.h, written by container/fast.py): the
- * config file's identity is compared with the file's, and a changed file sends every rank to the
- * Python launcher, which reads it again, until `tether slurm install` runs again.
+ * The configuration is baked in at install (tether_run_baked.h, written by
+ * container/rank_launcher.py): the config file's identity is compared with the file's, and a
+ * changed file sends every rank to the Python launcher, which reads it again, until `tether slurm
+ * install` runs again.
  */
 #define _GNU_SOURCE
 #include <dirent.h>

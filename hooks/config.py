@@ -73,7 +73,7 @@ def _check_gateways(value: dict, path: str, errors: list[SchemaError]) -> None:
                                   "must name the gateway daemon's command when gateways.partition is set"))
 
 CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
-    # --- the seed's cluster configuration (seed 000, "Cluster Configuration") ---
+    # --- the cluster configuration (docs/requirements.md, "Cluster configuration") ---
     "slot_type": Enum(choices=SLOT_TYPES, default="cuda",
                       doc="default slot type for slot requests (a partition override or the user's "
                           "--slot-type wins)"),
@@ -190,8 +190,8 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
         "service_user": Str(default="tether-launcher", pattern=NAME_PATTERN, accepted="a user name",
                             doc="the account the service runs as (never root)"),
         "auto_cleanup": Bool(default=True,
-                             doc="remove a job's tree and record once its status says it ended (as the seed's "
-                                 "launcher does when the job completes, fails or is cancelled)"),
+                             doc="remove a job's tree and record once its status says it ended (completed, "
+                                 "failed or cancelled, as docs/requirements.md's launcher does)"),
         "log_excerpt_lines": Int(default=40, minimum=1, maximum=10000,
                                  doc="how many lines of the error log a startup failure shows"),
         "socket": Str(default="/run/tether-launcher/launcher.sock", pattern=r"/[^\s]*", accepted="an absolute path",
@@ -204,7 +204,8 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
                             doc="requests tether serve handles at once; the next gets 503 with Retry-After (so "
                                 "it holds at most max_requests x max_request_bytes of bodies)"),
     }),
-    "gateways": Struct(doc="gateway nodes (seed 004): a heterogeneous job's component asking --gateways=N",
+    "gateways": Struct(doc="gateway nodes (docs/requirements.md): a heterogeneous job's component asking "
+                           "--gateways=N",
                        extra_check=_check_gateways, fields={
         "partition": Str(pattern=NAME_PATTERN, nullable=True, default=None, accepted="a partition name",
                          doc="the partition of the gateway nodes, which job_submit gives a component asking "

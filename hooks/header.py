@@ -1,9 +1,9 @@
-"""The header of a batch script tether writes itself: the options seed 000 says tether controls there.
+"""The header of a batch script tether writes itself: the options tether controls there.
 
-Seed 000, "Common Slurm Options" (``--job-name``, ``--partition``, ``--wckey``, ``--no-requeue``,
-``--output``, ``--error``) and "Common PBS Options" (``-N``, ``-q``, ``-e``/``-o``, ``-V``, ``-r n``,
-``-W umask=0022``, ``-P``). The job_submit plugin and the PBS hooks do not use it: a user's own
-``sbatch``/``qsub`` keeps its name and logs.
+docs/requirements.md, "Common Slurm options" (``--job-name``, ``--partition``, ``--wckey``,
+``--no-requeue``, ``--output``, ``--error``) and "Common PBS options" (``-N``, ``-q``,
+``-e``/``-o``, ``-V``, ``-r n``, ``-W umask=0022``, ``-P``). The job_submit plugin and the PBS hooks
+do not use it: a user's own ``sbatch``/``qsub`` keeps its name and logs.
 
 Logs go into ``log_dir`` when one is given (the launcher's job directory), else next to where the
 script is submitted from (``<job name>.out``/``.err``, like Slurm's own ``slurm-<id>.out``), so a
@@ -30,8 +30,8 @@ class Header:
 
 
 def job_name(request: Request) -> str:
-    """``tether_<job type>-<job id>`` (the seed's ``det-ai_<type>_<id>``); an id derived from the
-    request when it has none."""
+    """``tether_<job type>-<job id>`` (a fixed prefix, the job type and an id, as
+    docs/requirements.md asks); an id derived from the request when it has none."""
     job_id = request.job_id or hashlib.sha256(repr(request).encode()).hexdigest()[:16]
     return f"{JOB_NAME_PREFIX}{request.job_type}-{job_id}"
 

@@ -1,8 +1,8 @@
 """The layout under ``job_storage_root``, in one place (the C side's names come from here too).
 
-Seed 000: per-job files and per-rank local directories live under the cluster-wide
-``job_storage_root`` and are removed when the job ends. tether keeps one tree per scheduler job,
-named by the job's id -- never by anything the job's user controls (a name or the environment),
+docs/requirements.md, "Job directories": per-job files and per-rank local directories live under
+the cluster-wide ``job_storage_root`` and are removed when the job ends. tether keeps one tree per
+scheduler job, named by the job's id -- never by anything the job's user controls (a name or the environment),
 because root creates and removes it::
 
     <job_storage_root>/                                 root-owned, 0755 (checked on every use)

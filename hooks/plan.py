@@ -1,19 +1,19 @@
-"""Request -> Plan: the seed's resource tables, pure and I/O-free.
+"""Request -> Plan: the resource tables, pure and I/O-free.
 
-Source of truth: seed 000, "Slurm Resource Calculations" and "PBS Resource Calculations". Each table
-row below is the seed's row written as data: which slot types and cluster capabilities select it,
-and which resource fields it sets to which quantity -- ``SLOTS`` is slots_per_trial, ``SPN``
-slots_per_node, ``NODES`` slots_per_trial / slots_per_node. A field marked ``IF_SPN`` is set only
-when slots_per_node is known (the seed: "If slots_per_node is specified, it is added as
---gpus-per-task"). The Plan holds numbers; text (``--gpus=a100:8``, ``select=2:ngpus=4``) is made
-only at the edge, by tether.hooks.render.
+Source of truth: docs/requirements.md, "Slurm resource calculations" and "PBS resource
+calculations". Each table row below is that document's row written as data: which slot types and
+cluster capabilities select it, and which resource fields it sets to which quantity -- ``SLOTS`` is
+slots_per_trial, ``SPN`` slots_per_node, ``NODES`` slots_per_trial / slots_per_node. A field marked
+``IF_SPN`` is set only when slots_per_node is known (the first Slurm row: slots_per_node, when
+given, becomes --gpus-per-task). The Plan holds numbers; text (``--gpus=a100:8``,
+``select=2:ngpus=4``) is made only at the edge, by tether.hooks.render.
 
-One deliberate difference from the seed's first row: ``--tasks-per-node=1`` is set only together
+One deliberate difference from the table's first row: ``--tasks-per-node=1`` is set only together
 with ``--gpus-per-task``. Without slots_per_node, Slurm 22.05 refuses ``--gpus=6 --nodes=1-6
 --tasks-per-node=1`` on 4-GPU nodes ("Requested node configuration is not available": it derives one
 task from the minimum node count), while ``--gpus=6 --nodes=1-6`` gets 2 nodes with one task each --
-which is what the seed's row describes ("Slurm determines the number of nodes necessary to allocate
-the requested GPUs. One container is started per node.").
+which is what the row describes (Slurm works out the nodes that hold the GPUs; one container per
+node). See docs/requirements.md, "Facts verified against real programs".
 
 The Plan is the single source of truth: the job_submit plugin, the PBS hooks, generated batch
 scripts and ``tether plan`` all use the same Plan.
@@ -44,17 +44,18 @@ ALWAYS, IF_SPN = "always", "slots_per_node given"
 
 @dataclass(frozen=True)
 class Row:
-    """One row of a seed resource table: when it applies and the fields it sets, in the seed's order."""
+    """One row of a resource table: when it applies and the fields it sets, in the table's order."""
 
     key: str
     slot_types: tuple[str, ...]
-    tres: bool | None          # None: not applicable (n/a in the seed)
+    tres: bool | None          # None: not applicable (n/a in the table)
     gres: bool | None
     sets: tuple[tuple[str, str, str], ...]  # (field, quantity, when)
-    seed: str                  # the seed's description of the row
+    description: str           # what the row means, in short
 
 
-# Seed 000, "Slurm Resource Calculations". Zero slots (an auxiliary task) is tether's extra row.
+# docs/requirements.md, "Slurm resource calculations". Zero slots (an auxiliary task) is tether's
+# extra row.
 # Fields are SlurmResources'; ``nodes`` sets min_nodes (``ONE`` here) and max_nodes.
 SLURM_TABLE: tuple[Row, ...] = (
     Row("slurm-gpu-tres-gres", GPU_SLOT_TYPES, True, True,
@@ -79,7 +80,8 @@ SLURM_TABLE: tuple[Row, ...] = (
         "zero slots: an auxiliary task on one node of the aux resource pool, no dedicated GPUs/CPUs"),
 )
 
-# Seed 000, "PBS Resource Calculations": select=<chunks>:<chunk resources>, one chunk per node.
+# docs/requirements.md, "PBS resource calculations": select=<chunks>:<chunk resources>, one chunk
+# per node.
 PBS_TABLE: tuple[Row, ...] = (
     Row("pbs-gpu-gres", GPU_SLOT_TYPES, None, True, (("chunks", NODES, ALWAYS), ("ngpus", SPN, ALWAYS)),
         "slots_per_trial/slots_per_node chunks with ngpus=slots_per_node; one container per node"),
@@ -171,7 +173,7 @@ class Plan:
 
 
 def make_plan(request: Request, config: Config, scheduler: str) -> Plan:
-    """Apply the seed's tables and the option policy to ``request``; raise RequestError if invalid."""
+    """Apply the resource tables and the option policy to ``request``; raise RequestError if invalid."""
     if scheduler not in SCHEDULERS:
         raise RequestError(f"unknown scheduler {scheduler!r}; expected one of {', '.join(SCHEDULERS)}")
     _validate(request)
@@ -270,7 +272,7 @@ def _slots_per_node(request: Request, row: Row, notices: list[str]) -> int | Non
         return None
     if spn is None:
         # Slurm with cons_tres and gres lets Slurm place the GPUs; every other row needs a per-node
-        # count, and uses 1 as the seed's PBS table does.
+        # count, and uses 1 as the PBS table does.
         return None if row.key == "slurm-gpu-tres-gres" else 1
     if spn > slots:
         raise RequestError(f"{request.name_of('slots_per_node')}={spn} is larger than "

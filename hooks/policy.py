@@ -1,12 +1,12 @@
 """Option policy: what tether controls and what users (and admins) may add.
 
-Seed 000, "Common Slurm Options" / "Common PBS Options": the options tether generates cannot be
-given by the user; other options pass through "provided that they do not conflict". For PBS, a
+docs/requirements.md, "Common Slurm options" / "Common PBS options": the options tether generates
+cannot be given by the user; other options pass through as long as they do not conflict. For PBS, a
 user ``-l select`` keeps its other chunk resources (appended to each of tether's chunks) while
 chunk count, arrangement and the GPU/CPU count per chunk are tether's.
 
 Everything here is pure: argument lists in, parsed options or a ``RequestError`` out. The lists are
-literal tables so a reader can hold them against the seed.
+literal tables so a reader can hold them against docs/requirements.md.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ _SPEC_KEYS = {opt.name: opt.spec_name("slurm") for opt in SLOT_OPTIONS}
 # --------------------------------------------------------------------------------------------
 # Slurm: options tether controls for a job with a tether request.
 # --------------------------------------------------------------------------------------------
-# Node and task layout: one container (one task) per node, as the seed's resource table says.
+# Node and task layout: one container (one task) per node, as the resource tables say.
 SLURM_LAYOUT_OPTIONS = ("--nodes", "--ntasks", "--ntasks-per-node", "--tasks-per-node",
                         "--ntasks-per-gpu", "--ntasks-per-tres")
 # GPU requests: tether computes them from slots; a user --gres that references a GPU is rejected.
@@ -72,7 +72,7 @@ SLURM_GPU_OPTIONS = ("--gpus", "--gpus-per-node", "--gpus-per-task", "--gpus-per
 SLURM_FIELD_OPTIONS = {"min_nodes": "--nodes", "max_nodes": "--nodes", "ntasks": "--ntasks",
                        "tasks_per_node": "--tasks-per-node", "cpus_per_task": "--cpus-per-task",
                        "gpus": "--gpus", "gpus_per_task": "--gpus-per-task", "gpus_per_node": "--gres"}
-# Generated only into tether's own batch scripts (seed 000, "Common Slurm Options").
+# Generated only into tether's own batch scripts (docs/requirements.md, "Common Slurm options").
 SLURM_SCRIPT_OPTIONS = ("--job-name", "--partition", "--wckey", "--no-requeue", "--requeue",
                         "--output", "--error")
 
@@ -85,7 +85,8 @@ QSUB_OPTIONS: dict[str, str] = {
     "q": "R", "r": "R", "R": "R", "S": "R", "u": "R", "v": "R", "V": "N", "W": "R", "X": "N",
     "z": "N",
 }
-# Generated into tether's PBS batch scripts (seed 000, "Common PBS Options"); -W only for umask.
+# Generated into tether's PBS batch scripts (docs/requirements.md, "Common PBS options"); -W only
+# for umask.
 PBS_SCRIPT_OPTIONS = ("-N", "-q", "-e", "-o", "-V", "-r", "-P")
 PBS_SCRIPT_W_ATTRIBUTES = ("umask",)
 # Job-wide -l resources that would contradict tether's select.

@@ -28,7 +28,7 @@ def is_shell_safe(word: str) -> bool:
 
 # ---- resources ---------------------------------------------------------------------------------
 def slurm_options(res: SlurmResources, row: str) -> list[Option]:
-    """The sbatch options for a Slurm plan's resources, in the order of the seed's row."""
+    """The sbatch options for a Slurm plan's resources, in the order of its table row."""
     def typed(count: int | None, prefix: str = "") -> str | None:
         return None if count is None else f"{prefix}{res.gpu_type + ':' if res.gpu_type else ''}{count}"
 
@@ -62,7 +62,8 @@ def resource_options(plan: Plan) -> list[Option]:
 
 # ---- a batch script's header --------------------------------------------------------------------
 def header_options(plan: Plan, header: Header) -> list[Option]:
-    """The options tether controls in its own batch scripts (seed 000, "Common ... Options")."""
+    """The options tether controls in its own batch scripts (docs/requirements.md, "Common Slurm
+    options", "Common PBS options")."""
     if plan.scheduler == "slurm":
         out: list[Option] = [("--job-name", header.job_name)]
         if plan.partition:

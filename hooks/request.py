@@ -49,7 +49,7 @@ def field_name(origin: str, key: str) -> str:
 
 @dataclass(frozen=True)
 class Request:
-    """What was asked. ``slots`` is the seed's ``slots_per_trial``; 0 means an auxiliary task.
+    """What was asked. ``slots`` is the job request's ``slots_per_trial``; 0 means an auxiliary task.
     ``sbatch_args`` are the user's other sbatch options (parsed); ``qsub`` what a PBS user asked
     for besides slots (their select, place and other qsub options)."""
 

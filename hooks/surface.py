@@ -109,7 +109,8 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    # --- the slot request (seed 000: slots_per_trial, slots_per_node, slot_type, gpu_type, resource_pool)
+    # --- the slot request (docs/requirements.md, "The job request": slots_per_trial, slots_per_node,
+    # slot_type, gpu_type, resource_pool)
     # The counts are PBS resources of type string, which the submit hook checks itself: with a
     # queuejob hook enabled, OpenPBS drops a malformed value of a type=long resource before the hook
     # sees it (-l tether_slots=abc became a plain job: issue 40, 6; recorded: qsub-custom-long-abc)
@@ -160,7 +161,8 @@ OPTIONS: tuple[Option, ...] = (
            "uts, its own host name (at first the node's)"),
     Option("container-batch", None, "flag", "run the batch script itself in the container too (default: on "
            "the host, where its srun works)"),
-    # --- modular jobs (seed 004): a heterogeneous job's component of gateway nodes
+    # --- modular jobs (docs/requirements.md, "Gateway nodes"): a heterogeneous job's component of
+    # gateway nodes
     Option("gateways", "N", "count", "this heterogeneous job component is N gateway nodes: tether gives it "
            "the gateway partition and starts the gateway daemon there (sbatch; see the README)",
            minimum=1, maximum=16, env_name="TETHER_GATEWAY_COUNT"),

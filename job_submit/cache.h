@@ -24,9 +24,9 @@ void tether_cache_store(const tether_job_t *job, const char *key, int rc);
  * By shape. A request's shape is the request with its slot counts (--slots, --slots-per-node) and
  * a valid container image standing for their class: a sweep over sizes and images is one shape.
  * The handler marks an answer that is every request's of its shape (``shaped``: accepted with no
- * note, its numbers following the counts by the row of seed 000's table, ``q_*``); a request of a
- * known shape then gets it, its numbers computed here, with no Python. Counts the handler would
- * refuse are never answered here.
+ * note, its numbers following the counts by the row of the Slurm resource table of
+ * docs/requirements.md, ``q_*``); a request of a known shape then gets it, its numbers computed
+ * here, with no Python. Counts the handler would refuse are never answered here.
  */
 struct tether_counts {
 	int have_slots;      /* --slots given */

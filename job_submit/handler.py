@@ -1,11 +1,12 @@
 """The job_submit plugin's Python side: job request -> Request -> Plan -> answer.
 
-Runs inside slurmctld on the C shim's worker thread (shim.c), for jobs that carry tether options.
-The shim copies what matters out of job_desc into a ``tether_job_t``; this handler reads the tether
-request from its ``spank_env`` (values forwarded by the SPANK plugin), refuses options that conflict
-with the plan (naming them), runs the core planner and fills in the struct's ``out_*`` fields, which
-the shim writes into job_desc with Slurm's allocator. No blocking work: the config is re-read only
-when its file changed (a stat per tether job), keeping the last good one when the new one is bad.
+Runs inside slurmctld on the C shim's worker thread (worker.c), for jobs that carry tether options.
+The shim (plugin.c) copies what matters out of job_desc into a ``tether_job_t`` (bridge.h); this
+handler reads the tether request from its ``spank_env`` (values forwarded by the SPANK plugin),
+refuses options that conflict with the plan (naming them), runs the core planner and fills in the
+struct's ``out_*`` fields, which plugin.c writes into job_desc with Slurm's allocator. No blocking
+work: the config is re-read only when its file changed (a stat per tether job), keeping the last
+good one when the new one is bad.
 """
 
 from __future__ import annotations
@@ -170,9 +171,10 @@ SHAPED_FIELDS = {"min_nodes": "min_nodes", "max_nodes": "max_nodes", "num_tasks"
 def mark_shaped(job, plan: Plan | None, ffi) -> None:
     """Mark an accepted answer as every request's of its shape (the C shim's shape cache, cache.h):
     the same request with other slot counts or another valid image gets the same answer, its numbers
-    following the counts by the quantities of the plan's table row (seed 000: slots, slots per node,
-    nodes = slots / slots per node, or fixed). Each quantity is checked against this answer itself;
-    an answer with a note for the user, or one that does not check out, is not shaped."""
+    following the counts by the quantities of the plan's table row (docs/requirements.md, "Slurm
+    resource calculations": slots, slots per node, nodes = slots / slots per node, or fixed). Each
+    quantity is checked against this answer itself; an answer with a note for the user, or one that
+    does not check out, is not shaped."""
     if ffi.string(job.msg):
         return
     quantities = {}

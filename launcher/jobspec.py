@@ -3,7 +3,7 @@
 ::
 
     user: alice                 # whose job it is: a member of launcher.users_group (never root, nor the service)
-    job_type: exp               # exp, cmd, gc, ... (the seed's job names)
+    job_type: exp               # exp, cmd, gc, ... (docs/requirements.md's job types)
     slots_per_trial: 6
     slurm: {slots_per_node: 2, sbatch_args: [--time=10]}
     image: nvcr.io#nvidia/pytorch:24.01-py3     # optional: one container per node

@@ -86,7 +86,7 @@ def _op(summary: str, ok: str, *, body: bool = False, job: bool = True, status: 
 OPENAPI: dict[str, Any] = {
     "openapi": "3.0.3",
     "info": {"title": "tether launcher", "version": "1",
-             "description": "Submit and manage Slurm/PBS jobs on behalf of users (seed 000's HPC launcher)."},
+             "description": "Submit and manage Slurm/PBS jobs on behalf of users."},
     "paths": {
         "/v1/health": {"get": _op("the service's own checks", "health", job=False)},
         "/v1/jobs": {"get": _op("every job with a record", "the records", job=False),

@@ -219,9 +219,9 @@ class Launcher:
 
     # --- the operations -------------------------------------------------------------------------
     def batch_script(self, spec: LaunchSpec, tree: str) -> str:
-        """The batch script for ``spec``: tether's directives (the seed's controlled options and the
-        resources of the plan, logs in the tree), then one container per node (srun; PBS: pbs_tmrsh
-        per host) or the command itself."""
+        """The batch script for ``spec``: tether's directives (the options it controls and the resources
+        of the plan, logs in the tree), then one container per node (srun; PBS: pbs_tmrsh per host)
+        or the command itself."""
         from ..container.scripts import compose_batch_script, host_script, pbs_launch_script, slurm_launch_script
         from ..container.spec import LaunchError
 
@@ -348,9 +348,9 @@ class Launcher:
             record["startup_failure"] = excerpt
 
     def startup_failure(self, record: dict, err: str | None) -> str | None:
-        """The last lines of the error log when the job failed before its command ran (the seed's
-        "portion of the error log"): a container that could not start (125), a command not found
-        or not runnable (127, 126), or tether's own refusal in the log."""
+        """The last lines of the error log when the job failed before its command ran (the tail that
+        docs/requirements.md, "The launcher", asks for): a container that could not start (125), a
+        command not found or not runnable (127, 126), or tether's own refusal in the log."""
         if record.get("state") != "FAILED" or not err:
             return None
         lines = err.rstrip("\n").splitlines()

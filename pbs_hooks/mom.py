@@ -60,7 +60,7 @@ def pbs_envvariable(value: str) -> str:
 
 
 def pbs_env_plain(value: str | None) -> str | None:
-    """What a task sees for an ``e.env`` value (the reverse of pbs_env_value)."""
+    """What a task sees for an ``e.env`` value (the reverse of pbs_envvariable)."""
     if value is None:
         return None
     out, i = [], 0
@@ -251,7 +251,7 @@ def _rank_values(placement: Placement, node_rank: int, task: int) -> dict[str, s
     task per line; a host's tasks take its lines in the order its MoM numbered them (the low bits of
     the task number count up from 2 on the first host, whose 1 is the job shell, and from 1 on the
     others), and start over when there are more tasks than lines (a later step). A job with a host
-    that has no line (mpiprocs=0) has one rank per host, the seed's layout."""
+    that has no line (mpiprocs=0) has one rank per host (one container per node)."""
     slots = placement.slots
     if len(set(slots)) < len(placement.hosts):
         slots = list(range(len(placement.hosts)))

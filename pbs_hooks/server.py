@@ -2,8 +2,8 @@
 
 A tether job asks with custom resources (``tether pbs install`` creates them):
 ``-l tether_slots=N`` (``slots_per_trial``), ``-l tether_slots_per_node=N``, ``-l tether_slot_type=cuda|rocm|cpu``,
-``-l tether_gpu_type=T``; ``-q QUEUE`` is the resource pool. The core planner computes the seed's
-PBS row; the hook sets ``Resource_List["select"]`` (the user's other chunk resources kept, chunk count
+``-l tether_gpu_type=T``; ``-q QUEUE`` is the resource pool. The core planner computes the PBS
+table's row; the hook sets ``Resource_List["select"]`` (the user's other chunk resources kept, chunk count
 and ngpus/ncpus replaced -- each replacement logged and put in the job's comment),
 ``place=scatter`` (one container per host), ``Rerunable`` off, ``umask`` 0022, the project (from
 ``job_project_source``) and, in queuejob, the queue from the resource pool. Jobs without tether

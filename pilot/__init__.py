@@ -1,4 +1,4 @@
-"""Pilot partitions (seed 003): one allocation divided into partitions, each run by one agent.
+"""Pilot partitions (docs/requirements.md): one allocation divided into partitions, each run by one agent.
 
 Inside a Slurm allocation (a batch script or salloc) or a PBS job, ``Pilot()`` is the allocation
 and its partitions::
@@ -67,7 +67,7 @@ def pilot_dir(env: os._Environ | dict | None = None, job: str | None = None) -> 
 
 @dataclass
 class Task:
-    """A task (the seed's unit) sent to a partition: its record and output."""
+    """A task (a unit, in the requirements' words) sent to a partition: its record and output."""
 
     pilot: "Pilot"
     id: str

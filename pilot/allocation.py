@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 # counted against other steps. Without it, Slurm 22.05 (whose --overlap shares CPUs, not memory;
 # 23.02 shares all) gave a task its CPUs' DefMemPerCPU, which the agent's part had already taken:
 # in a plain `sbatch -N3` every task failed with "Memory required by task is not available".
-# Memory is not one of a partition's resources (the seed's are nodes, cores and GPUs): tasks of
+# Memory is not one of a partition's resources (the requirements name nodes, cores and GPUs): tasks of
 # partitions sharing a node share the job's memory there, as every step does from 23.02.
 AGENT_MEMORY = "256M"   # the agent, and an srun (~15 MB) per running task
 STEP_PREFIX = "tether-"            # an agent's step is tether-part.NNNN; a task's tether-part.NNNN-task.NNNNNN

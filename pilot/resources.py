@@ -1,4 +1,4 @@
-"""A pilot's resources and how partitions divide them (seed 003).
+"""A pilot's resources and how partitions divide them (docs/requirements.md, "Pilot partitions").
 
 The allocation is a list of nodes, each with its cores and GPUs (Slurm's own numbers for the
 job: ``scontrol -d show job``). A partition holds a **slice**: some cores and GPUs on some
@@ -14,7 +14,8 @@ What a description may ask for:
 * ``size: FILL`` -- everything no other partition holds.
 
 The agent's own needs (its config's ``cores``/``gpus``) are added to ``cores``/``gpus`` requests,
-and taken out of what ``nodes``, a percentage and ``FILL`` give (the seed: abstract sizes hide them).
+and taken out of what ``nodes``, a percentage and ``FILL`` give (abstract sizes hide them, as the
+requirements ask).
 """
 
 from __future__ import annotations
@@ -228,8 +229,8 @@ def _check_agent(result: Slice, agent_cores: int, agent_gpus: int, desc: Descrip
 
 
 def unused(nodes: list[Node], held: Iterable[Slice]) -> str | None:
-    """A warning when the partitions leave part of the allocation unused (the seed's under-use),
-    else None."""
+    """A warning when the partitions leave part of the allocation unused (under-use, in the
+    requirements' words), else None."""
     free = free_resources(nodes, held)
     cores = sum(max(c, 0) for c, _ in free.values())
     if cores <= 0:

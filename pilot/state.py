@@ -1,4 +1,4 @@
-"""The partitions' state model (seed 003), kept on the filesystem.
+"""The partitions' state model (docs/requirements.md, "The state model"), kept on the filesystem.
 
 One JSON record per partition in ``<pilot dir>/partitions/<id>.json`` and one per task in
 ``<pilot dir>/tasks/<id>.json``, each replaced whole (written to a file of its own, flushed,
@@ -6,7 +6,7 @@ renamed over the old one): a reader never sees half a record, however many read 
 that must see the whole pilot at once (new ids, which resources are free) hold an exclusive
 ``flock`` on ``<pilot dir>/lock``; a crash releases it with the process.
 
-States: NEW -> PENDING -> STARTING -> ACTIVE -> DONE | FAILED | CANCELED (seed 003). A
+States: NEW -> PENDING -> STARTING -> ACTIVE -> DONE | FAILED | CANCELED. A
 partition holds its slice of the allocation from PENDING (its request is published with the
 resources it got) until it reaches a final state. Every change appends to its history, so a
 crashed command leaves a record that says how far it got; ``recover`` settles what no process

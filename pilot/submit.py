@@ -1,7 +1,8 @@
 """``tether pilot submit PILOT.yaml``: a pilot job whose size follows from its initial partitions.
 
-The seed: users forget the agents' own needs when they size a pilot job; so the pilot's size is
-derived from its initial partitions, the agents' needs included. A pilot spec::
+docs/requirements.md, "Pilot partitions": users forget the agents' own needs when they size a
+pilot job; so the pilot's size is derived from its initial partitions, the agents' needs
+included. A pilot spec::
 
     partitions: ["1 node", {cores: 12, config: default}]    # the initial partitions
     agent_cores: 1         # each agent's own cores (added to a cores request)

@@ -986,7 +986,8 @@ class Sandbox:
             local = f"localhost/{repository}:{BUSYBOX_TAG}"
             run_command(["podman", *store, "import", *(a for c in changes for a in ("--change", c)), str(tar), local],
                         env=env, timeout=300)
-            # Docker v2s2: enroot's importer gets 404 on the OCI manifest (DESIGN.md, verified)
+            # Docker v2s2: enroot's importer gets 404 on the OCI manifest (docs/requirements.md, "Facts
+            # verified against real programs")
             run_command(["podman", *store, "push", "--tls-verify=false", "--format", "v2s2", local, f"docker://{ref}"],
                         env=env, timeout=300)
         except CommandError as exc:

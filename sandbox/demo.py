@@ -4,7 +4,7 @@ The sandbox builds and installs tether's Slurm plugins exactly as an admin does 
 build`` / ``tether slurm install --write``). The demo then submits, as the unprivileged demo user,
 an ordinary ``sbatch --slots=6 --slots-per-node=2 --slot-type=cpu --container-image=IMAGE`` job,
 IMAGE being a busybox image in the sandbox's own registry: the SPANK plugin carries the options to
-slurmctld, the job_submit plugin turns them into the seed's resource request (3 nodes, 2 CPU
+slurmctld, the job_submit plugin turns them into the resource request of the tables (3 nodes, 2 CPU
 slots each), the batch script runs on the host, and its ``srun`` starts one container per rank --
 the image pulled once per node -- in which each rank prints what it got. (CPU slots, so the
 output shows every node's CPUs; GPU slots in containers are in the tests.)

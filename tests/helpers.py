@@ -59,7 +59,7 @@ def make_config(**data: Any):
     return validate_config(data, "<test config>")
 
 
-# ---- plans as the seed's tables spell them ------------------------------------------------------
+# ---- plans as the resource tables spell them ----------------------------------------------------
 def options(plan) -> tuple:
     """A plan's resources as (option, value) pairs: ``(("--gpus", "8"), ("--nodes", "1-8"))``."""
     return tuple(resource_options(plan))

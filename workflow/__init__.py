@@ -1,4 +1,4 @@
-"""Workflow packs (seed 004): jobs whose starts are delayed relative to the first job's start, so
+"""Workflow packs (docs/requirements.md): jobs whose starts are delayed relative to the first job's start, so
 producer and consumer overlap, and the running job's power to move its dependents (release them
 early, change their dependency type). Python API: ``submit_pack``, ``release``, ``set_dependency``,
 ``pack_status`` (tether.workflow.pack)."""

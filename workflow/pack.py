@@ -1,4 +1,4 @@
-"""Workflow packs on vanilla Slurm (seed 004).
+"""Workflow packs on vanilla Slurm (docs/requirements.md, "Workflow packs").
 
 A pack is a list of jobs, each with a ``delay`` (minutes) relative to the start of the first job.
 The first job is submitted as it is; every other one with ``--dependency=after:<first>+<delay>``
@@ -6,8 +6,8 @@ The first job is submitted as it is; every other one with ``--dependency=after:<
 tagged ``--comment=tether-pack:<pack>:<name>`` and told their pack in ``TETHER_PACK`` /
 ``TETHER_PACK_JOB``. What vanilla Slurm gives and does not: the dependent job becomes *eligible*
 at first-start + delay and starts when resources allow; Slurm plans no reservation for a job whose
-dependency is unfulfilled (the backfill scheduler skips it), so the overlap the seed's modified
-Slurm guarantees is here only as likely as free resources at that time. A pack that must overlap
+dependency is unfulfilled (the backfill scheduler skips it), so the overlap the DEEP projects'
+modified Slurm guarantees is here only as likely as free resources at that time. A pack that must overlap
 for sure is a heterogeneous job (all components start together).
 
 From inside a running job, ``release()`` drops the delay of the pack's jobs that wait on it

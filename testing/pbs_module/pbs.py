@@ -4,7 +4,7 @@ Put this directory first on ``sys.path`` (``tether.testing.PBS_MODULE_DIR``), se
 ``stub_event(...)``, run a hook file as PBS does (``tether.testing.pbs.run_hook``) and read what the
 hook did from the returned objects. Each behaviour follows OpenPBS 23.06 (``src/modules/python/pbs/v1``
 and ``src/lib/Libpython``, cited below by file) or what a real server did on a machine of this kind
-(../shared/DESIGN.md, "Facts verified against real programs"):
+(docs/requirements.md, "Facts verified against real programs"):
 
 - ``Resource_List[name]`` is ``getattr`` (_base_types.py ``pbs_resource.__getitem__``): a resource
   the server does not define raises **AttributeError** -- a stock server has no ``ngpus`` until an
@@ -300,8 +300,9 @@ class pbs_resource:
 
 def _submitted(values: dict | None, daemon: str) -> pbs_resource:
     """Resource_List as the server hands a hook a request: each value in its resource's type; a
-    malformed value of a custom resource is dropped (the hook sees None; DESIGN.md, seen on a real
-    server); a malformed builtin one is refused by qsub before any hook runs (raised here)."""
+    malformed value of a custom resource is dropped (the hook sees None; seen on a real
+    server: docs/requirements.md); a malformed builtin one is refused by qsub before any hook runs
+    (raised here)."""
     typed = {}
     for key, value in (values or {}).items():
         known = pbs_resource._defined_name(key)

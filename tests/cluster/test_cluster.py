@@ -89,7 +89,7 @@ def test_multinode_sbatch_wait_as_user(cluster, tmp_path):
     assert (fields["JobState"], fields["NumNodes"], fields["ExitCode"]) == ("COMPLETED", "3", "0:0")
 
 
-# ---- the seed's Slurm table on the real cluster ---------------------------------------------------
+# ---- the Slurm resource table on the real cluster -------------------------------------------------
 def test_tres_gres_row(cluster):
     plan, fields, ranks = run_plan(cluster, Request(slots=6, slots_per_node=2), job_project_source="project",
                                    default_compute_resource_pool="gpu")

@@ -328,7 +328,7 @@ def test_tether_variables_work_on_the_node_as_their_options_do(cluster, image):
 
 
 def test_a_batch_script_from_tether_plan_runs_one_container_per_node(cluster, registry_image, tmp_path):
-    """`tether plan SPEC -- COMMAND` writes the seed's batch script; submitted as it is, it starts
+    """`tether plan SPEC -- COMMAND` writes a whole batch script; submitted as it is, it starts
     one container per node (srun, one task per node, `tether run` in each)."""
     spec = tmp_path / "job.yaml"
     spec.write_text("resource_pool: null\nslots_per_trial: 6\nslot_type: cpu\nslurm: {slots_per_node: 2}\n")

@@ -73,7 +73,7 @@ def ranks(output: str) -> list[str]:
     return sorted(line for line in output.splitlines() if line.startswith("rank="))
 
 
-# ---- the seed's Slurm table, one row per case, config switched through tether.yaml -----------------
+# ---- the Slurm resource table, one row per case, config switched through tether.yaml --------------
 ROWS = {
     "tres+gres with slots per node": (
         {}, ["--slots=6", "--slots-per-node=2"],

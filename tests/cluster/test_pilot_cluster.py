@@ -1,8 +1,9 @@
-"""Pilot partitions (issue 19, seed 003) inside one real 3-node allocation, as the job's user,
-submitted with ``tether pilot submit``: 1 node + 50% + FILL ACTIVE on disjoint nodes, a task in each reports where it ran; the seed's
-over-use (the fourth of four one-node partitions FAILED, naming what is over-used) and under-use
-(a warning); stopping a partition cancels its agent step and its running task; the history of
-partitions stays listable; nothing of the agents is left after the allocation."""
+"""Pilot partitions (issue 19, docs/requirements.md) inside one real 3-node allocation, as the job's
+user, submitted with ``tether pilot submit``: 1 node + 50% + FILL ACTIVE on disjoint nodes, a task
+in each reports where it ran; the over-use (the fourth of four one-node partitions FAILED, naming
+what is over-used) and under-use (a warning); stopping a partition cancels its agent step and its
+running task; the history of partitions stays listable; nothing of the agents is left after the
+allocation."""
 
 from __future__ import annotations
 

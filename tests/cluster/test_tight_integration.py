@@ -1,4 +1,5 @@
-"""Issue 16: tight integration proven with Slurm's own accounting and limits (seed 002).
+"""Issue 16: tight integration proven with Slurm's own accounting and limits (docs/requirements.md,
+"Tight integration").
 
 The sandbox runs as sites run Slurm: slurmdbd on MariaDB, proctrack/cgroup, task/cgroup with
 ConstrainRAMSpace/ConstrainCores/ConstrainDevices, jobacct_gather/cgroup. Each behaviour is shown for

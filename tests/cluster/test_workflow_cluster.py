@@ -1,8 +1,8 @@
-"""Workflow packs (issue 18, seed 004) on the real cluster: a consumer delayed one minute after the
-producer's start overlaps it; released early from inside the producer it starts within seconds;
-with its dependency changed to afterok it waits for the producer's end. The three packs run at
-once (one to two minutes in all: the delayed consumer's producer runs until it has started); times
-from sacct. Gateway nodes of heterogeneous jobs."""
+"""Workflow packs (issue 18, docs/requirements.md) on the real cluster: a consumer delayed one
+minute after the producer's start overlaps it; released early from inside the producer it starts
+within seconds; with its dependency changed to afterok it waits for the producer's end. The three
+packs run at once (one to two minutes in all: the delayed consumer's producer runs until it has
+started); times from sacct. Gateway nodes of heterogeneous jobs."""
 
 from __future__ import annotations
 

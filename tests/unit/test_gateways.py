@@ -1,4 +1,4 @@
-"""Gateway nodes (issue 18, seed 004) without a cluster: job_submit's answer for a --gateways
+"""Gateway nodes (issue 18, docs/requirements.md) without a cluster: job_submit's answer for a --gateways
 component, the config, the ports, the daemon's command, the readiness wait (PBS's refusal: test_pbs_hooks.py).
 The whole flow runs on the sandbox (tests/cluster/test_workflow_cluster.py)."""
 

@@ -307,7 +307,7 @@ CPU_SPEC = "resource_pool: null\nslots_per_trial: 6\nslot_type: cpu\nslurm: {slo
 @pytest.mark.parametrize("scheduler,directive,launch", [
     ("slurm", "#SBATCH --nodes=3", "exec srun --nodes="), ("pbs", "#PBS -l select=3:ncpus=2", "pbs_tmrsh")])
 def test_tether_plan_with_a_command_prints_a_whole_batch_script(tmp_path, capsys, scheduler, directive, launch):
-    """`tether plan SPEC -- COMMAND` (the seed's generated batch script): the directives, then one
+    """`tether plan SPEC -- COMMAND` (a whole generated batch script): the directives, then one
     container per node running COMMAND through `tether run`; options may follow SPEC.yaml."""
     from tether.cli.main import main
 

@@ -369,7 +369,7 @@ def test_launcher_install_prints_a_policy_visudo_accepts(world):
 
 def test_the_same_flow_on_pbs_through_the_stateful_fakes(world, tmp_path):
     """PBS: qsub as the user runs tether's real submit hook (the fake server); the script has the
-    seed's #PBS options and the per-host pbs_tmrsh fan-out; qstat -f -F json -x drives the state;
+    #PBS options tether controls and the per-host pbs_tmrsh fan-out; qstat -f -F json -x drives the state;
     qdel cancels."""
     from tether.testing.pbs import FakePbs
 

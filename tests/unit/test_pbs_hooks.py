@@ -1,6 +1,6 @@
 """tether's PBS server hook, run as PBS runs it: the real hook file (pbs_hooks/tether_submit.py)
 executed against the stub ``pbs`` module (tether.testing), with its JSON hook config.
-Covers every row of the seed's PBS table, the select-merge rule and the rejections.
+Covers every row of the PBS resource table, the select-merge rule and the rejections.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Pilot partitions (issue 19, seed 003) without a cluster: the state model (every transition, a
-crash between any two), concurrent readers, how descriptions fit an allocation, the seed's
-reconfiguration cases. The agents as job steps run on the sandbox (tests/cluster/test_pilot_cluster.py)."""
+"""Pilot partitions (issue 19, docs/requirements.md) without a cluster: the state model (every
+transition, a crash between any two), concurrent readers, how descriptions fit an allocation, the
+requirements' reconfiguration example. The agents as job steps run on the sandbox
+(tests/cluster/test_pilot_cluster.py)."""
 
 from __future__ import annotations
 
@@ -170,7 +171,7 @@ def test_over_use_names_what_is_over_used_and_what_is_free():
         fit(Description(nodes=1), THREE, [], agent_cores=8)
 
 
-# ---- the seed's reconfiguration cases, with the launch of agents left out -------------------------
+# ---- the requirements' reconfiguration example, with the launch of agents left out ---------------
 @pytest.fixture
 def pilot(tmp_path, monkeypatch):
     p = Pilot(root=tmp_path / "pilot", job="7")
@@ -182,7 +183,7 @@ def pilot(tmp_path, monkeypatch):
     return p
 
 
-def test_reconfig_as_in_the_seed(pilot, monkeypatch):
+def test_reconfig_as_in_the_requirements(pilot, monkeypatch):
     pd2 = Description(nodes=1)
     first = pilot.reconfig(start=["1 node", "50%", FILL])
     assert [p.state for p in first] == [PENDING] * 3 and pilot.launched == [p.id for p in first]

@@ -1,4 +1,4 @@
-"""Pilot partitions inside a PBS job (issue 19): the seed's case through ``tether partition`` with
+"""Pilot partitions inside a PBS job (issue 19): the requirements' example through ``tether partition`` with
 the fake OpenPBS -- a job started as the scheduler would (exec_vnode, nodefile), agents and task
 ranks as TM tasks through a strict pbs_tmrsh (the job's environment, not the caller's; no signal
 passed on), stops through the records."""
@@ -67,7 +67,7 @@ def agents(pilot) -> list[str]:
     return found
 
 
-def test_the_seeds_case_inside_a_pbs_job(job):
+def test_the_requirements_example_inside_a_pbs_job(job):
     pbs, job_id, env, pilot = job
     assert PbsAllocation(job_id).kind == "pbs"
     created = tether(env, "partition", "create", "1 node", "50%", "FILL", "--wait", "--json")
@@ -90,7 +90,7 @@ def test_the_seeds_case_inside_a_pbs_job(job):
     # a failing task's exit status comes back
     failed = tether(env, "partition", "run", parts[0]["id"], "--", "sh", "-c", "exit 3")
     assert failed.returncode == 3 and "FAILED" in failed.stderr
-    # the seed's over-use: stop ALL, start four 1-node partitions where three fit
+    # the requirements' over-use: stop ALL, start four 1-node partitions where three fit
     again = tether(env, "partition", "reconfig", "--stop", "ALL", *["--start=1 node"] * 4, "--wait", "--json")
     assert again.returncode == 1, again.stderr
     states = [p["state"] for p in json.loads(again.stdout)]

@@ -1,4 +1,5 @@
-"""The seed's PBS table, row by row, and the select-merge rule (seed 000, "PBS Resource Calculations")."""
+"""The PBS resource table, row by row, and the select-merge rule (docs/requirements.md, "PBS resource
+calculations")."""
 
 from __future__ import annotations
 

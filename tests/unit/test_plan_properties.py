@@ -94,7 +94,7 @@ def test_nodes_times_slots_per_node_is_slots(request, config, scheduler):
     if request.slots == 0:
         assert (low, high) == (1, 1)
     elif plan.row == "slurm-gpu-tres-gres":
-        assert (low, high) == (1, request.slots)          # the seed's --nodes=1-N
+        assert (low, high) == (1, request.slots)          # the table's --nodes=1-N
     else:
         assert low == high and low * plan.slots_per_node == request.slots
         if scheduler == "slurm":

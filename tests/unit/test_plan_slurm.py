@@ -1,4 +1,5 @@
-"""The seed's Slurm table, row by row, and its prose cases (seed 000, "Slurm Resource Calculations")."""
+"""The Slurm resource table, row by row, and its prose cases (docs/requirements.md, "Slurm resource
+calculations")."""
 
 from __future__ import annotations
 
@@ -182,7 +183,7 @@ def test_resource_pool_wins_over_defaults():
     assert plan.partition == "debug"
 
 
-# ---- common options (seed 000, "Common Slurm Options") -----------------------------------------
+# ---- common options (docs/requirements.md, "Common Slurm options") -----------------------------
 def test_common_options_and_header_order():
     request = with_sbatch_args(["--mem=10G", "--comment=a b"], slots=8, slots_per_node=4,
                                job_type="exp-2-trial-2", job_id="f5388908", project="vision")

@@ -79,7 +79,8 @@ def test_tether_values_prefers_the_forwarded_value():
 
 def test_gres_spelling_by_version():
     assert gres_prefix(0x160508) == "gres:"          # 22.05.8, seen here
-    assert gres_prefix(0x180b05) == "gres/"          # 24.11.5 (../shared/DESIGN.md)
+    # 24.11.5: docs/requirements.md, "Facts verified against real programs"
+    assert gres_prefix(0x180b05) == "gres/"
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -78,7 +78,7 @@ def test_a_fake_job_runs_its_steps_with_the_rank_contract(tmp_path, site):
     assert final["state"] == "COMPLETED" and final["exit_code"] == "0:0"
     lines = sorted(Path(final["stdout"]).read_text().splitlines())
     port = 12288 + (int(job_id) % 1024) * 16
-    # CPU slots: one task per node holding the node's slots as CPUs (the seed's cpu row)
+    # CPU slots: one task per node holding the node's slots as CPUs (the Slurm table's cpu row)
     assert lines == [f"rank={r}/2 node=n{r + 1} port={port}" for r in range(2)]
     assert final["cpus_per_task"] == 2 and final["nodes"] == ["n1", "n2"]
     assert slurm.run("squeue", "-h").stdout == ""

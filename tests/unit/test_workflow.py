@@ -1,4 +1,4 @@
-"""Workflow packs (issue 18, seed 004) without a cluster: the pack file, what is submitted (fake
+"""Workflow packs (issue 18, docs/requirements.md) without a cluster: the pack file, what is submitted (fake
 sbatch/qsub record their argv), which jobs a release or a dependency change touches (fake squeue
 and scontrol). On the real cluster: tests/cluster/test_workflow_cluster.py."""
 
