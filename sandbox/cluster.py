@@ -1094,8 +1094,10 @@ class Sandbox:
         def answers() -> bool:
             return sacctmgr("-n", "-P", "show", "cluster", "format=cluster", check=False).returncode == 0
 
+        # Slurm 24.11's slurmdbd listens on every address (no NoInAddrAny for it): loopback only here
+        env = {**self.daemon_env(), "LD_PRELOAD": str(self._loopback_bind())}
         self._start_foreground(self.wrap(["slurmdbd", "-D"]), "slurmdbd", self.log_dir / "slurmdbd.start", answers, timeout=60,
-                               pid_file=self.run_dir / "slurmdbd.pid", env=self.daemon_env())
+                               pid_file=self.run_dir / "slurmdbd.pid", env=env)
         # each is refused ("Nothing new added") once it exists: run them all, every start
         sacctmgr("-i", "add", "cluster", "tether-sandbox", check=False)
         sacctmgr("-i", "add", "account", "tether", "cluster=tether-sandbox", "description=tether sandbox",
@@ -1104,6 +1106,14 @@ class Sandbox:
             sacctmgr("-i", "add", "user", user, "account=tether", "cluster=tether-sandbox", check=False)
         if "tether-sandbox" not in sacctmgr("-n", "-P", "show", "cluster", "format=cluster").stdout.split():
             raise SandboxError("slurmdbd does not list the cluster tether-sandbox after `sacctmgr add cluster`")
+
+    def _loopback_bind(self) -> Path:
+        """sandbox/loopback_bind.c built into the sandbox's plugin directory (seen at the same path
+        inside a Slurm root): a wildcard bind() becomes a loopback one."""
+        target = self.plugin_dir / "tether-sandbox-loopback-bind.so"
+        with resources.as_file(resources.files("tether.sandbox").joinpath("loopback_bind.c")) as source:
+            run_command(["gcc", "-O2", "-shared", "-fPIC", "-o", str(target), str(source), "-ldl"], timeout=120)
+        return target
 
     def _start_munged(self) -> None:
         d = self.munge_dir

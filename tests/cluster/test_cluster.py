@@ -71,6 +71,49 @@ def test_three_nodes_in_service_with_four_gpus_each(cluster):
     assert nodes == [f"{n} idle gpu:4" for n in cluster.nodes]
 
 
+def _listening(pid: int) -> list[str]:
+    """``ADDRESS:PORT`` of each TCP socket process ``pid`` listens on (its descriptors' inodes looked
+    up in the kernel's tables of its network namespace)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table, width in (("tcp", 8), ("tcp6", 32)):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:          # 0A: LISTEN
+                continue
+            address, port = fields[1].split(":")
+            raw = bytes.fromhex(address)
+            if width == 8:
+                shown = ".".join(str(b) for b in reversed(raw))
+            else:                                  # four little-endian 32-bit words
+                words = [raw[i:i + 4][::-1] for i in range(0, 16, 4)]
+                shown = "[" + b"".join(words).hex() + "]"
+            found.append(f"{shown}:{int(port, 16)}")
+    return found
+
+
+def test_every_daemon_of_the_sandbox_listens_on_loopback_only(cluster):
+    """The machine's rule: a daemon the sandbox starts listens on loopback only. Slurm 24.11's
+    slurmdbd took no NoInAddrAny (slurm.conf's CommunicationParameters; its own slurmdbd.conf has no
+    such option) and listened on 0.0.0.0."""
+    loopback = ("127.0.0.1:", "[" + "0" * 31 + "1]:")
+    seen = {}
+    for daemon in cluster.box.daemons():
+        pid = daemon.pid()
+        assert pid, f"{daemon.name} is not running"
+        seen[daemon.name] = _listening(pid)
+    assert [a for a in seen["slurmctld"] if a.startswith(loopback)], seen   # the check sees sockets at all
+    wide = {name: [a for a in addresses if not a.startswith(loopback)] for name, addresses in seen.items()}
+    assert not any(wide.values()), wide
+
+
 def test_srun_three_nodes_per_node_output(cluster):
     out = cluster.as_user(["srun", "-N3", "--label", "bash", "-c",
                            'echo "$SLURMD_NODENAME $(id -un)"']).stdout
