@@ -1,5 +1,6 @@
 """Regenerate what is derived from tether's tables (run by `make generated`; the tests check that
-the committed copies are current): spank/tether_names.h and the README's marked tables."""
+the committed copies are current): spank/tether_names.h, the README's marked tables and the manual
+pages in docs/man."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import re
 import sys
 from pathlib import Path
 
+from tether.cli.manpages import pages
+from tether.cli.main import tether_version
 from tether.container.environment import contract_table
 from tether.hooks.config import config_reference
 from tether.hooks.surface import options_reference, rank_env_reference
@@ -31,7 +34,10 @@ def main() -> int:
     (REPO / "spank" / "tether_names.h").write_text(names_header())
     readme = REPO / "README.md"
     readme.write_text(readme_with_tables(readme.read_text()))
-    print("regenerated spank/tether_names.h and README.md's tables", file=sys.stderr)
+    (REPO / "docs" / "man").mkdir(exist_ok=True)
+    for name, text in pages(tether_version()).items():
+        (REPO / "docs" / "man" / name).write_text(text)
+    print("regenerated spank/tether_names.h, README.md's tables and docs/man", file=sys.stderr)
     return 0
 
 
