@@ -320,7 +320,8 @@ class Doctor:
         """A registry podman is told to reach over plain http (registries.conf ``insecure = true``)
         is refused by the other runtimes unless each is told too: enroot without ENROOT_ALLOW_HTTP
         (curl's TLS error, exit 35), SingularityCE without SINGULARITY_NOHTTPS ("server gave HTTP
-        response to HTTPS client") -- both recorded. Said for each runtime installed here."""
+        response to HTTPS client") -- both recorded. Said for each runtime installed here, with what
+        the setting costs: it is not per registry (enroot then fetches every registry over http)."""
         if self.config is None:
             return
         podman_env = self.config.runtime("podman").get("env") or {}
@@ -334,13 +335,18 @@ class Doctor:
             if self._found(name) is None:
                 continue
             env = self.config.runtime(name).get("env") or {}
-            if env.get(variable) or os.environ.get(variable):
-                yield Finding(OK, f"{name} plain http", f"{variable} is set for {named} (plain http in {conf})")
+            given = env.get(variable, os.environ.get(variable))
+            if told(name, given):
+                yield Finding(WARN, f"{name} plain http",
+                              f"{variable}={given} lets {name} use {named} (plain http in {conf}) -- and makes it use "
+                              f"plain http for every registry, with their tokens in clear: serving the registry "
+                              f"over TLS instead is safer")
                 continue
             yield Finding(WARN, f"{name} plain http",
-                          f"{named} speak{'s' if len(registries) == 1 else ''} plain http ({conf}: insecure = true), "
-                          f"but {name} is not told so: its images from there fail ({refusal}); set "
-                          f"container.{name}.env.{variable}: \"{value}\" in tether.yaml")
+                          f"{named} speak{'s' if len(registries) == 1 else ''} plain http ({conf}: insecure = true); "
+                          f"{name} fetches over https only, so its images from there fail ({refusal}). Serve the "
+                          f"registry over TLS; {variable}={value} (container.{name}.env) would make {name} use "
+                          f"plain http for every registry, docker.io and nvcr.io too, their tokens in clear")
 
     def check_job_users(self) -> Iterator[Finding]:
         """Rootless podman needs subordinate ids for each job user, and a run directory it owns."""
@@ -458,36 +464,68 @@ PLAIN_HTTP_SETTINGS = (
 )
 
 
+def told(runtime: str, value: str | None) -> bool:
+    """Does ``value`` of the runtime's plain-http variable switch it on, as the runtime reads it:
+    enroot tests for a non-empty value (docker.sh: ``[ -n "${ENROOT_ALLOW_HTTP-}" ]``), Singularity
+    and Apptainer parse a boolean (Go's strconv.ParseBool)."""
+    if value is None:
+        return False
+    if runtime == "enroot":
+        return value != ""
+    return value in ("1", "t", "T", "true", "TRUE", "True")
+
+
+VFS_CAP_REVISIONS = {0x01000000: 12, 0x02000000: 20, 0x03000000: 24}   # revision -> its length
+
+
 def file_capabilities(path: str) -> set[int]:
     """The permitted capabilities in a file's ``security.capability`` attribute, when they are also
-    effective (setcap's ``+pe``); empty when it has none or they are not effective."""
+    effective (setcap's ``+pe``) and apply on the host: empty when it has none, they are not
+    effective, or they are a user namespace's (revision 3 with a non-zero root id: setcap run
+    inside a container, which grants nothing out here)."""
     try:
         raw = os.getxattr(path, "security.capability")
     except OSError:
         return set()
-    if len(raw) < 12:
+    if len(raw) < 4:
         return set()
     magic = int.from_bytes(raw[0:4], "little")
-    if not magic & 0x1:                          # VFS_CAP_FLAGS_EFFECTIVE
+    revision = magic & 0xFF000000
+    if VFS_CAP_REVISIONS.get(revision) != len(raw) or not magic & 0x1:      # 0x1: VFS_CAP_FLAGS_EFFECTIVE
+        return set()
+    if revision == 0x03000000 and int.from_bytes(raw[20:24], "little") != 0:
         return set()
     permitted = int.from_bytes(raw[4:8], "little")
-    if magic & 0xFF000000 >= 0x02000000 and len(raw) >= 20:   # revisions 2 and 3: a second word
+    if revision != 0x01000000:                       # revisions 2 and 3: a second word
         permitted |= int.from_bytes(raw[12:16], "little") << 32
     return {bit for bit in range(64) if permitted >> bit & 1}
 
 
 def plain_http_registries(conf: str) -> list[str]:
-    """The ``location`` of each ``[[registry]]`` with ``insecure = true`` in a registries.conf."""
+    """The registries a registries.conf marks plain http: each ``[[registry]]`` with ``insecure =
+    true`` (its location, else prefix) and the older ``[registries.insecure] registries = [...]``,
+    in the file and its drop-in directory (``<file>.d/*.conf``); unreadable files add nothing."""
+    import glob
     import tomllib
 
-    try:
-        with open(conf, "rb") as fh:
-            data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError):
-        return []
-    entries = data.get("registry") if isinstance(data, dict) else None
-    return [str(r.get("location") or r.get("prefix")) for r in entries or []
-            if isinstance(r, dict) and r.get("insecure") is True and (r.get("location") or r.get("prefix"))]
+    found: list[str] = []
+    for path in [conf, *sorted(glob.glob(os.path.join(glob.escape(conf + ".d"), "*.conf")))]:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except (OSError, ValueError):          # TOMLDecodeError and UnicodeDecodeError are ValueErrors
+            continue
+        entries = data.get("registry")
+        for r in entries if isinstance(entries, list) else []:
+            where = isinstance(r, dict) and (r.get("location") or r.get("prefix"))
+            if where and r.get("insecure") is True and str(where) not in found:
+                found.append(str(where))
+        old = data.get("registries")
+        insecure = old.get("insecure") if isinstance(old, dict) else None
+        for where in (insecure.get("registries") if isinstance(insecure, dict) else None) or []:
+            if isinstance(where, str) and where not in found:
+                found.append(where)
+    return found
 
 
 # how each runtime tells its version: enroot has no --version (usage, exit 1: recorded with 4.1.2)

@@ -300,7 +300,7 @@ def _supervise(launch: Launch, subreaper: bool, first=None) -> int:
     cleaned = all([_run_quietly(argv, launch.env) for argv in launch.after])
     removed = True
     if abnormal and launch.container:
-        removed = launch.runtime.remove(launch.container, launch.env)
+        removed = launch.runtime.remove(launch.container, launch.env, reap=True)
         cleaned = removed and cleaned
     if launch.marker and cleaned:
         remove_file(launch.marker)
@@ -414,9 +414,10 @@ def _outcome(launch: Launch, status: int, monitor_killed: int | None, not_create
     """End as the runtime did (the same signal, or its exit code) and say what a user must know
     (``removed``: whether the container of an abnormal end is gone)."""
     if monitor_killed is not None:
+        left = ("tether removes it when the step ends" if launch.marker else
+                f"remove it: {os.path.basename(launch.argv[0])} rm --force {launch.container}")
         report(f"the container's {launch.monitor} was killed ({signal_name(monitor_killed)}): the "
-               f"container's exit status is lost; " + ("it was removed" if removed else
-                                                        "tether removes it when the step ends"))
+               f"container's exit status is lost; " + ("it was removed" if removed else left))
         return EXIT_LAUNCH_FAILED
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -537,17 +538,25 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def reap_zombies() -> int:
-    """Reap the children that have ended, without waiting; how many. A killed container's processes
-    are this launcher's children (a subreaper) once their conmon is gone, and stay zombies until
-    reaped -- which podman 5's ``rm`` waits for ("given PID did not die within timeout")."""
+def reap_zombies(keep: int = 0) -> int:
+    """Reap this process's children that have ended, without waiting, but for ``keep`` (a command
+    whose status its caller collects); how many. A killed container's processes are this
+    launcher's children (a subreaper) once their conmon is gone, and stay zombies until reaped --
+    which podman 5's ``rm`` waits for ("given PID did not die within timeout"). Only for a process
+    that waits for no other child (the launcher after its runtime's end)."""
     reaped = 0
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
+    while True:
+        try:         # look first (WNOWAIT): ``keep``'s status is its caller's to take
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return reaped
+        if info is None or info.si_pid == keep:
+            return reaped
+        try:
+            os.waitpid(info.si_pid, 0)
             reaped += 1
-    except ChildProcessError:
-        pass
-    return reaped
+        except ChildProcessError:
+            return reaped
 
 
 def _reap_descendants(grace: float, runtime_own=frozenset) -> tuple[int, list[int], bool]:

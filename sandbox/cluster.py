@@ -1271,12 +1271,13 @@ def _require_root() -> None:
 
 
 def first_job_id(port_base: int) -> int:
-    """The first job id of a sandbox on these ports: 1 on the default ones, a million more for each
-    port block after them (60 blocks, below Slurm's MaxJobId). Sandboxes of one release on one
-    machine share node names, and so each node's cgroups (/slurm_<node>/uid_<uid>/job_<id>): two
-    jobs of the same id on the same node name met in cpuset.cpus ("Device or resource busy") and
-    drained the node."""
-    return 1 + ((port_base - DEFAULT_PORT_BASE) // PORT_BLOCK % 60) * 1_000_000
+    """The first job id of a sandbox on these ports: 1 on the default ones, a thousand further for
+    each port past them (modulo 66 million, below Slurm's MaxJobId: distinct for every port base,
+    and sandboxes whose ports do not overlap are 75 ports and so 75,000 ids apart at least).
+    Sandboxes of one release on one machine share node names, and so each node's cgroups
+    (/slurm_<node>/uid_<uid>/job_<id>): two jobs of the same id on the same node name met in
+    cpuset.cpus ("Device or resource busy") and drained the node."""
+    return 1 + ((port_base - DEFAULT_PORT_BASE) * 1000) % 66_000_000
 
 
 def _ports_free(base: int, nodes: int) -> bool:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from typing import Mapping, Sequence
+import time
+from typing import Callable, Mapping, Sequence
 
 from ..hooks.errors import TetherError
 
@@ -34,12 +35,14 @@ class CommandError(TetherError):
 
 def run_command(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, check: bool = True,
                 input: str | None = None, env: Mapping[str, str] | None = None,
-                cwd: str | None = None, new_session: bool = True) -> subprocess.CompletedProcess:
+                cwd: str | None = None, new_session: bool = True,
+                while_waiting: Callable[[int], object] | None = None) -> subprocess.CompletedProcess:
     """Run ``argv`` (never through a shell) and return the completed process (text mode).
 
     Raises CommandError when the command is missing, times out, or (with ``check``) exits non-zero.
     ``new_session``: the command gets a session of its own (killed as a group on timeout); without,
     it stays in the caller's, so whoever bounds the caller's session bounds the command too.
+    ``while_waiting``: called with the command's pid every 0.1 s until it ends.
     """
     argv = [str(a) for a in argv]
     try:
@@ -52,7 +55,19 @@ def run_command(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, check:
     except PermissionError as exc:
         raise CommandError(argv, None, "", "", reason=f"cannot execute {argv[0]}: {exc}") from None
     try:
-        stdout, stderr = proc.communicate(input=input, timeout=timeout)
+        if while_waiting is None:
+            stdout, stderr = proc.communicate(input=input, timeout=timeout)
+        else:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:      # a retried communicate loses no output (subprocess's documentation)
+                    stdout, stderr = proc.communicate(input=input, timeout=min(0.1, max(deadline - time.monotonic(), 0)))
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() >= deadline:
+                        raise
+                    input = None
+                    while_waiting(proc.pid)
     except subprocess.TimeoutExpired:
         if new_session:
             _kill_group(proc)

@@ -63,7 +63,8 @@ BOOT_MARKER = "libpod/tmp/alive"     # in podman's run directory: its absence sa
 
 
 def repair_stale_state(podman: Sequence[str], *, env: Mapping[str, str] | None = None, output: str | None = None,
-                       tell=progress, cwd: str | None = None, reset=None) -> bool | None:
+                       tell=progress, cwd: str | None = None, reset=None, lock: str | None = None,
+                       new_session: bool = True) -> bool | None:
     """Rootless podman joins the user namespace of its pause process, or else of a container it
     believes running. When every such process is gone -- killed with the step that started it
     (SIGKILL at a time limit, the OOM killer, a node's processes killed) while its run state
@@ -71,54 +72,77 @@ def repair_stale_state(podman: Sequence[str], *, env: Mapping[str, str] | None =
     command of that user on this node fails with "invalid internal status, try resetting the pause
     process with "podman system migrate": ..." (exit 1). Since no process of that state lives, no
     running container is harmed by doing what it says. ``podman``: the command that runs podman as
-    that user; ``output``: a failed command's stderr (None: ask podman). True when it repaired,
-    False when it could not, None when the state was not stale.
+    that user; ``output``: a failed command's stderr (None: ask podman). True when it repaired (or
+    found it repaired), False when it could not, None when the state was not stale.
 
-    Podman 5 (Slurm 24.11's root here) cannot migrate such a state: it stops the container it
-    believes running and fails to unmount that container's /dev/shm outside the user namespace,
-    which died with its processes ("operation not permitted"), and the state stays stale. Then
-    ``reset`` (a callable: remove podman's boot marker, ``BOOT_MARKER``, as that user) makes the
-    next podman command take the node for freshly booted, as it is for podman's purposes: no process
-    of its state lives, every mount went with the namespace. That command makes a new user
-    namespace and marks every container stopped (libpod's refresh), as after a reboot. Safe for the
-    same reason as the migrate: while the state is stale no podman command of the user succeeds,
-    so none runs a container that the reset could forget."""
+    Podman 5 (Slurm 24.11's root here) may fail to migrate such a state: it stops the container it
+    believes running and cannot unmount that container's /dev/shm outside the user namespace,
+    which died with its processes ("operation not permitted"). Then ``reset`` (a callable: remove
+    podman's boot marker, ``BOOT_MARKER``, as that user) makes the next podman command take the
+    node for freshly booted, as it is for podman's purposes: no process of its state lives, every
+    mount went with the namespace. That command makes a new user namespace and marks every
+    container stopped (libpod's refresh), as after a reboot.
+
+    Both are safe only while the state is stale (no podman command of the user succeeds, so none
+    runs a container they could stop or forget), and another rank of the user may repair it and
+    start containers meanwhile: the repair holds ``lock`` (a file in the user's run directory: every
+    rank, job and cleanup of the user on the node takes it) and asks podman again under it before
+    each remedy -- never acting on an answer from before the lock. ``new_session``: podman's own
+    commands in a session of their own (run_command), or in the caller's (the cleanup, whose
+    watcher kills its session at a bound)."""
     from ...system.proc import CommandError, run_command
 
     def stale() -> bool:    # ask podman again, cheaply
         try:
-            run_command([*podman, "container", "exists", "tether-probe"], env=env, timeout=30, cwd=cwd)
+            run_command([*podman, "container", "exists", "tether-probe"], env=env, timeout=30, cwd=cwd,
+                        new_session=new_session)
             return False
         except CommandError as exc:
             return STALE_STATE in (exc.stderr or "")
 
     if not (stale() if output is None else STALE_STATE in output):
         return None
-    tell("podman's run state on this node is stale (the processes it names are gone): "
-         "`podman system migrate`, then trying again")
-    said = ""
-    for attempt in range(2):
-        # exits 125 when it cannot stop a container recorded as running whose processes are
-        # gone ("container not running"), mostly leaving the state usable: what counts is the
-        # probe. Once in the suite the state was still stale after it: a second pass is cheap.
-        if attempt:
-            time.sleep(1)
+    lock_fd = None
+    if lock:
         try:
-            run_command([*podman, "system", "migrate"], env=env, timeout=120, cwd=cwd)
-        except CommandError as exc:
-            lines = (exc.stderr or exc.reason or "").strip().splitlines()
-            said = f" (it said: {lines[-1]})" if lines else ""
-        if not stale():
+            lock_fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            tell(f"cannot take the repair lock {lock}: {exc.strerror}; repairing without it")
+    try:
+        if not stale():                  # another rank repaired it while this one waited
             return True
-        if reset is not None and attempt == 0:
-            tell("podman's run state is still stale after `podman system migrate`: starting it afresh, as "
-                 "after a reboot (none of its processes lives)")
-            reset()
+        tell("podman's run state on this node is stale (the processes it names are gone): "
+             "`podman system migrate`, then trying again")
+        said = ""
+        for attempt in range(2):
+            # exits 125 when it cannot stop a container recorded as running whose processes are
+            # gone ("container not running"), mostly leaving the state usable: what counts is the
+            # probe. Once in the suite the state was still stale after it: a second pass is cheap.
+            if attempt:
+                time.sleep(1)
+            try:
+                run_command([*podman, "system", "migrate"], env=env, timeout=120, cwd=cwd, new_session=new_session)
+            except CommandError as exc:
+                lines = (exc.stderr or exc.reason or "").strip().splitlines()
+                said = f" (it said: {lines[-1]})" if lines else ""
             if not stale():
                 return True
-    tell(f"podman's run state is still stale after `podman system migrate` twice{said} (see "
-         f"\"podman's run state is stale\" in tether's README, troubleshooting)")
-    return False
+            if reset is not None and attempt == 0:
+                tell("podman's run state is still stale after `podman system migrate`: starting it afresh, "
+                     "as after a reboot (none of its processes lives)")
+                reset()
+                if not stale():      # the probe's podman wrote the marker again, under the lock
+                    return True
+        tell(f"podman's run state is still stale after `podman system migrate` twice{said} (see "
+             f"\"podman's run state is stale\" in tether's README, troubleshooting)")
+        return False
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
+
+
+REPAIR_LOCK = "tether-podman-repair.lock"     # in podman's run directory (the user's own)
 
 
 def remove_boot_marker(run_dir: str) -> None:
@@ -617,8 +641,7 @@ class Podman(Runtime):
             partial = f"{spec.save}.{os.uname().nodename}.{os.getpid()}.partial"
             finish = ([lambda env: save_oci_archive([self.binary, *glob], name, partial, env)], partial, spec.save)
             after = [[self.binary, *glob, "rm", "--force", "--ignore", name]]
-        # root's podman keeps no pause process (no XDG_RUNTIME_DIR: see base_env)
-        kept = ((pause_pid_file(env["XDG_RUNTIME_DIR"]), PAUSE_NAMES),) if env.get("XDG_RUNTIME_DIR") else ()
+        kept = self.own_process_files(env)
         return Launch(argv=argv, env=env, supervise=True, runtime=self, container=name, monitor="conmon",
                       marker=marker, marker_data=data, before=before, lock=lock, created=created,
                       fds=fds, finish=finish, after=after, prepare=prepare, runtime_own=kept)
@@ -679,43 +702,52 @@ class Podman(Runtime):
             raise LaunchError(f"GPU {bad[0][:40]!r} (CUDA_VISIBLE_DEVICES) is not a GPU index or UUID")
         return [a for i in ids for a in ("--device", f"{kind}={i}")]
 
-    def recover_state(self, env: Mapping[str, str], output: str | None = None) -> bool:
+    def own_process_files(self, env: Mapping[str, str]) -> tuple:
+        """Podman's pause process, by its pid file in the run directory; root's podman keeps none
+        (no XDG_RUNTIME_DIR: see base_env)."""
+        return ((pause_pid_file(env["XDG_RUNTIME_DIR"]), PAUSE_NAMES),) if env.get("XDG_RUNTIME_DIR") else ()
+
+    def recover_state(self, env: Mapping[str, str], output: str | None = None, *, new_session: bool = True) -> bool:
         """See repair_stale_state: this user's podman on this node, telling the rank's stderr. After
         a run that ended before it created the container (``output`` None: its message went to the
         rank), one more try also when the state is not stale: rebuilding its state after the
         processes it named were killed, podman 4.3 sometimes exits 1 without a word, and the next
         run works (seen in the stale-state test, about 1 in 2 on this machine)."""
-        run_dir = env.get("XDG_RUNTIME_DIR")
         # root's podman has no run directory of a user's (base_env), nor such a state
+        run_dir = self.run_dir() if env.get("XDG_RUNTIME_DIR") else None
         reset = (lambda: remove_boot_marker(run_dir)) if run_dir else None
-        repaired = repair_stale_state([self.binary, *self.global_args(env)], env=env, output=output, reset=reset)
+        lock = os.path.join(run_dir, REPAIR_LOCK) if run_dir and os.path.isdir(run_dir) else None
+        repaired = repair_stale_state([self.binary, *self.global_args(env)], env=env, output=output, reset=reset,
+                                      lock=lock, new_session=new_session)
         if repaired is None and output is None:
             progress("podman exited before it created the container, and its state checks out now: trying "
                      "once more (nothing of this rank ran yet)")
             return True
         return bool(repaired)
 
-    def remove(self, name: str, env: Mapping[str, str], *, new_session: bool = True) -> bool:
+    def remove(self, name: str, env: Mapping[str, str], *, new_session: bool = True, reap: bool = False) -> bool:
         """``podman rm --force`` (twice: the first rm of a container whose conmon was killed only
         marks it stopped), then the OCI runtime's own state of it, which podman 4.3 leaves behind in
-        that case (``<root>/<container id>/state.json``; seen after every scancel of a step). Before
-        each try it reaps this process's ended children (reap_zombies): its callers, the launcher
-        and the cleanup, wait for no other child then."""
+        that case (``<root>/<container id>/state.json``; seen after every scancel of a step).
+        ``reap``: while ``rm`` runs, reap this process's other ended children (reap_zombies) --
+        the launcher's, whose killed container's processes are its zombies, which podman 5's rm
+        waits for in vain."""
         import time
 
         from ...system.proc import CommandError, run_command
 
-        def run(argv: list[str]) -> str | None:
+        def run(argv: list[str], reaping: bool = False) -> str | None:
             for _ in range(2):
                 try:
-                    return run_command(argv, env=env, timeout=30, new_session=new_session).stdout
+                    return run_command(argv, env=env, timeout=30, new_session=new_session,
+                                       while_waiting=reap_zombies if reaping else None).stdout
                 except CommandError as exc:
                     # the step's end killed the processes podman's state names (a cold node: no
                     # pause process of the user's outlives the step): repaired once, asked again
                     if repaired or STALE_STATE not in (exc.stderr or ""):
                         failures.append(exc)
                         return None
-                    repaired.append(self.recover_state(env, exc.stderr))
+                    repaired.append(self.recover_state(env, exc.stderr, new_session=new_session))
                     if not repaired[0]:
                         failures.append(exc)
                         return None
@@ -741,10 +773,7 @@ class Podman(Runtime):
         # only a container podman no longer knows counts as removed
         for attempt in range(4):
             time.sleep(0.5 * attempt)                    # 0, 0.5, 1, 1.5 s: 3 s at most
-            # with its conmon killed, the container's processes are the launcher's children: the
-            # last rm's SIGKILL left them zombies, which podman 5 waits for in vain
-            reap_zombies()
-            run([self.binary, "rm", *glob, "--force", "--ignore", "--time", "0", name])
+            run([self.binary, "rm", *glob, "--force", "--ignore", "--time", "0", name], reaping=reap)
             if gone():
                 removed = True
                 break

@@ -25,7 +25,7 @@ from tether.container.spec import (
     CONTAINER_WORKDIR, LaunchError, LaunchSpec, Mount, check_container_options, parse_mounts, spec_from_env,
 )
 
-from helpers import REPO, alive  # noqa: E402
+from helpers import REPO, alive, wait_until  # noqa: E402
 TETHER = [sys.executable, "-m", "tether.cli.main"]
 
 HOST = {
@@ -506,6 +506,56 @@ def test_cleanup_runs_only_tethers_own_removal_for_what_a_marker_names(public_di
     assert not pwned.exists()
 
 
+def test_the_cleanup_ends_the_pause_process_its_own_podman_made(public_dir):
+    """On a cold node the cleanup's `podman rm` makes the user's pause process, which outlived the
+    cleanup outside every step (the node warm for the user's next job; found in review). The one it
+    made is ended; one that was there before is left alone."""
+    step = public_dir / "step-0"
+    step.mkdir()
+    xdg = public_dir / "xdg"
+    (xdg / "libpod" / "tmp").mkdir(parents=True)
+    catatonit = public_dir / "catatonit"
+    catatonit.symlink_to("/bin/sleep")
+    pid_file = xdg / "libpod" / "tmp" / "pause.pid"
+    fake = public_dir / "podman"
+    fake.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case "$1" in
+          rm) [ -s {pid_file} ] || {{ setsid {catatonit} 300 </dev/null >/dev/null 2>&1 & echo $! > {pid_file}; }}
+              exit 0 ;;
+          container) exit 1 ;;
+        esac
+        exit 0
+        """))
+    fake.chmod(0o755)
+    (step / ".cleanup-0").write_text(json.dumps({"runtime": "podman", "container": "tether-7-0-0"}))
+    for p in [public_dir, step, xdg, xdg / "libpod", xdg / "libpod" / "tmp", *step.iterdir()]:
+        os.chown(p, 1003, 1003)
+    settings = {"podman": {"binary": str(fake), "env": {"XDG_RUNTIME_DIR": str(xdg)}}}
+
+    def state(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return "gone"
+
+    assert _cleanup_in(step, settings) == 0
+    made = int(pid_file.read_text())
+    assert wait_until(lambda: state(made) in ("Z", "gone"), timeout=10), state(made)
+    # a pause process that was there before the cleanup (a running job's) is not the cleanup's
+    pid_file.unlink()
+    before = subprocess.Popen(["setsid", str(catatonit), "300"], preexec_fn=lambda: os.setuid(1003))
+    pid_file.write_text(f"{before.pid}\n")
+    (step / ".cleanup-0").write_text(json.dumps({"runtime": "podman", "container": "tether-7-0-0"}))
+    os.chown(step / ".cleanup-0", 1003, 1003)
+    try:
+        assert _cleanup_in(step, settings) == 0
+        assert state(before.pid) not in ("Z", "gone")
+    finally:
+        before.kill()
+        before.wait()
+
+
 @pytest.mark.parametrize("stays_for,removed", [(2, True), (99, False)])
 def test_podman_removal_counts_only_a_container_podman_no_longer_knows(tmp_path, stays_for, removed):
     """Regression (issue 12, soak): `podman rm` answered 0 at a time limit and left a stopped
@@ -912,7 +962,7 @@ def _supervised(runtime: Path, removed: Path, monitor: str | None = None, result
         from tether.container.runtimes import Launch, Runtime
         class Fake(Runtime):
             name = "fake"
-            def remove(self, name, env, *, new_session=True):
+            def remove(self, name, env, *, new_session=True, reap=False):
                 open({str(removed)!r}, "w").write(name)
                 return {result!r}
         execute(Launch(argv=[{str(runtime)!r}], env=dict(os.environ), supervise=True, runtime=Fake({{}}),
@@ -1055,7 +1105,8 @@ def test_a_killed_monitor_is_reported_and_its_container_removed(tmp_path, remova
     proc = subprocess.run([sys.executable, "-c", _supervised(runtime, tmp_path / "removed", "conmon", removal)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 125, proc.stderr
-    said = "it was removed" if removal else "tether removes it when the step ends"
+    # no marker here (run by hand): nothing removes it later, the rank says how to
+    said = "it was removed" if removal else "remove it: runtime.sh rm --force c1"
     assert f"the container's conmon was killed (SIGKILL): the container's exit status is lost; {said}" in proc.stderr
     assert "could not start" not in proc.stderr and (tmp_path / "removed").read_text() == "c1"
 
@@ -1565,13 +1616,31 @@ def test_podman_5_state_that_migrate_cannot_repair_starts_afresh_as_after_a_rebo
     from tether.container.runtimes.podman import Podman
 
     binary, run = _podman5(tmp_path)
-    podman = Podman({"binary": str(binary)})
+    podman = Podman({"binary": str(binary), "env": {"XDG_RUNTIME_DIR": str(run)}})
     env = {**os.environ, "XDG_RUNTIME_DIR": str(run)}
     assert podman.recover_state(env) is True
+    assert (run / "tether-podman-repair.lock").exists()           # the repair held the user's lock
     err = capsys.readouterr().err
     assert "starting it afresh, as after a reboot" in err and "migrate` twice" not in err, err
     assert (run / "libpod" / "tmp" / "alive").exists()          # podman made it again
     assert (tmp_path / "calls").read_text().count("system migrate") == 1
+
+
+def test_a_repair_asks_podman_again_under_the_lock_before_any_remedy(tmp_path, capsys):
+    """Another rank (or the step's cleanup) repaired the state while this one waited for the
+    user's repair lock, and started containers: a `system migrate` now would stop them, a reset
+    would make podman forget them. Before: the stale answer from before the lock was acted on."""
+    from tether.container.runtimes.podman import STALE_STATE, repair_stale_state
+
+    script = tmp_path / "podman"
+    script.write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/calls\nexit 1\n")   # healthy: no such container
+    script.chmod(0o755)
+    lock = tmp_path / "repair.lock"
+    assert repair_stale_state([str(script)], output=f"Error: {STALE_STATE} ...", lock=str(lock),
+                              reset=lambda: (tmp_path / "reset").write_text("")) is True
+    calls = (tmp_path / "calls").read_text()
+    assert "system migrate" not in calls and "container exists" in calls and not (tmp_path / "reset").exists()
+    assert lock.exists()
 
 
 def test_podman_removal_after_a_cold_step_end_repairs_the_state_first(tmp_path, capsys):
@@ -1582,10 +1651,24 @@ def test_podman_removal_after_a_cold_step_end_repairs_the_state_first(tmp_path, 
     from tether.container.runtimes.podman import Podman
 
     binary, run = _podman5(tmp_path)
-    podman = Podman({"binary": str(binary)})
+    podman = Podman({"binary": str(binary), "env": {"XDG_RUNTIME_DIR": str(run)}})
     env = {**os.environ, "XDG_RUNTIME_DIR": str(run)}
     assert podman.remove("c1", env) is True
     assert not (tmp_path / "record").exists()
+
+
+def test_a_command_waited_for_with_a_callback_loses_no_output_and_keeps_its_bound():
+    """run_command(while_waiting=): the callback runs with the command's pid while it runs; the
+    output and exit status arrive whole; the timeout still holds."""
+    from tether.system.proc import CommandError, run_command
+
+    seen = []
+    done = run_command(["sh", "-c", "sleep 0.35; echo out; echo err >&2; exit 3"], check=False,
+                       while_waiting=seen.append, timeout=30)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
+    assert seen and len(set(seen)) == 1
+    with pytest.raises(CommandError, match="timed out after 0.3 s"):
+        run_command(["sleep", "5"], timeout=0.3, while_waiting=lambda pid: None)
 
 
 def test_podman_removal_reaps_the_killed_containers_processes_it_waits_for(tmp_path):
@@ -1603,7 +1686,10 @@ def test_podman_removal_reaps_the_killed_containers_processes_it_waits_for(tmp_p
     script.write_text(textwrap.dedent(f"""\
         #!/bin/sh
         case "$1 $2" in
-          "rm "*) if [ -e /proc/{pid} ]; then
+          "rm "*) for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do   # podman waits for it
+                    [ -e /proc/{pid} ] || break; sleep 0.1
+                  done
+                  if [ -e /proc/{pid} ]; then
                     echo 'Error: cannot remove container 0123 as it could not be stopped: given PID did not die within timeout' >&2
                     exit 125
                   fi
@@ -1615,7 +1701,7 @@ def test_podman_removal_reaps_the_killed_containers_processes_it_waits_for(tmp_p
         """))
     script.chmod(0o755)
     try:
-        assert Podman({"binary": str(script)}).remove("c1", dict(os.environ)) is True
+        assert Podman({"binary": str(script)}).remove("c1", dict(os.environ), reap=True) is True
         assert not (tmp_path / "record").exists()
     finally:
         try:

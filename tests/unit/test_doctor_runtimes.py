@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tether.admin.doctor import (CAP_MKNOD, CAP_SYS_ADMIN, ENROOT_HELPERS, ENROOT_TOOLS, OK, WARN, Doctor,
-                                 file_capabilities)
+                                 file_capabilities, plain_http_registries, told)
 
 
 def _doctor(tmp_path: Path, data: dict) -> Doctor:
@@ -58,6 +58,24 @@ def test_capabilities_are_read_as_setcap_writes_them(tmp_path):
     assert file_capabilities(str(f)) == {CAP_SYS_ADMIN, CAP_MKNOD}
     _setcap(f, (CAP_SYS_ADMIN,), effective=False)             # +p only: not raised at exec
     assert file_capabilities(str(f)) == set()
+    mask = 1 << CAP_SYS_ADMIN
+    # revision 3: the host's (root id 0), or a user namespace's (setcap inside a container: nothing here)
+    os.setxattr(f, "security.capability", struct.pack("<6I", 0x03000001, mask, 0, 0, 0, 0))
+    assert file_capabilities(str(f)) == {CAP_SYS_ADMIN}
+    os.setxattr(f, "security.capability", struct.pack("<6I", 0x03000001, mask, 0, 0, 0, 1000))
+    assert file_capabilities(str(f)) == set()
+
+
+
+def test_capability_revisions_the_kernel_no_longer_writes_are_read_too(monkeypatch):
+    """Revision 1 (one word, the kernel converts it on write now) still reads; an unknown revision
+    or a length that does not match its revision reads as none."""
+    mask = 1 << CAP_SYS_ADMIN
+    for raw, expected in ((struct.pack("<3I", 0x01000001, mask, 0), {CAP_SYS_ADMIN}),
+                          (struct.pack("<5I", 0x07000001, mask, 0, 0, 0), set()),
+                          (struct.pack("<4I", 0x02000001, mask, 0, 0), set())):
+        monkeypatch.setattr(os, "getxattr", lambda path, name, raw=raw: raw)
+        assert file_capabilities("/x") == expected, raw
 
 
 def test_enroot_with_its_helpers_tools_and_capabilities_is_ok(tmp_path, path_of):
@@ -87,10 +105,11 @@ def test_no_enroot_no_enroot_findings(tmp_path, path_of):
     assert list(doctor.check_enroot()) == []
 
 
-def test_a_plain_http_registry_is_explained_for_each_runtime_not_told(tmp_path, path_of):
+def test_a_plain_http_registry_is_explained_for_each_runtime_with_what_the_setting_costs(tmp_path, path_of):
     """Podman's registries.conf marks the site registry insecure; enroot and singularity are
-    installed, singularity told (SINGULARITY_NOHTTPS in its env), enroot not: the warning names
-    ENROOT_ALLOW_HTTP and what enroot says without it (recorded: curl's exit 35)."""
+    installed, singularity told (SINGULARITY_NOHTTPS in its env), enroot not. Neither finding
+    advises the setting lightly: it is not per registry (found in review: enroot then fetches
+    docker.io over http too, tokens in clear); the registry over TLS is the fix named first."""
     conf = tmp_path / "registries.conf"
     conf.write_text('[[registry]]\nlocation = "reg.site:5000"\ninsecure = true\n\n'
                     '[[registry]]\nlocation = "docker.io"\n')
@@ -105,9 +124,31 @@ def test_a_plain_http_registry_is_explained_for_each_runtime_not_told(tmp_path, 
         "apptainer": {"binary": str(tmp_path / "none" / "apptainer")}}})
     lines = {f.name: (f.status, f.detail) for f in doctor.check_plain_http()}
     assert set(lines) == {"enroot plain http", "singularity plain http"}, lines
-    assert lines["singularity plain http"][0] == OK
+    status, detail = lines["singularity plain http"]
+    assert status == WARN and "SINGULARITY_NOHTTPS=1 lets singularity use reg.site:5000" in detail
+    assert "every registry" in detail
     status, detail = lines["enroot plain http"]
-    assert status == WARN and "reg.site:5000 speaks plain http" in detail and "docker.io" not in detail
-    assert 'container.enroot.env.ENROOT_ALLOW_HTTP: "y"' in detail and "exit 35" in detail
+    assert status == WARN and "reg.site:5000 speaks plain http" in detail and "docker.io" not in detail.split(";")[0]
+    assert "Serve the registry over TLS" in detail and "ENROOT_ALLOW_HTTP=y (container.enroot.env)" in detail
+    assert "exit 35" in detail and "every registry" in detail
     conf.write_text('[[registry]]\nlocation = "docker.io"\n')
     assert list(doctor.check_plain_http()) == []
+
+
+def test_plain_http_registries_in_drop_ins_and_the_older_format_and_bad_files(tmp_path):
+    conf = tmp_path / "registries.conf"
+    conf.write_bytes(b"\xff\xfe not toml")                              # neither UTF-8 nor TOML
+    (tmp_path / "registries.conf.d").mkdir()
+    (tmp_path / "registries.conf.d" / "10-site.conf").write_text(
+        '[[registry]]\nprefix = "a.site"\nlocation = "a.site:80"\ninsecure = true\n')
+    (tmp_path / "registries.conf.d" / "20-old.conf").write_text(
+        '[registries.insecure]\nregistries = ["b.site:5000", "a.site:80"]\n')
+    (tmp_path / "registries.conf.d" / "30-broken.conf").write_text("[[registry]\n")
+    assert plain_http_registries(str(conf)) == ["a.site:80", "b.site:5000"]
+
+
+def test_the_runtimes_read_their_plain_http_switch_as_they_do():
+    """enroot tests for a non-empty value; Singularity and Apptainer parse a boolean."""
+    assert told("enroot", "y") and told("enroot", "no") and not told("enroot", "") and not told("enroot", None)
+    assert told("singularity", "1") and told("apptainer", "true")
+    assert not told("singularity", "0") and not told("apptainer", "no") and not told("singularity", None)

@@ -156,13 +156,16 @@ def test_a_sixteen_node_sandbox_has_sixteen_slurmd_on_ports_of_their_own(tmp_pat
 def test_sandboxes_on_other_ports_number_their_jobs_apart(tmp_path):
     """Two sandboxes of one release share node names, hence each node's cgroups: jobs of the same id
     on both met in /slurm_n1/uid_<uid>/job_<id> and drained the node. The default ports count from
-    1, each port block after them a million further on (below Slurm's MaxJobId, 67043328)."""
+    1; every other port base elsewhere, below Slurm's MaxJobId (67043328) -- an unaligned base
+    (17099) and bases 60 blocks apart too (found in review: the first version mapped both onto
+    another's ids)."""
     from tether.sandbox import cluster
 
     assert cluster.first_job_id(cluster.DEFAULT_PORT_BASE) == 1
-    ids = {cluster.first_job_id(cluster.DEFAULT_PORT_BASE + k * cluster.PORT_BLOCK) for k in range(20)}
-    assert len(ids) == 20 and max(ids) < 67043328
+    ids = [cluster.first_job_id(base) for base in range(1024, 65536)]
+    assert len(set(ids)) == len(ids) and max(ids) < 67043328
+    assert cluster.first_job_id(17099) != cluster.first_job_id(17000) != cluster.first_job_id(23000)
     box = cluster.Sandbox(tmp_path, port_base=cluster.DEFAULT_PORT_BASE + 3 * cluster.PORT_BLOCK)
     box.etc.mkdir(parents=True)
     box._write_configs(box.port_base())
-    assert "\nFirstJobId=3000001\n" in (box.etc / "slurm.conf").read_text()
+    assert "\nFirstJobId=300001\n" in (box.etc / "slurm.conf").read_text()
