@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import stat
 
 from ..hooks.layout import CLEANUP_MARKER, RANK_PREFIX
 from ..hooks.surface import RUNTIMES
-from .launch import report_admin, runtime_own
+from .launch import report_admin
 from .runtimes import adapter
 from .spec import LaunchError
 
@@ -97,17 +96,7 @@ def run_leftovers(where: str, settings: Mapping[str, Any]) -> int:
             continue
         env = runtime.base_env({"PATH": CLEANUP_PATH, "HOME": os.environ.get("HOME", "/"),
                                 "USER": os.environ.get("USER", "")})
-        # the runtime's own processes (podman's pause process) this removal makes: on a cold node
-        # its podman makes one, which outlives the cleanup outside every step -- ended, as the
-        # launcher ends the one its podman made
-        kept = runtime.own_process_files(env)
-        before = runtime_own(kept)
         # in this session: the watcher's kill reaches the removal too when it overruns
         if not runtime.remove(marker["container"], env, new_session=False):
             failed += 1
-        for pid in runtime_own(kept) - before:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
     return 1 if failed else 0

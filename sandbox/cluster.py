@@ -842,7 +842,6 @@ class Sandbox:
         # was killed only marks it stopped).
         for _ in range(2):
             run_command([*self.wrap(by_hand), "rm", "--all", "--force"], timeout=120, cwd="/", check=False)
-        self.cool_nodes()
 
     def repair_podman(self, podman: list[str], *, tell=lambda m: None) -> bool | None:
         """repair_stale_state for the job user's ``podman`` (a command that runs it as them), as

@@ -394,7 +394,17 @@ def _running_step(cluster, image, script: str) -> tuple[subprocess.Popen, str]:
         return bool(new) and len(podman_containers(cluster, new[0])) == 3 and len(workload(cluster, new[0])) == 3 \
             and len(conmons(cluster, new[0])) == 3
 
-    assert wait_until(started, timeout=60), "the containers did not start"
+    if not wait_until(started, timeout=60):
+        # never leave the step running (a busy loop would load every later test): cancel it and
+        # say what the ranks said
+        for job in new or sorted(jobs() - before):
+            cluster.run(["scancel", job], check=False)
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise AssertionError(f"the containers did not start (job {new}): {out}{err}")
     return proc, new[0]
 
 
@@ -449,13 +459,15 @@ def test_cpu_time_of_containerized_ranks_is_accounted(cluster, image):
     before sstat), never the clock: a busy machine gives them less, and Slurm must account what
     they got."""
     proc, job = _running_step(cluster, image, "while :; do :; done")
-    pids = [line.split()[0] for line in workload(cluster, job)]
-    # enough work to tell accounted from not: 6 CPU seconds a rank (jobacct_gather samples every 2 s)
-    assert wait_until(lambda: _cpu_of(pids) >= 6 * len(pids), timeout=300), _cpu_of(pids)
-    used = _cpu_of(pids)
-    fields = cluster.run(["sstat", "-a", "-P", "-n", "-j", f"{job}.0", "-o", "NTasks,AveCPU"]).stdout.split("|")
-    cluster.run(["scancel", job])
-    proc.communicate(timeout=120)
+    try:
+        pids = [line.split()[0] for line in workload(cluster, job)]
+        # enough work to tell accounted from not: 6 CPU seconds a rank (jobacct_gather samples every 2 s)
+        assert wait_until(lambda: _cpu_of(pids) >= 6 * len(pids), timeout=300), _cpu_of(pids)
+        used = _cpu_of(pids)
+        fields = cluster.run(["sstat", "-a", "-P", "-n", "-j", f"{job}.0", "-o", "NTasks,AveCPU"]).stdout.split("|")
+    finally:                        # the busy ranks never outlive the test
+        cluster.run(["scancel", job], check=False)
+        proc.communicate(timeout=120)
     ntasks = int(fields[0])
     cpu = ntasks * cpu_seconds(fields[1])
     print(f"accounted CPU {cpu:.1f} s for {ntasks} ranks; their processes used {used:.1f} s")

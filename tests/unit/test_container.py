@@ -506,56 +506,6 @@ def test_cleanup_runs_only_tethers_own_removal_for_what_a_marker_names(public_di
     assert not pwned.exists()
 
 
-def test_the_cleanup_ends_the_pause_process_its_own_podman_made(public_dir):
-    """On a cold node the cleanup's `podman rm` makes the user's pause process, which outlived the
-    cleanup outside every step (the node warm for the user's next job; found in review). The one it
-    made is ended; one that was there before is left alone."""
-    step = public_dir / "step-0"
-    step.mkdir()
-    xdg = public_dir / "xdg"
-    (xdg / "libpod" / "tmp").mkdir(parents=True)
-    catatonit = public_dir / "catatonit"
-    catatonit.symlink_to("/bin/sleep")
-    pid_file = xdg / "libpod" / "tmp" / "pause.pid"
-    fake = public_dir / "podman"
-    fake.write_text(textwrap.dedent(f"""\
-        #!/bin/sh
-        case "$1" in
-          rm) [ -s {pid_file} ] || {{ setsid {catatonit} 300 </dev/null >/dev/null 2>&1 & echo $! > {pid_file}; }}
-              exit 0 ;;
-          container) exit 1 ;;
-        esac
-        exit 0
-        """))
-    fake.chmod(0o755)
-    (step / ".cleanup-0").write_text(json.dumps({"runtime": "podman", "container": "tether-7-0-0"}))
-    for p in [public_dir, step, xdg, xdg / "libpod", xdg / "libpod" / "tmp", *step.iterdir()]:
-        os.chown(p, 1003, 1003)
-    settings = {"podman": {"binary": str(fake), "env": {"XDG_RUNTIME_DIR": str(xdg)}}}
-
-    def state(pid: int) -> str:
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return "gone"
-
-    assert _cleanup_in(step, settings) == 0
-    made = int(pid_file.read_text())
-    assert wait_until(lambda: state(made) in ("Z", "gone"), timeout=10), state(made)
-    # a pause process that was there before the cleanup (a running job's) is not the cleanup's
-    pid_file.unlink()
-    before = subprocess.Popen(["setsid", str(catatonit), "300"], preexec_fn=lambda: os.setuid(1003))
-    pid_file.write_text(f"{before.pid}\n")
-    (step / ".cleanup-0").write_text(json.dumps({"runtime": "podman", "container": "tether-7-0-0"}))
-    os.chown(step / ".cleanup-0", 1003, 1003)
-    try:
-        assert _cleanup_in(step, settings) == 0
-        assert state(before.pid) not in ("Z", "gone")
-    finally:
-        before.kill()
-        before.wait()
-
-
 @pytest.mark.parametrize("stays_for,removed", [(2, True), (99, False)])
 def test_podman_removal_counts_only_a_container_podman_no_longer_knows(tmp_path, stays_for, removed):
     """Regression (issue 12, soak): `podman rm` answered 0 at a time limit and left a stopped
