@@ -127,11 +127,6 @@ class Runtime:
         the user and the admin). Runtimes that leave nothing behind have nothing to do."""
         return True
 
-    def own_process_files(self, env: Mapping[str, str]) -> tuple:
-        """(pid file, command names) of the processes this runtime keeps for itself on the node
-        (Launch.runtime_own): podman's pause process. Most runtimes keep none."""
-        return ()
-
     def recover_state(self, env: Mapping[str, str], output: str | None = None, *, new_session: bool = True) -> bool:
         """After a failed runtime command (its ``output``, or None when the output went to the
         rank): repair the runtime's per-user state on this node if it is the known kind of stale,

@@ -641,7 +641,8 @@ class Podman(Runtime):
             partial = f"{spec.save}.{os.uname().nodename}.{os.getpid()}.partial"
             finish = ([lambda env: save_oci_archive([self.binary, *glob], name, partial, env)], partial, spec.save)
             after = [[self.binary, *glob, "rm", "--force", "--ignore", name]]
-        kept = self.own_process_files(env)
+        # root's podman keeps no pause process (no XDG_RUNTIME_DIR: see base_env)
+        kept = ((pause_pid_file(env["XDG_RUNTIME_DIR"]), PAUSE_NAMES),) if env.get("XDG_RUNTIME_DIR") else ()
         return Launch(argv=argv, env=env, supervise=True, runtime=self, container=name, monitor="conmon",
                       marker=marker, marker_data=data, before=before, lock=lock, created=created,
                       fds=fds, finish=finish, after=after, prepare=prepare, runtime_own=kept)
@@ -701,11 +702,6 @@ class Podman(Runtime):
         if bad:   # CUDA_VISIBLE_DEVICES is the job's to set where Slurm did not
             raise LaunchError(f"GPU {bad[0][:40]!r} (CUDA_VISIBLE_DEVICES) is not a GPU index or UUID")
         return [a for i in ids for a in ("--device", f"{kind}={i}")]
-
-    def own_process_files(self, env: Mapping[str, str]) -> tuple:
-        """Podman's pause process, by its pid file in the run directory; root's podman keeps none
-        (no XDG_RUNTIME_DIR: see base_env)."""
-        return ((pause_pid_file(env["XDG_RUNTIME_DIR"]), PAUSE_NAMES),) if env.get("XDG_RUNTIME_DIR") else ()
 
     def recover_state(self, env: Mapping[str, str], output: str | None = None, *, new_session: bool = True) -> bool:
         """See repair_stale_state: this user's podman on this node, telling the rank's stderr. After
