@@ -264,7 +264,7 @@ class Doctor:
         default = container["runtime"]
         for name in ("apptainer", "singularity", "podman", "enroot"):
             binary = container[name]["binary"]
-            found = binary if os.path.isabs(binary) and os.access(binary, os.X_OK) else shutil.which(binary)
+            found = self._found(name)
             if not found:
                 if name == default:
                     yield Finding(FAIL, f"runtime {name}", f"{binary} not found (the default runtime): install "
