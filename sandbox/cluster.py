@@ -1111,7 +1111,9 @@ class Sandbox:
         inside a Slurm root): a wildcard bind() becomes a loopback one."""
         target = self.plugin_dir / "tether-sandbox-loopback-bind.so"
         with resources.as_file(resources.files("tether.sandbox").joinpath("loopback_bind.c")) as source:
-            run_command(["gcc", "-O2", "-shared", "-fPIC", "-o", str(target), str(source), "-ldl"], timeout=120)
+            # once, not at every start: again only when tether's copy of the source is newer
+            if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
+                run_command(["gcc", "-O2", "-shared", "-fPIC", "-o", str(target), str(source), "-ldl"], timeout=120)
         return target
 
     def _start_munged(self) -> None:
