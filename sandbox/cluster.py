@@ -64,6 +64,27 @@ CPUS_PER_NODE = 8
 MEMORY_MB = 4000
 # podman on this machine type: the sandbox lacks CAP_SYS_RESOURCE, so no default ulimits.
 CONTAINERS_CONF = "[containers]\ndefault_ulimits = []\n"
+# Each node is its own host (issue 46): slurmd n<i> starts in a mount and UTS namespace of its own,
+# with its own hostname (the node name) and its own /tmp, /var/tmp, /run and /dev/shm, plus a node-local
+# directory at <root>/local (the image stores), bound from <root>/nodes/<node>/... Its slurmstepd and
+# tasks inherit them. Shared, as on a site: /home, the job storage root and the rest of <root>.
+# (path inside the node, mode, emptied when the node boots -- a sandbox start -- as Debian does)
+NODE_DIRS = (("tmp", 0o1777, True), ("var/tmp", 0o1777, False), ("run", 0o755, True),
+             ("dev/shm", 0o1777, True), ("local", 0o755, False))
+# run by sh in the node's new namespaces: $1 node name, $2 its directory, $3 the hosts file, $4 the
+# sandbox's node-local mount point, then the command (slurmd)
+NODE_ENTER = """set -e
+node=$1 dir=$2 hosts=$3 local=$4; shift 4
+for path in /tmp /var/tmp /run /dev/shm; do mount --bind "$dir$path" "$path"; done
+mount --bind "$dir/local" "$local"
+mount --bind "$hosts" /etc/hosts
+hostname "$node"
+exec "$@"
+"""
+# rootless podman run by hand (the tests' and benchmarks' baseline) keeps its store on the node, as
+# a site's storage.conf would: in the user's home (shared by every node) one database would be
+# used from every node's own run state and locks
+BY_HAND_STORAGE_CONF = '[storage]\ndriver = "vfs"\nrootless_storage_path = "/var/tmp/podman-by-hand-$UID/storage"\n'
 
 # What a fresh Debian 12 machine needs for the sandbox and the plugins built against it.
 APT_PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "libslurm-dev", "munge",
@@ -164,13 +185,14 @@ class Sandbox:
 
     def __init__(self, root: str | os.PathLike | None = None, port_base: int | None = None,
                  user: str = DEFAULT_USER, slurm: str | None = None, node_prefix: str | None = None,
-                 nodes: int | None = None):
+                 nodes: int | None = None, separate_nodes: bool | None = None):
         self.root = Path(root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT).absolute()
         self.user = user
         if nodes is not None and not 1 <= nodes <= MAX_NODES:
             raise SandboxError(f"--nodes {nodes}: a sandbox has 1 to {MAX_NODES} nodes (each is a slurmd on this "
                                f"machine)")
         self._nodes = nodes
+        self._separate_nodes = separate_nodes
         self._port_base = port_base
         self._slurm = slurm
         self._node_prefix = node_prefix
@@ -248,6 +270,60 @@ class Sandbox:
         """The node names, in order (``("n1", "n2", "n3")`` on the host's Slurm)."""
         return tuple(f"{self.node_prefix}{i}" for i in range(1, self.node_count + 1))
 
+    @property
+    def separate_nodes(self) -> bool:
+        """Each node its own host (NODE_DIRS): on unless the sandbox was made without (kept across
+        restarts; ``up --shared-nodes``: one host for all, as before issue 46)."""
+        if self._separate_nodes is not None:
+            return self._separate_nodes
+        return bool(self._settings().get("separate_nodes", True))
+
+    def node_address(self, node: str) -> str:
+        """The node's NodeAddr: 127.0.0.1 for every node. Not yet each its own 127.0.0.N: the nodes
+        share one network namespace, whose every connection on loopback leaves from 127.0.0.1,
+        and slurmstepd connects back to srun at the address its launch request came from, while
+        srun (NoInAddrAny, kept so that nothing listens beyond loopback) listens at its own
+        name's address only -- a batch script's srun on a node at 127.0.0.2 was never reached
+        ("connect io: Connection refused"). Tried and taken out again (issue 46)."""
+        return "127.0.0.1"
+
+    def node_dir(self, node: str) -> Path:
+        """Where the node's own /tmp, /var/tmp, /run, /dev/shm and local directory are on this host."""
+        return self.root / "nodes" / node
+
+    @property
+    def local_dir(self) -> Path:
+        """The node-local directory (each node's own at this path: NODE_DIRS): the image stores."""
+        return self.root / "local"
+
+    def hosts_file(self, node: str) -> Path:
+        """The node's /etc/hosts (NODE_ENTER binds it): the host's (or the Slurm root's) plus each
+        node's name and address."""
+        return self.node_dir(node) / "hosts"
+
+    def node_path(self, node: str | None, path: str | os.PathLike) -> Path:
+        """Where ``path`` as the node's jobs see it is on this host: in the node's own directory
+        for its /tmp, /var/tmp, /run, /dev/shm and local directory, else as :meth:`host_path`.
+        ``node`` None: the first node."""
+        node = node or self.nodes[0]
+        path = Path(path)
+        if self.separate_nodes:
+            for sub, _, _ in NODE_DIRS:
+                inside = self.local_dir if sub == "local" else Path("/", sub)
+                if path == inside or inside in path.parents:
+                    return self.node_dir(node) / sub / path.relative_to(inside)
+        return self.host_path(path)
+
+    def on_node(self, node: str | None, argv: list[str], cwd: str = "/") -> list[str]:
+        """``argv`` run on ``node`` (None: the first): in its slurmd's mount and UTS namespaces
+        (its own /tmp, /run, ... and hostname; in a Slurm root: that root), in ``cwd`` there. Runs
+        as it is, or through :meth:`wrap` (nsenter leaves the root's namespace for the node's)."""
+        node = node or self.nodes[0]
+        pid = self._pid_of(f"slurmd-{node}")
+        if pid is None:
+            raise SandboxError(f"node {node} is not running (no slurmd): start the sandbox first")
+        return ["nsenter", "--target", str(pid), "--mount", "--uts", f"--wd={cwd}", "--", *argv]
+
     def host_path(self, path: str | os.PathLike) -> Path:
         """Where ``path`` as the sandbox's jobs see it is on this host: the same, except in a Slurm
         root outside the sandbox directory (the root's own /tmp, /var/tmp, /home)."""
@@ -311,13 +387,6 @@ class Sandbox:
     def tether_conf(self) -> Path:
         """The tether config the sandbox's daemons read (their $TETHER_CONFIG)."""
         return self.etc / "tether.yaml"
-
-    @staticmethod
-    def tmpfs_dir(port_base: int) -> Path:
-        """TmpFS per node (``<this>/<node>``): under /tmp as on real nodes, where a container's /tmp
-        (the rank's own) can hold the mount of the PMIx client directory Slurm makes there; one per
-        sandbox (by its port base)."""
-        return Path(f"/tmp/tether-sandbox-{port_base}")
 
     @property
     def mariadb_dir(self) -> Path:
@@ -393,10 +462,10 @@ class Sandbox:
                 # the stores in the sandbox's own directory (never the paths real jobs use), in
                 # the default's form: <root>/users/<uid>, made by root (the SPANK plugin) for the user
                 "podman": {"args": ["--runtime", "runc"], "cdi_kind": FAKE_GPU_CDI_KIND,
-                           "store": str(self.root / "users" / "{uid}" / "podman"),
+                           "store": str(self.store_base / "{uid}" / "podman"),
                            "env": {"CONTAINERS_CONF": str(self.etc / "containers.conf"),
                                    "CONTAINERS_REGISTRIES_CONF": str(self.etc / "registries.conf")}},
-                "enroot": {"store": str(self.root / "users" / "{uid}" / "enroot")},
+                "enroot": {"store": str(self.store_base / "{uid}" / "enroot")},
             },
             "gateways": {"partition": "gateway",
                          "daemon": [self.python, "-m", "tether.sandbox.gateway_daemon", "--port", "{port}",
@@ -405,6 +474,12 @@ class Sandbox:
                          "state_root": str(self.root / "launcher-state"), "service_user": LAUNCHER_USER,
                          "users_group": LAUNCHER_GROUP, "socket": str(self.launcher_socket)},
         }
+
+    @property
+    def store_base(self) -> Path:
+        """Where the users' image stores are: node-local (each node its own), in the sandbox's
+        own directory (never the paths real jobs use)."""
+        return (self.local_dir if self.separate_nodes else self.root) / "users"
 
     @property
     def launcher_socket(self) -> Path:
@@ -447,35 +522,45 @@ class Sandbox:
         if self.user not in grp.getgrnam(LAUNCHER_GROUP).gr_mem:
             run_command(["usermod", "-a", "-G", LAUNCHER_GROUP, self.user], timeout=60)
 
-    def user_podman(self) -> list[str]:
-        """The job user's podman as jobs run it: the sandbox's podman env and args and the user's
-        tether store on this node (container.podman.store), through ``runuser`` (run it with
-        :meth:`wrap` for a sandbox in a Slurm root: its podman and store)."""
+    def user_podman(self, node: str | None = None) -> list[str]:
+        """The job user's podman as jobs run it on ``node`` (None: the first): the sandbox's podman
+        env and args and the user's tether store there (container.podman.store), through
+        ``runuser``, in the node's namespaces (:meth:`on_node`; run it directly, or through
+        Cluster.run, whose :meth:`wrap` it tolerates)."""
         settings = self.tether_settings()["container"]["podman"]
         uid = pwd.getpwnam(self.user).pw_uid
-        return ["runuser", "-u", self.user, "--", "env", *self.podman_env(), "podman",
-                *Podman(settings).global_args({}, uid=uid)]
+        return self.on_node(node, ["runuser", "-u", self.user, "--", "env", *self.podman_env(node), "podman",
+                                   *Podman(settings).global_args({}, uid=uid)])
 
-    def podman_env(self) -> list[str]:
-        """``NAME=VALUE`` of podman's environment as tether's launcher gives the job user's podman:
-        the config's, and podman's run directory (Podman.run_dir, made as root would make it). Any
-        podman of that user on the node -- by hand too -- runs with it: one run state (libpod resets
-        the user's shared locks when it meets a second one), which tether's repair keeps working."""
+    def by_hand_podman(self, node: str | None = None) -> list[str]:
+        """The job user's podman as they would run it by hand on ``node`` (its own store there:
+        BY_HAND_STORAGE_CONF), in the node's namespaces."""
+        settings = self.tether_settings()["container"]["podman"]
+        return self.on_node(node, ["runuser", "-u", self.user, "--", "env", *self.podman_env(node), "podman",
+                                   *settings["args"]])
+
+    def podman_env(self, node: str | None = None) -> list[str]:
+        """``NAME=VALUE`` of podman's environment as tether's launcher gives the job user's podman
+        on ``node``: the config's, podman's run directory (Podman.run_dir, made as root would make
+        it there) and the by-hand store's storage.conf. Any podman of that user on the node -- by
+        hand too -- runs with it: one run state (libpod resets the user's shared locks when it
+        meets a second one), which tether's repair keeps working."""
         settings = self.tether_settings()["container"]["podman"]
         account = pwd.getpwnam(self.user)
-        self.user_dirs(account.pw_uid, account.pw_gid)
+        self.user_dirs(account.pw_uid, account.pw_gid, node)
         return [*(f"{k}={v}" for k, v in settings["env"].items()),
+                f"CONTAINERS_STORAGE_CONF={self.etc / 'storage-by-hand.conf'}",
                 f"XDG_RUNTIME_DIR={Podman(settings).run_dir(account.pw_uid)}"]
 
-    def user_dirs(self, uid: int, gid: int) -> None:
-        """The user's own directories on the (one) node host, as the SPANK plugin makes them as
-        root at a container step (jobdirs.c tether_ensure_user_dirs): for podman run by hand as
-        the user with the store and run directory jobs use."""
+    def user_dirs(self, uid: int, gid: int, node: str | None = None) -> None:
+        """The user's own directories on ``node`` (None: the first), as the SPANK plugin makes
+        them as root at a container step (jobdirs.c tether_ensure_user_dirs): for podman run by
+        hand as the user with the store and run directory jobs use."""
         config = load_config(str(self.tether_conf)) if self.tether_conf.exists() else None
         bases = config.user_dir_bases() if config else []
         for base in bases:
-            os.makedirs(self.host_path(base), mode=0o755, exist_ok=True)
-            mine = Path(self.host_path(base)) / str(uid)
+            os.makedirs(self.node_path(node, base), mode=0o755, exist_ok=True)
+            mine = self.node_path(node, base) / str(uid)
             if not mine.exists():
                 mine.mkdir(mode=0o700)
                 os.chown(mine, uid, gid)
@@ -599,15 +684,16 @@ class Sandbox:
         port_base = self._choose_ports()
         ensure_user(self.user, log=log)
         self._make_layout()
+        separate = self.separate_nodes
         self.settings_file.write_text(json.dumps({"port_base": port_base, "user": self.user, "quick": quick,
                                                   "slurm": release, "node_prefix": self.node_prefix,
-                                                  "nodes": self.node_count}) + "\n")
+                                                  "nodes": self.node_count, "separate_nodes": separate}) + "\n")
         self._launcher_accounts(log=log)
         if self.slurm_root:
             self.slurm_root.ensure(log=log)
             # the node names resolve, as on a real cluster (the job's tools -- srun -w, hostname
             # lists, MPI -- use them; MASTER_ADDR is the first node's NodeAddr)
-            self.slurm_root.prepare(hosts=f"127.0.0.1 {' '.join(self.nodes)}\n", users=(self.user,))
+            self.slurm_root.prepare(hosts=self._node_hosts(), users=(self.user,))
             self.slurm_root.end_user_namespaces((self.user,))
             # the fake GPUs' CDI spec where the root's podman looks (the devices: its /dev is the host's)
             cdi = self.slurm_root.path / FAKE_GPU_CDI_SPEC.relative_to("/")
@@ -616,7 +702,7 @@ class Sandbox:
             self.slurm_root.install_tether()
         self._write_configs(port_base)
         self.install_launcher(log=log)
-        self._heal_podman(log=log)
+        self._boot_nodes()
         if plugins:
             self.install_plugins(log=log)
         try:
@@ -626,11 +712,10 @@ class Sandbox:
                 self._start_mariadb(port_base + MARIADB_OFFSET)
                 self._start_slurmdbd(port_base + DBD_OFFSET)
             self._start(["slurmctld", "-f", str(self.slurm_conf)], "slurmctld")
-            tmpfs = self.tmpfs_dir(port_base)       # in a Slurm root: its own /tmp
-            make_tmpfs_dirs(self.slurm_root.path / tmpfs.relative_to("/") if self.slurm_root else tmpfs, self.nodes)
             for node in self.nodes:
                 (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
-                self._start(["slurmd", "-f", str(self.slurm_conf), "-N", node], f"slurmd-{node}")
+                self._start(self.node_wrap(node, ["slurmd", "-f", str(self.slurm_conf), "-N", node]),
+                            f"slurmd-{node}", wrapped=True)
             # jobs of an earlier life whose processes were killed outright (a crash, a machine
             # restored from a snapshot) stay "running" in slurmctld's saved state and keep their
             # nodes busy for minutes: a sandbox starting afresh cancels them
@@ -658,12 +743,12 @@ class Sandbox:
             cdi = self.slurm_root.path / FAKE_GPU_CDI_SPEC.relative_to("/")
             cdi.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
             shutil.copy(FAKE_GPU_CDI_SPEC, cdi)
+        if self.root.exists():
+            self.cool_nodes()      # a pause process would keep a node's namespace (and mounts) alive
         if purge and self.root.exists():
-            tmpfs = self.tmpfs_dir(self.port_base())
             shutil.rmtree(self.root)
-            shutil.rmtree(tmpfs, ignore_errors=True)
             self.launcher_sudoers.unlink(missing_ok=True)
-            log(f"removed {self.root} and {tmpfs}")
+            log(f"removed {self.root}")
         return stopped
 
     def running(self) -> bool:
@@ -779,13 +864,43 @@ class Sandbox:
                 fh.write(os.urandom(1024))
             os.chown(key, munge.pw_uid, munge.pw_gid)
 
+    def _node_hosts(self) -> str:
+        """/etc/hosts lines naming each node at its address."""
+        return "".join(f"{self.node_address(node)} {node}\n" for node in self.nodes)
+
+    def node_wrap(self, node: str, argv: list[str]) -> list[str]:
+        """``argv`` (slurmd) started as ``node``: in a mount and UTS namespace of its own whose
+        /tmp, /var/tmp, /run, /dev/shm and local directory are the node's (NODE_ENTER), in the
+        sandbox's Slurm root if it has one."""
+        if not self.separate_nodes:
+            return self.wrap(argv)
+        inner = ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", NODE_ENTER, "tether-node",
+                 node, str(self.node_dir(node)), str(self.hosts_file(node)), str(self.local_dir), *argv]
+        return self.wrap(inner)
+
+    def _boot_nodes(self) -> None:
+        """Each node's own directories (NODE_DIRS), root-owned, as a node has them after boot: its
+        /tmp, /run and /dev/shm emptied, its /var/tmp and local directory (the stores) kept. A
+        pause process left in an earlier life of the node is ended first."""
+        if not self.separate_nodes:
+            return
+        self.local_dir.mkdir(mode=0o755, exist_ok=True)
+        self.cool_nodes()
+        base = self.host_path("/etc/hosts")       # the Slurm root's (prepare wrote it), or the host's
+        base_text = base.read_text() if base.exists() else ""
+        for node in self.nodes:
+            make_node_dirs(self.node_dir(node))
+            self.hosts_file(node).write_text(base_text + self._node_hosts())
+
     def _write_configs(self, port_base: int) -> None:
         env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True)
         values = {
             "cluster_name": "tether-sandbox", "ctld_port": port_base,
             "slurmd_ports": [port_base + SLURMD_OFFSET + i for i in range(self.node_count)],
             "munge_socket": self.munge_socket, "state_dir": self.root / "state",
-            "spool_dir": self.root / "spool", "tmpfs_dir": self.tmpfs_dir(port_base), "run_dir": self.run_dir, "log_dir": self.log_dir,
+            "spool_dir": self.root / "spool", "run_dir": self.run_dir, "log_dir": self.log_dir,
+            "node_addresses": [self.node_address(node) for node in self.nodes],
+            "node_hostnames": list(self.nodes) if self.separate_nodes else ["localhost"] * self.node_count,
             "plugin_dir": f"{system_plugin_dir()}:{self.plugin_dir}",
             "plugstack_conf": self.plugstack_conf,
             "nodes": self.node_count, "node_prefix": self.node_prefix, "cpus": CPUS_PER_NODE, "memory_mb": MEMORY_MB,
@@ -798,6 +913,7 @@ class Sandbox:
             (self.etc / name).write_text(env.from_string(template).render(**values))
         self.plugstack_conf.write_text("# tether sandbox: SPANK plugins (see `tether slurm install`)\n")
         (self.etc / "containers.conf").write_text(CONTAINERS_CONF)
+        (self.etc / "storage-by-hand.conf").write_text(BY_HAND_STORAGE_CONF)
         cgroup_conf = self.etc / "cgroup.conf"
         if self.quick():
             cgroup_conf.unlink(missing_ok=True)
@@ -820,45 +936,24 @@ class Sandbox:
         self.tether_conf.write_text("# tether configuration of the sandbox cluster (generated)\n"
                                     + yaml.safe_dump(self.tether_settings(), sort_keys=False))
 
-    def _heal_podman(self, *, log=print) -> None:
-        """The job user's rootless podman state may name processes that are gone (this machine's
-        processes were killed, not stopped: a snapshot, a crash): podman then refuses every command
-        until it is repaired, as jobs repair it (podman.repair_stale_state) -- in tether's store
-        and in the user's default one (podman by hand, the tests' and benchmarks' baseline)."""
-        settings = self.tether_settings()["container"]["podman"]
-        by_hand = ["runuser", "-u", self.user, "--", "env", *self.podman_env(), "podman", *settings["args"]]
-        # tether's store first: its podman makes the pause process the other one's then joins
-        for podman in (self.user_podman(), by_hand):  # tether's store, and the user's default one
-            self.repair_podman(podman, tell=lambda m: log(f"{self.user}: {m}"))
-            podman = self.wrap(podman)
-            try:
-                run_command([*podman, "ps", "--quiet"], timeout=120, cwd="/")
-            except CommandError as exc:
-                raise SandboxError(f"podman does not work for {self.user}: {exc}") from None
-        # the default store is the tests' and benchmarks' podman by hand under srun: on a cold node
-        # (no pause process) podman joins a container it believes running instead, and refuses
-        # every command when that one's conmon is gone -- which `podman system migrate` cannot
-        # repair on podman 5. None is left there (twice: the first rm of a container whose conmon
-        # was killed only marks it stopped).
-        for _ in range(2):
-            run_command([*self.wrap(by_hand), "rm", "--all", "--force"], timeout=120, cwd="/", check=False)
-
-    def repair_podman(self, podman: list[str], *, tell=lambda m: None) -> bool | None:
-        """repair_stale_state for the job user's ``podman`` (a command that runs it as them), as
-        their launcher repairs it -- removing podman's boot marker, as the user, when `podman
-        system migrate` cannot (podman 5 on a cold node)."""
+    def repair_podman(self, podman: list[str], *, node: str | None = None, tell=lambda m: None) -> bool | None:
+        """repair_stale_state for the job user's ``podman`` on ``node`` (a command from
+        :meth:`user_podman` or :meth:`by_hand_podman` for that node), as their launcher repairs it
+        -- removing podman's boot marker, as the user, when `podman system migrate` cannot (podman 5
+        on a cold node)."""
         settings = self.tether_settings()["container"]["podman"]
         marker = os.path.join(Podman(settings).run_dir(pwd.getpwnam(self.user).pw_uid), BOOT_MARKER)
-        reset_argv = self.wrap(["runuser", "-u", self.user, "--", "rm", "-f", marker])
-        return repair_stale_state(self.wrap(podman), tell=tell, cwd="/",
+        reset_argv = self.on_node(node, ["runuser", "-u", self.user, "--", "rm", "-f", marker])
+        return repair_stale_state(podman, tell=tell, cwd="/",
                                   reset=lambda: run_command(reset_argv, timeout=60, cwd="/", check=False))
 
     def cool_nodes(self) -> list[int]:
         """Leave the nodes cold for the job user, as a compute node is between jobs: no rootless
-        podman pause process of theirs (the repair above, a test's or a benchmark's podman by hand
-        outside Slurm made one; each step's end kills the one its own podman made). The pids
-        ended."""
-        return slurmroot.end_pause_processes(self.host_path("/"), (self.user,))
+        podman pause process of theirs (a test's or a benchmark's podman by hand outside Slurm
+        made one; each step's end kills the one its own podman made). The pids ended."""
+        roots = ([self.node_dir(node) for node in self.nodes] if self.separate_nodes
+                 else [self.host_path("/")])
+        return [pid for root in roots for pid in slurmroot.end_pause_processes(root, (self.user,))]
 
     def _start_registry(self) -> None:
         """docker-registry runs in the foreground; ready when its port answers. Both registries."""
@@ -1131,10 +1226,10 @@ class Sandbox:
             time.sleep(0.1)
         raise SandboxError(f"munged did not answer on {self.munge_socket}")
 
-    def _start(self, argv: list[str], name: str) -> None:
+    def _start(self, argv: list[str], name: str, *, wrapped: bool = False) -> None:
         """Start a daemonizing command; its early output goes to log/<name>.start."""
         start_log = self.log_dir / f"{name}.start"
-        if name.startswith("slurm"):      # slurmctld, slurmd-*, slurmdbd: the sandbox's release
+        if name.startswith("slurm") and not wrapped:  # slurmctld, slurmdbd: the sandbox's release
             argv = self.wrap(argv)
         with open(start_log, "wb") as out:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
@@ -1207,22 +1302,37 @@ def ensure_packages(packages: Iterable[str], *, log=print) -> None:
             policy.unlink(missing_ok=True)
 
 
-def make_tmpfs_dirs(base: Path, nodes: Iterable[str]) -> None:
-    """``base`` (in /tmp, which every user can write) root-owned 0755 and one 1777 directory per
-    node in it, as /tmp is. Root never follows what a user may have put there first: an existing
-    entry that is not root's own plain directory is refused."""
-    for path, mode in [(base, 0o755)] + [(base / node, 0o1777) for node in nodes]:
+def make_node_dirs(node_dir: Path) -> None:
+    """A node's own directories (NODE_DIRS) under ``node_dir``, root-owned with their modes (/tmp's
+    1777, /run's 0755, ...), those a boot empties emptied. Root never follows what a user may have
+    put there: an existing entry on the way that is not root's own plain directory is refused, and
+    emptying removes entries without following links."""
+    wanted = {node_dir.parent: 0o755, node_dir: 0o755}
+    for sub, mode, _ in NODE_DIRS:
+        parts = Path(sub).parts
+        for i in range(1, len(parts)):
+            wanted.setdefault(node_dir.joinpath(*parts[:i]), 0o755)
+        wanted[node_dir / sub] = mode
+    for path in sorted(wanted, key=lambda p: len(p.parts)):
         try:
-            os.mkdir(path, mode)
+            os.mkdir(path, 0o700)
         except FileExistsError:
-            st = os.lstat(path)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
-                raise SandboxError(f"{path} exists and is not a root-owned directory; remove it") from None
+            pass
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+            raise SandboxError(f"{path} exists and is not a root-owned directory; remove it")
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
-            os.fchmod(fd, mode)
+            os.fchmod(fd, wanted[path])
         finally:
             os.close(fd)
+    for sub, _, emptied in NODE_DIRS:
+        if emptied:
+            for entry in os.scandir(node_dir / sub):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
 
 
 def write_fake_gpus() -> None:
@@ -1284,12 +1394,14 @@ def first_job_id(port_base: int) -> int:
 def _ports_free(base: int, nodes: int) -> bool:
     """Whether slurmctld's, the registries', slurmdbd's, MariaDB's and ``nodes`` slurmd's ports from
     ``base`` on are free on 127.0.0.1."""
-    for port in [base, base + REGISTRY_OFFSET, base + DBD_OFFSET, base + MARIADB_OFFSET, base + PRIVATE_REGISTRY_OFFSET,
-                 *range(base + SLURMD_OFFSET, base + SLURMD_OFFSET + nodes)]:
+    wanted = [("127.0.0.1", port) for port in (base, base + REGISTRY_OFFSET, base + DBD_OFFSET, base + MARIADB_OFFSET,
+                                               base + PRIVATE_REGISTRY_OFFSET, *range(base + SLURMD_OFFSET,
+                                                                                     base + SLURMD_OFFSET + nodes))]
+    for address in wanted:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                sock.bind(("127.0.0.1", port))
+                sock.bind(address)
             except OSError:
                 return False
     return True

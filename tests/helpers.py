@@ -44,9 +44,10 @@ def without_runc_warnings(text: str) -> str:
 
 
 def public_base() -> str:
-    """Where tests make directories the job user can reach: /var/tmp, or on another Slurm release
-    the sandbox's own directory (its Debian root has a /var/tmp of its own), made if missing."""
-    base = f"{release_sandbox_root(TEST_SLURM)}/public" if TEST_SLURM else "/var/tmp"
+    """Where tests make directories the job user can reach from every node: in the sandbox's own
+    directory (shared by the nodes, as a site's shared filesystem; each node has its own /tmp and
+    /var/tmp), made if missing."""
+    base = f"{release_sandbox_root(TEST_SLURM) if TEST_SLURM else TEST_SANDBOX_ROOT}/public"
     os.makedirs(base, mode=0o755, exist_ok=True)
     return base
 
@@ -116,6 +117,13 @@ class Cluster:
     def as_user(self, argv: Sequence[str], **kw):
         """Run ``argv`` as the unprivileged job user (as real users submit jobs)."""
         return self.run(["runuser", "-u", self.user, "--", *argv], **kw)
+
+    def on_node_as_user(self, node: str | None, argv: Sequence[str], *, check: bool = True, cwd: str = "/",
+                        timeout: float = 120):
+        """Run ``argv`` as the job user on ``node`` (None: the first) outside Slurm, as a user
+        logged in there would (Sandbox.on_node: the node's own /tmp, /run, stores, hostname)."""
+        return self.run(self.box.on_node(node, ["runuser", "-u", self.user, "--", *argv], cwd=cwd), check=check,
+                        timeout=timeout)
 
     def job_fields(self, job_id: str) -> dict[str, str]:
         """``scontrol show job -o`` as one mapping (values are Slurm's text; a heterogeneous job's

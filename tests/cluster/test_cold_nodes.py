@@ -25,12 +25,12 @@ REAPING = re.compile(r"^tether-run: after the runtime: launcher=(c|python) reape
                      r"runtime_own=(none|[\d,]+) ended=(\d+) grace_ran_out=([01])$", re.M)
 
 
-def _pause_file(cluster) -> str:
-    """podman's record of the job user's pause process on the (one) node host."""
+def _pause_file(cluster, node: str) -> str:
+    """podman's record of the job user's pause process on ``node``."""
     box = cluster.box
     uid = pwd.getpwnam(cluster.user).pw_uid
     run_dir = Podman(box.tether_settings()["container"]["podman"]).run_dir(uid)
-    return box.host_path(pause_pid_file(run_dir))
+    return str(box.node_path(node, pause_pid_file(run_dir)))
 
 
 def _state(pid: int) -> tuple[str, str, int] | None:
@@ -46,15 +46,18 @@ def _state(pid: int) -> tuple[str, str, int] | None:
 
 
 def _live_pause_process(cluster) -> int | None:
-    """The job user's pause process as podman recorded it, when it is alive."""
-    try:
-        with open(_pause_file(cluster)) as fh:
-            pid = int(fh.read().strip())
-    except (OSError, ValueError):
-        return None
-    found = _state(pid)
+    """A job user's pause process as podman recorded it on one of the nodes, when it is alive."""
     user = pwd.getpwnam(cluster.user).pw_uid
-    return pid if found and found[0] in PAUSE_NAMES and found[1] != "Z" and found[2] == user else None
+    for node in cluster.nodes:
+        try:
+            with open(_pause_file(cluster, node)) as fh:
+                pid = int(fh.read().strip())
+        except (OSError, ValueError):
+            continue
+        found = _state(pid)
+        if found and found[0] in PAUSE_NAMES and found[1] != "Z" and found[2] == user:
+            return pid
+    return None
 
 
 @pytest.fixture
@@ -94,12 +97,13 @@ def test_a_cold_nodes_container_step_never_waits_for_podmans_pause_process(clust
     assert len(ranks) == 3, result.stderr
     assert {launcher for launcher, *_ in ranks} == {"python" if kind == "registry" else "c"}
     assert not any(ran_out for *_, ran_out in ranks), result.stderr
-    # the three ranks share one run directory (the sandbox's nodes are one host): one podman made
-    # the pause process, the others joined it
-    own = [pid for _, pids, _, _ in ranks for pid in pids]
-    with open(_pause_file(cluster)) as fh:
-        recorded = int(fh.read().strip())
-    assert own == [recorded], result.stderr
-    assert sum(ended for _, _, ended, _ in ranks) == 1, result.stderr
-    assert (_state(recorded) or ("", "Z", 0))[1] == "Z"         # gone with its rank
+    # each node its own run directory: each rank's podman made the pause process of its node
+    own = sorted(pid for _, pids, _, _ in ranks for pid in pids)
+    recorded = []
+    for node in cluster.nodes:
+        with open(_pause_file(cluster, node)) as fh:
+            recorded.append(int(fh.read().strip()))
+    assert own == sorted(recorded), result.stderr
+    assert sum(ended for _, _, ended, _ in ranks) == 3, result.stderr
+    assert all((_state(pid) or ("", "Z", 0))[1] == "Z" for pid in recorded)   # gone with their ranks
     assert cluster.in_service(), cluster.node_states()

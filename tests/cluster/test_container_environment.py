@@ -150,7 +150,7 @@ def test_a_large_and_hostile_environment_still_works(cluster, image, fakes, sett
             assert "not passed into the enroot container: HOSTILE_NEWLINE" in result.stderr
         else:
             assert seen["HOSTILE_NEWLINE"] == hostile["HOSTILE_NEWLINE"]
-    assert not cluster.box.host_path("/tmp/pwned").exists()
+    assert not any(cluster.box.node_path(node, "/tmp/pwned").exists() for node in cluster.nodes)
     # no value on a command line: the runtime's argv holds names at most
     if runtime != "podman":
         tool = "enroot" if runtime == "enroot" else runtime

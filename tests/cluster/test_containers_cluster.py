@@ -32,9 +32,13 @@ def show(image: str) -> str:
 
 
 def podman_containers(cluster, job: str) -> list[str]:
-    """The job's containers in the job user's podman store (running or not)."""
-    out = cluster.run([*cluster.box.user_podman(), "ps", "-a", "--format", "{{.Names}}"], check=False, cwd="/").stdout
-    return [n for n in out.split() if n.startswith(f"tether-{job}-")]
+    """The job's containers in the job user's podman store of every node (running or not)."""
+    names = []
+    for node in cluster.nodes:
+        out = cluster.run([*cluster.box.user_podman(node), "ps", "-a", "--format", "{{.Names}}"], check=False,
+                          cwd="/").stdout
+        names += [n for n in out.split() if n.startswith(f"tether-{job}-")]
+    return names
 
 
 def of_job(lines: list[str], job: str) -> list[str]:
@@ -131,10 +135,10 @@ def test_a_registry_image_is_pulled_once_per_node_and_then_never(cluster, regist
     """Issue 14: a real registry (the sandbox's docker-registry), real rootless podman: 3 nodes x 2
     ranks of a cold image cause one pull per store -- counted in the registry's own access log --
     with the other ranks waiting (and saying so); the next job pulls nothing. The store is per user
-    per node on a node-local disk (container.podman.store); the sandbox's three nodes share this
-    host's /var/tmp, so here that is one pull for all three (on a cluster: one per node)."""
-    cluster.run([*cluster.box.user_podman(), "rmi", "--force", registry_image],
-                check=False, cwd="/")                                   # cold: not in the user's store
+    per node on a node-local disk (container.podman.store): each sandbox node has its own, so one
+    pull per node, as on a cluster."""
+    for node in cluster.nodes:                                          # cold: not in the user's stores
+        cluster.run([*cluster.box.user_podman(node), "rmi", "--force", registry_image], check=False, cwd="/")
     repository = registry_image.split("/", 1)[1].split(":")[0]
     runs = []
     for _ in range(2):
@@ -146,9 +150,9 @@ def test_a_registry_image_is_pulled_once_per_node_and_then_never(cluster, regist
     (cold, cold_requests), (warm, warm_requests) = runs
     assert sorted(cold.stdout.split("\n")[:-1]) == [f"rank={r} in=container" for r in range(6)]
     manifests = [r for r in cold_requests if f"/v2/{repository}/manifests/" in r and '"GET ' in r]
-    assert len(manifests) == 1, cold_requests                         # one pull per store
-    assert cold.stderr.count(f"tether: pulling {registry_image} (podman) ...") == 1, cold.stderr
-    assert cold.stderr.count("tether: waiting for another rank on this node") <= 5
+    assert len(manifests) == 3, cold_requests                         # one pull per store: per node
+    assert cold.stderr.count(f"tether: pulling {registry_image} (podman) ...") == 3, cold.stderr
+    assert cold.stderr.count("tether: waiting for another rank on this node") <= 3
     assert warm_requests == [] and "pulling" not in warm.stderr       # the next job: nothing
     assert sorted(warm.stdout.split("\n")[:-1]) == [f"rank={r} in=container" for r in range(6)]
 
@@ -178,7 +182,7 @@ def _make_stale(cluster, podman: list[str], name: str, image: str, *, payload: b
     # hand has a run directory, and a pause process, of its own, which later tests need working
     run_dir = Podman(cluster.box.tether_settings()["container"]["podman"]).run_dir(uid)
     try:
-        pause = int(Path(cluster.box.host_path(f"{run_dir}/libpod/tmp/pause.pid")).read_text().strip())
+        pause = int(cluster.box.node_path(None, f"{run_dir}/libpod/tmp/pause.pid").read_text().strip())
     except (OSError, ValueError):
         pause = None
     victims = [pause] if pause and Path(f"/proc/{pause}").exists() else []
@@ -230,7 +234,7 @@ def test_a_stale_podman_state_left_by_killed_processes_heals_itself(cluster, ima
     assert wait_until(lambda: not ids & set(cluster.run(["squeue", "-h", "-o", "%i"]).stdout.split()), timeout=300)
     assert wait_until(lambda: not user_processes(cluster, "tether-run"), timeout=150), \
         user_processes(cluster, "tether-run")
-    podman = cluster.box.user_podman()              # the user's store as jobs use it
+    podman = cluster.box.user_podman()              # the user's store on the first node, as jobs use it
     name = f"tether-stale-{os.getpid()}"
     for attempt in range(3):
         # with everything killed, podman sometimes finds the container stopped (runc's state) and
@@ -244,7 +248,7 @@ def test_a_stale_podman_state_left_by_killed_processes_heals_itself(cluster, ima
             cluster.run([*podman, "rm", "--force", "--ignore", name], check=False, cwd="/")
     assert broken.returncode != 0 and "podman system migrate" in broken.stderr, \
         (broken, cluster.run(["ps", "-u", cluster.user, "-o", "pid,stat,args"], check=False).stdout)
-    result = cluster.as_user(["srun", "-N1", f"--container-image={image}", "sh", "-c",
+    result = cluster.as_user(["srun", "-N1", "-w", cluster.nodes[0], f"--container-image={image}", "sh", "-c",
                               "echo in=$(grep -qF ' " + image + " / ' /proc/self/mountinfo && echo container)"])
     assert result.stdout.strip() == "in=container", result.stderr
     # either the launcher found the state stale and repaired it, or podman's first run rebuilt it
@@ -694,11 +698,12 @@ def test_a_bare_shared_rootfs_runs_and_takes_mounts_onto_missing_targets(cluster
     read-only with a mount onto a target it lacks, and writable (changes gone with the container)."""
     bare = cluster.box.bare_busybox_image()
     assert not Path(bare, "etc").exists() and not os.access(bare, os.W_OK | os.X_OK) or os.getuid() == 0
-    podman = cluster.box.user_podman()
-    before = cluster.run([*podman, "images", "--format", "{{.Repository}}:{{.Tag}}"], check=False, cwd="/").stdout
-    for name in before.split():
-        if name.startswith("localhost/tether-rootfs:"):
-            cluster.run([*podman, "rmi", "--force", name], check=False, cwd="/")     # cold
+    for node in cluster.nodes:                      # cold: each node's store
+        podman = cluster.box.user_podman(node)
+        before = cluster.run([*podman, "images", "--format", "{{.Repository}}:{{.Tag}}"], check=False, cwd="/").stdout
+        for name in before.split():
+            if name.startswith("localhost/tether-rootfs:"):
+                cluster.run([*podman, "rmi", "--force", name], check=False, cwd="/")
     result = cluster.as_user(["srun", "-N3", "-n6", f"--container-image={bare}",
                               "--container-mounts=/etc/debian_version:/data/version:ro",
                               "sh", "-c", "echo rank=$RANK $(cat /data/version) $(touch /x 2>&1)"])
@@ -706,7 +711,7 @@ def test_a_bare_shared_rootfs_runs_and_takes_mounts_onto_missing_targets(cluster
     assert sorted(result.stdout.splitlines()) == [f"rank={r} {version} touch: /x: Read-only file system"
                                                   for r in range(6)], result.stderr
     said = [line for line in result.stderr.splitlines() if line.startswith(f"tether: importing the rootfs {bare} ")]
-    assert len(said) == 2 and said[0].endswith(") ...") and ": done in " in said[1], result.stderr   # once
+    assert len(said) == 6 and said[0].endswith(") ...") and ": done in " in said[-1], result.stderr   # once a node
     # writable: the container's own layer takes writes (where the user may write: the image's /
     # is its root's, and the user keeps their uid inside, as with Apptainer)
     again = cluster.as_user(["srun", "-N1", f"--container-image={bare}", "--container-writable", "sh", "-c",
@@ -715,6 +720,12 @@ def test_a_bare_shared_rootfs_runs_and_takes_mounts_onto_missing_targets(cluster
     assert again.stdout.split("\n")[:3] == ["hi", "touch: /x: Permission denied", uid], again
     assert "importing" not in again.stderr, again.stderr
     assert not Path(bare, "tmp").exists()
+
+
+def _remove_everywhere(cluster, image: str) -> None:
+    """``image`` out of the job user's tether store on every node."""
+    for node in cluster.nodes:
+        cluster.run([*cluster.box.user_podman(node), "rmi", "--force", image], check=False, cwd="/")
 
 
 def _write_as(user: str, path: Path, text: str) -> None:
@@ -742,12 +753,11 @@ def test_a_private_registry_image_runs_with_the_users_own_login(cluster):
     home = Path(pwd.getpwnam(cluster.user).pw_dir)
     default_auth, elsewhere = home / ".config/containers/auth.json", home / f"tether-auth-{os.getpid()}.json"
     host_auth, host_elsewhere = cluster.box.host_path(default_auth), cluster.box.host_path(elsewhere)
-    podman = cluster.box.user_podman()
     login = json.dumps(registry_auth(cluster.box.private_registry_address, user, password))
     show = ["sh", "-c", "echo in=$(test -e /etc/debian_version && echo host || echo container)"]
     try:
         host_auth.unlink(missing_ok=True)
-        cluster.run([*podman, "rmi", "--force", ref], check=False, cwd="/")
+        _remove_everywhere(cluster, ref)
         denied = cluster.as_user(["srun", "-N1", f"--container-image={ref}", "true"], check=False)
         assert denied.returncode != 0 and "authentication required" in denied.stderr, denied.stderr
         assert password not in denied.stderr
@@ -755,7 +765,7 @@ def test_a_private_registry_image_runs_with_the_users_own_login(cluster):
         ok = cluster.as_user(["srun", "-N2", f"--container-image={ref}", *show])
         assert ok.stdout.split() == ["in=container", "in=container"], ok.stderr
         host_auth.unlink()
-        cluster.run([*podman, "rmi", "--force", ref], check=False, cwd="/")
+        _remove_everywhere(cluster, ref)
         _write_as(cluster.user, host_elsewhere, login)
         named = cluster.as_user(["env", f"REGISTRY_AUTH_FILE={elsewhere}", "srun", "-N1",
                                  f"--container-image={ref}", *show])
@@ -770,27 +780,27 @@ def test_tether_images_lists_pulls_and_prunes_the_users_podman_store(cluster, re
     would: the progress lines), ls (with the last use tether recorded), prune (refuses nonsense,
     never removes an image a container uses, removes it once unused)."""
     images = ["env", f"TETHER_CONFIG={cluster.box.tether_conf}", *cluster.box.tether, "images"]
-    bad = cluster.as_user([*images, "prune", "--older-than", "-5"], check=False, cwd="/")
+    bad = cluster.on_node_as_user(None, [*images, "prune", "--older-than", "-5"], check=False)
     assert bad.returncode == 1 and "--older-than -5: give a number of days >= 0" in bad.stderr
     # an empty store: the same image under another name (the private registry's) would keep its
     # layers, and rmi of one name of several only untags
     cluster.run([*cluster.box.user_podman(), "rmi", "--all", "--force"], check=False, cwd="/")
-    pulled = cluster.as_user([*images, "pull", "--runtime", "podman", registry_image], cwd="/")
+    pulled = cluster.on_node_as_user(None, [*images, "pull", "--runtime", "podman", registry_image])
     assert pulled.stdout.strip() == registry_image and f"tether: pulling {registry_image} (podman): done in" \
         in pulled.stderr
-    listed = cluster.as_user([*images, "ls", "--runtime", "podman"], cwd="/").stdout
+    listed = cluster.on_node_as_user(None, [*images, "ls", "--runtime", "podman"]).stdout
     assert [line.split()[0] for line in listed.splitlines() if registry_image in line] == ["podman"], listed
     proc, job = _running_step(cluster, registry_image, "while :; do sleep 1; done")
     try:
-        kept = cluster.as_user([*images, "prune", "--older-than", "0", "--runtime", "podman"], cwd="/")
+        kept = cluster.on_node_as_user(None, [*images, "prune", "--older-than", "0", "--runtime", "podman"])
         assert registry_image not in kept.stdout and f"kept {registry_image}" in kept.stderr, kept
     finally:
         cluster.run(["scancel", job])
         proc.communicate(timeout=60)
     assert wait_until(lambda: not podman_containers(cluster, job), timeout=60)
-    gone = cluster.as_user([*images, "prune", "--older-than", "0", "--runtime", "podman"], cwd="/")
+    gone = cluster.on_node_as_user(None, [*images, "prune", "--older-than", "0", "--runtime", "podman"])
     assert f"podman: removed {registry_image}" in gone.stdout, gone
-    assert registry_image not in cluster.as_user([*images, "ls", "--runtime", "podman"], cwd="/").stdout
+    assert registry_image not in cluster.on_node_as_user(None, [*images, "ls", "--runtime", "podman"]).stdout
 
 
 NAMESPACES = "for ns in net ipc uts; do echo $ns=$(readlink /proc/self/ns/$ns); done; echo HOST=$(hostname)"

@@ -410,14 +410,19 @@ def _comm(pid: int) -> str:
 
 
 def podman_records(cluster) -> list[str]:
-    out = cluster.run([*cluster.box.user_podman(), "ps", "-a", "--format", "{{.Names}}"], check=False, cwd="/tmp").stdout
-    return [line for line in out.splitlines() if line.startswith("tether-")]
+    """The tether containers in the job user's store of every node."""
+    records = []
+    for node in cluster.nodes:
+        out = cluster.run([*cluster.box.user_podman(node), "ps", "-a", "--format", "{{.Names}}"], check=False,
+                          cwd="/").stdout
+        records += [line for line in out.splitlines() if line.startswith("tether-")]
+    return records
 
 
 def runtime_state_dirs(cluster) -> list[str]:
     uid = int(cluster.run(["id", "-u", cluster.user]).stdout)
-    root = cluster.box.host_path(f"/tmp/podman-run-{uid}/runc")
-    return sorted(os.listdir(root)) if root.is_dir() else []
+    roots = [cluster.box.node_path(node, f"/tmp/podman-run-{uid}/runc") for node in cluster.nodes]
+    return sorted(name for root in roots if root.is_dir() for name in os.listdir(root))
 
 
 def test_a_hundred_mixed_jobs_leave_nothing_behind(cluster, image):

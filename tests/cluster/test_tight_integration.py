@@ -109,7 +109,7 @@ def _cgroups_of_a_running_step(cluster, argv: list[str], mark: str) -> tuple[str
     """Run ``srun ARGV`` (it prints its job id, then runs ``sleep 61``); the job id and, for conmon
     and for the ``sleep 61`` of that job, their cgroup v1 paths by controller."""
     proc = subprocess.Popen(cluster.box.wrap(["runuser", "-u", cluster.user, "--", "srun", "--job-name=tight", "-N1",
-                                              "-n1", *argv]),
+                                              "-w", cluster.nodes[0], "-n1", *argv]),
                             env=cluster.box.command_env(), cwd=str(cluster.box.work_dir), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -177,7 +177,7 @@ def _remove_loose(cluster, name: str) -> None:
     store with a container of a killed step recorded running too (the time-limited jobs')."""
     cluster.box.repair_podman(cluster.box.user_podman())
     cluster.run([*cluster.box.user_podman(), "ps", "--quiet"], cwd="/")
-    podman = ["runuser", "-u", cluster.user, "--", "env", *cluster.box.podman_env(), "podman"]
+    podman = cluster.box.on_node(None, ["runuser", "-u", cluster.user, "--", "env", *cluster.box.podman_env(), "podman"])
     for _ in range(2):
         cluster.run([*podman, "rm", "-f", "--ignore", name], check=False, cwd="/")
 
@@ -257,7 +257,7 @@ TRAP = ("trap 'echo term >> /mnt/term-{tag}' TERM; echo up > /mnt/up-{tag}; "
 
 def _cancel_when_up(cluster, argv: list[str], out: Path, tag: str) -> str:
     proc = subprocess.Popen(cluster.box.wrap(["runuser", "-u", cluster.user, "--", "srun", "--job-name=tight", "-N1",
-                                              "-n1", *argv]),
+                                              "-w", cluster.nodes[0], "-n1", *argv]),
                             env=cluster.box.command_env(), cwd=str(cluster.box.work_dir), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     assert wait_until(lambda: (out / f"up-{tag}").exists() or proc.poll() is not None, timeout=90), tag
@@ -278,8 +278,12 @@ def last_running(cluster) -> str:
 
 
 def _containers(cluster, prefix: str) -> list[str]:
-    out = cluster.run([*cluster.box.user_podman(), "ps", "-a", "--format", "{{.Names}}"], check=False, cwd="/").stdout
-    return [n for n in out.split() if n.startswith(prefix)]
+    names = []
+    for node in cluster.nodes:
+        out = cluster.run([*cluster.box.user_podman(node), "ps", "-a", "--format", "{{.Names}}"], check=False,
+                          cwd="/").stdout
+        names += [n for n in out.split() if n.startswith(prefix)]
+    return names
 
 
 def test_scancel_reaches_the_container_with_sigterm_first_and_leaves_nothing(cluster, image, tmp_path):
@@ -349,8 +353,9 @@ def _loose_containers(cluster, name: str) -> list[str]:
     """``NAME STATE`` (podman 4.3's: ``Up 5 seconds ago``) of the containers called ``name`` in the
     user's own podman (where podman by hand keeps them -- not tether's store); [STALE] when podman
     refuses to answer because its run state is stale."""
-    result = cluster.run(["runuser", "-u", cluster.user, "--", "env", *cluster.box.podman_env(), "podman", "ps",
-                          "-a", "--filter", f"name=^{name}$", "--format", "{{.Names}} {{.State}}"], check=False, cwd="/")
+    result = cluster.run(cluster.box.on_node(None, ["runuser", "-u", cluster.user, "--", "env", *cluster.box.podman_env(),
+                                                    "podman", "ps", "-a", "--filter", f"name=^{name}$", "--format",
+                                                    "{{.Names}} {{.State}}"]), check=False, cwd="/")
     if result.returncode and STALE_STATE in result.stderr:
         return [STALE]
     assert result.returncode == 0, result.stderr

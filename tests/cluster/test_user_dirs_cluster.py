@@ -35,7 +35,9 @@ def test_another_user_cannot_deny_a_users_containers_and_login_variables_change_
     user = pwd.getpwnam(cluster.user)
     nobody = pwd.getpwnam("nobody").pw_uid
     box = cluster.box
-    planted = [box.host_path(f"/var/tmp/tether-podman-{user.pw_uid}"), box.host_path(f"/tmp/podman-run-{user.pw_uid}")]
+    node = cluster.nodes[0]
+    planted = [box.node_path(node, f"/var/tmp/tether-podman-{user.pw_uid}"),
+               box.node_path(node, f"/tmp/podman-run-{user.pw_uid}")]
     try:
         for path in planted:
             _plant(path, nobody)
@@ -47,8 +49,8 @@ def test_another_user_cannot_deny_a_users_containers_and_login_variables_change_
                                       "sh", "-c", "echo in=$(id -u)"], check=False)
             assert result.returncode == 0, result.stderr
             assert f"in={user.pw_uid}" in result.stdout
-        for base in (USER_RUN_ROOT, str(box.root / "users")):
-            mine = box.host_path(f"{base}/{user.pw_uid}")
+        for base in (USER_RUN_ROOT, str(box.store_base)):
+            mine = box.node_path(node, f"{base}/{user.pw_uid}")
             st = os.lstat(mine)
             assert (st.st_uid, st.st_mode & 0o7777) == (user.pw_uid, 0o700), mine
             parent = os.lstat(os.path.dirname(mine))
@@ -64,7 +66,7 @@ def test_a_base_others_can_write_fails_the_step_clearly_and_drains_nothing(clust
     """Root makes a user's directory only in a base that root owns and nobody else can write; one
     that others can write (an admin's mistake, or a path under /tmp) fails the container step with
     the reason, and the node stays in service."""
-    users = cluster.box.host_path(str(cluster.box.root / "users"))
+    users = cluster.box.node_path(cluster.nodes[0], cluster.box.store_base)
     os.makedirs(users, mode=0o755, exist_ok=True)
     os.chmod(users, 0o777)
     try:
@@ -84,7 +86,8 @@ def test_a_launch_scripts_tether_run_gets_the_users_directories_too(cluster, ima
     script asks slurmstepd for them (TETHER_RUN_USER_DIRS); here on nodes the user never used."""
     user = pwd.getpwnam(cluster.user)
     box = cluster.box
-    mine = [box.host_path(f"{base}/{user.pw_uid}") for base in (USER_RUN_ROOT, str(box.root / "users"))]
+    mine = [box.node_path(node, f"{base}/{user.pw_uid}") for node in cluster.nodes
+            for base in (USER_RUN_ROOT, str(box.store_base))]
     for path in mine:                 # as after the node's boot: nothing of the user's there
         shutil.rmtree(path, ignore_errors=True)
     spec = tmp_path / "job.yaml"

@@ -1,5 +1,5 @@
-"""The sandbox's own setup as root in world-writable places (/tmp): nothing a user planted first is
-followed."""
+"""The sandbox's own setup as root in places users can write (a node's /tmp): nothing a user planted
+first is followed."""
 
 from __future__ import annotations
 
@@ -8,37 +8,46 @@ import stat
 
 import pytest
 
-from tether.sandbox.cluster import SandboxError, make_tmpfs_dirs
-
-NODES = ("n1", "n2", "n3")
+from tether.sandbox.cluster import NODE_DIRS, SandboxError, make_node_dirs
 
 
-def test_tmpfs_dirs_are_made_root_owned_with_sticky_node_dirs(tmp_path):
-    base = tmp_path / "tether-sandbox-17010"
-    make_tmpfs_dirs(base, NODES)
-    assert stat.S_IMODE(base.stat().st_mode) == 0o755
-    assert [stat.S_IMODE((base / n).stat().st_mode) for n in NODES] == [0o1777] * len(NODES)
-    make_tmpfs_dirs(base, NODES)                                   # again: it is root's own, accepted
+def test_node_dirs_are_made_root_owned_with_their_modes_and_a_boot_empties_tmp_and_run(tmp_path):
+    node = tmp_path / "nodes" / "n1"
+    make_node_dirs(node)
+    modes = {sub: stat.S_IMODE((node / sub).stat().st_mode) for sub, _, _ in NODE_DIRS}
+    assert modes == {"tmp": 0o1777, "var/tmp": 0o1777, "run": 0o755, "dev/shm": 0o1777, "local": 0o755}
+    for sub in ("tmp", "var/tmp", "run", "dev/shm", "local"):
+        (node / sub / "left").mkdir()
+        (node / sub / "left" / "file").write_text("x")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    (node / "tmp" / "link").symlink_to(outside)
+    make_node_dirs(node)                                          # again: a node's next boot
+    assert [sub for sub in ("tmp", "var/tmp", "run", "dev/shm", "local") if (node / sub / "left").exists()] \
+        == ["var/tmp", "local"]                                   # /var/tmp and the stores survive a boot
+    assert (outside / "keep").exists()                            # the link went, not what it named
 
 
-def test_tmpfs_dirs_refuse_what_a_user_put_there_first(tmp_path):
+def test_node_dirs_refuse_what_a_user_put_there_first(tmp_path):
     target = tmp_path / "victim"
     target.mkdir()
-    planted = tmp_path / "tether-sandbox-17010"
+    planted = tmp_path / "a" / "nodes"
+    planted.parent.mkdir()
     planted.symlink_to(target)
     with pytest.raises(SandboxError, match="not a root-owned directory"):
-        make_tmpfs_dirs(planted, NODES)
+        make_node_dirs(planted / "n1")
     assert list(target.iterdir()) == []                     # nothing made through the link
-    foreign = tmp_path / "tether-sandbox-17020"
-    foreign.mkdir()
+    foreign = tmp_path / "b" / "nodes" / "n1"
+    foreign.mkdir(parents=True)
     os.chown(foreign, 65534, 65534)
     with pytest.raises(SandboxError, match="not a root-owned directory"):
-        make_tmpfs_dirs(foreign, NODES)
-    node = tmp_path / "tether-sandbox-17030"
-    node.mkdir()
-    (node / NODES[0]).symlink_to(target)
+        make_node_dirs(foreign)
+    node = tmp_path / "c" / "nodes" / "n1"
+    (node / "var").mkdir(parents=True)
+    (node / "var" / "tmp").symlink_to(target)
     with pytest.raises(SandboxError, match="not a root-owned directory"):
-        make_tmpfs_dirs(node, NODES)
+        make_node_dirs(node)
     assert stat.S_IMODE(target.stat().st_mode) != 0o1777    # the link's target was not chmodded
 
 
@@ -139,7 +148,8 @@ def test_a_sixteen_node_sandbox_has_sixteen_slurmd_on_ports_of_their_own(tmp_pat
     box.etc.mkdir(parents=True)
     box._write_configs(23000)
     conf = (box.etc / "slurm.conf").read_text()
-    assert "NodeName=n[1-16] NodeHostname=localhost NodeAddr=127.0.0.1 Port=23010-23025 " in conf
+    assert "NodeName=n1 NodeHostname=n1 NodeAddr=127.0.0.1 Port=23010 " in conf     # each node its own name
+    assert "NodeName=n16 NodeHostname=n16 NodeAddr=127.0.0.1 Port=23025 " in conf
     assert "PartitionName=debug Nodes=n[1-16] " in conf
     assert box.nodes == tuple(f"n{i}" for i in range(1, 17))
     box.settings_file.write_text('{"nodes": 16}\n')
