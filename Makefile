@@ -3,11 +3,18 @@ VENV ?= /opt/tether/venv
 PYTEST_ARGS ?=
 PYTEST = $(VENV)/bin/python -m pytest -p no:cacheprovider
 
-.PHONY: install test-setup demo test test-unit test-cluster bench sandbox-up sandbox-down generated
+.PHONY: install deb test-setup demo test test-unit test-cluster bench sandbox-up sandbox-down generated
 
 # The product only (the venv, tether, its link); the sandbox and the tests need test-setup.
 install:
 	tools/install
+
+# tether's wheel and its Debian package for this host's Slurm (tether-slurm<major>_<version>_<arch>.deb)
+# into dist/, with Debian's tools (tools/deb.py; it names the Debian packages the build needs).
+# DEB_PYTHON builds the wheel (its pip); the plugins are built with Debian's /usr/bin/python3.
+DEB_PYTHON ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
+deb:
+	$(DEB_PYTHON) tools/deb.py --out dist --wheel-python $(DEB_PYTHON)
 
 # install, plus the test extras and the sandbox cluster's packages and job user
 test-setup:

@@ -23,7 +23,7 @@ from ..hooks.surface import GATEWAY_PORT_BASE, GATEWAY_PORT_JOBS, MASTER_PORT_BA
 from ..spank import build as spank_build
 from ..system.proc import CommandError, run_command
 from ..system.toolchain import BuildError, installed_slurm_version, read_stamp
-from .slurm import DEFAULT_SLURM_CONF, SlurmConf, default_build_dir
+from .slurm import DEFAULT_SLURM_CONF, PLUGSTACK_DROPIN, SlurmConf, default_build_dir, spank_lines
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 EPHEMERAL_PORTS = "/proc/sys/net/ipv4/ip_local_port_range"
@@ -141,23 +141,18 @@ class Doctor:
                       + (f", built for Slurm {built_for}" if built_for else ""))
 
     def _plugstack_line(self) -> str | None:
-        try:
-            text = self.conf.plugstack.read_text() if self.conf else ""
-        except OSError:
-            return None
-        for line in text.splitlines():
-            words = line.split("#", 1)[0].split()
-            if len(words) >= 2 and words[0] in ("required", "optional") and words[1].endswith(spank_build.SO_NAME):
-                return " ".join(words)
-        return None
+        """The first spank_tether.so line of plugstack.conf or a file it includes."""
+        lines = spank_lines(self.conf.plugstack) if self.conf else []
+        return lines[0][1] if lines else None
 
     def check_plugstack(self) -> Iterator[Finding]:
         if self.conf is None:
             return
         line = self._plugstack_line()
         if line is None:
-            yield Finding(FAIL, "plugstack.conf", f"no {spank_build.SO_NAME} line in {self.conf.plugstack}: "
-                          f"`tether slurm install --write`")
+            yield Finding(FAIL, "plugstack.conf", f"no {spank_build.SO_NAME} line in {self.conf.plugstack} or a "
+                          f"file it includes: `tether slurm install --write` (with tether's Debian package: "
+                          f"uncomment the line of {PLUGSTACK_DROPIN})")
             return
         args = dict(w.split("=", 1) for w in line.split()[2:] if "=" in w)
         if self.config and args.get("job_storage_root") != self.config.job_storage_root:

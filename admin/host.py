@@ -5,6 +5,7 @@ the Apptainer image cache. ``tether slurm install --write`` and ``tether pbs ins
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from ..container.rank_launcher import build_rank_launcher
 from ..container.run import LAUNCHER_NAME, PYTHON_LAUNCHER_NAME, launcher_text
@@ -16,15 +17,22 @@ from ..system.toolchain import BuildError
 __all__ = ["LAUNCHER_NAME", "install_launcher", "ensure_image_root", "ensure_storage_root"]
 
 
-def install_launcher(plugin_dir: Path, config: Config) -> Path:
+def install_launcher(plugin_dir: Path, config: Config, *, installed_dir: Path | None = None,
+                     paths: Sequence[str] | None = None, bake_identity: bool = True) -> Path:
     """Write the container launcher next to the SPANK plugin: the Python one (tether-run-py, see
     tether.container.run) and the C rank launcher in front of it (tether-run, see
-    tether.container.rank_launcher), both with a new inode (running tasks keep the old one)."""
+    tether.container.rank_launcher), both with a new inode (running tasks keep the old one).
+    For a package (tools/deb.py): ``installed_dir`` is where the two will be on the hosts (default
+    ``plugin_dir``), ``paths`` the Python launcher's sys.path there, and without ``bake_identity``
+    they are built as for a host with no config file."""
     source = None if config.source.startswith("<") else config.source
     settings = config.data["container"]
     python = plugin_dir / PYTHON_LAUNCHER_NAME
-    write_atomic(python, launcher_text(source or DEFAULT_CONFIG_PATH, settings), 0o755)
-    return build_rank_launcher(plugin_dir / LAUNCHER_NAME, source or DEFAULT_CONFIG_PATH, settings, str(python))
+    write_atomic(python, launcher_text(source or DEFAULT_CONFIG_PATH, settings, paths=paths,
+                                       bake_identity=bake_identity), 0o755)
+    return build_rank_launcher(plugin_dir / LAUNCHER_NAME, source or DEFAULT_CONFIG_PATH, settings,
+                               str(Path(installed_dir or plugin_dir) / PYTHON_LAUNCHER_NAME),
+                               bake_identity=bake_identity)
 
 
 def ensure_image_root(path: Path, log=print) -> None:

@@ -28,6 +28,8 @@ from .host import LAUNCHER_NAME, ensure_image_root, ensure_storage_root, install
 
 DEFAULT_BUILD_ROOT = "/opt/tether/lib"
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
+# the drop-in tether's Debian package ships (commented out) for Debian's plugstack.conf to include
+PLUGSTACK_DROPIN = "/etc/slurm/plugstack.conf.d/tether.conf"
 
 
 def source_digest(toolchain: Toolchain) -> str:
@@ -104,6 +106,30 @@ def plugstack_line(plugin_dir: Path, config: Config) -> str:
             + (f" gateway_partition={gateways}" if gateways else ""))
 
 
+def spank_lines(plugstack: Path, *, depth: int = 0) -> list[tuple[Path, str]]:
+    """(file, line) of every active ``spank_tether.so`` line of plugstack.conf and of the files its
+    ``include`` lines name (globs, as Slurm reads them: e.g. Debian's ``include
+    /etc/slurm/plugstack.conf.d/*.conf``, where tether's package puts its drop-in); comments dropped,
+    words joined by one space. Unreadable files count as empty."""
+    import glob
+
+    try:
+        text = Path(plugstack).read_text()
+    except (OSError, UnicodeDecodeError):
+        return []
+    found = []
+    for raw in text.splitlines():
+        words = raw.split("#", 1)[0].split()
+        if len(words) >= 2 and words[0] == "include" and depth < 8:
+            pattern = " ".join(words[1:])
+            pattern = pattern if pattern.startswith("/") else str(Path(plugstack).parent / pattern)
+            for name in sorted(glob.glob(pattern)):
+                found += spank_lines(Path(name), depth=depth + 1)
+        elif len(words) >= 2 and words[0] in ("required", "optional") and words[1].endswith(spank_build.SO_NAME):
+            found.append((Path(plugstack), " ".join(words)))
+    return found
+
+
 def _conf_step(path, line: str, present: bool) -> str:
     """What a config file needs, as the dry run says it: the line to add, or that it is there."""
     return f"{path} already has:\n  {line}" if present else f"add to {path}:\n  {line}"
@@ -129,17 +155,21 @@ def install_plugins(build_dir: Path | None = None, *, slurm_conf: Path | None = 
     plugins = conf.job_submit_plugins + (() if "tether" in conf.job_submit_plugins else ("tether",))
     jsp_line = f"JobSubmitPlugins={','.join(plugins)}"
     spank_line = plugstack_line(plugin_dir, config)
+    stacked = spank_lines(conf.plugstack)
+    elsewhere = [(path, line) for path, line in stacked if path != Path(conf.plugstack)]
     if not write:
-        try:
-            stacked = spank_line in (line.strip() for line in Path(conf.plugstack).read_text().splitlines())
-        except (OSError, UnicodeDecodeError):
-            stacked = False
+        where = elsewhere[0][0] if elsewhere else conf.plugstack
         log(f"would install {', '.join(stamp['files'])} and {LAUNCHER_NAME} into {plugin_dir}\n"
             f"{_conf_step(conf.path, jsp_line, 'tether' in conf.job_submit_plugins)}\n"
-            f"{_conf_step(conf.plugstack, spank_line, stacked)}\n"
+            f"{_conf_step(where, spank_line, spank_line in (line for _, line in stacked))}\n"
             f"(nothing was changed: run this command again with --write to do it, then "
             f"`scontrol reconfigure`)")
         return [jsp_line, spank_line]
+    if elsewhere and elsewhere[0][1] != spank_line:
+        # an included file (the package's plugstack.conf.d/tether.conf) has the line: a second one
+        # in plugstack.conf would load the plugin twice
+        raise BuildError(f"{elsewhere[0][0]} (included by {conf.plugstack}) has another {spank_build.SO_NAME} "
+                         f"line; change it there to:\n  {spank_line}")
     for name in stamp["files"]:
         install_file(build / name, plugin_dir / name)
         log(f"installed {plugin_dir / name}")
@@ -147,7 +177,11 @@ def install_plugins(build_dir: Path | None = None, *, slurm_conf: Path | None = 
     ensure_storage_root(Path(config.job_storage_root), log=log)
     ensure_image_root(Path(config.data["container"]["apptainer_image_root"]), log=log)
     set_conf_line(conf.path, r"JobSubmitPlugins\s*=", jsp_line)
-    set_conf_line(conf.plugstack, r"(required|optional)\s+\S*spank_tether\.so", spank_line)
-    log(f"wrote {jsp_line} to {conf.path} and '{spank_line}' to {conf.plugstack}; "
+    if elsewhere:
+        stacked_where = f"left '{spank_line}' in {elsewhere[0][0]}, which has it"
+    else:
+        set_conf_line(conf.plugstack, r"(required|optional)\s+\S*spank_tether\.so", spank_line)
+        stacked_where = f"wrote '{spank_line}' to {conf.plugstack}"
+    log(f"wrote {jsp_line} to {conf.path} and {stacked_where}; "
         f"run `scontrol reconfigure` so slurmctld loads the job_submit plugin")
     return [jsp_line, spank_line]

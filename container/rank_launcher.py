@@ -69,12 +69,15 @@ def why_not_fast(settings: Mapping[str, Any]) -> str | None:
     return None
 
 
-def baked_header(config_path: str | None, settings: Mapping[str, Any], python_launcher: str) -> str:
-    """The C header tether_run.c includes: this configuration and the contract's names."""
+def baked_header(config_path: str | None, settings: Mapping[str, Any], python_launcher: str, *,
+                 bake_identity: bool = True) -> str:
+    """The C header tether_run.c includes: this configuration and the contract's names. Without
+    ``bake_identity``, as if the config file did not exist (see ``run.launcher_text``)."""
     podman = settings.get("podman") or {}
     runtime_env = {str(k): str(v) for k, v in (podman.get("env") or {}).items()}
     store = podman.get("store", DEFAULT_STORE) or ""
-    identity = config_identity(config_path)      # what the Python launcher compares too
+    # what the Python launcher compares too
+    identity = config_identity(config_path) if bake_identity else None
     why = why_not_fast(settings)
     mode = settings.get("environment") or environment.DEFAULT_MODE
     own = tuple(environment.overrides(_WithRankDir()))       # tether's own values in a rank with its directories
@@ -117,11 +120,13 @@ def baked_header(config_path: str | None, settings: Mapping[str, Any], python_la
 
 
 def build_rank_launcher(target: Path, config_path: str | None, settings: Mapping[str, Any],
-                        python_launcher: str, *, plan_only: bool = False) -> Path:
+                        python_launcher: str, *, plan_only: bool = False, bake_identity: bool = True) -> Path:
     """Compile ``tether-run`` into ``target`` (mode 755, a new inode) with this configuration;
-    ``plan_only``: the tests' build, which prints its plan instead of running it."""
+    ``plan_only``: the tests' build, which prints its plan instead of running it; ``bake_identity``:
+    see ``baked_header``."""
     with tempfile.TemporaryDirectory(prefix="tether-run-build-") as tmp:
-        (Path(tmp) / BAKED_HEADER).write_text(baked_header(config_path, settings, python_launcher))
+        (Path(tmp) / BAKED_HEADER).write_text(baked_header(config_path, settings, python_launcher,
+                                                           bake_identity=bake_identity))
         cbuild = CBuild(Path(tmp))
         objects = [cbuild.compile(RANK_LAUNCHER_SOURCE, include_dirs=[tmp], header_dirs=[Path(tmp)],
                                   defines=["-DTETHER_RUN_PLAN_ONLY"] if plan_only else [])]

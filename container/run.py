@@ -175,16 +175,22 @@ def baked_identity(path) -> tuple[str | None, list[int] | None] | None:
         return None
 
 
-def launcher_text(config_path: str | None, settings: Mapping[str, Any], *, python: str | None = None) -> str:
+def launcher_text(config_path: str | None, settings: Mapping[str, Any], *, python: str | None = None,
+                  paths: Sequence[str] | None = None, bake_identity: bool = True) -> str:
     """The launcher script for this Python and the given config (install time only: imports
-    tether's config and toolchain modules, which a rank's launch never needs)."""
+    tether's config and toolchain modules, which a rank's launch never needs). ``paths``: its
+    sys.path (default: where this tether and its dependencies are imported from); without
+    ``bake_identity`` it is written as if the config file did not exist (a package built on another
+    host: the build host's file says nothing of the target's)."""
     from ..hooks.config import plain_data
     from ..system.toolchain import dependency_dirs, tether_import_path
 
     # -S: no site.py, so also where yaml comes from (Debian's python3-yaml: /usr/lib/python3/dist-packages,
     # which only Debian's site.py adds); a changed config is read again with it
-    paths = list(dict.fromkeys([tether_import_path(), *dependency_dirs()]))
+    if paths is None:
+        paths = [tether_import_path(), *dependency_dirs()]
     # plain dicts, lists and strings: their repr() is a Python literal
-    return LAUNCHER_TEMPLATE.format(python=python or sys.executable, paths=paths,
-                                    config=config_path, identity=config_identity(config_path),
+    return LAUNCHER_TEMPLATE.format(python=python or sys.executable, paths=list(dict.fromkeys(paths)),
+                                    config=config_path,
+                                    identity=config_identity(config_path) if bake_identity else None,
                                     baked=plain_data(settings))
