@@ -542,7 +542,8 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
     if not command:
         raise LaunchError("no command to run in the container")
     workdir = _text(env, "TETHER_CONTAINER_WORKDIR", "--container-workdir")
-    workdir = _check_path(workdir, "--container-workdir") if workdir else CONTAINER_WORKDIR
+    # pyxis: chdir(DIR) inside the container, so a relative one is from the root; '..' stays there
+    workdir = container_path(workdir, "--container-workdir", clamp=True) if workdir else CONTAINER_WORKDIR
     if name is not None and not _is_name(name):
         raise LaunchError(f"--container-name={name!r}: letters, digits, '.', '_', '-' (at most 63)")
     writable = parse_flag(env.get("TETHER_CONTAINER_WRITABLE"), "--container-writable")

@@ -139,7 +139,8 @@ OPTIONS: tuple[Option, ...] = (
            "[no]suid, [no]dev, [no]exec, [r]private, [r]slave, [r]shared, [r]unbindable, [r]bind, "
            "x-create=auto, dir or file; a tmpfs also size=, mode=, nr_inodes=, nr_blocks=, uid=, gid=, huge= "
            "(podman: size= and mode= only)"),
-    Option("container-workdir", "DIR", "text", "working directory inside the container"),
+    Option("container-workdir", "DIR", "text", "working directory inside the container; relative: from the "
+           "container's root (as pyxis); it must exist in the image (as pyxis)"),
     Option("container-env", "NAME,...", "env_names", "host variables that win over the image's"),
     Option("container-writable", None, "flag", "writable container filesystem where the runtime supports it"),
     Option("container-readonly", None, "flag", "read-only container filesystem: the default (pyxis's name for it)"),

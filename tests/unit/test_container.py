@@ -2369,13 +2369,34 @@ def test_tether_run_mounts_a_relative_source_with_spaces_through_enroot(tmp_path
     common = ["--container-runtime=enroot", f"--container-image={sqsh}"]
     proc = _tether_run(tmp_path, fake_runtimes, runtime_config, *common,
                        "--container-mounts=./in put:/my data:ro,tmpfs:/scratch:huge=within_size",
-                       "--", "true", cwd=str(work))
+                       "--container-workdir=my data", "--", "true", cwd=str(work))
     assert proc.returncode == 0, proc.stderr
     (started,) = fake_runtimes.calls("enroot-container")
     assert [str(work / "in put"), "/my data", "none", "x-create=auto,rbind,ro"] in started["fstab"]
     assert ["tmpfs", "/scratch", "tmpfs", "x-create=dir,huge=within_size"] in started["fstab"]
+    assert started["command"][-3:] == ["sh", "/my data", "true"]          # relative: from the root
     proc = _tether_run(tmp_path, fake_runtimes, runtime_config, *common, "--container-mounts=./nope:/n",
                        "--", "true", cwd=str(work))
     assert (proc.returncode, proc.stderr) == (
         125, f"tether: --container-mounts: {work}/nope: no such file or directory on this node\n")
 
+
+def test_the_workdir_follows_pyxis_relative_from_the_root_and_never_above_it(tmp_path):
+    """pyxis changes to --container-workdir inside the container: relative from the root, '..'
+    at the root stays there, blanks allowed; a directory the image lacks is not made (pyxis: "No
+    such file or directory"; podman refuses a missing --workdir, enroot's cd fails)."""
+    env = {**HOST, "TETHER_CONTAINER_IMAGE": "/i"}
+
+    def workdir(value: str) -> str:
+        return spec_from_env({**env, "TETHER_CONTAINER_WORKDIR": value}, ["true"], default_runtime="podman").workdir
+
+    assert [workdir(v) for v in ("/usr/local/bin", "../", "work/x", "./a b/", "/a/../../b")] == [
+        "/usr/local/bin", "/", "/work/x", "/a b", "/b"]
+    check_container_options({"container-image": "/i", "container-workdir": "rel dir"}, "podman")
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    argv = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", workdir="/a b"), HOST).argv
+    assert ["--workdir", "/a b"] in _pairs(argv)
+    from tether.container.runtimes.enroot import CD_PROLOGUE
+
+    assert CD_PROLOGUE.startswith('cd "$1" || exit 125')        # no mkdir: a missing one fails, as pyxis
