@@ -102,24 +102,53 @@ class Record:
         return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self.FIELDS)})"
 
 
-# --container-mounts flags besides ro/rw (pyxis joins them with '+': SRC:DST:ro+rprivate), as
-# mount(8) spells them; each runtime passes on those it can (Apptainer: none, only ro).
-MOUNT_FLAGS = ("nosuid", "nodev", "noexec", "private", "rprivate", "slave", "rslave", "shared", "rshared")
+# --container-mounts, pyxis 0.24's grammar: SRC[:DST[:FLAGS]] joined with ',', FLAGS with '+'. SRC
+# is an absolute path, a relative one (starting with '.': to the step's working directory on the
+# node, as pyxis's enroot resolves it), ``tmpfs`` or ``umount`` (unmount DST); DST an absolute path or
+# one relative to the container's root (starting with '.'). Flags as mount(8) and enroot spell them.
+# The flags a bind mount passes on (podman's --volume takes each; Apptainer: none, only ro)
+MOUNT_FLAGS = ("nosuid", "suid", "nodev", "dev", "noexec", "exec", "private", "rprivate", "slave", "rslave",
+               "shared", "rshared", "unbindable", "runbindable")
+PROPAGATION = ("private", "rprivate", "slave", "rslave", "shared", "rshared", "unbindable", "runbindable")
+# accepted and changing nothing: a bind is recursive whatever it says, as pyxis's (its own flags
+# always include rbind, which enroot then applies); x-create: what enroot makes for a missing target
+BIND_ONLY = ("bind", "rbind")
+CREATE = ("auto", "dir", "file")
+# a tmpfs mount's options with a value (tmpfs(5)); podman passes only size= and mode=
+TMPFS_OPTIONS = ("size", "nr_blocks", "nr_inodes", "mode", "uid", "gid", "huge")
+PODMAN_TMPFS_OPTIONS = ("size", "mode")
+HUGE = ("never", "always", "within_size", "advise", "deny", "force")
+# flags of opposite meaning: both in one mount is refused (podman refuses them too)
+_OPPOSITE = (("ro", "rw"), ("nosuid", "suid"), ("nodev", "dev"), ("noexec", "exec"))
+_SIZE_SUFFIXES = "kKmMgGtTpPeE"
+MOUNT_SOURCES = "an absolute path, a relative path (starting with '.'), 'tmpfs' or 'umount'"
 
 
 class Mount(Record):
-    """A bind mount from the host into the container."""
+    """One entry of --container-mounts: a bind mount from the host (``source`` a path), a tmpfs
+    (``source`` 'tmpfs', ``options`` its size=/mode=/...), or ``umount`` of ``target``."""
 
-    FIELDS = {"source": "", "target": "", "readonly": False, "flags": ()}
+    FIELDS = {"source": "", "target": "", "readonly": False, "flags": (), "options": (), "create": "auto"}
     __slots__ = tuple(FIELDS)
     source: str
     target: str
     readonly: bool
     flags: tuple[str, ...]      # of MOUNT_FLAGS
+    options: tuple[str, ...]    # a tmpfs's NAME=VALUE options (TMPFS_OPTIONS)
+    create: str                 # enroot's x-create for a missing target: auto, dir or file
+
+    @property
+    def kind(self) -> str:
+        """'bind', 'tmpfs' or 'umount' (a path never is one of the two words: it starts with / or .)."""
+        return self.source if self.source in ("tmpfs", "umount") else "bind"
 
     def __str__(self) -> str:
-        """``SRC:DST[:ro[,FLAG...]]``: podman's --volume spelling (Apptainer's where no flag is set)."""
+        """``SRC:DST[:ro[,FLAG...]]``: podman's --volume spelling (Apptainer's where no flag is set);
+        for a tmpfs podman's --tmpfs one, ``DST[:OPTIONS]``."""
         options = ("ro",) * self.readonly + tuple(self.flags)
+        if self.kind == "tmpfs":
+            options += tuple(self.options)
+            return self.target + (f":{','.join(options)}" if options else "")
         return f"{self.source}:{self.target}" + (f":{','.join(options)}" if options else "")
 
 
@@ -195,33 +224,161 @@ def _check_path(value: str, what: str) -> str:
     return value.rstrip("/") or "/"
 
 
+def container_path(value: str, what: str, *, clamp: bool = False) -> str:
+    """A path inside the container, absolute and without '.' or '..', from an absolute one or one
+    relative to the container's root (as pyxis: ``./data`` is ``/data``). A '..' above the root is
+    refused (enroot: "cross-device link"), or with ``clamp`` stays at the root (a working
+    directory: pyxis's chdir("../") from the root is the root)."""
+    parts: list[str] = []
+    for part in value.split("/"):
+        if part in ("", "."):
+            continue
+        if part != "..":
+            parts.append(part)
+        elif parts:
+            parts.pop()
+        elif not clamp:
+            raise LaunchError(f"{what} {value!r} leads out of the container's root ('..' above '/')")
+    return "/" + "/".join(parts)
+
+
+def _tmpfs_value_ok(name: str, value: str) -> bool:
+    """A tmpfs option's value as tmpfs(5) takes it (checked here: enroot hands it to mount(2))."""
+    if name == "huge":
+        return value in HUGE
+    if name == "mode":
+        return 0 < len(value) <= 4 and all(c in "01234567" for c in value)
+    if name in ("uid", "gid"):
+        return 0 < len(value) <= 10 and value.isascii() and value.isdigit()
+    number = value[:-1] if value[-1:] in _SIZE_SUFFIXES or (name == "size" and value.endswith("%")) else value
+    return 0 < len(number) <= 18 and number.isascii() and number.isdigit()
+
+
+def _flags_help() -> str:
+    return ("FLAGS are joined with '+': ro, rw, [no]suid, [no]dev, [no]exec, [r]private, [r]slave, [r]shared, "
+            "[r]unbindable, [r]bind, x-create=auto|dir|file; a tmpfs also size=, nr_blocks=, nr_inodes=, mode=, "
+            "uid=, gid=, huge=")
+
+
+def _mount(item: str, source: str, target: str, flags: list[str]) -> Mount:
+    """One parsed entry: its flags checked for its kind (pyxis passes them to enroot unchecked)."""
+    kind = source if source in ("tmpfs", "umount") else "bind"
+    extra: list[str] = []
+    options: dict[str, str] = {}
+    create = "dir" if kind == "tmpfs" else "auto"
+    readonly = False
+    for flag in flags:
+        name, eq, value = flag.partition("=")
+        if flag in ("ro", "rw"):
+            readonly = readonly or flag == "ro"
+        elif flag in MOUNT_FLAGS:
+            extra.append(flag)
+        elif flag in BIND_ONLY and kind != "tmpfs":
+            pass                        # recursive either way, as pyxis's binds are
+        elif name == "x-create" and value in (CREATE if kind != "tmpfs" else ("dir",)):
+            create = value
+        elif kind == "tmpfs" and eq and name in TMPFS_OPTIONS:
+            if not _tmpfs_value_ok(name, value):
+                raise LaunchError(f"--container-mounts: {item!r}: {flag!r} is not a value tmpfs takes"
+                                  + (f" (huge= is one of {', '.join(HUGE)})" if name == "huge" else ""))
+            if name in options and options[name] != value:
+                raise LaunchError(f"--container-mounts: {item!r} gives {name}= twice")
+            options[name] = value
+        else:
+            raise LaunchError(f"--container-mounts: {item!r}: unknown flag {flag!r}"
+                              f"{' for a tmpfs' if kind == 'tmpfs' else ''} ({_flags_help()})")
+    given = set(flags)
+    for a, b in _OPPOSITE:
+        if a in given and b in given:
+            raise LaunchError(f"--container-mounts: {item!r} asks for both {a} and {b}")
+    propagation = list(dict.fromkeys(f for f in extra if f in PROPAGATION))
+    if len(propagation) > 1:
+        raise LaunchError(f"--container-mounts: {item!r} asks for {' and '.join(propagation)}: give one propagation "
+                          f"(podman takes one; enroot would apply them in its own order, not yours)")
+    if kind == "umount":              # flags change nothing in an unmount (pyxis hands them to enroot, which ignores them)
+        return Mount("umount", target)
+    return Mount(source, target, readonly, tuple(dict.fromkeys(extra)),
+                 tuple(f"{k}={v}" for k, v in options.items()), create)
+
+
 def parse_mounts(text: str | None) -> tuple[Mount, ...]:
-    """``SRC:DST[:ro|rw],...`` (the --container-mounts syntax) into mounts; a clear error otherwise."""
+    """``--container-mounts`` (pyxis 0.24's grammar, see MOUNT_FLAGS) into mounts; a clear error
+    otherwise. A relative source stays relative here (see resolve_sources: only the launcher, as
+    the user on the node, resolves it); a target becomes absolute (relative: to the root)."""
     mounts = []
     for item in (text or "").split(","):
         item = item.strip()
         if not item:
             continue
-        parts = item.split(":")
-        if len(parts) == 1:
-            parts = [parts[0], parts[0]]
-        if len(parts) not in (2, 3):
+        source, colon, rest = item.partition(":")
+        target, _, flagtext = rest.partition(":") if colon else (source, "", "")
+        if not source or not target:
             raise LaunchError(f"--container-mounts: {item!r} is not SRC, SRC:DST or SRC:DST:FLAGS")
-        flags = [f for f in parts[2].split("+")] if len(parts) == 3 else []
-        unknown = [f for f in flags if f not in ("ro", "rw", *MOUNT_FLAGS)]
-        if unknown or not all(flags) and len(parts) == 3:
-            raise LaunchError(f"--container-mounts: {item!r}: unknown flag {(unknown or [''])[0]!r} (FLAGS are "
-                              f"joined with '+': ro, rw, {', '.join(MOUNT_FLAGS)})")
-        if "ro" in flags and "rw" in flags:
-            raise LaunchError(f"--container-mounts: {item!r} asks for both ro and rw")
-        src = _check_path(parts[0], "--container-mounts source")
-        dst = _check_path(parts[1], "--container-mounts target")
+        if not (source.startswith(("/", ".")) or source in ("tmpfs", "umount")):
+            raise LaunchError(f"--container-mounts: {item!r}: the source must be {MOUNT_SOURCES}"
+                              + (f" (./{source} for a path relative to the working directory)"
+                                 if "/" in source or source[:1].isalnum() else ""))
+        if not target.startswith(("/", ".")):
+            raise LaunchError(f"--container-mounts: {item!r}: the target must be an absolute path or a path "
+                              f"relative to the container's root starting with '.' (./{target})")
+        dst = container_path(target, "--container-mounts target")
         if dst in ("/", CONTAINER_TMP, CONTAINER_WORKDIR):
             raise LaunchError(f"--container-mounts: {dst} is tether's own mount point (the root, the "
                               f"rank's /tmp or work directory); mount somewhere else")
-        extra = tuple(dict.fromkeys(f for f in flags if f in MOUNT_FLAGS))
-        mounts.append(Mount(src, dst, "ro" in flags, extra))
+        # empty flags (SRC:DST:, ro+) are nothing, as enroot skips empty options
+        mounts.append(_mount(item, source, dst, [f for f in flagtext.split("+") if f]))
     return tuple(mounts)
+
+
+def resolve_sources(mounts: Sequence[Mount], cwd: str | None = None) -> tuple[Mount, ...]:
+    """Bind sources as absolute paths: a relative one (``./data``, ``../x``) against the working
+    directory -- the step's, on the node, as pyxis's enroot resolves it --, one with '.' or '..'
+    in it as the kernel would (symlinks followed). Run by the launcher only: it is the user, so
+    whatever it follows, the user could; never at submit (slurmctld is root)."""
+    out = []
+    for mount in mounts:
+        source = mount.source
+        if mount.kind == "bind" and (not source.startswith("/") or any(
+                p in (".", "..") for p in source.split("/"))):
+            source = os.path.realpath(os.path.join(cwd or os.getcwd(), source))
+            mount = Mount(source, mount.target, mount.readonly, mount.flags, mount.options, mount.create)
+        out.append(mount)
+    return tuple(out)
+
+
+def effective_mounts(mounts: Sequence[Mount], runtime: str) -> tuple[Mount, ...]:
+    """What a runtime that cannot stack mounts (podman: one mount per target; Apptainer likewise)
+    mounts: a later entry at a target replaces an earlier one (it would hide it), and
+    ``umount:DST`` takes away what an earlier entry -- the admin's, --container-mount-home's or
+    the user's -- put there. An unmount of anything else is refused: the runtime's own mounts
+    (/proc, /dev, /etc/hosts) stay, where enroot would unmount any."""
+    out: dict[str, Mount] = {}
+    for mount in mounts:
+        if mount.kind == "umount":
+            if out.pop(mount.target, None) is None:
+                raise LaunchError(f"--container-mounts: umount:{mount.target}: nothing is mounted there by your "
+                                  f"options, the home mount or the admin's container.mounts; with {runtime} "
+                                  f"tether unmounts only those (the runtime's own, such as /proc, /dev and "
+                                  f"/etc/hosts, stay; pyxis's enroot unmounts any)")
+            continue
+        out.pop(mount.target, None)
+        out[mount.target] = mount
+    return tuple(out.values())
+
+
+def mount_refusal(mounts: Sequence[Mount], runtime: str) -> str | None:
+    """Why ``runtime`` cannot do one of ``mounts`` as asked (a message), or None: checked at
+    submit and again by the launcher."""
+    for mount in mounts:
+        if runtime in ("apptainer", "singularity") and mount.kind != "bind":
+            return (f"--container-mounts: {mount.source}:{mount.target}: tether does no {mount.kind} mounts with "
+                    f"{runtime} (podman and enroot do)")
+        if runtime == "podman" and mount.kind == "tmpfs":
+            other = [o for o in mount.options if o.split("=", 1)[0] not in PODMAN_TMPFS_OPTIONS]
+            if other:
+                return (f"--container-mounts: tmpfs:{mount.target}: podman takes only size= and mode= for a tmpfs, "
+                        f"not {other[0]} (enroot, as pyxis, takes every tmpfs option: --container-runtime=enroot)")
+    return None
 
 
 def check_mount_sources(mounts: Sequence[Mount], admin: Sequence[str] = ()) -> None:
@@ -232,6 +389,8 @@ def check_mount_sources(mounts: Sequence[Mount], admin: Sequence[str] = ()) -> N
     to name where a mount came from."""
     theirs = set(parse_mounts(",".join(admin))) if admin else set()
     for mount in mounts:
+        if mount.kind != "bind":
+            continue
         where = "container.mounts in tether's config" if mount in theirs else "--container-mounts"
         check_reachable(mount.source, f"{where}: {mount.source}")
 
@@ -355,10 +514,11 @@ def parse_env_names(text: str | None) -> tuple[str, ...]:
 
 
 def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_runtime: str,
-                  defaults: Mapping | None = None) -> LaunchSpec:
+                  defaults: Mapping | None = None, resolve: bool = True) -> LaunchSpec:
     """The launch spec from ``TETHER_CONTAINER_*`` and the rank environment (Slurm or PBS);
     ``defaults``: the config's ``container`` section (the admin's defaults: mounts, entrypoint,
-    remap_root, mount_home)."""
+    remap_root, mount_home). ``resolve``: relative mount sources against this process's working
+    directory (the launcher's, the user's on the node; not at submit: see resolve_sources)."""
     defaults = defaults or {}
     image = _text(env, "TETHER_CONTAINER_IMAGE", "--container-image")
     name, _, flag = env.get("TETHER_CONTAINER_NAME", "").strip().partition(":")
@@ -382,7 +542,8 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
     if not command:
         raise LaunchError("no command to run in the container")
     workdir = _text(env, "TETHER_CONTAINER_WORKDIR", "--container-workdir")
-    workdir = _check_path(workdir, "--container-workdir") if workdir else CONTAINER_WORKDIR
+    # pyxis: chdir(DIR) inside the container, so a relative one is from the root; '..' stays there
+    workdir = container_path(workdir, "--container-workdir", clamp=True) if workdir else CONTAINER_WORKDIR
     if name is not None and not _is_name(name):
         raise LaunchError(f"--container-name={name!r}: letters, digits, '.', '_', '-' (at most 63)")
     writable = parse_flag(env.get("TETHER_CONTAINER_WRITABLE"), "--container-writable")
@@ -397,8 +558,10 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
     save = save_path(save) if save else None       # relative: to the rank's working directory
     mounts = parse_mounts(_text(env, "TETHER_CONTAINER_MOUNTS", "--container-mounts"))
     if defaults.get("mounts"):       # the admin's, unless the user mounts something at the same target
-        taken = {m.target for m in mounts}
+        taken = {m.target for m in mounts if m.kind != "umount"}     # umount:DST unmounts theirs
         mounts = tuple(m for m in parse_mounts(",".join(defaults["mounts"])) if m.target not in taken) + mounts
+    if resolve:
+        mounts = resolve_sources(mounts)
     job = env.get("SLURM_JOB_ID") or env.get("PBS_JOBID", "0").split(".")[0] or "0"
     batch = env.get(BATCH_VAR) == "1"         # set by the SPANK plugin for a --container-batch script
     batch_script = None
@@ -443,7 +606,11 @@ def check_container_options(values: Mapping[str, str], default_runtime: str) -> 
         if len(container) > 1:
             raise LaunchError("--container-* options need --container-image (it is empty: no container)")
         return
-    spec = spec_from_env(env, ["true"], default_runtime=default_runtime, defaults={"mount_home": None})
+    spec = spec_from_env(env, ["true"], default_runtime=default_runtime, defaults={"mount_home": None},
+                         resolve=False)
+    refusal = mount_refusal(spec.mounts, spec.runtime)
+    if refusal:
+        raise LaunchError(refusal)
     if spec.name and spec.runtime not in ("enroot", "podman"):
         raise LaunchError(f"--container-name: {spec.runtime} keeps no container between steps (enroot and "
                           f"podman do)")

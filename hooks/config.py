@@ -28,7 +28,7 @@ STORAGE_PATH_PATTERN = r"(?:/[A-Za-z0-9_-][A-Za-z0-9._-]*)+/?"
 STORAGE_PATH_ACCEPTED = "an absolute path of letters, digits, '.', '_', '-' (no component starting with '.')"
 USER_CACHE_PATTERN = r"(?:\{home\})?(?:/(?:[A-Za-z0-9_.-]|\{uid\})+)+/?"
 # container.mounts: what --container-mounts takes for one mount (tether.container.spec.parse_mounts)
-_MOUNT_FLAG = r"(?:ro|rw|nosuid|nodev|noexec|r?private|r?slave|r?shared)"
+_MOUNT_FLAG = r"(?:ro|rw|(?:no)?suid|(?:no)?dev|(?:no)?exec|r?private|r?slave|r?shared|r?unbindable|r?bind)"
 MOUNT_PATTERN = rf"/[^,:\s]*(?::/[^,:\s]*(?::{_MOUNT_FLAG}(?:\+{_MOUNT_FLAG})*)?)?"
 # a per-user directory on each node: absolute, {uid} in it (one per user), or empty
 PODMAN_STORE_PATTERN = r"|(?:/(?:[A-Za-z0-9_.-]|\{uid\})+)*/(?:[A-Za-z0-9_.-]*\{uid\}[A-Za-z0-9_.-]*)(?:/[A-Za-z0-9_.-]+)*/?"
@@ -128,7 +128,8 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
                                 doc="where a user's own image conversions go (only that user writes and "
                                     "uses them)"),
         "mounts": List(item=Str(pattern=MOUNT_PATTERN, accepted="SRC[:DST[:FLAGS]] with absolute paths and FLAGS "
-                                "joined with '+' (ro, rw, nosuid, nodev, noexec, [r]private, [r]slave, [r]shared), "
+                                "joined with '+' (ro, rw, [no]suid, [no]dev, [no]exec, [r]private, [r]slave, [r]shared, "
+                                "[r]unbindable, [r]bind), "
                                 "as --container-mounts"), default=[],
                        doc="bind mounts into every container (e.g. /scratch, /etc/slurm:/etc/slurm:ro); a user's "
                            "--container-mounts onto the same target wins"),

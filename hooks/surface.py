@@ -133,9 +133,14 @@ OPTIONS: tuple[Option, ...] = (
            "host"),
     Option("container-runtime", "apptainer|singularity|podman|enroot", "runtime",
            "container runtime (default from the config)"),
-    Option("container-mounts", "SRC:DST[:FLAGS],...", "text", "bind mounts into the container; FLAGS "
-           "joined with '+': ro, rw, nosuid, nodev, noexec, [r]private, [r]slave, [r]shared"),
-    Option("container-workdir", "DIR", "text", "working directory inside the container"),
+    Option("container-mounts", "SRC[:DST[:FLAGS]],...", "text", "mounts into the container (pyxis's grammar): "
+           "SRC an absolute path, a relative one (./data: from the working directory), tmpfs, or umount (DST "
+           "unmounted); DST absolute or from the container's root (./data); FLAGS joined with '+': ro, rw, "
+           "[no]suid, [no]dev, [no]exec, [r]private, [r]slave, [r]shared, [r]unbindable, [r]bind, "
+           "x-create=auto, dir or file; a tmpfs also size=, mode=, nr_inodes=, nr_blocks=, uid=, gid=, huge= "
+           "(podman: size= and mode= only)"),
+    Option("container-workdir", "DIR", "text", "working directory inside the container; relative: from the "
+           "container's root (as pyxis); it must exist in the image (as pyxis)"),
     Option("container-env", "NAME,...", "env_names", "host variables that win over the image's"),
     Option("container-writable", None, "flag", "writable container filesystem where the runtime supports it"),
     Option("container-readonly", None, "flag", "read-only container filesystem: the default (pyxis's name for it)"),

@@ -449,6 +449,21 @@ def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry:
             sys.stderr.buffer.write(run.stderr)
             return run.returncode
         lines += run.stdout.decode("utf-8", "surrogateescape").split("\n")
+    # runtime::_do_mounts_fini: the config's mounts(), then each --mount with ':' made ' ' -- one
+    # fstab file for enroot-mount (getmntent: fields split on blanks, \040 and the like decoded)
+    fstab = []
+    if conf is not None:
+        script = ('set -euo pipefail; shopt -s lastpipe; source "$1"; '
+                  'if declare -F mounts > /dev/null; then mounts; fi')
+        run = subprocess.run(["bash", "--norc", "-c", script, "bash", conf], capture_output=True,
+                             env={**env, "ENROOT_ROOTFS": rootfs})
+        if run.returncode != 0:
+            sys.stderr.buffer.write(run.stderr)
+            return run.returncode
+        fstab += [line for line in run.stdout.decode("utf-8", "surrogateescape").split("\n") if line.strip()]
+    fstab += [mount.replace(":", " ") for mount in opts.get("--mount", [])]
+    entries = [[re.sub(r"\\(0[0-7]{2}|1[0-7]{2})", lambda m: chr(int(m.group(1), 8)), f) for f in line.split()]
+               for line in fstab if not line.lstrip().startswith("#")]
     for item in opts.get("--env", []):
         lines.append(item if "=" in item else f"{item}={env.get(item, '')}")
     lines = _envfmt(_envfmt(lines))         # before and after the hooks
@@ -464,6 +479,7 @@ def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry:
     record_call(state, {**entry, "tool": "enroot-container", "container": name, "command": command_argv,
                         "container_env": container_env, "writable": "--rw" in opts,
                         "mounts": opts.get("--mount", []),
+                        "fstab": entries,
                         "rc": Path(rc).read_text() if rc else None,
                         "remap_root": "--root" in opts or os.environ.get("ENROOT_REMAP_ROOT", "") in ("y", "yes", "1")})
     return _act(state, command_argv or ["/bin/sh"], container_env, None)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from ..launch import progress
-from ..spec import CONTAINER_BATCH_SCRIPT, LaunchError, Mount
+from ..spec import CONTAINER_BATCH_SCRIPT, LaunchError, Mount, mount_refusal
 from . import Launch, Runtime
 
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
@@ -85,6 +85,9 @@ class Apptainer(Runtime):
             raise LaunchError(f"--container-unshare: tether does not unshare namespaces with {self.name} yet "
                               f"(the container would run in the host's {', '.join(spec.unshare)}); use podman "
                               f"or enroot")
+        refusal = mount_refusal(spec.mounts, self.name)
+        if refusal:
+            raise LaunchError(refusal)
         flagged = [m for m in spec.mounts if m.flags]
         if flagged:
             raise LaunchError(f"--container-mounts: {self.name} binds take ro or rw only, not "

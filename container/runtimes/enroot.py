@@ -28,7 +28,7 @@ from . import Launch, Runtime, existing_store, store_directory
 DEFAULT_STORE = f"{USER_STORE_ROOT}/{{uid}}/enroot"     # container.enroot.store's default
 
 if TYPE_CHECKING:
-    from typing import Mapping
+    from typing import Mapping, Sequence
 
     from ..spec import LaunchSpec
 
@@ -58,11 +58,36 @@ def carried(value: str) -> bool:
     return not (len(stripped) >= 2 and stripped[0] in "\"'" and stripped[-1] in "\"'")
 
 
-def write_environ_conf(path: str | None, values: Mapping[str, str]) -> str:
+END_OF_MOUNTS = "TETHER_END_OF_MOUNTS"
+
+
+def fstab_escape(path: str) -> str:
+    """A path as one field of an fstab line (getmntent's octal escapes, as pyxis writes them)."""
+    return "".join({" ": "\\040", "\t": "\\011", "\n": "\\012", "\\": "\\134"}.get(c, c) for c in path)
+
+
+def fstab_line(mount: Mount, *, rank: bool = False) -> str:
+    """One ``mounts()`` line, as enroot-mount reads it: ``SRC DST TYPE OPTIONS``. A bind is
+    recursive, its target made as its source is (x-create=auto, or the user's x-create=); a tmpfs
+    gets its directory and options; ``umount`` unmounts (x-detach) -- pyxis's own entries. The
+    rank's directories (``rank``): plain binds onto directories."""
+    dst = fstab_escape(mount.target)
+    if mount.kind == "umount":
+        return f"umount {dst} none x-detach"
+    flags = ("ro",) * mount.readonly + tuple(mount.flags)
+    if mount.kind == "tmpfs":
+        return f"tmpfs {dst} tmpfs " + ",".join(("x-create=dir", *flags, *mount.options))
+    first = ("x-create=dir", "bind") if rank else (f"x-create={mount.create}", "rbind")
+    return f"{fstab_escape(mount.source)} {dst} none " + ",".join((*first, *flags))
+
+
+def write_environ_conf(path: str | None, values: Mapping[str, str], mount_lines: Sequence[str] = ()) -> str:
     """An ``enroot start --conf`` script whose ``environ()`` prints the variables (enroot appends
     its output to the container's environment file after the image's /etc/environment, so these
-    win over the image's). The values are in the file -- mode 0600, in the user's own step
-    directory -- never on a command line; a quoted here-document: bash expands nothing in them.
+    win over the image's) and whose ``mounts()`` prints the mounts (``mount_lines``, fstab lines:
+    unlike ``--mount``, which refuses blanks, a path with spaces passes; enroot mounts them after
+    its hooks, in this order). The values are in the file -- mode 0600, in the user's own step
+    directory -- never on a command line; quoted here-documents: bash expands nothing in them.
     Values the environment file cannot carry are left out, and the user is told which."""
     lines, dropped = [], []
     for name in sorted(values):
@@ -71,11 +96,16 @@ def write_environ_conf(path: str | None, values: Mapping[str, str]) -> str:
         shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
         progress(f"not passed into the enroot container: {shown} (a line break, or quotes around the whole "
                  f"value: enroot's environment file cannot carry them)")
-    text = ("# tether: the job's environment for this container (see tether.container.environment)\n"
+    text = ("# tether: the job's environment and mounts for this container (see tether.container.environment)\n"
             "environ() {\n"
             f"cat <<'{END_OF_ENVIRONMENT}'\n"
             + "".join(f"{name}={values[name]}\n" for name in lines)
             + f"{END_OF_ENVIRONMENT}\n}}\n")
+    if mount_lines:
+        text += ("mounts() {\n"
+                 f"cat <<'{END_OF_MOUNTS}'\n"
+                 + "".join(f"{line}\n" for line in mount_lines)
+                 + f"{END_OF_MOUNTS}\n}}\n")
     return write_private(path, text, ".conf", "environment script")
 
 
@@ -283,21 +313,20 @@ class Enroot(Runtime):
             argv += ["--rc", write_rc(os.path.join(step_dir, "enroot", f"rc-{spec.rank}") if step_dir else None)]
             if not step_dir:
                 after.append(["rm", "-f", argv[-1]])
-        if passed:
+        # every mount in the --conf script's mounts(), in this order: the rank's directories, then
+        # the user's (the admin's first) over them, as pyxis lists them (tmpfs, umount: enroot's own)
+        batch = [Mount(spec.batch_script, CONTAINER_BATCH_SCRIPT, True)] if spec.batch_script else []
+        mount_lines = [*(fstab_line(m, rank=True) for m in spec.rank_mounts()),
+                       *(fstab_line(m) for m in (*spec.mounts, *batch))]
+        if passed or mount_lines:
             conf = os.path.join(step_dir, "enroot", f"environ-{spec.rank}.conf") if step_dir else None
-            conf = write_environ_conf(conf, passed)
+            conf = write_environ_conf(conf, passed, mount_lines)
             argv += ["--conf", conf]
             if not step_dir:                  # tether run by hand: nothing removes it with a step
                 after.append(["rm", "-f", conf])
         argv += self.own_env_args(own)
         if self.gpu_kind(spec) == "cuda":
             argv += ["--env", "NVIDIA_VISIBLE_DEVICES=all"]
-        for mount in spec.rank_mounts():
-            argv += ["--mount", f"{mount.source}:{mount.target}:none:x-create=dir,bind"]
-        batch = [Mount(spec.batch_script, CONTAINER_BATCH_SCRIPT, True)] if spec.batch_script else []
-        for mount in (*spec.mounts, *batch):
-            argv += ["--mount", f"{mount.source}:{mount.target}:none:x-create=auto,rbind"
-                     + (",ro" if mount.readonly else "") + "".join("," + f for f in mount.flags)]
         argv += [name, "/bin/sh", "-c", CD_PROLOGUE, "sh", spec.workdir, *spec.command]
         if not spec.name:
             after.insert(0, [self.binary, "remove", "--force", name])

@@ -23,8 +23,8 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.layout import CLEANUP_MARKER, USER_STORE_ROOT, user_run_dir
 from ..launch import cgroup_paths, progress, reap_zombies, remove_file, report
-from ..spec import (CONTAINER_BATCH_SCRIPT, NAMED_MADE_BY, LaunchError, Mount, no_named_container,
-                    read_regular, refuse_existing)
+from ..spec import (CONTAINER_BATCH_SCRIPT, NAMED_MADE_BY, LaunchError, Mount, effective_mounts, mount_refusal,
+                    no_named_container, read_regular, refuse_existing)
 from . import Launch, Runtime, existing_store, own_directory, store_directory
 
 if TYPE_CHECKING:
@@ -599,11 +599,18 @@ class Podman(Runtime):
             fds = {**(fds or {}), names_fd: names_fd}
             argv += ["--env-file", f"/dev/fd/{names_fd}"]
         argv += self.own_env_args(own)
-        mounts = (*spec.mounts, *self.home_mounts(spec, host_env))
+        refusal = mount_refusal(spec.mounts, self.name)
+        if refusal:
+            raise LaunchError(refusal)
+        # the home first, as enroot's hook mounts it before the user's mounts: a user's mount at
+        # the same target wins, and umount:DST takes either away (podman takes one mount a target)
+        mounts = effective_mounts((*self.home_mounts(spec, host_env), *spec.mounts), self.name)
         if spec.batch_script:                # --container-batch: the script at its own path, read-only
             mounts += (Mount(spec.batch_script, CONTAINER_BATCH_SCRIPT, True),)
         for mount in (*spec.rank_mounts(), *mounts):
-            argv += ["--volume", str(mount)]
+            # a tmpfs: --tmpfs DST[:size=,mode=,ro,...] (podman 4.3 and 5 alike); a bind: --volume
+            # SRC:DST[:ro,nosuid,unbindable,...], recursive as pyxis's
+            argv += ["--tmpfs" if mount.kind == "tmpfs" else "--volume", str(mount)]
         argv += ["--workdir", spec.workdir]
         argv += devices
         if gpu == "rocm":
@@ -866,7 +873,7 @@ def missing_targets(path: str, mounts=()) -> list[str]:
     (those on one of podman's tmpfs in the container excepted)."""
     missing = ["/" + t for t in ROOTFS_TARGETS if not os.path.lexists(os.path.join(path, t))]
     missing += [m.target for m in mounts
-                if not m.target.startswith(TMPFS_DIRS) and not os.path.lexists(path + m.target)]
+                if m.kind != "umount" and not m.target.startswith(TMPFS_DIRS) and not os.path.lexists(path + m.target)]
     return missing
 
 

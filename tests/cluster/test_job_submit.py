@@ -241,7 +241,7 @@ def test_bad_container_options_are_refused_at_submit(cluster, tether_config):
     result, job_id, _ = sbatch(cluster, "--slots=2", "--container-image=/i", "--container-mounts=data:/d",
                                wait=False)
     assert result.returncode != 0 and job_id is None
-    assert "tether: --container-mounts source 'data' must be an absolute path" in result.stderr
+    assert "tether: --container-mounts: 'data:/d': the source must be an absolute path" in result.stderr
     result, job_id, _ = sbatch(cluster, "--container-writable", wait=False)
     assert job_id is None and "tether: --container-* options need --container-image" in result.stderr
     env = cluster.run(["runuser", "-u", cluster.user, "--", "env", "TETHER_CONTAINER_IMAGE=/i",

@@ -330,8 +330,9 @@ def test_container_variables_are_checked_at_qsub_with_the_run_side_s_messages(ho
     e = hook(resources={}, Variable_List={"TETHER_CONTAINER_IMAGE": "/images/busybox",
                                           "TETHER_CONTAINER_MOUNTS": "relative:/data"})
     assert e.accepted is False
-    assert e.reject_msg == ("tether: TETHER_CONTAINER_MOUNTS source 'relative' must be an absolute path without "
-                            "spaces, commas, colons or '..'")
+    assert e.reject_msg == ("tether: TETHER_CONTAINER_MOUNTS: 'relative:/data': the source must be an absolute path, "
+                            "a relative path (starting with '.'), 'tmpfs' or 'umount' (./relative for a path "
+                            "relative to the working directory)")
     e = hook(resources={}, Variable_List={"TETHER_CONTAINER_WORKDIR": "/w"})
     assert e.accepted is False and "TETHER_CONTAINER_* options need TETHER_CONTAINER_IMAGE" in e.reject_msg
     e = hook(resources={}, Variable_List={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
@@ -355,7 +356,7 @@ def test_qalter_of_container_variables_is_checked_against_the_job_s_own(hook):
     assert e.accepted, e.reject_msg                             # the job has its image already
     e = hook(pbs.MODIFYJOB, resources={}, original={}, Variable_List={"TETHER_CONTAINER_MOUNTS": "d:/d"},
              original_variables={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
-    assert e.accepted is False and "TETHER_CONTAINER_MOUNTS source 'd' must be an absolute path" in e.reject_msg
+    assert e.accepted is False and "TETHER_CONTAINER_MOUNTS: 'd:/d': the source must be an absolute path" in e.reject_msg
     e = hook(pbs.MODIFYJOB, resources={}, original={}, Variable_List={"OTHER": "x"},
              original_variables={"TETHER_CONTAINER_IMAGE": "/images/busybox"})
     assert e.accepted and e.job._changed == set()               # nothing tether checks changed
