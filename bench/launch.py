@@ -18,8 +18,9 @@ cold (removed from it before each round, untimed):
 and the registry image in the user's store on cold and warm nodes (issue 46): cold, the job user
 has no rootless-podman pause process on the node -- a compute node's state between jobs, since each
 step's end ends the one its podman made; the user's pause process is killed by the PID podman
-recorded before each cold round (untimed) -- and warm, one is left running outside Slurm (what a
-user's own podman, or `sandbox up`, leaves):
+recorded before each cold round (untimed) -- and warm, one is kept by a holder step of the same
+allocation on every node (what another step of the job, or a user's own podman, leaves). Each
+sandbox node has its own /run, so both are done on the nodes through steps:
 
   tether-cold  srun -N3 --container-image=REGISTRY/tether/busybox:1 true on cold nodes (goal <= 1.2
                x tether-warm, and <= 1.05 x direct-cold)
@@ -75,17 +76,25 @@ def direct_podman(box: Sandbox, image: str) -> str:
 
 
 def node_states(box: Sandbox) -> tuple[str, str]:
-    """Shell commands run as the job user outside Slurm (salloc's shell): one that makes the node
-    cold -- kills the user's podman pause process by the PID podman recorded in tether's podman run
-    directory, when that process has a pause process's name -- and one that makes it warm (podman
-    unshare true: joins the pause process, or makes one that stays, outside Slurm)."""
+    """Shell commands for salloc's shell (the job user's) that make every node of the allocation
+    cold or warm for the user. Each sandbox node has its own run directory (its own /run), so both
+    act on the nodes through steps. Warm: a holder step on every node keeps a podman pause process
+    of the user (podman unshare) -- as another step of the job would; the timed steps join it.
+    Cold: the holder ends (its cgroup takes the pause process), and any pause process left on a
+    node is killed by the PID podman recorded in tether's run directory, when that process has a
+    pause process's name."""
     settings = box.tether_settings()["container"]["podman"]
     run = podman.Podman(settings).run_dir(pwd.getpwnam(box.user).pw_uid)
     names = "|".join(shlex.quote(name) for name in podman.PAUSE_NAMES)
-    cold = (f"p=$(cat {shlex.quote(podman.pause_pid_file(run))} 2>/dev/null); "
+    kill = (f"p=$(cat {shlex.quote(podman.pause_pid_file(run))} 2>/dev/null); "
             f"case \"$(cat /proc/$p/comm 2>/dev/null)\" in {names}) kill -KILL \"$p\" ;; esac")
-    warm = shlex.join(["env", f"XDG_RUNTIME_DIR={run}", *[f"{k}={v}" for k, v in settings["env"].items()], "podman",
-                       *settings["args"], *user_store(box), "unshare", "true"])
+    holder = shlex.join(["env", f"XDG_RUNTIME_DIR={run}", *[f"{k}={v}" for k, v in settings["env"].items()], "podman",
+                         *settings["args"], *user_store(box), "unshare", "sh", "-c", "echo warm; exec sleep 100000"])
+    cold = ('if [ -n "$HOLDER" ]; then kill "$HOLDER"; wait "$HOLDER" 2>/dev/null; HOLDER=; fi; '
+            f"srun --overlap -N3 --ntasks-per-node=1 sh -c {shlex.quote(kill)}")
+    warm = ('if [ -z "$HOLDER" ]; then : > warm.$$; '
+            f"srun --overlap -N3 --ntasks-per-node=1 {holder} > warm.$$ 2>/dev/null & HOLDER=$!; "
+            'for i in $(seq 300); do [ "$(grep -c warm warm.$$)" = 3 ] && break; sleep 0.1; done; fi')
     return cold, warm
 
 
@@ -98,7 +107,8 @@ def main() -> int:
     remote = box.registry_image()
     settings = box.tether_settings()["container"]["podman"]
     podman_cmd = shlex.join(["env", *box.podman_env(), "podman", *settings["args"], *user_store(box)])
-    forget = f"{podman_cmd} rmi --force {shlex.quote(remote)} >/dev/null 2>&1"
+    # each node its own store: forgotten on every node, by a step (the store is the node's)
+    forget = f"srun --overlap -N3 --ntasks-per-node=1 {podman_cmd} rmi --force {shlex.quote(remote)} >/dev/null 2>&1"
     rootfs = {"direct": ("", f"srun -N3 -n3 {direct_podman(box, image)} true"),
               "tether": ("", f"srun -N3 -n3 --container-image={image} true")}
     registry = {"direct-warm": ("", f"srun -N3 -n3 {direct_podman(box, remote)} true"),
@@ -108,14 +118,17 @@ def main() -> int:
     cold, warm = node_states(box)
     run = podman.Podman(settings).run_dir(pwd.getpwnam(box.user).pw_uid)
     nodes = {"tether-cold": (cold, f"srun -N3 -n3 --container-image={remote} true"),
-             "tether-warm": (f"{warm} >/dev/null 2>&1", f"srun -N3 -n3 --container-image={remote} true"),
+             "tether-warm": (warm, f"srun -N3 -n3 --container-image={remote} true"),
              "direct-cold": (cold, f"srun -N3 -n3 env XDG_RUNTIME_DIR={shlex.quote(run)} "
                                    f"{direct_podman(box, remote)} true")}
     # the image in the user's store first (untimed): the node's state is what differs, not a pull
     pulled = f"srun -N3 -n3 --container-image={remote} true >/dev/null 2>&1\n"
     try:
-        out = {name: run_command(["runuser", "-u", box.user, "--", "salloc", "-N3", "--time=30", "bash", "-c",
-                                  (pulled if name == "nodes" else "") + timing_loop(args.rounds, cases)],
+        # --exclusive: the whole nodes, so that the warm rounds' holder step leaves CPUs to the timed
+        # steps; the holder ends with the loop
+        out = {name: run_command(["runuser", "-u", box.user, "--", "salloc", "-N3", "--exclusive", "--time=30", "bash",
+                                  "-c", (pulled if name == "nodes" else "") + timing_loop(args.rounds, cases)
+                                  + ('[ -z "$HOLDER" ] || kill "$HOLDER"; rm -f warm.$$\n' if name == "nodes" else "")],
                                  env=box.command_env(), cwd=str(box.work_dir), timeout=1800).stdout
                for name, cases in (("rootfs", rootfs), ("registry", registry), ("nodes", nodes))
                if name in args.only}

@@ -116,7 +116,7 @@ class Bench:
         if mode == "loose":
             argv[argv.index("--rm") + 1:argv.index("--rm") + 1] = ["--name", f"loose-{tag}"]
         proc = subprocess.Popen(["runuser", "-u", self.box.user, "--", "srun", f"--job-name={tag}", "-N1", "-n1",
-                                 *argv], env=self.box.command_env(), cwd=str(self.box.work_dir),
+                                 "-w", self.box.nodes[0], *argv], env=self.box.command_env(), cwd=str(self.box.work_dir),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         for _ in range(450):
             if (self.out / f"up-{tag}").exists() or proc.poll() is not None:
@@ -127,8 +127,9 @@ class Bench:
         proc.wait(timeout=120)
         ended = time.monotonic()
         prefix = f"loose-{tag}" if mode == "loose" else f"tether-{job}-"
-        # by hand: the user's default podman store; tether: the user's store on the node
-        podman = ["runuser", "-u", self.box.user, "--", *self.podman()] if mode == "loose" else self.box.user_podman()
+        # by hand: the user's own podman store on the node; tether: the user's tether store there
+        podman = (self.box.on_node(None, ["runuser", "-u", self.box.user, "--", *self.podman()]) if mode == "loose"
+                  else self.box.user_podman())
         while True:        # slurmstepd removes a container podman still lists once the step is over
             names = self.run([*podman, "ps", "-a", "--format", "{{.Names}}"], check=False, cwd="/").stdout.split()
             left = [n for n in names if n.startswith(prefix)]

@@ -541,13 +541,15 @@ class Sandbox:
 
     def podman_env(self, node: str | None = None) -> list[str]:
         """``NAME=VALUE`` of podman's environment as tether's launcher gives the job user's podman
-        on ``node``: the config's, podman's run directory (Podman.run_dir, made as root would make
-        it there) and the by-hand store's storage.conf. Any podman of that user on the node -- by
-        hand too -- runs with it: one run state (libpod resets the user's shared locks when it
-        meets a second one), which tether's repair keeps working."""
+        on ``node`` (None: any node -- podman by hand under srun): the config's, podman's run
+        directory (Podman.run_dir, made as root would make it there: on every node for None) and
+        the by-hand store's storage.conf. Any podman of that user on the node -- by hand too --
+        runs with it: one run state (libpod resets the user's shared locks when it meets a second
+        one), which tether's repair keeps working."""
         settings = self.tether_settings()["container"]["podman"]
         account = pwd.getpwnam(self.user)
-        self.user_dirs(account.pw_uid, account.pw_gid, node)
+        for each in ([node] if node else self.nodes):
+            self.user_dirs(account.pw_uid, account.pw_gid, each)
         return [*(f"{k}={v}" for k, v in settings["env"].items()),
                 f"CONTAINERS_STORAGE_CONF={self.etc / 'storage-by-hand.conf'}",
                 f"XDG_RUNTIME_DIR={Podman(settings).run_dir(account.pw_uid)}"]
