@@ -127,21 +127,23 @@ def test_each_node_is_a_host_of_its_own_sharing_only_home_and_the_job_storage_ro
     Sandbox.node_address.)"""
     nodes = cluster.nodes
     addresses = {node: cluster.box.node_address(node) for node in nodes}
-    job = cluster.submit("-N3", "--wrap", "sleep 300")
+    job = cluster.submit("--slots=3", "--slots-per-node=1", "--slot-type=cpu", "--wrap", "sleep 300")
     try:
         assert wait_until(lambda: cluster.job_fields(job)["JobState"] == "RUNNING", 60)
-        shared = storage(cluster) / job / "shared-from-first"
+        shared = storage(cluster) / job / "shared-from-first"         # the job's directory: the user's
+        assert wait_until(lambda: shared.parent.is_dir(), 30)
 
         def on(node: str, script: str, check: bool = True) -> str:
             return cluster.as_user(["srun", "--overlap", f"--jobid={job}", "-N1", "-w", node, "bash", "-c", script],
                                    check=check).stdout
         names = " ".join(nodes)
+        home = pwd.getpwnam(cluster.user).pw_dir
         first = on(nodes[0], f"echo $(hostname) $(getent hosts {names} | tr -s ' \n' ' '); "
-                             f"echo n1 > /tmp/tether-node-{job}; echo n1 > {shared}; echo n1 > ~/tether-node-{job}")
+                             f"echo n1 > /tmp/tether-node-{job}; echo n1 > {shared}; echo n1 > {home}/tether-node-{job}")
         assert first.split() == [nodes[0], *(w for n in nodes for w in (addresses[n], n))], first
         for node in nodes[1:]:
             seen = on(node, f"echo $(hostname); ls /tmp/tether-node-{job} 2>&1 >/dev/null | wc -l; cat {shared}; "
-                            f"cat ~/tether-node-{job}")
+                            f"cat {home}/tether-node-{job}")
             assert seen.split() == [node, "1", "n1", "n1"], (node, seen)     # /tmp its own; shared, home seen
         assert cluster.box.node_path(nodes[0], f"/tmp/tether-node-{job}").read_text() == "n1\n"
         assert not cluster.box.node_path(nodes[1], f"/tmp/tether-node-{job}").exists()
