@@ -330,17 +330,34 @@ def parse_mounts(text: str | None) -> tuple[Mount, ...]:
     return tuple(mounts)
 
 
-def resolve_sources(mounts: Sequence[Mount], cwd: str | None = None) -> tuple[Mount, ...]:
+def resolve_sources(mounts: Sequence[Mount], cwd: str | None = None, runtime: str = "") -> tuple[Mount, ...]:
     """Bind sources as absolute paths: a relative one (``./data``, ``../x``) against the working
     directory -- the step's, on the node, as pyxis's enroot resolves it --, one with '.' or '..'
     in it as the kernel would (symlinks followed). Run by the launcher only: it is the user, so
-    whatever it follows, the user could; never at submit (slurmctld is root)."""
+    whatever it follows, the user could; never at submit (slurmctld is root). Refused: a relative
+    source in a working directory others can write (slurmstepd starts a step in /tmp when it
+    cannot enter the job's directory on the node, and there another user may have made ./data
+    first), and, for a runtime whose mount syntax splits on them (all but enroot), a resolved
+    source holding ':' or ','."""
     out = []
     for mount in mounts:
         source = mount.source
         if mount.kind == "bind" and (not source.startswith("/") or any(
                 p in (".", "..") for p in source.split("/"))):
-            source = os.path.realpath(os.path.join(cwd or os.getcwd(), source))
+            try:
+                base = cwd or os.getcwd()
+                shared = not source.startswith("/") and os.stat(base).st_mode & 0o002
+            except OSError as exc:
+                raise LaunchError(f"--container-mounts: {source}: the working directory is gone "
+                                  f"({exc.strerror}); give an absolute source") from None
+            if shared:
+                raise LaunchError(f"--container-mounts: {source}: a relative source in {base}, a directory "
+                                  f"others can write (did the step start there because the job's directory is "
+                                  f"missing on this node?), is refused: give an absolute path")
+            source = os.path.realpath(os.path.join(base, source))
+            if runtime != "enroot" and (":" in source or "," in source):
+                raise LaunchError(f"--container-mounts: {mount.source} resolves to {source}, whose ':' or ',' "
+                                  f"{runtime or 'the runtime'} would read as a separator: give another path")
             mount = Mount(source, mount.target, mount.readonly, mount.flags, mount.options, mount.create)
         out.append(mount)
     return tuple(out)
@@ -561,7 +578,7 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
         taken = {m.target for m in mounts if m.kind != "umount"}     # umount:DST unmounts theirs
         mounts = tuple(m for m in parse_mounts(",".join(defaults["mounts"])) if m.target not in taken) + mounts
     if resolve:
-        mounts = resolve_sources(mounts)
+        mounts = resolve_sources(mounts, runtime=runtime)
     job = env.get("SLURM_JOB_ID") or env.get("PBS_JOBID", "0").split(".")[0] or "0"
     batch = env.get(BATCH_VAR) == "1"         # set by the SPANK plugin for a --container-batch script
     batch_script = None

@@ -322,6 +322,11 @@ class Sandbox:
         pid = self._pid_of(f"slurmd-{node}")
         if pid is None:
             raise SandboxError(f"node {node} is not running (no slurmd): start the sandbox first")
+        if not _is_roots_slurmd(pid):
+            # a pid file left by a dead slurmd may name a user's process by now: root must never
+            # enter namespaces a user made (its binds would give root the user's programs)
+            raise SandboxError(f"node {node}: pid {pid} is not root's slurmd in this user namespace; "
+                               f"restart the sandbox")
         return ["nsenter", "--target", str(pid), "--mount", "--uts", f"--wd={cwd}", "--", *argv]
 
     def host_path(self, path: str | os.PathLike) -> Path:
@@ -1304,6 +1309,18 @@ def ensure_packages(packages: Iterable[str], *, log=print) -> None:
             policy.unlink(missing_ok=True)
 
 
+def _is_roots_slurmd(pid: int) -> bool:
+    """Whether ``pid`` is a slurmd run by root (every uid 0) in this process's user namespace."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        same_userns = os.stat(f"/proc/{pid}/ns/user").st_ino == os.stat("/proc/self/ns/user").st_ino
+        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return False
+    uids = next((line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")), [])
+    return same_userns and uids == ["0"] * 4 and exe == "slurmd"
+
+
 def make_node_dirs(node_dir: Path) -> None:
     """A node's own directories (NODE_DIRS) under ``node_dir``, root-owned with their modes (/tmp's
     1777, /run's 0755, ...), those a boot empties emptied. Root never follows what a user may have
@@ -1328,13 +1345,17 @@ def make_node_dirs(node_dir: Path) -> None:
             os.fchmod(fd, wanted[path])
         finally:
             os.close(fd)
-    for sub, _, emptied in NODE_DIRS:
-        if emptied:
-            for entry in os.scandir(node_dir / sub):
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path)
-                else:
-                    os.unlink(entry.path)
+    for sub, mode, emptied in NODE_DIRS:
+        if emptied and any(os.scandir(node_dir / sub)):
+            # moved aside first (its parent is root's: nobody else can touch the name), then removed
+            # by rm, which opens what it walks with O_NOFOLLOW|O_DIRECTORY: a user's FIFO or a
+            # directory swapped for a link while it walks never hangs or misleads root
+            old = node_dir / sub
+            aside = old.with_name(f".{old.name}.boot-{os.getpid()}")
+            os.rename(old, aside)
+            os.mkdir(old, 0o700)
+            os.chmod(old, mode)
+            run_command(["rm", "-rf", "--one-file-system", "--", str(aside)], timeout=300)
 
 
 def write_fake_gpus() -> None:

@@ -66,19 +66,28 @@ def fstab_escape(path: str) -> str:
     return "".join({" ": "\\040", "\t": "\\011", "\n": "\\012", "\\": "\\134"}.get(c, c) for c in path)
 
 
+FSTAB_LINE_MAX = 4096      # enroot-mount's line buffer (getmntent_r); a line must stay below it
+
+
 def fstab_line(mount: Mount, *, rank: bool = False) -> str:
     """One ``mounts()`` line, as enroot-mount reads it: ``SRC DST TYPE OPTIONS``. A bind is
     recursive, its target made as its source is (x-create=auto, or the user's x-create=); a tmpfs
     gets its directory and options; ``umount`` unmounts (x-detach) -- pyxis's own entries. The
     rank's directories (``rank``): plain binds onto directories."""
     dst = fstab_escape(mount.target)
-    if mount.kind == "umount":
-        return f"umount {dst} none x-detach"
     flags = ("ro",) * mount.readonly + tuple(mount.flags)
-    if mount.kind == "tmpfs":
-        return f"tmpfs {dst} tmpfs " + ",".join(("x-create=dir", *flags, *mount.options))
-    first = ("x-create=dir", "bind") if rank else (f"x-create={mount.create}", "rbind")
-    return f"{fstab_escape(mount.source)} {dst} none " + ",".join((*first, *flags))
+    if mount.kind == "umount":
+        line = f"umount {dst} none x-detach"
+    elif mount.kind == "tmpfs":
+        line = f"tmpfs {dst} tmpfs " + ",".join(("x-create=dir", *flags, *mount.options))
+    else:
+        first = ("x-create=dir", "bind") if rank else (f"x-create={mount.create}", "rbind")
+        line = f"{fstab_escape(mount.source)} {dst} none " + ",".join((*first, *flags))
+    if len(line.encode()) >= FSTAB_LINE_MAX:
+        # getmntent (enroot-mount's reader) cuts a longer line: its flags would go silently
+        raise LaunchError(f"--container-mounts: the mount of {mount.target[:60]}... for enroot would be a line of "
+                          f"{len(line.encode())} bytes (escaped), more than enroot reads ({FSTAB_LINE_MAX - 1})")
+    return line
 
 
 def write_environ_conf(path: str | None, values: Mapping[str, str], mount_lines: Sequence[str] = ()) -> str:

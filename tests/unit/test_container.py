@@ -2330,6 +2330,40 @@ def test_podman_gets_binds_as_volumes_tmpfs_as_tmpfs_and_umount_takes_a_mount_aw
         adapter("apptainer", {}).launch(spec(image=str(sif), mounts=parse_mounts("tmpfs:/t")), HOST)
 
 
+def test_a_relative_source_where_others_write_or_one_the_runtime_would_split_is_refused(tmp_path):
+    """slurmstepd starts a step in /tmp when the job's directory is missing on the node: there
+    ``./data`` may be another user's. A resolved source with ':' or ',' would be split by podman's
+    --volume or Apptainer's --bind (enroot's fstab line carries it). A vanished working directory
+    is a message, not a traceback."""
+    from tether.container.spec import resolve_sources
+
+    shared = tmp_path / "shared"
+    (shared / "data").mkdir(parents=True)
+    os.chmod(shared, 0o1777)
+    with pytest.raises(LaunchError, match="a relative source in .*others can write .* is refused"):
+        resolve_sources(parse_mounts("./data:/d"), str(shared), runtime="podman")
+    assert resolve_sources(parse_mounts(f"{shared}/data:/d"), str(shared))[0].source == f"{shared}/data"  # absolute
+    odd = tmp_path / "a:b,c"
+    odd.mkdir()
+    for runtime in ("podman", "apptainer"):
+        with pytest.raises(LaunchError, match="would read as a separator"):
+            resolve_sources(parse_mounts("./:/d"), str(odd), runtime=runtime)
+    assert resolve_sources(parse_mounts("./:/d"), str(odd), runtime="enroot")[0].source == str(odd)
+    with pytest.raises(LaunchError, match="the working directory is gone"):
+        resolve_sources(parse_mounts("./x:/d"), str(tmp_path / "gone"), runtime="podman")
+
+
+def test_an_enroot_mount_line_longer_than_enroot_reads_is_refused():
+    """enroot-mount reads fstab lines into a 4096-byte buffer and getmntent cuts a longer one:
+    escaped blanks (4 bytes each) could push ro,nosuid off the end, silently."""
+    from tether.container.runtimes.enroot import FSTAB_LINE_MAX, fstab_line
+
+    (mount,) = parse_mounts("/h:/" + "a " * 1010 + "x:ro+nosuid")
+    with pytest.raises(LaunchError, match="more than enroot reads"):
+        fstab_line(mount)
+    assert len(fstab_line(parse_mounts("/h:/" + "a" * 2000)[0]).encode()) < FSTAB_LINE_MAX
+
+
 def test_enroot_gets_every_mount_as_an_fstab_line_of_its_config_in_order(tmp_path):
     """enroot start's --mount refuses blanks (and splits on ':'), so every mount goes into the
     --conf script's mounts(), as pyxis writes them: fstab lines with \\040 for a space, the rank's

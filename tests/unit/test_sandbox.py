@@ -29,6 +29,28 @@ def test_node_dirs_are_made_root_owned_with_their_modes_and_a_boot_empties_tmp_a
     assert (outside / "keep").exists()                            # the link went, not what it named
 
 
+def test_a_boot_empties_a_nodes_tmp_past_a_users_fifo_without_hanging(tmp_path):
+    """A FIFO (or a directory swapped for one) in a node's /tmp, which every user can write: the
+    boot moves the directory aside and removes it with rm, which never opens a FIFO."""
+    node = tmp_path / "nodes" / "n1"
+    make_node_dirs(node)
+    os.mkfifo(node / "tmp" / "fifo")
+    (node / "tmp" / "d").mkdir()
+    os.mkfifo(node / "tmp" / "d" / "fifo")
+    make_node_dirs(node)
+    assert list((node / "tmp").iterdir()) == [] and stat.S_IMODE((node / "tmp").stat().st_mode) == 0o1777
+    assert sorted(p.name for p in node.iterdir()) == ["dev", "local", "run", "tmp", "var"]    # nothing aside left
+
+
+def test_root_enters_only_roots_own_slurmd():
+    """Sandbox.on_node enters the namespaces of the pid slurmd's pid file names: a stale file
+    could name a user's process by then. Only a slurmd run by root in this user namespace passes."""
+    from tether.sandbox.cluster import _is_roots_slurmd
+
+    assert not _is_roots_slurmd(os.getpid())                 # root's, but python, not slurmd
+    assert not _is_roots_slurmd(2 ** 22 + 1)                 # no such process
+
+
 def test_node_dirs_refuse_what_a_user_put_there_first(tmp_path):
     target = tmp_path / "victim"
     target.mkdir()
