@@ -30,6 +30,22 @@ EPHEMERAL_PORTS = "/proc/sys/net/ipv4/ip_local_port_range"
 RESERVED_PORTS = "/proc/sys/net/ipv4/ip_local_reserved_ports"
 
 
+PACKAGED_PYTHON = "/usr/lib/python3/dist-packages"     # where tether's Debian package puts tether
+
+
+def packaged_by(module_file: str | None = None) -> str | None:
+    """The Debian package that installed this tether (``dpkg-query -S`` of its files), or None
+    when it came from elsewhere (a venv: `make install`)."""
+    path = os.path.realpath(module_file or __file__)
+    if not path.startswith(PACKAGED_PYTHON + "/"):
+        return None
+    try:
+        out = run_command(["dpkg-query", "-S", path], timeout=30).stdout
+    except (CommandError, OSError):
+        return None
+    return out.split(":", 1)[0].strip() or None
+
+
 @dataclass(frozen=True)
 class Finding:
     """One check's outcome."""
@@ -103,6 +119,17 @@ class Doctor:
             return Path(line.split()[1]).parent
         return Path(self.conf.plugin_dirs[-1]) if self.conf.plugin_dirs else None
 
+    def _rebuild(self, slurm: str | None) -> str:
+        """How to get plugins that fit this Slurm: rebuild and install them -- or, where tether
+        came from its Debian package, the package built for this Slurm (an install over the
+        package's files would be undone by its next upgrade, and removed by none)."""
+        package = packaged_by()
+        if package:
+            return (f"tether came from the Debian package {package}: install the one built for "
+                    f"Slurm {slurm or 'this'} (`make deb` on a build host, then `dpkg -i` it; "
+                    f"`apt-get install --reinstall {package}` restores its own files)")
+        return "`tether slurm build`, then `tether slurm install --write`"
+
     def check_plugins(self) -> Iterator[Finding]:
         plugin_dir = self._plugin_dir()
         if plugin_dir is None:
@@ -116,13 +143,13 @@ class Doctor:
         missing = [n for n in [*names, LAUNCHER_NAME, PYTHON_LAUNCHER_NAME] if not (plugin_dir / n).is_file()]
         if missing:
             yield Finding(FAIL, "plugins", f"{', '.join(missing)} missing in {plugin_dir}: "
-                          f"`tether slurm build`, then `tether slurm install --write`")
+                          f"{self._rebuild(installed_slurm_version())}")
             return
         installed = installed_slurm_version()
         built_for = stamp["toolchain"]["slurm_version"] if stamp else None
         if built_for and installed and built_for != installed:
             yield Finding(FAIL, "plugins", f"built for Slurm {built_for}, but Slurm {installed} is installed: "
-                          f"`tether slurm build`, then `tether slurm install --write`")
+                          f"{self._rebuild(installed)}")
             return
         stale = [n for n in names if stamp and (build / n).is_file()
                  and (build / n).read_bytes() != (plugin_dir / n).read_bytes()]

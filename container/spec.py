@@ -117,7 +117,9 @@ CREATE = ("auto", "dir", "file")
 # a tmpfs mount's options with a value (tmpfs(5)); podman passes only size= and mode=
 TMPFS_OPTIONS = ("size", "nr_blocks", "nr_inodes", "mode", "uid", "gid", "huge")
 PODMAN_TMPFS_OPTIONS = ("size", "mode")
-HUGE = ("never", "always", "within_size", "advise", "deny", "force")
+# a tmpfs mount's huge= (the kernel's shmem_parse_huge for a mount; deny and force are only for
+# /sys/kernel/mm/transparent_hugepage/shmem_enabled, and a mount refuses them: EINVAL)
+HUGE = ("never", "always", "within_size", "advise")
 # flags of opposite meaning: both in one mount is refused (podman refuses them too)
 _OPPOSITE = (("ro", "rw"), ("nosuid", "suid"), ("nodev", "dev"), ("noexec", "exec"))
 _SIZE_SUFFIXES = "kKmMgGtTpPeE"
