@@ -65,7 +65,8 @@ MEMORY_MB = 4000
 # podman on this machine type: the sandbox lacks CAP_SYS_RESOURCE, so no default ulimits.
 CONTAINERS_CONF = "[containers]\ndefault_ulimits = []\n"
 # Each node is its own host (issue 46): slurmd n<i> starts in a mount and UTS namespace of its own,
-# with its own hostname (the node name) and its own /tmp, /var/tmp, /run and /dev/shm, plus a node-local
+# with its own hostname (the node name), its own loopback address (NodeAddr 127.0.0.<i+1>; 127.0.0.1
+# is the login and controller host's) and its own /tmp, /var/tmp, /run and /dev/shm, plus a node-local
 # directory at <root>/local (the image stores), bound from <root>/nodes/<node>/... Its slurmstepd and
 # tasks inherit them. Shared, as on a site: /home, the job storage root and the rest of <root>.
 # (path inside the node, mode, emptied when the node boots -- a sandbox start -- as Debian does)
@@ -78,9 +79,13 @@ node=$1 dir=$2 hosts=$3 local=$4; shift 4
 for path in /tmp /var/tmp /run /dev/shm; do mount --bind "$dir$path" "$path"; done
 mount --bind "$dir/local" "$local"
 mount --bind "$hosts" /etc/hosts
+mount --bind "$dir/ld.so.preload" /etc/ld.so.preload
 hostname "$node"
 exec "$@"
 """
+# each node's programs get sandbox/node_source.c (its /etc/ld.so.preload): their loopback
+# connections leave from the node's address, which this file in the node's own /run names
+NODE_ADDRESS_FILE = "run/tether-sandbox-node-address"
 # rootless podman run by hand (the tests' and benchmarks' baseline) keeps its store on the node, as
 # a site's storage.conf would: in the user's home (shared by every node) one database would be
 # used from every node's own run state and locks
@@ -279,13 +284,10 @@ class Sandbox:
         return bool(self._settings().get("separate_nodes", True))
 
     def node_address(self, node: str) -> str:
-        """The node's NodeAddr: 127.0.0.1 for every node. Not yet each its own 127.0.0.N: the nodes
-        share one network namespace, whose every connection on loopback leaves from 127.0.0.1,
-        and slurmstepd connects back to srun at the address its launch request came from, while
-        srun (NoInAddrAny, kept so that nothing listens beyond loopback) listens at its own
-        name's address only -- a batch script's srun on a node at 127.0.0.2 was never reached
-        ("connect io: Connection refused"). Tried and taken out again (issue 46)."""
-        return "127.0.0.1"
+        """The node's NodeAddr: 127.0.0.<i+1> for the i-th node (127.0.0.1, the login and controller
+        host's, with shared nodes). Every node resolves every node's name to it (its /etc/hosts),
+        and its programs' loopback connections leave from it (NODE_SOURCE), as from a real host."""
+        return f"127.0.0.{self.nodes.index(node) + 2}" if self.separate_nodes else "127.0.0.1"
 
     def node_dir(self, node: str) -> Path:
         """Where the node's own /tmp, /var/tmp, /run, /dev/shm and local directory are on this host."""
@@ -838,13 +840,13 @@ class Sandbox:
     def _choose_ports(self) -> int:
         wanted = self.port_base()
         count = self.node_count
-        if _ports_free(wanted, count):
+        if _ports_free(wanted, count, self.separate_nodes):
             return wanted
         if self._port_base is not None:
             raise SandboxError(f"ports {wanted}-{wanted + SLURMD_OFFSET + count - 1} on 127.0.0.1 are in use; "
                                f"choose another --port-base")
         for base in range(wanted + PORT_BLOCK, wanted + 20 * PORT_BLOCK, PORT_BLOCK):
-            if _ports_free(base, count):
+            if _ports_free(base, count, self.separate_nodes):
                 return base
         raise SandboxError(f"no free ports near {wanted} on 127.0.0.1")
 
@@ -895,9 +897,17 @@ class Sandbox:
         self.cool_nodes()
         base = self.host_path("/etc/hosts")       # the Slurm root's (prepare wrote it), or the host's
         base_text = base.read_text() if base.exists() else ""
+        preload = self.host_path("/etc/ld.so.preload")     # the mount point of each node's own
+        if not preload.exists():
+            preload.touch(mode=0o644)                  # empty: loads nothing
+        preload_text = "".join(line + "\n" for line in preload.read_text().splitlines() if line.strip())
+        shim = self._node_source()
         for node in self.nodes:
             make_node_dirs(self.node_dir(node))
-            self.hosts_file(node).write_text(base_text + self._node_hosts())
+            # its own name first (the first line that names it wins): the host's file may name it too
+            self.hosts_file(node).write_text(self._node_hosts() + base_text)
+            (self.node_dir(node) / NODE_ADDRESS_FILE).write_text(self.node_address(node) + "\n")
+            (self.node_dir(node) / "ld.so.preload").write_text(preload_text + f"{shim}\n")
 
     def _write_configs(self, port_base: int) -> None:
         env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True)
@@ -1208,6 +1218,16 @@ class Sandbox:
         if "tether-sandbox" not in sacctmgr("-n", "-P", "show", "cluster", "format=cluster").stdout.split():
             raise SandboxError("slurmdbd does not list the cluster tether-sandbox after `sacctmgr add cluster`")
 
+    def _node_source(self) -> Path:
+        """sandbox/node_source.c built into the sandbox's plugin directory (the same path inside a
+        Slurm root), for each node's /etc/ld.so.preload."""
+        target = self.plugin_dir / "tether-sandbox-node-source.so"
+        with resources.as_file(resources.files("tether.sandbox").joinpath("node_source.c")) as source:
+            if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
+                run_command(["gcc", "-O2", "-shared", "-fPIC", "-o", str(target), str(source), "-ldl"], timeout=120)
+                os.chmod(target, 0o755)
+        return target
+
     def _loopback_bind(self) -> Path:
         """sandbox/loopback_bind.c built into the sandbox's plugin directory (seen at the same path
         inside a Slurm root): a wildcard bind() becomes a loopback one."""
@@ -1414,12 +1434,14 @@ def first_job_id(port_base: int) -> int:
     return 1 + ((port_base - DEFAULT_PORT_BASE) * 1000) % 66_000_000
 
 
-def _ports_free(base: int, nodes: int) -> bool:
+def _ports_free(base: int, nodes: int, separate: bool = True) -> bool:
     """Whether slurmctld's, the registries', slurmdbd's, MariaDB's and ``nodes`` slurmd's ports from
-    ``base`` on are free on 127.0.0.1."""
+    ``base`` on are free on 127.0.0.1, and each slurmd's on its node's address (``separate``)."""
     wanted = [("127.0.0.1", port) for port in (base, base + REGISTRY_OFFSET, base + DBD_OFFSET, base + MARIADB_OFFSET,
                                                base + PRIVATE_REGISTRY_OFFSET, *range(base + SLURMD_OFFSET,
                                                                                      base + SLURMD_OFFSET + nodes))]
+    if separate:
+        wanted += [(f"127.0.0.{i + 2}", base + SLURMD_OFFSET + i) for i in range(nodes)]
     for address in wanted:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -1,7 +1,7 @@
 """The sandbox's gateway daemon (``gateways.daemon`` of the sandbox's config): a stand-in for a
 site's gateway daemon (ParaStation's psgwd in the DEEP systems) that a test can reach.
 
-It listens on the loopback address at ``--port`` and answers every connection with one line,
+It listens on its node's loopback address (its name resolved: 127.0.0.N on a sandbox node) at ``--port`` and answers every connection with one line,
 ``tether-gateway <node> <job> <uid>``, then closes it; it ends on SIGTERM (what Slurm sends a
 job's steps when the job ends). With ``SANDBOX_GATEWAY_FAIL`` in its environment (a job exports it)
 it exits 3 before listening: how the tests make a daemon fail.
@@ -20,8 +20,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tether.sandbox.gateway_daemon")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--node", default="")
-    parser.add_argument("--bind", default="127.0.0.1")
+    parser.add_argument("--bind", default=None, help="default: the node's own address (its name resolved), "
+                        "when that is a loopback one, else 127.0.0.1")
     args = parser.parse_args(argv)
+    if args.bind is None:             # a sandbox node has its own 127.0.0.N, its NodeAddr
+        try:
+            found = socket.gethostbyname(args.node) if args.node else ""
+        except OSError:
+            found = ""
+        args.bind = found if found.startswith("127.") else "127.0.0.1"
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if os.environ.get("SANDBOX_GATEWAY_FAIL"):
         print(f"gateway daemon on {args.node}: failing as SANDBOX_GATEWAY_FAIL asks", file=sys.stderr, flush=True)

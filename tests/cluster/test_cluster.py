@@ -121,12 +121,12 @@ def test_srun_three_nodes_per_node_output(cluster):
 
 
 def test_each_node_is_a_host_of_its_own_sharing_only_home_and_the_job_storage_root(cluster):
-    """Issue 46: each node has its own hostname (which every node resolves to its NodeAddr) and
-    its own /tmp, /var/tmp, /run, /dev/shm; a file in the job storage root or the home directory is
-    seen from every node, a file in /tmp is not. (Not yet its own address: see
-    Sandbox.node_address.)"""
+    """Issue 46: each node has its own hostname, address (its NodeAddr, by which every node
+    resolves it, and from which its connections leave) and /tmp, /var/tmp, /run, /dev/shm; a file
+    in the job storage root or the home directory is seen from every node, a file in /tmp is not."""
     nodes = cluster.nodes
     addresses = {node: cluster.box.node_address(node) for node in nodes}
+    assert len(set(addresses.values())) == len(nodes) and "127.0.0.1" not in addresses.values()
     job = cluster.submit("--slots=3", "--slots-per-node=1", "--slot-type=cpu", "--wrap", "sleep 300")
     try:
         assert wait_until(lambda: cluster.job_fields(job)["JobState"] == "RUNNING", 60)

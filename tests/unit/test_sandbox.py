@@ -4,7 +4,9 @@ first is followed."""
 from __future__ import annotations
 
 import os
+import subprocess
 import stat
+import sys
 
 import pytest
 
@@ -40,6 +42,41 @@ def test_a_boot_empties_a_nodes_tmp_past_a_users_fifo_without_hanging(tmp_path):
     make_node_dirs(node)
     assert list((node / "tmp").iterdir()) == [] and stat.S_IMODE((node / "tmp").stat().st_mode) == 0o1777
     assert sorted(p.name for p in node.iterdir()) == ["dev", "local", "run", "tmp", "var"]    # nothing aside left
+
+
+NODE_SOURCE_PROBE = """
+import socket, sys
+server = socket.create_server(("127.0.0.1", 0))
+port = server.getsockname()[1]
+fresh = socket.create_connection(("127.0.0.1", port))
+bound = socket.socket()
+bound.bind(("127.0.0.1", 0))
+bound.connect(("127.0.0.1", port))
+print(fresh.getsockname()[0], bound.getsockname()[0])
+"""
+
+
+def test_a_nodes_loopback_connections_leave_from_its_own_address(tmp_path):
+    """sandbox/node_source.c, each node's /etc/ld.so.preload: a TCP connect() to loopback from an
+    unbound socket leaves from the address in the node's /run (Slurm answers a request at the
+    address it came from); a socket its program bound keeps its address; without the file,
+    nothing changes. Run in a mount namespace of its own whose /run is a fresh tmpfs."""
+    from importlib import resources
+
+    shim = tmp_path / "node_source.so"
+    with resources.as_file(resources.files("tether.sandbox").joinpath("node_source.c")) as source:
+        subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(shim), str(source), "-ldl"],
+                       check=True)
+    script = (f"mount -t tmpfs none /run && {{ [ -z \"$1\" ] || echo \"$1\" > /run/tether-sandbox-node-address; }} && "
+              f"LD_PRELOAD={shim} exec {sys.executable} -c '{NODE_SOURCE_PROBE}'")
+    seen = {}
+    for address in ("127.0.0.7", "", "10.0.0.1"):      # a node's, none, one that is not loopback (ignored)
+        out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", address],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        seen[address] = out.stdout.split()
+    assert seen == {"127.0.0.7": ["127.0.0.7", "127.0.0.1"], "": ["127.0.0.1", "127.0.0.1"],
+                    "10.0.0.1": ["127.0.0.1", "127.0.0.1"]}
 
 
 def test_root_enters_only_roots_own_slurmd():
@@ -170,8 +207,9 @@ def test_a_sixteen_node_sandbox_has_sixteen_slurmd_on_ports_of_their_own(tmp_pat
     box.etc.mkdir(parents=True)
     box._write_configs(23000)
     conf = (box.etc / "slurm.conf").read_text()
-    assert "NodeName=n1 NodeHostname=n1 NodeAddr=127.0.0.1 Port=23010 " in conf     # each node its own name
-    assert "NodeName=n16 NodeHostname=n16 NodeAddr=127.0.0.1 Port=23025 " in conf
+    assert "NodeName=n1 NodeHostname=n1 NodeAddr=127.0.0.2 Port=23010 " in conf     # each node its own host
+    assert "NodeName=n16 NodeHostname=n16 NodeAddr=127.0.0.17 Port=23025 " in conf
+    assert box._node_hosts() == "".join(f"127.0.0.{i + 1} n{i}\n" for i in range(1, 17))
     assert "PartitionName=debug Nodes=n[1-16] " in conf
     assert box.nodes == tuple(f"n{i}" for i in range(1, 17))
     box.settings_file.write_text('{"nodes": 16}\n')
@@ -183,6 +221,12 @@ def test_a_sixteen_node_sandbox_has_sixteen_slurmd_on_ports_of_their_own(tmp_pat
         sock.listen()
         assert not cluster._ports_free(23000, 16)
         assert cluster._ports_free(23000, 15)
+    with socket.socket() as sock:                                      # taken on the 16th node's address
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.17", 23025))
+        sock.listen()
+        assert not cluster._ports_free(23000, 16)
+        assert cluster._ports_free(23000, 16, separate=False)
 
 
 def test_sandboxes_on_other_ports_number_their_jobs_apart(tmp_path):
