@@ -1338,7 +1338,8 @@ def _is_roots_slurmd(pid: int) -> bool:
     except OSError:
         return False
     uids = next((line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")), [])
-    return same_userns and uids == ["0"] * 4 and exe == "slurmd"
+    # Debian's slurmd is an alternatives link to /usr/sbin/slurmd-wlm
+    return same_userns and uids == ["0"] * 4 and exe in ("slurmd", "slurmd-wlm")
 
 
 def make_node_dirs(node_dir: Path) -> None:
