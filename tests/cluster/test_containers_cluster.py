@@ -351,9 +351,10 @@ def test_a_batch_script_from_tether_plan_runs_one_container_per_node(cluster, re
     assert cluster.wait_job(job)["JobState"] == "COMPLETED"
     lines = sorted((out / "job.out").read_text().splitlines())
     # each node's container knows its place, as a tether step's ranks do: the first node's NodeAddr
-    # (the sandbox's nodes are all 127.0.0.1) and the job's port
+    # and the job's port
     port = 12288 + int(job) % 1024 * 16
-    assert lines == [f"node={n} in=container rank={i} of=3 master=127.0.0.1:{port}"
+    master = cluster.box.node_address(cluster.nodes[0])
+    assert lines == [f"node={n} in=container rank={i} of=3 master={master}:{port}"
                      for i, n in enumerate(cluster.nodes)], (out / "job.err").read_text()
 
 

@@ -33,7 +33,7 @@ def test_six_ranks_get_their_environment_and_private_directories(cluster):
         rank, node = int(r["RANK"]), int(r["RANK"]) // 2
         assert (r["LOCAL_RANK"], r["NODE_RANK"], r["WORLD_SIZE"], r["LOCAL_WORLD_SIZE"]) == (
             str(rank % 2), str(node), "6", "2")
-        assert r["MASTER_ADDR"] == "127.0.0.1"          # the first node's NodeAddr, not its name
+        assert r["MASTER_ADDR"] == cluster.box.node_address(cluster.nodes[0])   # its NodeAddr, not its name
         assert r["TMPDIR"] == f"{job_dir}/{cluster.nodes[node]}/step-0/rank-{rank}/tmp"
         assert r["WORK"] == f"{job_dir}/{cluster.nodes[node]}/step-0/rank-{rank}/work"
         assert r["TMP_STAT"] == r["WORK_STAT"] == f"{cluster.user}:700"
@@ -192,6 +192,7 @@ def test_a_heterogeneous_job_mixes_a_tether_component_with_a_plain_one_and_one_s
     assert [(r["RANK"], r["COMPONENT"], r["IN"]) for r in second] == [("0", "0", "host"), ("1", "1", "container")], text
     assert [(r["RANK"], r["COMPONENT"], r["OFFSET"], r["WORLD_SIZE"]) for r in ranks] == [
         ("0", "0", "0", "2"), ("1", "1", "1", "2")], ranks
-    # the first node's NodeAddr (the sandbox's nodes are all 127.0.0.1; its name, n1, was given before)
-    assert len({r["MASTER"] for r in ranks}) == 1 and ranks[0]["MASTER"].startswith("127.0.0.1:"), ranks
+    # the first node's NodeAddr (its name, n1, was given before)
+    first = cluster.box.node_address(cluster.nodes[0])
+    assert len({r["MASTER"] for r in ranks}) == 1 and ranks[0]["MASTER"].startswith(f"{first}:"), ranks
     assert [r["NODE_RANK"] for r in ranks] == ["0", "1"] and {r["NNODES"] for r in ranks} == {"2"}

@@ -37,7 +37,8 @@ def test_slots_become_ranks_with_their_environment_and_directories(release_clust
     rows = sorted(line.split() for line in out.splitlines())
     assert [r[1:5] for r in rows] == [[node, str(i), "3", "0"] for i, node in enumerate(release_cluster.nodes)], out
     # one MASTER_ADDR: the first node's NodeAddr (by NodeName: slurm_conf_get_nodeaddr misses it)
-    assert {tuple(r[6:]) for r in rows} == {("127.0.0.1", "127.0.0.1")}, out
+    first = release_cluster.box.node_address(release_cluster.nodes[0])
+    assert {tuple(r[6:]) for r in rows} == {(first, first)}, out
     job = rows[0][0]
     for _, node, rank, _, _, rank_dir, *_ in rows:
         assert rank_dir == str(release_cluster.box.root / "jobs" / job / node / "step-0" / f"rank-{rank}"), rows

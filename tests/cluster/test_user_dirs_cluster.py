@@ -88,6 +88,7 @@ def test_a_launch_scripts_tether_run_gets_the_users_directories_too(cluster, ima
     box = cluster.box
     mine = [box.node_path(node, f"{base}/{user.pw_uid}") for node in cluster.nodes
             for base in (USER_RUN_ROOT, str(box.store_base))]
+    box.cool_nodes()                  # the pause processes first: their records go with the directories
     for path in mine:                 # as after the node's boot: nothing of the user's there
         shutil.rmtree(path, ignore_errors=True)
     spec = tmp_path / "job.yaml"

@@ -105,7 +105,7 @@ def test_gateway_nodes_serve_every_rank_of_both_components_and_end_with_the_job(
     batch, *ranks = parse(text)
     assert batch["COMPONENT"] == "2" and batch["NODES"] == cluster.nodes[2], text
     port = 28672 + (int(job) % 256) * 16                     # gateways.port: null (automatic)
-    assert batch["GATEWAYS"] == f"127.0.0.1:{port}", text
+    assert batch["GATEWAYS"] == f"{cluster.box.node_address(cluster.nodes[2])}:{port}", text   # its NodeAddr
     assert [(r["RANK"], r["WORLD_SIZE"], r["COMPONENT"]) for r in ranks] == [("0", "2", "0"), ("1", "2", "1")], text
     assert ranks[0]["IN"] == "container" and ranks[1]["IN"] == "host", text
     # the sandbox's daemon answers "tether-gateway <node> <job> <uid>"
@@ -202,5 +202,5 @@ def test_in_salloc_tether_gateway_start_gives_the_allocation_its_gateways(cluste
              'srun -N1 sh -c "echo | busybox nc \\${TETHER_GATEWAYS%:*} \\${TETHER_GATEWAYS##*:}"')
     out = cluster.as_user(["env", f"TETHER_CONFIG={cluster.box.tether_conf}", "SLURM_LABELIO=1", "salloc", "-N1", ":",
                            "--gateways=1", "sh", "-c", inner], timeout=120).stdout
-    assert "GATEWAYS=127.0.0.1:" in out and f"tether-gateway {cluster.nodes[2]} " in out, out
+    assert f"GATEWAYS={cluster.box.node_address(cluster.nodes[2])}:" in out and f"tether-gateway {cluster.nodes[2]} " in out, out
     assert wait_until(lambda: not user_processes(cluster, "gateway_daemon"), timeout=30)

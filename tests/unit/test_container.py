@@ -2243,7 +2243,7 @@ def test_every_flag_pyxis_passes_to_enroot_that_means_something_is_taken():
     assert parse_mounts("/a:/b:,/c:/d:ro+") == (Mount("/a", "/b"), Mount("/c", "/d", True))
     for bad, why in (("tmpfs:/t:size=lots", "'size=lots' is not a value tmpfs takes"),
                      ("tmpfs:/t:huge=sometimes", r"huge= is one of never, always, within_size"),
-                     ("tmpfs:/t:huge=deny", r"huge= is one of never, always, within_size, advise$"),  # sysfs only
+                     ("tmpfs:/t:huge=deny", r"huge= is one of never, always, within_size, advise\)$"),  # sysfs only
                      ("tmpfs:/t:mode=999", "not a value"), ("tmpfs:/t:size=1G+size=2G", "size= twice"),
                      ("tmpfs:/t:rbind", "unknown flag 'rbind' for a tmpfs"), ("/a:/b:size=1G", "unknown flag"),
                      ("/a:/b:noatime", "unknown flag 'noatime'")):
