@@ -843,11 +843,12 @@ def test_container_unshare_gives_the_container_namespaces_of_its_own(cluster, im
     """Issue 45: pyxis 0.24's --container-unshare=net|ipc|uts was an unknown option. Without it a
     podman rank shares the node's network; with it each asked-for namespace is the container's own:
     net with nothing but a loopback interface, uts with the node's host name."""
-    host = parse_namespaces(cluster.as_user(["srun", "-N1", "sh", "-c", NAMESPACES]).stdout)
-    plain = parse_namespaces(cluster.as_user(["srun", "-N1", f"--container-image={image}", "sh", "-c",
+    node = ["-N1", "-w", cluster.nodes[0]]          # one node: each has its own host name
+    host = parse_namespaces(cluster.as_user(["srun", *node, "sh", "-c", NAMESPACES]).stdout)
+    plain = parse_namespaces(cluster.as_user(["srun", *node, f"--container-image={image}", "sh", "-c",
                                               NAMESPACES]).stdout)
     assert plain["net"] == host["net"]
-    every = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-unshare=net,ipc,uts",
+    every = cluster.as_user(["srun", *node, f"--container-image={image}", "--container-unshare=net,ipc,uts",
                              "sh", "-c", NAMESPACES + "; echo LINKS=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ')"])
     inside = parse_namespaces(every.stdout)
     assert all(inside[ns] != host[ns] for ns in ("net", "ipc", "uts")), (inside, host)
