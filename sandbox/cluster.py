@@ -897,6 +897,11 @@ class Sandbox:
         self.cool_nodes()
         base = self.host_path("/etc/hosts")       # the Slurm root's (prepare wrote it), or the host's
         base_text = base.read_text() if base.exists() else ""
+        # without the lines that name a node already (a Slurm root's, from prepare): a resolver with
+        # "multi on" (Debian 13's host.conf) would give a name twice
+        names = set(self.nodes)
+        base_text = "".join(line for line in base_text.splitlines(keepends=True)
+                            if not names & set(line.split("#", 1)[0].split()[1:]))
         preload = self.host_path("/etc/ld.so.preload")     # the mount point of each node's own
         if not preload.exists():
             preload.touch(mode=0o644)                  # empty: loads nothing
