@@ -539,13 +539,6 @@ class Sandbox:
         return self.on_node(node, ["runuser", "-u", self.user, "--", "env", *self.podman_env(node), "podman",
                                    *Podman(settings).global_args({}, uid=uid)])
 
-    def by_hand_podman(self, node: str | None = None) -> list[str]:
-        """The job user's podman as they would run it by hand on ``node`` (its own store there:
-        BY_HAND_STORAGE_CONF), in the node's namespaces."""
-        settings = self.tether_settings()["container"]["podman"]
-        return self.on_node(node, ["runuser", "-u", self.user, "--", "env", *self.podman_env(node), "podman",
-                                   *settings["args"]])
-
     def podman_env(self, node: str | None = None) -> list[str]:
         """``NAME=VALUE`` of podman's environment as tether's launcher gives the job user's podman
         on ``node`` (None: any node -- podman by hand under srun): the config's, podman's run
@@ -960,7 +953,7 @@ class Sandbox:
 
     def repair_podman(self, podman: list[str], *, node: str | None = None, tell=lambda m: None) -> bool | None:
         """repair_stale_state for the job user's ``podman`` on ``node`` (a command from
-        :meth:`user_podman` or :meth:`by_hand_podman` for that node), as their launcher repairs it
+        :meth:`user_podman` for that node, or the user's podman by hand there), as their launcher repairs it
         -- removing podman's boot marker, as the user, when `podman system migrate` cannot (podman 5
         on a cold node)."""
         settings = self.tether_settings()["container"]["podman"]
@@ -1224,23 +1217,22 @@ class Sandbox:
             raise SandboxError("slurmdbd does not list the cluster tether-sandbox after `sacctmgr add cluster`")
 
     def _node_source(self) -> Path:
-        """sandbox/node_source.c built into the sandbox's plugin directory (the same path inside a
-        Slurm root), for each node's /etc/ld.so.preload."""
-        target = self.plugin_dir / "tether-sandbox-node-source.so"
-        with resources.as_file(resources.files("tether.sandbox").joinpath("node_source.c")) as source:
+        """sandbox/node_source.c built (:meth:`_preload`), for each node's /etc/ld.so.preload."""
+        return self._preload("node_source.c", "tether-sandbox-node-source.so")
+
+    def _loopback_bind(self) -> Path:
+        """sandbox/loopback_bind.c built (:meth:`_preload`): a wildcard bind() becomes a loopback one."""
+        return self._preload("loopback_bind.c", "tether-sandbox-loopback-bind.so")
+
+    def _preload(self, source_name: str, library: str) -> Path:
+        """The sandbox's C ``source_name`` built into ``library`` in its plugin directory (seen at
+        the same path inside a Slurm root), readable by every user: once, not at every start --
+        again only when tether's copy of the source is newer."""
+        target = self.plugin_dir / library
+        with resources.as_file(resources.files("tether.sandbox").joinpath(source_name)) as source:
             if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
                 run_command(["gcc", "-O2", "-shared", "-fPIC", "-o", str(target), str(source), "-ldl"], timeout=120)
                 os.chmod(target, 0o755)
-        return target
-
-    def _loopback_bind(self) -> Path:
-        """sandbox/loopback_bind.c built into the sandbox's plugin directory (seen at the same path
-        inside a Slurm root): a wildcard bind() becomes a loopback one."""
-        target = self.plugin_dir / "tether-sandbox-loopback-bind.so"
-        with resources.as_file(resources.files("tether.sandbox").joinpath("loopback_bind.c")) as source:
-            # once, not at every start: again only when tether's copy of the source is newer
-            if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
-                run_command(["gcc", "-O2", "-shared", "-fPIC", "-o", str(target), str(source), "-ldl"], timeout=120)
         return target
 
     def _start_munged(self) -> None:
