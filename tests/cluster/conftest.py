@@ -58,3 +58,13 @@ def time_limited_jobs(request) -> dict[str, str]:
                                   f"--container-mounts={out}:/mnt", f"--output={out}/job-%j.out", "--wrap", trap),
     }
 
+
+@pytest.fixture(autouse=True)
+def cold_nodes(request):
+    """Each test leaves the nodes cold for the job user, as a compute node is between jobs (issue
+    46): no rootless podman pause process of theirs. A test's podman outside Slurm (Sandbox.on_node)
+    makes one, and every later step would find that node warm; each step's end ends its own."""
+    yield
+    for name in ("cluster", "release_cluster", "big_cluster"):
+        if name in request.fixturenames:
+            request.getfixturevalue(name).box.cool_nodes()
