@@ -28,7 +28,6 @@ from typing import Iterable
 import jinja2
 import yaml
 
-from ..admin.slurm import build_plugins, install_plugins
 from ..container.runtimes.podman import BOOT_MARKER, Podman, repair_stale_state
 from ..hooks.configfile import load_config
 from ..hooks.errors import TetherError
@@ -439,18 +438,29 @@ class Sandbox:
         return {**self.command_env(), "TETHER_CONFIG": str(self.tether_conf)}
 
     # ---- tether's plugins -------------------------------------------------------------------
+    def admin_commands(self) -> list[list[str]]:
+        """The README's "The Slurm plugins" commands as this sandbox runs them: ``tether slurm
+        build`` and ``tether slurm install --write``, pointed at its own build directory,
+        slurm.conf and PluginDir (tests/unit/test_readme.py holds the two together)."""
+        out = str(self.plugin_build_dir)
+        return [["tether", "slurm", "build", "--out", out],
+                ["tether", "slurm", "install", "--build-dir", out, "--slurm-conf", str(self.slurm_conf),
+                 "--plugin-dir", str(self.plugin_dir), "--write"]]
+
     def install_plugins(self, *, log=print) -> None:
-        """Build (when the sources changed) and install tether's plugins into this sandbox."""
-        root = self.slurm_root
-        if root:          # inside the root, against its Slurm and Python, as its admin would
-            out = self.plugin_build_dir
-            root.run(["tether", "slurm", "build", "--out", str(out)], env=self.env(), timeout=600)
-            root.run(["tether", "slurm", "install", "--build-dir", str(out), "--slurm-conf", str(self.slurm_conf),
-                      "--plugin-dir", str(self.plugin_dir), "--write"], env=self.env(), timeout=120)
-            return
-        build = build_plugins(self.build_dir, reuse=True, log=log)
-        install_plugins(build, slurm_conf=self.slurm_conf, plugin_dir=self.plugin_dir,
-                        config=load_config(str(self.tether_conf)), write=True, log=lambda m: None)
+        """Build and install tether's plugins into this sandbox the way an admin does: the
+        :meth:`admin_commands`, with the ``tether`` an admin installed (in a Slurm root, the
+        root's; on this host, the one beside the running Python: ``make install``'s)."""
+        for argv in self.admin_commands():
+            try:
+                if self.slurm_root:
+                    self.slurm_root.run(argv, env=self.env(), timeout=600)
+                else:
+                    program = Path(sys.executable).parent / "tether"
+                    run_command([str(program) if program.exists() else "tether", *argv[1:]],
+                                env=self.command_env(), timeout=600)
+            except CommandError as exc:
+                raise SandboxError(f"installing tether's plugins: {exc}") from None
 
     @property
     def plugin_build_dir(self) -> Path:

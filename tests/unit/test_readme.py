@@ -203,3 +203,23 @@ def test_every_test_security_md_names_exists():
     for path, name in re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", text):       # every table's
         source = (REPO / path).read_text()
         assert re.search(rf"^(async )?def {name}\(", source, re.M), f"SECURITY.md names {path}::{name}, which is not there"
+
+
+def test_the_sandbox_installs_the_plugins_with_the_readmes_admin_commands(tmp_path):
+    """Issue 46, item 5: the sandbox's nodes get tether the way the README's admin section says
+    ("The Slurm plugins"), command for command, only pointed at the sandbox's own build directory,
+    slurm.conf and PluginDir -- so every cluster run runs the README's steps."""
+    from tether.sandbox.cluster import Sandbox
+
+    block = README.split("### The Slurm plugins")[1].split("```")[1]
+    readme = [shlex.split(line.split("  #", 1)[0].removeprefix("sudo ")) for line in block.splitlines()
+              if line.startswith("sudo tether ")]
+    readme = [argv for argv in readme if argv != ["tether", "slurm", "install"]]   # the dry run: says, changes nothing
+    placement = {"--out", "--build-dir", "--slurm-conf", "--plugin-dir"}          # where, not what
+    ran = []
+    for argv in Sandbox(tmp_path).admin_commands():
+        flags = [a for a in argv if a.startswith("--")]
+        kept = [a for i, a in enumerate(argv) if a not in placement and (i == 0 or argv[i - 1] not in placement)]
+        assert set(flags) - placement <= set(kept), argv
+        ran.append(kept)
+    assert ran == readme and len(readme) == 2, (ran, readme)
