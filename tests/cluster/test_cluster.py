@@ -319,3 +319,37 @@ def _is_child_of(proc: Path, parent: int) -> bool:
         return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent
     except (OSError, ValueError, IndexError):
         return False
+
+
+def test_a_node_whose_namespace_setup_fails_stops_the_start_with_its_reason_and_leaves_nothing_running(cluster):
+    """Issue 46's bad input: a node whose own host cannot be set up (here its /dev/shm is gone
+    between the boot's directories and its slurmd's start, so NODE_ENTER's bind fails) fails `up`
+    with that node's name and the mount's own words, and no daemon of the sandbox is left."""
+    from tether.sandbox.cluster import SandboxError
+
+    root = Path(f"/var/lib/tether/sandbox-pytest-broken{cluster.box.release() or ''}")
+    box = Sandbox(root, slurm=cluster.box.release() or "", node_prefix="broken")
+    boot = box._boot_nodes
+
+    def boot_then_break() -> None:
+        boot()
+        (box.node_dir(box.nodes[1]) / "dev" / "shm").rmdir()
+    box._boot_nodes = boot_then_break
+    try:
+        with pytest.raises(SandboxError) as failed:
+            box.up(install=False, quick=True, log=lambda m: None)
+        message = str(failed.value)
+        assert f"slurmd-{box.nodes[1]} failed to start" in message and "dev/shm" in message, message
+        assert [d.name for d in box.daemons() if d.pid()] == []
+        conf = str(box.slurm_conf).encode()
+        left = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, conf)]
+        assert left == [], left
+    finally:
+        box.down(purge=True, log=lambda m: None)
+
+
+def _cmdline_has(proc: Path, text: bytes) -> bool:
+    try:
+        return text in (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
