@@ -846,12 +846,12 @@ class Sandbox:
         if _ports_free(wanted, count, self.separate_nodes):
             return wanted
         if self._port_base is not None:
-            raise SandboxError(f"ports {wanted}-{wanted + SLURMD_OFFSET + count - 1} on 127.0.0.1 are in use; "
+            raise SandboxError(f"ports {wanted}-{wanted + SLURMD_OFFSET + count - 1} on loopback are in use; "
                                f"choose another --port-base")
         for base in range(wanted + PORT_BLOCK, wanted + 20 * PORT_BLOCK, PORT_BLOCK):
             if _ports_free(base, count, self.separate_nodes):
                 return base
-        raise SandboxError(f"no free ports near {wanted} on 127.0.0.1")
+        raise SandboxError(f"no free ports near {wanted} on loopback")
 
     def _make_layout(self) -> None:
         for sub in ("etc", "state", "spool", "log", "run", "plugins", "dev", "jobs"):

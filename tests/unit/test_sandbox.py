@@ -227,6 +227,9 @@ def test_a_sixteen_node_sandbox_has_sixteen_slurmd_on_ports_of_their_own(tmp_pat
         sock.listen()
         assert not cluster._ports_free(23000, 16)
         assert cluster._ports_free(23000, 16, separate=False)
+        with pytest.raises(cluster.SandboxError, match=r"^ports 23000-23025 on loopback are in use; choose "
+                                                       r"another --port-base$"):
+            box._choose_ports()                            # asked for: refused before anything starts
 
 
 def test_sandboxes_on_other_ports_number_their_jobs_apart(tmp_path):
