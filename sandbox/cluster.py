@@ -577,6 +577,34 @@ class Sandbox:
                 mine.mkdir(mode=0o700)
                 os.chown(mine, uid, gid)
 
+    def add_job_user(self, name: str) -> int:
+        """A job user who never ran anything (issue 46: a new user's first job on cold nodes):
+        created with useradd (home, shell, subordinate ids, as Debian's useradd gives them), known
+        in the Slurm root too; nothing of theirs on any node. Their uid."""
+        ensure_user(name, log=lambda *_: None)
+        if self.slurm_root:
+            self.slurm_root.copy_accounts()
+        return pwd.getpwnam(name).pw_uid
+
+    def remove_job_user(self, name: str) -> None:
+        """Undo :meth:`add_job_user` once their jobs ended: their pause processes, what the nodes
+        keep for their uid (the stores, the run directories: a later user given the same uid must
+        find nothing), then the account and its home."""
+        uid = pwd.getpwnam(name).pw_uid
+        roots = [self.node_dir(node) for node in self.nodes] if self.separate_nodes else [self.host_path("/")]
+        for root in roots:
+            slurmroot.end_pause_processes(root, (name,))
+        config = load_config(str(self.tether_conf)) if self.tether_conf.exists() else None
+        bases = config.user_dir_bases() if config else []
+        for node in self.nodes:
+            for base in bases:
+                mine = self.node_path(node, base) / str(uid)
+                if mine.is_dir() and not mine.is_symlink():
+                    run_command(["rm", "-rf", "--one-file-system", str(mine)], timeout=120)
+        run_command(["userdel", "--remove", name], timeout=60, check=False)
+        if self.slurm_root:
+            self.slurm_root.copy_accounts()
+
     def bare_busybox_image(self) -> str:
         """busybox and nothing else (no /etc, no mount targets): a rootfs as users download them,
         root-owned and read-only to users. Built once."""

@@ -200,15 +200,9 @@ class SlurmRoot:
         """The host's users, hosts and subordinate ids, copied in before the sandbox starts;
         ``hosts``: lines added to the root's /etc/hosts; ``users``: whose home directory the root
         gets (its own, empty: see BINDS)."""
-        for name in ("passwd", "group", "hosts", "subuid", "subgid"):
-            if Path("/etc", name).exists():
-                shutil.copy(f"/etc/{name}", self.path / "etc" / name)
-        # every account a shadow entry without a password (PAM's account check, which sudo runs,
-        # fails an account that has none: "account validation failure"); never the host's hashes
-        shadow = "".join(f"{entry.pw_name}:*:19000:0:99999:7:::\n" for entry in pwd.getpwall())
-        target = self.path / "etc/shadow"
-        target.write_text(shadow)
-        os.chmod(target, 0o640)
+        if Path("/etc/hosts").exists():
+            shutil.copy("/etc/hosts", self.path / "etc" / "hosts")
+        self.copy_accounts()
         if hosts:
             with open(self.path / "etc/hosts", "a", encoding="utf-8") as fh:
                 fh.write(hosts)
@@ -224,6 +218,19 @@ class SlurmRoot:
                 if part == self.path:
                     break
                 os.chmod(part, 0o755)
+
+    def copy_accounts(self) -> None:
+        """The host's users, groups and subordinate ids, copied in (again after the host gained a
+        user: the root's programs look accounts up in its own /etc)."""
+        for name in ("passwd", "group", "subuid", "subgid"):
+            if Path("/etc", name).exists():
+                shutil.copy(f"/etc/{name}", self.path / "etc" / name)
+        # every account a shadow entry without a password (PAM's account check, which sudo runs,
+        # fails an account that has none: "account validation failure"); never the host's hashes
+        shadow = "".join(f"{entry.pw_name}:*:19000:0:99999:7:::\n" for entry in pwd.getpwall())
+        target = self.path / "etc/shadow"
+        target.write_text(shadow)
+        os.chmod(target, 0o640)
 
     def end_user_namespaces(self, users: tuple[str, ...]) -> list[int]:
         """Stop each user's rootless podman pause process of this root (the pids it killed).

@@ -107,3 +107,31 @@ def test_a_cold_nodes_container_step_never_waits_for_podmans_pause_process(clust
     assert sum(ended for _, _, ended, _ in ranks) == 3, result.stderr
     assert all((_state(pid) or ("", "Z", 0))[1] == "Z" for pid in recorded)   # gone with their ranks
     assert cluster.in_service(), cluster.node_states()
+
+
+def test_a_new_users_first_container_step_runs_on_three_cold_nodes(cluster, registry_image):
+    """Issue 46: a job user who never ran anything -- created now, no home contents, no store, no
+    run directory, no pause process on any node -- runs a 3-node container step of a registry
+    image as their very first job: each node pulls into the user's new store there and the ranks
+    run as them, in the container, one per node. (Its time against a warm step is a benchmark
+    figure, bench/launch.py, not asserted here.)"""
+    name = f"tether-new{os.getpid() % 100000}"
+    uid = cluster.box.add_job_user(name)
+    try:
+        assert sorted(os.listdir(pwd.getpwnam(name).pw_dir)) == sorted(os.listdir("/etc/skel"))
+        for node in cluster.nodes:                   # nothing of theirs on the nodes
+            for base in ("/run/tether", str(cluster.box.store_base)):
+                assert not cluster.box.node_path(node, f"{base}/{uid}").exists(), (node, base)
+        result = cluster.run(["runuser", "-u", name, "--", "srun", "-N3", "-n3", f"--container-image={registry_image}",
+                              "sh", "-c", "echo $(hostname) $RANK $(id -u) $(test -e /etc/debian_version && echo host || echo in)"],
+                             check=False, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert sorted(result.stdout.split("\n")[:-1]) == [f"{node} {i} {uid} in" for i, node in enumerate(cluster.nodes)], \
+            result.stdout + result.stderr
+        for node in cluster.nodes:                   # each node's own store, the user's
+            store = cluster.box.node_path(node, f"{cluster.box.store_base}/{uid}")
+            assert store.is_dir() and store.stat().st_uid == uid, node
+        assert cluster.in_service(), cluster.node_states()
+    finally:
+        cluster.box.remove_job_user(name)
+    assert not any(cluster.box.node_path(node, f"{cluster.box.store_base}/{uid}").exists() for node in cluster.nodes)
