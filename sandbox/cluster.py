@@ -584,6 +584,7 @@ class Sandbox:
         ensure_user(name, log=lambda *_: None)
         if self.slurm_root:
             self.slurm_root.copy_accounts()
+            self.slurm_root.make_home(name)
         return pwd.getpwnam(name).pw_uid
 
     def remove_job_user(self, name: str) -> None:
@@ -601,6 +602,10 @@ class Sandbox:
                 mine = self.node_path(node, base) / str(uid)
                 if mine.is_dir() and not mine.is_symlink():
                     run_command(["rm", "-rf", "--one-file-system", str(mine)], timeout=120)
+        if self.slurm_root:
+            home = self.slurm_root.path / pwd.getpwnam(name).pw_dir.lstrip("/")
+            if home.is_dir() and not home.is_symlink():
+                run_command(["rm", "-rf", "--one-file-system", str(home)], timeout=120)
         run_command(["userdel", "--remove", name], timeout=60, check=False)
         if self.slurm_root:
             self.slurm_root.copy_accounts()

@@ -207,10 +207,7 @@ class SlurmRoot:
             with open(self.path / "etc/hosts", "a", encoding="utf-8") as fh:
                 fh.write(hosts)
         for user in users:
-            entry = pwd.getpwnam(user)
-            home = self.path / entry.pw_dir.lstrip("/")
-            home.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.lchown(home, entry.pw_uid, entry.pw_gid)
+            self.make_home(user)
         if self.sandbox:     # its mount point, reachable by the job users
             inside = self.path / self.sandbox.lstrip("/")
             inside.mkdir(parents=True, exist_ok=True)
@@ -218,6 +215,14 @@ class SlurmRoot:
                 if part == self.path:
                     break
                 os.chmod(part, 0o755)
+
+    def make_home(self, user: str) -> Path:
+        """The user's home directory in the root (its own, empty: see BINDS)."""
+        entry = pwd.getpwnam(user)
+        home = self.path / entry.pw_dir.lstrip("/")
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.lchown(home, entry.pw_uid, entry.pw_gid)
+        return home
 
     def copy_accounts(self) -> None:
         """The host's users, groups and subordinate ids, copied in (again after the host gained a
