@@ -26,16 +26,18 @@ CONTAINER_BATCH_SCRIPT = "/run/tether/batch-script"
 
 # Plain string checks, not regular expressions: this runs once per rank, and `re` costs milliseconds.
 _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_ENV_CHARS = _ALNUM | {"_"}
+_NAME_CHARS = _ALNUM | frozenset("_.-")
 
 
 def is_env_name(name: str) -> bool:
     """[A-Za-z_][A-Za-z0-9_]*"""
-    return bool(name) and not name[0].isdigit() and all(c in _ALNUM or c == "_" for c in name)
+    return bool(name) and not name[0].isdigit() and set(name) <= _ENV_CHARS
 
 
 def _is_name(name: str) -> bool:
     """[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"""
-    return 0 < len(name) <= 63 and name[0] in _ALNUM and all(c in _ALNUM or c in "_.-" for c in name)
+    return 0 < len(name) <= 63 and name[0] in _ALNUM and set(name) <= _NAME_CHARS
 
 
 def _path_bad(value: str) -> bool:
@@ -43,7 +45,8 @@ def _path_bad(value: str) -> bool:
 
 
 def _control(value: str) -> bool:
-    return any(ord(c) < 32 or ord(c) == 127 for c in value)
+    # isprintable(): no control character at all (C0 and DEL are not printable) -- the common case
+    return not value.isprintable() and any(ord(c) < 32 or ord(c) == 127 for c in value)
 
 
 # A flag's values, as the SPANK plugin accepts them (spank/options.c): anything else is refused.
@@ -62,6 +65,8 @@ def parse_flag(value: str | None, what: str) -> bool:
 def _text(env: Mapping[str, str], name: str, what: str) -> str:
     """A TETHER_CONTAINER_* value: one line of printable text, at most MAX_TEXT bytes."""
     value = env.get(name, "")
+    if not value:
+        return value
     if len(value.encode("utf-8", "surrogateescape")) > MAX_TEXT or _control(value):
         raise LaunchError(f"{what}: expected printable text of at most {MAX_TEXT} characters")
     return value.strip()
@@ -79,15 +84,15 @@ class Record:
     __slots__ = ()
 
     def __init__(self, *args, **kw):
-        names = list(self.FIELDS)
-        values = dict(self.FIELDS)
-        values.update(zip(names, args))
-        for key, value in kw.items():
-            if key not in values:
+        fields = self.FIELDS
+        if args:
+            kw = {**dict(zip(fields, args)), **kw}
+        for key in kw:
+            if key not in fields:
                 raise TypeError(f"{type(self).__name__} has no field {key!r}")
-            values[key] = value
-        for key in names:
-            object.__setattr__(self, key, values[key])
+        put = object.__setattr__
+        for key, default in fields.items():
+            put(self, key, kw[key] if key in kw else default)
 
     def _values(self) -> tuple:
         return tuple(getattr(self, k) for k in self.FIELDS)

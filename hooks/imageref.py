@@ -28,6 +28,10 @@ LOCAL_SUFFIXES = (".sif", ".sqsh", ".squashfs")     # a file, even where a regis
 _LOWER = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ") | _LOWER
 _HEX = frozenset("0123456789abcdef")
+# the characters each part may have (set(text) <= ...: one C-level pass, not a generator per char)
+_COMPONENT_CHARS = _LOWER | frozenset("._-")
+_HOST_CHARS = _ALNUM | frozenset(".-")
+_TAG_CHARS = _ALNUM | frozenset("_.-")
 
 
 class ImageRefError(ValueError):
@@ -89,9 +93,7 @@ class ImageRef:
 
 def _component(text: str) -> bool:
     """A repository path component: lowercase letters and digits, separated by '.', '_' or '-'."""
-    if not text or text[0] not in _LOWER or text[-1] not in _LOWER:
-        return False
-    return all(c in _LOWER or c in "._-" for c in text)
+    return bool(text) and text[0] in _LOWER and text[-1] in _LOWER and set(text) <= _COMPONENT_CHARS
 
 
 def _repository(text: str) -> bool:
@@ -101,19 +103,19 @@ def _repository(text: str) -> bool:
 def _registry(text: str) -> bool:
     """host[:port]: letters, digits, '.', '-' (starting with a letter or digit), a numeric port."""
     host, colon, port = text.partition(":")
-    if not host or host[0] not in _ALNUM or not all(c in _ALNUM or c in ".-" for c in host):
+    if not host or host[0] not in _ALNUM or not set(host) <= _HOST_CHARS:
         return False
     return not colon or (port.isascii() and port.isdigit() and len(port) <= 5)
 
 
 def _tag(text: str) -> bool:
-    return 0 < len(text) <= 128 and text[0] in _ALNUM | {"_"} and all(c in _ALNUM or c in "_.-" for c in text)
+    return 0 < len(text) <= 128 and (text[0] in _ALNUM or text[0] == "_") and set(text) <= _TAG_CHARS
 
 
 def _digest(text: str) -> bool:
     algorithm, colon, hexpart = text.partition(":")
-    return bool(algorithm) and all(c in _LOWER for c in algorithm) and bool(colon) and len(hexpart) >= 32 and all(
-        c in _HEX for c in hexpart)
+    return bool(algorithm) and set(algorithm) <= _LOWER and bool(colon) and len(hexpart) >= 32 and \
+        set(hexpart) <= _HEX
 
 
 def _looks_like_registry(first: str) -> bool:
@@ -131,7 +133,7 @@ def _parse_name(text: str, original: str) -> ImageRef | None:
             rest, digest = head, tail
         if "@" in rest:
             user, _, rest = rest.partition("@")
-            if not user or not all(c in _ALNUM or c in "._-" for c in user):
+            if not user or not set(user) <= _TAG_CHARS:
                 return None
     registry = None
     if "#" in rest:
