@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 
 from ..hooks.imageref import ImageRefError, parse_image
-from ..hooks.surface import BATCH_VAR, BY_NAME, CONTAINER_NAME_FLAGS, MAX_TEXT, RUNTIMES, UNSHARE_NAMESPACES, unknown_namespace
+from ..hooks.surface import FLAG_VALUES as _OPTION_FLAGS
+from ..hooks.surface import (BATCH_VAR, BY_NAME, CONTAINER_NAME_FLAGS, MAX_TEXT, RUNTIMES, UNSHARE_NAMESPACES,
+                             is_env_name, unknown_namespace)
 
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
@@ -26,13 +28,7 @@ CONTAINER_BATCH_SCRIPT = "/run/tether/batch-script"
 
 # Plain string checks, not regular expressions: this runs once per rank, and `re` costs milliseconds.
 _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
-_ENV_CHARS = _ALNUM | {"_"}
 _NAME_CHARS = _ALNUM | frozenset("_.-")
-
-
-def is_env_name(name: str) -> bool:
-    """[A-Za-z_][A-Za-z0-9_]*"""
-    return bool(name) and not name[0].isdigit() and set(name) <= _ENV_CHARS
 
 
 def _is_name(name: str) -> bool:
@@ -49,9 +45,9 @@ def _control(value: str) -> bool:
     return not value.isprintable() and any(ord(c) < 32 or ord(c) == 127 for c in value)
 
 
-# A flag's values, as the SPANK plugin accepts them (spank/options.c): anything else is refused.
-FLAG_VALUES = {"": True, "1": True, "true": True, "yes": True, "on": True,
-               "0": False, "false": False, "no": False, "off": False}
+# A flag's values, as the SPANK plugin accepts them (spank/options.c, hooks/surface.py): anything
+# else is refused.
+FLAG_VALUES = {value: normalized == "1" for value, normalized in _OPTION_FLAGS.items()}
 
 
 def parse_flag(value: str | None, what: str) -> bool:

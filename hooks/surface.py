@@ -181,9 +181,12 @@ def _printable(value: str) -> bool:
     return not any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)
 
 
-def _env_name(name: str) -> bool:
-    return bool(name) and (name[0] in _ASCII_ALNUM or name[0] == "_") and not name[0].isdigit() and all(
-        c in _ASCII_ALNUM or c == "_" for c in name)
+_ENV_NAME_CHARS = _ASCII_ALNUM | {"_"}
+
+
+def is_env_name(name: str) -> bool:
+    """[A-Za-z_][A-Za-z0-9_]*: a variable name (--container-env, the launcher's environment rules)."""
+    return bool(name) and not name[0].isdigit() and set(name) <= _ENV_NAME_CHARS
 
 
 def normalize(opt: Option, value: str) -> str | None:
@@ -207,7 +210,7 @@ def normalize(opt: Option, value: str) -> str | None:
         ok = value == "" or valid_reference(value)
     elif opt.kind == "env_names":
         ok = len(value.encode("utf-8", "surrogateescape")) <= MAX_TEXT and all(
-            _env_name(n) for n in value.split(","))
+            is_env_name(n) for n in value.split(","))
     else:  # text
         ok = 0 < len(value.encode("utf-8", "surrogateescape")) <= MAX_TEXT and _printable(value)
     return value if ok else None

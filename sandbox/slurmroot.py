@@ -37,6 +37,7 @@ from ..container.spec import read_regular
 from ..hooks.errors import TetherError
 from ..hooks.layout import USER_RUN_ROOT
 from ..system.proc import CommandError, run_command
+from .packages import ensure_packages
 
 CACHE = Path("/var/cache/tether/slurm-roots")
 MIRROR = "http://deb.debian.org/debian"
@@ -157,7 +158,6 @@ class SlurmRoot:
         suite, script = RELEASES[self.release]
         log(f"building a Debian {suite} root for Slurm {self.release} in {self.path} (about a minute)")
         if shutil.which("debootstrap") is None:
-            from .cluster import ensure_packages
             ensure_packages(["debootstrap"], log=log)
         shutil.rmtree(self.path.parent, ignore_errors=True)
         self.path.parent.mkdir(parents=True)

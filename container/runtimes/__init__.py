@@ -300,7 +300,10 @@ def adapter(name: str, settings: Mapping, **kw) -> Runtime:
     try:
         __import__(f"{__name__}.{name}")        # not importlib: it costs each rank's start-up
         module = sys.modules[f"{__name__}.{name}"]
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":     # the adapter is there, but something it needs is not
+            raise LaunchError(f"the {name} runtime's adapter cannot be loaded: {exc} (an installation "
+                              f"problem: tell an admin)") from None
         raise LaunchError(f"unknown container runtime {name!r}") from None
     return module.ADAPTER(settings, **kw)
 

@@ -152,3 +152,28 @@ def test_the_runtimes_read_their_plain_http_switch_as_they_do():
     assert told("enroot", "y") and told("enroot", "no") and not told("enroot", "") and not told("enroot", None)
     assert told("singularity", "1") and told("apptainer", "true")
     assert not told("singularity", "0") and not told("apptainer", "no") and not told("singularity", None)
+
+
+def test_a_runtime_adapter_that_cannot_load_is_not_called_unknown(monkeypatch):
+    """Issue 42: an adapter whose own import fails (a module it needs is missing) was reported as
+    "unknown container runtime 'podman'", sending the user after a typo that was never there."""
+    import builtins
+    import sys
+
+    from tether.container.runtimes import adapter
+    from tether.container.spec import LaunchError
+
+    real_import = builtins.__import__
+
+    def broken(name, *args, **kw):
+        if name == "tether.container.runtimes.podman":
+            raise ModuleNotFoundError("No module named 'tether_gone'", name="tether_gone")
+        return real_import(name, *args, **kw)
+    monkeypatch.delitem(sys.modules, "tether.container.runtimes.podman", raising=False)
+    monkeypatch.setattr(builtins, "__import__", broken)
+    with pytest.raises(LaunchError, match=r"^the podman runtime's adapter cannot be loaded: No module named "
+                                          r"'tether_gone' \(an installation problem: tell an admin\)$"):
+        adapter("podman", {})
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    with pytest.raises(LaunchError, match=r"^unknown container runtime 'dockerish'$"):
+        adapter("dockerish", {})
