@@ -440,15 +440,33 @@ def check_reachable(path: str, label: str) -> None:
         raise LaunchError(f"{label}: {exc.strerror}") from None
 
 
-def no_named_container(name: str) -> str:
-    """The error for ``--container-name=NAME`` without an image when this node has no such container."""
+# beside a --container-name container on a node: the step that made it (read for NAME:create)
+NAMED_MADE_BY = "made-by"
+
+
+def named_traces(spec: LaunchSpec) -> dict[str, str]:
+    """Where each runtime leaves a job's named container's trace on this node (runtime -> path, in
+    the job's node directory): podman's unpacked root's configuration, enroot's maker record."""
+    if not spec.rank_dir or not spec.name:
+        return {}
+    node_dir = os.path.dirname(os.path.dirname(spec.rank_dir))
+    return {"podman": os.path.join(node_dir, "podman-named", spec.name, "config.json"),
+            "enroot": os.path.join(node_dir, "enroot", f"{NAMED_MADE_BY}-{spec.instance}")}
+
+
+def no_named_container(spec: LaunchSpec) -> str:
+    """The error for ``--container-name=NAME`` without an image when this node has no such container
+    for the step's runtime; when an earlier step made one with another runtime, it says which."""
+    name = spec.name
+    other = next((runtime for runtime, path in named_traces(spec).items()
+                  if runtime != spec.runtime and os.path.lexists(path)), None)
+    if other:
+        return (f"--container-name={name}: this job's container {name} on this node was made with {other}, and "
+                f"this step runs {spec.runtime}: add --container-runtime={other} (a named container stays "
+                f"with the runtime that made it)")
     return (f"--container-name={name}: this job has no container of that name on this node, and "
             f"--container-image is not set (a step with --container-image=IMAGE --container-name={name} "
             f"makes it)")
-
-
-# beside a --container-name container on a node: the step that made it (read for NAME:create)
-NAMED_MADE_BY = "made-by"
 
 
 def named_exists(name: str) -> str:

@@ -306,7 +306,7 @@ class Enroot(Runtime):
             before.append((create, os.path.join(data, name),
                            f"unpacking the container root of {spec.image} (enroot create)"))
         elif not os.path.isdir(os.path.join(data, name)):     # where enroot create put it
-            raise LaunchError(no_named_container(spec.name))
+            raise LaunchError(no_named_container(spec))
         passed, own = self.container_env(spec, host_env)
         argv = [self.binary, "start", *self.args]
         if spec.writable:

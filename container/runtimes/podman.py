@@ -672,7 +672,7 @@ class Podman(Runtime):
         refuse_existing(spec, os.path.exists(config), marker)      # NAME:create, and it is there already
         if not spec.image:            # no image: the container must be there (as pyxis)
             if not os.path.exists(config):
-                raise LaunchError(no_named_container(spec.name))
+                raise LaunchError(no_named_container(spec))
         else:
             step = os.path.basename(os.path.dirname(spec.rank_dir))
             unpack = (lambda env: unpack_named(image_argv, [self.binary, *glob], home, spec.rank_instance, env,

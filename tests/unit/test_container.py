@@ -1978,8 +1978,9 @@ def test_container_name_alone_runs_the_jobs_container_of_that_name_or_says_there
     assert launch.before == [] and launch.argv[-4:] == ["--rootfs", f"{home}/rootfs", "python", "train.py"]
     assert f"{home}/image.env" in launch.argv
     enroot_alone = spec(image="", runtime="enroot", name="dev", rank_dir=rank_dir)
-    with pytest.raises(LaunchError, match=missing):
-        adapter("enroot", {}).launch(enroot_alone, HOST)
+    with pytest.raises(LaunchError, match=r"^--container-name=dev: this job's container dev on this node was made "
+                                          r"with podman, and this step runs enroot: add --container-runtime=podman"):
+        adapter("enroot", {}).launch(enroot_alone, HOST)      # podman made "dev" (above): said so (issue 45)
     (tmp_path / "42/n2/enroot/data/tether-42-dev").mkdir(parents=True)        # where enroot create put it
     launch = adapter("enroot", {}).launch(enroot_alone, HOST)
     assert launch.before == [] and "tether-42-dev" in launch.argv and launch.after == []
