@@ -20,12 +20,22 @@ def table(rows: list[dict]) -> str:
     """The rows as a Markdown table, with the run's date and machine."""
     lines = [f"Measured by `make bench` on {time.strftime('%Y-%m-%d')}: {os.cpu_count()} cores, Linux "
              f"{platform.release()}; each ratio is the median of per-round ratios of interleaved rounds in "
-             f"one run, quartiles in brackets.", "",
+             f"one run, quartiles in brackets. {load_note()}", "",
              "| benchmark | figure | this run | goal | met |", "|---|---|---|---|---|"]
     for r in rows:
         met = {True: "yes", False: "**no**", None: ""}[r.get("met")]
         lines.append(f"| `{r['bench']}` | {r['figure']} | {r['value']} | {r.get('goal') or ''} | {met} |")
     return "\n".join(lines)
+
+
+def load_note() -> str:
+    """How busy the machine was as the run ended (its 15-minute load average): with more runnable
+    processes than cores, other work shared the machine -- absolute times stretch, while the ratios
+    of interleaved rounds hold better."""
+    load, cores = os.getloadavg()[2], os.cpu_count() or 1
+    shared = (f": other work shared the machine (absolute times stretch; ratios of interleaved rounds "
+              f"hold better)" if load > cores else "")
+    return f"Load average over the run's last 15 minutes: {load:.1f}{shared}."
 
 
 def replace_block(text: str, block: str) -> str:

@@ -26,6 +26,7 @@ def test_recorded_figures_become_the_readme_table_and_nothing_else_changes(tmp_p
     text = readme.read_text()
     assert text.startswith("# t\nbefore\n<!-- bench:start -->\nMeasured by `make bench` on ")
     assert text.endswith("\n<!-- bench:end -->\nafter\n") and "old table" not in text
+    assert "Load average over the run's last 15 minutes: " in text       # how busy the machine was
     assert "| `step.py` | a tether step / no plugin | 1.036 (0.89–1.15) | <= 1.05 | yes |" in text
     assert "| `launch.py` | rootfs: tether / direct | 1.087 (1.04–1.12) | <= 1.05 | **no** |" in text
     assert "| `floor.py` | podman+crun | refused here |  |  |" in text
