@@ -61,7 +61,7 @@ def why_not_fast(settings: Mapping[str, Any]) -> str | None:
     """Why no rank of this configuration can take the C path (None: the common case can)."""
     if settings.get("runtime", "podman") != "podman":
         return f"the default runtime is {settings.get('runtime')}"
-    for key in ("mounts", "mount_home", "remap_root", "entrypoint"):
+    for key in ("mounts", "mount_home", "remap_root", "entrypoint", "writable"):
         if settings.get(key):
             return f"container.{key} is set"
     if (settings.get("environment") or environment.DEFAULT_MODE) not in environment.MODES:

@@ -585,9 +585,11 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
     if name is not None and not _is_name(name):
         raise LaunchError(f"--container-name={name!r}: letters, digits, '.', '_', '-' (at most 63)")
     writable = parse_flag(env.get("TETHER_CONTAINER_WRITABLE"), "--container-writable")
-    if writable and parse_flag(env.get("TETHER_CONTAINER_READONLY"), "--container-readonly"):
+    readonly = parse_flag(env.get("TETHER_CONTAINER_READONLY"), "--container-readonly")
+    if writable and readonly:
         raise LaunchError("--container-writable and --container-readonly ask for opposite things: give one "
-                          "(read-only is the default)")
+                          "(without either, the admin's default: container.writable)")
+    writable = writable or (not readonly and bool(defaults.get("writable")))
     mount_home = _either(env, "mount-home", defaults.get("mount_home"))
     remap_root = _either(env, "remap-root", defaults.get("remap_root"))
     entrypoint = bool(_either(env, "entrypoint", bool(defaults.get("entrypoint"))))

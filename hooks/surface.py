@@ -143,7 +143,8 @@ OPTIONS: tuple[Option, ...] = (
            "container's root (as pyxis); it must exist in the image (as pyxis)"),
     Option("container-env", "NAME,...", "env_names", "host variables that win over the image's"),
     Option("container-writable", None, "flag", "writable container filesystem where the runtime supports it"),
-    Option("container-readonly", None, "flag", "read-only container filesystem: the default (pyxis's name for it)"),
+    Option("container-readonly", None, "flag", "read-only container filesystem: the default unless the admin's "
+           "container.writable says otherwise (pyxis's name for it)"),
     # 63: the launcher's rule (a podman/enroot container and directory name, tether-<job>-<name>)
     Option("container-name", "NAME[:FLAG]", "container_name", "reuse one container across the job's steps; "
            "FLAG (pyxis's): auto (default) or no_exec: that container, made when missing; create: made by "

@@ -47,7 +47,7 @@ enum tether_option {
 		{ "container-workdir", "DIR", "[tether] working directory inside the container; relative: from the container's root (as pyxis); it must exist in the image (as pyxis)", K_TEXT, "TETHER_CONTAINER_WORKDIR", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-env", "NAME,...", "[tether] host variables that win over the image's", K_ENV_NAMES, "TETHER_CONTAINER_ENV", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-writable", NULL, "[tether] writable container filesystem where the runtime supports it", K_FLAG, "TETHER_CONTAINER_WRITABLE", NULL, 0L, 0L, NULL, 0 }, \
-		{ "container-readonly", NULL, "[tether] read-only container filesystem: the default (pyxis's name for it)", K_FLAG, "TETHER_CONTAINER_READONLY", NULL, 0L, 0L, NULL, 0 }, \
+		{ "container-readonly", NULL, "[tether] read-only container filesystem: the default unless the admin's container.writable says otherwise (pyxis's name for it)", K_FLAG, "TETHER_CONTAINER_READONLY", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-name", "NAME[:FLAG]", "[tether] reuse one container across the job's steps; FLAG (pyxis's): auto (default) or no_exec: that container, made when missing; create: made by this step, an error if the job has it already", K_CONTAINER_NAME, "TETHER_CONTAINER_NAME", NULL, 0L, 63L, NULL, 0 }, \
 		{ "container-mount-home", NULL, "[tether] bind-mount your home directory at its own path (default: the runtime's own: Apptainer/Singularity yes, podman no, enroot its config)", K_FLAG, "TETHER_CONTAINER_MOUNT_HOME", NULL, 0L, 0L, NULL, 0 }, \
 		{ "no-container-mount-home", NULL, "[tether] do not bind-mount your home directory", K_FLAG, "TETHER_NO_CONTAINER_MOUNT_HOME", NULL, 0L, 0L, NULL, 0 }, \
