@@ -71,13 +71,17 @@ _SHORTHANDS = {"B": "bind", "H": "home", "o": "overlay", "S": "scratch", "W": "w
                "i": "ipc", "n": "net"}
 
 
-def _profile(value_flags: set, bool_flags: set, version: str, prog: str, prefixes: tuple[str, ...]) -> dict:
-    return {"value": value_flags, "bool": bool_flags, "version": version, "prog": prog, "prefixes": prefixes}
+def _profile(value_flags: set, bool_flags: set, version: str, prog: str, prefixes: tuple[str, ...],
+             clean_lang_forced: bool = False) -> dict:
+    """``clean_lang_forced``: --cleanenv leaves LANG=C whatever <PREFIX>LANG says (recorded on
+    SingularityCE 3.4.2: conformance cases cleanenv-*LANG*, tests/fixtures/conformance)."""
+    return {"value": value_flags, "bool": bool_flags, "version": version, "prog": prog, "prefixes": prefixes,
+            "clean_lang_forced": clean_lang_forced}
 
 
 PROFILES = {
     "singularity-3.4": _profile(_VALUE_FLAGS_34, _BOOL_FLAGS_34, "singularity version 3.4.2-1", "singularity",
-                                ("SINGULARITYENV_",)),
+                                ("SINGULARITYENV_",), clean_lang_forced=True),
     "singularity-3.5": _profile(_VALUE_FLAGS_34, _BOOL_FLAGS_34 | {"rocm", "no-rocm"},
                                 "singularity version 3.5.3-1", "singularity", ("SINGULARITYENV_",)),
     "singularity-3.6": _profile(_VALUE_FLAGS_34 | {"env", "env-file"}, _BOOL_FLAGS_34 | {"rocm", "no-rocm"},
@@ -206,6 +210,8 @@ def _apptainer_env(profile: dict, flags: dict[str, list[str]], host: os._Environ
         if key in ALWAYS_PASS or (key not in ALWAYS_OMIT and not clean):
             env[key] = value
     env.update(overridden)
+    if clean and profile.get("clean_lang_forced"):
+        env["LANG"] = "C"
     for item in flags.get("env", []):
         for pair in item.split(","):                       # --env splits its value on commas
             key, eq, value = pair.partition("=")

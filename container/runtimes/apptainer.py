@@ -34,6 +34,13 @@ HOST_SIDE = ("PATH", "HOME", "TMPDIR", "USER", "LOGNAME", "TERM", "LANG", "LANGU
              "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "FTP_PROXY")
 
 
+# SingularityCE 3.4 (recorded: tests/fixtures/conformance/singularity-3.4-locale.json) leaves LANG=C
+# under --cleanenv whatever SINGULARITYENV_LANG says, but takes every LC_* variable: the job's LANG
+# goes in as each locale category the job does not set itself, so the locale is the job's
+LOCALE_CATEGORIES = ("LC_CTYPE", "LC_NUMERIC", "LC_TIME", "LC_COLLATE", "LC_MONETARY", "LC_MESSAGES", "LC_PAPER",
+                     "LC_NAME", "LC_ADDRESS", "LC_TELEPHONE", "LC_MEASUREMENT", "LC_IDENTIFICATION")
+
+
 def host_side(name: str) -> bool:
     return name in HOST_SIDE or name.startswith(("LC_", "XDG_"))
 
@@ -72,6 +79,10 @@ class Apptainer(Runtime):
         # %environment and docker ENV; tether's own values last. The host copy goes (the runtime does
         # not read it, and a large environment twice may not fit execve's limit), except what the
         # runtime itself reads on the host.
+        if self.name == "singularity" and passed.get("LANG") and "LC_ALL" not in passed:
+            for category in LOCALE_CATEGORIES:
+                if category not in passed and category not in own:
+                    env[self.env_prefix + category] = passed["LANG"]
         for name, value in {**passed, **own}.items():
             if name in NOT_BY_PREFIX:
                 continue
