@@ -59,9 +59,7 @@ def run_command(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, check:
                                 start_new_session=new_session)
     except FileNotFoundError:
         raise CommandError(argv, None, "", "", reason=f"command not found: {argv[0]}", kind="missing") from None
-    except PermissionError as exc:
-        raise CommandError(argv, None, "", "", reason=f"cannot execute {argv[0]}: {exc}", kind="missing") from None
-    except OSError as exc:               # not an executable (ENOEXEC), a path through a file (ENOTDIR)...
+    except OSError as exc:               # EACCES, not an executable (ENOEXEC), a path through a file (ENOTDIR)...
         raise CommandError(argv, None, "", "", reason=f"cannot execute {argv[0]}: {exc}", kind="missing") from None
     if raw and input is not None:
         input = input.encode("utf-8")
