@@ -135,15 +135,16 @@ def _command_env(req: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _run(argv: list[str], req: Mapping[str, Any], cwd: str | None = None):
-    import subprocess
+    """sbatch/qsub/scancel/qdel as the user, through tether's one subprocess entry point (in the
+    agent's session); an AgentError when it cannot run or does not answer."""
+    from ..system.proc import CommandError, run_command
 
     try:
-        return subprocess.run(argv, env=_command_env(req), cwd=cwd, capture_output=True, text=True, timeout=120,
-                              stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise AgentError(f"{argv[0]}: not found on this host") from None
-    except subprocess.TimeoutExpired:
-        raise AgentError(f"{argv[0]} did not answer within 120 s") from None
+        return run_command(argv, env=_command_env(req), cwd=cwd, timeout=120, check=False, new_session=False)
+    except CommandError as exc:
+        if exc.kind == "timeout":
+            raise AgentError(f"{argv[0]} did not answer within 120 s") from None
+        raise AgentError(f"{argv[0]}: not found on this host ({exc.reason})") from None
 
 
 def submit(req: Mapping[str, Any]) -> dict:

@@ -189,12 +189,12 @@ class Launcher:
         """The agent as ``user``, through sudo (always: the service never acts as itself)."""
         argv = ["sudo", "-n", "-u", user, "--", self.agent]
         try:
-            done = subprocess.run(argv, input=json.dumps(request), capture_output=True, text=True, timeout=300,
-                                  env={k: v for k, v in self.env.items() if k in ENV_PASSED})
-        except FileNotFoundError:
-            raise LauncherError(f"{argv[0]} is not installed on this host", 500) from None
-        except subprocess.TimeoutExpired:
-            raise LauncherError(f"the agent acting for {user} did not answer within 300 s", 504) from None
+            done = run_command(argv, input=json.dumps(request), timeout=300, check=False, new_session=False,
+                               env={k: v for k, v in self.env.items() if k in ENV_PASSED})
+        except CommandError as exc:
+            if exc.kind == "timeout":
+                raise LauncherError(f"the agent acting for {user} did not answer within 300 s", 504) from None
+            raise LauncherError(f"{argv[0]} is not installed on this host ({exc.reason})", 500) from None
         try:
             answer = json.loads(done.stdout) if done.stdout.strip() else None
         except ValueError:

@@ -24,13 +24,11 @@ raises PBSCommandError naming the command and the position.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
 from typing import Any, Mapping, Sequence
 
 from ..hooks.errors import TetherError
+from ..system.proc import CommandError, run_command
 
 from .mom import job_hosts
 
@@ -176,23 +174,16 @@ def parse_json(text: str, what: str) -> dict[str, Any]:
 
 
 def _run(argv: list[str], timeout: float, env: Mapping[str, str] | None = None) -> tuple[str, str, int]:
-    """(stdout, stderr, exit status); bytes that are not UTF-8 read as U+FFFD (the release
-    23.06.06 qstat prints some), the command killed with its session at ``timeout``."""
+    """(stdout, stderr, exit status) through tether's one subprocess entry point; bytes that are not
+    UTF-8 read as U+FFFD (the release 23.06.06 qstat prints some), the command killed with its
+    session at ``timeout``."""
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=dict(env) if env is not None else None, start_new_session=True)
-    except OSError as exc:
-        raise PBSCommandError(f"{argv[0]} is not available here: {exc}", "missing") from None
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            proc.kill()
-        proc.communicate()
-        raise PBSCommandError(f"{' '.join(argv)} did not answer within {timeout:g} s", "timeout") from None
-    return out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), proc.returncode
+        done = run_command(argv, timeout=timeout, env=env, check=False, errors="replace")
+    except CommandError as exc:
+        if exc.kind == "timeout":
+            raise PBSCommandError(f"{' '.join(argv)} did not answer within {timeout:g} s", "timeout") from None
+        raise PBSCommandError(f"{argv[0]} is not available here: {exc.reason}", "missing") from None
+    return done.stdout, done.stderr, done.returncode
 
 
 def _failure(argv: list[str], stderr: str, code: int) -> PBSCommandError:

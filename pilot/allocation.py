@@ -34,9 +34,10 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 from typing import TYPE_CHECKING, Mapping
+
+from ..system.proc import CommandError, run_command
 
 from .resources import Node, Slice
 
@@ -59,10 +60,12 @@ class PilotError(Exception):
 
 
 def _run(argv: list[str], timeout: float = 60) -> str:
+    """``argv``'s output (tether's one subprocess entry point, in this process's session); a
+    PilotError when it cannot run, times out or fails."""
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise PilotError(f"{argv[0]}: {exc}") from None
+        out = run_command(argv, timeout=timeout, check=False, new_session=False)
+    except CommandError as exc:
+        raise PilotError(f"{argv[0]}: {exc.reason}") from None
     if out.returncode != 0:
         raise PilotError(f"{' '.join(argv)}: {out.stderr.strip() or f'exit {out.returncode}'}")
     return out.stdout
@@ -176,9 +179,9 @@ class SlurmAllocation(Allocation):
         """squeue: the job in a final state, or no longer known to slurmctld (purged after
         MinJobAge); a COMPLETING job is not ended yet (its steps may still report)."""
         try:
-            out = subprocess.run(["squeue", "-h", "-t", "all", "-j", self.job, "-o", "%T"], capture_output=True,
-                                 text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
+            out = run_command(["squeue", "-h", "-t", "all", "-j", self.job, "-o", "%T"], timeout=30, check=False,
+                              new_session=False)
+        except CommandError:
             return None
         if out.returncode != 0:
             return True if "Invalid job id" in out.stderr else None
@@ -195,12 +198,12 @@ class SlurmAllocation(Allocation):
     def ask_stop(self, record: dict) -> None:
         agent = self._step_ids(record, tasks=False)
         if agent:
-            subprocess.run(["scancel", "--signal=TERM", *agent], capture_output=True, timeout=30)
+            run_command(["scancel", "--signal=TERM", *agent], timeout=30, check=False, new_session=False)
 
     def kill(self, record: dict) -> None:
         left = self._step_ids(record, tasks=True)
         if left:
-            subprocess.run(["scancel", *left], capture_output=True, timeout=30)
+            run_command(["scancel", *left], timeout=30, check=False, new_session=False)
 
     def task_argvs(self, pid: str, task: dict, nodes: list[str], env: Mapping[str, str]) -> list[list[str]]:
         """One step for the task, inside the CPUs the agent step holds (``--overlap``)."""

@@ -20,13 +20,14 @@ cores are the node's. The script stops the partitions still running when it ends
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shlex
 import subprocess
 import sys
 from typing import Any, Mapping
+
+from ..system.proc import CommandError, run_command
 
 from .resources import Description, Node, PartitionError, fit
 
@@ -120,22 +121,36 @@ def pilot_job(spec: Mapping[str, Any], cores_per_node: int, scheduler: str = "sl
 
 def cores_per_node(partition: str | None, scheduler: str = "slurm") -> int:
     """The cores of the nodes a pilot runs on (the smallest): sinfo for a Slurm partition's,
-    ``pbsnodes -a -F json`` (``resources_available.ncpus``) on PBS."""
+    ``pbsnodes -a -F json`` (``resources_available.ncpus``, read by tether's one PBS client) on PBS."""
     if scheduler == "pbs":
-        out = subprocess.run(["pbsnodes", "-a", "-F", "json"], capture_output=True, text=True, timeout=30)
+        from ..pbs_hooks.commands import PBSCommandError, node_status
+
         try:
-            counts = [int(n["resources_available"]["ncpus"]) for n in json.loads(out.stdout)["nodes"].values()]
-        except (ValueError, KeyError, TypeError, AttributeError):
+            nodes = node_status()
+        except PBSCommandError as exc:
+            raise PartitionError(f"cannot read the nodes' cores from pbsnodes: {exc}") from None
+        try:
+            counts = [int(n.available["ncpus"]) for n in nodes.values()]
+        except (ValueError, KeyError, TypeError):
             counts = []
-        if out.returncode != 0 or not counts:
-            raise PartitionError(f"cannot read the nodes' cores from pbsnodes: {out.stderr.strip() or 'no nodes'}")
+        if not counts:
+            raise PartitionError("cannot read the nodes' cores from pbsnodes: no nodes")
         return min(counts)
     argv = ["sinfo", "-h", "-o", "%c"] + (["-p", partition] if partition else [])
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    out = _run(argv, timeout=30)
     counts = [int(w.rstrip("+")) for w in out.stdout.split() if w.rstrip("+").isdigit()]
     if out.returncode != 0 or not counts:
         raise PartitionError(f"cannot read the nodes' cores from sinfo: {out.stderr.strip() or 'no nodes'}")
     return min(counts)
+
+
+def _run(argv: list[str], timeout: float, script: str | None = None) -> subprocess.CompletedProcess:
+    """``argv`` through tether's one subprocess entry point, in this process's session; a
+    PartitionError when it cannot run or times out."""
+    try:
+        return run_command(argv, input=script, timeout=timeout, check=False, new_session=False)
+    except CommandError as exc:
+        raise PartitionError(f"{argv[0]}: {exc.reason}") from None
 
 
 def submit_pilot(spec: Mapping[str, Any], scheduler: str = "slurm") -> str:
@@ -145,10 +160,7 @@ def submit_pilot(spec: Mapping[str, Any], scheduler: str = "slurm") -> str:
     per_node = spec.get("cores_per_node") or cores_per_node(spec.get("partition"), scheduler)
     args, script = pilot_job(spec, int(per_node), scheduler)
     command = ["sbatch", "--parsable", *args] if scheduler == "slurm" else ["qsub", *args]
-    try:
-        out = subprocess.run(command, input=script, capture_output=True, text=True, timeout=60)
-    except OSError as exc:
-        raise PartitionError(f"{command[0]}: {exc.strerror}") from None
+    out = _run(command, timeout=60, script=script)
     if out.returncode != 0:
         raise PartitionError(f"{command[0]}: {out.stderr.strip()}")
     return out.stdout.strip().split(";")[0]

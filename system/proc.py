@@ -19,41 +19,50 @@ DEFAULT_TIMEOUT = 60.0
 
 
 class CommandError(TetherError):
-    """A command failed: carries argv, exit code (None on timeout/not found), stdout and stderr."""
+    """A command failed: carries argv, exit code (None on timeout/not found), stdout and stderr.
+    ``kind``: "missing" (it could not be started), "timeout", or "exit" (it ended non-zero)."""
 
     def __init__(self, argv: Sequence[str], returncode: int | None, stdout: str, stderr: str,
-                 reason: str = ""):
+                 reason: str = "", kind: str = "exit"):
         self.argv = list(argv)
         self.returncode = returncode
         self.stdout = stdout
         self.stderr = stderr
-        what = reason or f"exit code {returncode}"
+        self.kind = kind
+        self.reason = reason or f"exit code {returncode}"
         tail = (stderr or stdout).strip().splitlines()[-8:]
         detail = ("\n  " + "\n  ".join(tail)) if tail else ""
-        super().__init__(f"command failed ({what}): {' '.join(self.argv)}{detail}")
+        super().__init__(f"command failed ({self.reason}): {' '.join(self.argv)}{detail}")
 
 
 def run_command(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, check: bool = True,
                 input: str | None = None, env: Mapping[str, str] | None = None,
                 cwd: str | None = None, new_session: bool = True,
-                while_waiting: Callable[[int], object] | None = None) -> subprocess.CompletedProcess:
+                while_waiting: Callable[[int], object] | None = None,
+                errors: str | None = None) -> subprocess.CompletedProcess:
     """Run ``argv`` (never through a shell) and return the completed process (text mode).
 
     Raises CommandError when the command is missing, times out, or (with ``check``) exits non-zero.
     ``new_session``: the command gets a session of its own (killed as a group on timeout); without,
     it stays in the caller's, so whoever bounds the caller's session bounds the command too.
     ``while_waiting``: called with the command's pid every 0.1 s until it ends.
+    ``errors``: for a command whose output may not be text in the locale's encoding (PBS's clients
+    print bytes that are not UTF-8): its output read as UTF-8 with this error handler ("replace":
+    U+FFFD), line ends left as printed; None: the locale's text mode.
     """
     argv = [str(a) for a in argv]
+    raw = errors is not None             # bytes from the pipes, decoded here
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=not raw,
                                 env=dict(env) if env is not None else None, cwd=cwd,
                                 start_new_session=new_session)
     except FileNotFoundError:
-        raise CommandError(argv, None, "", "", reason=f"command not found: {argv[0]}") from None
-    except PermissionError as exc:
-        raise CommandError(argv, None, "", "", reason=f"cannot execute {argv[0]}: {exc}") from None
+        raise CommandError(argv, None, "", "", reason=f"command not found: {argv[0]}", kind="missing") from None
+    except OSError as exc:               # EACCES, not an executable (ENOEXEC), a path through a file (ENOTDIR)...
+        raise CommandError(argv, None, "", "", reason=f"cannot execute {argv[0]}: {exc}", kind="missing") from None
+    if raw and input is not None:
+        input = input.encode("utf-8")
     try:
         if while_waiting is None:
             stdout, stderr = proc.communicate(input=input, timeout=timeout)
@@ -74,7 +83,12 @@ def run_command(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, check:
         else:
             proc.kill()
         stdout, stderr = proc.communicate()
-        raise CommandError(argv, None, stdout, stderr, reason=f"timed out after {timeout:g} s") from None
+        if raw:
+            stdout, stderr = stdout.decode("utf-8", errors), stderr.decode("utf-8", errors)
+        raise CommandError(argv, None, stdout, stderr, reason=f"timed out after {timeout:g} s",
+                           kind="timeout") from None
+    if raw:
+        stdout, stderr = stdout.decode("utf-8", errors), stderr.decode("utf-8", errors)
     if check and proc.returncode != 0:
         raise CommandError(argv, proc.returncode, stdout, stderr)
     return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
@@ -85,3 +99,5 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    except PermissionError:              # a group with a member of another user's: the command itself
+        proc.kill()

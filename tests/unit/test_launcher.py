@@ -260,6 +260,20 @@ def test_cancel_and_a_refused_submission(world):
     assert [r["id"] for r in world.launcher.list()] == [record["id"]]
 
 
+def test_the_agent_says_which_scheduler_command_it_could_not_run(tmp_path):
+    """The agent runs sbatch/qsub/scancel/qdel through system.proc.run_command (issue 42): a command
+    that is missing or not executable is an AgentError naming it (a non-executable qsub escaped as a
+    PermissionError before)."""
+    unusable = tmp_path / "qsub"
+    unusable.write_text("#!/bin/sh\necho 1.server\n")              # no x bit
+    for argv in (["/nonexistent/qdel", "1.server"], [str(unusable), "job.sh"]):
+        with pytest.raises(agent.AgentError, match=f"{argv[0]}: not found on this host"):
+            agent._run(argv, {"env": {"PATH": "/usr/bin:/bin"}})
+    unusable.chmod(0o755)
+    done = agent._run([str(unusable), "job.sh"], {"env": {"PATH": "/usr/bin:/bin"}}, cwd=str(tmp_path))
+    assert (done.returncode, done.stdout) == (0, "1.server\n")
+
+
 def test_a_crash_between_submit_and_record_loses_nothing(world):
     """The record says PREPARING before sbatch runs; a service killed right after sbatch answered
     leaves it so, and the next look finds the job by its name."""

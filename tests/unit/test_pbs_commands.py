@@ -98,6 +98,34 @@ def test_missing_commands_are_named(fp):
     assert err.value.kind == "missing"
 
 
+def test_a_client_that_cannot_be_executed_is_named(fp, tmp_path):
+    """Not only ENOENT: a file that is no program (ENOEXEC) is "missing" too. The PBS client runs
+    its commands through system.proc.run_command, which said so only for ENOENT and EACCES (any
+    other OSError escaped as itself)."""
+    from tether.system.proc import CommandError, run_command
+
+    fp.allow_unregistered(True)
+    broken = tmp_path / "qstat"
+    broken.write_bytes(b"\x7fELF not really")
+    broken.chmod(0o755)
+    with pytest.raises(PBSCommandError, match="qstat is not available here") as err:
+        job_status(qstat=str(broken))
+    assert err.value.kind == "missing"
+    with pytest.raises(CommandError, match="cannot execute") as failed:
+        run_command([str(broken)])
+    assert failed.value.kind == "missing" and failed.value.returncode is None
+
+
+def test_output_that_is_not_utf8_is_read_with_the_handler_asked_for(fp, tmp_path):
+    """qstat of the release 23.06.06 client prints bytes that are not UTF-8 (é as \\xe9):
+    ``errors="replace"`` reads them as U+FFFD, on stdout and stderr, line ends as printed."""
+    from tether.system.proc import run_command
+
+    fp.register(["qstat", "-f"], stdout=b'{"V":"caf\xe9"}\r\n', stderr=b"w\xe9\n", returncode=3)
+    done = run_command(["qstat", "-f"], check=False, errors="replace")
+    assert (done.stdout, done.stderr, done.returncode) == ('{"V":"caf\ufffd"}\r\n', "w\ufffd\n", 3)
+
+
 def test_nodes(fp):
     fp.register(["pbsnodes", "-a", "-F", "json"], stdout=_text("pbsnodes.json"))
     nodes = node_status()

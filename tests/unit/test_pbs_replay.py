@@ -35,6 +35,7 @@ MOM = {c["id"]: c for c in json.loads((FIXTURES / "openpbs-mom-cases.json").read
 QSTAT = {c["id"]: c for c in json.loads((FIXTURES / "openpbs-qstat-cases.json").read_text())["cases"]}
 QMGR = {c["id"]: c for c in json.loads((FIXTURES / "openpbs-qmgr-cases.json").read_text())["cases"]}
 QSUB = {c["id"]: c for c in json.loads((FIXTURES / "openpbs-qsub-cases.json").read_text())["cases"]}
+PBSNODES = {c["id"]: c for c in json.loads((FIXTURES / "openpbs-pbsnodes-cases.json").read_text())["cases"]}
 JOB_ID, HOME, TMP = "56.vm", "/home/feasuser", "/tmp/conform"
 
 
@@ -240,6 +241,41 @@ def test_the_pilot_reads_its_job_from_the_release_client(fp):
         for argv in (["qstat", "-f", "-F", "json", "-x", JOB_ID], ["qstat", "-x", "-f", "-F", "json", JOB_ID]):
             _register(fp, QSTAT[case], argv)          # either spelling of the same question
         assert allocation.ended() is ended, case
+
+
+def test_workflow_and_admin_read_the_release_client(fp, capsys):
+    """Issue 42: every caller of qstat reads it through the one PBS client -- also a pack's status
+    and ``tether pbs status``, on the release 23.06.06 client's output (not JSON: ``"BAR":00``)."""
+    from tether.cli.main import main
+    from tether.workflow.pack import pack_status
+
+    case = QSTAT["qstat2306-json-finished-with-x"]
+    _register(fp, case, ["qstat", "-f", "-F", "json", "-x"])
+    assert pack_status("anything", {"USER": "feasuser"}, scheduler="pbs") == []     # read; not a pack's job
+    _register(fp, case, ["qstat", "-f", "-F", "json", "-x", JOB_ID])
+    assert main(["pbs", "status", "--history", JOB_ID]) == 0
+    assert capsys.readouterr().out.startswith(f"{JOB_ID} finished queue=workq ")
+
+
+@pytest.mark.parametrize("case", sorted(PBSNODES))
+def test_every_recorded_pbsnodes_answer_is_read_and_sizes_a_pilot(fp, case, capsys):
+    """``pbsnodes -a -F json`` as root and as a user, idle and busy: the one PBS client reads it for
+    ``tether pbs nodes`` and for ``tether pilot submit --scheduler pbs`` (which parsed it with a
+    json.loads of its own before issue 42)."""
+    from tether.cli.main import main
+    from tether.pbs_hooks.commands import node_status
+    from tether.pilot.submit import cores_per_node
+
+    recorded = PBSNODES[case]
+    _register(fp, recorded, ["pbsnodes", "-a", "-F", "json"])
+    nodes = node_status()
+    assert list(nodes) == ["vm"] and nodes["vm"].usable and nodes["vm"].gpus == 4
+    assert nodes["vm"].jobs == ((JOB_ID,) if '"jobs"' in recorded["stdout"] else ())
+    _register(fp, recorded, ["pbsnodes", "-a", "-F", "json"])
+    assert cores_per_node(None, "pbs") == 2
+    _register(fp, recorded, ["pbsnodes", "-a", "-F", "json"])
+    assert main(["pbs", "nodes"]) == 0
+    assert capsys.readouterr().out.startswith("vm usable state=free ngpus=4 jobs=")
 
 
 # ---- qmgr: hooks and resources -----------------------------------------------------------------

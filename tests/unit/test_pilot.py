@@ -319,7 +319,7 @@ def _squeue(monkeypatch, rc: int, out: str = "", err: str = ""):
     def run(argv, **kwargs):
         calls.append(argv)
         return subprocess.CompletedProcess(argv, rc, out, err)
-    monkeypatch.setattr("tether.pilot.allocation.subprocess.run", run)
+    monkeypatch.setattr("tether.pilot.allocation.run_command", run)
     return calls
 
 
