@@ -22,7 +22,6 @@ import json
 import os
 import pwd
 import secrets
-import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -34,6 +33,7 @@ from ..hooks.header import batch_header, job_name
 from ..hooks.plan import make_plan
 from ..hooks.render import script_directives
 from ..system.files import write_atomic
+from ..system.proc import CommandError, run_command
 from .agent import ENV_PASSED
 from .jobspec import LaunchSpec, parse_launch_spec
 from .states import JobState, pbs_job_state, slurm_job_state
@@ -302,8 +302,6 @@ class Launcher:
         """A record left PREPARING by a service that died: find its job by name, if it was submitted."""
         if record["scheduler"] != "slurm":
             return
-        from ..system.proc import CommandError, run_command
-
         try:
             out = run_command(["squeue", "-h", "-u", record["user"], "-n", record["job_name"], "-o", "%i"], env=self.env,
                               timeout=30, check=False).stdout.split()
