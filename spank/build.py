@@ -19,7 +19,7 @@ from ..hooks.config import CONFIG_SCHEMA, default_config
 from ..system.toolchain import CBuild, Toolchain, c_string
 
 SO_NAME = "spank_tether.so"
-UNITS = ("dispatch.c", "options.c", "imageref.c", "client.c", "stepd.c", "jobdirs.c", "cgkeeper.c")
+UNITS = ("dispatch.c", "options.c", "imageref.c", "client.c", "stepd.c", "rankenv.c", "jobdirs.c", "cgkeeper.c")
 HEADER = "tether_names.h"
 # What Slurm looks up in a SPANK plugin (SPANK_PLUGIN's four symbols and the callbacks); nothing
 # else is exported, so no symbol of tether's can interpose on or be bound by another object.
@@ -33,6 +33,12 @@ def source_dir() -> Path:
 
 def _enum_name(name: str) -> str:
     return "OPT_" + name.upper().replace("-", "_")
+
+
+def env_macro(key: str) -> str:
+    """The C name of a variable's key (surface.Variable): ``TETHER_ENV_`` and the key less its
+    ``TETHER_`` (``TETHER_JOB_DIR`` -> ``TETHER_ENV_JOB_DIR``, ``RANK`` -> ``TETHER_ENV_RANK``)."""
+    return "TETHER_ENV_" + key.removeprefix("TETHER_")
 
 
 def names_header() -> str:
@@ -94,6 +100,7 @@ def names_header() -> str:
         f"#define TETHER_MAX_TEXT {surface.MAX_TEXT}",
         f"#define TETHER_MASTER_PORT_BASE {surface.MASTER_PORT_BASE}",
         f"#define TETHER_MASTER_PORT_JOBS {surface.MASTER_PORT_JOBS}",
+        f"#define TETHER_MASTER_PORT_STEPS {surface.MASTER_PORT_STEPS}",
         f"#define TETHER_IMAGE_FORMS {c_string(surface.IMAGE_FORMS)}",
         f"#define TETHER_ENV_RUN_ARGV0 {c_string(surface.RUN_ARGV0)}",
         f"#define TETHER_ENV_RUN_BATCH {c_string(surface.BATCH_VAR)}",
@@ -102,6 +109,9 @@ def names_header() -> str:
         f"#define TETHER_STEP_OPTIONS_PREFIX {c_string(surface.STEP_OPTIONS_PREFIX)}",
         f"#define TETHER_STEP_PASSES {c_string(surface.STEP_PASSES_VAR)}",
         f"#define TETHER_STEP_DEFAULTS {c_string(surface.STEP_DEFAULTS_VAR)}",
+        "",
+        "/* the rank environment's names (surface.RANK_ENV; its values: rankenv.c, as tether/hooks/rankenv.py) */",
+        *(f"#define {env_macro(v.key)} {c_string(v.name)}" for v in surface.RANK_ENV),
         "",
         "/* what the job_submit plugin's shape cache reads itself (job_submit/cache.c) */",
         f"#define TETHER_MAX_SLOTS {surface.MAX_SLOTS}UL",
