@@ -375,6 +375,33 @@ GATEWAYS_RUN_VAR = "TETHER_RUN_GATEWAYS"
 # step to the SPANK plugin: slurmstepd makes the user's own directories on each node all the same
 # (hooks.layout.user_dir_bases). A user who sets it gets only their own directories made.
 USER_DIRS_VAR = "TETHER_RUN_USER_DIRS"
+# The rest of the launcher protocol, between slurmstepd, the PBS MoM hook, tether-jobdirs and tether's
+# rank launchers (tether-run, tether-run-py):
+SUBREAPER_VAR = "TETHER_RUN_SUBREAPER"    # "0": not made a child subreaper (PBS's hook cannot): itself
+CLEANUP_VAR = "TETHER_CLEANUP"            # cleanup mode, after a container step: the step's or job's directory
+CLEANUP_FD_VAR = "TETHER_CLEANUP_FD"      # "3": tell the daemon the markers are read by closing fd 3
+RESUME_VAR = "TETHER_RUN_RESUME"          # tether-run ran the container: tether-run-py concludes it
+TELL_REAPING_VAR = "TETHER_RUN_TELL_REAPING"   # the tests' questions: what the launcher waited for,
+WHY_PYTHON_VAR = "TETHER_RUN_WHY_PYTHON"       # and why a rank went to the Python launcher
+# The protocol's names by key (as RANK_VAR's): the C side's TETHER_ENV_<key less TETHER_>.
+LAUNCHER_VAR = {"TETHER_RUN_ARGV0": RUN_ARGV0, "TETHER_RUN_BATCH": BATCH_VAR, "TETHER_RUN_GATEWAYS": GATEWAYS_RUN_VAR,
+                "TETHER_RUN_USER_DIRS": USER_DIRS_VAR, "TETHER_RUN_SUBREAPER": SUBREAPER_VAR,
+                "TETHER_CLEANUP": CLEANUP_VAR, "TETHER_CLEANUP_FD": CLEANUP_FD_VAR, "TETHER_RUN_RESUME": RESUME_VAR,
+                "TETHER_RUN_TELL_REAPING": TELL_REAPING_VAR, "TETHER_RUN_WHY_PYTHON": WHY_PYTHON_VAR}
+
+
+def env_macro(key: str) -> str:
+    """The C name of a variable's key: ``TETHER_ENV_`` and the key less its ``TETHER_``
+    (``TETHER_JOB_DIR`` -> ``TETHER_ENV_JOB_DIR``, ``RANK`` -> ``TETHER_ENV_RANK``)."""
+    return "TETHER_ENV_" + key.removeprefix("TETHER_")
+
+
+def c_env_names() -> list[tuple[str, str]]:
+    """The run-side contract's variable names for C, as (macro, name): the rank environment's and
+    the launcher protocol's (spank/tether_names.h; tether-run's baked header)."""
+    return [(env_macro(key), name) for key, name in (*RANK_VAR.items(), *LAUNCHER_VAR.items())]
+
+
 # What the batch script (and so every step it starts) of a job with gateway nodes gets.
 GATEWAY_ENV: tuple[Variable, ...] = (
     Variable("TETHER_GATEWAYS", "where the gateway daemons listen: `ADDRESS:PORT` of each gateway node, "

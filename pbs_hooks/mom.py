@@ -40,7 +40,7 @@ import subprocess
 
 from ..hooks.layout import job_dir_name
 from ..hooks.rankenv import master_port, pbs_job_number, rank_env
-from ..hooks.surface import PBS_RESOURCES, RUN_ARGV0, STARTED_MARK
+from ..hooks.surface import PBS_RESOURCES, RUN_ARGV0, STARTED_MARK, SUBREAPER_VAR
 from .attrs import resource, variable
 
 HELPER_TIMEOUT = 20          # seconds; the hook's alarm is 30
@@ -306,7 +306,7 @@ def launch(pbs, e, settings: dict) -> None:
                 raise HookFailure(f"tether: the container launcher {launcher} is missing on this host "
                                   f"(run `tether pbs install` here)")
             values[RUN_ARGV0] = argv[0] if argv else str(e.progname)
-            values["TETHER_RUN_SUBREAPER"] = "0"     # the launcher makes itself a child subreaper
+            values[SUBREAPER_VAR] = "0"     # the launcher makes itself a child subreaper
             e.progname = launcher
             e.argv = [launcher, *argv[1:]]
     for name, value in values.items():

@@ -35,12 +35,6 @@ def _enum_name(name: str) -> str:
     return "OPT_" + name.upper().replace("-", "_")
 
 
-def env_macro(key: str) -> str:
-    """The C name of a variable's key (surface.Variable): ``TETHER_ENV_`` and the key less its
-    ``TETHER_`` (``TETHER_JOB_DIR`` -> ``TETHER_ENV_JOB_DIR``, ``RANK`` -> ``TETHER_ENV_RANK``)."""
-    return "TETHER_ENV_" + key.removeprefix("TETHER_")
-
-
 def names_header() -> str:
     """The C header with every name the plugin shares with the Python side."""
     rows = []
@@ -102,16 +96,13 @@ def names_header() -> str:
         f"#define TETHER_MASTER_PORT_JOBS {surface.MASTER_PORT_JOBS}",
         f"#define TETHER_MASTER_PORT_STEPS {surface.MASTER_PORT_STEPS}",
         f"#define TETHER_IMAGE_FORMS {c_string(surface.IMAGE_FORMS)}",
-        f"#define TETHER_ENV_RUN_ARGV0 {c_string(surface.RUN_ARGV0)}",
-        f"#define TETHER_ENV_RUN_BATCH {c_string(surface.BATCH_VAR)}",
-        f"#define TETHER_ENV_RUN_GATEWAYS {c_string(surface.GATEWAYS_RUN_VAR)}",
-        f"#define TETHER_ENV_RUN_USER_DIRS {c_string(surface.USER_DIRS_VAR)}",
         f"#define TETHER_STEP_OPTIONS_PREFIX {c_string(surface.STEP_OPTIONS_PREFIX)}",
         f"#define TETHER_STEP_PASSES {c_string(surface.STEP_PASSES_VAR)}",
         f"#define TETHER_STEP_DEFAULTS {c_string(surface.STEP_DEFAULTS_VAR)}",
         "",
-        "/* the rank environment's names (surface.RANK_ENV; its values: rankenv.c, as tether/hooks/rankenv.py) */",
-        *(f"#define {env_macro(v.key)} {c_string(v.name)}" for v in surface.RANK_ENV),
+        "/* the run side's names: the rank environment (surface.RANK_ENV; its values: rankenv.c, as",
+        " * tether/hooks/rankenv.py) and the launcher protocol (surface.LAUNCHER_VAR) */",
+        *(f"#define {macro} {c_string(name)}" for macro, name in surface.c_env_names()),
         "",
         "/* what the job_submit plugin's shape cache reads itself (job_submit/cache.c) */",
         f"#define TETHER_MAX_SLOTS {surface.MAX_SLOTS}UL",

@@ -100,15 +100,12 @@ enum tether_option {
 #define TETHER_MASTER_PORT_JOBS 1024
 #define TETHER_MASTER_PORT_STEPS 16
 #define TETHER_IMAGE_FORMS "an absolute path (a .sif or squashfs file, a rootfs directory), a registry image ([USER@][REGISTRY#]IMAGE[:TAG|@DIGEST], e.g. ubuntu:22.04 or nvcr.io#nvidia/pytorch:24.01-py3; or REGISTRY/IMAGE[:TAG]) or a docker:// reference"
-#define TETHER_ENV_RUN_ARGV0 "TETHER_RUN_ARGV0"
-#define TETHER_ENV_RUN_BATCH "TETHER_RUN_BATCH"
-#define TETHER_ENV_RUN_GATEWAYS "TETHER_RUN_GATEWAYS"
-#define TETHER_ENV_RUN_USER_DIRS "TETHER_RUN_USER_DIRS"
 #define TETHER_STEP_OPTIONS_PREFIX "TETHER_STEP_OPTIONS_"
 #define TETHER_STEP_PASSES "TETHER_STEP_PASSES"
 #define TETHER_STEP_DEFAULTS "TETHER_STEP_DEFAULTS"
 
-/* the rank environment's names (surface.RANK_ENV; its values: rankenv.c, as tether/hooks/rankenv.py) */
+/* the run side's names: the rank environment (surface.RANK_ENV; its values: rankenv.c, as
+ * tether/hooks/rankenv.py) and the launcher protocol (surface.LAUNCHER_VAR) */
 #define TETHER_ENV_RANK "RANK"
 #define TETHER_ENV_LOCAL_RANK "LOCAL_RANK"
 #define TETHER_ENV_NODE_RANK "NODE_RANK"
@@ -128,6 +125,16 @@ enum tether_option {
 #define TETHER_ENV_HET_COMPONENTS "TETHER_HET_COMPONENTS"
 #define TETHER_ENV_HET_OFFSET "TETHER_HET_OFFSET"
 #define TETHER_ENV_HET_SIZE "TETHER_HET_SIZE"
+#define TETHER_ENV_RUN_ARGV0 "TETHER_RUN_ARGV0"
+#define TETHER_ENV_RUN_BATCH "TETHER_RUN_BATCH"
+#define TETHER_ENV_RUN_GATEWAYS "TETHER_RUN_GATEWAYS"
+#define TETHER_ENV_RUN_USER_DIRS "TETHER_RUN_USER_DIRS"
+#define TETHER_ENV_RUN_SUBREAPER "TETHER_RUN_SUBREAPER"
+#define TETHER_ENV_CLEANUP "TETHER_CLEANUP"
+#define TETHER_ENV_CLEANUP_FD "TETHER_CLEANUP_FD"
+#define TETHER_ENV_RUN_RESUME "TETHER_RUN_RESUME"
+#define TETHER_ENV_RUN_TELL_REAPING "TETHER_RUN_TELL_REAPING"
+#define TETHER_ENV_RUN_WHY_PYTHON "TETHER_RUN_WHY_PYTHON"
 
 /* what the job_submit plugin's shape cache reads itself (job_submit/cache.c) */
 #define TETHER_MAX_SLOTS 10000000UL

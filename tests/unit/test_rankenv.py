@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import ctypes
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tether import pbs_hooks
+from tether.container.rank_launcher import RANK_LAUNCHER_SOURCE, baked_header
 from tether.container.scripts import pbs_launch_script, slurm_launch_script
 from tether.hooks import rankenv
 from tether.hooks.rankenv import SLURM_BATCH_SCRIPT, SlurmStep, SlurmTask, master_port, slurm_rank_env
-from tether.hooks.surface import MASTER_PORT_BASE, MASTER_PORT_JOBS, RANK_ENV
-from tether.spank.build import env_macro, names_header, source_dir
+from tether.hooks.surface import LAUNCHER_VAR, MASTER_PORT_BASE, MASTER_PORT_JOBS, RANK_ENV, env_macro
+from tether.spank.build import names_header, source_dir
 from tether.system.toolchain import CBuild
 
 SETTER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p)
@@ -154,13 +157,17 @@ def test_master_port_rule():
     assert rankenv.pbs_job_number("12[3].srv") == 123 and rankenv.pbs_job_number("srv") == 0
 
 
-def test_every_name_of_the_rank_environment_is_in_the_c_header():
+def test_the_c_side_spells_no_name_of_the_run_side_contract_itself():
+    """Every name of the rank environment and the launcher protocol is in tether_names.h (and
+    tether-run's baked header); no C file spells one: a renamed variable is one edit of the table."""
     header = names_header()
-    for var in RANK_ENV:
-        assert f'#define {env_macro(var.key)} "{var.name}"' in header
-    # rankenv.c names no variable itself
-    text = (source_dir() / "rankenv.c").read_text()
-    assert not re.findall(r'"[A-Z][A-Z_]{2,}"', text)
+    baked = baked_header(None, {"runtime": "podman"}, "/p")
+    for key, name in [*((v.key, v.name) for v in RANK_ENV), *LAUNCHER_VAR.items()]:
+        assert f'#define {env_macro(key)} "{name}"' in header and f'#define {env_macro(key)} "{name}"' in baked
+    names = {v.name for v in RANK_ENV} | set(LAUNCHER_VAR.values())
+    for path in [*source_dir().glob("*.c"), RANK_LAUNCHER_SOURCE, Path(pbs_hooks.__file__).with_name("tether_jobdirs.c")]:
+        spelled = {m for m in re.findall(r'"([A-Z][A-Z0-9_]*)=?', path.read_text()) if m in names}
+        assert not spelled, f"{path.name} spells {sorted(spelled)}: use TETHER_ENV_* (tether_names.h)"
 
 
 @pytest.mark.parametrize("job", ["0", "1", "1023", "1024", "4242", "4294967295"])
