@@ -37,6 +37,12 @@ def master_port(job: int, step: int | None = None) -> int:
     return MASTER_PORT_BASE + (job % MASTER_PORT_JOBS) * MASTER_PORT_STEPS + offset
 
 
+def master_port_range() -> tuple[int, int]:
+    """The lowest and the highest port :func:`master_port` gives (``tether doctor`` checks them
+    against the node's ephemeral ports)."""
+    return MASTER_PORT_BASE, MASTER_PORT_BASE + MASTER_PORT_JOBS * MASTER_PORT_STEPS - 1
+
+
 def master_port_shell(job: str) -> str:
     """:func:`master_port` (the job's own) as shell arithmetic over ``job``, an expression that
     expands to the job's number (for the launch scripts, which learn the job's id when they run)."""

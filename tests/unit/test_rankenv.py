@@ -154,6 +154,7 @@ def test_master_port_rule():
     assert master_port(1025, 17) == 12288 + 16 + 1
     assert master_port(5) == master_port(5, 0) == 12288 + 80
     assert master_port(MASTER_PORT_JOBS - 1, SLURM_BATCH_SCRIPT) == 12288 + 1024 * 16 - 1 == 28671
+    assert rankenv.master_port_range() == (12288, 28671)
     assert rankenv.pbs_job_number("12[3].srv") == 123 and rankenv.pbs_job_number("srv") == 0
 
 
