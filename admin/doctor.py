@@ -19,7 +19,8 @@ from ..container.runtimes.podman import Podman
 from ..hooks.config import Config
 from ..hooks.layout import USER_STORE_ROOT, user_dir_base
 from ..hooks.configfile import ConfigError, config_path, load_config
-from ..hooks.surface import GATEWAY_PORT_BASE, GATEWAY_PORT_JOBS, MASTER_PORT_BASE, MASTER_PORT_JOBS
+from ..hooks.rankenv import master_port_range
+from ..hooks.surface import GATEWAY_PORT_BASE, GATEWAY_PORT_JOBS
 from ..spank import build as spank_build
 from ..system.proc import CommandError, run_command
 from ..system.toolchain import BuildError, installed_slurm_version, read_stamp
@@ -433,7 +434,7 @@ class Doctor:
         except (OSError, ValueError):
             return
         reserved = _reserved_ports()
-        ranges = [("MASTER_PORT", MASTER_PORT_BASE, MASTER_PORT_BASE + MASTER_PORT_JOBS * 16 - 1)]
+        ranges = [("MASTER_PORT", *master_port_range())]
         if self.config is not None and self.config.data["gateways"]["partition"]:
             port = self.config.data["gateways"]["port"]
             first = port if port is not None else GATEWAY_PORT_BASE

@@ -21,7 +21,7 @@ import os
 import stat
 
 from ..hooks.layout import CLEANUP_MARKER, RANK_PREFIX
-from ..hooks.surface import RUNTIMES
+from ..hooks.surface import CLEANUP_FD_VAR, RUNTIMES
 from .launch import report_admin
 from .runtimes import adapter
 from .spec import LaunchError
@@ -81,7 +81,7 @@ def run_leftovers(where: str, settings: Mapping[str, Any]) -> int:
     (closing fd 3), then remove each container the way its runtime adapter does, with tether's
     config. 0 when all done; failures go to the system log (nobody reads this output)."""
     todo = [m for m in (read_marker(p) for p in find_markers(where)) if m]
-    if os.environ.get("TETHER_CLEANUP_FD") == "3":
+    if os.environ.get(CLEANUP_FD_VAR) == "3":
         try:
             os.close(3)                      # markers read: the daemon may remove the directory
         except OSError:

@@ -30,6 +30,7 @@ import sys
 import time
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
+from ..hooks.surface import TELL_REAPING_VAR   # the tests' question: what the launcher waited for
 from ..system.dirstamp import DirStamp
 from .spec import LaunchError
 
@@ -615,9 +616,6 @@ def _end_runtime_own(pids: list[int], bound: float = 1.0) -> int:
                 return len(pids) - len(pending)
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-
-
-TELL_REAPING_VAR = "TETHER_RUN_TELL_REAPING"   # the tests' question: what the launcher waited for
 
 
 def tell_reaping(launcher: str, reaped: int, left: list[int], ended: int, ran_out: bool) -> None:

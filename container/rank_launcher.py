@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from ..hooks import layout
 from ..hooks.layout import CLEANUP_MARKER
-from ..hooks.surface import BATCH_VAR, GATEWAYS_RUN_VAR, MAX_TEXT
+from ..hooks.surface import BY_NAME, MAX_TEXT, c_env_names
 from ..system.toolchain import CBuild
 from . import environment
 from .run import config_identity
@@ -101,8 +101,10 @@ def baked_header(config_path: str | None, settings: Mapping[str, Any], python_la
         f"#define TR_CONTAINER_TMP {c_string(CONTAINER_TMP)}",
         f"#define TR_CONTAINER_WORKDIR {c_string(CONTAINER_WORKDIR)}",
         f"#define TR_CLEANUP_MARKER {c_string(CLEANUP_MARKER)}",
-        f"#define TR_BATCH_VAR {c_string(BATCH_VAR)}",
-        f"#define TR_GATEWAYS_RUN_VAR {c_string(GATEWAYS_RUN_VAR)}",
+        # the run side's names (the rank environment's, the launcher protocol's), as in tether_names.h
+        *(f"#define {macro} {c_string(name)}" for macro, name in c_env_names()),
+        f"#define TR_IMAGE_VAR {c_string(BY_NAME['container-image'].env)}",
+        f"#define TR_SLOT_TYPE_VAR {c_string(BY_NAME['slot-type'].job_env)}",
         f"static const char *const TR_PODMAN_ARGS[] = {c_list([str(a) for a in podman.get('args') or ()])};",
         f"static const char *const TR_RUNTIME_ENV[] = {c_list([f'{k}={v}' for k, v in runtime_env.items()])};",
         f"static const char *const TR_ROOTFS_TARGETS[] = {c_list(ROOTFS_TARGETS)};",

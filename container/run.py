@@ -21,7 +21,7 @@ import os
 import sys
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
-from ..hooks.surface import BATCH_VAR, GATEWAYS_RUN_VAR, RUN_ARGV0
+from ..hooks.surface import BATCH_VAR, CLEANUP_VAR, GATEWAYS_RUN_VAR, RESUME_VAR, RUN_ARGV0, SUBREAPER_VAR
 from .environment import DEFAULT_MODE
 from .launch import EXIT_LAUNCH_FAILED, execute, report, report_admin
 from .runtimes import adapter
@@ -33,9 +33,9 @@ if TYPE_CHECKING:
 LAUNCHER_NAME = "tether-run"      # the C rank launcher, next to the SPANK plugin / in PBS's libexec
 PYTHON_LAUNCHER_NAME = "tether-run-py"   # this launcher, which it hands everything but its own case to
 ARGV0_VAR = RUN_ARGV0
-SUBREAPER_VAR = "TETHER_RUN_SUBREAPER"
-CLEANUP_VAR = "TETHER_CLEANUP"    # cleanup mode: slurmstepd, after a container step (see launch.py)
-RESUME_VAR = "TETHER_RUN_RESUME"  # the C rank launcher ran the container: conclude it (launch.parse_resume)
+# the launcher protocol's names are surface.LAUNCHER_VAR's: SUBREAPER_VAR; CLEANUP_VAR (cleanup mode:
+# slurmstepd, after a container step, see launch.py); RESUME_VAR (the C rank launcher ran the
+# container: conclude it, launch.parse_resume)
 
 
 def config_identity(path: str | None) -> list[int] | None:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Mapping, Sequence
 
-from ..hooks.surface import BY_NAME, MASTER_PORT_BASE, MASTER_PORT_JOBS, STARTED_MARK, USER_DIRS_VAR
+from ..hooks.rankenv import master_port_shell
+from ..hooks.surface import BY_NAME, RANK_VAR, STARTED_MARK, USER_DIRS_VAR
 from .spec import LaunchError, check_container_options, is_env_name
 
 
@@ -39,7 +40,7 @@ class _Option:
 
 ENV_FILE_VAR = "TETHER_RUN_ENV_FILE"
 # what the PBS script sets for each host itself: the job's variables of the same names do not replace them
-PER_HOST_VARS = ("NODE_RANK", "TETHER_NNODES", "MASTER_ADDR", "MASTER_PORT")
+PER_HOST_VARS = tuple(RANK_VAR[key] for key in ("NODE_RANK", "TETHER_NNODES", "MASTER_ADDR", "MASTER_PORT"))
 
 
 def read_env_file(path: str) -> dict[str, str]:
@@ -86,7 +87,7 @@ def _render(template: str, command: Sequence[str], options: Mapping[str, str], e
     opts = [_Option(k, v) for k, v in options.items() if BY_NAME[k].kind != "flag" or v]
     return jenv.from_string(text).render(command=list(command), options=opts, env=sorted(env.items()),
                                          env_json=json.dumps(dict(sorted(env.items()))), env_dir=env_dir,
-                                         tether=tether, port_base=MASTER_PORT_BASE, port_jobs=MASTER_PORT_JOBS,
+                                         tether=tether, master_port=master_port_shell, var=RANK_VAR,
                                          user_dirs_var=USER_DIRS_VAR, started_mark=STARTED_MARK)
 
 

@@ -64,10 +64,10 @@ static sigset_t original_mask;      /* the signal mask this launcher was started
 static void __attribute__((noreturn)) to_python(const char *why, const char *resume)
 {
 	sigprocmask(SIG_SETMASK, &original_mask, NULL);
-	if (getenv("TETHER_RUN_WHY_PYTHON") != NULL)     /* the tests' question: which way, and why */
+	if (getenv(TETHER_ENV_RUN_WHY_PYTHON) != NULL)     /* the tests' question: which way, and why */
 		fprintf(stderr, "tether-run: python: %s\n", why);
 	if (resume)
-		setenv("TETHER_RUN_RESUME", resume, 1);
+		setenv(TETHER_ENV_RUN_RESUME, resume, 1);
 	self_argv[0] = (char *)TR_PYTHON_LAUNCHER;
 	execv(TR_PYTHON_LAUNCHER, self_argv);
 	fprintf(stderr, "tether: cannot run tether's container launcher %s: %s\n", TR_PYTHON_LAUNCHER,
@@ -176,8 +176,8 @@ static const char *env_or(const char *name, const char *fallback)
 /* The variables only the launchers read (container/run.py pops them before planning). */
 static int launcher_own(const char *entry)
 {
-	return starts_with(entry, "TETHER_RUN_ARGV0=") || starts_with(entry, "TETHER_RUN_SUBREAPER=") ||
-	       starts_with(entry, "TETHER_RUN_RESUME=");
+	return starts_with(entry, TETHER_ENV_RUN_ARGV0 "=") || starts_with(entry, TETHER_ENV_RUN_SUBREAPER "=") ||
+	       starts_with(entry, TETHER_ENV_RUN_RESUME "=");
 }
 
 struct plan {
@@ -407,10 +407,10 @@ static struct plan *make_plan(char **command, const char **why)
 		NO("tether's configuration changed since the launcher was installed");
 	if (command[0] == NULL || command[0][0] == '\0')
 		NO("no command");
-	if (getenv("SLURM_JOB_ID") == NULL || getenv("TETHER_CLEANUP") || getenv(TR_GATEWAYS_RUN_VAR) ||
-	    getenv(TR_BATCH_VAR) || getenv("PBS_JOBID"))
+	if (getenv("SLURM_JOB_ID") == NULL || getenv(TETHER_ENV_CLEANUP) || getenv(TETHER_ENV_RUN_GATEWAYS) ||
+	    getenv(TETHER_ENV_RUN_BATCH) || getenv("PBS_JOBID"))
 		NO("not a Slurm task of a container step");
-	value = getenv("TETHER_RUN_SUBREAPER");
+	value = getenv(TETHER_ENV_RUN_SUBREAPER);
 	if (value && strcmp(value, "0") == 0)
 		NO("not made a child subreaper by the SPANK plugin");
 	if (uid == 0)
@@ -419,22 +419,22 @@ static struct plan *make_plan(char **command, const char **why)
 		NO("a terminal");
 	if (getenv("PMI_FD") || getenv("PMIX_SERVER_TMPDIR"))
 		NO("MPI (PMI-2 or PMIx)");
-	value = getenv("TETHER_SLOT_IDS");
+	value = getenv(TETHER_ENV_SLOT_IDS);
 	if (value && *value) {
-		const char *type = env_or("TETHER_JOB_SLOT_TYPE", "cuda");
+		const char *type = env_or(TR_SLOT_TYPE_VAR, "cuda");
 		if (strcmp(type, "cpu") != 0 && strspn(value, ",") != strlen(value))
 			NO("GPUs");
 	}
 	for (char **e = environ; *e; e++) {
-		if ((starts_with(*e, "TETHER_CONTAINER_") && !starts_with(*e, "TETHER_CONTAINER_IMAGE=")) ||
+		if ((starts_with(*e, "TETHER_CONTAINER_") && !starts_with(*e, TR_IMAGE_VAR "=")) ||
 		    starts_with(*e, "TETHER_NO_CONTAINER_"))
 			NO("a container option besides the image");
 		envc++;
 	}
-	image = getenv("TETHER_CONTAINER_IMAGE");
+	image = getenv(TR_IMAGE_VAR);
 	if (image == NULL || strlen(image) > TR_MAX_TEXT || !plain_path(image))   /* hooks/imageref.py: an absolute path of printable characters is a local image */
 		NO("not a rootfs directory's plain path");
-	rank_dir = getenv("TETHER_RANK_DIR");
+	rank_dir = getenv(TETHER_ENV_RANK_DIR);
 	if (rank_dir == NULL || !plain_path(rank_dir) || strlen(rank_dir) > PATH_MAX - 64)
 		NO("no rank directory");
 	if (stat(image, &st) < 0 || !S_ISDIR(st.st_mode) || access(image, R_OK | X_OK) < 0)
@@ -446,7 +446,7 @@ static struct plan *make_plan(char **command, const char **why)
 	}
 	if (safe_id(env_or("SLURM_JOB_ID", env_or("PBS_JOBID", "0")), job, sizeof job) < 0 ||
 	    safe_id(env_or("SLURM_STEP_ID", env_or("PBS_TASKNUM", "0")), step, sizeof step) < 0 ||
-	    safe_id(env_or("RANK", env_or("SLURM_PROCID", "0")), rank, sizeof rank) < 0)
+	    safe_id(env_or(TETHER_ENV_RANK, env_or("SLURM_PROCID", "0")), rank, sizeof rank) < 0)
 		NO("a non-ASCII id");
 	if (fmt(p.rank_dir, sizeof p.rank_dir, "%s", rank_dir) < 0)
 		NO("a path too long for the fast path");
@@ -495,7 +495,7 @@ static struct plan *make_plan(char **command, const char **why)
 		int replaced = 0;
 		if (eq == NULL || launcher_own(*e) || starts_with(*e, "XDG_RUNTIME_DIR="))
 			continue;
-		if (!TR_RUNTIME_ENV_HAS_TMPDIR && starts_with(*e, "TMPDIR="))
+		if (!TR_RUNTIME_ENV_HAS_TMPDIR && starts_with(*e, TETHER_ENV_TMPDIR "="))
 			continue;
 		for (const char *const *r = TR_RUNTIME_ENV; *r; r++)
 			if (strncmp(*r, *e, (size_t)(eq - *e) + 1) == 0)
@@ -557,8 +557,8 @@ static struct plan *make_plan(char **command, const char **why)
 			NO("a path too long for the fast path");
 		add_all(&p, why, "--env-file", p.names_arg, NULL);
 	}
-	add_all(&p, why, "--env", "TETHER_CONTAINER=1", "--env", "TMPDIR=" TR_CONTAINER_TMP,
-		"--env", "TETHER_WORK_DIR=" TR_CONTAINER_WORKDIR, "--volume", p.tmp_mount, "--volume", p.work_mount,
+	add_all(&p, why, "--env", "TETHER_CONTAINER=1", "--env", TETHER_ENV_TMPDIR "=" TR_CONTAINER_TMP,
+		"--env", TETHER_ENV_WORK_DIR "=" TR_CONTAINER_WORKDIR, "--volume", p.tmp_mount, "--volume", p.work_mount,
 		"--workdir", TR_CONTAINER_WORKDIR, "--rootfs", image, NULL);
 	for (char **c = command; *c; c++)
 		add(&p, *c, why);
@@ -862,7 +862,7 @@ static int stamp_changed(const struct dirstamp *s, const char *path)
 
 int main(int argc, char **argv)
 {
-	const char *why = NULL, *argv0 = getenv("TETHER_RUN_ARGV0");
+	const char *why = NULL, *argv0 = getenv(TETHER_ENV_RUN_ARGV0);
 	char **command;
 	struct plan *p;
 	sigset_t mask;
@@ -880,7 +880,7 @@ int main(int argc, char **argv)
 	sigaddset(&mask, SIGCHLD);
 	sigprocmask(SIG_BLOCK, &mask, &original_mask);
 	signal(SIGCHLD, SIG_DFL);            /* an inherited SIG_IGN would reap podman behind our back */
-	unsetenv("TETHER_RUN_RESUME");       /* only ever this launcher's word to the Python one */
+	unsetenv(TETHER_ENV_RUN_RESUME);       /* only ever this launcher's word to the Python one */
 	if (argc < 1 || argv0 == NULL)
 		to_python("not handed a task", NULL);
 	/* container/run.py: task_command -- argv[1:] where Slurm prepended the launcher, else argv0 first */
@@ -1063,7 +1063,7 @@ int main(int argc, char **argv)
 				}
 			}
 			ended = left_running ? end_runtime_own(left_running, &mask) : 0;
-			if (getenv("TETHER_RUN_TELL_REAPING") != NULL) {   /* the tests' question: what was waited for */
+			if (getenv(TETHER_ENV_RUN_TELL_REAPING) != NULL) {   /* the tests' question: what was waited for */
 				char kept[16] = "none";
 				if (left_running)
 					snprintf(kept, sizeof kept, "%d", (int)left_running);

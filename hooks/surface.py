@@ -41,6 +41,7 @@ MAX_TEXT = 4096    # an image, mounts, a directory
 # a rank or daemon binds it: MASTER_PORT = base + (job id mod jobs) * 16 + (step id mod 16), and a
 # gateway node's daemon port = base + (job id mod jobs) * 16 + n.
 MASTER_PORT_BASE, MASTER_PORT_JOBS = 12288, 1024       # 12288..28671
+MASTER_PORT_STEPS = 16                                 # a job's ports: one per step id mod 16
 GATEWAY_PORT_BASE, GATEWAY_PORT_JOBS = 28672, 256      # 28672..32767
 
 # Value kinds: each is checked in C in srun/sbatch/salloc (cheap, with a clear message) and again
@@ -308,12 +309,16 @@ def env_fallbacks(given: Mapping[str, str], env: Mapping[str, str]) -> dict[str,
 
 
 class Variable:
-    """A variable the run side sets in a tether step's tasks (README: the rank environment)."""
+    """A variable the run side sets in a tether step's tasks (README: the rank environment).
+    ``key``: how code names it -- ``RANK_VAR[key]`` in Python, ``TETHER_ENV_<key less TETHER_>`` in C
+    (spank/tether_names.h: ``TETHER_ENV_JOB_DIR``) -- the name itself unless given: a variable
+    renamed keeps its key, and no code changes."""
 
-    __slots__ = ("name", "meaning", "host_only")
+    __slots__ = ("name", "meaning", "host_only", "key")
 
-    def __init__(self, name: str, meaning: str, *, host_only: bool = False):
+    def __init__(self, name: str, meaning: str, *, host_only: bool = False, key: str | None = None):
         self.name, self.meaning, self.host_only = name, meaning, host_only
+        self.key = key or name
 
     def __repr__(self) -> str:
         return f"Variable({self.name!r})"
@@ -329,8 +334,9 @@ RANK_ENV: tuple[Variable, ...] = (
     Variable("LOCAL_WORLD_SIZE", "tasks of the step on this node"),
     Variable("MASTER_ADDR", "the step's first node: its `NodeAddr` when slurmstepd can look it up, else its "
                             "node name"),
-    Variable("MASTER_PORT", "`12288 + (job id mod 1024) × 16 + (step id mod 16)`: the same for all ranks of "
-                            "a step, different for concurrent steps of a job (up to 16) and for jobs with "
+    Variable("MASTER_PORT", f"`{MASTER_PORT_BASE} + (job id mod {MASTER_PORT_JOBS}) × {MASTER_PORT_STEPS} + "
+                            f"(step id mod {MASTER_PORT_STEPS})`: the same for all ranks of a step, different "
+                            f"for concurrent steps of a job (up to {MASTER_PORT_STEPS}) and for jobs with "
                             "neighbouring ids; below Linux's ephemeral port range"),
     Variable("TMPDIR", "`<rank dir>/tmp` (private to the rank, 0700, removed with the step)"),
     Variable("TETHER_WORK_DIR", "`<rank dir>/work` (the rank's own work directory)"),
@@ -348,8 +354,11 @@ RANK_ENV: tuple[Variable, ...] = (
     Variable("TETHER_HET_OFFSET", "there: the first `RANK` of this task's component"),
     Variable("TETHER_HET_SIZE", "there: the tasks of this task's component"),
 )
-RANK_NAMES = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-              "MASTER_PORT")
+# Each variable's name by its key: the one spelling of the names for code (hooks/rankenv.py computes
+# the values; slurmstepd's C has the same as TETHER_ENV_<key>).
+RANK_VAR = {v.key: v.name for v in RANK_ENV}
+RANK_NAMES = tuple(RANK_VAR[k] for k in ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                         "MASTER_ADDR", "MASTER_PORT"))
 HOST_ONLY = tuple(v.name for v in RANK_ENV if v.host_only)
 # Set by the hand-off to the container launcher: the task's argv[0] it replaced (Slurm 22.05 and PBS
 # cannot prepend to a task's argv), or empty where Slurm (23.11+) prepended the launcher.
@@ -370,6 +379,33 @@ GATEWAYS_RUN_VAR = "TETHER_RUN_GATEWAYS"
 # step to the SPANK plugin: slurmstepd makes the user's own directories on each node all the same
 # (hooks.layout.user_dir_bases). A user who sets it gets only their own directories made.
 USER_DIRS_VAR = "TETHER_RUN_USER_DIRS"
+# The rest of the launcher protocol, between slurmstepd, the PBS MoM hook, tether-jobdirs and tether's
+# rank launchers (tether-run, tether-run-py):
+SUBREAPER_VAR = "TETHER_RUN_SUBREAPER"    # "0": not made a child subreaper (PBS's hook cannot): itself
+CLEANUP_VAR = "TETHER_CLEANUP"            # cleanup mode, after a container step: the step's or job's directory
+CLEANUP_FD_VAR = "TETHER_CLEANUP_FD"      # "3": tell the daemon the markers are read by closing fd 3
+RESUME_VAR = "TETHER_RUN_RESUME"          # tether-run ran the container: tether-run-py concludes it
+TELL_REAPING_VAR = "TETHER_RUN_TELL_REAPING"   # the tests' questions: what the launcher waited for,
+WHY_PYTHON_VAR = "TETHER_RUN_WHY_PYTHON"       # and why a rank went to the Python launcher
+# The protocol's names by key (as RANK_VAR's): the C side's TETHER_ENV_<key less TETHER_>.
+LAUNCHER_VAR = {"TETHER_RUN_ARGV0": RUN_ARGV0, "TETHER_RUN_BATCH": BATCH_VAR, "TETHER_RUN_GATEWAYS": GATEWAYS_RUN_VAR,
+                "TETHER_RUN_USER_DIRS": USER_DIRS_VAR, "TETHER_RUN_SUBREAPER": SUBREAPER_VAR,
+                "TETHER_CLEANUP": CLEANUP_VAR, "TETHER_CLEANUP_FD": CLEANUP_FD_VAR, "TETHER_RUN_RESUME": RESUME_VAR,
+                "TETHER_RUN_TELL_REAPING": TELL_REAPING_VAR, "TETHER_RUN_WHY_PYTHON": WHY_PYTHON_VAR}
+
+
+def env_macro(key: str) -> str:
+    """The C name of a variable's key: ``TETHER_ENV_`` and the key less its ``TETHER_``
+    (``TETHER_JOB_DIR`` -> ``TETHER_ENV_JOB_DIR``, ``RANK`` -> ``TETHER_ENV_RANK``)."""
+    return "TETHER_ENV_" + key.removeprefix("TETHER_")
+
+
+def c_env_names() -> list[tuple[str, str]]:
+    """The run-side contract's variable names for C, as (macro, name): the rank environment's and
+    the launcher protocol's (spank/tether_names.h; tether-run's baked header)."""
+    return [(env_macro(key), name) for key, name in (*RANK_VAR.items(), *LAUNCHER_VAR.items())]
+
+
 # What the batch script (and so every step it starts) of a job with gateway nodes gets.
 GATEWAY_ENV: tuple[Variable, ...] = (
     Variable("TETHER_GATEWAYS", "where the gateway daemons listen: `ADDRESS:PORT` of each gateway node, "

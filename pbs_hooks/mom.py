@@ -38,8 +38,9 @@ import pwd
 import re
 import subprocess
 
-from ..hooks.layout import RANK_WORK, job_dir_name
-from ..hooks.surface import MASTER_PORT_BASE, MASTER_PORT_JOBS, PBS_RESOURCES, RUN_ARGV0, STARTED_MARK
+from ..hooks.layout import job_dir_name
+from ..hooks.rankenv import master_port, pbs_job_number, rank_env
+from ..hooks.surface import PBS_RESOURCES, RUN_ARGV0, STARTED_MARK, SUBREAPER_VAR
 from .attrs import resource, variable
 
 HELPER_TIMEOUT = 20          # seconds; the hook's alarm is 30
@@ -170,13 +171,6 @@ def short_host(name: str) -> str:
     return name.split(".", 1)[0]
 
 
-def master_port(job_id: str) -> int:
-    """Every host of a job derives the same port; jobs with neighbouring ids get different ones
-    (the Slurm side's rule, with PBS's sequence number as the job id)."""
-    digits = "".join(c for c in str(job_id).split(".", 1)[0] if c.isdigit()) or "0"
-    return MASTER_PORT_BASE + (int(digits) % MASTER_PORT_JOBS) * 16
-
-
 def is_tether_job(job) -> bool:
     """A job with tether resources (flag=m makes them visible here) or a container image."""
     if any(resource(job.Resource_List, opt.pbs_resource) is not None for opt in PBS_RESOURCES):
@@ -244,8 +238,9 @@ def begin(pbs, e, settings: dict) -> None:
                pbs.get_local_nodename(), str(uid), str(gid))
 
 
-def _rank_values(placement: Placement, node_rank: int, task: int) -> dict[str, str]:
-    """RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE of TM task ``task`` on the job's host ``node_rank``.
+def _rank_values(placement: Placement, node_rank: int, task: int) -> tuple[int, int, int, int]:
+    """The rank, local rank, world size and local world size of TM task ``task`` on the job's host
+    ``node_rank``.
 
     The ranks are the job's node-file lines (mpiprocs per chunk, in chunk order), as pbsdsh starts a
     task per line; a host's tasks take its lines in the order its MoM numbered them (the low bits of
@@ -259,8 +254,7 @@ def _rank_values(placement: Placement, node_rank: int, task: int) -> dict[str, s
     node_bits = len(placement.slots).bit_length()          # OpenPBS's numbits(mpiprocs of the job)
     counter = task & ((1 << (32 - node_bits)) - 1)
     local = (counter - (2 if node_rank == 0 else 1)) % len(here)
-    return {"RANK": str(here[local]), "LOCAL_RANK": str(local), "WORLD_SIZE": str(len(slots)),
-            "LOCAL_WORLD_SIZE": str(len(here))}
+    return here[local], local, len(slots), len(here)
 
 
 def launch(pbs, e, settings: dict) -> None:
@@ -274,8 +268,9 @@ def launch(pbs, e, settings: dict) -> None:
     node_rank = placement.index(host) or 0
     hosts = placement.hosts
     job_dir = os.path.join(settings["job_storage_root"], job_dir_name(job.id))
-    values = {"TETHER_JOB_DIR": job_dir, "TETHER_NNODES": str(len(hosts)), "NODE_RANK": str(node_rank),
-              "MASTER_ADDR": hosts[0], "MASTER_PORT": str(master_port(job.id))}
+    # every host of a job derives the same port (the Slurm side's rule, PBS's sequence number as the job id)
+    values = rank_env(job_dir=job_dir, nnodes=len(hosts), node_rank=node_rank, master_addr=hosts[0],
+                      master_port=master_port(pbs_job_number(job.id)))
     for opt in PBS_RESOURCES:                          # TETHER_JOB_* as in the Slurm contract
         value = resource(job.Resource_List, opt.pbs_resource)
         if value is not None:
@@ -288,11 +283,12 @@ def launch(pbs, e, settings: dict) -> None:
         if task is None:
             raise HookFailure(f"tether: PBS_TASKNUM={text!r} is not a task number OpenPBS gives a TM task "
                               f"(8 upper-case hex digits); the task was not started")
-        values.update(_rank_values(placement, node_rank, task))
+        rank, local, world, local_world = _rank_values(placement, node_rank, task)
         rank_dir = run_helper(settings, "task", settings["job_storage_root"], job_dir_name(job.id), host,
-                              str(task), values["RANK"], str(uid), str(gid))
-        values.update(TETHER_STEP_DIR=os.path.dirname(rank_dir), TETHER_RANK_DIR=rank_dir,
-                      TETHER_WORK_DIR=os.path.join(rank_dir, RANK_WORK))
+                              str(task), str(rank), str(uid), str(gid))
+        # PBS's MoM gives the task its own TMPDIR
+        values.update(rank_env(rank=rank, local_rank=local, world_size=world, local_world_size=local_world,
+                               step_dir=os.path.dirname(rank_dir), rank_dir=rank_dir, tmpdir=False))
         image = pbs_env_plain(variable(env, "TETHER_CONTAINER_IMAGE")) or variable(job.Variable_List,
                                                                              "TETHER_CONTAINER_IMAGE")
         # a name alone: the job's container of that name on this host (the launcher says when there is none)
@@ -310,7 +306,7 @@ def launch(pbs, e, settings: dict) -> None:
                 raise HookFailure(f"tether: the container launcher {launcher} is missing on this host "
                                   f"(run `tether pbs install` here)")
             values[RUN_ARGV0] = argv[0] if argv else str(e.progname)
-            values["TETHER_RUN_SUBREAPER"] = "0"     # the launcher makes itself a child subreaper
+            values[SUBREAPER_VAR] = "0"     # the launcher makes itself a child subreaper
             e.progname = launcher
             e.argv = [launcher, *argv[1:]]
     for name, value in values.items():

@@ -19,7 +19,7 @@ from ..hooks.config import CONFIG_SCHEMA, default_config
 from ..system.toolchain import CBuild, Toolchain, c_string
 
 SO_NAME = "spank_tether.so"
-UNITS = ("dispatch.c", "options.c", "imageref.c", "client.c", "stepd.c", "jobdirs.c", "cgkeeper.c")
+UNITS = ("dispatch.c", "options.c", "imageref.c", "client.c", "stepd.c", "rankenv.c", "jobdirs.c", "cgkeeper.c")
 HEADER = "tether_names.h"
 # What Slurm looks up in a SPANK plugin (SPANK_PLUGIN's four symbols and the callbacks); nothing
 # else is exported, so no symbol of tether's can interpose on or be bound by another object.
@@ -94,14 +94,15 @@ def names_header() -> str:
         f"#define TETHER_MAX_TEXT {surface.MAX_TEXT}",
         f"#define TETHER_MASTER_PORT_BASE {surface.MASTER_PORT_BASE}",
         f"#define TETHER_MASTER_PORT_JOBS {surface.MASTER_PORT_JOBS}",
+        f"#define TETHER_MASTER_PORT_STEPS {surface.MASTER_PORT_STEPS}",
         f"#define TETHER_IMAGE_FORMS {c_string(surface.IMAGE_FORMS)}",
-        f"#define TETHER_ENV_RUN_ARGV0 {c_string(surface.RUN_ARGV0)}",
-        f"#define TETHER_ENV_RUN_BATCH {c_string(surface.BATCH_VAR)}",
-        f"#define TETHER_ENV_RUN_GATEWAYS {c_string(surface.GATEWAYS_RUN_VAR)}",
-        f"#define TETHER_ENV_RUN_USER_DIRS {c_string(surface.USER_DIRS_VAR)}",
         f"#define TETHER_STEP_OPTIONS_PREFIX {c_string(surface.STEP_OPTIONS_PREFIX)}",
         f"#define TETHER_STEP_PASSES {c_string(surface.STEP_PASSES_VAR)}",
         f"#define TETHER_STEP_DEFAULTS {c_string(surface.STEP_DEFAULTS_VAR)}",
+        "",
+        "/* the run side's names: the rank environment (surface.RANK_ENV; its values: rankenv.c, as",
+        " * tether/hooks/rankenv.py) and the launcher protocol (surface.LAUNCHER_VAR) */",
+        *(f"#define {macro} {c_string(name)}" for macro, name in surface.c_env_names()),
         "",
         "/* what the job_submit plugin's shape cache reads itself (job_submit/cache.c) */",
         f"#define TETHER_MAX_SLOTS {surface.MAX_SLOTS}UL",

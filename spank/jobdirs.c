@@ -598,7 +598,7 @@ static void on_cleanup_alarm(int sig)
 __attribute__((noreturn)) static void cleanup_watcher(const char *launcher, struct cleanup_env *env)
 {
 	char *argv[] = { (char *)launcher, NULL };
-	char *envp[] = { env->cleanup, env->home, env->user, "TETHER_CLEANUP_FD=3",
+	char *envp[] = { env->cleanup, env->home, env->user, TETHER_ENV_CLEANUP_FD "=3",
 			 "PATH=/usr/local/bin:/usr/bin:/bin", NULL };
 	struct sigaction sa = { .sa_handler = on_cleanup_alarm };
 	int status;
@@ -681,7 +681,7 @@ void tether_run_leftover_cleanup(const char *launcher, const char *where, uid_t 
 		tether_error("tether: cleanup after %s: cannot look up uid %u and its groups", what, (unsigned)uid);
 		return;
 	}
-	snprintf(env.cleanup, sizeof(env.cleanup), "TETHER_CLEANUP=%s", where);
+	snprintf(env.cleanup, sizeof(env.cleanup), TETHER_ENV_CLEANUP "=%s", where);
 	snprintf(env.home, sizeof(env.home), "HOME=%s", pw.pw_dir);
 	snprintf(env.user, sizeof(env.user), "USER=%s", pw.pw_name);
 	job_cgroup_exits(&env);

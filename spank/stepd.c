@@ -32,6 +32,7 @@
 #include "cgkeeper.h"
 #include "jobdirs.h"
 #include "options.h"
+#include "rankenv.h"
 #include "stepd.h"
 
 /* Exported by libslurmfull (not declared in the public headers). */
@@ -387,7 +388,7 @@ static int set_master_addr(spank_t sp)
 		slurm_xfree((void **)&addr);
 		addr = slurm_conf_get_nodeaddr(first);
 	}
-	rc = set_env(sp, "MASTER_ADDR", addr ? addr : first);
+	rc = set_env(sp, TETHER_ENV_MASTER_ADDR, addr ? addr : first);
 	slurm_xfree((void **)&addr);
 	free(first);
 	return rc;
@@ -476,7 +477,6 @@ static void het_step(spank_t sp)
 	step.het_leader = (uint32_t)leader;
 }
 
-/* The step-wide part of the rank environment, and the options the step's ranks see. */
 /*
  * SLURM_CPUS_PER_TASK, as sbatch and srun set it for --cpus-per-task (issue 45): tether's plan gives
  * a job its CPUs per task in slurmctld (CPU slots: slots_per_node), which neither client sees, so
@@ -510,29 +510,32 @@ static int set_cpus_per_task(spank_t sp)
 	return set_env_u(sp, name, cpus);
 }
 
-static int set_step_env(spank_t sp, uint32_t ntasks, uint32_t nlocal, uint32_t nnodes)
+/* rankenv.c's setter: spank_setenv, a failure kept as the step's */
+static int set_rank_env(void *sp, const char *name, const char *value)
 {
-	int rc;
+	return set_env(sp, name, value);
+}
 
-	uint32_t port_job = step.job_id;
+/* What this file knows of the step, for rankenv.c (the counts: user_init's). */
+static struct tether_rank_step rank_step(void)
+{
+	struct tether_rank_step s = {
+		.job_id = step.job_id, .step_id = step.step_id, .job_dir = step.job_dir, .step_dir = step.step_dir,
+		.het = step.het, .het_component = step.het_component, .het_components = step.het_components,
+		.het_leader = step.het_leader,
+	};
 
-	if (step.het) { /* one world across the components: the leader's port (sizes: task_init) */
-		port_job = step.het_leader;
-		if (set_env_u(sp, "TETHER_HET_COMPONENT", step.het_component) ||
-		    set_env_u(sp, "TETHER_HET_COMPONENTS", step.het_components) ||
-		    set_env_u(sp, "TETHER_HET_SIZE", ntasks))
-			return -1;
-	}
-	if (set_env(sp, "TETHER_JOB_DIR", step.job_dir) || set_env(sp, "TETHER_STEP_DIR", step.step_dir) ||
-	    set_cpus_per_task(sp) || set_env_u(sp, "WORLD_SIZE", ntasks) || set_env_u(sp, "LOCAL_WORLD_SIZE", nlocal) ||
-	    set_env_u(sp, "TETHER_NNODES", nnodes) || set_master_addr(sp) < 0)
+	return s;
+}
+
+/* The step-wide part of the rank environment (rankenv.c; MASTER_ADDR, SLURM_CPUS_PER_TASK), and the
+ * options the step's ranks see. */
+static int set_step_env(spank_t sp, const struct tether_rank_step *rs)
+{
+	int rc = 0;
+
+	if (tether_rank_step_env(rs, set_rank_env, sp) || set_cpus_per_task(sp) || set_master_addr(sp) < 0)
 		return -1;
-	/* Every rank of a step derives the same port; concurrent steps of a job (and jobs with
-	 * neighbouring ids) get different ones: base + (job id mod jobs) * 16 + (step id mod 16),
-	 * 12288..28671, below Linux's ephemeral ports (32768..60999), which an outgoing connection of
-	 * the master node may hold at the moment the rank binds (surface.py). */
-	rc = set_env_u(sp, "MASTER_PORT", TETHER_MASTER_PORT_BASE + (port_job % TETHER_MASTER_PORT_JOBS) * 16 +
-		       (step.step_id < SLURM_MAX_NORMAL_STEP_ID ? step.step_id % 16 : 15));
 	for (int i = 0; i < TETHER_NOPTS && rc == 0; i++) {
 		const struct tether_opt *o = &tether_opts[i];
 
@@ -550,17 +553,16 @@ static int set_step_env(spank_t sp, uint32_t ntasks, uint32_t nlocal, uint32_t n
 
 int tether_stepd_user_init(spank_t sp)
 {
-	uint32_t ntasks = 0, nlocal = 0, nnodes = 0;
+	struct tether_rank_step rs;
 
 	if (!step.tether || step.failure[0])
 		return 0; /* the tasks fail with the reason (see the top of this file) */
-	spank_get_item(sp, S_JOB_TOTAL_TASK_COUNT, &ntasks);
-	spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &nlocal);
-	spank_get_item(sp, S_JOB_NNODES, &nnodes);
-	if (step.step_id == SLURM_BATCH_SCRIPT)
-		ntasks = nlocal = nnodes = 1; /* the batch script is one task on one node */
-	if (make_step_dirs(sp, nlocal) == 0)
-		set_step_env(sp, ntasks, nlocal, nnodes);
+	rs = rank_step();
+	spank_get_item(sp, S_JOB_TOTAL_TASK_COUNT, &rs.ntasks);
+	spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &rs.nlocal);
+	spank_get_item(sp, S_JOB_NNODES, &rs.nnodes);
+	if (make_step_dirs(sp, tether_rank_local_tasks(&rs)) == 0)
+		set_step_env(sp, &rs);
 	return 0;
 }
 
@@ -624,21 +626,6 @@ static int hand_to_launcher(spank_t sp, int gateways)
 	return 0;
 }
 
-/* The slots this rank got: its GPUs as Slurm bound them (--slot-type=cpu: none). */
-static int set_slot_ids(spank_t sp)
-{
-	const char *slot_type = tether_opt_value(OPT_SLOT_TYPE);
-	char gpus[1024] = "";
-
-	if ((slot_type && strcmp(slot_type, "cpu") == 0) || !get_env(sp, "CUDA_VISIBLE_DEVICES", gpus, sizeof(gpus)))
-		return 0;
-	if (set_env(sp, "TETHER_SLOT_IDS", gpus))
-		return -1;
-	if (slot_type && strcmp(slot_type, "rocm") == 0 && set_env(sp, "ROCR_VISIBLE_DEVICES", gpus))
-		return -1;
-	return 0;
-}
-
 /*
  * The batch script of a heterogeneous job with a component in the gateway partition
  * (plugstack.conf gateway_partition=, the config's gateways.partition; job_submit gives that
@@ -665,49 +652,33 @@ static int gateway_component(spank_t sp)
 
 int tether_stepd_task_init(spank_t sp)
 {
-	uint32_t global = 0, node = 0;
-	int local = 0;
-	char rank_dir[PATH_MAX + 32], path[PATH_MAX + 40];
+	struct tether_rank_step rs;
+	struct tether_rank_task task = { .procid = -1, .ntasks = -1, .node_index = -1, .nnodes = -1 };
+	char gpus[1024];
 	int gateways = gateway_component(sp);
 
 	if (!step.tether) /* a batch script without tether options may still have gateway nodes */
 		return gateways >= 0 ? hand_to_launcher(sp, gateways) : 0;
-	spank_get_item(sp, S_TASK_ID, &local);
+	spank_get_item(sp, S_TASK_ID, &task.local_id);
 	if (step.failure[0]) {
-		if (local == 0) /* once per node: the task's stderr is the job's output */
+		if (task.local_id == 0) /* once per node: the task's stderr is the job's output */
 			slurm_error("%s", step.failure);
 		return -1; /* the task exits 1: the step (or batch job) fails, the node stays */
 	}
-	spank_get_item(sp, S_TASK_GLOBAL_ID, &global);
-	spank_get_item(sp, S_JOB_NODEID, &node);
-	if (step.step_id == SLURM_BATCH_SCRIPT)
-		global = node = 0;
-	snprintf(rank_dir, sizeof(rank_dir), "%s/" TETHER_RANK_PREFIX "%u", step.step_dir, global);
+	spank_get_item(sp, S_TASK_GLOBAL_ID, &task.global_id);
+	spank_get_item(sp, S_JOB_NODEID, &task.node_id);
 	if ((step.container || gateways >= 0) && hand_to_launcher(sp, gateways) < 0)
 		return -1;
 	if (step.het) { /* the whole step's numbers, as Slurm gives them to each task */
-		long procid = env_number(sp, "SLURM_PROCID"), ntasks = env_number(sp, "SLURM_NTASKS");
-		long node_id = env_number(sp, "SLURM_NODEID"), nnodes = env_number(sp, "SLURM_STEP_NUM_NODES");
-
-		if (procid >= (long)global && ntasks > procid && node_id >= 0 && nnodes > node_id) {
-			if (set_env_u(sp, "TETHER_HET_OFFSET", (unsigned long)procid - global) ||
-			    set_env_u(sp, "WORLD_SIZE", (unsigned long)ntasks) ||
-			    set_env_u(sp, "TETHER_NNODES", (unsigned long)nnodes))
-				return -1;
-			global = (uint32_t)procid;
-			node = (uint32_t)node_id;
-		}
+		task.procid = env_number(sp, "SLURM_PROCID");
+		task.ntasks = env_number(sp, "SLURM_NTASKS");
+		task.node_index = env_number(sp, "SLURM_NODEID");
+		task.nnodes = env_number(sp, "SLURM_STEP_NUM_NODES");
 	}
-	if (set_env_u(sp, "RANK", global) || set_env_u(sp, "LOCAL_RANK", local) ||
-	    set_env_u(sp, "NODE_RANK", node) || set_env(sp, "TETHER_RANK_DIR", rank_dir))
-		return -1;
-	snprintf(path, sizeof(path), "%s/" TETHER_RANK_TMP, rank_dir);
-	if (set_env(sp, "TMPDIR", path))
-		return -1;
-	snprintf(path, sizeof(path), "%s/" TETHER_RANK_WORK, rank_dir);
-	if (set_env(sp, "TETHER_WORK_DIR", path))
-		return -1;
-	return set_slot_ids(sp);
+	task.slot_type = tether_opt_value(OPT_SLOT_TYPE);
+	task.gpus = get_env(sp, "CUDA_VISIBLE_DEVICES", gpus, sizeof(gpus)) ? gpus : NULL;
+	rs = rank_step();
+	return tether_rank_task_env(&rs, &task, set_rank_env, sp) ? -1 : 0;
 }
 
 /*

@@ -534,7 +534,9 @@ def container_step(values: dict[str, str], env: dict[str, str]) -> tuple[bool, s
 def run_step(state: State, job: dict, step_id: int, nodes: list[str], tasks: int, command: list[str],
              env: dict[str, str], values: dict[str, str]) -> int:
     """Run a step's tasks here, block-distributed over ``nodes``; the largest exit status."""
-    from ..hooks.layout import job_dir_name, rank_dir_name, step_dir_name
+    from ..hooks.layout import RANK_TMP, RANK_WORK, job_dir_name, rank_dir_name, step_dir_name
+    from ..hooks.rankenv import SlurmStep, SlurmTask, slurm_rank_env        # slurmstepd's (spank/rankenv.c)
+    from ..hooks.surface import RANK_VAR, RUN_ARGV0
 
     per_node = [tasks // len(nodes) + (1 if i < tasks % len(nodes) else 0) for i in range(len(nodes))]
     container, refused = container_step(values, env)
@@ -543,9 +545,6 @@ def run_step(state: State, job: dict, step_id: int, nodes: list[str], tasks: int
         return 1
     procs = []
     rank = 0
-    from ..hooks.surface import MASTER_PORT_BASE, MASTER_PORT_JOBS       # the rule's one owner (stepd.c's too)
-
-    port = MASTER_PORT_BASE + (int(job["id"]) % MASTER_PORT_JOBS) * 16 + step_id % 16
     for node_index, (node, count) in enumerate(zip(nodes, per_node)):
         for local in range(count):
             task_env = {**env, **job_env(job, nodes, batch=False), "SLURM_STEP_ID": str(step_id), "SLURM_STEPID": str(step_id),
@@ -558,16 +557,14 @@ def run_step(state: State, job: dict, step_id: int, nodes: list[str], tasks: int
                 step_dir = Path(state.cluster["job_storage_root"], job_dir_name(str(job["id"])), node,
                                 step_dir_name(str(step_id)))
                 rank_dir = step_dir / rank_dir_name(rank)
-                for sub in ("tmp", "work"):
+                for sub in (RANK_TMP, RANK_WORK):
                     (rank_dir / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
-                task_env.update(RANK=str(rank), LOCAL_RANK=str(local), NODE_RANK=str(node_index),
-                                WORLD_SIZE=str(tasks), LOCAL_WORLD_SIZE=str(count), MASTER_ADDR=nodes[0],
-                                MASTER_PORT=str(port), TMPDIR=str(rank_dir / "tmp"),
-                                TETHER_WORK_DIR=str(rank_dir / "work"), TETHER_RANK_DIR=str(rank_dir),
-                                TETHER_STEP_DIR=str(step_dir), TETHER_JOB_DIR=str(step_dir.parent.parent),
-                                TETHER_NNODES=str(len(nodes)))
+                step = SlurmStep(job_id=int(job["id"]), step_id=step_id, ntasks=tasks, nlocal=count,
+                                 nnodes=len(nodes), job_dir=str(step_dir.parent.parent), step_dir=str(step_dir))
+                task_env.update(slurm_rank_env(step, SlurmTask(global_id=rank, local_id=local, node_id=node_index)))
+                task_env[RANK_VAR["MASTER_ADDR"]] = nodes[0]     # slurmstepd's lookup: the node's name here
             if container:                                     # the SPANK plugin's hand-off
-                task_env["TETHER_RUN_ARGV0"] = argv[0]
+                task_env[RUN_ARGV0] = argv[0]
                 argv[0] = state.cluster["launcher"]
             procs.append(subprocess.Popen(argv, env=task_env))
             rank += 1
