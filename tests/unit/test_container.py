@@ -1052,7 +1052,11 @@ def test_a_killed_monitor_is_reported_and_its_container_removed(tmp_path, remova
         #!/bin/bash
         ( ( exec {conmon} 60 & echo $! > {tmp_path}/conmon.pid ) & )
         while [ ! -s {tmp_path}/conmon.pid ]; do sleep 0.05; done
-        kill -9 "$(cat {tmp_path}/conmon.pid)"
+        pid=$(cat {tmp_path}/conmon.pid)
+        # killed once it is conmon and the launcher's, as podman's is (a busy machine: the subshell
+        # may not have exec'd it yet, or may still be there to reap it)
+        while read -r _ comm _ ppid _ < /proc/$pid/stat; [ "$comm $ppid" != "(conmon) $PPID" ]; do sleep 0.05; done
+        kill -9 "$pid"
         sleep 1
         exit 127
         """))
