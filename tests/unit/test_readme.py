@@ -133,7 +133,9 @@ def repository_files() -> list[str]:
     files = []
     for root, dirs, names in os.walk(REPO):
         dirs[:] = [d for d in dirs if d not in IGNORED_DIRS and not d.endswith(".egg-info")]
-        files += [os.path.relpath(os.path.join(root, n), REPO) for n in names if not n.endswith((".so", ".o", ".pyc"))]
+        # .git is a file in a git worktree
+        files += [os.path.relpath(os.path.join(root, n), REPO) for n in names
+                  if not n.endswith((".so", ".o", ".pyc")) and n != ".git"]
     return files
 
 
