@@ -685,7 +685,7 @@ _JSON_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"
 def json_text(value: object) -> str:
     """``value`` (dicts with string keys, lists, strings, ints, bools, None) as JSON text -- what
     json.dumps writes, without importing json: it imports re and enum, milliseconds of every
-    supervised rank's start-up (json.loads reads it back; tests/unit/test_container.py checks)."""
+    supervised rank's start-up (json.loads reads it back; tests/unit/container/test_container_launch.py checks)."""
     if value is None:
         return "null"
     if value is True or value is False:

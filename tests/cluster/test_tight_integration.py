@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from tether.container.runtimes.podman import STALE_STATE
+from tether.sandbox.cluster import FAKE_GPU_PREFIX, GPUS_PER_NODE
 from helpers import cpu_seconds, user_processes, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -370,20 +371,23 @@ def test_a_container_opens_only_its_steps_gpus(cluster, image):
     """The fake GPUs are char 60:N (no driver: ENXIO once the devices cgroup lets an open through,
     EPERM when it does not). A rank with one GPU sees only its own in the container (CDI); another
     GPU's node bind-mounted in anyway is refused by the step's devices cgroup, as on the host."""
-    probe = ("for f in /dev/tether-fakegpu*; do (exec 3<$f) 2>&1 | sed \"s|.*: |$f: |\"; done; "
+    probe = ("echo $SLURM_STEP_GPUS; for f in /dev/tether-fakegpu*; do (exec 3<$f) 2>&1 | sed \"s|.*: |$f: |\"; done; "
              "(exec 3</extra) 2>&1 | sed 's|.*: |/extra: |'")
+    enxio, eperm = "No such device or address", "Operation not permitted"
     host, _ = srun_job(cluster, "-p", "gpu", "-N1", "-n1", "--gpus=1", "sh", "-c",
                        probe.replace("/extra", "/dev/tether-fakegpu3"), check=True)
-    assert host.stdout.count("No such device or address") == 1, host.stdout    # its own
-    assert host.stdout.count("Operation not permitted") >= 3, host.stdout       # the others
+    own, *lines = host.stdout.splitlines()
+    assert own in ("0", "1", "2"), host.stdout    # one GPU, not the one bind-mounted below as another's
+    # its own opens as far as the (absent) driver; every other one of the node's, and GPU 3 again, is refused
+    assert lines == [f"{FAKE_GPU_PREFIX}{i}: {enxio if str(i) == own else eperm}" for i in range(GPUS_PER_NODE)] + \
+        [f"{FAKE_GPU_PREFIX}3: {eperm}"], host.stdout
     inside, _ = srun_job(cluster, "-p", "gpu", "-N1", "-n1", "--gpus=1", f"--container-image={image}",
                          "--container-mounts=/dev/tether-fakegpu3:/dev/extra", "sh", "-c",
                          probe.replace("/extra", "/dev/extra"), check=True)
-    lines = inside.stdout.strip().splitlines()
-    own = [line for line in lines if line.startswith("/dev/tether-fakegpu")]
-    assert len(own) == 1 and ("No such device or address" in own[0] or "such device" in own[0]), lines
-    extra = next(line for line in lines if line.startswith("/dev/extra"))
-    assert "ermission" in extra or "not permitted" in extra, lines
+    own, *lines = inside.stdout.splitlines()
+    assert own in ("0", "1", "2"), inside.stdout
+    # only its own GPU is in the container, and opens; GPU 3, mounted in as /dev/extra, is refused
+    assert lines == [f"{FAKE_GPU_PREFIX}{own}: {enxio}", f"/dev/extra: {eperm}"], inside.stdout
 
 
 def test_a_time_limit_sends_sigterm_into_the_container_first(cluster, time_limited_jobs):

@@ -10,6 +10,7 @@ import time
 import signal
 import os
 import pwd
+import select
 import stat
 import shutil
 import subprocess
@@ -326,7 +327,9 @@ def test_end_runs_the_launcher_s_leftover_cleanup_as_the_user(hook, root, public
 def test_the_leftover_cleanup_starts_with_clean_signals_and_is_killed_at_its_bound(root, public, tmp_path):
     """Regression (issue 12): the cleanup inherited the daemon's blocked TERM/HUP/ALRM, so neither
     `kill` nor its alarm(120) could end it. Here the helper is built with a 3 s bound and started by
-    a parent that blocks those signals, as slurmstepd does."""
+    a parent that blocks those signals, as slurmstepd does. The launcher and its child hold a FIFO's
+    write end that the test opened for reading first: its hang-up is the moment the last of them
+    died, against the launcher's start by the kernel's count -- at the bound, never before it."""
     from tether.admin.pbs import pbs_source_dir
     from tether.spank.build import source_dir
     from tether.system.toolchain import CBuild
@@ -338,14 +341,18 @@ def test_the_leftover_cleanup_starts_with_clean_signals_and_is_killed_at_its_bou
     out = public / "bound"
     out.mkdir(mode=0o777)
     os.chmod(out, 0o777)
+    os.mkfifo(out / "alive", 0o622)
+    os.chmod(out / "alive", 0o622)
     launcher = public / "slow-run"
     launcher.write_text("#!/usr/bin/python3 -S\n"       # not a shell: dash resets the signal mask itself
                         "import os, subprocess, time\n"
                         f"out = {str(out)!r}\n"
+                        "alive = os.open(out + '/alive', os.O_WRONLY | os.O_NONBLOCK)\n"
                         "status = open('/proc/self/status').read().splitlines()\n"
                         "open(out + '/signals', 'w').write('\\n'.join(l for l in status if l.startswith(('SigBlk', 'SigIgn'))))\n"
+                        "open(out + '/started', 'w').write(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19])\n"
                         "os.close(3)\n"
-                        "child = subprocess.Popen(['sleep', '600'])\n"
+                        "child = subprocess.Popen(['sleep', '600'], pass_fds=[alive])\n"
                         "open(out + '/child', 'w').write(str(child.pid))\n"
                         "open(out + '/launcher', 'w').write(str(os.getpid()))\n"
                         "time.sleep(600)\n")
@@ -356,7 +363,7 @@ def test_the_leftover_cleanup_starts_with_clean_signals_and_is_killed_at_its_bou
                    capture_output=True)
     (root / "9" / "h1" / "task-2" / ".cleanup-0").write_text("{}")
     blocked = {signal.SIGTERM, signal.SIGHUP, signal.SIGALRM, signal.SIGINT}
-    started = time.monotonic()
+    alive = os.open(out / "alive", os.O_RDONLY | os.O_NONBLOCK)     # before any writer: no hang-up yet
     pid = os.fork()              # not subprocess: it resets the mask after preexec_fn
     if pid == 0:
         signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
@@ -367,8 +374,18 @@ def test_the_leftover_cleanup_starts_with_clean_signals_and_is_killed_at_its_bou
     masks = {k: int(v, 16) for k, v in (line.split(":") for line in (out / "signals").read_text().splitlines())}
     bits = sum(1 << (sig - 1) for sig in blocked)
     assert masks["SigBlk"] & bits == 0 and masks["SigIgn"] & bits == 0, masks
+    try:
+        hung_up = select.poll()
+        hung_up.register(alive, select.POLLHUP)
+        assert hung_up.poll(15_000), "the launcher and its child outlived the 3 s bound by 12 s"
+        died = time.clock_gettime(time.CLOCK_BOOTTIME)
+    finally:
+        os.close(alive)
+    # /proc/PID/stat's start time: clock ticks since boot, rounded down -- the bound counts from
+    # just after it; the hang-up is seen at the death or a little later (this process's wake-up)
+    lived = died - int((out / "started").read_text()) / os.sysconf("SC_CLK_TCK")
+    assert 3.0 <= lived < 15, f"the cleanup was killed {lived:.2f} s after it started, its bound is 3 s"
     pids = [int((out / name).read_text()) for name in ("launcher", "child")]
-    assert all(Path(f"/proc/{pid}").exists() for pid in pids) or time.monotonic() - started > 3
     assert wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), timeout=15)
     assert not (root / "9").exists()
 

@@ -697,8 +697,17 @@ COMMANDS = [["stop", "part.0000"], ["stop", "ALL"], ["list"], ["wait", "part.000
             ["reconfig", "--stop", "part.0000"]]
 
 
+@pytest.fixture(scope="module")
+def cli_parser():
+    """The `tether` command's parser, built once: parsing keeps no state in it, and building it
+    (every command group's options) costs more than most commands run here."""
+    from tether.cli.main import build_parser
+
+    return build_parser()
+
+
 @pytest.fixture
-def cli_pilot(tmp_path, monkeypatch):
+def cli_pilot(tmp_path, monkeypatch, cli_parser):
     """`tether partition …` inside allocation 7, its squeue and scancel left out."""
     from tether.pilot.allocation import SlurmAllocation
 
@@ -716,6 +725,7 @@ def cli_pilot(tmp_path, monkeypatch):
     monkeypatch.setattr(SlurmAllocation, "ask_stop", lambda self, record: agent_ends(record["id"]))
     monkeypatch.setattr("tether.pilot.state.time.sleep", lambda s: None)
     monkeypatch.setattr("tether.pilot.time.sleep", lambda s: None)
+    monkeypatch.setattr("tether.cli.main.build_parser", lambda: cli_parser)
     store = PilotStore(root).create()
     return store
 

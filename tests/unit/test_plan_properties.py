@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import shlex
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tether.hooks.errors import RequestError
 from tether.hooks.header import batch_header
 from tether.hooks.plan import make_plan
-from tether.hooks.policy import parse_sbatch_args
+from tether.hooks.policy import SPEC_HINT, parse_sbatch_args
 from tether.hooks.render import (
     directive_lines, header_options, is_shell_safe, option_words, resource_options, script_directives,
 )
@@ -129,17 +130,27 @@ def test_user_values_round_trip_through_sbatch_directive_quoting(text):
     assert [(a.name, a.value) for a in parse_sbatch_args([words[1]])] == [("--comment", text)]
 
 
-@given(requests.filter(lambda r: r.slots > 0), st.sampled_from(
-    ["--nodes=2", "-N2", "--ntasks=1", "-n1", "--gpus=1", "-G1", "--gpus-per-node=1",
-     "--gres=gpu:1", "--tasks-per-node=1", "--job-name=x", "-p", "--wckey=x", "--requeue",
-     "--output=o", "-e", "--ntasks-per-gpu=1"]))
+# each option a user may not pass, as typed, and the option tether names as its own
+CONTROLLED = {"--nodes=2": "--nodes", "-N2": "--nodes", "--ntasks=1": "--ntasks", "-n1": "--ntasks",
+              "--gpus=1": "--gpus", "-G1": "--gpus", "--gpus-per-node=1": "--gpus-per-node",
+              "--gres=gpu:1": None, "--tasks-per-node=1": "--tasks-per-node", "--job-name=x": "--job-name",
+              "-p": "--partition", "--wckey=x": "--wckey", "--requeue": "--requeue", "--output=o": "--output",
+              "-e": "--error", "--ntasks-per-gpu=1": "--ntasks-per-gpu"}
+
+
+@given(requests.filter(lambda r: r.slots > 0), st.sampled_from(sorted(CONTROLLED)))
 def test_controlled_options_never_pass_through(request, option):
+    """Whatever the request, a controlled option is refused with the message naming it and the
+    option tether sets (a GPU --gres: that GPUs come from slots) -- never planned, never another error."""
     args = (option, "value") if option in ("-p", "-e") else (option,)
     fields = {k: v for k, v in request.__dict__.items() if k not in ("sbatch_args", "slots_per_node")}
     request = with_sbatch_args(args, **fields)
-    try:
-        make_plan(request, make_config(), "slurm")
-    except RequestError as exc:
-        assert "conflicts with" in str(exc) or "requests GPUs" in str(exc)
+    if CONTROLLED[option] is None:
+        expected = (f"scheduler arguments: {option} requests GPUs; tether computes GPU requests from slots, so "
+                    f"remove it (a --gres without GPUs, e.g. --gres=nic:1, is allowed)")
     else:
-        raise AssertionError(f"{option} passed through")
+        expected = (f"scheduler arguments: {option} conflicts with {CONTROLLED[option]}, which tether sets from the "
+                    f"slot request; remove it ({SPEC_HINT})")
+    with pytest.raises(RequestError) as refused:
+        make_plan(request, make_config(), "slurm")
+    assert str(refused.value) == expected

@@ -76,10 +76,18 @@ def test_readme_test_command_is_what_ci_runs():
 
 
 def test_readme_pbs_install_commands_are_what_tether_prints():
+    """The README's qmgr lines are what `tether pbs install` prints where `make install` put tether
+    (tools/install's default venv): the hook files' paths are this installation's, moved to that
+    venv -- the same place below the venv, whichever venv runs the tests."""
+    import tether.admin.pbs
     from tether.admin.pbs import qmgr_commands
 
     block = README.split("### The PBS hooks")[1].split("```")[3]
-    printed = [f"qmgr -c {shlex.quote(cmd)}" for cmd in qmgr_commands(Path("/etc/tether"))]
+    venv = re.search(r"^venv=\$\{TETHER_VENV:-(/\S+)\}$", (REPO / "tools" / "install").read_text(), re.M).group(1)
+    site = Path(tether.admin.pbs.__file__).parents[2]           # site-packages/tether/admin/pbs.py
+    installed = Path(venv) / site.relative_to(sys.prefix)
+    printed = [f"qmgr -c {shlex.quote(cmd.replace(f' {site}/', f' {installed}/'))}"
+               for cmd in qmgr_commands(Path("/etc/tether"))]
     assert [line for line in block.splitlines() if line.startswith("qmgr")] == printed
 
 
@@ -125,7 +133,9 @@ def repository_files() -> list[str]:
     files = []
     for root, dirs, names in os.walk(REPO):
         dirs[:] = [d for d in dirs if d not in IGNORED_DIRS and not d.endswith(".egg-info")]
-        files += [os.path.relpath(os.path.join(root, n), REPO) for n in names if not n.endswith((".so", ".o", ".pyc"))]
+        # .git is a file in a git worktree
+        files += [os.path.relpath(os.path.join(root, n), REPO) for n in names
+                  if not n.endswith((".so", ".o", ".pyc")) and n != ".git"]
     return files
 
 

@@ -1,0 +1,247 @@
+"""The Enroot adapter (tether.container.runtimes.enroot): import, create, start and remove, its
+environment file, and `tether run` through the fake enroot.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tether.container.images import image_key
+from tether.container.runtimes import adapter
+from tether.container.runtimes.enroot import enroot_uri
+from tether.container.spec import CONTAINER_WORKDIR, LaunchError, Mount
+
+from container_helpers import HOST, _tether_run, spec
+
+
+def test_enroot_imports_creates_starts_and_removes(tmp_path):
+    s = spec(image="docker://nvcr.io/nvidia/pytorch:24.01-py3", runtime="enroot",
+             rank_dir=str(tmp_path / "42/n2/step-0/rank-3"), mounts=(Mount("/data", "/data", True),),
+             env_names=("MYVAR",), writable=True, gpus=("0",))
+    launch = adapter("enroot", {}).launch(s, HOST)
+    node = tmp_path / "42/n2/step-0"                          # the step's directory holds the container
+    store = tmp_path / f"enroot-store-{os.getuid()}"            # the user's store on the node, the image
+    sqsh = f"{store}/{image_key(enroot_uri(s.image))[:24]}.sqsh"   # one file per image, whatever its spelling
+    partial = f"{sqsh[:-5]}.{os.getpid()}.partial"
+    assert launch.env["ENROOT_DATA_PATH"] == f"{node}/enroot/data"
+    (importing, finishing, creating) = launch.before
+    assert importing == (["enroot", "import", "--output", partial, "docker://nvcr.io#nvidia/pytorch:24.01-py3"], sqsh,
+                         f"importing {s.image} (enroot)")
+    assert callable(finishing[0]) and finishing[1] == sqsh       # renamed into place only once complete
+    assert creating == (["enroot", "create", "--name", "tether-42-0-3", sqsh], f"{node}/enroot/data/tether-42-0-3",
+                        f"unpacking the container root of {s.image} (enroot create)")
+    assert launch.lock == f"{store}/.import-lock"             # the user's ranks and jobs on the node
+    assert os.stat(store).st_mode & 0o777 == 0o700
+    per_step = adapter("enroot", {"store": ""}).launch(s, HOST)         # no store: per step, as before
+    assert per_step.before[0][1] == f"{node}/enroot/{image_key(enroot_uri(s.image))[:24]}.sqsh"
+    assert per_step.lock == f"{node}/enroot/.import-lock"
+    argv = launch.argv
+    conf = f"{node}/enroot/environ-3.conf"
+    rc = f"{node}/enroot/rc-3"          # --no-container-entrypoint (the default): the command itself
+    assert argv[:7] == ["enroot", "start", "--rw", "--rc", rc, "--conf", conf]
+    assert Path(rc).read_text().endswith('exec "$@"\n')
+    assert ["--env", "TETHER_CONTAINER=1"] in [argv[i:i + 2] for i in range(len(argv))]
+    assert HOST["MYVAR"] not in " ".join(argv) and oct(os.stat(conf).st_mode & 0o777) == "0o600"
+    text = Path(conf).read_text()
+    assert "OTHER=no\n" in text and "RANK=3\n" in text and "PATH=" not in text
+    assert "MYVAR" not in text                      # a line break: enroot's file cannot carry it
+    assert "--mount" not in argv and "NVIDIA_VISIBLE_DEVICES=all" in argv     # mounts: in the conf's mounts()
+    assert text.split("mounts() {\n", 1)[1].splitlines()[1:4] == [
+        f"{s.rank_dir}/tmp /tmp none x-create=dir,bind",
+        f"{s.rank_dir}/work /run/tether/workdir none x-create=dir,bind", "/data /data none x-create=auto,rbind,ro"]
+    assert argv[-8:] == ["tether-42-0-3", "/bin/sh", "-c", 'cd "$1" || exit 125; shift; exec "$@"', "sh",
+                         CONTAINER_WORKDIR, "python", "train.py"]
+    assert launch.after == [["enroot", "remove", "--force", "tether-42-0-3"]]
+    named = adapter("enroot", {}).launch(spec(image="docker://busybox", runtime="enroot", name="dev",
+                                              rank_dir=s.rank_dir), HOST)
+    assert named.after == [] and "tether-42-dev" in named.argv
+    assert named.env["ENROOT_DATA_PATH"] == f"{tmp_path}/42/n2/enroot/data"   # kept for the job's steps
+    assert enroot_uri("docker://busybox:1.36") == "docker://busybox:1.36"
+    assert enroot_uri("docker://localhost:5000/a/b") == "docker://localhost:5000#a/b"
+
+
+def test_tether_run_enroot_sequence_and_exit_code(tmp_path, fake_runtimes, runtime_config):
+    fake_runtimes.configure(exit_code=4)
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
+                       "--container-image=docker://busybox", "--", "true")
+    assert proc.returncode == 4, proc.stderr
+    assert "tether: importing docker://busybox (enroot) ...\n" in proc.stderr      # what happens, said
+    assert "tether: importing docker://busybox (enroot): done in " in proc.stderr
+    calls = fake_runtimes.calls("enroot")
+    assert [c["argv"][1] for c in calls] == ["import", "create", "start", "remove"]
+    (started,) = fake_runtimes.calls("enroot-container")
+    assert started["command"][-3:] == ["sh", CONTAINER_WORKDIR, "true"] and started["container_env"]["RANK"] == "1"
+    step = tmp_path / "7/n1/step-2"
+    assert calls[2]["paths"]["ENROOT_DATA_PATH"] == str(step / "enroot/data")
+    assert calls[2]["paths"]["ENROOT_RUNTIME_PATH"] == str(step / "enroot/run")
+    # a second launch in the step reuses the imported image: no second import
+    fake_runtimes.configure(exit_code=0)
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
+                       "--container-image=docker://busybox", "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")][4:] == ["create", "start", "remove"]
+    # nor does another job's step on this node: the image is in the user's store (issue 14)
+    other = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
+                        "--container-image=docker://busybox", "--", "true", rank_dir=tmp_path / "8/n1/step-0/rank-0",
+                        SLURM_JOB_ID="8", SLURM_STEP_ID="0")
+    assert other.returncode == 0, other.stderr
+    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")][7:] == ["create", "start", "remove"]
+    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")].count("import") == 1
+
+
+def test_enroot_runs_for_a_user_without_a_runtime_directory(public_dir):
+    """Regression (issue 13, item 3): in a Slurm task (no XDG_RUNTIME_DIR) enroot's runtime path is
+    /run/enroot, which a user cannot create: every rank failed `mkdir: cannot create directory
+    '/run/enroot': Permission denied`. The fake enroot does that mkdir for real, as the user."""
+    from tether.testing.runtimes import FakeRuntimes
+
+    fake_runtimes = FakeRuntimes(public_dir / "fakes")              # reachable by the user
+    runtime_config = public_dir / "tether.yaml"
+    runtime_config.write_text("{}\n")
+    rank_dir = public_dir / "7/n1/step-2/rank-1"
+    rank_dir.mkdir(parents=True)
+    for path in [public_dir / "7", public_dir / "7/n1", rank_dir.parent, rank_dir]:
+        os.chown(path, 65534, 65534)
+    sqsh = public_dir / "img.sqsh"
+    sqsh.write_bytes(b"hsqs" + b"\0" * 60)                   # what unsquashfs -s recognizes
+    proc = _tether_run(public_dir, fake_runtimes, runtime_config, "--container-runtime=enroot",
+                       f"--container-image={sqsh}", "--", "true", user=65534, rank_dir=rank_dir)
+    assert proc.returncode == 0, proc.stderr
+    paths = fake_runtimes.calls("enroot")[0]["paths"]
+    assert paths["ENROOT_RUNTIME_PATH"] == str(rank_dir.parent / "enroot/run")
+    assert (rank_dir.parent / "enroot/run").stat().st_uid == 65534
+    # without tether's paths it fails as the real enroot does: the runtime path defaults to
+    # ${XDG_RUNTIME_DIR:-/run}/enroot, a root-owned directory's child (here a stand-in for /run, so
+    # the test does not depend on what this host's /run holds)
+    run = public_dir / "run"
+    run.mkdir()
+    bare = subprocess.run(["enroot", "list"], capture_output=True, text=True,
+                          env={"PATH": fake_runtimes.path_env(), "HOME": str(rank_dir), "XDG_RUNTIME_DIR": str(run)},
+                          preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)))
+    assert bare.returncode == 1 and f"mkdir: cannot create directory '{run}/enroot': Permission denied" in bare.stderr
+
+
+# ---- the subprocess boundary, with pytest-subprocess (unregistered commands fail the test) ------
+def test_enroot_preparation_runs_exactly_import_then_create(fp, tmp_path):
+    from tether.container.launch import run_before
+
+    rank_dir = tmp_path / "42/n2/step-0/rank-3"
+    s = spec(image="docker://ghcr.io/org/app:2", runtime="enroot", rank_dir=str(rank_dir))
+    launch = adapter("enroot", {"binary": "/opt/enroot/bin/enroot"}).launch(s, HOST)
+    sqsh = f"{tmp_path}/enroot-store-{os.getuid()}/{image_key(enroot_uri(s.image))[:24]}.sqsh"  # one file per image
+    partial = f"{sqsh[:-5]}.{os.getpid()}.partial"
+    fp.register(["/opt/enroot/bin/enroot", "import", "--output", partial, "docker://ghcr.io#org/app:2"],
+                callback=lambda process: Path(partial).write_text("sqsh"))
+    fp.register(["/opt/enroot/bin/enroot", "create", "--name", "tether-42-0-3", sqsh])
+    run_before(launch)
+    assert fp.call_count(["/opt/enroot/bin/enroot", "import", fp.any()]) == 1
+    assert fp.call_count(["/opt/enroot/bin/enroot", "create", fp.any()]) == 1
+    fp.register(["/opt/enroot/bin/enroot", "create", "--name", "tether-42-1-3", sqsh])
+    run_before(adapter("enroot", {"binary": "/opt/enroot/bin/enroot"}).launch(
+        spec(image="docker://ghcr.io/org/app:2", runtime="enroot", rank_dir=str(tmp_path / "42/n2/step-1/rank-3"),
+             step_id="1"), HOST))
+    assert fp.call_count(["/opt/enroot/bin/enroot", "import", fp.any()]) == 1    # the next step: no import
+    enroot = adapter("enroot", {"binary": "/opt/enroot/bin/enroot"})
+    (image,) = enroot.stored({})
+    assert (image.name, image.where, image.size) == ("docker://ghcr.io#org/app:2", sqsh, 4)
+    with pytest.raises(LaunchError, match="give a number of days >= 0"):
+        enroot.prune(float("nan"), {})
+    Path(sqsh[:-5] + ".99.partial").write_text("half")                       # an import killed midway
+    assert enroot.prune(1, {}) == [sqsh[:-5] + ".99.partial"]                # used just now: kept
+    os.utime(sqsh, (time.time() - 2 * 86400,) * 2)
+    assert enroot.prune(1, {}) == [sqsh] and enroot.stored({}) == []
+
+
+def test_enroot_import_failure_is_reported_with_its_message(fp, tmp_path):
+    from tether.container.launch import run_before
+
+    s = spec(image="docker://nope", runtime="enroot", rank_dir=str(tmp_path / "1/n1/step-0/rank-0"))
+    launch = adapter("enroot", {}).launch(s, HOST)
+    fp.register(["enroot", "import", fp.any()], returncode=1, stderr="[ERROR] URL https://registry-1.docker.io "
+                                                                      "returned error code: 401 Unauthorized")
+    with pytest.raises(LaunchError, match="401 Unauthorized"):
+        run_before(launch)
+
+
+def test_enroot_leaves_out_only_values_its_environment_file_would_change(tmp_path, fake_runtimes, runtime_config):
+    """enroot's environment file is one NAME=VALUE per line, and common::envfmt strips quotes around
+    a whole value (twice): those values are left out and named; everything else arrives exactly
+    (checked through the fake, which sources the --conf script with bash and applies envfmt)."""
+    from tether.container.runtimes.enroot import carried
+
+    assert [carried(v) for v in ("plain", "it's", "a\"b'", "'x'", '"x"  ', "x\ny", "x\r", "")] == [
+        True, True, True, False, False, False, False, True]
+    values = {"Q1": "'quoted'", "NL": "a\nb", "OK1": "$(id) `id` ${HOME} \\ '", "NL2": "EOF\nTETHER",
+              "OK3": "TETHER_END_OF_ENVIRONMENT", "OK4": "=a=b=", "OK5": ""}
+    fake_runtimes.configure(exit_code=0)
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
+                       "--container-image=docker://busybox", "--", "true", **values)
+    assert proc.returncode == 0, proc.stderr
+    assert "not passed into the enroot container: NL, NL2, Q1 (a line break, or quotes" in proc.stderr
+    (started,) = fake_runtimes.calls("enroot-container")
+    inside = started["container_env"]
+    for name in ("OK1", "OK3", "OK4", "OK5"):
+        assert inside[name] == values[name], name
+    assert not {"Q1", "NL", "NL2"} & set(inside)
+
+
+def test_enroot_environment_script_is_never_written_through_a_planted_symlink(tmp_path):
+    """The step's directory is the user's: a symlink where the script belongs is refused with a
+    clear launch error (exit 125), never followed."""
+    from tether.container.runtimes.enroot import write_environ_conf
+
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    (tmp_path / "enroot").mkdir()
+    (tmp_path / "enroot" / "environ-0.conf").symlink_to(target)
+    with pytest.raises(LaunchError, match="cannot write enroot's environment script"):
+        write_environ_conf(str(tmp_path / "enroot" / "environ-0.conf"), {"A": "1"})
+    assert target.read_text() == "keep"
+
+
+def test_tether_run_with_the_fakes_saves_an_enroot_container_and_runs_apptainers_runscript(
+        tmp_path, fake_runtimes, runtime_config):
+    sqsh = tmp_path / "img.sqsh"
+    sqsh.write_bytes(b"hsqs" + b"\0" * 60)
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
+                       f"--container-image={sqsh}", f"--container-save={tmp_path}/saved.sqsh",
+                       "--container-remap-root", "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert f"tether: saved the container to {tmp_path}/saved.sqsh" in proc.stderr
+    assert (tmp_path / "saved.sqsh").read_bytes()[:4] == b"hsqs"
+    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")] == ["create", "start", "export", "remove"]
+    (started,) = fake_runtimes.calls("enroot-container")
+    assert started["remap_root"] and started["rc"].endswith('exec "$@"\n')
+    image = tmp_path / "img.sif"
+    image.write_text("")
+    proc = _tether_run(tmp_path, fake_runtimes, runtime_config, f"--container-image={image}",
+                       "--container-runtime=apptainer", "--container-entrypoint", "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    (call,) = fake_runtimes.calls("apptainer")
+    assert call["subcommand"] == "run" and call["command"] == ["true"]
+
+
+def test_enroot_unshares_with_start_flags_and_refuses_an_enroot_that_cannot(tmp_path, fake_runtimes, monkeypatch):
+    sqsh = tmp_path / "img.sqsh"
+    sqsh.write_bytes(b"hsqs")
+    rank_dir = str(tmp_path / "42/n2/step-0/rank-3")
+    s = spec(image=str(sqsh), runtime="enroot", rank_dir=rank_dir, unshare=("net", "uts"))
+    # the strict fake is enroot 4.1.2 (conformance/enroot.json): no --net/--ipc/--uts, and its
+    # ENROOT_UNSHARE_* variables (what pyxis 0.24 sets) are ignored -- refused, never silently shared
+    recorded = adapter("enroot", {"store": "", "binary": str(fake_runtimes.bin_dir / "enroot")})
+    with pytest.raises(LaunchError, match=r"--container-unshare=net,uts: enroot 4\.1\.2 cannot give a container "
+                                          r"namespaces of its own .* or --container-runtime=podman"):
+        recorded.launch(s, HOST)
+    newer = adapter("enroot", {"store": ""})
+    monkeypatch.setattr("tether.system.proc.run_command",
+                        lambda argv, **kw: subprocess.CompletedProcess(argv, 0, "4.2.0\n", ""))
+    argv = newer.launch(spec(image=str(sqsh), runtime="enroot", rank_dir=rank_dir, writable=True,
+                             unshare=("net", "ipc", "uts")), HOST).argv
+    assert argv[:6] == ["enroot", "start", "--rw", "--net", "--ipc", "--uts"]
+    assert not [a for a in newer.launch(spec(image=str(sqsh), runtime="enroot", rank_dir=rank_dir), HOST).argv
+                if a in ("--net", "--ipc", "--uts")]
