@@ -33,8 +33,8 @@ def load_note() -> str:
     processes than cores, other work shared the machine -- absolute times stretch, while the ratios
     of interleaved rounds hold better."""
     load, cores = os.getloadavg()[2], os.cpu_count() or 1
-    shared = (f": other work shared the machine (absolute times stretch; ratios of interleaved rounds "
-              f"hold better)" if load > cores else "")
+    shared = (": other work shared the machine (absolute times stretch; ratios of interleaved rounds "
+              "hold better)" if load > cores else "")
     return f"Load average over the run's last 15 minutes: {load:.1f}{shared}."
 
 

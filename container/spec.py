@@ -163,7 +163,7 @@ class LaunchSpec(Record):
         "mounts": (),
         "workdir": CONTAINER_WORKDIR,
         "env_names": (),          # --container-env: host variables that win over the image's
-        "writable": False,
+        "writable": None,         # --container-writable/-readonly; None: the runtime's own default
         "name": None,             # --container-name: one container reused by the job's steps
         "name_create": False,     # --container-name=NAME:create: this step makes it (pyxis's flag)
         "rank_dir": None,         # host path holding the rank's tmp/ and work/
@@ -184,7 +184,7 @@ class LaunchSpec(Record):
     mounts: tuple[Mount, ...]
     workdir: str
     env_names: tuple[str, ...]
-    writable: bool
+    writable: bool | None
     name: str | None
     name_create: bool
     rank_dir: str | None
@@ -589,7 +589,8 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
     if writable and readonly:
         raise LaunchError("--container-writable and --container-readonly ask for opposite things: give one "
                           "(without either, the admin's default: container.writable)")
-    writable = writable or (not readonly and bool(defaults.get("writable")))
+    # None: neither asked nor set by the admin -- the runtime's own default (enroot: its config)
+    writable = True if writable else False if readonly else defaults.get("writable")
     mount_home = _either(env, "mount-home", defaults.get("mount_home"))
     remap_root = _either(env, "remap-root", defaults.get("remap_root"))
     entrypoint = bool(_either(env, "entrypoint", bool(defaults.get("entrypoint"))))

@@ -136,11 +136,13 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
         "entrypoint": Bool(default=False,
                            doc="run the image's entrypoint before the command by default (pyxis's "
                                "execute_entrypoint; users choose with --[no-]container-entrypoint)"),
-        "writable": Bool(default=False,
-                         doc="containers writable by default, as pyxis's follow enroot's ENROOT_ROOTFS_WRITABLE "
-                             "(NVIDIA's deployments set it): a step's changes stay with its container (the "
-                             "step's, or the job's named one); users choose with --container-writable / "
-                             "--container-readonly"),
+        "writable": Bool(nullable=True, default=None,
+                         doc="containers writable by default (a step's changes stay with its container: the "
+                             "step's, or the job's named one); null: each runtime's own default (podman and "
+                             "Apptainer read-only; enroot its ENROOT_ROOTFS_WRITABLE, which pyxis follows); "
+                             "users choose with --container-writable / --container-readonly. On podman a "
+                             "writable container of a shared rootfs directory is imported into each user's "
+                             "store on each node first"),
         "remap_root": Bool(nullable=True, default=None,
                            doc="root (uid 0) inside containers by default (a user namespace: no privilege on "
                                "the host); null: each runtime's own default (tether's podman: yourself, "

@@ -144,7 +144,7 @@ def _run(argv: list[str], req: Mapping[str, Any], cwd: str | None = None):
     except CommandError as exc:
         if exc.kind == "timeout":
             raise AgentError(f"{argv[0]} did not answer within 120 s") from None
-        raise AgentError(f"{argv[0]}: not found on this host ({exc.reason})") from None
+        raise AgentError(f"cannot run {argv[0]} on this host: {exc.reason}") from None
 
 
 def submit(req: Mapping[str, Any]) -> dict:

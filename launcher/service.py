@@ -194,7 +194,7 @@ class Launcher:
         except CommandError as exc:
             if exc.kind == "timeout":
                 raise LauncherError(f"the agent acting for {user} did not answer within 300 s", 504) from None
-            raise LauncherError(f"{argv[0]} is not installed on this host ({exc.reason})", 500) from None
+            raise LauncherError(f"cannot run {argv[0]} on this host: {exc.reason}", 500) from None
         try:
             answer = json.loads(done.stdout) if done.stdout.strip() else None
         except ValueError:

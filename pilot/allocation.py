@@ -198,12 +198,12 @@ class SlurmAllocation(Allocation):
     def ask_stop(self, record: dict) -> None:
         agent = self._step_ids(record, tasks=False)
         if agent:
-            run_command(["scancel", "--signal=TERM", *agent], timeout=30, check=False, new_session=False)
+            _best_effort(["scancel", "--signal=TERM", *agent])
 
     def kill(self, record: dict) -> None:
         left = self._step_ids(record, tasks=True)
         if left:
-            run_command(["scancel", *left], timeout=30, check=False, new_session=False)
+            _best_effort(["scancel", *left])
 
     def task_argvs(self, pid: str, task: dict, nodes: list[str], env: Mapping[str, str]) -> list[list[str]]:
         """One step for the task, inside the CPUs the agent step holds (``--overlap``)."""
@@ -402,3 +402,14 @@ def current(env: Mapping[str, str] | None = None, job: str | None = None) -> All
 
 def job_id(env: Mapping[str, str]) -> str | None:
     return env.get("SLURM_JOB_ID") or env.get("PBS_JOBID") or None
+
+
+def _best_effort(argv: list[str]) -> None:
+    """A stop's scancel: its answer changes nothing (stop records the partition CANCELED either
+    way, and the allocation's end takes what is left), so a slow or missing scancel must not
+    abort the stop before that is recorded."""
+    try:
+        run_command(argv, timeout=30, check=False, new_session=False)
+    except CommandError:
+        pass
+

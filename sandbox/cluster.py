@@ -599,15 +599,18 @@ class Sandbox:
         config = load_config(str(self.tether_conf)) if self.tether_conf.exists() else None
         bases = config.user_dir_bases() if config else []
         for node in self.nodes:
-            for base in bases:
-                mine = self.node_path(node, base) / str(uid)
+            # theirs under tether's bases, and podman's own run directories in the node's /tmp
+            for mine in [self.node_path(node, base) / str(uid) for base in bases] + \
+                    list(self.node_path(node, "/tmp").glob(f"*-run-{uid}")):
                 if mine.is_dir() and not mine.is_symlink():
                     run_command(["rm", "-rf", "--one-file-system", str(mine)], timeout=120)
         if self.slurm_root:
             home = self.slurm_root.path / pwd.getpwnam(name).pw_dir.lstrip("/")
             if home.is_dir() and not home.is_symlink():
                 run_command(["rm", "-rf", "--one-file-system", str(home)], timeout=120)
-        run_command(["userdel", "--remove", name], timeout=60, check=False)
+        gone = run_command(["userdel", "--remove", name], timeout=60, check=False)
+        if gone.returncode not in (0, 12):        # 12: the home could not be removed (only that)
+            raise SandboxError(f"userdel {name}: {gone.stderr.strip() or f'exit {gone.returncode}'}")
         if self.slurm_root:
             self.slurm_root.copy_accounts()
 

@@ -58,6 +58,9 @@ def run_command(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, check:
                                 env=dict(env) if env is not None else None, cwd=cwd,
                                 start_new_session=new_session)
     except FileNotFoundError:
+        if cwd is not None and not os.path.isdir(cwd):      # Popen names the directory's absence the same way
+            raise CommandError(argv, None, "", "", reason=f"working directory {cwd} does not exist",
+                               kind="missing") from None
         raise CommandError(argv, None, "", "", reason=f"command not found: {argv[0]}", kind="missing") from None
     except OSError as exc:               # EACCES, not an executable (ENOEXEC), a path through a file (ENOTDIR)...
         raise CommandError(argv, None, "", "", reason=f"cannot execute {argv[0]}: {exc}", kind="missing") from None
@@ -100,4 +103,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     except PermissionError:              # a group with a member of another user's: the command itself
-        proc.kill()
+        try:
+            proc.kill()
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -281,6 +281,8 @@ class Enroot(Runtime):
             env["ENROOT_MOUNT_HOME"] = "y" if spec.mount_home else "n"
         if spec.remap_root is not None:       # enroot start's --root (ENROOT_REMAP_ROOT): y or n, as pyxis
             env["ENROOT_REMAP_ROOT"] = "y" if spec.remap_root else "n"
+        if spec.writable is not None:         # --rw's setting (ENROOT_ROOTFS_WRITABLE): read-only enforced too
+            env["ENROOT_ROOTFS_WRITABLE"] = "y" if spec.writable else "n"
         before, lock, sqsh = [], None, None
         if not spec.image:
             pass                  # --container-name alone: the job's container of that name (below)

@@ -266,9 +266,13 @@ def test_the_agent_says_which_scheduler_command_it_could_not_run(tmp_path):
     PermissionError before)."""
     unusable = tmp_path / "qsub"
     unusable.write_text("#!/bin/sh\necho 1.server\n")              # no x bit
-    for argv in (["/nonexistent/qdel", "1.server"], [str(unusable), "job.sh"]):
-        with pytest.raises(agent.AgentError, match=f"{argv[0]}: not found on this host"):
+    for argv, why in ((["/nonexistent/qdel", "1.server"], "command not found: /nonexistent/qdel"),
+                      ([str(unusable), "job.sh"], f"cannot execute {unusable}: .*Permission denied")):
+        with pytest.raises(agent.AgentError, match=f"^cannot run {argv[0]} on this host: {why}"):
             agent._run(argv, {"env": {"PATH": "/usr/bin:/bin"}})
+    with pytest.raises(agent.AgentError, match=f"^cannot run {unusable} on this host: working directory "
+                                               f"{tmp_path}/gone does not exist$"):
+        agent._run([str(unusable), "job.sh"], {"env": {"PATH": "/usr/bin:/bin"}}, cwd=str(tmp_path / "gone"))
     unusable.chmod(0o755)
     done = agent._run([str(unusable), "job.sh"], {"env": {"PATH": "/usr/bin:/bin"}}, cwd=str(tmp_path))
     assert (done.returncode, done.stdout) == (0, "1.server\n")

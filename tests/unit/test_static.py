@@ -39,3 +39,12 @@ def test_no_product_module_uses_a_name_nothing_defines():
     for path in product:
         api.checkPath(str(path), seen)
     assert seen.found == [], "\n".join(seen.found)
+
+
+def test_no_two_test_files_share_a_name():
+    """pytest imports test files by their base name (no packages under tests/): two files of one
+    name in different directories stop the whole run at collection ("import file mismatch")."""
+    files = subprocess.run(["git", "ls-files", "tests/*.py"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.split()
+    names = [f.rsplit("/", 1)[-1] for f in files if f.rsplit("/", 1)[-1].startswith("test_")]
+    assert len(names) > 50 and sorted({n for n in names if names.count(n) > 1}) == []

@@ -44,7 +44,7 @@ def test_submit_time_validation_gives_the_run_sides_messages():
         check_container_options({"container-image": "/i", "container-name": "dev"}, "apptainer")
     check_container_options({"container-image": "/i", "container-name": "dev",
                              "container-runtime": "enroot"}, "podman")
-    # pyxis's --container-readonly is the default; with --container-writable it is a contradiction
+    # pyxis's --container-readonly (the default of podman and Apptainer); with --container-writable, a contradiction
     check_container_options({"container-image": "/i", "container-readonly": "1"}, "podman")
     with pytest.raises(LaunchError, match="--container-writable and --container-readonly ask for opposite"):
         check_container_options({"container-image": "/i", "container-readonly": "1", "container-writable": "1"},
