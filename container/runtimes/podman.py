@@ -854,7 +854,8 @@ class Podman(Runtime):
         if not spec.writable and not missing:
             return ["--rootfs", path], []           # a shared image, never written, nothing copied
         name = rootfs_image_name(path)
-        why = "--container-writable" if spec.writable else f"no {', '.join(missing[:3])} in it"
+        why = ("writable: --container-writable, or the admin's container.writable" if spec.writable
+               else f"no {', '.join(missing[:3])} in it")
         return (["--pull=never", name],
                 [(lambda env: import_rootfs(path, [self.binary, *glob], name, env),
                   (lambda: self.store_has(name), [self.binary, *glob, "image", "exists", name]),

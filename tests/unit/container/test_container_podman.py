@@ -293,7 +293,8 @@ def test_podman_imports_a_shared_rootfs_that_cannot_run_as_it_is():
         assert plan(full, mounts="/etc:/mnt")[1] == []
         for image, writable, mounts, why in ((bare, False, "", "no /etc/passwd, /etc/group, /etc/hosts in it"),
                                              (full, False, "/etc:/data", "no /data in it"),
-                                             (full, True, "", "--container-writable")):
+                                             (full, True, "", "writable: --container-writable, or the admin's "
+                                                               "container.writable")):
             argv, before = plan(image, writable, mounts)
             assert argv[0] == "--pull=never" and argv[1].startswith("localhost/tether-rootfs:")
             (check, label), = before
