@@ -444,14 +444,25 @@ def check_reachable(path: str, label: str) -> None:
 NAMED_MADE_BY = "made-by"
 
 
+def named_podman_home(spec: LaunchSpec) -> str:
+    """Where podman's adapter unpacks the job's named container on this node (in the job's node
+    directory: ``<node>/podman-named/<name>``; its ``config.json`` is there once complete)."""
+    return os.path.join(os.path.dirname(os.path.dirname(spec.rank_dir or "")), "podman-named", spec.name or "")
+
+
+def named_enroot_marker(spec: LaunchSpec) -> str:
+    """Where enroot's adapter records which step made the job's named container on this node (in
+    the job's node directory; enroot's own data path holds the container)."""
+    return os.path.join(os.path.dirname(os.path.dirname(spec.rank_dir or "")), "enroot",
+                        f"{NAMED_MADE_BY}-{spec.instance}")
+
+
 def named_traces(spec: LaunchSpec) -> dict[str, str]:
-    """Where each runtime leaves a job's named container's trace on this node (runtime -> path, in
-    the job's node directory): podman's unpacked root's configuration, enroot's maker record."""
+    """Where each runtime leaves a job's named container's trace on this node (runtime -> path):
+    podman's unpacked root's configuration, enroot's maker record."""
     if not spec.rank_dir or not spec.name:
         return {}
-    node_dir = os.path.dirname(os.path.dirname(spec.rank_dir))
-    return {"podman": os.path.join(node_dir, "podman-named", spec.name, "config.json"),
-            "enroot": os.path.join(node_dir, "enroot", f"{NAMED_MADE_BY}-{spec.instance}")}
+    return {"podman": os.path.join(named_podman_home(spec), "config.json"), "enroot": named_enroot_marker(spec)}
 
 
 def no_named_container(spec: LaunchSpec) -> str:

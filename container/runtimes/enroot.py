@@ -22,7 +22,8 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 from ...hooks.imageref import ImageRefError, parse_image
 from ...hooks.layout import USER_STORE_ROOT
 from ..launch import progress
-from ..spec import CONTAINER_BATCH_SCRIPT, NAMED_MADE_BY, LaunchError, Mount, no_named_container, refuse_existing
+from ..spec import (CONTAINER_BATCH_SCRIPT, LaunchError, Mount, named_enroot_marker, no_named_container,
+                    refuse_existing)
 from . import Launch, Runtime, existing_store, store_directory
 
 DEFAULT_STORE = f"{USER_STORE_ROOT}/{{uid}}/enroot"     # container.enroot.store's default
@@ -298,7 +299,7 @@ class Enroot(Runtime):
         data = env.get("ENROOT_DATA_PATH") or os.path.join(
             env.get("XDG_DATA_HOME") or os.path.join(env.get("HOME", "/"), ".local/share"), "enroot")
         # a named container's maker (NAME:create), beside enroot's data: the data path is enroot's own
-        marker = os.path.join(node_dir, "enroot", f"{NAMED_MADE_BY}-{name}") if spec.name and node_dir else None
+        marker = named_enroot_marker(spec) if spec.name and node_dir else None
         if spec.name:
             refuse_existing(spec, os.path.isdir(os.path.join(data, name)), marker)
         if sqsh is not None:

@@ -24,7 +24,7 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 from ...hooks.layout import CLEANUP_MARKER, USER_STORE_ROOT, user_run_dir
 from ..launch import cgroup_paths, progress, reap_zombies, remove_file, report
 from ..spec import (CONTAINER_BATCH_SCRIPT, NAMED_MADE_BY, LaunchError, Mount, effective_mounts, mount_refusal,
-                    no_named_container, read_regular, refuse_existing)
+                    named_podman_home, no_named_container, read_regular, refuse_existing)
 from . import Launch, Runtime, existing_store, own_directory, store_directory
 
 if TYPE_CHECKING:
@@ -665,7 +665,7 @@ class Podman(Runtime):
         if not spec.rank_dir:
             raise LaunchError("--container-name needs the job's directories on the node (run it under srun or "
                               "pbs_tmrsh, not by hand)")
-        home = os.path.join(os.path.dirname(os.path.dirname(spec.rank_dir)), "podman-named", spec.name)
+        home = named_podman_home(spec)
         rootfs, config = os.path.join(home, "rootfs"), os.path.join(home, "config.json")
         run_image = ["--env-file", os.path.join(home, "image.env"), "--rootfs", rootfs]
         marker = os.path.join(home, NAMED_MADE_BY)
