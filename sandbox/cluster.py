@@ -569,9 +569,7 @@ class Sandbox:
         """The user's own directories on ``node`` (None: the first), as the SPANK plugin makes
         them as root at a container step (jobdirs.c tether_ensure_user_dirs): for podman run by
         hand as the user with the store and run directory jobs use."""
-        config = load_config(str(self.tether_conf)) if self.tether_conf.exists() else None
-        bases = config.user_dir_bases() if config else []
-        for base in bases:
+        for base in self._user_dir_bases():
             os.makedirs(self.node_path(node, base), mode=0o755, exist_ok=True)
             mine = self.node_path(node, base) / str(uid)
             if not mine.exists():
@@ -588,26 +586,25 @@ class Sandbox:
             self.slurm_root.make_home(name)
         return pwd.getpwnam(name).pw_uid
 
+    def _user_dir_bases(self) -> list[str]:
+        """Where root makes each user's own directory on a node (the config's user_dir_bases)."""
+        return load_config(str(self.tether_conf)).user_dir_bases() if self.tether_conf.exists() else []
+
     def remove_job_user(self, name: str) -> None:
         """Undo :meth:`add_job_user` once their jobs ended: their pause processes, what the nodes
         keep for their uid (the stores, the run directories: a later user given the same uid must
         find nothing), then the account and its home."""
         uid = pwd.getpwnam(name).pw_uid
-        roots = [self.node_dir(node) for node in self.nodes] if self.separate_nodes else [self.host_path("/")]
-        for root in roots:
+        for root in self._node_roots():
             slurmroot.end_pause_processes(root, (name,))
-        config = load_config(str(self.tether_conf)) if self.tether_conf.exists() else None
-        bases = config.user_dir_bases() if config else []
+        bases = self._user_dir_bases()
         for node in self.nodes:
             # theirs under tether's bases, and podman's own run directories in the node's /tmp
             for mine in [self.node_path(node, base) / str(uid) for base in bases] + \
                     list(self.node_path(node, "/tmp").glob(f"*-run-{uid}")):
-                if mine.is_dir() and not mine.is_symlink():
-                    run_command(["rm", "-rf", "--one-file-system", str(mine)], timeout=120)
+                _remove_tree(mine)
         if self.slurm_root:
-            home = self.slurm_root.path / pwd.getpwnam(name).pw_dir.lstrip("/")
-            if home.is_dir() and not home.is_symlink():
-                run_command(["rm", "-rf", "--one-file-system", str(home)], timeout=120)
+            _remove_tree(self.slurm_root.path / pwd.getpwnam(name).pw_dir.lstrip("/"))
         gone = run_command(["userdel", "--remove", name], timeout=60, check=False)
         if gone.returncode not in (0, 12):        # 12: the home could not be removed (only that)
             raise SandboxError(f"userdel {name}: {gone.stderr.strip() or f'exit {gone.returncode}'}")
@@ -1013,9 +1010,11 @@ class Sandbox:
         """Leave the nodes cold for the job user, as a compute node is between jobs: no rootless
         podman pause process of theirs (a test's or a benchmark's podman by hand outside Slurm
         made one; each step's end kills the one its own podman made). The pids ended."""
-        roots = ([self.node_dir(node) for node in self.nodes] if self.separate_nodes
-                 else [self.host_path("/")])
-        return [pid for root in roots for pid in slurmroot.end_pause_processes(root, (self.user,))]
+        return [pid for root in self._node_roots() for pid in slurmroot.end_pause_processes(root, (self.user,))]
+
+    def _node_roots(self) -> list[Path]:
+        """Where each node's own /tmp, /run, ... are on this host (one for all: the host's root)."""
+        return [self.node_dir(node) for node in self.nodes] if self.separate_nodes else [self.host_path("/")]
 
     def _start_registry(self) -> None:
         """docker-registry runs in the foreground; ready when its port answers. Both registries."""
@@ -1383,14 +1382,20 @@ def make_node_dirs(node_dir: Path) -> None:
     for sub, mode, emptied in NODE_DIRS:
         if emptied and any(os.scandir(node_dir / sub)):
             # moved aside first (its parent is root's: nobody else can touch the name), then removed
-            # by rm, which opens what it walks with O_NOFOLLOW|O_DIRECTORY: a user's FIFO or a
-            # directory swapped for a link while it walks never hangs or misleads root
             old = node_dir / sub
             aside = old.with_name(f".{old.name}.boot-{os.getpid()}")
             os.rename(old, aside)
             os.mkdir(old, 0o700)
             os.chmod(old, mode)
-            run_command(["rm", "-rf", "--one-file-system", "--", str(aside)], timeout=300)
+            _remove_tree(aside)
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove a directory tree as root, never past a symlink at ``path`` itself: rm opens what it
+    walks with O_NOFOLLOW|O_DIRECTORY and stays on one filesystem, so a user's FIFO or a
+    directory swapped for a link while it walks never hangs or misleads root."""
+    if path.is_dir() and not path.is_symlink():
+        run_command(["rm", "-rf", "--one-file-system", "--", str(path)], timeout=300)
 
 
 def write_fake_gpus() -> None:
