@@ -465,13 +465,18 @@ def test_a_hundred_mixed_jobs_leave_nothing_behind(cluster, image):
             cluster.run(["scancel", job])
         for job in jobs.get("cancel-step", []) if "cancel-step" in wave else []:
             cluster.run(["scancel", f"{job}.0"])
+        def victims_of(kind: str, job: str) -> list[int]:
+            # a script's comm is its own name; conmon (its environment is podman's) is a child of
+            # the launcher, which reaps it as a child subreaper
+            launchers = [p for p in _processes_of_job(job) if _comm(p) in ("tether-run", "tether-run-py")]
+            return launchers if kind == "kill-launcher" else [
+                c for p in launchers for c in _children(p) if _comm(c) == "conmon"]
+
         for kind in ("kill-launcher", "kill-conmon"):
             for job in jobs[kind] if kind in wave else []:
-                # a script's comm is its own name; conmon (its environment is podman's) is a child of
-                # the launcher, which reaps it as a child subreaper
-                launchers = [p for p in _processes_of_job(job) if _comm(p) in ("tether-run", "tether-run-py")]
-                victims = launchers if kind == "kill-launcher" else [
-                    c for p in launchers for c in _children(p) if _comm(c) == "conmon"]
+                # the container's monitor exists once podman started it: waited for, not assumed
+                # after the 3 s above (a cold node's first container step takes longer under load)
+                victims = wait_until(lambda: victims_of(kind, job), timeout=120) or []
                 assert victims, f"{kind}: nothing to kill in job {job}"
                 for pid in victims:
                     os.kill(pid, 9)
