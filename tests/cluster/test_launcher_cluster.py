@@ -112,7 +112,9 @@ def test_a_containerized_three_node_job_through_the_api(cluster, service, regist
     assert f"Command={tree}/job.sh" in shown and f"StdOut={tree}/job.out" in shown and f"StdErr={tree}/job.err" in shown
     assert f"UserId={cluster.user}(" in shown and f"JobName=tether_exp-{record['id']}" in shown
     seen, final = follow(service, record["id"])
-    assert seen[-1] == "COMPLETED" and "RUNNING" in seen, seen
+    err = tree / "job.err"
+    assert seen[-1] == "COMPLETED" and "RUNNING" in seen, (seen, err.read_text(errors="replace")[-3000:]
+                                                           if err.exists() else "no job.err")
     assert final["exit_code"] == 0 and final["tree_removed"] and not tree.exists()
     _, logs = service.request("GET", f"/v1/jobs/{record['id']}/logs")
     lines = sorted(line for line in logs["out"].splitlines() if line.startswith("node "))
