@@ -51,7 +51,7 @@ def master_port_shell(job: str) -> str:
 
 def pbs_job_number(job_id: str) -> int:
     """The number of a PBS job id: the digits before the server's name (``12[3].srv`` -> 123)."""
-    digits = "".join(c for c in str(job_id).split(".", 1)[0] if c.isdigit())
+    digits = "".join(c for c in str(job_id).split(".", 1)[0] if c in "0123456789")   # ASCII: "²".isdigit()
     return int(digits or "0")
 
 

@@ -156,6 +156,8 @@ def test_master_port_rule():
     assert master_port(MASTER_PORT_JOBS - 1, SLURM_BATCH_SCRIPT) == 12288 + 1024 * 16 - 1 == 28671
     assert rankenv.master_port_range() == (12288, 28671)
     assert rankenv.pbs_job_number("12[3].srv") == 123 and rankenv.pbs_job_number("srv") == 0
+    # only ASCII digits count, as in the C side and the launch script ("²".isdigit() is true, int("²") fails)
+    assert rankenv.pbs_job_number("1²3.srv") == 13 and rankenv.pbs_job_number("٣.srv") == 0
 
 
 def test_the_c_side_spells_no_name_of_the_run_side_contract_itself():
