@@ -12,9 +12,11 @@ install:
 # tether's wheel and its Debian package for this host's Slurm (tether-slurm<major>_<version>_<arch>.deb)
 # into dist/, with Debian's tools (tools/deb.py; it names the Debian packages the build needs).
 # DEB_PYTHON builds the wheel (its pip); the plugins are built with Debian's /usr/bin/python3.
+# SLURM_RELEASE=24.11 (or 26.05): for that Slurm release, built in its Debian root (the sandbox's).
 DEB_PYTHON ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
+SLURM_RELEASE ?=
 deb:
-	$(DEB_PYTHON) tools/deb.py --out dist --wheel-python $(DEB_PYTHON)
+	$(DEB_PYTHON) tools/deb.py --out dist --wheel-python $(DEB_PYTHON) $(if $(SLURM_RELEASE),--slurm-release $(SLURM_RELEASE))
 
 # install, plus the test extras and the sandbox cluster's packages and job user
 test-setup:

@@ -23,8 +23,8 @@ from ..hooks.rankenv import master_port_range
 from ..hooks.surface import GATEWAY_PORT_BASE, GATEWAY_PORT_JOBS
 from ..spank import build as spank_build
 from ..system.proc import CommandError, run_command
-from ..system.toolchain import BuildError, installed_slurm_version, read_stamp
-from .slurm import DEFAULT_SLURM_CONF, PLUGSTACK_DROPIN, SlurmConf, default_build_dir, spank_lines
+from ..system.toolchain import BuildError, installed_slurm_version, packaged_stamp, read_stamp
+from .slurm import DEFAULT_BUILD_ROOT, DEFAULT_SLURM_CONF, PLUGSTACK_DROPIN, SlurmConf, default_build_dir, spank_lines
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 EPHEMERAL_PORTS = "/proc/sys/net/ipv4/ip_local_port_range"
@@ -120,6 +120,14 @@ class Doctor:
             return Path(line.split()[1]).parent
         return Path(self.conf.plugin_dirs[-1]) if self.conf.plugin_dirs else None
 
+    def _launcher_dir(self) -> Path | None:
+        """The directory of the container launcher the plugstack line names (``launcher=``)."""
+        line = self._plugstack_line()
+        for word in (line or "").split()[2:]:
+            if word.startswith("launcher="):
+                return Path(word.split("=", 1)[1]).parent
+        return None
+
     def _rebuild(self, slurm: str | None) -> str:
         """How to get plugins that fit this Slurm: rebuild and install them -- or, where tether
         came from its Debian package, the package built for this Slurm (an install over the
@@ -135,15 +143,21 @@ class Doctor:
         plugin_dir = self._plugin_dir()
         if plugin_dir is None:
             return
-        build = default_build_dir()
-        try:
-            stamp = read_stamp(build)
-        except BuildError:
-            stamp = None
+        packaged = packaged_stamp()          # tether's Debian package: its build, where it put it
+        if packaged:
+            build, stamp = Path(packaged["plugin_dir"]), packaged
+        else:
+            try:
+                build = default_build_dir()
+                stamp = read_stamp(build)
+            except BuildError:
+                build, stamp = Path(DEFAULT_BUILD_ROOT), None
         names = stamp["files"] if stamp else [spank_build.SO_NAME]
-        missing = [n for n in [*names, LAUNCHER_NAME, PYTHON_LAUNCHER_NAME] if not (plugin_dir / n).is_file()]
+        launcher_dir = self._launcher_dir() or plugin_dir
+        missing = [str(plugin_dir / n) for n in names if not (plugin_dir / n).is_file()]
+        missing += [str(launcher_dir / n) for n in (LAUNCHER_NAME, PYTHON_LAUNCHER_NAME) if not (launcher_dir / n).is_file()]
         if missing:
-            yield Finding(FAIL, "plugins", f"{', '.join(missing)} missing in {plugin_dir}: "
+            yield Finding(FAIL, "plugins", f"{', '.join(missing)} missing: "
                           f"{self._rebuild(installed_slurm_version())}")
             return
         installed = installed_slurm_version()
@@ -158,14 +172,15 @@ class Doctor:
             yield Finding(WARN, "plugins", f"{', '.join(stale)} in {plugin_dir} differ from the last build in "
                           f"{build}: `tether slurm install --write` installs it")
             return
-        baked = baked_identity(plugin_dir / PYTHON_LAUNCHER_NAME)
+        baked = baked_identity(launcher_dir / PYTHON_LAUNCHER_NAME)
         if self.config and baked is not None and baked[0] == self.config.source \
                 and baked[1] != config_identity(self.config.source):
             yield Finding(WARN, "plugins", f"{LAUNCHER_NAME} was installed for an earlier {self.config.source}: every "
                           f"container rank takes the slower Python launcher, which reads the file again; "
                           f"`tether slurm install --write` bakes the new one in")
             return
-        yield Finding(OK, "plugins", f"{', '.join(names)}, {LAUNCHER_NAME} and {PYTHON_LAUNCHER_NAME} in {plugin_dir}"
+        yield Finding(OK, "plugins", f"{', '.join(names)} in {plugin_dir}, {LAUNCHER_NAME} and {PYTHON_LAUNCHER_NAME} "
+                      f"in {launcher_dir}"
                       + (f", built for Slurm {built_for}" if built_for else ""))
 
     def _plugstack_line(self) -> str | None:

@@ -19,10 +19,10 @@ from ..hooks.config import Config
 from ..hooks.configfile import load_config
 from ..job_submit import build as job_submit_build
 from ..spank import build as spank_build
-from ..system.files import install_file, set_conf_line
+from ..system.files import create_dir, install_file, set_conf_line
 from ..system.toolchain import (
-    LDFLAGS, BuildError, CBuild, Toolchain, cflags, find_toolchain, installed_slurm_version, read_stamp,
-    system_plugin_dir, write_stamp,
+    LDFLAGS, PACKAGED_BUILD_STAMP, BuildError, CBuild, Toolchain, cflags, find_toolchain, installed_slurm_version,
+    packaged_stamp, read_stamp, system_plugin_dir, write_stamp,
 )
 from .host import LAUNCHER_NAME, ensure_image_root, ensure_storage_root, install_launcher
 
@@ -98,11 +98,12 @@ class SlurmConf:
         return cls(path, plugin_dirs, Path(plugstack), jsp, pid_file)
 
 
-def plugstack_line(plugin_dir: Path, config: Config) -> str:
-    """The plugstack.conf line: the SPANK plugin and the settings its C side needs from the config."""
+def plugstack_line(plugin_dir: Path, config: Config, launcher_dir: Path | None = None) -> str:
+    """The plugstack.conf line: the SPANK plugin and the settings its C side needs from the config
+    (``launcher_dir``: where the container launcher is, when not beside the plugin)."""
     gateways = config.data["gateways"]["partition"]
     return (f"required {plugin_dir / spank_build.SO_NAME} job_storage_root={config.job_storage_root} "
-            f"launcher={plugin_dir / LAUNCHER_NAME} user_dirs={':'.join(config.user_dir_bases())}"
+            f"launcher={(launcher_dir or plugin_dir) / LAUNCHER_NAME} user_dirs={':'.join(config.user_dir_bases())}"
             + (f" gateway_partition={gateways}" if gateways else ""))
 
 
@@ -130,6 +131,31 @@ def spank_lines(plugstack: Path, *, depth: int = 0) -> list[tuple[Path, str]]:
     return found
 
 
+# where `tether slurm install` builds the container launcher for the site's config on a host with
+# tether's Debian package (the package's own was built for a host without a config file; dpkg owns
+# the plugin directory): root-owned, made by the admin's command, kept on `dpkg -r`
+PACKAGED_LAUNCHER_DIR = "/var/lib/tether/launcher"
+
+
+def packaged_launcher_dir(config: Config, compiler: str | None = "gcc",
+                          where: str = PACKAGED_LAUNCHER_DIR) -> Path | None:
+    """Where the launcher for ``config`` goes on a package host: PACKAGED_LAUNCHER_DIR when there is
+    a config file to build it for and a C compiler to build it with, else None (the package's)."""
+    import shutil
+
+    if config.source.startswith("<") or not compiler or shutil.which(compiler) is None:
+        return None
+    return Path(where)
+
+
+def check_root_dir(path: Path) -> None:
+    """``path`` is a root-owned directory, not a link, that group and others cannot write to."""
+    st = path.lstat()
+    if not path.is_dir() or path.is_symlink() or st.st_uid != 0 or st.st_mode & 0o022:
+        raise BuildError(f"{path} must be a root-owned directory that group and others cannot write to "
+                         f"(mode 0755): every user's container ranks start the launcher there")
+
+
 def _conf_step(path, line: str, present: bool) -> str:
     """What a config file needs, as the dry run says it: the line to add, or that it is there."""
     return f"{path} already has:\n  {line}" if present else f"add to {path}:\n  {line}"
@@ -137,29 +163,53 @@ def _conf_step(path, line: str, present: bool) -> str:
 
 def install_plugins(build_dir: Path | None = None, *, slurm_conf: Path | None = None,
                     plugin_dir: Path | None = None, config: Config | None = None, write: bool = False,
+                    package_stamp: str = PACKAGED_BUILD_STAMP, package_launcher_dir: str = PACKAGED_LAUNCHER_DIR,
                     log=print) -> list[str]:
     """Print what installing the plugins takes -- or, with ``write``, do it: both .so files and the
     container launcher into the plugin directory, job_storage_root and the image cache created,
     slurm.conf's and plugstack.conf's lines written. Returns the two config lines.
-    ``config`` is tether's (default: the effective one) for the settings the SPANK plugin needs."""
+    ``config`` is tether's (default: the effective one) for the settings the SPANK plugin needs.
+
+    On a host with tether's Debian package and no ``build_dir``, the package's plugins are the ones
+    installed (``packaged``: its build stamp): nothing is copied -- dpkg owns those files -- and
+    ``write`` writes the config lines for them (and creates the directories). The package's
+    container launcher was built for a host without a config file; with one (and a C compiler),
+    ``write`` builds the launcher for it into ``package_launcher_dir``, and the SPANK line names
+    that one."""
     config = config or load_config()
-    build = Path(build_dir) if build_dir else default_build_dir()
-    stamp = read_stamp(build)
+    packaged = None if build_dir else packaged_stamp(package_stamp)
+    if packaged:
+        build, stamp = Path(packaged["plugin_dir"]), packaged
+    else:
+        build = Path(build_dir) if build_dir else default_build_dir()
+        stamp = read_stamp(build)
     built_for = stamp["toolchain"]["slurm_version"]
     installed = installed_slurm_version()
     if installed and installed != built_for:
         raise BuildError(f"the plugins in {build} were built for Slurm {built_for} but Slurm {installed} "
-                         f"is installed; run `tether slurm build` again (plugins must match exactly)")
+                         f"is installed; " + ("install tether's package built for this Slurm (`make deb` on a "
+                                              "host that has it)" if packaged else
+                                              "run `tether slurm build` again (plugins must match exactly)"))
     conf = SlurmConf.read(Path(slurm_conf or os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF))
-    plugin_dir = Path(plugin_dir or (conf.plugin_dirs[-1] if conf.plugin_dirs else system_plugin_dir()))
+    if packaged and plugin_dir and Path(plugin_dir) != build:
+        raise BuildError(f"tether's Debian package installed its plugins in {build}; --plugin-dir {plugin_dir} "
+                         f"would name other files: build your own (`tether slurm build --out DIR`) and pass "
+                         f"--build-dir DIR, or leave --plugin-dir out")
+    plugin_dir = Path(build if packaged else
+                      plugin_dir or (conf.plugin_dirs[-1] if conf.plugin_dirs else system_plugin_dir()))
     plugins = conf.job_submit_plugins + (() if "tether" in conf.job_submit_plugins else ("tether",))
     jsp_line = f"JobSubmitPlugins={','.join(plugins)}"
-    spank_line = plugstack_line(plugin_dir, config)
+    launcher_dir = packaged_launcher_dir(config, where=package_launcher_dir) if packaged else None
+    spank_line = plugstack_line(plugin_dir, config, launcher_dir)
     stacked = spank_lines(conf.plugstack)
     elsewhere = [(path, line) for path, line in stacked if path != Path(conf.plugstack)]
     if not write:
         where = elsewhere[0][0] if elsewhere else conf.plugstack
-        log(f"would install {', '.join(stamp['files'])} and {LAUNCHER_NAME} into {plugin_dir}\n"
+        what = (f"{', '.join(stamp['files'])} are in {plugin_dir} (tether's Debian package)"
+                + (f"; would build {LAUNCHER_NAME} for {config.source} into {launcher_dir}" if launcher_dir else
+                   f", {LAUNCHER_NAME} too") if packaged
+                else f"would install {', '.join(stamp['files'])} and {LAUNCHER_NAME} into {plugin_dir}")
+        log(f"{what}\n"
             f"{_conf_step(conf.path, jsp_line, 'tether' in conf.job_submit_plugins)}\n"
             f"{_conf_step(where, spank_line, spank_line in (line for _, line in stacked))}\n"
             f"(nothing was changed: run this command again with --write to do it, then "
@@ -170,10 +220,27 @@ def install_plugins(build_dir: Path | None = None, *, slurm_conf: Path | None = 
         # in plugstack.conf would load the plugin twice
         raise BuildError(f"{elsewhere[0][0]} (included by {conf.plugstack}) has another {spank_build.SO_NAME} "
                          f"line; change it there to:\n  {spank_line}")
-    for name in stamp["files"]:
-        install_file(build / name, plugin_dir / name)
-        log(f"installed {plugin_dir / name}")
-    log(f"installed {install_launcher(plugin_dir, config)}")
+    if packaged:
+        log(f"the plugins of tether's Debian package are in {plugin_dir}: nothing to copy")
+        if launcher_dir:
+            try:
+                if create_dir(launcher_dir, 0o755):
+                    log(f"created {launcher_dir} (root, 0755)")
+            except OSError as exc:        # e.g. a dangling link in its place
+                raise BuildError(f"cannot create {launcher_dir}: {exc.strerror}") from None
+            check_root_dir(launcher_dir)
+            log(f"installed {install_launcher(launcher_dir, config)} for {config.source}")
+        elif config.source.startswith("<"):
+            log(f"{LAUNCHER_NAME}: the package's (built for a host without a config file)")
+        else:
+            log(f"{LAUNCHER_NAME}: the package's, with no C compiler here to build one for {config.source}: "
+                f"every container rank takes the Python launcher (correct, ~12 ms of CPU more per rank); "
+                f"install gcc and run this again")
+    else:
+        for name in stamp["files"]:
+            install_file(build / name, plugin_dir / name)
+            log(f"installed {plugin_dir / name}")
+        log(f"installed {install_launcher(plugin_dir, config)}")
     ensure_storage_root(Path(config.job_storage_root), log=log)
     ensure_image_root(Path(config.data["container"]["apptainer_image_root"]), log=log)
     set_conf_line(conf.path, r"JobSubmitPlugins\s*=", jsp_line)

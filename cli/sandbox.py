@@ -16,7 +16,7 @@ def sandbox(args: argparse.Namespace) -> int:
 
     slurm = getattr(args, "slurm", None)
     box = Sandbox(args.dir, port_base=args.port_base, slurm=None if slurm is None else slurm.replace("host", ""),
-                  nodes=getattr(args, "nodes", None))
+                  nodes=getattr(args, "nodes", None), package=getattr(args, "package", None))
     if args.action == "env":
         print(box.export_line())
         return EXIT_OK
@@ -74,6 +74,10 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
                            help="up: the Slurm release to run: the host's (Debian 12: 22.05), 24.11 (Debian 13) "
                                 "or 26.05 (Debian testing) in a Debian root of its own that the first `up` builds "
                                 "and caches; without it a sandbox starts as it last ran")
+            p.add_argument("--package", metavar="DEB",
+                           help="up, with --slurm 24.11 or 26.05: install tether in the root from this Debian "
+                                "package, as an admin does (`tools/deb.py --slurm-release RELEASE` builds it); "
+                                "without it tether is copied in")
         p.add_argument("--dir", metavar="DIR", help="sandbox root (default: $TETHER_SANDBOX_DIR, else "
                                                     "/var/lib/tether/sandbox)")
         p.add_argument("--port-base", type=int, metavar="PORT",

@@ -29,11 +29,11 @@ import jinja2
 import yaml
 
 from ..container.runtimes.podman import BOOT_MARKER, Podman, repair_stale_state
-from ..hooks.configfile import load_config
+from ..hooks.configfile import DEFAULT_CONFIG_PATH as PACKAGED_CONFIG, load_config
 from ..hooks.errors import TetherError
 from ..system.files import set_conf_line
 from ..system.proc import CommandError, run_command
-from ..system.toolchain import system_plugin_dir
+from ..system.toolchain import PACKAGED_BUILD_STAMP, packaged_stamp, system_plugin_dir
 from . import slurmroot
 from .packages import ensure_packages
 from .slurmroot import SlurmRoot
@@ -95,7 +95,9 @@ BY_HAND_STORAGE_CONF = '[storage]\ndriver = "vfs"\nrootless_storage_path = "/var
 APT_PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "libslurm-dev", "munge",
                 "podman", "runc", "conmon", "uidmap", "fuse-overlayfs", "slirp4netns", "catatonit",
                 "busybox-static", "python3-dev", "gcc", "docker-registry", "openmpi-bin", "libopenmpi-dev",
-                "libpmi2-0-dev", "slurmdbd", "mariadb-server", "mariadb-client", "sudo")
+                "libpmi2-0-dev", "slurmdbd", "mariadb-server", "mariadb-client", "sudo",
+                # squashfs images on podman (unsquashfs) and --container-save=x.sqsh (mksquashfs)
+                "squashfs-tools")
 # The launcher's service account and the group of users it may act for (sudo policy: tether.launcher)
 LAUNCHER_USER, LAUNCHER_GROUP = "tether-launcher", "tether-users"
 SUDOERS_DIR = Path("/etc/sudoers.d")
@@ -190,8 +192,12 @@ class Sandbox:
 
     def __init__(self, root: str | os.PathLike | None = None, port_base: int | None = None,
                  user: str = DEFAULT_USER, slurm: str | None = None, node_prefix: str | None = None,
-                 nodes: int | None = None, separate_nodes: bool | None = None):
+                 nodes: int | None = None, separate_nodes: bool | None = None,
+                 package: str | os.PathLike | None = None):
         self.root = Path(root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT).absolute()
+        self._package = Path(package).absolute() if package else None
+        if self._package and not (self._package.is_file() and self._package.suffix == ".deb"):
+            raise SandboxError(f"--package {package}: not a .deb file (tools/deb.py --slurm-release builds one)")
         self.user = user
         if nodes is not None and not 1 <= nodes <= MAX_NODES:
             raise SandboxError(f"--nodes {nodes}: a sandbox has 1 to {MAX_NODES} nodes (each is a slurmd on this "
@@ -207,6 +213,23 @@ class Sandbox:
         """The Slurm release the sandbox runs in a Debian root of its own ("24.11"), or None for the
         host's Slurm (kept across restarts)."""
         return self._slurm if self._slurm is not None else self._settings().get("slurm") or None
+
+    @property
+    def package(self) -> Path | None:
+        """tether's Debian package a Slurm root's sandbox installs (``dpkg -i``, the README's admin
+        steps), or None: a Slurm root then gets a copy of the running tether (install_tether)."""
+        if not self.release():
+            return None
+        if self._package:
+            return self._package
+        saved = self._settings().get("package")
+        return Path(saved) if saved and Path(saved).is_file() else None
+
+    @property
+    def packaged(self) -> bool:
+        """tether is (to be) in the sandbox's Slurm root from its Debian package: :attr:`package`,
+        or the package another sandbox of the same root installed there."""
+        return bool(self.release() and (self.package or self.host_path(PACKAGED_BUILD_STAMP).is_file()))
 
     @property
     def slurm_root(self) -> SlurmRoot | None:
@@ -349,6 +372,8 @@ class Sandbox:
     def tether(self) -> list[str]:
         """tether's command where the sandbox's jobs run (run it through ``wrap``): this Python's
         ``tether``, or the one install_tether put in the root."""
+        if self.packaged:
+            return [slurmroot.PACKAGED_TETHER]
         return [slurmroot.TETHER_PROGRAM if self.release() else str(Path(sys.executable).with_name("tether"))]
 
     # ---- layout -------------------------------------------------------------------------
@@ -442,20 +467,71 @@ class Sandbox:
     def admin_commands(self) -> list[list[str]]:
         """The README's "The Slurm plugins" commands as this sandbox runs them: ``tether slurm
         build`` and ``tether slurm install --write``, pointed at its own build directory,
-        slurm.conf and PluginDir (tests/unit/test_readme.py holds the two together)."""
+        slurm.conf and PluginDir (tests/unit/test_readme.py holds the two together). With tether's
+        Debian package (:meth:`package_command` ran first): the package section's ``tether config
+        check`` and ``tether slurm install --write``, which writes the lines for the package's plugins."""
+        if self.packaged:
+            return [["tether", "config", "check"],
+                    ["tether", "slurm", "install", "--slurm-conf", str(self.slurm_conf), "--write"]]
         out = str(self.plugin_build_dir)
         return [["tether", "slurm", "build", "--out", out],
                 ["tether", "slurm", "install", "--build-dir", out, "--slurm-conf", str(self.slurm_conf),
                  "--plugin-dir", str(self.plugin_dir), "--write"]]
 
+    def package_command(self, deb_in_root: str) -> list[str]:
+        """The README's install of the package on a host: ``dpkg -i`` (all it depends on is in the root)."""
+        return ["dpkg", "-i", deb_in_root]
+
+    def install_package(self) -> None:
+        """tether's Debian package into the sandbox's Slurm root, the way an admin installs it
+        (:meth:`package_command`), over whatever an earlier sandbox put there."""
+        root, deb = self.slurm_root, self.package
+        root.remove_copied_tether()
+        inside = f"/var/tmp/tether-package/{deb.name}"
+        staged = root.path / inside.lstrip("/")
+        staged.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.copy(deb, staged)
+        try:
+            root.run(self.package_command(inside), timeout=600)
+        except CommandError as exc:
+            raise SandboxError(f"installing tether's package {deb.name} in the Slurm {self.release()} root: {exc}") \
+                from None
+        finally:
+            shutil.rmtree(staged.parent, ignore_errors=True)
+
+    def claim_package_config(self) -> None:
+        """The sandbox's tether.yaml where tether's package reads it in the root, as its admin puts
+        it (``/etc/tether/tether.yaml``: the packaged launcher was built for that path and ignores
+        a ``$TETHER_CONFIG``, which a job could set): a link to the sandbox's file, which the tests
+        change. A root is one host with one config: a second sandbox started on the same root
+        takes the link over (``up`` runs this), and the first claims it back after (and
+        :meth:`install_plugins` again: the launcher in the root is baked for one config file)."""
+        target = self.host_path(PACKAGED_CONFIG)
+        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if target.is_symlink() or target.exists():
+            target.unlink()
+        target.symlink_to(self.tether_conf)
+
+    def loaded_plugin_dir(self) -> Path:
+        """Where the plugins this sandbox's Slurm loads are, as a path on this host: the package's
+        directory in the root, or the sandbox's own plugin directory."""
+        if self.packaged:
+            stamp = packaged_stamp(str(self.host_path(PACKAGED_BUILD_STAMP)))
+            if stamp:
+                return self.host_path(stamp["plugin_dir"])
+        return self.plugin_dir
+
     def install_plugins(self, *, log=print) -> None:
         """Build and install tether's plugins into this sandbox the way an admin does: the
         :meth:`admin_commands`, with the ``tether`` an admin installed (in a Slurm root, the
         root's; on this host, the one beside the running Python: ``make install``'s)."""
+        # with tether's package the config is where its admin puts it (claim_package_config), and
+        # the launcher `tether slurm install --write` builds is baked for that path
+        env = {**self.env(), "TETHER_CONFIG": ""} if self.packaged else self.env()
         for argv in self.admin_commands():
             try:
                 if self.slurm_root:
-                    self.slurm_root.run(argv, env=self.env(), timeout=600)
+                    self.slurm_root.run(argv, env=env, timeout=600)
                 else:
                     program = Path(sys.executable).parent / "tether"
                     run_command([str(program) if program.exists() else "tether", *argv[1:]],
@@ -716,6 +792,8 @@ class Sandbox:
             self.down(log=log)
         if self.running():
             log(f"sandbox already running at {self.root}")
+            if self.packaged:          # the root's config is this sandbox's (another may have had it)
+                self.claim_package_config()
             self.wait_idle(timeout)
             return
         self.stop_daemons(log=lambda *_: None)  # leftovers of a half-started sandbox
@@ -733,7 +811,8 @@ class Sandbox:
         separate = self.separate_nodes
         self.settings_file.write_text(json.dumps({"port_base": port_base, "user": self.user, "quick": quick,
                                                   "slurm": release, "node_prefix": self.node_prefix,
-                                                  "nodes": self.node_count, "separate_nodes": separate}) + "\n")
+                                                  "nodes": self.node_count, "separate_nodes": separate,
+                                                  "package": str(self.package) if self.package else None}) + "\n")
         self._launcher_accounts(log=log)
         if self.slurm_root:
             self.slurm_root.ensure(log=log)
@@ -745,8 +824,19 @@ class Sandbox:
             cdi = self.slurm_root.path / FAKE_GPU_CDI_SPEC.relative_to("/")
             cdi.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
             shutil.copy(FAKE_GPU_CDI_SPEC, cdi)
-            self.slurm_root.install_tether()
+            if self.package:
+                self.install_package()
+            elif self.packaged:
+                log(f"tether's package is installed in the Slurm {release} root already")
+            else:
+                log(f"no --package: tether copied into the Slurm {release} root (an admin installs its package: "
+                    f"tools/deb.py --slurm-release {release})")
+                self.slurm_root.install_tether()
         self._write_configs(port_base)
+        if self.packaged:
+            self.claim_package_config()
+        elif self.slurm_root and self.host_path(PACKAGED_CONFIG).is_symlink():
+            self.host_path(PACKAGED_CONFIG).unlink()      # an earlier packaged sandbox's link
         self.install_launcher(log=log)
         self._boot_nodes()
         if plugins:

@@ -50,10 +50,12 @@ APT_OPTIONS = ("-o", "Acquire::Check-Valid-Until=false")
 PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "slurmdbd", "libslurm-dev", "munge", "gcc", "libc6-dev",
             "python3", "python3-dev", "python3-cffi", "python3-yaml", "python3-jinja2", "python3-setuptools",
             "python3-pip", "procps", "util-linux",
+            # building tether's package for this release (tools/deb.py --slurm-release)
+            "dpkg-dev", "binutils",
             # the REST launcher (its service runs `tether serve` with sudo to the job user), busybox for tests
             "sudo", "python3-aiohttp", "busybox-static",
             # the container runtime of the sandbox's jobs (podman 5.4 here, beside the host's 4.3)
-            "podman", "runc", "conmon", "uidmap", "fuse-overlayfs", "slirp4netns", "catatonit")
+            "podman", "runc", "conmon", "uidmap", "fuse-overlayfs", "slirp4netns", "catatonit", "squashfs-tools")
 # bound into every command's view of the root (recursively), at the same paths. Not /tmp, /var/tmp
 # or /home: rootless podman keeps per-user state there (its pause process's pid, which every later
 # podman joins, its run root, and in ~/.local/share/containers a store whose database and network
@@ -62,6 +64,8 @@ BINDS = ("/proc", "/sys", "/dev")
 OLD_ROOT = ".tether-old-root"
 # the root's Python (Debian's, with tether copied into it) and the tether command install_tether writes
 PYTHON, TETHER_PROGRAM = "/usr/bin/python3", "/usr/local/bin/tether"
+# the tether command of tether's Debian package (tools/deb.py)
+PACKAGED_TETHER = "/usr/bin/tether"
 # run by the host's sh in the new mount namespace: $1 the root, $2 the directory to start in, $3 the
 # binds (newline-separated), then the command
 ENTER = f"""set -e
@@ -194,6 +198,13 @@ class SlurmRoot:
         program.parent.mkdir(parents=True, exist_ok=True)
         program.write_text(f"#!{PYTHON}\nfrom tether.cli.main import main\nraise SystemExit(main())\n")
         program.chmod(0o755)
+
+    def remove_copied_tether(self) -> None:
+        """Remove what :meth:`install_tether` put into the root (its copy of tether comes first on
+        sys.path, its command first on PATH): before tether's package is installed there."""
+        site = self.run(["python3", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+        shutil.rmtree(self.path / site.lstrip("/") / "tether", ignore_errors=True)
+        (self.path / TETHER_PROGRAM.lstrip("/")).unlink(missing_ok=True)
 
     # ---- using -----------------------------------------------------------------------------------
     def prepare(self, hosts: str = "", users: tuple[str, ...] = ()) -> None:

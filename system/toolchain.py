@@ -255,6 +255,20 @@ def write_stamp(out_dir: Path, toolchain: Toolchain, files: Sequence[Path], **ex
     return stamp
 
 
+# tether's Debian package records the build of the plugins it ships here (tools/deb.py): the same
+# build.json, plus "plugin_dir", where the package put them
+PACKAGED_BUILD_STAMP = "/usr/lib/tether/slurm-build.json"
+
+
+def packaged_stamp(path: str = PACKAGED_BUILD_STAMP) -> dict | None:
+    """The build stamp of the plugins tether's Debian package installed, or None (no package)."""
+    try:
+        stamp = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return stamp if isinstance(stamp, dict) and stamp.get("plugin_dir") and stamp.get("files") else None
+
+
 def read_stamp(out_dir: Path) -> dict:
     try:
         return json.loads((out_dir / "build.json").read_text())

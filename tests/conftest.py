@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from helpers import RELEASES, TEST_SANDBOX_ROOT, TEST_SLURM, Cluster, public_base, release_sandbox_root
+from helpers import (
+    RELEASES, TEST_SANDBOX_ROOT, TEST_SLURM, Cluster, public_base, release_package, release_sandbox_root,
+)
 from tether.sandbox.cluster import Sandbox
 
 # Hypothesis: `ci` keeps the unit level fast; `thorough` is what the properties were first run with.
@@ -64,8 +66,10 @@ def cluster():
     """Start the sandbox once for the session; fail (never skip) when it cannot start."""
     if _cluster_error:
         pytest.fail(_cluster_error[0], pytrace=False)
-    box = Sandbox(release_sandbox_root(TEST_SLURM), slurm=TEST_SLURM) if TEST_SLURM else Sandbox(TEST_SANDBOX_ROOT)
     try:
+        # another release installs tether in its root from the package built for it, as a site does
+        box = (Sandbox(release_sandbox_root(TEST_SLURM), slurm=TEST_SLURM, package=release_package(TEST_SLURM))
+               if TEST_SLURM else Sandbox(TEST_SANDBOX_ROOT))
         box.up(install=False, log=lambda m: None)
     except Exception as exc:                # SandboxError, or a Slurm root's build (SlurmRootError)
         _cluster_error.append(f"the sandbox cluster did not start:\n{exc}")
@@ -85,8 +89,8 @@ def release_cluster(request):
     release = request.param
     if release in _release_errors:
         pytest.fail(_release_errors[release], pytrace=False)
-    box = Sandbox(release_sandbox_root(release), slurm=release)
     try:
+        box = Sandbox(release_sandbox_root(release), slurm=release, package=release_package(release))
         box.up(install=False, log=lambda m: None)
     except Exception as exc:                # SandboxError, or the root's build (SlurmRootError)
         _release_errors[release] = f"the Slurm {release} sandbox did not start:\n{exc}"

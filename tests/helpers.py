@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import re
 import runpy
+import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -53,6 +55,42 @@ def public_base() -> str:
 
 
 REPO = Path(__file__).resolve().parent.parent
+# tether's Debian package for each Slurm release, built from this checkout once per source state
+PACKAGE_CACHE = Path("/var/tmp/tether-test-packages")
+_SOURCE_SKIP = {".git", "build", "dist", "tests", "bench", "__pycache__", ".pytest_cache", ".hypothesis"}
+
+
+def _source_digest() -> str:
+    """A digest of what goes into tether's package from this checkout (not the tests or benchmarks)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(REPO):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SOURCE_SKIP and not d.endswith(".egg-info"))
+        for name in sorted(filenames):
+            path = Path(dirpath, name)
+            if path.is_file() and not name.endswith((".pyc", ".so", ".o")):
+                digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def release_package(release: str) -> Path:
+    """tether's Debian package for Slurm ``release``, built in its Debian root by ``tools/deb.py
+    --slurm-release`` (about a minute), the way a site builds it -- once per state of the sources:
+    the suite's passes on 24.11 and 26.05 reuse it. The release sandboxes install tether from it."""
+    out = PACKAGE_CACHE / release / _source_digest()
+    made = sorted(out.glob("tether-slurm*.deb"))
+    if made:
+        return made[-1]
+    shutil.rmtree(PACKAGE_CACHE / release, ignore_errors=True)
+    out.mkdir(parents=True)
+    result = subprocess.run([sys.executable, str(REPO / "tools" / "deb.py"), "--out", str(out),
+                             "--wheel-python", sys.executable, "--slurm-release", release],
+                            capture_output=True, text=True, timeout=3600)
+    if result.returncode != 0:
+        shutil.rmtree(out, ignore_errors=True)
+        raise RuntimeError(f"tools/deb.py --slurm-release {release} failed:\n{result.stdout}{result.stderr}")
+    return Path(result.stdout.split()[-1])
 
 
 def make_config(**data: Any):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """``make deb``: tether's wheel and its Debian package for the installed Slurm, into dist/.
 
-    python3 tools/deb.py [--out DIR] [--version VERSION] [--keep-wheel]
+    python3 tools/deb.py [--out DIR] [--version VERSION] [--wheel FILE] [--slurm-release RELEASE]
 
 The package is ``tether-slurm<major>`` (``tether-slurm22.05`` on Debian 12): it Provides, Conflicts
 with and Replaces the virtual package ``tether``, so one tether is installed at a time, and it
@@ -54,6 +54,7 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 DIST_PACKAGES = "/usr/lib/python3/dist-packages"
 DROPIN = "/etc/slurm/plugstack.conf.d/tether.conf"
 UNIT = "/lib/systemd/system/tether-serve.service"   # bookworm's systemd unit directory
+PACKAGED_STAMP = "/usr/lib/tether/slurm-build.json"  # tether.system.toolchain.PACKAGED_BUILD_STAMP
 # what building needs, as Debian packages (the package's Build-Depends, had it a source package)
 BUILD_NEEDS = ("gcc", "binutils", "python3-dev", "python3-cffi", "python3-yaml", "python3-jinja2", "libslurm-dev",
                "dpkg-dev")
@@ -106,8 +107,18 @@ def project_version() -> str:
     return m.group(1)
 
 
+# the git queries the package's metadata comes from (its version, date, maintainer, changelog), answered
+# on the host for a build in a Slurm root (no checkout there): TETHER_DEB_GIT_FACTS, JSON
+GIT_QUERIES = (("log", "-1", "--format=%cd.%h", "--date=format-local:%Y%m%d%H%M%S"),
+               ("status", "--porcelain", "--untracked-files=no"), ("log", "-1", "--format=%h %s"),
+               ("log", "-1", "--format=%ct"), ("log", "-1", "--format=%an <%ae>"))
+GIT_FACTS_ENV = "TETHER_DEB_GIT_FACTS"
+
+
 def git(*args: str) -> str | None:
     """A git command's output in the checkout, or None (no git, no repository)."""
+    if os.environ.get(GIT_FACTS_ENV):
+        return json.loads(os.environ[GIT_FACTS_ENV]).get(" ".join(args))
     try:
         result = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30)
     except OSError:
@@ -265,6 +276,8 @@ def build_deb(out: Path, wheel: Path, version: str | None = None) -> Path:
         staged_plugins.mkdir(parents=True)
         for name in stamp["files"]:
             shutil.copy2(tmp / "plugins" / name, staged_plugins / name)
+        # what `tether slurm install` and `tether doctor` read on the host: the build, and where it is
+        write(root / PACKAGED_STAMP.lstrip("/"), json.dumps({**stamp, "plugin_dir": plugin_dir}, indent=1) + "\n")
         # the container launcher for the default settings and a host without a config file; sys.path:
         # Debian's dist-packages (tether and its dependencies)
         staged_python(site_stage, "from pathlib import Path; from tether.admin.host import install_launcher; "
@@ -346,18 +359,59 @@ def build_deb(out: Path, wheel: Path, version: str | None = None) -> Path:
     return deb
 
 
+def build_in_slurm_root(out: Path, wheel: Path, release: str, version: str) -> Path:
+    """The package for another Slurm release (``24.11``), built the same way inside that release's
+    Debian root (the sandbox's, tether.sandbox.slurmroot: built and cached on first use): this
+    script, the wheel and the manual pages are staged in the root, run there with its Debian
+    Python, Slurm and dpkg, and the .deb copied out into ``out``."""
+    try:
+        from tether.sandbox.slurmroot import SlurmRoot, SlurmRootError
+        from tether.system.proc import CommandError
+    except ImportError:
+        raise DebError("--slurm-release needs tether installed in the Python running this script "
+                       "(make install's /opt/tether/venv)") from None
+    try:
+        root = SlurmRoot(release)
+        root.ensure(log=lambda m: print(f"tools/deb.py: {m}", file=sys.stderr))
+        stage_in_root = f"/var/tmp/tether-deb-{os.getpid()}"
+        stage = root.path / stage_in_root.lstrip("/")
+        shutil.rmtree(stage, ignore_errors=True)
+        try:
+            shutil.copytree(Path(__file__).resolve().parent, stage / "tools", ignore=IGNORED)
+            shutil.copytree(REPO / "docs" / "man", stage / "docs" / "man")
+            shutil.copy(REPO / "pyproject.toml", stage / "pyproject.toml")
+            shutil.copy(wheel, stage / wheel.name)
+            facts = json.dumps({" ".join(query): git(*query) for query in GIT_QUERIES})
+            made = root.run(["python3", f"{stage_in_root}/tools/deb.py", "--wheel", f"{stage_in_root}/{wheel.name}",
+                             "--out", f"{stage_in_root}/out", "--version", version], env={GIT_FACTS_ENV: facts},
+                            timeout=900)
+            deb = Path(made.stdout.split()[-1]).name
+            shutil.copy(stage / "out" / deb, out / deb)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    except (SlurmRootError, CommandError) as exc:
+        raise DebError(f"building the package for Slurm {release} in its Debian root: {exc}") from None
+    return out / deb
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tools/deb.py", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "dist"), help="where the wheel and the .deb go (default dist/)")
     parser.add_argument("--version", help="the Debian version (default <version>+git<commit time>.<commit>-1)")
     parser.add_argument("--wheel-python", default=sys.executable,
                         help="the Python whose pip builds the wheel (default: this one)")
+    parser.add_argument("--wheel", metavar="FILE", help="package this wheel of tether instead of building one")
+    parser.add_argument("--slurm-release", metavar="RELEASE",
+                        help="build for another Slurm release (24.11, 26.05) in its Debian root (the sandbox's)")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        wheel = build_wheel(out, args.wheel_python)
-        deb = build_deb(out, wheel, args.version)
+        wheel = Path(args.wheel).resolve() if args.wheel else build_wheel(out, args.wheel_python)
+        if args.slurm_release:
+            deb = build_in_slurm_root(out, wheel, args.slurm_release, args.version or debian_version())
+        else:
+            deb = build_deb(out, wheel, args.version)
     except DebError as exc:
         print(f"tools/deb.py: {exc}", file=sys.stderr)
         return 1

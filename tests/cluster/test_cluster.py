@@ -312,6 +312,9 @@ def test_a_sandbox_whose_processes_were_killed_outright_starts_again(cluster, tm
         assert state.strip() in ("", "CANCELLED"), state
     finally:
         box.down(purge=True, log=lambda m: None)
+        if cluster.box.packaged:        # the root's config and launcher are the session's again
+            cluster.box.claim_package_config()
+            cluster.box.install_plugins(log=lambda m: None)
 
 
 def _is_child_of(proc: Path, parent: int) -> bool:
@@ -346,6 +349,9 @@ def test_a_node_whose_namespace_setup_fails_stops_the_start_with_its_reason_and_
         assert left == [], left
     finally:
         box.down(purge=True, log=lambda m: None)
+        if cluster.box.packaged:        # the root's config and launcher are the session's again
+            cluster.box.claim_package_config()
+            cluster.box.install_plugins(log=lambda m: None)
 
 
 def _cmdline_has(proc: Path, text: bytes) -> bool:

@@ -8,6 +8,7 @@ the jobs' own output and slurmctld's log.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -351,8 +352,10 @@ def test_exception_in_the_handler_rejects_tether_jobs_and_slurmctld_survives(clu
     built = cluster.run([cluster.box.python, "-c", code, str(tmp_path),
                          "\n_handler.Handler.submit = lambda self, *a: 1 // 0\n"], timeout=600)
     faulty = Path(built.stdout.strip().splitlines()[-1])
-    good = cluster.box.plugin_build_dir / job_submit_build.SO_NAME
-    target = cluster.box.plugin_dir / job_submit_build.SO_NAME
+    target = cluster.box.loaded_plugin_dir() / job_submit_build.SO_NAME     # the package's, in a Slurm root
+    good = tmp_path / "good" / job_submit_build.SO_NAME
+    good.parent.mkdir()
+    shutil.copy2(target, good)
     install_file(faulty, target)
     cluster.box.restart_slurmctld()
     try:
@@ -402,7 +405,10 @@ def test_install_prints_the_lines_and_write_applies_them(cluster, tmp_path):
     images = tmp_path / "images"
     config.write_text(f"job_storage_root: {storage}\ncontainer: {{apptainer_image_root: {images}}}\n")
     tether = cluster.box.tether              # the sandbox's Slurm's (in its root, on another release)
-    common = ["--build-dir", str(cluster.box.plugin_build_dir), "--slurm-conf", str(conf), "--config", str(config)]
+    build = cluster.box.plugin_build_dir
+    if not (build / "build.json").exists():  # a sandbox that installed tether's package built none
+        cluster.run([*tether, "slurm", "build", "--out", str(build)], timeout=600)
+    common = ["--build-dir", str(build), "--slurm-conf", str(conf), "--config", str(config)]
     dry = cluster.run([*tether, "slurm", "install", *common])
     line = (f"required {tmp_path}/plugins/spank_tether.so job_storage_root={storage} "
             f"launcher={tmp_path}/plugins/tether-run user_dirs=/run/tether:/var/lib/tether/users")

@@ -1,8 +1,9 @@
 """Issue 20: the same tether on Slurm 24.11 (Debian 13) and 26.05 (Debian testing), each in the
 sandbox's Debian root of its own (release_cluster, one run per release).
 
-The plugins are built there against that release's headers, as its admin would (``tether slurm
-build``), and these tests run its real sbatch/srun/scontrol as the job user. What differs from
+tether is installed there from its Debian package built for that release (``tools/deb.py
+--slurm-release``: the plugins built against that release's headers and Debian's Python), with the
+README's package steps, and these tests run its real sbatch/srun/scontrol as the job user. What differs from
 22.05 is checked where it shows: the version checks of the C shims (hostlist_t, job_modify's
 err_msg, spank_prepend_task_argv, 25.11's job_desc step_id) and the gres spelling of the
 job_submit handler.
@@ -11,20 +12,32 @@ job_submit handler.
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
 
 import pytest
 from helpers import wait_until
+
+from tether.system.toolchain import PACKAGED_BUILD_STAMP
 
 pytestmark = pytest.mark.cluster
 
 
 def test_the_plugins_are_built_for_and_run_in_the_release(release_cluster):
-    release = release_cluster.box.release()
+    box = release_cluster.box
+    release = box.release()
     name, version = release_cluster.run(["sinfo", "-V"]).stdout.split()
     assert name == "slurm-wlm" and version.startswith(release + "."), version
-    stamp = json.loads((release_cluster.box.build_dir / f"slurm-{release}" / "build.json").read_text())
+    # from the package built for this release, as a site installs it
+    package = release_cluster.run(["dpkg-query", "-W", "-f", "${Package} ${Status}", f"tether-slurm{release}"]).stdout
+    assert package == f"tether-slurm{release} install ok installed", package
+    stamp = json.loads(box.host_path(PACKAGED_BUILD_STAMP).read_text())
     assert stamp["toolchain"]["slurm_version"] == version, stamp
     assert stamp["toolchain"]["python_home"] == "/usr", stamp      # the root's own Python
+    plugstack = box.plugstack_conf.read_text()
+    assert f"required {stamp['plugin_dir']}/spank_tether.so " in plugstack, plugstack     # the package's plugin
+    assert not box.host_path("/usr/local/bin/tether").exists()     # no copy of tether beside it
     log = (release_cluster.box.log_dir / "slurmctld.log").read_text()
     assert f"slurmctld version {version} started" in log
     assert "job_submit/tether: configuration loaded from" in log
@@ -93,3 +106,62 @@ def test_a_container_step_gets_the_tasks_own_command_through_the_prepended_launc
                                    "first", "a b", "c"], timeout=180)
     lines = sorted(result.stdout.splitlines())
     assert lines == ["0 0 [first][a b][c] image", "1 1 [first][a b][c] image"], result.stdout + result.stderr
+
+
+def _next_version(deb, out) -> tuple:
+    """The same package as the next version (its files and scripts, a higher Version): what an
+    upgrade installs. (path, version)"""
+    tree = out / "tree"
+    subprocess.run(["dpkg-deb", "-R", str(deb), str(tree)], check=True, timeout=120)
+    control = tree / "DEBIAN" / "control"
+    text = control.read_text()
+    version = next(line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("Version: "))
+    newer = version.replace("-1", "+upgrade-1") if version.endswith("-1") else version + "+upgrade"
+    control.write_text(text.replace(f"Version: {version}\n", f"Version: {newer}\n"))
+    path = out / "newer.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree), str(path)], check=True,
+                   capture_output=True, timeout=300)
+    return path, newer
+
+
+def test_upgrading_the_package_under_a_running_container_step(release_cluster, tmp_path):
+    """Issue 41, the README's "Upgrade tether": `dpkg -i` of the next version while a container
+    step runs. The running step ends as it began (its launcher's files were replaced by new
+    inodes, never rewritten), the job's next step runs with the new files, and so does a new job."""
+    box = release_cluster.box
+    assert box.package, "a release sandbox installs tether from its package"
+    newer, version = _next_version(box.package, tmp_path)
+    image = box.busybox_image()
+    out = box.work_dir / f"upgrade-{box.release()}.out"
+    out.unlink(missing_ok=True)
+    packaged = box.loaded_plugin_dir() / "tether-run"
+    # the launcher `tether slurm install --write` built for the sandbox's config (outside dpkg's files)
+    named = re.search(r" launcher=(\S+) ", box.plugstack_conf.read_text()).group(1)
+    launcher = box.host_path(named)
+    assert launcher.parent != packaged.parent, named
+    before = (packaged.stat().st_ino, launcher.stat().st_ino)
+    steps = (f"srun --container-image={image} sh -c 'sleep 15; echo first-step-done'; "
+             f"srun --container-image={image} echo second-step-done")
+    job = release_cluster.submit("-N1", "-o", str(out), "--wrap", steps)
+    staged = box.slurm_root.path / "var/tmp/tether-upgrade.deb"
+    try:
+        assert wait_until(lambda: f"{job}.0 " in release_cluster.run(["squeue", "-h", "-s", "-j", job, "-o",
+                                                                      "%i "]).stdout, timeout=120, step=0.5)
+        shutil.copy(newer, staged)
+        upgraded = release_cluster.run(["dpkg", "-i", "/var/tmp/tether-upgrade.deb"], timeout=300)
+        assert "Preparing to unpack" in upgraded.stdout, upgraded.stdout
+        box.install_plugins(log=lambda m: None)       # the README's next step: the launcher, again
+        assert packaged.stat().st_ino != before[0] and launcher.stat().st_ino != before[1]
+        fields = release_cluster.wait_job(job, timeout=240)
+        text = out.read_text()
+        assert fields["JobState"] == "COMPLETED", (fields, text)
+        assert "first-step-done" in text and "second-step-done" in text, text
+        installed = release_cluster.run(["dpkg-query", "-W", "-f", "${Version}", f"tether-slurm{box.release()}"])
+        assert installed.stdout == version
+        again = release_cluster.as_user(["srun", f"--container-image={image}", "echo", "a-new-job"], timeout=180)
+        assert again.stdout.strip() == "a-new-job", again.stdout + again.stderr
+    finally:
+        staged.unlink(missing_ok=True)
+        release_cluster.run(["scancel", job], check=False)
+        box.install_package()                  # the package the sandbox was started with, again
+        box.install_plugins(log=lambda m: None)

@@ -4,6 +4,7 @@ host's own /usr, /etc or dpkg database."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -14,9 +15,11 @@ import pytest
 
 from tether.admin.slurm import plugstack_line, spank_lines
 from tether.hooks.config import default_config
-from tether.system.toolchain import installed_slurm_version, system_plugin_dir
+from tether.admin.slurm import install_plugins
+from tether.hooks.configfile import load_config
+from tether.system.toolchain import PACKAGED_BUILD_STAMP, BuildError, installed_slurm_version, system_plugin_dir
 
-from helpers import REPO
+from helpers import REPO, make_config
 
 DROPIN = "etc/slurm/plugstack.conf.d/tether.conf"
 
@@ -62,7 +65,7 @@ def test_the_package_holds_the_plugins_the_launcher_the_python_part_and_the_docs
     expected |= {"/usr/bin/tether", "/" + DROPIN, "/lib/systemd/system/tether-serve.service",
                  "/usr/share/man/man1/tether.1.gz", "/usr/share/man/man5/tether.yaml.5.gz",
                  "/usr/share/man/man8/tether-spank.8.gz", "/usr/lib/python3/dist-packages/tether/cli/main.py",
-                 "/usr/lib/python3/dist-packages/tether/job_submit/handler.py"}
+                 "/usr/lib/python3/dist-packages/tether/job_submit/handler.py", PACKAGED_BUILD_STAMP}
     package = built["control"]["Package"]
     expected |= {f"/usr/share/doc/{package}/{n}" for n in ("copyright", "changelog.Debian.gz", "examples/tether.yaml")}
     assert expected <= built["files"], expected - built["files"]
@@ -194,3 +197,56 @@ def test_spank_lines_follow_plugstack_includes(tmp_path):
                                                          "required /x/spank_tether.so job_storage_root=/b")]
     (tmp_path / "plugstack.conf").write_text("include plugstack.conf.d/*.conf\n")      # relative to its directory
     assert len(spank_lines(tmp_path / "plugstack.conf")) == 1
+
+
+def test_slurm_install_on_a_package_host_writes_the_lines_for_the_packages_plugins(built, tmp_path):
+    """With the package installed and no --build-dir, `tether slurm install` needs no build of its own
+    (the README's package steps): it names the package's plugins, copies nothing over dpkg's files,
+    and --write writes the two lines for them."""
+    root = scratch_root(tmp_path / "root", built["control"]["Depends"])
+    assert dpkg(root, "-i", str(built["deb"])).returncode == 0
+    stamp_file = root / PACKAGED_BUILD_STAMP.lstrip("/")
+    stamp = json.loads(stamp_file.read_text())
+    plugin_dir = system_plugin_dir()
+    assert stamp["plugin_dir"] == plugin_dir and stamp["toolchain"]["slurm_version"] == installed_slurm_version()
+    assert sorted(stamp["files"]) == ["job_submit_tether.so", "spank_tether.so"]
+    assert "tether-deb-" not in stamp_file.read_text()                   # no path of the build's
+    conf, plugstack = tmp_path / "slurm.conf", tmp_path / "plugstack.conf"
+    conf.write_text(f"ClusterName=x\nJobSubmitPlugins=lua\nPlugStackConfig={plugstack}\n")
+    plugstack.write_text("required other.so\n")
+    config = make_config(job_storage_root=str(tmp_path / "jobs"),
+                         container={"apptainer_image_root": str(tmp_path / "images")})
+    said: list[str] = []
+    lines = install_plugins(slurm_conf=conf, config=config, package_stamp=str(stamp_file), log=said.append)
+    spank = f"required {plugin_dir}/spank_tether.so job_storage_root={tmp_path / 'jobs'} launcher={plugin_dir}/tether-run"
+    assert lines[0] == "JobSubmitPlugins=lua,tether" and lines[1].startswith(spank)
+    assert f"{', '.join(stamp['files'])} are in {plugin_dir} (tether's Debian package), tether-run too" in said[0]
+    assert "JobSubmitPlugins=lua\n" in conf.read_text() and not (tmp_path / "jobs").exists()
+    said.clear()
+    install_plugins(slurm_conf=conf, config=config, package_stamp=str(stamp_file), write=True, log=said.append)
+    assert "JobSubmitPlugins=lua,tether\n" in conf.read_text()
+    assert plugstack.read_text() == f"required other.so\n{lines[1]}\n"
+    assert any("nothing to copy" in line for line in said) and not any(line.startswith("installed ") for line in said)
+    assert (tmp_path / "jobs").is_dir()
+    # with a config file: the launcher built for it, outside dpkg's files, and the line names it
+    config_file = tmp_path / "tether.yaml"
+    config_file.write_text(f"job_storage_root: {tmp_path / 'jobs'}\ncontainer: {{apptainer_image_root: {tmp_path / 'images'}}}\n")
+    site_config = load_config(str(config_file))
+    launchers = tmp_path / "launcher"
+    said.clear()
+    line = install_plugins(slurm_conf=conf, config=site_config, package_stamp=str(stamp_file),
+                           package_launcher_dir=str(launchers), write=True, log=said.append)[1]
+    assert f" launcher={launchers}/tether-run " in line and line.startswith(f"required {plugin_dir}/spank_tether.so ")
+    assert plugstack.read_text() == f"required other.so\n{line}\n"
+    assert (launchers / "tether-run").read_bytes()[:4] == b"\x7fELF"
+    assert f"handoff({str(config_file)!r}" in (launchers / "tether-run-py").read_text()
+    assert oct(launchers.stat().st_mode & 0o777) == "0o755" and any(f"for {config_file}" in m for m in said)
+    os.chmod(launchers, 0o777)                                  # others could swap every user's launcher
+    with pytest.raises(BuildError, match="must be a root-owned directory"):
+        install_plugins(slurm_conf=conf, config=site_config, package_stamp=str(stamp_file),
+                        package_launcher_dir=str(launchers), write=True, log=said.append)
+    with pytest.raises(BuildError, match="--plugin-dir /elsewhere would name other files"):
+        install_plugins(slurm_conf=conf, config=config, package_stamp=str(stamp_file), plugin_dir=Path("/elsewhere"))
+    stamp_file.write_text(json.dumps({**stamp, "toolchain": {**stamp["toolchain"], "slurm_version": "21.08.1"}}))
+    with pytest.raises(BuildError, match="built for Slurm 21.08.1 .* install tether's package built for this Slurm"):
+        install_plugins(slurm_conf=conf, config=config, package_stamp=str(stamp_file))

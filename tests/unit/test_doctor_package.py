@@ -21,9 +21,59 @@ def test_missing_plugins_are_advised_as_this_host_installed_tether(tmp_path, mon
     monkeypatch.setattr(doctor_module, "packaged_by", lambda: package)
     monkeypatch.setattr(Doctor, "_plugin_dir", lambda self: tmp_path)
     (finding,) = list(Doctor(None).check_plugins())
-    assert finding.status == FAIL and "missing in" in finding.detail
+    assert finding.status == FAIL and "missing: " in finding.detail and str(tmp_path) in finding.detail
     if package:
         assert f"`apt-get install --reinstall {package}`" in finding.detail
         assert "tether slurm install" not in finding.detail
     else:
         assert finding.detail.endswith("`tether slurm build`, then `tether slurm install --write`")
+
+
+def test_the_packages_build_stamp_is_what_the_plugins_are_checked_against(tmp_path, monkeypatch):
+    """A package host has no build of its own (and often no compiler or headers: finding one
+    fails): the doctor checks the plugins against the package's record of its build."""
+    from tether.admin.doctor import OK
+    from tether.system.toolchain import BuildError
+
+    def no_toolchain(*_a, **_k):
+        raise BuildError("Slurm's headers were not found")
+
+    for name in ("spank_tether.so", "job_submit_tether.so", "tether-run", "tether-run-py"):
+        (tmp_path / name).write_text("x")
+    monkeypatch.setattr(doctor_module, "default_build_dir", no_toolchain)
+    monkeypatch.setattr(doctor_module, "installed_slurm_version", lambda: "22.05.8")
+    monkeypatch.setattr(Doctor, "_plugin_dir", lambda self: tmp_path)
+    stamp = {"plugin_dir": str(tmp_path), "files": ["spank_tether.so", "job_submit_tether.so"],
+             "toolchain": {"slurm_version": "22.05.8"}}
+    monkeypatch.setattr(doctor_module, "packaged_stamp", lambda: stamp)
+    (finding,) = list(Doctor(None).check_plugins())
+    assert finding.status == OK and finding.detail.endswith("built for Slurm 22.05.8"), finding
+    stamp["toolchain"]["slurm_version"] = "22.05.7"
+    (finding,) = list(Doctor(None).check_plugins())
+    assert finding.status == FAIL and "built for Slurm 22.05.7, but Slurm 22.05.8 is installed" in finding.detail
+    monkeypatch.setattr(doctor_module, "packaged_stamp", lambda: None)       # no package, no toolchain
+    (finding,) = list(Doctor(None).check_plugins())
+    assert finding.status == OK and "built for" not in finding.detail
+
+
+def test_the_launcher_is_looked_for_where_the_plugstack_line_names_it(tmp_path, monkeypatch):
+    """On a package host `tether slurm install --write` builds the launcher for the site's config
+    outside the package's plugin directory; the doctor checks the one the SPANK line names."""
+    from tether.admin.doctor import OK
+
+    plugins, launchers = tmp_path / "plugins", tmp_path / "launcher"
+    plugins.mkdir()
+    launchers.mkdir()
+    (plugins / "spank_tether.so").write_text("x")
+    line = f"required {plugins}/spank_tether.so job_storage_root=/j launcher={launchers}/tether-run user_dirs=/run/tether"
+    monkeypatch.setattr(Doctor, "_plugstack_line", lambda self: line)
+    monkeypatch.setattr(Doctor, "_plugin_dir", lambda self: plugins)
+    monkeypatch.setattr(doctor_module, "packaged_stamp", lambda: None)
+    monkeypatch.setattr(doctor_module, "read_stamp", lambda build: (_ for _ in ()).throw(doctor_module.BuildError("none")))
+    monkeypatch.setattr(doctor_module, "default_build_dir", lambda: tmp_path / "nobuild")
+    (finding,) = list(Doctor(None).check_plugins())
+    assert finding.status == FAIL and f"{launchers}/tether-run, {launchers}/tether-run-py missing" in finding.detail
+    for name in ("tether-run", "tether-run-py"):
+        (launchers / name).write_text("x")
+    (finding,) = list(Doctor(None).check_plugins())
+    assert finding.status == OK and f"in {plugins}, tether-run and tether-run-py in {launchers}" in finding.detail

@@ -233,3 +233,29 @@ def test_the_sandbox_installs_the_plugins_with_the_readmes_admin_commands(tmp_pa
         assert set(flags) - placement <= set(kept), argv
         ran.append(kept)
     assert ran == readme and len(readme) == 2, (ran, readme)
+
+
+def test_a_release_sandbox_installs_tether_from_its_package_with_the_readmes_commands(tmp_path):
+    """Issues 41 and 46: a sandbox on another Slurm release installs tether in its root from the
+    package built for that release, with the README's package steps ("**Install** on every host"),
+    in their order -- pointed at its own slurm.conf only."""
+    from tether.sandbox.cluster import Sandbox
+
+    block = README.split("**Install** on every host:")[1].split("```")[1]
+    deb = tmp_path / "tether-slurm24.11_0.1.0-1_amd64.deb"
+    deb.write_bytes(b"!<arch>\n")
+    box = Sandbox(tmp_path / "box", slurm="24.11", package=deb)
+    commands = [box.package_command(f"/var/tmp/tether-package/{deb.name}"), *box.admin_commands()]
+    assert commands[0][:2] == ["dpkg", "-i"] and len(commands) == 3
+    placement = {"--slurm-conf"}
+    at = -1
+    for argv in commands:
+        kept = [a for i, a in enumerate(argv) if a not in placement and (i == 0 or argv[i - 1] not in placement)]
+        text = re.sub(r"\S*tether-slurm[\d.]+_[^ ]+\.deb", "tether-slurm<R>_<version>_amd64.deb", " ".join(kept))
+        lines = [re.sub(r"tether-slurm[\d.]+_<version>_amd64\.deb", "tether-slurm<R>_<version>_amd64.deb", line)
+                 for line in block.splitlines()]
+        found = [i for i, line in enumerate(lines) if line.startswith(text + " ") or f"installed: {text}" in line]
+        assert found and found[0] > at, (text, block)
+        at = found[0]
+    with pytest.raises(Exception, match="not a .deb file"):
+        Sandbox(tmp_path / "box", slurm="24.11", package=tmp_path)
