@@ -162,7 +162,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("container-entrypoint-log", None, "flag", "accepted for pyxis scripts: the entrypoint's output "
            "is always the rank's own output"),
     Option("container-save", "PATH", "text", "after the step, save the first rank's container of each node "
-           "(podman: an OCI archive; enroot: squashfs); relative to the working directory"),
+           "(enroot: squashfs; podman: squashfs to a `.sqsh`/`.squashfs`/`.sqfs` name, else an OCI archive); "
+           "relative to the working directory"),
     Option("container-unshare", "NS[,NS...]", "namespaces", "namespaces of the container's own, of net, ipc, "
            "uts (default: the host's): net, only a loopback interface; ipc, its own SysV IPC and /dev/shm; "
            "uts, its own host name (at first the node's)"),

@@ -57,6 +57,10 @@ except ImportError:                        # pragma: no cover -- Python 3.12 ren
     from hashlib import sha256 as _sha256
 
 STALE_STATE = "invalid internal status, try resetting the pause process"   # podman 4.3's words
+# podman 4.3 and 5 when the pause process its pid file names is a zombie nobody reaped (a node whose
+# PID 1 does not reap: slurmd in a container without an init, this machine): every later podman of
+# the user on the node fails so (exit 125) until the zombie is reaped -- on such a node, never
+JOIN_FAILED = "cannot re-exec process to join the existing user namespace"
 
 
 BOOT_MARKER = "libpod/tmp/alive"     # in podman's run directory: its absence says "a new boot"
@@ -646,7 +650,9 @@ class Podman(Runtime):
         finish, after = None, []
         if spec.save:
             partial = f"{spec.save}.{os.uname().nodename}.{os.getpid()}.partial"
-            finish = ([lambda env: save_oci_archive([self.binary, *glob], name, partial, env)], partial, spec.save)
+            # a squashfs file (pyxis's and enroot's format) when the name says so, else an OCI archive
+            save = save_squashfs if spec.save.endswith(SQUASHFS_SUFFIXES) else save_oci_archive
+            finish = ([lambda env: save([self.binary, *glob], name, partial, env)], partial, spec.save)
             after = [[self.binary, *glob, "rm", "--force", "--ignore", name]]
         # root's podman keeps no pause process (no XDG_RUNTIME_DIR: see base_env)
         kept = ((pause_pid_file(env["XDG_RUNTIME_DIR"]), PAUSE_NAMES),) if env.get("XDG_RUNTIME_DIR") else ()
@@ -710,12 +716,44 @@ class Podman(Runtime):
             raise LaunchError(f"GPU {bad[0][:40]!r} (CUDA_VISIBLE_DEVICES) is not a GPU index or UUID")
         return [a for i in ids for a in ("--device", f"{kind}={i}")]
 
+    def forget_unreaped_pause_process(self, env: Mapping[str, str]) -> bool:
+        """The pause process podman's pid file names has ended, but nothing reaped it (JOIN_FAILED):
+        remove the pid file (the user's own, in the user's run directory) so the next podman joins
+        a running container's namespace or makes a new one, as it does when the pause process is
+        gone. Only a zombie of this user counts (a live process is left alone); True if removed."""
+        run_dir = env.get("XDG_RUNTIME_DIR")
+        if not run_dir:
+            return False
+        pid_file = pause_pid_file(run_dir)
+        text = read_regular(pid_file, limit=32)             # a FIFO there never hangs the rank
+        try:
+            pid = int((text or "").strip())
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+            owner = os.stat(f"/proc/{pid}").st_uid
+        except (OSError, ValueError, IndexError):
+            return False
+        if state != "Z" or owner != os.getuid():
+            return False
+        try:
+            os.unlink(pid_file)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            progress(f"cannot remove podman's pause pid file {pid_file}: {exc.strerror}")
+            return False
+        progress(f"podman's pause process (pid {pid}) has ended but nothing reaped it (this node's init does "
+                 f"not reap orphans): podman starts a new one")
+        return True
+
     def recover_state(self, env: Mapping[str, str], output: str | None = None, *, new_session: bool = True) -> bool:
         """See repair_stale_state: this user's podman on this node, telling the rank's stderr. After
         a run that ended before it created the container (``output`` None: its message went to the
         rank), one more try also when the state is not stale: rebuilding its state after the
         processes it named were killed, podman 4.3 sometimes exits 1 without a word, and the next
         run works (seen in the stale-state test, about 1 in 2 on this machine)."""
+        if (output is None or JOIN_FAILED in output) and self.forget_unreaped_pause_process(env):
+            return True
         # root's podman has no run directory of a user's (base_env), nor such a state
         run_dir = self.run_dir() if env.get("XDG_RUNTIME_DIR") else None
         reset = (lambda: remove_boot_marker(run_dir)) if run_dir else None
@@ -747,7 +785,7 @@ class Podman(Runtime):
                 except CommandError as exc:
                     # the step's end killed the processes podman's state names (a cold node: no
                     # pause process of the user's outlives the step): repaired once, asked again
-                    if repaired or STALE_STATE not in (exc.stderr or ""):
+                    if repaired or (STALE_STATE not in (exc.stderr or "") and JOIN_FAILED not in (exc.stderr or "")):
                         failures.append(exc)
                         return None
                     repaired.append(self.recover_state(env, exc.stderr, new_session=new_session))
@@ -843,9 +881,20 @@ class Podman(Runtime):
                               f"(oci-archive:PATH, docker-archive:PATH) or a rootfs directory; "
                               f"{image.split(':', 1)[0]} images are for Apptainer/Singularity")
         path = self.local_image(image)
+        if is_squashfs(path):
+            # a squashfs image (enroot's and pyxis's format): unpacked and imported once per user per
+            # node under a name its file's identity decides, as a rootfs directory is imported
+            name = squashfs_image_name(path)
+            return (["--pull=never", name],
+                    [(lambda env: import_squashfs(path, [self.binary, *glob], name, env, work=self.store_path()),
+                      (lambda: self.store_has(name), [self.binary, *glob, "image", "exists", name]),
+                      f"unpacking the squashfs image {path} into your podman store on this node")])
         if not os.path.isdir(path):
-            raise LaunchError(f"--container-image={image}: podman runs a rootfs directory or a registry "
-                              f"image (ubuntu:22.04, docker://...), not a file")
+            other = (" (a SIF image is Apptainer's or Singularity's: --container-runtime=apptainer)"
+                     if path.endswith(".sif") else "")
+            raise LaunchError(f"--container-image={image}: podman runs a rootfs directory, a squashfs image "
+                              f"(.sqsh), an image archive (oci-archive:PATH) or a registry image "
+                              f"(ubuntu:22.04, docker://...); {path} is none of them{other}")
         if os.access(path, os.W_OK):
             # the user's own rootfs: read-only as it is, or writable through an overlay whose
             # changes are discarded (podman 4.3 leaves the overlay's empty work directories behind)
@@ -1088,6 +1137,101 @@ def import_rootfs(path: str, podman: Sequence[str], name: str, env: Mapping[str,
     if unreadable:
         progress(f"{len(unreadable)} file(s) of {path} are not readable by you and are not in the image "
                  f"(first: {unreadable[0]})")
+
+
+# squashfs images: a file that starts with squashfs's magic is one; --container-save writes one to a
+# name with one of these suffixes (pyxis's and enroot's format), else an OCI archive
+SQUASHFS_MAGIC = b"hsqs"
+SQUASHFS_SUFFIXES = (".sqsh", ".squashfs", ".sqfs")
+
+
+def is_squashfs(path: str) -> bool:
+    """Is ``path`` a regular file that begins like a squashfs filesystem? (Never waits on a FIFO.)"""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, 4) == SQUASHFS_MAGIC
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def squashfs_image_name(path: str) -> str:
+    """The store's name for an imported squashfs image: its path and identity (see rootfs_image_name)."""
+    return rootfs_image_name(path).replace("/tether-rootfs:", "/tether-squashfs:")
+
+
+def _squashfs_tool(name: str, why: str) -> str:
+    import shutil
+
+    found = shutil.which(name)
+    if found is None:
+        raise LaunchError(f"{why} needs {name} (Debian: squashfs-tools), which is not on this node's PATH")
+    return found
+
+
+def import_squashfs(path: str, podman: Sequence[str], name: str, env: Mapping[str, str] | None = None,
+                    work: str | None = None) -> None:
+    """``unsquashfs`` the image into a directory of the user's (in ``work``, the store: same node,
+    same disk), then import that as a rootfs (import_rootfs), then remove it. As the user: the
+    files become the user's, owned by the container's root inside, as enroot's unpacking does."""
+    import shutil
+    import tempfile
+
+    from ...system.proc import CommandError, run_command
+
+    unsquashfs = _squashfs_tool("unsquashfs", f"podman with the squashfs image {path}")
+    if work:
+        os.makedirs(work, mode=0o700, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tether-squashfs-", dir=work or None)
+    try:
+        rootfs = os.path.join(tmp, "rootfs")
+        try:
+            # -no-xattrs: security.* and trusted.* ones cannot be set as a user
+            run_command([unsquashfs, "-no-progress", "-quiet", "-no-xattrs", "-d", rootfs, path], env=env,
+                        timeout=3600)
+        except CommandError as exc:
+            raise LaunchError(f"could not unpack the squashfs image {path}: {exc}") from None
+        import_rootfs(rootfs, podman, name, env)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_squashfs(podman: Sequence[str], container: str, path: str, env: Mapping[str, str] | None = None) -> None:
+    """--container-save to a .sqsh name: the container's filesystem (``podman export``) as a squashfs
+    file, every file root's (``-all-root``, as enroot export writes it), for enroot, pyxis, Apptainer
+    or tether's podman (import_squashfs) to run. Device files are left out (a user cannot make them)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from ...system.proc import CommandError, run_command
+
+    mksquashfs = _squashfs_tool("mksquashfs", f"--container-save={path}")
+    tmp = tempfile.mkdtemp(prefix=".tether-save-", dir=os.path.dirname(path) or None)
+    try:
+        layer, rootfs = os.path.join(tmp, "layer.tar"), os.path.join(tmp, "rootfs")
+        os.mkdir(rootfs, 0o700)
+        try:
+            run_command([*podman, "export", "--output", layer, container], env=env, timeout=3600)
+        except CommandError as exc:
+            raise LaunchError(str(exc)) from None
+        untar = subprocess.run(["tar", "-C", rootfs, "--no-same-owner",
+                                "--exclude=./dev/*", "-xf", layer], capture_output=True, text=True, timeout=3600)
+        if untar.returncode != 0:
+            said = (untar.stderr.strip().splitlines() or ["no message"])[-1]
+            raise LaunchError(f"could not unpack the container's files for {path}: {said}")
+        os.unlink(layer)
+        try:
+            run_command([mksquashfs, rootfs, path, "-noappend", "-all-root", "-no-progress", "-quiet",
+                         "-no-xattrs"], env=env, timeout=3600)
+        except CommandError as exc:
+            raise LaunchError(f"could not write the squashfs {path}: {exc}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 ADAPTER = Podman

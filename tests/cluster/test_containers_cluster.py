@@ -595,6 +595,37 @@ def test_container_save_writes_an_image_the_next_job_runs(cluster):
         subprocess.run(["rm", "-rf", str(where)], check=False)
 
 
+def test_a_squashfs_image_runs_on_podman_and_a_step_saves_one_the_next_job_runs(cluster, image):
+    """Issue 45 (pyxis's squashfs_image tests): --container-image=IMAGE.sqsh -- enroot's and pyxis's
+    image format -- runs on podman (unpacked and imported once per user per node: the second step
+    unpacks nothing), and --container-save=NAME.sqsh writes a squashfs file the next job runs."""
+    where = cluster.box.work_dir / f"sqsh-{os.getpid()}"
+    _write_as(cluster.user, where / ".keep", "")
+    sqsh = where / "busybox.sqsh"
+    try:
+        subprocess.run(["mksquashfs", image, str(sqsh), "-noappend", "-all-root", "-quiet", "-no-progress",
+                        "-p", "/made-as-squashfs f 444 0 0 echo squashed"], check=True, capture_output=True,
+                       timeout=300)
+        os.chmod(sqsh, 0o644)
+        first = cluster.as_user(["srun", "-N2", f"--container-image={sqsh}", "sh", "-c",
+                                 "echo $(cat /made-as-squashfs) $TETHER_CONTAINER"], timeout=300)
+        assert first.stdout.split("\n")[:2] == ["squashed 1"] * 2, first.stdout + first.stderr
+        assert first.stderr.count(f"unpacking the squashfs image {sqsh}") == 2, first.stderr     # once per node
+        second = cluster.as_user(["srun", "-N1", f"--chdir={where}", f"--container-image={sqsh}",
+                                  "--container-writable", "--container-save=saved.sqsh", "sh", "-c",
+                                  "echo written-in-job > /marker; cat /made-as-squashfs"], timeout=300)
+        assert second.stdout.strip() == "squashed" and "unpacking" not in second.stderr, second.stderr
+        saved = where / "saved.sqsh"
+        assert f"saved the container to {saved}" in second.stderr, second.stderr
+        assert saved.read_bytes()[:4] == b"hsqs" and saved.stat().st_uid == pwd.getpwnam(cluster.user).pw_uid
+        assert not list(where.glob("*.partial*")) and not list(where.glob(".tether-save-*"))
+        again = cluster.as_user(["srun", "-N1", f"--container-image={saved}", "cat", "/marker", "/made-as-squashfs"],
+                                timeout=300)
+        assert again.stdout.split("\n")[:2] == ["written-in-job", "squashed"], again.stdout + again.stderr
+    finally:
+        subprocess.run(["rm", "-rf", str(where)], check=False)
+
+
 def test_a_named_podman_container_keeps_its_files_across_the_jobs_steps_on_each_node(cluster, image):
     """Issue 15 (pyxis's --container-name, for podman too): the first step on a node unpacks the
     image into the job's directory on that node; the next steps run in the same root -- what a

@@ -60,7 +60,7 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
     writable = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", writable=True), HOST)
     assert writable.argv[-4:-2] == ["--rootfs", f"{rootfs}:O"] and "--read-only" not in writable.argv
     (tmp_path / "x.sif").write_text("")
-    with pytest.raises(LaunchError, match="not a file"):
+    with pytest.raises(LaunchError, match=r"is none of them \(a SIF image is Apptainer's or Singularity's"):
         adapter("podman", {}).launch(spec(image=str(tmp_path / "x.sif"), runtime="podman"), HOST)
     with pytest.raises(LaunchError, match="--container-name needs the job's directories"):
         adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", name="dev", rank_dir=None), HOST)
@@ -696,3 +696,103 @@ def test_podman_gives_the_container_the_namespaces_it_asks_for(monkeypatch):
     at = every.index("--network=none")
     assert every[at:at + 4] == ["--network=none", "--ipc=private", "--uts=private",
                                 f"--hostname={os.uname().nodename}"]
+
+
+def test_podman_runs_a_squashfs_image_imported_once_under_a_name_of_its_identity(tmp_path):
+    """Issue 45: enroot's and pyxis's image format on podman. A file that is not one, and a FIFO
+    named like one, are refused with what podman can run -- never waited on."""
+    sqsh = tmp_path / "img.sqsh"
+    sqsh.write_bytes(b"hsqs" + b"\0" * 92)
+    launch = adapter("podman", {"store": ""}).launch(spec(image=str(sqsh), runtime="podman"), HOST)
+    name = launch.argv[launch.argv.index("--pull=never") + 1]
+    assert name.startswith("localhost/tether-squashfs:") and launch.argv[-3:] == [name, "python", "train.py"]
+    (unpack,) = launch.before
+    assert callable(unpack[0]) and unpack[2] == f"unpacking the squashfs image {sqsh} into your podman store on this node"
+    os.mkfifo(tmp_path / "fifo.sqsh")
+    (tmp_path / "text.sqsh").write_text("not a squashfs")
+    for bad in ("fifo.sqsh", "text.sqsh"):
+        with pytest.raises(LaunchError, match=r"podman runs a rootfs directory, a squashfs image \(\.sqsh\), an image "
+                                              r"archive \(oci-archive:PATH\) or a registry image"):
+            adapter("podman", {"store": ""}).launch(spec(image=str(tmp_path / bad), runtime="podman"), HOST)
+
+
+def test_a_squashfs_image_is_unpacked_as_the_user_and_imported_and_a_save_to_sqsh_writes_one(tmp_path, monkeypatch):
+    """import_squashfs and save_squashfs with the real squashfs-tools and a stand-in for podman's
+    import and export (the cluster test runs them with the real podman)."""
+    from tether.container.runtimes import podman as podman_module
+
+    tree = tmp_path / "tree"
+    (tree / "etc").mkdir(parents=True)
+    (tree / "etc" / "marker").write_text("from-the-image\n")
+    sqsh = tmp_path / "in.sqsh"
+    subprocess.run(["mksquashfs", str(tree), str(sqsh), "-noappend", "-all-root", "-quiet", "-no-progress"],
+                   check=True, capture_output=True)
+    assert podman_module.is_squashfs(str(sqsh))
+    fake = tmp_path / "podman"
+    fake.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case "$1" in
+        import) cat > {tmp_path}/imported.tar; echo sha256:0 ;;
+        export) tar -C {tree} -cf "$3" . ;;
+        esac
+        """))
+    fake.chmod(0o755)
+    store = tmp_path / "store"
+    podman_module.import_squashfs(str(sqsh), [str(fake)], "localhost/tether-squashfs:x", work=str(store))
+    listing = subprocess.run(["tar", "-tf", str(tmp_path / "imported.tar")], capture_output=True, text=True).stdout
+    assert "./etc/marker" in listing.split()
+    assert list(store.iterdir()) == []                       # its unpacked copy is gone
+    out = tmp_path / "saved.partial"
+    podman_module.save_squashfs([str(fake)], "tether-1-0-0", str(out))
+    assert out.read_bytes()[:4] == b"hsqs" and not list(tmp_path.glob(".tether-save-*"))
+    listed = subprocess.run(["unsquashfs", "-lls", str(out)], capture_output=True, text=True).stdout
+    assert "squashfs-root/etc/marker" in listed and "root/root" in listed
+    # a save to a .sqsh name writes squashfs, to another an OCI archive
+    chosen = []
+    monkeypatch.setattr(podman_module, "save_squashfs", lambda *a: chosen.append("squashfs"))
+    monkeypatch.setattr(podman_module, "save_oci_archive", lambda *a: chosen.append("oci"))
+    rank_dir = str(tmp_path / "42/n2/step-0/rank-3")
+    for name in ("c.sqsh", "c.tar"):
+        launch = adapter("podman", {"store": ""}).launch(spec(image="docker://busybox", runtime="podman",
+                                                              rank_dir=rank_dir, save=str(tmp_path / name)), HOST)
+        launch.finish[0][0]({})
+    assert chosen == ["squashfs", "oci"]
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    with pytest.raises(LaunchError, match=r"needs unsquashfs \(Debian: squashfs-tools\), which is not on this node"):
+        podman_module.import_squashfs(str(sqsh), [str(fake)], "n", work=str(store))
+
+
+def test_an_unreaped_pause_process_is_forgotten_so_podman_starts_a_new_one(tmp_path, capsys):
+    """On a node whose PID 1 does not reap (slurmd in a container without an init; this machine),
+    a pause process killed with its step stays a zombie, and every later podman of the user fails
+    "cannot re-exec process to join the existing user namespace". Only a zombie's pid file goes; a
+    live process's, a FIFO's or garbage's stays."""
+    from tether.container.runtimes.podman import PAUSE_PID_FILE, Podman
+
+    pid_file = tmp_path / PAUSE_PID_FILE
+    pid_file.parent.mkdir(parents=True)
+    podman = adapter("podman", {"store": ""})
+    assert isinstance(podman, Podman)
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    live = subprocess.Popen(["sleep", "60"])
+    zombie = subprocess.Popen(["true"])
+    try:
+        while open(f"/proc/{zombie.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            pass                                             # ended, not reaped (Popen has not waited)
+        pid_file.write_text(f"{live.pid}\n")
+        assert not podman.forget_unreaped_pause_process(env) and pid_file.exists()
+        pid_file.write_text("garbage")
+        assert not podman.forget_unreaped_pause_process(env) and pid_file.exists()
+        pid_file.unlink()
+        os.mkfifo(pid_file)
+        assert not podman.forget_unreaped_pause_process(env) and pid_file.exists()
+        pid_file.unlink()
+        pid_file.write_text(f"{zombie.pid}\n")
+        assert podman.recover_state(env, "Error: cannot re-exec process to join the existing user namespace")
+        assert not pid_file.exists()
+        assert f"pause process (pid {zombie.pid}) has ended but nothing reaped it" in capsys.readouterr().err
+        assert not podman.forget_unreaped_pause_process({})  # root's podman: no run directory of a user's
+    finally:
+        live.kill()
+        live.wait()
+        zombie.wait()
