@@ -1214,7 +1214,7 @@ def save_squashfs(podman: Sequence[str], container: str, path: str, env: Mapping
     tmp = tempfile.mkdtemp(prefix=".tether-save-", dir=os.path.dirname(path) or None)
     try:
         layer, rootfs = os.path.join(tmp, "layer.tar"), os.path.join(tmp, "rootfs")
-        os.mkdir(rootfs, 0o700)
+        os.mkdir(rootfs, 0o755)              # the image's / (its parent, tmp, is private)
         try:
             run_command([*podman, "export", "--output", layer, container], env=env, timeout=3600)
         except CommandError as exc:

@@ -608,11 +608,16 @@ def test_a_squashfs_image_runs_on_podman_and_a_step_saves_one_the_next_job_runs(
                        timeout=300)
         os.chmod(sqsh, 0o644)
         first = cluster.as_user(["srun", "-N2", f"--container-image={sqsh}", "sh", "-c",
-                                 "echo $(cat /made-as-squashfs) $TETHER_CONTAINER"], timeout=300)
-        assert first.stdout.split("\n")[:2] == ["squashed 1"] * 2, first.stdout + first.stderr
-        assert first.stderr.count(f"unpacking the squashfs image {sqsh}") == 2, first.stderr     # once per node
-        second = cluster.as_user(["srun", "-N1", f"--chdir={where}", f"--container-image={sqsh}",
-                                  "--container-writable", "--container-save=saved.sqsh", "sh", "-c",
+                                 "echo $(cat /made-as-squashfs) $TETHER_CONTAINER $SLURMD_NODENAME"], timeout=300)
+        rows = sorted(line.split() for line in first.stdout.splitlines())
+        assert [r[:2] for r in rows] == [["squashed", "1"]] * 2, first.stdout + first.stderr
+        assert first.stderr.count(f"unpacking the squashfs image {sqsh} into your podman store on this node ...") \
+            == 2, first.stderr                                                                   # once per node
+        # on a node of the first step: nothing to unpack there any more (the image's root is its
+        # root's: --container-remap-root, as for a registry image, to write there)
+        second = cluster.as_user(["srun", "-N1", f"--nodelist={rows[0][2]}", f"--chdir={where}",
+                                  f"--container-image={sqsh}", "--container-writable", "--container-remap-root",
+                                  "--container-save=saved.sqsh", "sh", "-c",
                                   "echo written-in-job > /marker; cat /made-as-squashfs"], timeout=300)
         assert second.stdout.strip() == "squashed" and "unpacking" not in second.stderr, second.stderr
         saved = where / "saved.sqsh"

@@ -747,6 +747,7 @@ def test_a_squashfs_image_is_unpacked_as_the_user_and_imported_and_a_save_to_sqs
     assert out.read_bytes()[:4] == b"hsqs" and not list(tmp_path.glob(".tether-save-*"))
     listed = subprocess.run(["unsquashfs", "-lls", str(out)], capture_output=True, text=True).stdout
     assert "squashfs-root/etc/marker" in listed and "root/root" in listed
+    assert listed.splitlines()[0].startswith("drwxr-xr-x root/root"), listed      # a / every user can enter
     # a save to a .sqsh name writes squashfs, to another an OCI archive
     chosen = []
     monkeypatch.setattr(podman_module, "save_squashfs", lambda *a: chosen.append("squashfs"))
