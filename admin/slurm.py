@@ -19,7 +19,7 @@ from ..hooks.config import Config
 from ..hooks.configfile import load_config
 from ..job_submit import build as job_submit_build
 from ..spank import build as spank_build
-from ..system.files import create_dir, install_file, set_conf_line
+from ..system.files import install_file, set_conf_line
 from ..system.toolchain import (
     LDFLAGS, PACKAGED_BUILD_STAMP, BuildError, CBuild, Toolchain, cflags, find_toolchain, installed_slurm_version,
     packaged_stamp, read_stamp, system_plugin_dir, write_stamp,
@@ -133,8 +133,9 @@ def spank_lines(plugstack: Path, *, depth: int = 0) -> list[tuple[Path, str]]:
 
 # where `tether slurm install` builds the container launcher for the site's config on a host with
 # tether's Debian package (the package's own was built for a host without a config file; dpkg owns
-# the plugin directory): root-owned, made by the admin's command, kept on `dpkg -r`
-PACKAGED_LAUNCHER_DIR = "/var/lib/tether/launcher"
+# the plugin directory): root-owned, made by the admin's command, kept on `dpkg -r`. Not under
+# /var/lib/tether: launcher.state_root (the REST launcher's, its service account's) is there.
+PACKAGED_LAUNCHER_DIR = "/usr/local/lib/tether/launcher"
 
 
 def packaged_launcher_dir(config: Config, compiler: str | None = "gcc",
@@ -148,12 +149,47 @@ def packaged_launcher_dir(config: Config, compiler: str | None = "gcc",
     return Path(where)
 
 
+def _check_chain(real: Path, *, sticky_ok_from: int) -> None:
+    """``real`` and every directory above it: root's directories others cannot write to (from the
+    ``sticky_ok_from``-th on, counting ``real`` as 0, one others may write to with the sticky bit,
+    as /tmp: nobody else can rename root's entry in it)."""
+    import stat as stat_module
+
+    for index, part in enumerate((real, *real.parents)):
+        try:
+            st = part.lstat()
+        except OSError as exc:
+            raise BuildError(f"{part}: {exc.strerror}") from None
+        writable = st.st_mode & 0o022 and not (index >= sticky_ok_from and st.st_mode & stat_module.S_ISVTX)
+        if not stat_module.S_ISDIR(st.st_mode) or st.st_uid != 0 or writable:
+            raise BuildError(f"{part} must be a root-owned directory (not a link) that group and others cannot "
+                             f"write to: every user's container ranks start the launcher below it")
+
+
 def check_root_dir(path: Path) -> None:
-    """``path`` is a root-owned directory, not a link, that group and others cannot write to."""
-    st = path.lstat()
-    if not path.is_dir() or path.is_symlink() or st.st_uid != 0 or st.st_mode & 0o022:
-        raise BuildError(f"{path} must be a root-owned directory that group and others cannot write to "
-                         f"(mode 0755): every user's container ranks start the launcher there")
+    """``path`` is a root-owned directory, not a link, that group and others cannot write to, and so
+    is every directory above it (above it, one others may write to only with the sticky bit).
+    Every user's container ranks run what is in it."""
+    if path.is_symlink():
+        raise BuildError(f"{path} must be a root-owned directory, not a link: every user's container ranks "
+                         f"start the launcher there")
+    _check_chain(Path(os.path.realpath(path)), sticky_ok_from=1)   # a root-owned link above it (/var/run) is root's
+
+
+def make_root_dir(path: Path, log=print) -> None:
+    """Create ``path`` and the directories it needs, each root's with mode 0755 whatever the umask,
+    once what is there already above it passed the same checks; then check_root_dir."""
+    missing = [part for part in (path, *path.parents) if not os.path.lexists(part)]
+    if missing:
+        _check_chain(Path(os.path.realpath(missing[-1].parent)), sticky_ok_from=0)
+    for part in reversed(missing):
+        try:
+            part.mkdir(mode=0o755)
+            os.chmod(part, 0o755)
+        except OSError as exc:
+            raise BuildError(f"cannot create {part}: {exc.strerror}") from None
+        log(f"created {part} (root, 0755)")
+    check_root_dir(path)
 
 
 def _conf_step(path, line: str, present: bool) -> str:
@@ -223,12 +259,7 @@ def install_plugins(build_dir: Path | None = None, *, slurm_conf: Path | None = 
     if packaged:
         log(f"the plugins of tether's Debian package are in {plugin_dir}: nothing to copy")
         if launcher_dir:
-            try:
-                if create_dir(launcher_dir, 0o755):
-                    log(f"created {launcher_dir} (root, 0755)")
-            except OSError as exc:        # e.g. a dangling link in its place
-                raise BuildError(f"cannot create {launcher_dir}: {exc.strerror}") from None
-            check_root_dir(launcher_dir)
+            make_root_dir(launcher_dir, log=log)
             log(f"installed {install_launcher(launcher_dir, config)} for {config.source}")
         elif config.source.startswith("<"):
             log(f"{LAUNCHER_NAME}: the package's (built for a host without a config file)")

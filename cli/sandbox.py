@@ -76,8 +76,9 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
                                 "and caches; without it a sandbox starts as it last ran")
             p.add_argument("--package", metavar="DEB",
                            help="up, with --slurm 24.11 or 26.05: install tether in the root from this Debian "
-                                "package, as an admin does (`tools/deb.py --slurm-release RELEASE` builds it); "
-                                "without it tether is copied in")
+                                "package, as an admin does (`tools/deb.py --slurm-release RELEASE` builds it); kept "
+                                "across restarts. Without it (and none before) a root that has tether's package keeps "
+                                "it; else tether is copied in")
         p.add_argument("--dir", metavar="DIR", help="sandbox root (default: $TETHER_SANDBOX_DIR, else "
                                                     "/var/lib/tether/sandbox)")
         p.add_argument("--port-base", type=int, metavar="PORT",

@@ -96,8 +96,9 @@ APT_PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "libslurm-de
                 "podman", "runc", "conmon", "uidmap", "fuse-overlayfs", "slirp4netns", "catatonit",
                 "busybox-static", "python3-dev", "gcc", "docker-registry", "openmpi-bin", "libopenmpi-dev",
                 "libpmi2-0-dev", "slurmdbd", "mariadb-server", "mariadb-client", "sudo",
-                # squashfs images on podman (unsquashfs) and --container-save=x.sqsh (mksquashfs)
-                "squashfs-tools")
+                # squashfs images on podman (sqfs2tar), --container-save=x.sqsh (tar2sqfs); the tests'
+                # images (mksquashfs)
+                "squashfs-tools-ng", "squashfs-tools")
 # The launcher's service account and the group of users it may act for (sudo policy: tether.launcher)
 LAUNCHER_USER, LAUNCHER_GROUP = "tether-launcher", "tether-users"
 SUDOERS_DIR = Path("/etc/sudoers.d")
@@ -487,9 +488,11 @@ class Sandbox:
         (:meth:`package_command`), over whatever an earlier sandbox put there."""
         root, deb = self.slurm_root, self.package
         root.remove_copied_tether()
-        inside = f"/var/tmp/tether-package/{deb.name}"
+        # in root's own home in the root (0700): the root's /var/tmp is its job users' too
+        inside = f"/root/tether-package-{os.getpid()}/{deb.name}"
         staged = root.path / inside.lstrip("/")
-        staged.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.rmtree(staged.parent, ignore_errors=True)
+        staged.parent.mkdir(mode=0o700)
         shutil.copy(deb, staged)
         try:
             root.run(self.package_command(inside), timeout=600)

@@ -56,7 +56,7 @@ def public_base() -> str:
 
 REPO = Path(__file__).resolve().parent.parent
 # tether's Debian package for each Slurm release, built from this checkout once per source state
-PACKAGE_CACHE = Path("/var/tmp/tether-test-packages")
+PACKAGE_CACHE = Path("/var/cache/tether/test-packages")     # root's only: root installs what is there
 _SOURCE_SKIP = {".git", "build", "dist", "tests", "bench", "__pycache__", ".pytest_cache", ".hypothesis"}
 
 
@@ -78,6 +78,8 @@ def release_package(release: str) -> Path:
     """tether's Debian package for Slurm ``release``, built in its Debian root by ``tools/deb.py
     --slurm-release`` (about a minute), the way a site builds it -- once per state of the sources:
     the suite's passes on 24.11 and 26.05 reuse it. The release sandboxes install tether from it."""
+    PACKAGE_CACHE.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(PACKAGE_CACHE, 0o700)
     out = PACKAGE_CACHE / release / _source_digest()
     made = sorted(out.glob("tether-slurm*.deb"))
     if made:

@@ -373,7 +373,7 @@ def build_in_slurm_root(out: Path, wheel: Path, release: str, version: str) -> P
     try:
         root = SlurmRoot(release)
         root.ensure(log=lambda m: print(f"tools/deb.py: {m}", file=sys.stderr))
-        stage_in_root = f"/var/tmp/tether-deb-{os.getpid()}"
+        stage_in_root = f"/root/tether-deb-{os.getpid()}"       # root's home in the root (0700), not its /var/tmp
         stage = root.path / stage_in_root.lstrip("/")
         shutil.rmtree(stage, ignore_errors=True)
         try:

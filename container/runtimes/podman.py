@@ -720,28 +720,50 @@ class Podman(Runtime):
         """The pause process podman's pid file names has ended, but nothing reaped it (JOIN_FAILED):
         remove the pid file (the user's own, in the user's run directory) so the next podman joins
         a running container's namespace or makes a new one, as it does when the pause process is
-        gone. Only a zombie of this user counts (a live process is left alone); True if removed."""
+        gone. Only a zombie of this user counts (a live process is left alone), looked at again
+        under the repair lock (another rank may have put a new pause process's pid there
+        meanwhile); True if removed. A zombie's pid is not reused while it stays one."""
         run_dir = env.get("XDG_RUNTIME_DIR")
         if not run_dir:
             return False
         pid_file = pause_pid_file(run_dir)
-        text = read_regular(pid_file, limit=32)             # a FIFO there never hangs the rank
-        try:
-            pid = int((text or "").strip())
-            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-                state = fh.read().rsplit(")", 1)[1].split()[0]
-            owner = os.stat(f"/proc/{pid}").st_uid
-        except (OSError, ValueError, IndexError):
+
+        def zombie() -> int | None:
+            text = read_regular(pid_file, limit=32)         # a FIFO there never hangs the rank
+            try:
+                pid = int((text or "").strip())
+                with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+                    state = fh.read().rsplit(")", 1)[1].split()[0]
+                owner = os.stat(f"/proc/{pid}").st_uid
+            except (OSError, ValueError, IndexError):
+                return None
+            return pid if state == "Z" and owner == os.getuid() else None
+
+        if zombie() is None:
             return False
-        if state != "Z" or owner != os.getuid():
-            return False
+        lock_fd = None
         try:
-            os.unlink(pid_file)
-        except FileNotFoundError:
-            pass
+            lock_fd = os.open(os.path.join(run_dir, REPAIR_LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              0o600)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
         except OSError as exc:
-            progress(f"cannot remove podman's pause pid file {pid_file}: {exc.strerror}")
+            progress(f"cannot take the repair lock in {run_dir}: {exc.strerror}; leaving podman's pause pid file")
+            if lock_fd is not None:
+                os.close(lock_fd)
             return False
+        try:
+            pid = zombie()
+            if pid is None:                  # another rank dealt with it: podman may simply try again
+                return True
+            try:
+                os.unlink(pid_file)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                progress(f"cannot remove podman's pause pid file {pid_file}: {exc.strerror}")
+                return False
+        finally:
+            os.close(lock_fd)
         progress(f"podman's pause process (pid {pid}) has ended but nothing reaped it (this node's init does "
                  f"not reap orphans): podman starts a new one")
         return True
@@ -886,7 +908,7 @@ class Podman(Runtime):
             # node under a name its file's identity decides, as a rootfs directory is imported
             name = squashfs_image_name(path)
             return (["--pull=never", name],
-                    [(lambda env: import_squashfs(path, [self.binary, *glob], name, env, work=self.store_path()),
+                    [(lambda env: import_squashfs(path, [self.binary, *glob], name, env),
                       (lambda: self.store_has(name), [self.binary, *glob, "image", "exists", name]),
                       f"unpacking the squashfs image {path} into your podman store on this node")])
         if not os.path.isdir(path):
@@ -1111,27 +1133,37 @@ def _oci_arch() -> str:
     return {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64le", "s390x": "s390x"}.get(machine, machine)
 
 
-def import_rootfs(path: str, podman: Sequence[str], name: str, env: Mapping[str, str] | None = None) -> None:
-    """``tar -C PATH -c . | podman import - NAME`` (as the user: what the user cannot read is not
-    in the image -- they could not read it in the container either -- and is counted)."""
+def _stream(producer: Sequence[str], consumer: Sequence[str], env: Mapping[str, str] | None = None,
+            consumer_env: Mapping[str, str] | None = None) -> tuple[int, list[str], int, str]:
+    """``producer | consumer``: (the producer's exit code, its stderr lines, the consumer's exit
+    code, the consumer's stderr). Nothing of the stream touches the disk."""
     import subprocess
     import tempfile
 
     with tempfile.TemporaryFile() as errors:
-        tar = subprocess.Popen(["tar", "-C", path, "--one-file-system", "--numeric-owner", "-cf", "-", "."],
-                               stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL)
+        source = subprocess.Popen(list(producer), stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL,
+                                  env=env)
         try:
-            imp = subprocess.run([*podman, "import", "--quiet", "--message", f"tether: rootfs {path}", "-", name],
-                                 stdin=tar.stdout, capture_output=True, env=env, timeout=3600)
+            sink = subprocess.run(list(consumer), stdin=source.stdout, capture_output=True, env=consumer_env,
+                                  timeout=3600)
         finally:
-            tar.stdout.close()
-            tar_code = tar.wait()
+            source.stdout.close()
+            code = source.wait()
         errors.seek(0)
-        unreadable = [line for line in errors.read().decode(errors="replace").splitlines()
-                      if not line.startswith("tar: Exiting with failure status")]     # tar's summary line
-    if imp.returncode != 0:
-        said = (imp.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
-        raise LaunchError(f"could not import the rootfs {path} into podman's store: {said}")
+        said = errors.read().decode(errors="replace").splitlines()
+    return code, said, sink.returncode, sink.stderr.decode(errors="replace")
+
+
+def import_rootfs(path: str, podman: Sequence[str], name: str, env: Mapping[str, str] | None = None) -> None:
+    """``tar -C PATH -c . | podman import - NAME`` (as the user: what the user cannot read is not
+    in the image -- they could not read it in the container either -- and is counted)."""
+    tar_code, said, imported, imp_said = _stream(
+        ["tar", "-C", path, "--one-file-system", "--numeric-owner", "-cf", "-", "."],
+        [*podman, "import", "--quiet", "--message", f"tether: rootfs {path}", "-", name], consumer_env=env)
+    unreadable = [line for line in said if not line.startswith("tar: Exiting with failure status")]  # tar's summary
+    if imported != 0:
+        said_last = (imp_said.strip().splitlines() or ["no message"])[-1]
+        raise LaunchError(f"could not import the rootfs {path} into podman's store: {said_last}")
     if tar_code not in (0, 2) or (tar_code == 2 and not unreadable):
         raise LaunchError(f"could not read the rootfs {path} (tar exited {tar_code})")
     if unreadable:
@@ -1169,69 +1201,36 @@ def _squashfs_tool(name: str, why: str) -> str:
 
     found = shutil.which(name)
     if found is None:
-        raise LaunchError(f"{why} needs {name} (Debian: squashfs-tools), which is not on this node's PATH")
+        raise LaunchError(f"{why} needs {name} (Debian: squashfs-tools-ng), which is not on this node's PATH")
     return found
 
 
-def import_squashfs(path: str, podman: Sequence[str], name: str, env: Mapping[str, str] | None = None,
-                    work: str | None = None) -> None:
-    """``unsquashfs`` the image into a directory of the user's (in ``work``, the store: same node,
-    same disk), then import that as a rootfs (import_rootfs), then remove it. As the user: the
-    files become the user's, owned by the container's root inside, as enroot's unpacking does."""
-    import shutil
-    import tempfile
-
-    from ...system.proc import CommandError, run_command
-
-    unsquashfs = _squashfs_tool("unsquashfs", f"podman with the squashfs image {path}")
-    if work:
-        os.makedirs(work, mode=0o700, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tether-squashfs-", dir=work or None)
-    try:
-        rootfs = os.path.join(tmp, "rootfs")
-        try:
-            # -no-xattrs: security.* and trusted.* ones cannot be set as a user
-            run_command([unsquashfs, "-no-progress", "-quiet", "-no-xattrs", "-d", rootfs, path], env=env,
-                        timeout=3600)
-        except CommandError as exc:
-            raise LaunchError(f"could not unpack the squashfs image {path}: {exc}") from None
-        import_rootfs(rootfs, podman, name, env)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def import_squashfs(path: str, podman: Sequence[str], name: str, env: Mapping[str, str] | None = None) -> None:
+    """``sqfs2tar IMAGE | podman import - NAME``, as the user: the image's files, modes and owners
+    (its root's are the container's root's) straight into the store, never unpacked on disk."""
+    sqfs2tar = _squashfs_tool("sqfs2tar", f"podman with the squashfs image {path}")
+    code, said, imported, imp_said = _stream(
+        [sqfs2tar, "--no-xattr", "--root-becomes", ".", path],
+        [*podman, "import", "--quiet", "--message", f"tether: squashfs {path}", "-", name], consumer_env=env)
+    if code != 0:
+        raise LaunchError(f"could not read the squashfs image {path}: {(said or ['no message'])[-1]}")
+    if imported != 0:
+        raise LaunchError(f"could not import the squashfs image {path} into podman's store: "
+                          f"{(imp_said.strip().splitlines() or ['no message'])[-1]}")
 
 
 def save_squashfs(podman: Sequence[str], container: str, path: str, env: Mapping[str, str] | None = None) -> None:
-    """--container-save to a .sqsh name: the container's filesystem (``podman export``) as a squashfs
-    file, every file root's (``-all-root``, as enroot export writes it), for enroot, pyxis, Apptainer
-    or tether's podman (import_squashfs) to run. Device files are left out (a user cannot make them)."""
-    import shutil
-    import subprocess
-    import tempfile
-
-    from ...system.proc import CommandError, run_command
-
-    mksquashfs = _squashfs_tool("mksquashfs", f"--container-save={path}")
-    tmp = tempfile.mkdtemp(prefix=".tether-save-", dir=os.path.dirname(path) or None)
-    try:
-        layer, rootfs = os.path.join(tmp, "layer.tar"), os.path.join(tmp, "rootfs")
-        os.mkdir(rootfs, 0o755)              # the image's / (its parent, tmp, is private)
-        try:
-            run_command([*podman, "export", "--output", layer, container], env=env, timeout=3600)
-        except CommandError as exc:
-            raise LaunchError(str(exc)) from None
-        untar = subprocess.run(["tar", "-C", rootfs, "--no-same-owner",
-                                "--exclude=./dev/*", "-xf", layer], capture_output=True, text=True, timeout=3600)
-        if untar.returncode != 0:
-            said = (untar.stderr.strip().splitlines() or ["no message"])[-1]
-            raise LaunchError(f"could not unpack the container's files for {path}: {said}")
-        os.unlink(layer)
-        try:
-            run_command([mksquashfs, rootfs, path, "-noappend", "-all-root", "-no-progress", "-quiet",
-                         "-no-xattrs"], env=env, timeout=3600)
-        except CommandError as exc:
-            raise LaunchError(f"could not write the squashfs {path}: {exc}") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """--container-save to a .sqsh name: ``podman export CONTAINER | tar2sqfs PATH`` -- the
+    container's files with their modes and owners as the container sees them, for enroot, pyxis,
+    Apptainer or tether's podman (import_squashfs) to run; nothing unpacked on disk."""
+    tar2sqfs = _squashfs_tool("tar2sqfs", f"--container-save={path}")
+    code, said, written, write_said = _stream([*podman, "export", container],
+                                              [tar2sqfs, "--quiet", "--defaults", "mode=0755", path], env=env)
+    if code != 0:
+        raise LaunchError(f"podman export {container} failed: {(said or ['no message'])[-1]}")
+    if written != 0:
+        raise LaunchError(f"could not write the squashfs {path}: "
+                          f"{(write_said.strip().splitlines() or ['no message'])[-1]}")
 
 
 ADAPTER = Podman

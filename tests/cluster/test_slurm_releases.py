@@ -140,18 +140,24 @@ def test_upgrading_the_package_under_a_running_container_step(release_cluster, t
     launcher = box.host_path(named)
     assert launcher.parent != packaged.parent, named
     before = (packaged.stat().st_ino, launcher.stat().st_ino)
-    steps = (f"srun --container-image={image} sh -c 'sleep 15; echo first-step-done'; "
-             f"srun --container-image={image} echo second-step-done")
+    # the first step runs until the test lets it end: the upgrade happens while it runs, whatever the load
+    steps = (f"srun --container-image={image} sh -c 'while [ ! -e $TETHER_WORK_DIR/go ]; do sleep 0.2; done; "
+             f"echo first-step-done'; srun --container-image={image} echo second-step-done")
     job = release_cluster.submit("-N1", "-o", str(out), "--wrap", steps)
-    staged = box.slurm_root.path / "var/tmp/tether-upgrade.deb"
+    staged = box.slurm_root.path / "root/tether-upgrade.deb"           # root's own, in the root
     try:
         assert wait_until(lambda: f"{job}.0 " in release_cluster.run(["squeue", "-h", "-s", "-j", job, "-o",
                                                                       "%i "]).stdout, timeout=120, step=0.5)
         shutil.copy(newer, staged)
-        upgraded = release_cluster.run(["dpkg", "-i", "/var/tmp/tether-upgrade.deb"], timeout=300)
+        upgraded = release_cluster.run(["dpkg", "-i", "/root/tether-upgrade.deb"], timeout=300)
         assert "Preparing to unpack" in upgraded.stdout, upgraded.stdout
         box.install_plugins(log=lambda m: None)       # the README's next step: the launcher, again
         assert packaged.stat().st_ino != before[0] and launcher.stat().st_ino != before[1]
+        assert f"{job}.0 " in release_cluster.run(["squeue", "-h", "-s", "-j", job, "-o", "%i "]).stdout
+        node = release_cluster.job_fields(job)["NodeList"]
+        go = box.root / "jobs" / job / node / "step-0" / "rank-0" / "work" / "go"
+        go.write_text("")                             # the first step may end now
+        go.chmod(0o644)
         fields = release_cluster.wait_job(job, timeout=240)
         text = out.read_text()
         assert fields["JobState"] == "COMPLETED", (fields, text)

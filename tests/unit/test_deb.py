@@ -245,6 +245,24 @@ def test_slurm_install_on_a_package_host_writes_the_lines_for_the_packages_plugi
     with pytest.raises(BuildError, match="must be a root-owned directory"):
         install_plugins(slurm_conf=conf, config=site_config, package_stamp=str(stamp_file),
                         package_launcher_dir=str(launchers), write=True, log=said.append)
+    # a directory above it others may write to (not sticky): they could rename it away and put theirs
+    above = tmp_path / "open"
+    above.mkdir(mode=0o755)
+    os.chmod(above, 0o777)
+    with pytest.raises(BuildError, match=f"{above} must be a root-owned directory"):
+        install_plugins(slurm_conf=conf, config=site_config, package_stamp=str(stamp_file),
+                        package_launcher_dir=str(above / "deeper" / "launcher"), write=True, log=said.append)
+    assert not (above / "deeper").exists()                     # checked before anything is made there
+    os.chmod(above, 0o1777)                                     # sticky, as /tmp: fine
+    install_plugins(slurm_conf=conf, config=site_config, package_stamp=str(stamp_file),
+                    package_launcher_dir=str(above / "deeper" / "launcher"), write=True, log=said.append)
+    assert (above / "deeper" / "launcher" / "tether-run").is_file()
+    assert oct((above / "deeper").stat().st_mode & 0o777) == "0o755"     # made 0755 whatever the umask
+    link = tmp_path / "link"
+    link.symlink_to(launchers)
+    with pytest.raises(BuildError, match="not a link"):
+        install_plugins(slurm_conf=conf, config=site_config, package_stamp=str(stamp_file),
+                        package_launcher_dir=str(link), write=True, log=said.append)
     with pytest.raises(BuildError, match="--plugin-dir /elsewhere would name other files"):
         install_plugins(slurm_conf=conf, config=config, package_stamp=str(stamp_file), plugin_dir=Path("/elsewhere"))
     stamp_file.write_text(json.dumps({**stamp, "toolchain": {**stamp["toolchain"], "slurm_version": "21.08.1"}}))
