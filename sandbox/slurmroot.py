@@ -183,14 +183,18 @@ class SlurmRoot:
         self.stamp.write_text(self._wanted() + "\n")
         log(f"Slurm {self.version()} root ready in {self.path}")
 
+    def _site_dir(self) -> Path:
+        """The root Python's site directory for a copied tether (/usr/local/...: before Debian's)."""
+        site = self.run(["python3", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+        return self.path / site.lstrip("/")
+
     def install_tether(self) -> None:
         """Install the running tether's files into the root's Python (no dependencies: Debian's)."""
         src = self.path / "opt/tether-src"
         shutil.rmtree(src, ignore_errors=True)
         package = Path(__file__).resolve().parents[1]       # the installed tether/ (a namespace package)
         shutil.copytree(package, src / "tether", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        site = self.run(["python3", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
-        target = self.path / site.lstrip("/") / "tether"
+        target = self._site_dir() / "tether"
         shutil.rmtree(target, ignore_errors=True)
         shutil.move(str(src / "tether"), str(target))
         shutil.rmtree(src, ignore_errors=True)
@@ -202,8 +206,7 @@ class SlurmRoot:
     def remove_copied_tether(self) -> None:
         """Remove what :meth:`install_tether` put into the root (its copy of tether comes first on
         sys.path, its command first on PATH): before tether's package is installed there."""
-        site = self.run(["python3", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
-        shutil.rmtree(self.path / site.lstrip("/") / "tether", ignore_errors=True)
+        shutil.rmtree(self._site_dir() / "tether", ignore_errors=True)
         (self.path / TETHER_PROGRAM.lstrip("/")).unlink(missing_ok=True)
 
     # ---- using -----------------------------------------------------------------------------------
