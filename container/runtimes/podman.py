@@ -627,6 +627,18 @@ class Podman(Runtime):
         prepare = None
         if spec.name:
             image_argv, before, prepare = self.named_container(spec, image_argv, before, glob)
+        elif spec.image and spec.rank_dir and os.getuid() != 0 and (
+                (spec.writable and not spec.remap_root and image_argv[:1] == ["--pull=never"])
+                # your own rootfs through a discarded overlay: podman exports nothing of it to save
+                or (spec.save and image_argv[:1] == ["--rootfs"] and image_argv[1].endswith(":O"))):
+            if image_argv[:1] == ["--rootfs"]:
+                image_argv = ["--rootfs", image_argv[1].removesuffix(":O")]
+            elif image_argv[1].startswith(ROOTFS_IMAGE):
+                # a shared rootfs: copied as it is (podman makes the targets it lacks in the copy, the
+                # user's own), not imported into the store first
+                image_argv, before = ["--rootfs", self.local_image(spec.image)], []
+            image_argv, before, prepare = self.step_root(spec, image_argv, before, glob)
+        if prepare:
             # the image's ENV first: podman lets a later --env-file win, and the job's values win
             at = argv.index("--env-file") if "--env-file" in argv else len(argv)
             argv[at:at] = image_argv[:2]
@@ -652,7 +664,11 @@ class Podman(Runtime):
             partial = f"{spec.save}.{os.uname().nodename}.{os.getpid()}.partial"
             # a squashfs file (pyxis's and enroot's format) when the name says so, else an OCI archive
             save = save_squashfs if spec.save.endswith(SQUASHFS_SUFFIXES) else save_oci_archive
-            finish = ([lambda env: save([self.binary, *glob], name, partial, env)], partial, spec.save)
+            # a container of a root directory: podman exports nothing of it, so its directory is
+            # saved (a root tether unpacked as the user: its files become root's, as enroot's export)
+            root = image_argv[image_argv.index("--rootfs") + 1] if "--rootfs" in image_argv else None
+            source = (root, bool(prepare)) if root and not root.endswith(":O") else None
+            finish = ([lambda env: save([self.binary, *glob], name, partial, env, source=source)], partial, spec.save)
             after = [[self.binary, *glob, "rm", "--force", "--ignore", name]]
         # root's podman keeps no pause process (no XDG_RUNTIME_DIR: see base_env)
         kept = ((pause_pid_file(env["XDG_RUNTIME_DIR"]), PAUSE_NAMES),) if env.get("XDG_RUNTIME_DIR") else ()
@@ -665,25 +681,46 @@ class Podman(Runtime):
         """--container-name: the container's root as a directory of the job's on this node
         (``<node>/podman-named/<name>/rootfs``: the user's own, so podman runs it as it is and a
         --container-writable step's changes stay for the job's next steps, like enroot's named
-        containers), unpacked once per node from the image, with the image's configuration beside
-        it (``image.env``: its ENV, losing to the job's values as with any image; ``config.json``:
-        its ENTRYPOINT for --container-entrypoint). Removed with the job's directories."""
+        containers), unpacked once per node from the image (:meth:`own_root`). Removed with the
+        job's directories."""
         if not spec.rank_dir:
             raise LaunchError("--container-name needs the job's directories on the node (run it under srun or "
                               "pbs_tmrsh, not by hand)")
         home = named_podman_home(spec)
+        config = os.path.join(home, "config.json")
+        refuse_existing(spec, os.path.exists(config), os.path.join(home, NAMED_MADE_BY))   # NAME:create, there already
+        if not spec.image and not os.path.exists(config):      # no image: the container must be there (as pyxis)
+            raise LaunchError(no_named_container(spec))
+        step = os.path.basename(os.path.dirname(spec.rank_dir))
+        return self.own_root(spec, image_argv, before, glob, home, made_by=step,
+                             label=f"unpacking {spec.image} for --container-name={spec.name} (podman; once per node)")
+
+    def step_root(self, spec: LaunchSpec, image_argv: list[str], before: list[tuple],
+                  glob: list[str]) -> tuple[list[str], list[tuple], object]:
+        """A writable container without --container-remap-root: as pyxis's (enroot unpacks the
+        image as the user), the container's root is the user's own -- ``touch /newfile`` and
+        ``apt-get`` work as yourself --, unpacked once per node for the step into the step's
+        directory (``<step>/podman-rootfs``), shared by the step's ranks on the node as pyxis's
+        one container per node is, and gone with the step. (Rootless podman's own writable layer
+        keeps the image's owners: only root inside could write it.)"""
+        home = os.path.join(os.path.dirname(spec.rank_dir), "podman-rootfs")
+        return self.own_root(spec, image_argv, before, glob, home,
+                             label=f"unpacking {spec.image} as your writable container (podman; once per "
+                                   f"node for the step)")
+
+    def own_root(self, spec: LaunchSpec, image_argv: list[str], before: list[tuple], glob: list[str], home: str,
+                 *, label: str, made_by: str | None = None) -> tuple[list[str], list[tuple], object]:
+        """A container root the user owns, in ``home`` (``rootfs``, the image's configuration
+        beside it: ``image.env``, its ENV, losing to the job's values as with any image;
+        ``config.json``, its ENTRYPOINT for --container-entrypoint), unpacked from ``image_argv``
+        by the first rank that needs it (``unpack_named``). (podman's run arguments, the steps
+        before the run, what adds the entrypoint to the command.)"""
         rootfs, config = os.path.join(home, "rootfs"), os.path.join(home, "config.json")
         run_image = ["--env-file", os.path.join(home, "image.env"), "--rootfs", rootfs]
-        marker = os.path.join(home, NAMED_MADE_BY)
-        refuse_existing(spec, os.path.exists(config), marker)      # NAME:create, and it is there already
-        if not spec.image:            # no image: the container must be there (as pyxis)
-            if not os.path.exists(config):
-                raise LaunchError(no_named_container(spec))
-        else:
-            step = os.path.basename(os.path.dirname(spec.rank_dir))
+        if spec.image:
             unpack = (lambda env: unpack_named(image_argv, [self.binary, *glob], home, spec.rank_instance, env,
-                                               made_by=step),
-                      config, f"unpacking {spec.image} for --container-name={spec.name} (podman; once per node)")
+                                               made_by=made_by),
+                      config, label)
             before = [*before, unpack]
 
         def prepare(argv: list[str]) -> list[str]:
@@ -694,8 +731,8 @@ class Podman(Runtime):
 
             text = read_regular(config)       # never waits on a FIFO the user put there
             if text is None:
-                raise LaunchError(f"--container-name={spec.name}: {config} is not the regular file tether "
-                                  f"unpacked there; use another name (or remove {home})")
+                raise LaunchError(f"{config} is not the regular file tether unpacked there"
+                                  + (f"; use another name (or remove {home})" if spec.name else ""))
             entrypoint = [str(a) for a in (json.loads(text).get("Entrypoint") or []) if a]
             at = len(argv) - len(spec.command)
             return argv[:at] + entrypoint + argv[at:]
@@ -949,6 +986,9 @@ def missing_targets(path: str, mounts=()) -> list[str]:
     return missing
 
 
+ROOTFS_IMAGE = "localhost/tether-rootfs:"
+
+
 def rootfs_image_name(path: str) -> str:
     """The store's name for an imported rootfs directory: its path and identity (device, inode,
     change time), so a directory replaced or changed in place is imported anew."""
@@ -956,7 +996,7 @@ def rootfs_image_name(path: str) -> str:
 
     st = os.stat(path)
     key = hashlib.sha256(f"{path}\0{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}".encode()).hexdigest()
-    return f"localhost/tether-rootfs:{key[:24]}"
+    return f"{ROOTFS_IMAGE}{key[:24]}"
 
 
 def image_config(podman: Sequence[str], image: str, env: Mapping[str, str] | None = None, *,
@@ -1029,6 +1069,7 @@ def unpack_named(image_argv: Sequence[str], podman: Sequence[str], home: str, co
             finally:
                 run_command([*podman, "rm", "--force", "--ignore", tmp], env=env, timeout=120, check=False)
                 remove_file(layer)
+        os.chmod(partial, 0o755)          # an image's / (made 0700 while it was being filled)
         os.rename(partial, os.path.join(home, "rootfs"))
     except CommandError as exc:
         shutil.rmtree(partial, ignore_errors=True)
@@ -1068,7 +1109,8 @@ def load_archive(transport: str, path: str, podman: Sequence[str], name: str,
         raise LaunchError(f"could not load the image archive {path}: {exc}") from None
 
 
-def save_oci_archive(podman: Sequence[str], container: str, path: str, env: Mapping[str, str] | None = None) -> None:
+def save_oci_archive(podman: Sequence[str], container: str, path: str, env: Mapping[str, str] | None = None, *,
+                     source: tuple[str, bool] | None = None) -> None:
     """--container-save: the container's filesystem (``podman export``) as the one layer of an OCI
     image archive whose configuration is the image's own (entrypoint, command, environment,
     working directory, user, labels). Not ``podman commit``: that records the run's overrides --
@@ -1084,9 +1126,11 @@ def save_oci_archive(podman: Sequence[str], container: str, path: str, env: Mapp
     try:
         image = run_command([*podman, "container", "inspect", "--format", "{{.Image}}", container], env=env,
                             timeout=120).stdout.strip()
-        # a --rootfs container has no image, so no configuration to keep
+        # a --rootfs container has no image: a root tether unpacked keeps the image's beside it
         config = image_config(podman, image, env, check=False) if image else {}
-        run_command([*podman, "export", "--output", layer, container], env=env, timeout=3600)
+        if not image and source and source[1]:
+            config = _unpacked_config(os.path.join(os.path.dirname(source[0]), "config.json"))
+        run_command(export_argv(podman, container, source, layer), env=env, timeout=3600)
     except CommandError as exc:
         raise LaunchError(str(exc)) from None
     try:
@@ -1126,6 +1170,18 @@ def save_oci_archive(podman: Sequence[str], container: str, path: str, env: Mapp
             add("blobs/sha256/" + layer_digest[7:], source=layer)
     finally:
         remove_file(layer)
+
+
+def _unpacked_config(path: str) -> dict:
+    """The image configuration ``unpack_named`` kept beside a root it unpacked ({} when unreadable)."""
+    import json
+
+    text = read_regular(path)
+    try:
+        config = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def _oci_arch() -> str:
@@ -1219,15 +1275,30 @@ def import_squashfs(path: str, podman: Sequence[str], name: str, env: Mapping[st
                           f"{(imp_said.strip().splitlines() or ['no message'])[-1]}")
 
 
-def save_squashfs(podman: Sequence[str], container: str, path: str, env: Mapping[str, str] | None = None) -> None:
+def export_argv(podman: Sequence[str], container: str, source: tuple[str, bool] | None,
+                output: str = "-") -> list[str]:
+    """What writes the container's files as a tar stream: ``podman export CONTAINER``, or for a
+    container of a root directory (``source``: the directory, and whether tether unpacked it as
+    the user) that directory -- podman exports nothing of such a container. A root of the user's
+    own is saved with root's ownership, as enroot's export makes it (mksquashfs -all-root)."""
+    if source is None:
+        return [*podman, "export", *(["--output", output] if output != "-" else []), container]
+    root, own = source
+    return ["tar", "-C", root, "--one-file-system", "--numeric-owner",
+            *(["--owner=0", "--group=0"] if own else []), "-cf", output, "."]
+
+
+def save_squashfs(podman: Sequence[str], container: str, path: str, env: Mapping[str, str] | None = None, *,
+                  source: tuple[str, bool] | None = None) -> None:
     """--container-save to a .sqsh name: ``podman export CONTAINER | tar2sqfs PATH`` -- the
     container's files with their modes and owners as the container sees them, for enroot, pyxis,
-    Apptainer or tether's podman (import_squashfs) to run; nothing unpacked on disk."""
+    Apptainer or tether's podman (import_squashfs) to run; nothing unpacked on disk. ``source``:
+    see ``export_argv``."""
     tar2sqfs = _squashfs_tool("tar2sqfs", f"--container-save={path}")
-    code, said, written, write_said = _stream([*podman, "export", container],
+    code, said, written, write_said = _stream(export_argv(podman, container, source),
                                               [tar2sqfs, "--quiet", "--defaults", "mode=0755", path], env=env)
     if code != 0:
-        raise LaunchError(f"podman export {container} failed: {(said or ['no message'])[-1]}")
+        raise LaunchError(f"saving {container} failed: {(said or ['no message'])[-1]}")
     if written != 0:
         raise LaunchError(f"could not write the squashfs {path}: "
                           f"{(write_said.strip().splitlines() or ['no message'])[-1]}")

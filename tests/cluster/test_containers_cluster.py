@@ -515,6 +515,43 @@ def test_pyxis_container_readonly_is_the_default_and_contradicting_writable_is_r
         assert "--container-writable and --container-readonly ask for opposite things" in refused.stderr, refused.stderr
 
 
+def test_a_writable_container_is_the_users_own_to_write_and_goes_with_the_step(cluster, registry_image, image):
+    """pyxis's writable container (issue 45, writable.bats): the user -- not only root inside --
+    writes anywhere in it (`touch /newfile`, a directory in /etc), as enroot's root unpacked as the
+    user is; the step's two ranks on the node share it, as pyxis's container per node; the next
+    step starts from the image again. A shared rootfs directory the same. With
+    --container-remap-root, root inside writes."""
+    uid = str(pwd.getpwnam(cluster.user).pw_uid)
+    script = ('touch /newfile-$SLURM_PROCID && mkdir /etc/made-$SLURM_PROCID && stat -c "%u %a" / '
+              '/newfile-$SLURM_PROCID && i=0 && while [ ! -e /newfile-$((1 - SLURM_PROCID)) ] && [ $i -lt 300 ]; do '
+              'sleep 0.2; i=$((i + 1)); done; [ -e /newfile-$((1 - SLURM_PROCID)) ] && echo shared')
+    for img in (registry_image, image):
+        first = cluster.as_user(["srun", "-N1", "-n2", "--container-writable", f"--container-image={img}",
+                                 "sh", "-c", script], timeout=180)
+        assert sorted(first.stdout.splitlines()) == sorted([f"{uid} 755", f"{uid} 644", "shared"] * 2), first
+        again = cluster.as_user(["srun", "-N1", "--container-writable", f"--container-image={img}", "sh", "-c",
+                                 "ls /newfile-0 2>&1; echo rc=$?"], timeout=180)
+        assert again.stdout.endswith("rc=1\n") and "No such file" in again.stdout, again
+    root = cluster.as_user(["srun", "-N1", "--container-writable", "--container-remap-root",
+                            f"--container-image={registry_image}", "sh", "-c", "touch /newfile && id -u"],
+                           timeout=180)
+    assert root.stdout == "0\n", root
+    # --container-save of such a container: its root directory saved (podman exports nothing of a
+    # --rootfs container: the file was empty), its files root's as in enroot's export
+    where = cluster.box.work_dir / f"writable-save-{os.getpid()}"
+    _write_as(cluster.user, where / ".keep", "")
+    try:
+        for saved in ("saved.sqsh", "saved.tar"):
+            cluster.as_user(["srun", "-N1", f"--chdir={where}", "--container-writable", f"--container-save={saved}",
+                             f"--container-image={registry_image}", "sh", "-c", "echo mine > /written"], timeout=180)
+            ref = f"{where}/{saved}" if saved.endswith(".sqsh") else f"oci-archive:{where}/{saved}"
+            again = cluster.as_user(["srun", "-N1", f"--container-image={ref}", "sh", "-c",
+                                     'cat /written && stat -c "%u" /written /bin'], timeout=180)
+            assert again.stdout == "mine\n0\n0\n", again
+    finally:
+        subprocess.run(["rm", "-rf", str(where)], check=False)
+
+
 def test_pyxis_container_mount_home_on_and_off(cluster, image):
     """Issue 15 (pyxis parity): --container-mount-home mounts the user's home at its own path
     (podman's default is not to: a shared image without that directory is imported into the

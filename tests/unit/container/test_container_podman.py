@@ -755,8 +755,8 @@ def test_a_squashfs_image_is_unpacked_as_the_user_and_imported_and_a_save_to_sqs
     assert listed.splitlines()[0].startswith("drwxr-xr-x"), listed      # a / every user can enter
     # a save to a .sqsh name writes squashfs, to another an OCI archive
     chosen = []
-    monkeypatch.setattr(podman_module, "save_squashfs", lambda *a: chosen.append("squashfs"))
-    monkeypatch.setattr(podman_module, "save_oci_archive", lambda *a: chosen.append("oci"))
+    monkeypatch.setattr(podman_module, "save_squashfs", lambda *a, **kw: chosen.append("squashfs"))
+    monkeypatch.setattr(podman_module, "save_oci_archive", lambda *a, **kw: chosen.append("oci"))
     rank_dir = str(tmp_path / "42/n2/step-0/rank-3")
     for name in ("c.sqsh", "c.tar"):
         launch = adapter("podman", {"store": ""}).launch(spec(image="docker://busybox", runtime="podman",
@@ -806,3 +806,55 @@ def test_an_unreaped_pause_process_is_forgotten_so_podman_starts_a_new_one(tmp_p
         live.kill()
         live.wait()
         zombie.wait()
+
+
+def test_a_writable_container_without_remap_root_runs_a_root_of_the_users_own_unpacked_for_the_step():
+    """pyxis's writable container is the user's to write (enroot unpacks the image as the user):
+    podman's own writable layer keeps the image's owners, so a --container-writable step of a
+    registry image (or a shared rootfs) runs a root unpacked as the user into the step's directory
+    on the node, once for the step's ranks there. Read-only, remap-root (root inside writes the
+    layer) and the user's own rootfs (an overlay) stay as they were."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tether-test-") as where:    # a path the user can reach
+        _writable_plans(Path(where))
+
+
+def _writable_plans(tmp_path: Path) -> None:
+    step = tmp_path / "42/n2/step-0"
+    shared = tmp_path / "shared-rootfs"
+    for target in ("etc/passwd", "etc/group", "etc/hosts", "etc/resolv.conf", "etc/hostname"):
+        (shared / target).parent.mkdir(parents=True, exist_ok=True)
+        (shared / target).write_text("")
+    for target in ("proc", "dev", "sys", "tmp", "run", "mnt", "root"):
+        (shared / target).mkdir(exist_ok=True)
+    os.chmod(tmp_path, 0o755)
+    step.mkdir(parents=True, mode=0o777)
+
+    def plans():
+        out = {}
+        for key, kw in (("writable", dict(writable=True)), ("readonly", {}),
+                        ("remap", dict(writable=True, remap_root=True)), ("shared", dict(writable=True, image=str(shared)))):
+            args = {"image": "docker://busybox:1.36", "runtime": "podman", "rank_dir": str(step / "rank-3"), **kw}
+            launch = adapter("podman", {"store": ""}).launch(spec(**args), HOST)
+            out[key] = (launch.argv, [(b[1] if isinstance(b[1], str) else "", b[2]) for b in launch.before])
+        return out
+
+    got = _as_user(4242, plans)
+    assert isinstance(got, dict), got
+    own = f"{step}/podman-rootfs"
+    argv, before = got["writable"]
+    assert argv[-4:] == ["--rootfs", f"{own}/rootfs", "python", "train.py"] and "--read-only" not in argv
+    assert argv[argv.index("--env-file") + 1] == f"{own}/image.env"            # the image's ENV first
+    assert [b[-1] for b in before] == ["pulling docker://busybox:1.36 (podman)",
+                                       "unpacking docker://busybox:1.36 as your writable container "
+                                       "(podman; once per node for the step)"]
+    assert before[1][0] == f"{own}/config.json"
+    readonly, _ = got["readonly"]
+    assert readonly[-3:] == ["docker.io/library/busybox:1.36", "python", "train.py"] and "--read-only" in readonly
+    remap, remap_before = got["remap"]
+    assert remap[-3:] == ["docker.io/library/busybox:1.36", "python", "train.py"] and "--read-only" not in remap
+    assert len(remap_before) == 1
+    argv, before = got["shared"]          # copied as it is, never imported into the store first
+    assert argv[-4:] == ["--rootfs", f"{own}/rootfs", "python", "train.py"]
+    assert [b[0] for b in before] == [f"{own}/config.json"]
