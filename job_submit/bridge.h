@@ -92,6 +92,10 @@ void tether_set_health(int broken, int reject_all, const char *reason);
 /* Called by the handler after every config (re)load check: which file its config came from. */
 void tether_config_loaded(const char *path, int exists, unsigned long long ino,
 			  unsigned long long size, long long mtime_ns);
+/* Called by the handler when it read slurm.conf: that file, and its partitions' sizes
+ * (job_submit/partitions.py partition_table: the default partition's name, then NAME COUNT lines). */
+void tether_partitions_loaded(const char *path, int exists, unsigned long long ino,
+			      unsigned long long size, long long mtime_ns, const char *table);
 /* cdef:end */
 
 /* embedding:begin -- implemented in Python (cffi's embedding API) */

@@ -34,11 +34,19 @@ struct answer {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct answer slots[TETHER_CACHE_SLOTS];
 static struct answer shapes[TETHER_CACHE_SLOTS];
-static char config_path[4096];
-static struct stamp loaded_stamp; /* the file the handler's config came from */
-static int loaded_known;
-static struct stamp seen_stamp;   /* the file on disk at the last check */
+
+/* The files the handler's answers depend on: tether's config (its answers), and slurm.conf (the
+ * partitions' sizes of the note at submit). An answer is served only while each is the one the
+ * handler last read. */
+enum { WATCH_CONFIG, WATCH_SLURM_CONF, WATCHES };
+static struct watch {
+	char path[4096];
+	struct stamp loaded; /* the file the handler read */
+	int known;
+	struct stamp seen;   /* the file on disk at the last check */
+} watches[WATCHES];
 static struct timespec config_checked;
+static char *partitions;  /* partition_table(): the default's name, then "NAME COUNT" lines */
 
 static void flush_locked(void)
 {
@@ -50,43 +58,79 @@ static void flush_locked(void)
 	}
 }
 
+/* Field by field: memcmp would compare the struct's padding too, which nothing sets. */
+static int same_stamp(const struct stamp *a, const struct stamp *b)
+{
+	return a->exists == b->exists && a->ino == b->ino && a->size == b->size && a->mtime_ns == b->mtime_ns;
+}
+
+static void loaded_locked(int which, const char *path, int exists, unsigned long long ino,
+			  unsigned long long size, long long mtime_ns)
+{
+	struct stamp st = { exists, ino, size, mtime_ns };
+	struct watch *w = &watches[which];
+
+	snprintf(w->path, sizeof(w->path), "%s", path ? path : "");
+	if (!w->known || !same_stamp(&st, &w->loaded))
+		flush_locked();
+	w->loaded = st;
+	w->known = 1;
+	w->seen = st;
+	clock_gettime(CLOCK_MONOTONIC, &config_checked);
+}
+
 void tether_config_loaded(const char *path, int exists, unsigned long long ino, unsigned long long size,
 			  long long mtime_ns)
 {
-	struct stamp st = { exists, ino, size, mtime_ns };
-
 	pthread_mutex_lock(&lock);
-	snprintf(config_path, sizeof(config_path), "%s", path ? path : "");
-	if (!loaded_known || memcmp(&st, &loaded_stamp, sizeof(st)) != 0)
-		flush_locked();
-	loaded_stamp = st;
-	loaded_known = 1;
-	seen_stamp = st;
-	clock_gettime(CLOCK_MONOTONIC, &config_checked);
+	loaded_locked(WATCH_CONFIG, path, exists, ino, size, mtime_ns);
 	pthread_mutex_unlock(&lock);
 }
 
-/* Is the file on disk still the one the handler loaded? (locked; stat() at most every 0.2 s) */
+void tether_partitions_loaded(const char *path, int exists, unsigned long long ino, unsigned long long size,
+			      long long mtime_ns, const char *table)
+{
+	char *copy = table ? strdup(table) : NULL;
+
+	pthread_mutex_lock(&lock);
+	loaded_locked(WATCH_SLURM_CONF, path, exists, ino, size, mtime_ns);
+	free(partitions);
+	partitions = copy;
+	pthread_mutex_unlock(&lock);
+}
+
+static void stat_into(const char *path, struct stamp *out)
+{
+	struct stat st;
+
+	memset(out, 0, sizeof(*out));
+	if (stat(path, &st) == 0) {
+		out->exists = 1;
+		out->ino = st.st_ino;
+		out->size = st.st_size;
+		out->mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+	}
+}
+
+/* Is each file on disk still the one the handler read? (locked; stat() at most every 0.2 s) */
 static int config_current_locked(void)
 {
 	struct timespec now;
-	struct stat st;
 
-	if (!loaded_known)
+	if (!watches[WATCH_CONFIG].known)
 		return 0;
 	clock_gettime(CLOCK_MONOTONIC, &now);
 	if ((now.tv_sec - config_checked.tv_sec) * 1000000000L + (now.tv_nsec - config_checked.tv_nsec) >=
 	    TETHER_CONFIG_CHECK_NS) {
 		config_checked = now;
-		memset(&seen_stamp, 0, sizeof(seen_stamp));
-		if (stat(config_path, &st) == 0) {
-			seen_stamp.exists = 1;
-			seen_stamp.ino = st.st_ino;
-			seen_stamp.size = st.st_size;
-			seen_stamp.mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
-		}
+		for (int i = 0; i < WATCHES; i++)
+			if (watches[i].known)
+				stat_into(watches[i].path, &watches[i].seen);
 	}
-	return memcmp(&seen_stamp, &loaded_stamp, sizeof(seen_stamp)) == 0;
+	for (int i = 0; i < WATCHES; i++)
+		if (watches[i].known && !same_stamp(&watches[i].seen, &watches[i].loaded))
+			return 0;
+	return 1;
 }
 
 int tether_config_current(void)
@@ -97,6 +141,38 @@ int tether_config_current(void)
 	rc = config_current_locked();
 	pthread_mutex_unlock(&lock);
 	return rc;
+}
+
+long tether_partition_nodes(const char *name)
+{
+	const char *line, *end;
+	size_t len;
+	long count = -1;
+
+	pthread_mutex_lock(&lock);
+	if (partitions == NULL)
+		goto out;
+	end = strchr(partitions, '\n');
+	if (end == NULL)
+		goto out;
+	if (name == NULL || name[0] == '\0') { /* the default partition, named on the first line */
+		name = partitions;
+		len = (size_t)(end - partitions);
+	} else {
+		len = strlen(name);
+	}
+	for (line = end + 1; *line; line = end + 1) {
+		end = strchr(line, '\n');
+		if (end == NULL)
+			break;
+		if (len > 0 && (size_t)(end - line) > len && strncmp(line, name, len) == 0 && line[len] == ' ') {
+			count = strtol(line + len + 1, NULL, 10);
+			break;
+		}
+	}
+out:
+	pthread_mutex_unlock(&lock);
+	return count;
 }
 
 struct key {

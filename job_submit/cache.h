@@ -11,6 +11,10 @@
 
 #include "bridge.h"
 
+/* How many nodes partition ``name`` has (NULL or "": the default partition), as the handler read
+ * slurm.conf; -1 when not known. */
+long tether_partition_nodes(const char *name);
+
 /* Everything the handler reads of ``job``, as one string (malloc'd; NULL when out of memory). */
 char *tether_cache_key(const tether_job_t *job);
 

@@ -27,6 +27,7 @@ from ..hooks.policy import (
 )
 from ..hooks.request import Request
 from ..hooks.surface import BY_NAME, OPTIONS, SLOT_OPTIONS, expected, normalize
+from .partitions import partition_table, slurm_conf_path
 
 ACCEPT, REJECT, FAILED = 1, 2, -1
 SLURM_HINT = "use --slots, --slots-per-node, --slot-type, --gpu-type or --resource-pool instead"
@@ -269,6 +270,9 @@ class Handler:
         self._bad_stamp: tuple | None = _NEVER
         self.prefix = gres_prefix(lib.SLURM_VERSION_NUMBER)
         self.reason = "not initialized"
+        # slurm.conf's partitions' sizes, for the note at submit (the C shim compares them)
+        self.slurm_conf = slurm_conf_path(os.environ if env is None else env)
+        self._partitions_stamp: tuple | None = _NEVER
 
     # -- logging and health --
     def log(self, level: int, message: str) -> None:
@@ -280,10 +284,27 @@ class Handler:
         self.lib.tether_set_health(int(broken), int(reject_all), reason.encode("utf-8", "replace")[:500])
 
     # -- config --
+    def read_partitions(self) -> None:
+        """slurm.conf's partitions' node counts to the C shim (its note for a job planned on more
+        nodes than its partition has), read again when the file changed."""
+        try:
+            st = os.stat(self.slurm_conf)
+        except OSError:
+            st = None
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size) if st else None
+        if stamp == self._partitions_stamp:
+            return
+        table = partition_table(self.slurm_conf) if st else "\n"
+        self.lib.tether_partitions_loaded(self.slurm_conf.encode(), int(st is not None), st.st_ino if st else 0,
+                                          st.st_size if st else 0, st.st_mtime_ns if st else 0,
+                                          table.encode("utf-8", "replace"))
+        self._partitions_stamp = stamp
+
     def refresh(self) -> Config | None:
         """Re-read the config if its file changed; keep the last good one if the new one is bad.
         (Called only when the shim's answers cache cannot answer; the shim re-checks the file at
         most every CONFIG_CHECK_SECONDS and asks again when it changed.)"""
+        self.read_partitions()
         try:
             st = os.stat(self.path)
             stamp: tuple | None = (st.st_ino, st.st_mtime_ns, st.st_size)

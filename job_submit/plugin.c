@@ -314,6 +314,43 @@ static int answer(struct tether_call *call)
 	return rc;
 }
 
+/*
+ * A job tether planned on more nodes than its partition has waits forever (Reason
+ * PartitionNodeLimit) and Slurm says nothing at submit: a note says so, from the partitions' sizes
+ * the handler read of slurm.conf (a partition of unknown size says nothing). Here, after the
+ * answer, so an answer by shape or from the cache gets it too.
+ */
+static void partition_note(tether_job_t *job, const job_desc_msg_t *jd)
+{
+	char names[512], *save = NULL, *name;
+	long most = -1, n;
+	size_t used;
+
+	if (!job->set_nodes || jd->min_nodes == NO_VAL || jd->min_nodes == 0)
+		return;
+	snprintf(names, sizeof(names), "%s", jd->partition ? jd->partition : "");
+	if (names[0] == '\0') {
+		most = tether_partition_nodes(NULL);
+	} else {
+		for (name = strtok_r(names, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+			if ((n = tether_partition_nodes(name)) < 0)
+				return;
+			if (n > most)
+				most = n;
+		}
+		snprintf(names, sizeof(names), "%s", jd->partition);
+	}
+	if (most < 0 || (unsigned long)most >= jd->min_nodes)
+		return;
+	used = strlen(job->msg);
+	snprintf(job->msg + used, sizeof(job->msg) - used,
+		 "%stether: note: tether planned %u nodes for this job, and %s%s %s %ld (slurm.conf): the job "
+		 "will pend (Reason PartitionNodeLimit) until the partition has %u; a larger --slots-per-node needs fewer "
+		 "nodes", used ? "\n" : "", jd->min_nodes,
+		 names[0] ? (strchr(names, ',') ? "partitions " : "partition ") : "its partition", names,
+		 strchr(names, ',') ? "have at most" : "has", most, jd->min_nodes);
+}
+
 int job_submit(job_desc_msg_t *job_desc, uint32_t submit_uid, char **err_msg)
 {
 	int wanted = requested(job_desc);
@@ -336,6 +373,7 @@ int job_submit(job_desc_msg_t *job_desc, uint32_t submit_uid, char **err_msg)
 	switch (rc) {
 	case TETHER_ACCEPT:
 		apply(call->job, job_desc);
+		partition_note(call->job, job_desc);
 		if (call->job->msg[0] && err_msg)
 			*err_msg = slurm_xstrdup(call->job->msg); /* notes for the user */
 		rc = SLURM_SUCCESS;

@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..hooks.hostlist import expand_hostlist
 from .fakebin import FakeCommands, NO_ARG, OPTIONAL, REQUIRED, JobTable, UsageError, install_fakes, record_call, run_main
 from .slurm_options import SBATCH_OPTIONS, SRUN_OPTIONS
 
@@ -67,22 +68,6 @@ def _tables(options: dict[str, tuple[int, str | None]]) -> tuple[dict, dict, dic
     short_opts = {short: arg for _, (arg, short) in options.items() if short}
     short_names = {short: name for name, (_, short) in options.items() if short}
     return long_opts, short_opts, short_names
-
-
-def expand_hostlist(text: str) -> list[str]:
-    """``n[1-3,5],m1`` -> ``[n1, n2, n3, n5, m1]`` (Slurm's hostlist syntax, one bracket level)."""
-    hosts: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text):
-        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
-        if not m:
-            hosts.append(part)
-            continue
-        prefix, ranges, suffix = m.groups()
-        for item in ranges.split(","):
-            lo, _, hi = item.partition("-")
-            for n in range(int(lo), int(hi or lo) + 1):
-                hosts.append(f"{prefix}{str(n).zfill(len(lo))}{suffix}")
-    return hosts
 
 
 # ---- state ---------------------------------------------------------------------------------------
@@ -118,6 +103,9 @@ class PluginLib:
 
     def tether_config_loaded(self, *args) -> None:
         pass
+
+    def tether_partitions_loaded(self, *args) -> None:
+        self.partitions = args[-1].decode()
 
 
 def bridge_ffi():

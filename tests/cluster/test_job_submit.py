@@ -8,6 +8,7 @@ the jobs' own output and slurmctld's log.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -149,6 +150,26 @@ def test_a_size_sweep_is_answered_by_its_shape_in_c(cluster, tether_config):
     # the fifth went to the handler again, cause not yet found (issue 43): at most one such
     handled, by_shape = log.count("job_submit/tether: handler took"), log.count("job_submit/tether: answer by its shape took")
     assert handled + by_shape == 5 and handled <= 2 and by_shape >= 3, log
+
+
+def test_a_job_planned_on_more_nodes_than_its_partition_has_is_told_at_submit(cluster, tether_config):
+    """Issue 45: ``--slots=4 --slot-type=cpu`` on the 3-node partition plans 4 nodes and pends
+    forever (Reason PartitionNodeLimit), as ``-N4`` would; tether planned it, so sbatch says so --
+    for an answer by its shape in C too (the 2-slot request teaches the shape), never for a job
+    that fits."""
+    tether_config()
+    note = re.compile(r"tether: note: tether planned 4 nodes for this job, and (partition debug|its partition) has 3 "
+                      r"\(slurm.conf\): the job will pend \(Reason PartitionNodeLimit\) until the partition has 4; "
+                      r"a larger --slots-per-node needs fewer nodes")
+    jobs = []
+    try:
+        for slots, partition in ((2, ()), (4, ()), (3, ()), (4, ("-p", "debug"))):
+            result, job_id, _ = sbatch(cluster, "-H", f"--slots={slots}", "--slot-type=cpu", *partition, wait=False)
+            assert result.returncode == 0, result.stderr
+            jobs.append(job_id)
+            assert bool(note.search(result.stderr)) == (slots == 4), (slots, result.stderr)
+    finally:
+        cluster.run(["scancel", *[j for j in jobs if j]], check=False)
 
 
 @pytest.mark.parametrize("how", ["options", "#SBATCH lines", "TETHER_* variables"])

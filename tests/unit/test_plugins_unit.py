@@ -165,7 +165,7 @@ def test_the_handler_skips_its_stat_when_the_shim_vouches_for_the_config(tmp_pat
     monkeypatch.setattr(handler_mod.os, "stat", lambda path, *a, **k: stats.append(path) or real_stat(path, *a, **k))
     entries = [ffi.new("char[]", b"TETHER_SLOTS=2")]
     array = ffi.new("char *[]", entries)
-    for current, expected in ((1, []), (0, [str(config)])):
+    for current, expected in ((1, []), (0, [h.slurm_conf, str(config)])):      # and slurm.conf's partitions
         job = ffi.new("tether_job_t *")
         job.spank_env, job.spank_env_size, job.config_current = array, 1, current
         job.min_nodes = job.max_nodes = job.num_tasks = 0xfffffffe

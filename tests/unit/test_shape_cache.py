@@ -29,6 +29,8 @@ void tether_shape_store(const tether_job_t *job, const char *key, int rc);
 char *tether_cache_key(const tether_job_t *job);
 int tether_cache_lookup(tether_job_t *job, const char *key);
 void tether_cache_store(const tether_job_t *job, const char *key, int rc);
+long tether_partition_nodes(const char *name);
+int tether_config_current(void);
 void free(void *);
 """
 
@@ -69,6 +71,9 @@ class ShimLib(PluginLib):
 
     def tether_config_loaded(self, *args) -> None:
         self.lib.tether_config_loaded(*args)
+
+    def tether_partitions_loaded(self, *args) -> None:
+        self.lib.tether_partitions_loaded(*args)
 
 
 CONFIGS = {
@@ -345,3 +350,32 @@ def test_the_handlers_quantity_codes_are_bridge_hs():
     defined = {name: int(value) for name, value in re.findall(r"#define TETHER_Q_(\w+) (\d+)", text)}
     assert defined == {"SAME": handler.Q_SAME, "SLOTS": handler.Q_SLOTS, "SPN": handler.Q_SPN,
                        "NODES": handler.Q_NODES}
+
+
+def test_the_partitions_sizes_are_the_handlers_reading_of_slurm_conf_and_kept_current(shim, tmp_path):
+    """The note at submit (plugin.c partition_note) asks cache.c how many nodes a partition has:
+    what the handler read of slurm.conf (its default partition for a job that names none; -1 for
+    one it could not count), and a slurm.conf that changes sends the next request to the handler
+    again, which reads it anew."""
+    import time
+
+    from tether.testing.slurm import bridge_ffi
+
+    slurm_conf = tmp_path / "slurm.conf"
+    slurm_conf.write_text("NodeName=n[1-3] CPUs=2\nPartitionName=debug Nodes=n[1-3] Default=YES\n"
+                          "PartitionName=one Nodes=n2\nNodeSet=fat Feature=fat\nPartitionName=f Nodes=fat\n")
+    config = tmp_path / "tether.yaml"
+    config.write_text("default_compute_resource_pool: debug\n")
+    lib = ShimLib(shim.lib)
+    handler = Handler(bridge_ffi(), lib, env={"TETHER_CONFIG": str(config), "SLURM_CONF": str(slurm_conf)})
+    assert handler.init() == ACCEPT
+    nodes = shim.lib.tether_partition_nodes
+    ffi = shim.ffi
+    assert [nodes(ffi.NULL), nodes(b""), nodes(b"debug"), nodes(b"one"), nodes(b"f"), nodes(b"deb"), nodes(b"x")] \
+        == [3, 3, 3, 1, -1, -1, -1]
+    assert shim.lib.tether_config_current() == 1
+    slurm_conf.write_text(slurm_conf.read_text() + "PartitionName=big Nodes=n[1-3],m[1-5]\n")
+    time.sleep(0.25)                                   # the shim looks at the files every 0.2 s
+    assert shim.lib.tether_config_current() == 0       # the handler is asked again ...
+    handler.refresh()
+    assert nodes(b"big") == 8 and shim.lib.tether_config_current() == 1      # ... and reads it anew
