@@ -166,6 +166,9 @@ class LaunchSpec(Record):
         "writable": None,         # --container-writable/-readonly; None: the runtime's own default
         "name": None,             # --container-name: one container reused by the job's steps
         "name_create": False,     # --container-name=NAME:create: this step makes it (pyxis's flag)
+        # --container-name=NAME[:FLAG]: attach to the job's container NAME when another step runs it
+        # on the node: "auto" (pyxis's default), "exec" (it must be running), "never" (no_exec, create)
+        "name_attach": "auto",
         "rank_dir": None,         # host path holding the rank's tmp/ and work/
         "job_id": "0", "step_id": "0", "rank": "0",
         "gpus": (),               # the rank's GPU ids as the resource manager bound them
@@ -187,6 +190,7 @@ class LaunchSpec(Record):
     writable: bool | None
     name: str | None
     name_create: bool
+    name_attach: str
     rank_dir: str | None
     job_id: str
     step_id: str
@@ -572,10 +576,6 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
     image = _text(env, "TETHER_CONTAINER_IMAGE", "--container-image")
     name, _, flag = env.get("TETHER_CONTAINER_NAME", "").strip().partition(":")
     name = name or None
-    if flag == "exec":
-        raise LaunchError(f"--container-name={name}:exec: tether does not enter a container another step is "
-                          f"running (pyxis's exec); without ':exec' this step runs in a container of its own "
-                          f"over the same files")
     if flag and flag not in CONTAINER_NAME_FLAGS:
         raise LaunchError(f"--container-name={name}:{flag}: FLAG is one of {', '.join(CONTAINER_NAME_FLAGS)}")
     if not image and not name:
@@ -630,6 +630,7 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
         mounts=mounts, workdir=workdir,
         env_names=parse_env_names(_text(env, "TETHER_CONTAINER_ENV", "--container-env")), writable=writable,
         name=name, name_create=flag == "create",
+        name_attach={"": "auto", "auto": "auto", "exec": "exec"}.get(flag, "never"),
         rank_dir=env.get("TETHER_RANK_DIR") or None,
         job_id=_safe_id(job), step_id=_safe_id(step), rank=_safe_id(rank), gpus=gpus,
         slot_type=env.get("TETHER_JOB_SLOT_TYPE", "cuda") or "cuda", mount_home=mount_home,

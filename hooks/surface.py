@@ -48,11 +48,11 @@ GATEWAY_PORT_BASE, GATEWAY_PORT_JOBS = 28672, 256      # 28672..32767
 # where the value is used (slurmctld, the PBS server, the launcher).
 KINDS = ("count", "slot_type", "name", "runtime", "text", "env_names", "flag", "image", "container_name",
          "namespaces")
-# pyxis's --container-name=NAME[:FLAG]: auto (the default) and no_exec run in the job's container of
-# that name, made by the step when missing (tether never enters a container another step is running,
-# so the two are one here); create: this step makes it and fails when the job has it already.
-# pyxis's exec (enter the running container of another step) is refused.
-CONTAINER_NAME_FLAGS = ("auto", "no_exec", "create")
+# pyxis's --container-name=NAME[:FLAG]: auto (the default) attaches to the job's container of that
+# name while another step runs it on the node (podman), else runs in a container of its own over its
+# files, made by the step when missing; no_exec never attaches; exec must attach (the container must
+# be running); create: this step makes it and fails when the job has it already.
+CONTAINER_NAME_FLAGS = ("auto", "no_exec", "exec", "create")
 # pyxis 0.24's --container-unshare=NS[,NS...]: namespaces the container gets of its own (the host's
 # network, IPC and UTS namespaces otherwise).
 UNSHARE_NAMESPACES = ("net", "ipc", "uts")
@@ -148,8 +148,10 @@ OPTIONS: tuple[Option, ...] = (
            "container.writable says otherwise (pyxis's name for it)"),
     # 63: the launcher's rule (a podman/enroot container and directory name, tether-<job>-<name>)
     Option("container-name", "NAME[:FLAG]", "container_name", "reuse one container across the job's steps; "
-           "FLAG (pyxis's): auto (default) or no_exec: that container, made when missing; create: made by "
-           "this step, an error if the job has it already", maximum=63),
+           "FLAG (pyxis's): auto (default): attach to it while another step of the job runs it on the node "
+           "(podman), else that container, made when missing; no_exec: never attach; exec: attach, an error "
+           "when it is not running; create: made by this step, an error if the job has it already",
+           maximum=63),
     Option("container-mount-home", None, "flag", "bind-mount your home directory at its own path (default: "
            "the runtime's own: Apptainer/Singularity yes, podman no, enroot its config)"),
     Option("no-container-mount-home", None, "flag", "do not bind-mount your home directory"),
@@ -227,8 +229,7 @@ def expected(opt: Option) -> str:
         "runtime": "one of " + ", ".join(RUNTIMES),
         "name": f"a name of letters, digits, '.', '_', '-' (at most {opt.maximum or MAX_NAME} characters)",
         "container_name": f"NAME[:FLAG]: a name of letters, digits, '.', '_', '-' (at most {opt.maximum or MAX_NAME} "
-                          f"characters), FLAG one of {', '.join(CONTAINER_NAME_FLAGS)} (pyxis's exec, entering "
-                          f"a container another step is running, is not supported)",
+                          f"characters), FLAG one of {', '.join(CONTAINER_NAME_FLAGS)}",
         "env_names": "variable names separated by commas (NAME,NAME)",
         "flag": "1/0, true/false or yes/no",
         "text": f"printable text of at most {MAX_TEXT} characters",

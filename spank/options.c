@@ -177,7 +177,7 @@ static const char *check_value(const struct tether_opt *o, const char *value)
 		return env_names_ok(value) ? value : NULL;
 	case K_TEXT:
 		return text_ok(value) ? value : NULL;
-	case K_CONTAINER_NAME: /* NAME[:FLAG], pyxis's spelling; exec is refused (see report_bad) */
+	case K_CONTAINER_NAME: /* NAME[:FLAG], pyxis's spelling */
 		return container_name_ok(value, o->maximum > 0 ? (size_t)o->maximum : TETHER_MAX_NAME) ? value : NULL;
 	case K_IMAGE: /* empty: no container for this step (--container-image= in a container job) */
 		return value[0] == '\0' || tether_image_ok(value) ? value : NULL;
@@ -213,8 +213,7 @@ static void report_bad(const struct tether_opt *o, const char *value, const char
 		break;
 	case K_CONTAINER_NAME:
 		tether_fail("tether: %s: expected NAME[:FLAG]: a name of letters, digits, '.', '_', '-' (at most "
-			    "%ld characters), FLAG one of %s (pyxis's exec, entering a container another step is "
-			    "running, is not supported)", how, o->maximum > 0 ? o->maximum : (long)TETHER_MAX_NAME,
+			    "%ld characters), FLAG one of %s", how, o->maximum > 0 ? o->maximum : (long)TETHER_MAX_NAME,
 			    TETHER_CONTAINER_NAME_FLAGS_TEXT);
 		break;
 	case K_ENV_NAMES:

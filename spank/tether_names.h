@@ -48,7 +48,7 @@ enum tether_option {
 		{ "container-env", "NAME,...", "[tether] host variables that win over the image's", K_ENV_NAMES, "TETHER_CONTAINER_ENV", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-writable", NULL, "[tether] writable container filesystem where the runtime supports it", K_FLAG, "TETHER_CONTAINER_WRITABLE", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-readonly", NULL, "[tether] read-only container filesystem: the default unless the admin's container.writable says otherwise (pyxis's name for it)", K_FLAG, "TETHER_CONTAINER_READONLY", NULL, 0L, 0L, NULL, 0 }, \
-		{ "container-name", "NAME[:FLAG]", "[tether] reuse one container across the job's steps; FLAG (pyxis's): auto (default) or no_exec: that container, made when missing; create: made by this step, an error if the job has it already", K_CONTAINER_NAME, "TETHER_CONTAINER_NAME", NULL, 0L, 63L, NULL, 0 }, \
+		{ "container-name", "NAME[:FLAG]", "[tether] reuse one container across the job's steps; FLAG (pyxis's): auto (default): attach to it while another step of the job runs it on the node (podman), else that container, made when missing; no_exec: never attach; exec: attach, an error when it is not running; create: made by this step, an error if the job has it already", K_CONTAINER_NAME, "TETHER_CONTAINER_NAME", NULL, 0L, 63L, NULL, 0 }, \
 		{ "container-mount-home", NULL, "[tether] bind-mount your home directory at its own path (default: the runtime's own: Apptainer/Singularity yes, podman no, enroot its config)", K_FLAG, "TETHER_CONTAINER_MOUNT_HOME", NULL, 0L, 0L, NULL, 0 }, \
 		{ "no-container-mount-home", NULL, "[tether] do not bind-mount your home directory", K_FLAG, "TETHER_NO_CONTAINER_MOUNT_HOME", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-remap-root", NULL, "[tether] be root (uid 0) inside the container: a user namespace, no privilege on the host (default: yourself, or the config's container.remap_root)", K_FLAG, "TETHER_CONTAINER_REMAP_ROOT", NULL, 0L, 0L, NULL, 0 }, \
@@ -92,8 +92,8 @@ enum tether_option {
 #define TETHER_SLOT_TYPES_TEXT "cuda, rocm, cpu"
 #define TETHER_RUNTIMES "apptainer", "singularity", "podman", "enroot"
 #define TETHER_RUNTIMES_TEXT "apptainer, singularity, podman, enroot"
-#define TETHER_CONTAINER_NAME_FLAGS "auto", "no_exec", "create"
-#define TETHER_CONTAINER_NAME_FLAGS_TEXT "auto, no_exec, create"
+#define TETHER_CONTAINER_NAME_FLAGS "auto", "no_exec", "exec", "create"
+#define TETHER_CONTAINER_NAME_FLAGS_TEXT "auto, no_exec, exec, create"
 #define TETHER_MAX_NAME 128
 #define TETHER_MAX_TEXT 4096
 #define TETHER_MASTER_PORT_BASE 12288

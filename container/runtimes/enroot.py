@@ -262,6 +262,12 @@ class Enroot(Runtime):
         return removed
 
     def launch(self, spec: LaunchSpec, host_env: Mapping[str, str]) -> Launch:
+        if spec.name and spec.name_attach == "exec":
+            # enroot exec (the PID's namespaces) is not among the behaviours recorded of real
+            # enroot here: not attached to on enroot yet, and said so rather than run apart
+            raise LaunchError(f"--container-name={spec.name}:exec: tether attaches to a running container on "
+                              f"podman (--container-runtime=podman); on enroot each step runs in a container of "
+                              f"its own over the named container's files: drop ':exec'")
         env = self.base_env(host_env)
         # Where the import and the container root live: the step's directory (removed when the
         # step ends, however it ends), or -- for a --container-name kept across the job's steps --

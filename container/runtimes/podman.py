@@ -21,10 +21,10 @@ import stat
 import time
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
-from ...hooks.layout import CLEANUP_MARKER, USER_STORE_ROOT, user_run_dir
+from ...hooks.layout import CLEANUP_MARKER, NODE_STEP_PREFIX, USER_STORE_ROOT, user_run_dir
 from ..launch import cgroup_paths, progress, reap_zombies, remove_file, report
-from ..spec import (CONTAINER_BATCH_SCRIPT, NAMED_MADE_BY, LaunchError, Mount, effective_mounts, mount_refusal,
-                    named_podman_home, no_named_container, read_regular, refuse_existing)
+from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, NAMED_MADE_BY, LaunchError, Mount, effective_mounts,
+                    mount_refusal, named_podman_home, no_named_container, read_regular, refuse_existing)
 from . import Launch, Runtime, existing_store, own_directory, store_directory
 
 if TYPE_CHECKING:
@@ -563,6 +563,10 @@ class Podman(Runtime):
             passed.pop("CUDA_VISIBLE_DEVICES", None)
             own["CUDA_VISIBLE_DEVICES"] = ",".join(str(n) for n in range(len(devices) // 2))
         fds, mpi_args = mpi_pass_through(host_env, passed, own)
+        if spec.name and spec.name_attach != "never" and spec.rank_dir:
+            attached = self.attach(spec, env, host_env, passed, own, fds, devices)
+            if attached:
+                return attached
         name = spec.rank_instance      # one podman container per rank, --container-name or not
         # podman writes the container's id here once it exists (see Launch.created): in the rank's
         # own directory, which nothing else of tether's changes while podman runs (system.dirstamp)
@@ -648,7 +652,8 @@ class Podman(Runtime):
         # After an abnormal end (a signal, the step cancelled) --rm may not have run: remove it. If
         # the step's end kills that too, slurmstepd runs it once the step is over (see ``marker``).
         marker = os.path.join(os.path.dirname(spec.rank_dir), f"{CLEANUP_MARKER}{spec.rank}") if spec.rank_dir else None
-        data = {"runtime": self.name, "container": name}
+        # the name too: a later step of the job attaches to it while it runs (running_container)
+        data = {"runtime": self.name, "container": name, **({"name": spec.name} if spec.name else {})}
         lock = None
         if before:
             # one pull or import per user per node: the ranks (and jobs) of a user on a node share
@@ -675,6 +680,88 @@ class Podman(Runtime):
         return Launch(argv=argv, env=env, supervise=True, runtime=self, container=name, monitor="conmon",
                       marker=marker, marker_data=data, before=before, lock=lock, created=created,
                       fds=fds, finish=finish, after=after, prepare=prepare, runtime_own=kept)
+
+    def running_container(self, spec: LaunchSpec, env: Mapping[str, str]) -> str | None:
+        """The running container of the job on this node that ``--container-name=NAME`` attaches
+        to (pyxis's: another step runs it), or None: by the cleanup markers of the job's other steps
+        here (each container a launcher started until it is removed says its name), the earliest
+        step's lowest rank's that podman says is running. ``NAME`` ``JOB.STEP`` of this job: that
+        step's containers, named or not (pyxis's name for a step's unnamed container)."""
+        import json
+
+        step_dir = os.path.dirname(spec.rank_dir)
+        node_dir, own_step = os.path.dirname(step_dir), os.path.basename(step_dir)
+        job, dot, step = (spec.name or "").partition(".")
+        of_step = f"{NODE_STEP_PREFIX}{step}" if dot and job == spec.job_id and step.isdigit() else None
+        found = []
+        try:
+            steps = [e.name for e in os.scandir(node_dir) if e.name.startswith(NODE_STEP_PREFIX) and e.name != own_step
+                     and e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return None
+        for each in steps:
+            try:
+                markers = [m for m in os.listdir(os.path.join(node_dir, each)) if m.startswith(CLEANUP_MARKER)
+                           and m[len(CLEANUP_MARKER):].isascii() and m[len(CLEANUP_MARKER):].isdigit()]
+            except OSError:
+                continue
+            for marker in markers:
+                try:
+                    data = json.loads(read_regular(os.path.join(node_dir, each, marker), 4096) or "null")
+                except ValueError:
+                    continue
+                if not isinstance(data, dict) or data.get("runtime") != self.name:
+                    continue
+                container = data.get("container")
+                if isinstance(container, str) and container.startswith(f"tether-{spec.job_id}-") and (
+                        data.get("name") == spec.name or each == of_step):
+                    number = each[len(NODE_STEP_PREFIX):]
+                    found.append((not number.isdigit(), int(number) if number.isdigit() else 0,
+                                  int(marker[len(CLEANUP_MARKER):]), container))
+        from ...system.proc import run_command
+
+        for *_, container in sorted(found):
+            state = run_command([self.binary, *self.global_args(env), "container", "inspect", "--format",
+                                 "{{.State.Running}}", container], env=env, timeout=60, check=False)
+            if state.returncode == 0 and state.stdout.strip() == "true":
+                return container
+        return None
+
+    def attach(self, spec: LaunchSpec, env: dict[str, str], host_env: Mapping[str, str], passed: dict[str, str],
+               own: dict[str, str], fds: dict[int, int] | None, devices: list[str]) -> Launch | None:
+        """``--container-name=NAME`` while another step of the job runs that container on this node:
+        this rank runs in it (``podman exec``: its mounts, its files, what its processes mounted),
+        as pyxis attaches to a running container's namespaces; still this step's process, in this
+        step's cgroup (rootless podman moves nothing). --container-mounts is ignored, as pyxis
+        does; the working directory is / unless --container-workdir says otherwise. None: nothing
+        to attach to (``:exec``: an error)."""
+        if devices or fds:
+            # a running container gets no new devices or file descriptors
+            if spec.name_attach == "exec":
+                raise LaunchError(f"--container-name={spec.name}:exec: a running container cannot be given this "
+                                  f"step's {'GPUs' if devices else 'MPI connection (PMI_FD)'}; without ':exec' the "
+                                  f"step runs in a container of its own over its files")
+            return None
+        running = self.running_container(spec, env)
+        if running is None:
+            if spec.name_attach == "exec":
+                raise LaunchError(f"--container-name={spec.name}:exec: no step of this job runs that container on "
+                                  f"this node; without ':exec' this step runs in it, made when missing")
+            return None
+        if (host_env.get("TETHER_CONTAINER_MOUNTS") or "").strip():
+            progress("ignoring --container-mounts when attaching to a running container")
+        argv = [self.binary, *self.global_args(env), "exec", "--interactive"]
+        if stdio_is_terminal() and os.isatty(0) and os.isatty(1):
+            argv.append("--tty")
+        fds = None
+        if passed:
+            names_fd = env_names_fd(passed)
+            fds = {names_fd: names_fd}
+            argv += ["--env-file", f"/dev/fd/{names_fd}"]
+        own = {k: v for k, v in own.items() if k not in ("TMPDIR", "TETHER_WORK_DIR")}    # the container's own
+        argv += self.own_env_args(own)
+        argv += ["--workdir", "/" if spec.workdir == CONTAINER_WORKDIR else spec.workdir, running, *spec.command]
+        return Launch(argv=argv, env=env, supervise=False, runtime=self, fds=fds)
 
     def named_container(self, spec: LaunchSpec, image_argv: list[str], before: list[tuple],
                         glob: list[str]) -> tuple[list[str], list[tuple], object]:

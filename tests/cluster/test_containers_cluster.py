@@ -668,6 +668,50 @@ def test_a_squashfs_image_runs_on_podman_and_a_step_saves_one_the_next_job_runs(
         subprocess.run(["rm", "-rf", str(where)], check=False)
 
 
+def test_a_step_attaches_to_the_named_container_another_step_of_the_job_runs(cluster, registry_image):
+    """pyxis's attach (exec.bats), real podman: while a step runs the job's container NAME on a
+    node, a step naming it runs inside that very container (here: the first step's own /tmp mount),
+    at /, ignoring --container-mounts with pyxis's words, as this step's process (its cgroup is this
+    step's); JOB.STEP names a step's unnamed container; :no_exec runs a container of its own; :exec
+    fails once nothing runs it."""
+    out = cluster.box.work_dir / f"attach-{os.getpid()}.out"
+    here = "-N1 -w $SLURMD_NODENAME --overlap"
+    script = "\n".join([
+        "#!/bin/sh",
+        "running() { i=0; until srun " + here + " --container-name=$1:exec true 2>/dev/null || [ $i -ge 60 ]; "
+        "do sleep 1; i=$((i+1)); done; }",
+        # an unnamed step, its id as it says it (steps started at once get their ids in any order)
+        f"srun {here} --container-image={registry_image} sh -c 'echo $SLURM_STEP_ID; echo unnamed > /tmp/where; "
+        "sleep 60' > /tmp/unnamed-$SLURM_JOB_ID & second=$!",
+        "i=0; until [ -s /tmp/unnamed-$SLURM_JOB_ID ] || [ $i -ge 300 ]; do sleep 0.2; i=$((i+1)); done",
+        "unnamed=$SLURM_JOB_ID.$(cat /tmp/unnamed-$SLURM_JOB_ID); rm -f /tmp/unnamed-$SLURM_JOB_ID",
+        "running $unnamed",
+        f"srun {here} --container-image={registry_image} --container-name=att sh -c "
+        "'echo first-step > /tmp/where; cd /var; sleep 60' & first=$!",
+        "running att",
+        f"srun {here} --container-name=att sh -c 'cat /tmp/where; pwd'",
+        f"srun {here} --container-name=att --container-mounts=/etc:/mnt/x sh -c '[ -d /mnt/x ] || echo no-mount'",
+        f"srun {here} --container-name=att sh -c "
+        "'echo step=$SLURM_STEP_ID $(grep -c \"step_$SLURM_STEP_ID\" /proc/self/cgroup)'",
+        f"srun {here} --container-name=$unnamed cat /tmp/where",
+        f"srun {here} --container-name=att:no_exec sh -c 'cat /tmp/where 2>/dev/null || echo own-container'",
+        "kill $first $second; wait",
+        f"srun {here} --container-name=att:exec true 2>&1 | grep -o 'no step of this job runs that container'",
+        ""])
+    try:
+        cluster.sbatch_wait(["-N1", f"--output={out}"], input=script, timeout=300, check=False)
+        text = out.read_text()
+    finally:
+        out.unlink(missing_ok=True)
+    lines = [line for line in without_runc_warnings(text).splitlines()
+             if not line.startswith(("tether: pull", "tether: unpack", "srun:", "slurmstepd", "Terminated"))]
+    assert lines[:2] == ["first-step", "/"], text
+    assert lines[2:4] == ["tether: ignoring --container-mounts when attaching to a running container", "no-mount"], text
+    step, count = lines[4].split()
+    assert step.startswith("step=") and int(count) >= 1, text      # this step's cgroup, not the first's
+    assert lines[5:] == ["unnamed", "own-container", "no step of this job runs that container"], text
+
+
 def test_a_named_podman_container_keeps_its_files_across_the_jobs_steps_on_each_node(cluster, image):
     """Issue 15 (pyxis's --container-name, for podman too): the first step on a node unpacks the
     image into the job's directory on that node; the next steps run in the same root -- what a
@@ -697,13 +741,14 @@ def test_a_named_podman_container_keeps_its_files_across_the_jobs_steps_on_each_
         # --cidfile with the container, which once looked like "never created")
         f"srun -N1 --container-image={image} sh -c 'echo ran-once; exit 1'",
         # pyxis's flags: no_exec is the name as it is; create is refused once the job has it, and
-        # makes a new one for every rank of its own step (two per node here); exec is refused at srun
+        # makes a new one for every rank of its own step (two per node here); exec needs it running
         "srun -N1 -w $SLURMD_NODENAME --container-name=fs:no_exec cat /f",
         f"srun -N1 -w $SLURMD_NODENAME --container-image={image} --container-name=fs:create true || echo create-$?",
         f"srun -N2 -n4 --overcommit --container-image={image} --container-name=new:create --container-writable "
         "sh -c 'echo $SLURMD_NODENAME >> /made; i=0; while [ $(wc -l < /made) -lt 2 ] && [ $i -lt 150 ]; "
         "do sleep 0.2; i=$((i+1)); done; wc -l < /made' | sort | uniq -c | awk '{print \"made\", $1, $2}'",
-        "srun -N1 --container-name=fs:exec true 2>&1 | grep -o 'is not supported' || echo exec-ran",
+        "srun -N1 --container-name=fs:exec true 2>&1 | grep -o 'no step of this job runs that container' "
+        "|| echo exec-ran",
         "echo JOB=$SLURM_JOB_ID", ""])
     result = cluster.sbatch_wait(["-N2", f"--output={out}"], input=script, timeout=300)
     text = out.read_text()
@@ -714,7 +759,8 @@ def test_a_named_podman_container_keeps_its_files_across_the_jobs_steps_on_each_
              if not line.startswith(("tether:", "srun:", "slurmstepd"))]
     assert sorted(lines[:2]) == [f"written-on-{n} from-the-image" for n in cluster.nodes[:2]], text
     assert lines[2:14] == ["1", "1", "nosuch-125", "mounts-alone-1", "variable-alone-on-host", "unnamed-is-fresh",
-                           "ran-once", "1", "create-125", "made 4 2", "is not supported", lines[-1]], text
+                           "ran-once", "1", "create-125", "made 4 2", "no step of this job runs that container",
+                           lines[-1]], text
     assert "--container-name=fs:create: this job already has a container of that name on this node" in text, text
     assert "tether: --container-mounts needs --container-image or --container-name" in text, text
     assert "tether: --container-name=nosuch: this job has no container of that name on this node, and " \

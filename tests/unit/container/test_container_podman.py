@@ -858,3 +858,61 @@ def _writable_plans(tmp_path: Path) -> None:
     argv, before = got["shared"]          # copied as it is, never imported into the store first
     assert argv[-4:] == ["--rootfs", f"{own}/rootfs", "python", "train.py"]
     assert [b[0] for b in before] == [f"{own}/config.json"]
+
+
+def test_a_named_container_another_step_runs_is_attached_to_as_pyxis_does(tmp_path, capsys):
+    """pyxis's --container-name=NAME while another step of the job runs it on the node (exec.bats):
+    the rank runs in it (``podman exec``, in place: this step's process), found by the cleanup
+    markers of the job's other steps and podman's word that it runs -- the earliest step's lowest
+    rank's; --container-mounts is ignored with pyxis's words; the working directory is /. NAME
+    JOB.STEP: that step's unnamed containers. no_exec never attaches; exec needs one running."""
+    node = tmp_path / "42/n2"
+    running = {"tether-42-1-0", "tether-42-1-1", "tether-42-3-0"}
+    fake = tmp_path / "podman"
+    fake.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        echo "$*" >> {tmp_path}/calls
+        for c in {' '.join(sorted(running))}; do
+          case "$*" in *"inspect --format {{{{.State.Running}}}} $c") echo true; exit 0 ;; esac
+        done
+        echo false
+        """))
+    fake.chmod(0o755)
+
+    def marker(step: str, rank: int, container: str, **extra) -> None:
+        (node / step).mkdir(parents=True, exist_ok=True)
+        (node / step / f".cleanup-{rank}").write_text(json.dumps({"runtime": "podman", "container": container,
+                                                                   **extra}))
+
+    marker("step-1", 1, "tether-42-1-1", name="dev")
+    marker("step-1", 0, "tether-42-1-0", name="dev")
+    marker("step-0", 0, "tether-42-0-0", name="dev")          # ended: podman says it does not run
+    marker("step-3", 0, "tether-42-3-0")                      # unnamed
+    marker("step-4", 0, "tether-41-4-0", name="dev")          # not this job's name
+    marker("step-5", 0, "tether-42-5-0", runtime="enroot", name="dev")
+    marker("step-7", 0, "tether-42-7-0", name="dev")          # this step's own sibling: never
+
+    def launch(name: str, **kw):
+        return adapter("podman", {"binary": str(fake), "store": ""}).launch(
+            spec(**{"image": "", "runtime": "podman", "name": name, "rank_dir": str(node / "step-7/rank-1"), **kw}),
+            {**HOST, "TETHER_CONTAINER_MOUNTS": "/data:/data"})
+
+    attached = launch("dev")
+    assert not attached.supervise and attached.argv[0] == str(fake)
+    at = attached.argv.index("exec")
+    (names_fd,) = attached.fds
+    assert attached.argv[at:at + 4] == ["exec", "--interactive", "--env-file", f"/dev/fd/{names_fd}"]
+    assert attached.argv[-5:] == ["--workdir", "/", "tether-42-1-0", "python", "train.py"]
+    assert "ignoring --container-mounts when attaching to a running container" in capsys.readouterr().err
+    assert "--volume" not in attached.argv and "TMPDIR=/tmp" not in attached.argv
+    assert launch("dev", workdir="/work").argv[-5:-3] == ["--workdir", "/work"]
+    assert launch("42.3", name_attach="exec").argv[-3:] == ["tether-42-3-0", "python", "train.py"]
+    with pytest.raises(LaunchError, match=r"^--container-name=41.3:exec: no step of this job runs that container"):
+        launch("41.3", name_attach="exec")
+    with pytest.raises(LaunchError, match=r"^--container-name=dev:exec: no step of this job runs that container"):
+        (node / "step-1" / ".cleanup-0").unlink()
+        (node / "step-1" / ".cleanup-1").unlink()
+        launch("dev", name_attach="exec")
+    marker("step-1", 0, "tether-42-1-0", name="dev")
+    own = launch("dev", name_attach="never", image="docker://busybox")     # no_exec: a container of its own
+    assert own.supervise and own.argv[1] == "run"

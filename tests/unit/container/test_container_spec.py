@@ -168,18 +168,17 @@ def test_container_name_alone_runs_the_jobs_container_of_that_name_or_says_there
 
 
 def test_pyxis_container_name_flags_auto_no_exec_create_and_exec(tmp_path):
-    """pyxis's --container-name=NAME:FLAG. auto and no_exec: the job's container, made when missing
-    (tether never enters a running one, so they are one); create: this step makes it -- its other
-    ranks find the one its first rank made, a later step is refused; exec: refused with the reason."""
-    for flag in ("", ":auto", ":no_exec"):
+    """pyxis's --container-name=NAME:FLAG. auto: attach to it while another step runs it, else the
+    job's container, made when missing; no_exec: never attach; exec: attach only; create: this step
+    makes it -- its other ranks find the one its first rank made, a later step is refused."""
+    for flag, attach in (("", "auto"), (":auto", "auto"), (":no_exec", "never"), (":exec", "exec")):
         s = spec_from_env({"TETHER_CONTAINER_NAME": f"dev{flag}", "TETHER_CONTAINER_IMAGE": "busybox"}, ["cmd"],
                           default_runtime="podman")
-        assert (s.name, s.name_create) == ("dev", False)
-    assert spec_from_env({"TETHER_CONTAINER_NAME": "dev:create", "TETHER_CONTAINER_IMAGE": "busybox"}, ["cmd"],
-                         default_runtime="podman").name_create
-    with pytest.raises(LaunchError, match="tether does not enter a container another step is running"):
-        spec_from_env({"TETHER_CONTAINER_NAME": "dev:exec"}, ["cmd"], default_runtime="podman")
-    with pytest.raises(LaunchError, match="FLAG is one of auto, no_exec, create"):
+        assert (s.name, s.name_create, s.name_attach) == ("dev", False, attach)
+    made = spec_from_env({"TETHER_CONTAINER_NAME": "dev:create", "TETHER_CONTAINER_IMAGE": "busybox"}, ["cmd"],
+                         default_runtime="podman")
+    assert (made.name_create, made.name_attach) == (True, "never")
+    with pytest.raises(LaunchError, match="FLAG is one of auto, no_exec, exec, create"):
         spec_from_env({"TETHER_CONTAINER_NAME": "dev:later"}, ["cmd"], default_runtime="podman")
     home = tmp_path / "42/n2/podman-named/dev"
 
