@@ -594,6 +594,11 @@ class Podman(Runtime):
             # yourself inside (files on mounts keep your ownership); --container-remap-root:
             # rootless podman's own default, root inside a user namespace (still you on the host)
             argv.append("--userns=keep-id")
+        elif os.getuid() != 0:
+            # root's capabilities over the container's own namespaces, as enroot's remapped root
+            # has them (mount a tmpfs, chown, chroot: what apt and pyxis's tests do as root);
+            # nothing on the host -- the user namespace is the user's -- and seccomp stays on
+            argv.append("--cap-add=all")
         if not spec.entrypoint:
             argv.append("--entrypoint=")      # the command itself, not the image's ENTRYPOINT (as pyxis)
         if not spec.writable:

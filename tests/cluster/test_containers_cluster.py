@@ -584,6 +584,15 @@ def test_pyxis_remap_root_entrypoint_and_mount_flags(cluster):
     asked = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-remap-root",
                              "--container-entrypoint", "id", "-u"])
     assert asked.stdout.split("\n")[:2] == ["entrypoint ran", "0"], asked.stdout + asked.stderr
+    # root inside has root's capabilities over the container's own namespaces, as enroot's
+    # remapped root (pyxis's exec.bats mounts a tmpfs so); seccomp's filter stays; yourself: none
+    mounted = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-remap-root", "sh", "-c",
+                               "mount -t tmpfs none /mnt && grep -c ' /mnt tmpfs ' /proc/mounts && "
+                               "grep -c 'Seccomp:.2' /proc/self/status"])
+    assert mounted.stdout.split() == ["1", "1"], mounted
+    refused = cluster.as_user(["srun", "-N1", f"--container-image={image}", "sh", "-c",
+                               "mount -t tmpfs none /mnt 2>/dev/null || grep CapEff /proc/self/status"])
+    assert refused.stdout.split() == ["CapEff:", "0000000000000000"], refused
     fallback = cluster.as_user(["env", "TETHER_CONTAINER_ENTRYPOINT=1", "srun", "-N1", f"--container-image={image}",
                                 "true"])
     assert fallback.stdout == "entrypoint ran\n", fallback.stdout + fallback.stderr
