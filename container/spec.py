@@ -245,7 +245,8 @@ def container_path(value: str, what: str, *, clamp: bool = False) -> str:
         elif parts:
             parts.pop()
         elif not clamp:
-            raise LaunchError(f"{what} {value!r} leads out of the container's root ('..' above '/')")
+            raise LaunchError(f"{what} {value!r} leads out of the container's root ('..' above '/'; pyxis's enroot "
+                              f"says: Invalid cross-device link)")
     return "/" + "/".join(parts)
 
 
@@ -416,7 +417,7 @@ def check_mount_sources(mounts: Sequence[Mount], admin: Sequence[str] = ()) -> N
         if mount.kind != "bind":
             continue
         where = "container.mounts in tether's config" if mount in theirs else "--container-mounts"
-        check_reachable(mount.source, f"{where}: {mount.source}")
+        check_reachable(mount.source, f"{where}: {mount.source}", missing="source path does not exist on this node")
 
 
 def check_save_target(path: str) -> None:
@@ -430,13 +431,14 @@ def check_save_target(path: str) -> None:
         raise LaunchError(f"--container-save={path}: you cannot write in {parent} on this node")
 
 
-def check_reachable(path: str, label: str) -> None:
+def check_reachable(path: str, label: str, *, missing: str = "no such file or directory on this node") -> None:
     """``path`` exists on this node and this process (the user's) can reach it; a LaunchError
-    starting with ``label`` that says which is not so."""
+    starting with ``label`` that says which is not so (``missing``: the words for a path that is
+    not there; a mount's are pyxis's)."""
     try:
         os.stat(path)
     except FileNotFoundError:
-        raise LaunchError(f"{label}: no such file or directory on this node") from None
+        raise LaunchError(f"{label}: {missing}") from None
     except PermissionError:
         raise LaunchError(f"{label}: permission denied (you cannot reach it on this node: a directory on "
                           f"its path is not open to you)") from None

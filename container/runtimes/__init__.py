@@ -198,8 +198,9 @@ class Runtime:
 
     @staticmethod
     def home_mounts(spec: LaunchSpec, host_env: Mapping[str, str]) -> tuple:
-        """``--container-mount-home``: the user's home directory at its own path (runtimes that do
-        not mount it themselves)."""
+        """``--container-mount-home``: the user's home directory at its own path, or at /root with
+        --container-remap-root (root's home: as enroot's home hook mounts it) -- for runtimes that
+        do not mount it themselves."""
         if not spec.mount_home:
             return ()
         from ..spec import Mount
@@ -208,7 +209,7 @@ class Runtime:
         if not home.startswith("/") or home.rstrip("/") in ("", "/tmp", "/run", "/run/tether") \
                 or not os.path.isdir(home):
             raise LaunchError(f"--container-mount-home: HOME={home[:200]!r} is not a directory to mount on this node")
-        return (Mount(home.rstrip("/"), home.rstrip("/")),)
+        return (Mount(home.rstrip("/"), "/root" if spec.remap_root else home.rstrip("/")),)
 
     def refuse_name(self, spec: LaunchSpec) -> None:
         if spec.name:

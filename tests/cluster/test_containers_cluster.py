@@ -107,7 +107,7 @@ def test_exit_codes_and_start_failures_reach_the_user(cluster, image):
     assert "tether: --container-mounts: 'rel:/x': the source must be an absolute path, a relative path" in bad.stderr
     gone = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-mounts=/no/such/dir:/x",
                             "true"], check=False)
-    assert "tether: --container-mounts: /no/such/dir: no such file or directory on this node" in gone.stderr
+    assert "tether: --container-mounts: /no/such/dir: source path does not exist on this node" in gone.stderr
     assert "Exited with exit code 125" in gone.stderr and "statfs" not in gone.stderr    # podman never ran
     # these two were refused until the shared rootfs could be imported into the user's store
     target = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-mounts=/etc:/data",

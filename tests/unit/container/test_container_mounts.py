@@ -35,7 +35,7 @@ def test_mount_sources_are_checked_as_the_user_reaches_them(tmp_path, monkeypatc
     check_mount_sources(parse_mounts(f"{tmp_path}:/a,{tmp_path}/file:/b"))
     with pytest.raises(LaunchError, match=f"^--container-mounts: {tmp_path}/file/x: Not a directory$"):
         check_mount_sources(parse_mounts(f"{tmp_path}:/a,{tmp_path}/file/x:/b"))
-    with pytest.raises(LaunchError, match=r"^container.mounts in tether's config: /nope: no such file"):
+    with pytest.raises(LaunchError, match=r"^container.mounts in tether's config: /nope: source path does not exist"):
         check_mount_sources(parse_mounts(f"{tmp_path}:/a,/nope:/site"), admin=["/nope:/site"])
 
     def denied(path, *a, **kw):
@@ -72,6 +72,10 @@ def test_container_mount_home_on_off_or_the_runtimes_own_default(tmp_path):
     assert ["--volume", f"{home}:{home}"] in [podman[i:i + 2] for i in range(len(podman))]
     plain = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), host).argv
     assert f"{home}:{home}" not in plain
+    # with --container-remap-root at root's home, as enroot's home hook mounts it (pyxis's mount_home.bats)
+    root = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", mount_home=True, remap_root=True),
+                                        host).argv
+    assert ["--volume", f"{home}:/root"] in [root[i:i + 2] for i in range(len(root))] and f"{home}:{home}" not in root
     with pytest.raises(LaunchError, match="is not a directory to mount"):
         adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", mount_home=True),
                                      {**HOST, "HOME": str(tmp_path / "nope")})
@@ -165,7 +169,7 @@ def test_relative_sources_are_resolved_on_the_node_from_the_working_directory_ne
     env = {**HOST, "TETHER_CONTAINER_IMAGE": "/i", "TETHER_CONTAINER_MOUNTS": "./data:/d,./in.txt:/f"}
     s = spec_from_env(env, ["true"], default_runtime="podman")
     assert [m.source for m in s.mounts] == [str(tmp_path / "data"), str(tmp_path / "in.txt")]
-    with pytest.raises(LaunchError, match=f"^--container-mounts: {tmp_path}/nope: no such file or directory"):
+    with pytest.raises(LaunchError, match=f"^--container-mounts: {tmp_path}/nope: source path does not exist"):
         check_mount_sources(spec_from_env({**env, "TETHER_CONTAINER_MOUNTS": "./nope:/n"}, ["true"],
                                           default_runtime="podman").mounts)
     check_mount_sources(parse_mounts("tmpfs:/t,umount:/u"))      # nothing on the host to check
@@ -302,7 +306,7 @@ def test_tether_run_mounts_a_relative_source_with_spaces_through_enroot(tmp_path
     proc = _tether_run(tmp_path, fake_runtimes, runtime_config, *common, "--container-mounts=./nope:/n",
                        "--", "true", cwd=str(work))
     assert (proc.returncode, proc.stderr) == (
-        125, f"tether: --container-mounts: {work}/nope: no such file or directory on this node\n")
+        125, f"tether: --container-mounts: {work}/nope: source path does not exist on this node\n")
 
 
 def test_the_workdir_follows_pyxis_relative_from_the_root_and_never_above_it(tmp_path):

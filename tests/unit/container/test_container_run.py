@@ -78,13 +78,13 @@ def test_tether_run_refuses_a_mount_whose_source_is_missing(tmp_path, fake_runti
     proc = _tether_run(tmp_path, fake_runtimes, runtime_config, *common,
                        f"--container-mounts={there}:/d,/no/such/dir:/x:ro", "--", "true")
     assert (proc.returncode, proc.stderr) == (
-        125, "tether: --container-mounts: /no/such/dir: no such file or directory on this node\n")
+        125, "tether: --container-mounts: /no/such/dir: source path does not exist on this node\n")
     assert fake_runtimes.calls() == []                           # the runtime never ran
     site = tmp_path / "site.yaml"
     site.write_text(runtime_config.read_text().replace("container: {", "container: {mounts: ['/no/site:/site'], "))
     proc = _tether_run(tmp_path, fake_runtimes, site, *common, "--", "true")
     assert proc.returncode == 125 and \
-        "tether: container.mounts in tether's config: /no/site: no such file or directory on this node" in proc.stderr
+        "tether: container.mounts in tether's config: /no/site: source path does not exist on this node" in proc.stderr
     assert fake_runtimes.calls() == []
     proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=apptainer",
                        f"--container-image={image}", f"--container-mounts={there}:/d", "--", "true")
