@@ -562,6 +562,10 @@ def test_pyxis_container_mount_home_on_and_off(cluster, image):
     try:
         on = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-mount-home", "cat", str(marker)])
         assert on.stdout == "mine\n", on.stderr
+        # root's home with --container-remap-root, as enroot's home hook mounts it (pyxis's mount_home.bats)
+        root = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-mount-home",
+                                "--container-remap-root", "sh", "-c", f"cat /root/{marker.name}; echo $HOME"])
+        assert root.stdout == "mine\n/root\n", root
         off = cluster.as_user(["srun", "-N1", f"--container-image={image}", "sh", "-c",
                                f"test -e {marker} && echo seen || echo absent"])
         assert off.stdout.strip() == "absent", off.stderr
