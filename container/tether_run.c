@@ -395,7 +395,7 @@ static struct plan *make_plan(char **command, const char **why)
 	static struct plan p;
 	const char *image, *rank_dir, *value;
 	char job[48], step[48], rank[48];
-	struct stat st;
+	struct stat st, mq, dev;
 	uid_t uid = getuid();
 	size_t envc = 0;
 	int isatty_any = isatty(0) || isatty(1) || isatty(2);
@@ -550,7 +550,11 @@ static struct plan *make_plan(char **command, const char **why)
 	if (TR_STORE_TEMPLATE[0])
 		add_all(&p, why, "--root", p.store, "--runroot", p.run, NULL);
 	add_all(&p, why, "--log-level=fatal", "--rm", "--name", p.name, "--cidfile", p.created,
-		"--label", p.job_label, "--label", p.step_label, "--network=host", "--pid=host",
+		"--label", p.job_label, "--label", p.step_label, "--network=host", NULL);
+	/* the node's IPC namespace needs its /dev/mqueue (podman.py: node_has_mqueue) */
+	if (stat("/dev/mqueue", &mq) == 0 && stat("/dev", &dev) == 0 && mq.st_dev != dev.st_dev)
+		add(&p, "--ipc=host", why);
+	add_all(&p, why, "--uts=host", "--pid=host",
 		"--log-driver=passthrough", "--userns=keep-id", "--entrypoint=", "--read-only", NULL);
 	if (p.names_fd >= 0) {
 		if (fmt(p.names_arg, sizeof p.names_arg, "/dev/fd/%d", p.names_fd) < 0)

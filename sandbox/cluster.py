@@ -77,6 +77,9 @@ NODE_DIRS = (("tmp", 0o1777, True), ("var/tmp", 0o1777, False), ("run", 0o755, T
 NODE_ENTER = """set -e
 node=$1 dir=$2 hosts=$3 local=$4; shift 4
 for path in /tmp /var/tmp /run /dev/shm; do mount --bind "$dir$path" "$path"; done
+# POSIX message queues at /dev/mqueue, as systemd mounts them on a compute node (podman's --ipc=host
+# binds it); the directory is made on the host's /dev once when missing
+if [ -d /dev/mqueue ] && ! mountpoint -q /dev/mqueue; then mount -t mqueue mqueue /dev/mqueue; fi
 mount --bind "$dir/local" "$local"
 mount --bind "$hosts" /etc/hosts
 mount --bind "$dir/ld.so.preload" /etc/ld.so.preload
@@ -1025,6 +1028,11 @@ class Sandbox:
             return
         self.local_dir.mkdir(mode=0o755, exist_ok=True)
         self.cool_nodes()
+        for mqueue in {Path("/dev/mqueue"), self.host_path("/dev/mqueue")}:   # where NODE_ENTER mounts one
+            try:
+                mqueue.mkdir(mode=0o755, exist_ok=True)
+            except OSError as exc:
+                raise SandboxError(f"cannot make {mqueue} for the nodes' message queues: {exc.strerror}") from None
         base = self.host_path("/etc/hosts")       # the Slurm root's (prepare wrote it), or the host's
         base_text = base.read_text() if base.exists() else ""
         # without the lines that name a node already (a Slurm root's, from prepare): a resolver with

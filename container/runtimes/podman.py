@@ -727,8 +727,18 @@ class Podman(Runtime):
 
         for *_, container in sorted(found):
             state = run_command([self.binary, *self.global_args(env), "container", "inspect", "--format",
-                                 "{{.State.Running}}", container], env=env, timeout=60, check=False)
-            if state.returncode == 0 and state.stdout.strip() == "true":
+                                 "{{.State.Running}} {{.State.Pid}}", container], env=env, timeout=60, check=False)
+            words = state.stdout.split()
+            if state.returncode == 0 and words[:1] == ["true"]:
+                # its namespaces as the kernel shows them (podman 4.3 calls the node's IPC namespace
+                # "shareable" as it does a private one)
+                missing = [ns for ns in ("net", "ipc", "uts")
+                           if ns in spec.unshare and not _own_namespace(words[1] if len(words) > 1 else "", ns)]
+                if missing:     # pyxis's words
+                    kind = {"net": "network", "ipc": "IPC", "uts": "UTS"}[missing[0]]
+                    raise LaunchError(f"--container-unshare={missing[0]} requested but the container is not in a "
+                                      f"separate {kind} namespace (--container-name={spec.name} runs in another "
+                                      f"step without it)")
                 return container
         return None
 
@@ -1104,13 +1114,37 @@ def image_config(podman: Sequence[str], image: str, env: Mapping[str, str] | Non
     return (json.loads(done.stdout or "null") or {}) if done.returncode == 0 else {}
 
 
+def _own_namespace(pid: str, ns: str) -> bool:
+    """Is process ``pid`` (a container's) in a ``ns`` namespace other than this process's? False
+    when that cannot be seen."""
+    if not (pid.isascii() and pid.isdigit() and int(pid) > 0):
+        return False
+    try:
+        return os.readlink(f"/proc/{int(pid)}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}")
+    except OSError:
+        return False
+
+
+def node_has_mqueue() -> bool:
+    """Is a POSIX message queue filesystem mounted at /dev/mqueue (what ``--ipc=host`` binds)?"""
+    try:
+        return os.stat("/dev/mqueue").st_dev != os.stat("/dev").st_dev
+    except OSError:
+        return False
+
+
 def unshare_args(namespaces: Sequence[str]) -> list[str]:
-    """podman's namespace options for ``--container-unshare``: the host's network unless ``net``
-    (then a network namespace with only a loopback interface, as enroot's); ``ipc`` and ``uts``
-    ask for podman's private ones by name. A namespace of the container's own keeps the node's host
-    name (pyxis: at first the node's), where podman would give it the container's id."""
+    """podman's namespace options for ``--container-unshare``: the node's network, IPC and UTS
+    namespaces, as pyxis's containers have them (SysV shared memory and /dev/shm between ranks and
+    with the host, the node's host name), unless asked: ``net``, a network namespace with only a
+    loopback interface, as enroot's; ``ipc`` and ``uts``, podman's private ones. A namespace of the
+    container's own keeps the node's host name (pyxis: at first the node's), where podman would
+    give it the container's id."""
     argv = ["--network=none" if "net" in namespaces else "--network=host"]
-    argv += [f"--{ns}=private" for ns in ("ipc", "uts") if ns in namespaces]
+    # the node's IPC namespace needs its /dev/mqueue (podman mounts it): a node without one (no
+    # systemd mounted it) keeps podman's private IPC namespace rather than failing every rank
+    argv += [f"--ipc={'private' if 'ipc' in namespaces else 'host'}"] * (node_has_mqueue() or "ipc" in namespaces)
+    argv.append(f"--uts={'private' if 'uts' in namespaces else 'host'}")
     if "net" in namespaces or "uts" in namespaces:
         argv.append(f"--hostname={os.uname().nodename}")
     return argv

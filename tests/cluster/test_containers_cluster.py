@@ -708,6 +708,8 @@ def test_a_step_attaches_to_the_named_container_another_step_of_the_job_runs(clu
         "'echo step=$SLURM_STEP_ID $(grep -c \"step_$SLURM_STEP_ID\" /proc/self/cgroup)'",
         f"srun {here} --container-name=$unnamed cat /tmp/where",
         f"srun {here} --container-name=att:no_exec sh -c 'cat /tmp/where 2>/dev/null || echo own-container'",
+        f"srun {here} --container-name=att --container-unshare=ipc true 2>&1 | grep -o 'requested but the "
+        "container is not in a separate IPC namespace'",
         "kill $first $second; wait",
         f"srun {here} --container-name=att:exec true 2>&1 | grep -o 'no step of this job runs that container'",
         ""])
@@ -722,7 +724,8 @@ def test_a_step_attaches_to_the_named_container_another_step_of_the_job_runs(clu
     assert lines[2:4] == ["tether: ignoring --container-mounts when attaching to a running container", "no-mount"], text
     step, count = lines[4].split()
     assert step.startswith("step=") and int(count) >= 1, text      # this step's cgroup, not the first's
-    assert lines[5:] == ["unnamed", "own-container", "no step of this job runs that container"], text
+    assert lines[5:] == ["unnamed", "own-container", "requested but the container is not in a separate IPC namespace",
+                         "no step of this job runs that container"], text
 
 
 def test_a_named_podman_container_keeps_its_files_across_the_jobs_steps_on_each_node(cluster, image):
@@ -978,13 +981,14 @@ def test_pyxis_container_variables_work_as_their_options(cluster, image, public_
 
 def test_container_unshare_gives_the_container_namespaces_of_its_own(cluster, image):
     """Issue 45: pyxis 0.24's --container-unshare=net|ipc|uts was an unknown option. Without it a
-    podman rank shares the node's network; with it each asked-for namespace is the container's own:
-    net with nothing but a loopback interface, uts with the node's host name."""
+    podman rank shares the node's network, IPC and UTS namespaces (as pyxis's; podman's own default
+    made the last two private); with it each asked-for namespace is the container's own: net with
+    nothing but a loopback interface, uts with the node's host name."""
     node = ["-N1", "-w", cluster.nodes[0]]          # one node: each has its own host name
     host = parse_namespaces(cluster.as_user(["srun", *node, "sh", "-c", NAMESPACES]).stdout)
     plain = parse_namespaces(cluster.as_user(["srun", *node, f"--container-image={image}", "sh", "-c",
                                               NAMESPACES]).stdout)
-    assert plain["net"] == host["net"]
+    assert (plain["net"], plain["ipc"], plain["uts"]) == (host["net"], host["ipc"], host["uts"])   # as pyxis's
     every = cluster.as_user(["srun", *node, f"--container-image={image}", "--container-unshare=net,ipc,uts",
                              "sh", "-c", NAMESPACES + "; echo LINKS=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ')"])
     inside = parse_namespaces(every.stdout)

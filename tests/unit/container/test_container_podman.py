@@ -23,6 +23,7 @@ from container_helpers import HOST, _as_user, spec
 
 def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
     monkeypatch.setattr("tether.container.runtimes.podman.stdio_is_terminal", lambda: False)
+    monkeypatch.setattr("tether.container.runtimes.podman.node_has_mqueue", lambda: True)
     rootfs = tmp_path / "rootfs"
     rootfs.mkdir()
     s = spec(image=str(rootfs), runtime="podman", env_names=("MYVAR",), gpus=("0",),
@@ -44,7 +45,8 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
         "--runroot", f"{run}/storage",
         "--log-level=fatal", "--rm", "--name", "tether-42-0-3",
         "--cidfile", "/jobs/42/n2/step-0/rank-3/.cid",
-        "--label", "tether.job=42", "--label", "tether.step=42.0", "--network=host", "--pid=host",
+        "--label", "tether.job=42", "--label", "tether.step=42.0", "--network=host", "--ipc=host", "--uts=host",
+        "--pid=host",
         "--log-driver=passthrough", *keep_id, "--entrypoint=",
         "--read-only", "--env-file", f"/dev/fd/{names_fd}",
         "--env", "TETHER_CONTAINER=1", "--env", "TMPDIR=/tmp", "--env", "TETHER_WORK_DIR=/run/tether/workdir",
@@ -687,9 +689,16 @@ def test_the_store_index_is_read_as_go_writes_it():
 
 def test_podman_gives_the_container_the_namespaces_it_asks_for(monkeypatch):
     monkeypatch.setattr("tether.container.runtimes.podman.stdio_is_terminal", lambda: False)
+    monkeypatch.setattr("tether.container.runtimes.podman.node_has_mqueue", lambda: True)
     podman = adapter("podman", {"store": ""})
     plain = podman.launch(spec(image="docker://busybox", runtime="podman"), HOST).argv
-    assert "--network=host" in plain and not [a for a in plain if a.startswith(("--ipc", "--uts", "--hostname"))]
+    at = plain.index("--network=host")          # the node's network, IPC and UTS namespaces, as pyxis's
+    assert plain[at:at + 3] == ["--network=host", "--ipc=host", "--uts=host"] and not \
+        [a for a in plain if a.startswith("--hostname")]
+    # a node without /dev/mqueue (podman binds it for the node's IPC namespace): podman's private one
+    monkeypatch.setattr("tether.container.runtimes.podman.node_has_mqueue", lambda: False)
+    plain = podman.launch(spec(image="docker://busybox", runtime="podman"), HOST).argv
+    assert plain[at:at + 2] == ["--network=host", "--uts=host"] and "--ipc=host" not in plain
     net = podman.launch(spec(image="docker://busybox", runtime="podman", unshare=("net",)), HOST).argv
     assert "--network=none" in net and "--network=host" not in net           # only a loopback interface
     assert f"--hostname={os.uname().nodename}" in net                         # not the container's id
@@ -873,7 +882,7 @@ def test_a_named_container_another_step_runs_is_attached_to_as_pyxis_does(tmp_pa
         #!/bin/sh
         echo "$*" >> {tmp_path}/calls
         for c in {' '.join(sorted(running))}; do
-          case "$*" in *"inspect --format {{{{.State.Running}}}} $c") echo true; exit 0 ;; esac
+          case "$*" in *"inspect --format {{{{.State.Running}}}} {{{{.State.Pid}}}} $c") echo true {os.getpid()}; exit 0 ;; esac
         done
         echo false
         """))
@@ -914,5 +923,9 @@ def test_a_named_container_another_step_runs_is_attached_to_as_pyxis_does(tmp_pa
         (node / "step-1" / ".cleanup-1").unlink()
         launch("dev", name_attach="exec")
     marker("step-1", 0, "tether-42-1-0", name="dev")
+    with pytest.raises(LaunchError, match=r"^--container-unshare=ipc requested but the container is not in a separate "
+                                          r"IPC namespace"):       # pyxis's words: it runs in the node's (the
+                                                                        # pid: this test's, whose namespaces are ours)
+        launch("dev", unshare=("ipc",))
     own = launch("dev", name_attach="never", image="docker://busybox")     # no_exec: a container of its own
     assert own.supervise and own.argv[1] == "run"
