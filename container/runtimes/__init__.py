@@ -206,10 +206,11 @@ class Runtime:
         from ..spec import Mount
 
         home = host_env.get("HOME") or ""
-        if not home.startswith("/") or home.rstrip("/") in ("", "/tmp", "/run", "/run/tether") \
-                or not os.path.isdir(home):
+        target = "/root" if spec.remap_root else home.rstrip("/")
+        # at its own path, a HOME of /tmp or /run would cover the rank's own directories there
+        if not home.startswith("/") or target in ("", "/tmp", "/run", "/run/tether") or not os.path.isdir(home):
             raise LaunchError(f"--container-mount-home: HOME={home[:200]!r} is not a directory to mount on this node")
-        return (Mount(home.rstrip("/"), "/root" if spec.remap_root else home.rstrip("/")),)
+        return (Mount(home.rstrip("/") or "/", target),)
 
     def refuse_name(self, spec: LaunchSpec) -> None:
         if spec.name:

@@ -76,6 +76,12 @@ def test_container_mount_home_on_off_or_the_runtimes_own_default(tmp_path):
     root = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", mount_home=True, remap_root=True),
                                         host).argv
     assert ["--volume", f"{home}:/root"] in [root[i:i + 2] for i in range(len(root))] and f"{home}:{home}" not in root
+    # HOME=/tmp: refused at its own path (the rank's /tmp is there), mounted at /root (pyxis's env.bats)
+    with pytest.raises(LaunchError, match="HOME='/tmp' is not a directory to mount"):
+        adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", mount_home=True), {**HOST, "HOME": "/tmp"})
+    tmp_home = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", mount_home=True, remap_root=True),
+                                            {**HOST, "HOME": "/tmp"}).argv
+    assert ["--volume", "/tmp:/root"] in [tmp_home[i:i + 2] for i in range(len(tmp_home))]
     with pytest.raises(LaunchError, match="is not a directory to mount"):
         adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman", mount_home=True),
                                      {**HOST, "HOME": str(tmp_path / "nope")})
