@@ -22,8 +22,8 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 from ...hooks.imageref import ImageRefError, parse_image
 from ...hooks.layout import USER_STORE_ROOT
 from ..launch import progress
-from ..spec import (CONTAINER_BATCH_SCRIPT, LaunchError, Mount, named_enroot_marker, no_named_container,
-                    refuse_existing)
+from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, LaunchError, Mount, named_enroot_marker,
+                    no_named_container, refuse_existing)
 from . import Launch, Runtime, existing_store, store_directory
 
 DEFAULT_STORE = f"{USER_STORE_ROOT}/{{uid}}/enroot"     # container.enroot.store's default
@@ -34,6 +34,15 @@ if TYPE_CHECKING:
     from ..spec import LaunchSpec
 
 CD_PROLOGUE = 'cd "$1" || exit 125; shift; exec "$@"'
+# Values enroot's environment file cannot carry (a line break, quotes around the whole value), as
+# pyxis 0.24 delivers them: one file each in the rank's work directory, read inside the container
+# by the command's own shell (cat, then the x that keeps trailing line breaks) after enroot's
+# environment is in place -- so they win as environ()'s values do -- and removed at once.
+VALUES_DIR = ".tether-values"
+VALUES_PROLOGUE = ('if [ -d "$1" ]; then for f in "$1"/*; do [ -f "$f" ] || continue; v=$(cat "$f"; echo x); '
+                   'export "${f##*/}=${v%x}"; done; rm -rf "$1"; else echo "tether: $1 is not in the container '
+                   '(a mount covers it): variables with a line break or quotes around their value were not '
+                   'passed" >&2; fi; shift; ' + CD_PROLOGUE)
 # the last enroot release without start's --net/--ipc/--uts (NVIDIA/enroot, after v4.1.2)
 UNSHARE_BEFORE = (4, 1, 2)
 
@@ -89,6 +98,13 @@ def fstab_line(mount: Mount, *, rank: bool = False) -> str:
         raise LaunchError(f"--container-mounts: the mount of {mount.target[:60]}... for enroot would be a line of "
                           f"{len(line.encode())} bytes (escaped), more than enroot reads ({FSTAB_LINE_MAX - 1})")
     return line
+
+
+def write_values(directory: str, values: Mapping[str, str]) -> None:
+    """Each value enroot's environment file cannot carry in a file of its own (named after its
+    variable, mode 0600, never through a symlink) in ``directory``, made 0700 (VALUES_PROLOGUE)."""
+    for name, value in values.items():
+        write_private(os.path.join(directory, name), value, "", "values file")
 
 
 def write_environ_conf(path: str | None, values: Mapping[str, str], mount_lines: Sequence[str] = ()) -> str:
@@ -336,6 +352,12 @@ class Enroot(Runtime):
         batch = [Mount(spec.batch_script, CONTAINER_BATCH_SCRIPT, True)] if spec.batch_script else []
         mount_lines = [*(fstab_line(m, rank=True) for m in spec.rank_mounts()),
                        *(fstab_line(m) for m in (*spec.mounts, *batch))]
+        # values the environment file cannot carry: in files the command's shell reads inside
+        # (by hand, without the rank's directories: left out with a word, by write_environ_conf)
+        uncarried = {n: v for n, v in passed.items() if not carried(v)} if spec.rank_dir else {}
+        if uncarried:
+            write_values(os.path.join(spec.rank_dir, "work", VALUES_DIR), uncarried)
+            passed = {n: v for n, v in passed.items() if n not in uncarried}
         if passed or mount_lines:
             conf = os.path.join(step_dir, "enroot", f"environ-{spec.rank}.conf") if step_dir else None
             conf = write_environ_conf(conf, passed, mount_lines)
@@ -345,7 +367,11 @@ class Enroot(Runtime):
         argv += self.own_env_args(own)
         if self.gpu_kind(spec) == "cuda":
             argv += ["--env", "NVIDIA_VISIBLE_DEVICES=all"]
-        argv += [name, "/bin/sh", "-c", CD_PROLOGUE, "sh", spec.workdir, *spec.command]
+        if uncarried:
+            argv += [name, "/bin/sh", "-c", VALUES_PROLOGUE, "sh", f"{CONTAINER_WORKDIR}/{VALUES_DIR}", spec.workdir,
+                     *spec.command]
+        else:
+            argv += [name, "/bin/sh", "-c", CD_PROLOGUE, "sh", spec.workdir, *spec.command]
         if not spec.name:
             after.insert(0, [self.binary, "remove", "--force", name])
         if lock is None and node_dir:

@@ -4,8 +4,10 @@ environment file, and `tether run` through the fake enroot.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 
 from tether.container.images import image_key
 from tether.container.runtimes import adapter
-from tether.container.runtimes.enroot import enroot_uri
+from tether.container.runtimes.enroot import VALUES_DIR, VALUES_PROLOGUE, enroot_uri
 from tether.container.spec import CONTAINER_WORKDIR, LaunchError, Mount
 
 from container_helpers import HOST, _tether_run, spec
@@ -49,13 +51,15 @@ def test_enroot_imports_creates_starts_and_removes(tmp_path):
     assert HOST["MYVAR"] not in " ".join(argv) and oct(os.stat(conf).st_mode & 0o777) == "0o600"
     text = Path(conf).read_text()
     assert "OTHER=no\n" in text and "RANK=3\n" in text and "PATH=" not in text
-    assert "MYVAR" not in text                      # a line break: enroot's file cannot carry it
+    assert "MYVAR" not in text                      # a line break: enroot's file cannot carry it ...
+    assert Path(s.rank_dir, "work", VALUES_DIR, "MYVAR").read_text() == HOST["MYVAR"]     # ... the command reads it
     assert "--mount" not in argv and "NVIDIA_VISIBLE_DEVICES=all" in argv     # mounts: in the conf's mounts()
     assert text.split("mounts() {\n", 1)[1].splitlines()[1:4] == [
         f"{s.rank_dir}/tmp /tmp none x-create=dir,bind",
         f"{s.rank_dir}/work /run/tether/workdir none x-create=dir,bind", "/data /data none x-create=auto,rbind,ro"]
-    assert argv[-8:] == ["tether-42-0-3", "/bin/sh", "-c", 'cd "$1" || exit 125; shift; exec "$@"', "sh",
+    assert argv[-9:] == ["tether-42-0-3", "/bin/sh", "-c", VALUES_PROLOGUE, "sh", f"{CONTAINER_WORKDIR}/{VALUES_DIR}",
                          CONTAINER_WORKDIR, "python", "train.py"]
+    assert VALUES_PROLOGUE.endswith('shift; cd "$1" || exit 125; shift; exec "$@"')
     assert launch.after == [["enroot", "remove", "--force", "tether-42-0-3"]]
     named = adapter("enroot", {}).launch(spec(image="docker://busybox", runtime="enroot", name="dev",
                                               rank_dir=s.rank_dir), HOST)
@@ -168,26 +172,42 @@ def test_enroot_import_failure_is_reported_with_its_message(fp, tmp_path):
         run_before(launch)
 
 
-def test_enroot_leaves_out_only_values_its_environment_file_would_change(tmp_path, fake_runtimes, runtime_config):
+def test_enroot_values_its_environment_file_would_change_arrive_exactly_as_pyxis_delivers_them(
+        tmp_path, fake_runtimes, runtime_config):
     """enroot's environment file is one NAME=VALUE per line, and common::envfmt strips quotes around
-    a whole value (twice): those values are left out and named; everything else arrives exactly
-    (checked through the fake, which sources the --conf script with bash and applies envfmt)."""
+    a whole value (twice): such values go into files of the rank's work directory that the command's
+    own shell reads inside the container (pyxis 0.24 delivers them exactly); everything else arrives
+    through the file exactly (checked through the fake, which sources the --conf script with bash
+    and applies envfmt)."""
     from tether.container.runtimes.enroot import carried
 
     assert [carried(v) for v in ("plain", "it's", "a\"b'", "'x'", '"x"  ', "x\ny", "x\r", "")] == [
         True, True, True, False, False, False, False, True]
-    values = {"Q1": "'quoted'", "NL": "a\nb", "OK1": "$(id) `id` ${HOME} \\ '", "NL2": "EOF\nTETHER",
+    values = {"Q1": "'quoted'", "NL": "a\nb\n\n", "OK1": "$(id) `id` ${HOME} \\ '", "NL2": "EOF\nTETHER",
               "OK3": "TETHER_END_OF_ENVIRONMENT", "OK4": "=a=b=", "OK5": ""}
     fake_runtimes.configure(exit_code=0)
+    rank_dir = tmp_path / "7/n1/step-2/rank-1"
     proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
-                       "--container-image=docker://busybox", "--", "true", **values)
+                       "--container-image=docker://busybox", "--", "true", rank_dir=rank_dir, **values)
     assert proc.returncode == 0, proc.stderr
-    assert "not passed into the enroot container: NL, NL2, Q1 (a line break, or quotes" in proc.stderr
+    assert "not passed" not in proc.stderr
     (started,) = fake_runtimes.calls("enroot-container")
     inside = started["container_env"]
     for name in ("OK1", "OK3", "OK4", "OK5"):
         assert inside[name] == values[name], name
-    assert not {"Q1", "NL", "NL2"} & set(inside)
+    assert not {"Q1", "NL", "NL2"} & set(inside)             # not through enroot's file ...
+    files = rank_dir / "work" / VALUES_DIR
+    assert {f.name: f.read_text() for f in files.iterdir()} == {n: values[n] for n in ("Q1", "NL", "NL2")}
+    assert {oct(f.stat().st_mode & 0o777) for f in files.iterdir()} == {"0o600"}
+    # ... but read by the command's shell inside (the prologue itself, run here by sh)
+    script = "import json, os, sys; print(json.dumps({n: os.environ.get(n) for n in sys.argv[1:]}))"
+    shown = subprocess.run(["sh", "-c", VALUES_PROLOGUE, "sh", str(files), "/", sys.executable, "-c", script,
+                            "Q1", "NL", "NL2"], capture_output=True, text=True, timeout=60)
+    assert json.loads(shown.stdout) == {n: values[n] for n in ("Q1", "NL", "NL2")}, shown.stderr
+    assert not files.exists()                                    # read once, gone
+    covered = subprocess.run(["sh", "-c", VALUES_PROLOGUE, "sh", str(files), "/", "true"], capture_output=True,
+                             text=True, timeout=60)
+    assert covered.returncode == 0 and "(a mount covers it): variables with a line break" in covered.stderr
 
 
 def test_enroot_environment_script_is_never_written_through_a_planted_symlink(tmp_path):
