@@ -430,8 +430,7 @@ def _outcome(launch: Launch, status: int, monitor_killed: int | None, not_create
         report(f"{os.path.basename(launch.argv[0])} could not start the container (exit {code}); its "
                f"message is above")
     elif not_created:
-        report(f"{os.path.basename(launch.argv[0])} exited {code} before it created the container; "
-               f"`{os.path.basename(launch.argv[0])} info`, run as this user on this node, usually says why")
+        report(launch.runtime.not_started(code))
     return code
 
 

@@ -127,6 +127,12 @@ class Runtime:
         the user and the admin). Runtimes that leave nothing behind have nothing to do."""
         return True
 
+    def not_started(self, code: int) -> str:
+        """What the user is told when the runtime exited ``code`` before it made the container (its
+        ``created`` file never appeared)."""
+        return (f"{os.path.basename(self.binary)} exited {code} before it created the container; `{self.name} "
+                f"info`, run as this user on this node, usually says why")
+
     def recover_state(self, env: Mapping[str, str], output: str | None = None, *, new_session: bool = True) -> bool:
         """After a failed runtime command (its ``output``, or None when the output went to the
         rank): repair the runtime's per-user state on this node if it is the known kind of stale,

@@ -39,6 +39,10 @@ CD_PROLOGUE = 'cd "$1" || exit 125; shift; exec "$@"'
 # by the command's own shell (cat, then the x that keeps trailing line breaks) after enroot's
 # environment is in place -- so they win as environ()'s values do -- and removed at once.
 VALUES_DIR = ".tether-values"
+# The command's shell says it started (a file in the rank's work directory: STARTED_PROLOGUE): an
+# enroot that exits 1 without it failed itself -- enroot-switchroot, a hook -- before the command.
+STARTED_FILE = ".tether-started"
+STARTED_PROLOGUE = f': > "{CONTAINER_WORKDIR}/{STARTED_FILE}" 2>/dev/null; '
 VALUES_PROLOGUE = ('if [ -d "$1" ]; then for f in "$1"/*; do [ -f "$f" ] || continue; v=$(cat "$f"; echo x); '
                    'export "${f##*/}=${v%x}"; done; rm -rf "$1"; else echo "tether: $1 is not in the container '
                    '(a mount covers it): variables with a line break or quotes around their value were not '
@@ -367,11 +371,12 @@ class Enroot(Runtime):
         argv += self.own_env_args(own)
         if self.gpu_kind(spec) == "cuda":
             argv += ["--env", "NVIDIA_VISIBLE_DEVICES=all"]
+        started = STARTED_PROLOGUE if spec.rank_dir else ""
         if uncarried:
-            argv += [name, "/bin/sh", "-c", VALUES_PROLOGUE, "sh", f"{CONTAINER_WORKDIR}/{VALUES_DIR}", spec.workdir,
-                     *spec.command]
+            argv += [name, "/bin/sh", "-c", started + VALUES_PROLOGUE, "sh", f"{CONTAINER_WORKDIR}/{VALUES_DIR}",
+                     spec.workdir, *spec.command]
         else:
-            argv += [name, "/bin/sh", "-c", CD_PROLOGUE, "sh", spec.workdir, *spec.command]
+            argv += [name, "/bin/sh", "-c", started + CD_PROLOGUE, "sh", spec.workdir, *spec.command]
         if not spec.name:
             after.insert(0, [self.binary, "remove", "--force", name])
         if lock is None and node_dir:
@@ -381,7 +386,12 @@ class Enroot(Runtime):
             partial = f"{spec.save}.{os.uname().nodename}.{os.getpid()}.partial"
             finish = ([[self.binary, "export", "--output", partial, name]], partial, spec.save)
         return Launch(argv=argv, env=env, supervise=True, before=before, lock=lock, after=after, runtime=self,
-                      finish=finish)
+                      finish=finish,
+                      created=os.path.join(spec.rank_dir, "work", STARTED_FILE) if spec.rank_dir else None)
+
+    def not_started(self, code: int) -> str:
+        return (f"enroot exited {code} before the command in the container started: enroot itself failed (its "
+                f"message is above; e.g. an image without /root under --container-remap-root, or a failing hook)")
 
     def require_unshare(self, namespaces: tuple[str, ...], env: Mapping[str, str]) -> None:
         """Refuse ``--container-unshare`` with an enroot that cannot (asked only then: one more

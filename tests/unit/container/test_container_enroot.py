@@ -15,7 +15,7 @@ import pytest
 
 from tether.container.images import image_key
 from tether.container.runtimes import adapter
-from tether.container.runtimes.enroot import VALUES_DIR, VALUES_PROLOGUE, enroot_uri
+from tether.container.runtimes.enroot import STARTED_PROLOGUE, VALUES_DIR, VALUES_PROLOGUE, enroot_uri
 from tether.container.spec import CONTAINER_WORKDIR, LaunchError, Mount
 
 from container_helpers import HOST, _tether_run, spec
@@ -57,8 +57,11 @@ def test_enroot_imports_creates_starts_and_removes(tmp_path):
     assert text.split("mounts() {\n", 1)[1].splitlines()[1:4] == [
         f"{s.rank_dir}/tmp /tmp none x-create=dir,bind",
         f"{s.rank_dir}/work /run/tether/workdir none x-create=dir,bind", "/data /data none x-create=auto,rbind,ro"]
-    assert argv[-9:] == ["tether-42-0-3", "/bin/sh", "-c", VALUES_PROLOGUE, "sh", f"{CONTAINER_WORKDIR}/{VALUES_DIR}",
-                         CONTAINER_WORKDIR, "python", "train.py"]
+    assert argv[-9:] == ["tether-42-0-3", "/bin/sh", "-c", STARTED_PROLOGUE + VALUES_PROLOGUE, "sh",
+                         f"{CONTAINER_WORKDIR}/{VALUES_DIR}", CONTAINER_WORKDIR, "python", "train.py"]
+    # the command's shell says it started, in the rank's work directory: enroot failing before is told apart
+    assert STARTED_PROLOGUE == ': > "/run/tether/workdir/.tether-started" 2>/dev/null; '
+    assert launch.created == f"{s.rank_dir}/work/.tether-started"
     assert VALUES_PROLOGUE.endswith('shift; cd "$1" || exit 125; shift; exec "$@"')
     assert launch.after == [["enroot", "remove", "--force", "tether-42-0-3"]]
     named = adapter("enroot", {}).launch(spec(image="docker://busybox", runtime="enroot", name="dev",

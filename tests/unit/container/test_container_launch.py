@@ -372,3 +372,32 @@ def test_a_supervised_ranks_start_up_imports_neither_re_nor_enum_nor_json():
     out = subprocess.run([sys.executable, "-IS", "-c", f"import sys; sys.path[:0] = {sys.path!r}\n{code}"],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out == "", out
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_enroot_failing_before_the_command_started_is_told_apart_from_the_workload_exiting_1(tmp_path, started):
+    """Issue 45: enroot's own failures inside `enroot start` (enroot-switchroot without /root under
+    --container-remap-root, a hook -- real enroot 4.1.2 exits 1 with its message) ended the rank
+    with exit 1 and no word, as if the workload had failed. The command's shell now writes a
+    started file first (STARTED_PROLOGUE): without it the rank says enroot failed; with it, an
+    exit 1 is the workload's own."""
+    from tether.container.runtimes.enroot import STARTED_FILE
+
+    work = tmp_path / "rank-0" / "work"
+    work.mkdir(parents=True)
+    runtime = tmp_path / "enroot"
+    body = (f": > {work / STARTED_FILE}\nexit 1\n" if started else
+            "echo 'enroot-switchroot: failed to change directory: /root: No such file or directory' >&2\nexit 1\n")
+    runtime.write_text("#!/bin/sh\n" + body)
+    runtime.chmod(0o755)
+    code = textwrap.dedent(f"""\
+        import os
+        from tether.container.launch import execute
+        from tether.container.runtimes import Launch, adapter
+        execute(Launch(argv=[{str(runtime)!r}], env=dict(os.environ), supervise=True, runtime=adapter("enroot", {{}}),
+                       created={str(work / STARTED_FILE)!r}))
+        """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    said = "tether: enroot exited 1 before the command in the container started: enroot itself failed"
+    assert (said in proc.stderr) is not started, proc.stderr
