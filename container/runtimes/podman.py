@@ -647,6 +647,17 @@ class Podman(Runtime):
                 # user's own), not imported into the store first
                 image_argv, before = ["--rootfs", self.local_image(spec.image)], []
             image_argv, before, prepare = self.step_root(spec, image_argv, before, glob)
+        elif image_argv[1:2] and image_argv[1].startswith(SQUASHFS_IMAGE) and spec.rank_dir:
+            # an enroot-made squashfs keeps its image's ENV in /etc/environment, not in a config
+            # podman reads: given as the image's, before the job's (podman: a later --env-file wins)
+            lines = squashfs_environment(self.local_image(spec.image))
+            if lines:
+                from ...system.files import write_atomic
+
+                image_env = os.path.join(spec.rank_dir, ".image-env")
+                write_atomic(image_env, "".join(f"{line}\n" for line in lines), 0o600)
+                at = argv.index("--env-file") if "--env-file" in argv else len(argv)
+                argv[at:at] = ["--env-file", image_env]
         if prepare:
             # the image's ENV first: podman lets a later --env-file win, and the job's values win
             at = argv.index("--env-file") if "--env-file" in argv else len(argv)
@@ -1378,6 +1389,9 @@ def squashfs_image_name(path: str) -> str:
     return rootfs_image_name(path).replace("/tether-rootfs:", "/tether-squashfs:")
 
 
+SQUASHFS_IMAGE = "localhost/tether-squashfs:"
+
+
 def _squashfs_tool(name: str, why: str) -> str:
     import shutil
 
@@ -1385,6 +1399,32 @@ def _squashfs_tool(name: str, why: str) -> str:
     if found is None:
         raise LaunchError(f"{why} needs {name} (Debian: squashfs-tools-ng), which is not on this node's PATH")
     return found
+
+
+def squashfs_environment(path: str) -> list[str]:
+    """The ``NAME=VALUE`` lines of a squashfs image's ``/etc/environment`` -- where enroot keeps an
+    image's ENV (docker::configure) and reads it at every start (runtime::_do_environ) -- as enroot
+    formats them (common::envfmt: comments, blank and ill-formed lines and ENROOT_* go; a pair of
+    quotes around a whole value goes). A line naming a host variable (``${NAME}``, which enroot
+    fills from the job's environment) is left out: podman's value would be fixed. [] when the image
+    has no such file."""
+    import re
+    import subprocess
+
+    try:
+        shown = subprocess.run([_squashfs_tool("rdsquashfs", f"podman with the squashfs image {path}"), "-c",
+                                "/etc/environment", path], capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if shown.returncode != 0:
+        return []
+    lines = []
+    for line in shown.stdout.decode("utf-8", "replace").splitlines():
+        line = line.lstrip(" \t\v\f\r")
+        if not re.match(r"[A-Za-z_][A-Za-z0-9_]*=", line) or line.startswith("ENROOT_") or "${" in line:
+            continue
+        lines.append(re.sub(r"^([A-Za-z_][A-Za-z0-9_]*)=[\"'](.*)[\"'][ \t\v\f\r]*$", r"\1=\2", line))
+    return lines
 
 
 def import_squashfs(path: str, podman: Sequence[str], name: str, env: Mapping[str, str] | None = None) -> None:

@@ -653,14 +653,18 @@ def test_a_squashfs_image_runs_on_podman_and_a_step_saves_one_the_next_job_runs(
     _write_as(cluster.user, where / ".keep", "")
     sqsh = where / "busybox.sqsh"
     try:
+        # with an /etc/environment, where enroot keeps an image's ENV: podman gets it as the image's
         subprocess.run(["mksquashfs", image, str(sqsh), "-noappend", "-all-root", "-quiet", "-no-progress",
-                        "-p", "/made-as-squashfs f 444 0 0 echo squashed"], check=True, capture_output=True,
-                       timeout=300)
+                        "-p", "/made-as-squashfs f 444 0 0 echo squashed",
+                        "-p", "/etc/environment f 444 0 0 echo SQSH_ENV=from-etc-environment"], check=True,
+                       capture_output=True, timeout=300)
         os.chmod(sqsh, 0o644)
         first = cluster.as_user(["srun", "-N2", f"--container-image={sqsh}", "sh", "-c",
-                                 "echo $(cat /made-as-squashfs) $TETHER_CONTAINER $SLURMD_NODENAME"], timeout=300)
+                                 "echo $(cat /made-as-squashfs) $TETHER_CONTAINER $SLURMD_NODENAME $SQSH_ENV"],
+                                timeout=300)
         rows = sorted(line.split() for line in first.stdout.splitlines())
         assert [r[:2] for r in rows] == [["squashed", "1"]] * 2, first.stdout + first.stderr
+        assert [r[3] for r in rows] == ["from-etc-environment"] * 2, first.stdout + first.stderr
         assert first.stderr.count(f"unpacking the squashfs image {sqsh} into your podman store on this node ...") \
             == 2, first.stderr                                                                   # once per node
         # on a node of the first step: nothing to unpack there any more (the image's root is its

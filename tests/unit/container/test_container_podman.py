@@ -929,3 +929,37 @@ def test_a_named_container_another_step_runs_is_attached_to_as_pyxis_does(tmp_pa
         launch("dev", unshare=("ipc",))
     own = launch("dev", name_attach="never", image="docker://busybox")     # no_exec: a container of its own
     assert own.supervise and own.argv[1] == "run"
+
+
+def test_an_enroot_squashfs_images_environment_is_the_images_env_on_podman(tmp_path):
+    """An image enroot imported keeps its ENV in /etc/environment (docker::configure), read by
+    enroot at each start; podman reads no such file: tether gives its lines as the image's ENV,
+    before the job's values (a later --env-file wins), formatted as enroot formats them (comments,
+    ill-formed lines and ENROOT_* out, quotes around a whole value off); a line naming a host
+    variable is left out (enroot fills it per job). Real squashfs-tools make the image."""
+    from tether.container.runtimes.podman import squashfs_environment
+
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "environment").write_text(
+        "PATH=/opt/conda/bin:/usr/bin:/bin\n# a comment\nCUDA_VERSION=\"12.4\"\n  LANGUAGE=en\nENROOT_X=1\n"
+        "not a line\nLD_X=${HOME}/lib\nEMPTY=\n")
+    sqsh = tmp_path / "img.sqsh"
+    subprocess.run(["mksquashfs", str(root), str(sqsh), "-quiet", "-no-progress", "-all-root"], check=True,
+                   capture_output=True, timeout=120)
+    lines = ["PATH=/opt/conda/bin:/usr/bin:/bin", "CUDA_VERSION=12.4", "LANGUAGE=en", "EMPTY="]
+    assert squashfs_environment(str(sqsh)) == lines
+    rank_dir = tmp_path / "42/n2/step-0/rank-3"
+    rank_dir.mkdir(parents=True)
+    argv = adapter("podman", {"store": ""}).launch(spec(image=str(sqsh), runtime="podman", rank_dir=str(rank_dir)),
+                                                   HOST).argv
+    files = [argv[i + 1] for i, a in enumerate(argv) if a == "--env-file"]
+    assert files[0] == f"{rank_dir}/.image-env" and files[1].startswith("/dev/fd/")
+    assert (rank_dir / ".image-env").read_text() == "".join(f"{line}\n" for line in lines)
+    assert oct((rank_dir / ".image-env").stat().st_mode & 0o777) == "0o600"
+    empty = tmp_path / "empty"
+    (empty / "etc").mkdir(parents=True)
+    bare = tmp_path / "bare.sqsh"
+    subprocess.run(["mksquashfs", str(empty), str(bare), "-quiet", "-no-progress"], check=True, capture_output=True,
+                   timeout=120)
+    assert squashfs_environment(str(bare)) == []
