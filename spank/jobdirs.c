@@ -380,10 +380,18 @@ int tether_make_rank_dirs(int step_fd, const char *step_shown, unsigned rank, ui
 		return -1;
 	for (size_t k = 0; k < sizeof(subdirs) / sizeof(subdirs[0]) && rc == 0; k++) {
 		sub_fd = tether_ensure_child(rank_fd, shown, subdirs[k], uid, gid, sub_shown, sizeof(sub_shown));
-		if (sub_fd < 0)
+		if (sub_fd < 0) {
 			rc = -1;
-		else
-			close(sub_fd);
+			continue;
+		}
+		/* the rank's /tmp in a container is an image's /tmp: sticky and open to the image's own
+		 * users (apt's _apt under --container-remap-root), as enroot leaves it. Nobody else on the
+		 * node reaches it: the rank's directory above is the user's, mode 0700. */
+		if (k == 0 && fchmod(sub_fd, 01777) < 0) {
+			tether_fail("tether: cannot open %s to the container's own users: %s", sub_shown, strerror(errno));
+			rc = -1;
+		}
+		close(sub_fd);
 	}
 	close(rank_fd);
 	return rc;

@@ -251,6 +251,12 @@ def mpi_pass_through(host_env: Mapping[str, str], passed: dict[str, str],
         client = pmix_client_dir(host_env)
         if client:   # named to the client through PMIx itself (pmix.tmpdir): the same path inside
             args += ["--volume", f"{client}:{client}"]
+        # what enroot's PMIx hook (50-slurm-pmi.sh) adds: the MCA names of the modules Slurm's
+        # server chose, unless the job set them (pyxis's mpi.bats checks them)
+        for module, mca in (("PMIX_PTL_MODULE", "PMIX_MCA_ptl"), ("PMIX_SECURITY_MODE", "PMIX_MCA_psec"),
+                            ("PMIX_GDS_MODULE", "PMIX_MCA_gds")):
+            if host_env.get(module) and not host_env.get(mca) and "\n" not in host_env[module]:
+                own[mca] = host_env[module]
     return fds, args
 
 
@@ -699,10 +705,12 @@ class Podman(Runtime):
 
     def running_container(self, spec: LaunchSpec, env: Mapping[str, str]) -> str | None:
         """The running container of the job on this node that ``--container-name=NAME`` attaches
-        to (pyxis's: another step runs it), or None: by the cleanup markers of the job's other steps
-        here (each container a launcher started until it is removed says its name), the earliest
-        step's lowest rank's that podman says is running. ``NAME`` ``JOB.STEP`` of this job: that
-        step's containers, named or not (pyxis's name for a step's unnamed container)."""
+        to (pyxis's: another step runs it), "" when none runs yet but another step is starting one
+        (its marker is there, or it unpacks the named container), else None. Found by the cleanup
+        markers of the job's other steps here (each container a launcher started until it is
+        removed says its name): the earliest step's lowest rank's that podman says is running.
+        ``NAME`` ``JOB.STEP`` of this job: that step's containers, named or not (pyxis's name for a
+        step's unnamed container)."""
         import json
 
         step_dir = os.path.dirname(spec.rank_dir)
@@ -736,11 +744,16 @@ class Podman(Runtime):
                                   int(marker[len(CLEANUP_MARKER):]), container))
         from ...system.proc import run_command
 
+        starting = spec.name is not None and os.path.isdir(named_podman_home(spec)) and not os.path.exists(
+            os.path.join(named_podman_home(spec), "config.json"))      # another step unpacks it now
         for *_, container in sorted(found):
             state = run_command([self.binary, *self.global_args(env), "container", "inspect", "--format",
-                                 "{{.State.Running}} {{.State.Pid}}", container], env=env, timeout=60, check=False)
+                                 "{{.State.Status}} {{.State.Pid}}", container], env=env, timeout=60, check=False)
             words = state.stdout.split()
-            if state.returncode == 0 and words[:1] == ["true"]:
+            # a launcher that wrote its marker starts its container next: not there yet, or coming up
+            starting = starting or state.returncode != 0 or words[:1] in (["created"], ["configured"],
+                                                                           ["initialized"])
+            if state.returncode == 0 and words[:1] == ["running"]:
                 # its namespaces as the kernel shows them (podman 4.3 calls the node's IPC namespace
                 # "shareable" as it does a private one)
                 missing = [ns for ns in ("net", "ipc", "uts")
@@ -751,7 +764,7 @@ class Podman(Runtime):
                                       f"separate {kind} namespace (--container-name={spec.name} runs in another "
                                       f"step without it)")
                 return container
-        return None
+        return "" if starting else None
 
     def attach(self, spec: LaunchSpec, env: dict[str, str], host_env: Mapping[str, str], passed: dict[str, str],
                own: dict[str, str], fds: dict[int, int] | None, devices: list[str]) -> Launch | None:
@@ -768,8 +781,14 @@ class Podman(Runtime):
                                   f"step's {'GPUs' if devices else 'MPI connection (PMI_FD)'}; without ':exec' the "
                                   f"step runs in a container of its own over its files")
             return None
+        # a step that is starting the container (its marker is there, or it unpacks the named
+        # container now) gets it in a moment: waited for, as pyxis finds enroot's started at once
+        deadline = time.monotonic() + ATTACH_WAIT_SECONDS
         running = self.running_container(spec, env)
-        if running is None:
+        while running == "" and time.monotonic() < deadline:
+            time.sleep(0.5)
+            running = self.running_container(spec, env)
+        if not running:
             if spec.name_attach == "exec":
                 raise LaunchError(f"--container-name={spec.name}:exec: no step of this job runs that container on "
                                   f"this node; without ':exec' this step runs in it, made when missing")
@@ -1100,6 +1119,8 @@ def missing_targets(path: str, mounts=()) -> list[str]:
 
 
 ROOTFS_IMAGE = "localhost/tether-rootfs:"
+# how long a step attaching to a named container waits for another step that is starting it
+ATTACH_WAIT_SECONDS = 60
 
 
 def rootfs_image_name(path: str) -> str:

@@ -36,7 +36,9 @@ def test_six_ranks_get_their_environment_and_private_directories(cluster):
         assert r["MASTER_ADDR"] == cluster.box.node_address(cluster.nodes[0])   # its NodeAddr, not its name
         assert r["TMPDIR"] == f"{job_dir}/{cluster.nodes[node]}/step-0/rank-{rank}/tmp"
         assert r["WORK"] == f"{job_dir}/{cluster.nodes[node]}/step-0/rank-{rank}/work"
-        assert r["TMP_STAT"] == r["WORK_STAT"] == f"{cluster.user}:700"
+        # the rank's tmp is a container's /tmp too: sticky and open, as an image's (its rank
+        # directory, the user's 0700, keeps everyone else out); its work directory the user's alone
+        assert (r["TMP_STAT"], r["WORK_STAT"]) == (f"{cluster.user}:1777", f"{cluster.user}:700")
         assert (r["SLOTS"], r["SLOT_IDS"]) == ("6", "none")
     assert wait_until(lambda: job_id not in job_entries(cluster))
 

@@ -169,7 +169,9 @@ def test_podman_passes_the_pmi2_socket_and_the_pmix_server_directory(tmp_path, m
     r, w = os.pipe()
     try:
         host = {**HOST, "PMI_FD": str(w), "PMIX_SERVER_TMPDIR": f"{server}/",
-                "PMIX_DSTORE_21_BASE_PATH": f"{server}//pmix_dstor_ds21_7", "PMIX_NAMESPACE": "slurm.pmix.42.0"}
+                "PMIX_DSTORE_21_BASE_PATH": f"{server}//pmix_dstor_ds21_7", "PMIX_NAMESPACE": "slurm.pmix.42.0",
+                "PMIX_SECURITY_MODE": "native", "PMIX_GDS_MODULE": "ds21,ds12,hash", "PMIX_PTL_MODULE": "tcp",
+                "PMIX_MCA_ptl": "usock"}
         launch = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), host)
     finally:
         os.close(r)
@@ -180,6 +182,9 @@ def test_podman_passes_the_pmi2_socket_and_the_pmix_server_directory(tmp_path, m
     assert "PMIX_DSTORE_21_BASE_PATH=/run/tether/pmix//pmix_dstor_ds21_7" in argv
     names = env_file_names(launch)
     assert "PMIX_NAMESPACE" in names and not {"PMI_FD", "PMIX_SERVER_TMPDIR", "PMIX_DSTORE_21_BASE_PATH"} & names
+    # the MCA names enroot's PMIx hook adds, unless the job set one (pyxis's mpi.bats)
+    assert "PMIX_MCA_psec=native" in argv and "PMIX_MCA_gds=ds21,ds12,hash" in argv
+    assert not [a for a in argv if a.startswith("PMIX_MCA_ptl=")] and "PMIX_MCA_ptl" in names
     closed = adapter("podman", {}).launch(spec(image=str(rootfs), runtime="podman"), {**HOST, "PMI_FD": "250"})
     assert passed_fds(closed) == {} and "--preserve-fds=1" not in closed.argv
 
@@ -882,9 +887,11 @@ def test_a_named_container_another_step_runs_is_attached_to_as_pyxis_does(tmp_pa
         #!/bin/sh
         echo "$*" >> {tmp_path}/calls
         for c in {' '.join(sorted(running))}; do
-          case "$*" in *"inspect --format {{{{.State.Running}}}} {{{{.State.Pid}}}} $c") echo true {os.getpid()}; exit 0 ;; esac
+          case "$*" in *"inspect --format {{{{.State.Status}}}} {{{{.State.Pid}}}} $c") echo running {os.getpid()}; exit 0 ;; esac
         done
-        echo false
+        case "$*" in *"tether-42-0-0") echo exited 0; exit 0 ;; esac
+        case "$*" in *"tether-42-9-0") [ -e {tmp_path}/up ] && {{ echo running {os.getpid()}; exit 0; }} ;; esac
+        echo "Error: no such container" >&2; exit 125
         """))
     fake.chmod(0o755)
 
@@ -895,7 +902,7 @@ def test_a_named_container_another_step_runs_is_attached_to_as_pyxis_does(tmp_pa
 
     marker("step-1", 1, "tether-42-1-1", name="dev")
     marker("step-1", 0, "tether-42-1-0", name="dev")
-    marker("step-0", 0, "tether-42-0-0", name="dev")          # ended: podman says it does not run
+    marker("step-0", 0, "tether-42-0-0", name="dev")          # ended: podman says it exited
     marker("step-3", 0, "tether-42-3-0")                      # unnamed
     marker("step-4", 0, "tether-41-4-0", name="dev")          # not this job's name
     marker("step-5", 0, "tether-42-5-0", runtime="enroot", name="dev")
@@ -928,6 +935,12 @@ def test_a_named_container_another_step_runs_is_attached_to_as_pyxis_does(tmp_pa
                                                                         # pid: this test's, whose namespaces are ours)
         launch("dev", unshare=("ipc",))
     own = launch("dev", name_attach="never", image="docker://busybox")     # no_exec: a container of its own
+    # a step whose launcher wrote its marker but whose container is not up yet: waited for
+    import threading
+
+    marker("step-9", 0, "tether-42-9-0", name="late")
+    threading.Timer(1.0, lambda: (tmp_path / "up").touch()).start()
+    assert launch("late").argv[-3:] == ["tether-42-9-0", "python", "train.py"]
     assert own.supervise and own.argv[1] == "run"
 
 
