@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from ..hooks.imageref import ImageRefError, parse_image
+from ..hooks.imageref import LOCAL_PREFIXES, ImageRefError, parse_image
 from ..hooks.surface import FLAG_VALUES as _OPTION_FLAGS
 from ..hooks.surface import (BATCH_VAR, BY_NAME, CONTAINER_NAME_FLAGS, MAX_TEXT, RUNTIMES, UNSHARE_NAMESPACES,
                              is_env_name, unknown_namespace)
@@ -338,6 +338,24 @@ def parse_mounts(text: str | None) -> tuple[Mount, ...]:
     return tuple(mounts)
 
 
+def resolve_image(image: str, cwd: str | None = None) -> str:
+    """A relative local image (``./ubuntu.sqsh``, pyxis's) as an absolute path: against the
+    working directory, the step's on the node, by the launcher only (the user: whatever it
+    follows, the user could). Refused in a working directory others can write, as a relative
+    mount source is (another user may have put ./ubuntu.sqsh there first)."""
+    try:
+        base = cwd or os.getcwd()
+        shared = os.stat(base).st_mode & 0o002
+    except OSError as exc:
+        raise LaunchError(f"--container-image={image}: the working directory is gone ({exc.strerror}); give an "
+                          f"absolute path") from None
+    if shared:
+        raise LaunchError(f"--container-image={image}: a relative image in {base}, a directory others can write "
+                          f"(did the step start there because the job's directory is missing on this node?), is "
+                          f"refused: give an absolute path")
+    return os.path.realpath(os.path.join(base, image))
+
+
 def resolve_sources(mounts: Sequence[Mount], cwd: str | None = None, runtime: str = "") -> tuple[Mount, ...]:
     """Bind sources as absolute paths: a relative one (``./data``, ``../x``) against the working
     directory -- the step's, on the node, as pyxis's enroot resolves it --, one with '.' or '..'
@@ -587,6 +605,8 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
             parse_image(image)
         except ImageRefError as exc:
             raise LaunchError(str(exc)) from None
+        if resolve and not image.startswith("/") and image.startswith(LOCAL_PREFIXES):
+            image = resolve_image(image)
     runtime = env.get("TETHER_CONTAINER_RUNTIME", "").strip() or default_runtime
     if runtime not in RUNTIMES:
         raise LaunchError(f"--container-runtime={runtime!r}: expected one of {', '.join(RUNTIMES)}")

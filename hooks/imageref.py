@@ -3,7 +3,9 @@
 Accepted (the SPANK plugin's C checks the same grammar, ``spank/options.c``; a test holds them
 together):
 
-* an absolute path on the node: a SIF, a squashfs file, an OCI archive or a rootfs directory;
+* a path on the node: a SIF, a squashfs file, an OCI archive or a rootfs directory, absolute or
+  relative to the step's working directory (``./ubuntu.sqsh``, ``../images/x.sif``: pyxis's), which
+  the container launcher resolves there, on the node;
 * a registry image as pyxis and enroot users write it, ``[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]``
   (``ubuntu:22.04``, ``nvcr.io#nvidia/pytorch:24.01-py3``), or as docker and podman users write
   it, ``REGISTRY/IMAGE[:TAG|@DIGEST]`` where REGISTRY has a ``.`` or a ``:port`` or is
@@ -17,13 +19,15 @@ container launcher parses its image once per rank.
 
 from __future__ import annotations
 
-FORMS = ("an absolute path (a .sif or squashfs file, a rootfs directory), a registry image "
+FORMS = ("a path (a .sif or squashfs file, a rootfs directory: absolute, or ./ relative to the working directory), "
+         "a registry image "
          "([USER@][REGISTRY#]IMAGE[:TAG|@DIGEST], e.g. ubuntu:22.04 or nvcr.io#nvidia/pytorch:24.01-py3; "
          "or REGISTRY/IMAGE[:TAG]) or a docker:// reference")
 DEFAULT_REGISTRY = "docker.io"
 OTHER_SCHEMES = ("oras://", "library://", "shub://", "docker-archive:", "oci-archive:")
 MAX_REFERENCE = 4096
 LOCAL_SUFFIXES = (".sif", ".sqsh", ".squashfs")     # a file, even where a registry name could look so
+LOCAL_PREFIXES = ("/", "./", "../")                  # a path: absolute, or relative to the working directory
 
 _LOWER = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ") | _LOWER
@@ -157,7 +161,7 @@ def parse_image(text: str) -> ImageRef:
     """The reference ``text`` parsed (ImageRefError, naming the accepted forms, when it is none)."""
     if not text or len(text.encode("utf-8", "surrogateescape")) > MAX_REFERENCE:
         raise ImageRefError(f"--container-image={text[:60]}: expected {FORMS}")
-    if text.startswith("/"):
+    if text.startswith(LOCAL_PREFIXES):
         if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
             raise ImageRefError(f"--container-image={text[:60]!r}: a path of printable characters")
         return ImageRef(text, "local", path=text)
@@ -169,8 +173,8 @@ def parse_image(text: str) -> ImageRef:
         if ref is not None:
             return ref
     hint = ""
-    if text.startswith(("./", "../")) or text.endswith((*LOCAL_SUFFIXES, ".img")):
-        hint = " (a local image needs its absolute path)"
+    if text.endswith((*LOCAL_SUFFIXES, ".img")):
+        hint = " (a local image: its path, absolute or starting with ./)"
     elif any(c.isupper() for c in text.split(":")[0].split("#")[-1].split("/")[-1]):
         hint = " (image names are lowercase)"
     raise ImageRefError(f"--container-image={text[:60]}: expected {FORMS}{hint}")

@@ -1,7 +1,7 @@
 /*
  * Container image references, as tether/hooks/imageref.py parses them (the same steps in the same
  * order; tests/unit/test_fuzz.py holds the two together):
- *   /absolute/path                              printable
+ *   /absolute/path, ./relative, ../relative     printable
  *   oras:// library:// shub:// docker-archive: oci-archive:  printable ASCII without spaces
  *   [docker://][USER@][REGISTRY#]IMAGE[:TAG][@DIGEST]
  *   [docker://]REGISTRY/IMAGE[:TAG][@DIGEST]    REGISTRY has a '.' or a ':port', or is localhost
@@ -154,7 +154,7 @@ int tether_image_ok(const char *value)
 
 	if (n == 0 || n > TETHER_MAX_TEXT)
 		return 0;
-	if (value[0] == '/') {
+	if (value[0] == '/' || strncmp(value, "./", 2) == 0 || strncmp(value, "../", 3) == 0) {
 		for (size_t i = 0; i < n; i++)
 			if ((unsigned char)value[i] < 0x20 || value[i] == 0x7f)
 				return 0;
@@ -177,6 +177,6 @@ int tether_image_looks_local(const char *value)
 {
 	size_t n = strlen(value);
 
-	return strncmp(value, "./", 2) == 0 || strncmp(value, "../", 3) == 0 || ends_with(value, n, ".sif") ||
-	       ends_with(value, n, ".sqsh") || ends_with(value, n, ".squashfs") || ends_with(value, n, ".img");
+	return ends_with(value, n, ".sif") || ends_with(value, n, ".sqsh") || ends_with(value, n, ".squashfs") ||
+	       ends_with(value, n, ".img");
 }

@@ -224,7 +224,7 @@ static void report_bad(const struct tether_opt *o, const char *value, const char
 		break;
 	case K_IMAGE:
 		tether_fail("tether: %s=%.60s: expected %s%s", how, shown, TETHER_IMAGE_FORMS,
-			    tether_image_looks_local(shown) ? " (a local image needs its absolute path)" : "");
+			    tether_image_looks_local(shown) ? " (a local image: its path, absolute or starting with ./)" : "");
 		break;
 	case K_NAMESPACES: {
 		size_t n = 0;

@@ -99,7 +99,7 @@ enum tether_option {
 #define TETHER_MASTER_PORT_BASE 12288
 #define TETHER_MASTER_PORT_JOBS 1024
 #define TETHER_MASTER_PORT_STEPS 16
-#define TETHER_IMAGE_FORMS "an absolute path (a .sif or squashfs file, a rootfs directory), a registry image ([USER@][REGISTRY#]IMAGE[:TAG|@DIGEST], e.g. ubuntu:22.04 or nvcr.io#nvidia/pytorch:24.01-py3; or REGISTRY/IMAGE[:TAG]) or a docker:// reference"
+#define TETHER_IMAGE_FORMS "a path (a .sif or squashfs file, a rootfs directory: absolute, or ./ relative to the working directory), a registry image ([USER@][REGISTRY#]IMAGE[:TAG|@DIGEST], e.g. ubuntu:22.04 or nvcr.io#nvidia/pytorch:24.01-py3; or REGISTRY/IMAGE[:TAG]) or a docker:// reference"
 #define TETHER_STEP_OPTIONS_PREFIX "TETHER_STEP_OPTIONS_"
 #define TETHER_STEP_PASSES "TETHER_STEP_PASSES"
 #define TETHER_STEP_DEFAULTS "TETHER_STEP_DEFAULTS"

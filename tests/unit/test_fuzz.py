@@ -358,7 +358,7 @@ def test_pyxis_variables_fill_in_what_the_command_line_and_tether_variables_leav
 @pytest.mark.parametrize("env, said", [
     ({"PYXIS_CONTAINER_WRITABLE": "maybe"}, "tether: PYXIS_CONTAINER_WRITABLE=maybe: expected 1/0, true/false or yes/no"),
     ({"PYXIS_CONTAINER_UNSHARE": "net,foo"}, "tether: PYXIS_CONTAINER_UNSHARE=net,foo: unknown namespace 'foo'"),
-    ({"PYXIS_CONTAINER_IMAGE": "./x.sqsh"}, "tether: PYXIS_CONTAINER_IMAGE=./x.sqsh: expected"),
+    ({"PYXIS_CONTAINER_IMAGE": "x.sqsh"}, "tether: PYXIS_CONTAINER_IMAGE=x.sqsh: expected a path"),
 ])
 def test_a_bad_pyxis_variable_is_refused_naming_it(options_c, env, said):
     rc, _ = c_fallbacks(options_c, {}, env)

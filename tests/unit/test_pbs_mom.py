@@ -149,8 +149,11 @@ def test_a_tm_task_of_a_container_job_is_handed_to_the_launcher(hook, root, laun
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("1", "0", "3", "1")
     rank_dir = root / JOB_ID / "h2" / "task-3" / "rank-1"
     assert env["TETHER_RANK_DIR"] == str(rank_dir) and env["TETHER_WORK_DIR"] == str(rank_dir / "work")
-    for path in (rank_dir, rank_dir / "tmp", rank_dir / "work"):
+    for path in (rank_dir, rank_dir / "work"):
         assert _owned_private(path)
+    # the rank's tmp is a container's /tmp: sticky and open as an image's, inside the private rank dir
+    tmp = os.lstat(rank_dir / "tmp")
+    assert stat.S_ISDIR(tmp.st_mode) and tmp.st_uid == pwd.getpwnam(USER).pw_uid and stat.S_IMODE(tmp.st_mode) == 0o1777
 
 
 def test_a_tm_task_naming_a_container_alone_is_handed_to_the_launcher(hook, launcher):
