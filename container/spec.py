@@ -343,17 +343,25 @@ def resolve_image(image: str, cwd: str | None = None) -> str:
     working directory, the step's on the node, by the launcher only (the user: whatever it
     follows, the user could). Refused in a working directory others can write, as a relative
     mount source is (another user may have put ./ubuntu.sqsh there first)."""
+    return resolve_relative(image, f"--container-image={image}", "image", cwd)
+
+
+def resolve_relative(path: str, what: str, kind: str, cwd: str | None = None) -> str:
+    """``path`` against the working directory (``cwd``, else this process's), symlinks followed;
+    a LaunchError starting with ``what`` when that directory is gone, or -- for a relative
+    ``path`` -- is one others can write (slurmstepd starts a step in /tmp when it cannot enter the
+    job's directory on the node, and there another user may have made the file first)."""
     try:
         base = cwd or os.getcwd()
-        shared = os.stat(base).st_mode & 0o002
+        shared = not path.startswith("/") and os.stat(base).st_mode & 0o002
     except OSError as exc:
-        raise LaunchError(f"--container-image={image}: the working directory is gone ({exc.strerror}); give an "
-                          f"absolute path") from None
+        raise LaunchError(f"{what}: the working directory is gone ({exc.strerror}); give an absolute "
+                          f"{'path' if kind == 'image' else 'source'}") from None
     if shared:
-        raise LaunchError(f"--container-image={image}: a relative image in {base}, a directory others can write "
-                          f"(did the step start there because the job's directory is missing on this node?), is "
-                          f"refused: give an absolute path")
-    return os.path.realpath(os.path.join(base, image))
+        raise LaunchError(f"{what}: a relative {kind} in {base}, a directory others can write (did the step start "
+                          f"there because the job's directory is missing on this node?), is refused: give an "
+                          f"absolute path")
+    return os.path.realpath(os.path.join(base, path))
 
 
 def resolve_sources(mounts: Sequence[Mount], cwd: str | None = None, runtime: str = "") -> tuple[Mount, ...]:
@@ -370,17 +378,7 @@ def resolve_sources(mounts: Sequence[Mount], cwd: str | None = None, runtime: st
         source = mount.source
         if mount.kind == "bind" and (not source.startswith("/") or any(
                 p in (".", "..") for p in source.split("/"))):
-            try:
-                base = cwd or os.getcwd()
-                shared = not source.startswith("/") and os.stat(base).st_mode & 0o002
-            except OSError as exc:
-                raise LaunchError(f"--container-mounts: {source}: the working directory is gone "
-                                  f"({exc.strerror}); give an absolute source") from None
-            if shared:
-                raise LaunchError(f"--container-mounts: {source}: a relative source in {base}, a directory "
-                                  f"others can write (did the step start there because the job's directory is "
-                                  f"missing on this node?), is refused: give an absolute path")
-            source = os.path.realpath(os.path.join(base, source))
+            source = resolve_relative(source, f"--container-mounts: {source}", "source", cwd)
             if runtime != "enroot" and (":" in source or "," in source):
                 raise LaunchError(f"--container-mounts: {mount.source} resolves to {source}, whose ':' or ',' "
                                   f"{runtime or 'the runtime'} would read as a separator: give another path")
