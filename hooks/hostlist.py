@@ -27,6 +27,8 @@ def expand_hostlist(text: str, *, limit: int = 1_000_000) -> list[str]:
                 if int(hi) < int(lo) or int(hi) - int(lo) > limit:
                     raise ValueError(f"{part}: {item!r} is not a range Slurm takes")
                 numbers += [str(n).zfill(len(lo)) for n in range(int(lo), int(hi) + 1)]
+            if len(hosts) + len(names) * len(numbers) > limit:      # before the product is built
+                raise ValueError(f"more than {limit} names")
             names = [n + x + literal for n in names for x in numbers]
             if len(hosts) + len(names) > limit:
                 raise ValueError(f"more than {limit} names")

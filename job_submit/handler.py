@@ -294,7 +294,12 @@ class Handler:
         stamp = (st.st_ino, st.st_mtime_ns, st.st_size) if st else None
         if stamp == self._partitions_stamp:
             return
-        table = partition_table(self.slurm_conf) if st else "\n"
+        try:
+            table = partition_table(self.slurm_conf) if st else "\n"
+        except Exception as exc:          # a note is not worth a refused job: no sizes, said once
+            self.log(0, f"cannot count the partitions' nodes in {self.slurm_conf} (no note at submit): "
+                        f"{type(exc).__name__}: {exc}")
+            table = "\n"
         self.lib.tether_partitions_loaded(self.slurm_conf.encode(), int(st is not None), st.st_ino if st else 0,
                                           st.st_size if st else 0, st.st_mtime_ns if st else 0,
                                           table.encode("utf-8", "replace"))

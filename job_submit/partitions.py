@@ -54,7 +54,8 @@ def _lines(path: str, depth: int = 0) -> list[list[tuple[str, str]]]:
         except ValueError:
             continue
         pairs = [tuple(item.split("=", 1)) for item in items if "=" in item]
-        out.append([(k.strip().lower(), v) for k, v in pairs])
+        if pairs:
+            out.append([(k.strip().lower(), v) for k, v in pairs])
     return out
 
 
@@ -89,7 +90,8 @@ def partition_sizes(path: str) -> tuple[dict[str, int], str | None]:
             continue
         if values.get("default", "").lower() == "yes":
             default = name
-        count = _count(values.get("nodes", ""), nodes, nodesets)
+        # no Nodes= (dynamic nodes join later): not known from the file
+        count = _count(values["nodes"], nodes, nodesets) if values.get("nodes") else None
         if count is not None:
             sizes[name] = count
     return sizes, default

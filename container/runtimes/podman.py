@@ -570,7 +570,7 @@ class Podman(Runtime):
             own["CUDA_VISIBLE_DEVICES"] = ",".join(str(n) for n in range(len(devices) // 2))
         fds, mpi_args = mpi_pass_through(host_env, passed, own)
         if spec.name and spec.name_attach != "never" and spec.rank_dir:
-            attached = self.attach(spec, env, host_env, passed, own, fds, devices)
+            attached = self.attach(spec, env, host_env, passed, own, fds or (mpi_args and {-1: -1}), devices)
             if attached:
                 return attached
         name = spec.rank_instance      # one podman container per rank, --container-name or not
@@ -744,8 +744,7 @@ class Podman(Runtime):
                                   int(marker[len(CLEANUP_MARKER):]), container))
         from ...system.proc import run_command
 
-        starting = spec.name is not None and os.path.isdir(named_podman_home(spec)) and not os.path.exists(
-            os.path.join(named_podman_home(spec), "config.json"))      # another step unpacks it now
+        starting = spec.name is not None and _unpacking(named_podman_home(spec))   # another step unpacks it now
         for *_, container in sorted(found):
             state = run_command([self.binary, *self.global_args(env), "container", "inspect", "--format",
                                  "{{.State.Status}} {{.State.Pid}}", container], env=env, timeout=60, check=False)
@@ -778,15 +777,16 @@ class Podman(Runtime):
             # a running container gets no new devices or file descriptors
             if spec.name_attach == "exec":
                 raise LaunchError(f"--container-name={spec.name}:exec: a running container cannot be given this "
-                                  f"step's {'GPUs' if devices else 'MPI connection (PMI_FD)'}; without ':exec' the "
-                                  f"step runs in a container of its own over its files")
+                                  f"step's {'GPUs' if devices else 'MPI connection (PMI_FD, PMIx)'}; without ':exec' "
+                                  f"the step runs in a container of its own over its files")
             return None
         # a step that is starting the container (its marker is there, or it unpacks the named
         # container now) gets it in a moment: waited for, as pyxis finds enroot's started at once
-        deadline = time.monotonic() + ATTACH_WAIT_SECONDS
+        deadline, pause = time.monotonic() + ATTACH_WAIT_SECONDS, 0.25
         running = self.running_container(spec, env)
         while running == "" and time.monotonic() < deadline:
-            time.sleep(0.5)
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)          # a node of many waiting ranks: few podman calls each
             running = self.running_container(spec, env)
         if not running:
             if spec.name_attach == "exec":
@@ -1146,6 +1146,28 @@ def image_config(podman: Sequence[str], image: str, env: Mapping[str, str] | Non
     return (json.loads(done.stdout or "null") or {}) if done.returncode == 0 else {}
 
 
+def _unpacking(home: str) -> bool:
+    """Is a live process unpacking a container root into ``home`` now (unpack_named's partial
+    ``.rootfs.<pid>``, removed when it fails)? A home an earlier try left incomplete is not."""
+    try:
+        entries = os.listdir(home)
+    except OSError:
+        return False
+    if "config.json" in entries:
+        return False
+    for entry in entries:
+        pid = entry[len(".rootfs."):] if entry.startswith(".rootfs.") else ""
+        if pid.isascii() and pid.isdigit():
+            try:
+                os.kill(int(pid), 0)
+                return True
+            except (ProcessLookupError, OverflowError):
+                continue
+            except PermissionError:
+                return True
+    return False
+
+
 def _own_namespace(pid: str, ns: str) -> bool:
     """Is process ``pid`` (a container's) in a ``ns`` namespace other than this process's? False
     when that cannot be seen."""
@@ -1191,7 +1213,6 @@ def unpack_named(image_argv: Sequence[str], podman: Sequence[str], home: str, co
     that is done when it exists)."""
     import json
     import shutil
-    import subprocess
 
     from ...system.files import write_atomic
     from ...system.proc import CommandError, run_command
@@ -1204,18 +1225,18 @@ def unpack_named(image_argv: Sequence[str], podman: Sequence[str], home: str, co
     try:
         if image_argv[0] == "--rootfs":
             source = image_argv[1].removesuffix(":O")
-            reader = subprocess.Popen(["tar", "-C", source, "--one-file-system", "-cf", "-", "."],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-            try:
-                writer = subprocess.run(["tar", "-C", partial, "-xf", "-", "--no-same-owner"], stdin=reader.stdout,
-                                        capture_output=True, timeout=3600)
-            finally:
-                reader.stdout.close()
-                reader.wait()
-            if reader.returncode != 0 or writer.returncode != 0:
-                said = (reader.stderr.read() + writer.stderr).decode(errors="replace").strip().splitlines()
-                raise LaunchError(f"could not copy {source} for the named container: "
-                                  f"{said[-1] if said else 'tar failed'}")
+            # the image's modes as they are (-p: not the user's umask); what the user cannot read
+            # is not in the copy -- nor readable in the container -- and is counted, as an import
+            code, said, written, write_said = _stream(
+                ["tar", "-C", source, "--one-file-system", "-cf", "-", "."],
+                ["tar", "-C", partial, "-xpf", "-", "--no-same-owner"])
+            unreadable = [line for line in said if not line.startswith("tar: Exiting with failure status")]
+            if written != 0 or code not in (0, 2) or (code == 2 and not unreadable):
+                lines = (said + write_said.strip().splitlines()) or ["tar failed"]
+                raise LaunchError(f"could not copy {source} for the container: {lines[-1]}")
+            if unreadable:
+                progress(f"{len(unreadable)} file(s) of {source} are not readable by you and are not in the "
+                         f"container (first: {unreadable[0]})")
         else:
             name, tmp = image_argv[1], f"{container}-unpack-{os.getpid()}"
             layer = os.path.join(home, f".export.{os.getpid()}.tar")
@@ -1223,7 +1244,7 @@ def unpack_named(image_argv: Sequence[str], podman: Sequence[str], home: str, co
                 run_command([*podman, "create", "--log-level=fatal", "--name", tmp, name, "true"], env=env, timeout=600)
                 run_command([*podman, "export", "--output", layer, tmp], env=env, timeout=3600)
                 config = image_config(podman, name, env)
-                run_command(["tar", "-C", partial, "-xf", layer, "--no-same-owner"], timeout=3600)
+                run_command(["tar", "-C", partial, "-xpf", layer, "--no-same-owner"], timeout=3600)
             finally:
                 run_command([*podman, "rm", "--force", "--ignore", tmp], env=env, timeout=120, check=False)
                 remove_file(layer)
@@ -1440,7 +1461,7 @@ def squashfs_environment(path: str) -> list[str]:
     if shown.returncode != 0:
         return []
     lines = []
-    for line in shown.stdout.decode("utf-8", "replace").splitlines():
+    for line in shown.stdout.decode("utf-8", "replace").split("\n"):      # enroot's lines: \n alone ends one
         line = line.lstrip(" \t\v\f\r")
         if not re.match(r"[A-Za-z_][A-Za-z0-9_]*=", line) or line.startswith("ENROOT_") or "${" in line:
             continue
@@ -1467,12 +1488,17 @@ def export_argv(podman: Sequence[str], container: str, source: tuple[str, bool] 
     """What writes the container's files as a tar stream: ``podman export CONTAINER``, or for a
     container of a root directory (``source``: the directory, and whether tether unpacked it as
     the user) that directory -- podman exports nothing of such a container. A root of the user's
-    own is saved with root's ownership, as enroot's export makes it (mksquashfs -all-root)."""
+    own is read in the user's namespace, where the user's files are root's, as enroot's export
+    makes them (mksquashfs -all-root)."""
     if source is None:
         return [*podman, "export", *(["--output", output] if output != "-" else []), container]
     root, own = source
-    return ["tar", "-C", root, "--one-file-system", "--numeric-owner",
-            *(["--owner=0", "--group=0"] if own else []), "-cf", output, "."]
+    if own:
+        # in the user's own user namespace (podman unshare): the files as the container saw them --
+        # the user's are root's, those the image's users made (apt's _apt: subordinate ids) theirs,
+        # and readable even at mode 0700, where tar as the user could not read them
+        return [*podman, "unshare", "tar", "-C", root, "--one-file-system", "--numeric-owner", "-cf", output, "."]
+    return ["tar", "-C", root, "--one-file-system", "--numeric-owner", "-cf", output, "."]
 
 
 def save_squashfs(podman: Sequence[str], container: str, path: str, env: Mapping[str, str] | None = None, *,

@@ -42,10 +42,40 @@ def test_partitions_are_counted_as_slurm_conf_defines_them(tmp_path):
         "PartitionName=gpu Nodes=gpus,n1 \\\n  State=UP\n"
         "PartitionName=all Nodes=ALL\n"
         "PartitionName=fat Nodes=fat\n"
-        'PartitionName=quoted Nodes="n[1-2]"\n')
+        'PartitionName=quoted Nodes="n[1-2]"\n'
+        "bogus\n")                                    # no setting at all: skipped, never an error
     sizes, default = partition_sizes(str(conf))
     # DEFAULT's values carry on; a NodeSet counts its nodes once; ALL is every NodeName; a
     # feature NodeSet is not known from the file (no note rather than a wrong one)
     assert sizes == {"debug": 3, "gpu": 5, "all": 7, "quoted": 2} and default == "debug"
     assert partition_table(str(conf)) == "debug\ndebug 3\ngpu 5\nall 7\nquoted 2\n"
     assert partition_sizes(str(tmp_path / "missing.conf")) == ({}, None)
+    dynamic = tmp_path / "dynamic.conf"
+    dynamic.write_text("PartitionName=dyn State=UP Default=YES\n")     # no Nodes= (dynamic nodes): not known
+    assert partition_sizes(str(dynamic)) == ({}, "dyn")
+
+
+def test_a_hostlist_too_long_is_refused_before_it_is_built():
+    with pytest.raises(ValueError, match="more than 1000000 names"):
+        expand_hostlist("a[1-100000]b[1-100000]")
+
+
+def test_a_slurm_conf_the_counter_cannot_read_costs_the_note_only(tmp_path, monkeypatch):
+    """The note at submit is worth no refused job: a slurm.conf whose counting fails is logged once
+    and the job is planned as ever."""
+    from tether.job_submit import handler as handler_mod
+    from tether.job_submit.handler import ACCEPT, Handler
+    from tether.testing.slurm import PluginLib, bridge_ffi
+
+    def broken(path):
+        raise RuntimeError("unreadable")
+
+    monkeypatch.setattr(handler_mod, "partition_table", broken)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("PartitionName=debug Nodes=n1\n")
+    config = tmp_path / "tether.yaml"
+    config.write_text("default_compute_resource_pool: debug\n")
+    lib = PluginLib()
+    h = Handler(bridge_ffi(), lib, env={"TETHER_CONFIG": str(config), "SLURM_CONF": str(conf)})
+    assert h.init() == ACCEPT
+    assert lib.partitions == "\n" and any("cannot count the partitions' nodes" in m for _, m in lib.log)

@@ -976,3 +976,38 @@ def test_an_enroot_squashfs_images_environment_is_the_images_env_on_podman(tmp_p
     subprocess.run(["mksquashfs", str(empty), str(bare), "-quiet", "-no-progress"], check=True, capture_output=True,
                    timeout=120)
     assert squashfs_environment(str(bare)) == []
+
+
+def test_a_root_unpacked_as_the_user_keeps_the_images_modes_and_skips_what_the_user_cannot_read(capfd):
+    """unpack_named's copy of a shared rootfs (a writable or named container): the image's modes,
+    not the user's umask (a 0755 /usr stays so under umask 077); a file only root may read (a
+    root-extracted /etc/shadow) is left out and counted, not a failed step."""
+    import tempfile
+
+    from tether.container.runtimes.podman import unpack_named
+
+    with tempfile.TemporaryDirectory(prefix="tether-test-") as where:
+        base = Path(where)
+        os.chmod(base, 0o755)
+        image = base / "image"
+        (image / "usr" / "bin").mkdir(parents=True)
+        (image / "usr" / "bin" / "tool").write_text("#!/bin/sh\n")
+        os.chmod(image / "usr" / "bin" / "tool", 0o755)
+        (image / "etc").mkdir()
+        (image / "etc" / "shadow").write_text("secret\n")
+        os.chmod(image / "etc" / "shadow", 0o600)
+        for d in (image, image / "usr", image / "usr" / "bin", image / "etc"):
+            os.chmod(d, 0o755)
+        home = base / "home"
+        home.mkdir()
+        os.chown(home, 4242, 4242)
+
+        def unpack():
+            os.umask(0o077)
+            unpack_named(["--rootfs", str(image)], ["podman"], str(home), "c1")
+            root = home / "rootfs"
+            return (oct(os.stat(root / "usr").st_mode & 0o777), oct(os.stat(root / "usr/bin/tool").st_mode & 0o777),
+                    (root / "etc" / "shadow").exists())
+
+        assert _as_user(4242, unpack) == ("0o755", "0o755", False)
+    assert "1 file(s) of" in capfd.readouterr().err
