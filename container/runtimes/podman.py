@@ -744,7 +744,9 @@ class Podman(Runtime):
                                   int(marker[len(CLEANUP_MARKER):]), container))
         from ...system.proc import run_command
 
-        starting = spec.name is not None and _unpacking(named_podman_home(spec))   # another step unpacks it now
+        # another step unpacks it now: the named container, or the step's own writable root
+        starting = (spec.name is not None and _unpacking(named_podman_home(spec))) or (
+            of_step is not None and _unpacking(os.path.join(node_dir, of_step, "podman-rootfs")))
         for *_, container in sorted(found):
             state = run_command([self.binary, *self.global_args(env), "container", "inspect", "--format",
                                  "{{.State.Status}} {{.State.Pid}}", container], env=env, timeout=60, check=False)
@@ -1199,7 +1201,7 @@ def unshare_args(namespaces: Sequence[str]) -> list[str]:
     # systemd mounted it) keeps podman's private IPC namespace rather than failing every rank
     argv += [f"--ipc={'private' if 'ipc' in namespaces else 'host'}"] * (node_has_mqueue() or "ipc" in namespaces)
     argv.append(f"--uts={'private' if 'uts' in namespaces else 'host'}")
-    if "net" in namespaces or "uts" in namespaces:
+    if "uts" in namespaces:         # the node's UTS namespace has its name already (podman refuses one there)
         argv.append(f"--hostname={os.uname().nodename}")
     return argv
 

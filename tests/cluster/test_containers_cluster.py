@@ -1000,6 +1000,10 @@ def test_container_unshare_gives_the_container_namespaces_of_its_own(cluster, im
     inside = parse_namespaces(every.stdout)
     assert all(inside[ns] != host[ns] for ns in ("net", "ipc", "uts")), (inside, host)
     assert inside["LINKS"] == "lo" and inside["HOST"] == host["HOST"], every.stdout
+    # net alone: the node's UTS namespace and name (podman refused a --hostname there: every such rank failed)
+    net = parse_namespaces(cluster.as_user(["srun", *node, f"--container-image={image}", "--container-unshare=net",
+                                            "sh", "-c", NAMESPACES]).stdout)
+    assert (net["uts"], net["HOST"]) == (host["uts"], host["HOST"]) and net["net"] != host["net"], net
     bad = cluster.as_user(["srun", "-N1", f"--container-image={image}", "--container-unshare=net,foo", "true"],
                           check=False)
     assert bad.returncode != 0 and "tether: --container-unshare=net,foo: unknown namespace 'foo'" in bad.stderr
