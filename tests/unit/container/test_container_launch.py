@@ -151,8 +151,9 @@ def test_in_a_slurm_step_signals_go_only_where_slurm_does_not_reach(tmp_path):
         proc = subprocess.Popen(["sh", "-c", f'echo $$ > {step}/cgroup.procs && exec "$@"', "sh", sys.executable,
                                  "-c", _supervised(runtime, tmp_path / "cleaned")])
         deadline = time.monotonic() + 20
-        while not ((tmp_path / "kept.pid").exists() and (tmp_path / "moved.pid").exists()) \
-                and time.monotonic() < deadline:
+        # written whole (the shell creates the file before it writes the number)
+        while not all((tmp_path / f).exists() and (tmp_path / f).read_text().endswith("\n")
+                      for f in ("kept.pid", "moved.pid")) and time.monotonic() < deadline:
             time.sleep(0.05)
         kept, moved = int((tmp_path / "kept.pid").read_text()), int((tmp_path / "moved.pid").read_text())
         (own / "cgroup.procs").write_text(str(moved))             # what podman's runc does
