@@ -134,7 +134,14 @@ def run_before(launch: Launch) -> None:
                 progress(f"{label} ...")
             try:
                 if callable(argv):       # a step tether runs itself (a rootfs import: tar | podman)
-                    argv(launch.env)
+                    try:
+                        argv(launch.env)
+                    except LaunchError:
+                        # as for a command: a runtime whose state was stale (podman 4.3 exits 1
+                        # without a word after its pause process was killed) is repaired, once
+                        if launch.runtime is None or not launch.runtime.recover_state(launch.env):
+                            raise
+                        argv(launch.env)
                 else:
                     try:
                         run_command(argv, env=launch.env, timeout=3600)

@@ -402,3 +402,35 @@ def test_enroot_failing_before_the_command_started_is_told_apart_from_the_worklo
     assert proc.returncode == 1
     said = "tether: enroot exited 1 before the command in the container started: enroot itself failed"
     assert (said in proc.stderr) is not started, proc.stderr
+
+
+@pytest.mark.parametrize("repairs", [True, False])
+def test_a_preparation_step_tether_runs_itself_is_tried_again_after_a_repair(repairs):
+    """A named container's unpack (podman create + export) failed once in a full run with podman's
+    exit 1 and no word -- the state a killed pause process leaves: the runtime repairs it and the
+    step runs once more, as a pull command does; a runtime that finds nothing to repair fails."""
+    from tether.container.launch import run_before
+    from tether.container.runtimes import Launch, Runtime
+    from tether.container.spec import LaunchError
+
+    tries = []
+
+    def unpack(env):
+        tries.append(1)
+        if len(tries) == 1:
+            raise LaunchError("could not unpack: command failed (exit code 1)")
+
+    class Fake(Runtime):
+        name = "fake"
+
+        def recover_state(self, env, output=None, *, new_session=True):
+            return repairs
+
+    launch = Launch(argv=["true"], env={}, supervise=True, runtime=Fake({}), before=[(unpack, None, "unpacking")])
+    if repairs:
+        run_before(launch)
+        assert len(tries) == 2
+    else:
+        with pytest.raises(LaunchError, match="could not unpack"):
+            run_before(launch)
+        assert len(tries) == 1
