@@ -387,7 +387,7 @@ int tether_make_rank_dirs(int step_fd, const char *step_shown, unsigned rank, ui
 		/* the rank's /tmp in a container is an image's /tmp: sticky and open to the image's own
 		 * users (apt's _apt under --container-remap-root), as enroot leaves it. Nobody else on the
 		 * node reaches it: the rank's directory above is the user's, mode 0700. */
-		if (k == 0 && fchmod(sub_fd, 01777) < 0) {
+		if (strcmp(subdirs[k], TETHER_RANK_TMP) == 0 && fchmod(sub_fd, 01777) < 0) {
 			tether_fail("tether: cannot open %s to the container's own users: %s", sub_shown, strerror(errno));
 			rc = -1;
 		}

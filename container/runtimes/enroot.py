@@ -371,12 +371,9 @@ class Enroot(Runtime):
         argv += self.own_env_args(own)
         if self.gpu_kind(spec) == "cuda":
             argv += ["--env", "NVIDIA_VISIBLE_DEVICES=all"]
-        started = STARTED_PROLOGUE if spec.rank_dir else ""
-        if uncarried:
-            argv += [name, "/bin/sh", "-c", started + VALUES_PROLOGUE, "sh", f"{CONTAINER_WORKDIR}/{VALUES_DIR}",
-                     spec.workdir, *spec.command]
-        else:
-            argv += [name, "/bin/sh", "-c", started + CD_PROLOGUE, "sh", spec.workdir, *spec.command]
+        script, values = ((VALUES_PROLOGUE, [f"{CONTAINER_WORKDIR}/{VALUES_DIR}"]) if uncarried else (CD_PROLOGUE, []))
+        argv += [name, "/bin/sh", "-c", (STARTED_PROLOGUE if spec.rank_dir else "") + script, "sh", *values,
+                 spec.workdir, *spec.command]
         if not spec.name:
             after.insert(0, [self.binary, "remove", "--force", name])
         if lock is None and node_dir:

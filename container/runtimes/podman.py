@@ -570,7 +570,7 @@ class Podman(Runtime):
             own["CUDA_VISIBLE_DEVICES"] = ",".join(str(n) for n in range(len(devices) // 2))
         fds, mpi_args = mpi_pass_through(host_env, passed, own)
         if spec.name and spec.name_attach != "never" and spec.rank_dir:
-            attached = self.attach(spec, env, host_env, passed, own, fds or (mpi_args and {-1: -1}), devices)
+            attached = self.attach(spec, env, host_env, passed, own, bool(fds or mpi_args), devices)
             if attached:
                 return attached
         name = spec.rank_instance      # one podman container per rank, --container-name or not
@@ -768,15 +768,15 @@ class Podman(Runtime):
         return "" if starting else None
 
     def attach(self, spec: LaunchSpec, env: dict[str, str], host_env: Mapping[str, str], passed: dict[str, str],
-               own: dict[str, str], fds: dict[int, int] | None, devices: list[str]) -> Launch | None:
+               own: dict[str, str], mpi: bool, devices: list[str]) -> Launch | None:
         """``--container-name=NAME`` while another step of the job runs that container on this node:
         this rank runs in it (``podman exec``: its mounts, its files, what its processes mounted),
         as pyxis attaches to a running container's namespaces; still this step's process, in this
         step's cgroup (rootless podman moves nothing). --container-mounts is ignored, as pyxis
         does; the working directory is / unless --container-workdir says otherwise. None: nothing
         to attach to (``:exec``: an error)."""
-        if devices or fds:
-            # a running container gets no new devices or file descriptors
+        if devices or mpi:
+            # a running container gets no new devices, file descriptors or mounts
             if spec.name_attach == "exec":
                 raise LaunchError(f"--container-name={spec.name}:exec: a running container cannot be given this "
                                   f"step's {'GPUs' if devices else 'MPI connection (PMI_FD, PMIx)'}; without ':exec' "
@@ -1232,13 +1232,10 @@ def unpack_named(image_argv: Sequence[str], podman: Sequence[str], home: str, co
             code, said, written, write_said = _stream(
                 ["tar", "-C", source, "--one-file-system", "-cf", "-", "."],
                 ["tar", "-C", partial, "-xpf", "-", "--no-same-owner"])
-            unreadable = [line for line in said if not line.startswith("tar: Exiting with failure status")]
-            if written != 0 or code not in (0, 2) or (code == 2 and not unreadable):
-                lines = (said + write_said.strip().splitlines()) or ["tar failed"]
-                raise LaunchError(f"could not copy {source} for the container: {lines[-1]}")
-            if unreadable:
-                progress(f"{len(unreadable)} file(s) of {source} are not readable by you and are not in the "
-                         f"container (first: {unreadable[0]})")
+            if written != 0:
+                raise LaunchError(f"could not copy {source} for the container: "
+                                  f"{(write_said.strip().splitlines() or ['tar failed'])[-1]}")
+            _tar_read(source, code, said, "container")
         else:
             name, tmp = image_argv[1], f"{container}-unpack-{os.getpid()}"
             layer = os.path.join(home, f".export.{os.getpid()}.tar")
@@ -1397,14 +1394,21 @@ def import_rootfs(path: str, podman: Sequence[str], name: str, env: Mapping[str,
     tar_code, said, imported, imp_said = _stream(
         ["tar", "-C", path, "--one-file-system", "--numeric-owner", "-cf", "-", "."],
         [*podman, "import", "--quiet", "--message", f"tether: rootfs {path}", "-", name], consumer_env=env)
-    unreadable = [line for line in said if not line.startswith("tar: Exiting with failure status")]  # tar's summary
     if imported != 0:
         said_last = (imp_said.strip().splitlines() or ["no message"])[-1]
         raise LaunchError(f"could not import the rootfs {path} into podman's store: {said_last}")
-    if tar_code not in (0, 2) or (tar_code == 2 and not unreadable):
-        raise LaunchError(f"could not read the rootfs {path} (tar exited {tar_code})")
+    _tar_read(path, tar_code, said, "image")
+
+
+def _tar_read(path: str, code: int, said: list[str], into: str) -> None:
+    """How tar, as the user, read the rootfs ``path``: exit 2 with only "Cannot open" lines is
+    files the user cannot read -- not in the copy, nor readable in the container: counted and
+    told --; anything else a LaunchError."""
+    unreadable = [line for line in said if not line.startswith("tar: Exiting with failure status")]  # tar's summary
+    if code not in (0, 2) or (code == 2 and not unreadable):
+        raise LaunchError(f"could not read the rootfs {path} (tar exited {code})")
     if unreadable:
-        progress(f"{len(unreadable)} file(s) of {path} are not readable by you and are not in the image "
+        progress(f"{len(unreadable)} file(s) of {path} are not readable by you and are not in the {into} "
                  f"(first: {unreadable[0]})")
 
 
@@ -1430,7 +1434,7 @@ def is_squashfs(path: str) -> bool:
 
 def squashfs_image_name(path: str) -> str:
     """The store's name for an imported squashfs image: its path and identity (see rootfs_image_name)."""
-    return rootfs_image_name(path).replace("/tether-rootfs:", "/tether-squashfs:")
+    return SQUASHFS_IMAGE + rootfs_image_name(path)[len(ROOTFS_IMAGE):]
 
 
 SQUASHFS_IMAGE = "localhost/tether-squashfs:"
