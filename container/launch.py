@@ -136,10 +136,11 @@ def run_before(launch: Launch) -> None:
                 if callable(argv):       # a step tether runs itself (a rootfs import: tar | podman)
                     try:
                         argv(launch.env)
-                    except LaunchError:
-                        # as for a command: a runtime whose state was stale (podman 4.3 exits 1
-                        # without a word after its pause process was killed) is repaired, once
-                        if launch.runtime is None or not launch.runtime.recover_state(launch.env):
+                    except LaunchError as exc:
+                        # as for a command: a runtime whose state was stale (podman 4.3 says so,
+                        # or exits 1 without a word after its pause process was killed) is
+                        # repaired, once
+                        if launch.runtime is None or not launch.runtime.recover_state(launch.env, exc.output):
                             raise
                         argv(launch.env)
                 else:

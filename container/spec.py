@@ -69,7 +69,12 @@ def _text(env: Mapping[str, str], name: str, what: str) -> str:
 
 
 class LaunchError(Exception):
-    """A launch tether cannot perform; ``str()`` is the message for the user."""
+    """A launch tether cannot perform; ``str()`` is the message for the user. ``output``: what
+    the runtime command that failed wrote to stderr, when one did (its state's repair reads it)."""
+
+    def __init__(self, message: str = "", output: str | None = None):
+        super().__init__(message)
+        self.output = output
 
 
 class Record:

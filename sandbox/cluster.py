@@ -1113,6 +1113,45 @@ class Sandbox:
         made one; each step's end kills the one its own podman made). The pids ended."""
         return [pid for root in self._node_roots() for pid in slurmroot.end_pause_processes(root, (self.user,))]
 
+    def wait_for_ended_jobs(self, timeout: float = 60) -> list[str]:
+        """Wait until no step of a job that has ended still runs on the nodes: a job ends (and
+        the next one may start on its nodes: Slurm's CompleteWait is 0) while a cancelled step's
+        slurmstepd still waits for its task -- tether's launcher removing a container whose
+        conmon the cancel killed, repairing podman's state if it must. A compute node between
+        one user's jobs has none left; a test that starts in that window meets the earlier
+        test's repair (a podman command of the same user exits 1 while the state is stale). The
+        steps (``JOB.STEP``) still there after ``timeout`` seconds; [] when none."""
+        namespaces = set()
+        for node in self.nodes:
+            pid = self._pid_of(f"slurmd-{node}")
+            try:
+                namespaces.add(os.stat(f"/proc/{pid}/ns/mnt").st_ino if pid else None)
+            except OSError:
+                pass
+        namespaces.discard(None)
+        deadline = time.monotonic() + timeout
+        while True:
+            result = self.slurm(["squeue", "-h", "-t", "RUNNING", "-o", "%A"], check=False, timeout=15)
+            running = set(result.stdout.split()) if result.returncode == 0 else None
+            lingering = []
+            for entry in os.scandir("/proc"):
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                        title = fh.read(200).split(b"\0")[0].decode(errors="replace")
+                    if not title.startswith("slurmstepd: [") or \
+                            os.stat(f"/proc/{entry.name}/ns/mnt").st_ino not in namespaces:
+                        continue
+                except OSError:
+                    continue
+                step = title[len("slurmstepd: ["):].split("]")[0]
+                if running is not None and step.split(".")[0] not in running:
+                    lingering.append(step)
+            if not lingering or time.monotonic() >= deadline:
+                return sorted(lingering)
+            time.sleep(0.2)
+
     def _node_roots(self) -> list[Path]:
         """Where each node's own /tmp, /run, ... are on this host (one for all: the host's root)."""
         return [self.node_dir(node) for node in self.nodes] if self.separate_nodes else [self.host_path("/")]

@@ -1240,7 +1240,9 @@ def unpack_named(image_argv: Sequence[str], podman: Sequence[str], home: str, co
             name, tmp = image_argv[1], f"{container}-unpack-{os.getpid()}"
             layer = os.path.join(home, f".export.{os.getpid()}.tar")
             try:
-                run_command([*podman, "create", "--log-level=fatal", "--name", tmp, name, "true"], env=env, timeout=600)
+                # podman's errors kept (its state's "invalid internal status" is what the launch
+                # repairs by), its warnings not: they are only shown when it fails
+                run_command([*podman, "create", "--log-level=error", "--name", tmp, name, "true"], env=env, timeout=600)
                 run_command([*podman, "export", "--output", layer, tmp], env=env, timeout=3600)
                 config = image_config(podman, name, env)
                 run_command(["tar", "-C", partial, "-xpf", layer, "--no-same-owner"], timeout=3600)
@@ -1251,7 +1253,8 @@ def unpack_named(image_argv: Sequence[str], podman: Sequence[str], home: str, co
         os.rename(partial, os.path.join(home, "rootfs"))
     except CommandError as exc:
         shutil.rmtree(partial, ignore_errors=True)
-        raise LaunchError(f"could not unpack {image_argv[-1]} for the named container: {exc}") from None
+        raise LaunchError(f"could not unpack {image_argv[-1]} for the named container: {exc}",
+                          exc.stderr or None) from None
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise

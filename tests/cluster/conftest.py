@@ -63,8 +63,12 @@ def time_limited_jobs(request) -> dict[str, str]:
 def cold_nodes(request):
     """Each test leaves the nodes cold for the job user, as a compute node is between jobs (issue
     46): no rootless podman pause process of theirs. A test's podman outside Slurm (Sandbox.on_node)
-    makes one, and every later step would find that node warm; each step's end ends its own."""
+    makes one, and every later step would find that node warm; each step's end ends its own.
+    Between jobs also means the test's ended jobs are gone from the nodes: a cancelled step may
+    still be removing its container when its job has ended (Sandbox.wait_for_ended_jobs)."""
     yield
     for name in ("cluster", "release_cluster", "big_cluster"):
         if name in request.fixturenames:
-            request.getfixturevalue(name).box.cool_nodes()
+            box = request.getfixturevalue(name).box
+            box.wait_for_ended_jobs()
+            box.cool_nodes()

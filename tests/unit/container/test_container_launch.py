@@ -413,24 +413,27 @@ def test_a_preparation_step_tether_runs_itself_is_tried_again_after_a_repair(rep
     from tether.container.runtimes import Launch, Runtime
     from tether.container.spec import LaunchError
 
-    tries = []
+    tries, seen = [], []
+    said = 'Error: invalid internal status, try resetting the pause process with "podman system migrate"'
 
     def unpack(env):
         tries.append(1)
         if len(tries) == 1:
-            raise LaunchError("could not unpack: command failed (exit code 1)")
+            raise LaunchError("could not unpack: command failed (exit code 1)", said)
 
     class Fake(Runtime):
         name = "fake"
 
         def recover_state(self, env, output=None, *, new_session=True):
+            seen.append(output)        # what the runtime said goes to its repair
             return repairs
 
     launch = Launch(argv=["true"], env={}, supervise=True, runtime=Fake({}), before=[(unpack, None, "unpacking")])
     if repairs:
         run_before(launch)
-        assert len(tries) == 2
+        assert len(tries) == 2 and seen == [said]
     else:
         with pytest.raises(LaunchError, match="could not unpack"):
             run_before(launch)
         assert len(tries) == 1
+
