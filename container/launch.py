@@ -129,6 +129,10 @@ def run_before(launch: Launch) -> None:
                 os.makedirs(os.path.dirname(check), mode=0o700, exist_ok=True)
             from ..system.proc import CommandError, run_command
 
+            record = _failure_record(launch, label)
+            if record and os.path.lexists(record):
+                raise LaunchError(f"{label} failed for another rank of this step on this node (its message says "
+                                  f"why); not tried again")
             started = time.monotonic()
             if label:
                 progress(f"{label} ...")
@@ -150,13 +154,43 @@ def run_before(launch: Launch) -> None:
                         if launch.runtime is None or not launch.runtime.recover_state(launch.env, exc.stderr or ""):
                             raise
                         run_command(argv, env=launch.env, timeout=3600)
-            except CommandError as exc:
-                raise LaunchError(str(exc)) from None
+            except (CommandError, LaunchError) as exc:
+                if record:
+                    _record_failure(record, str(exc))
+                failure = step[3] if len(step) > 3 else None
+                if isinstance(exc, LaunchError) and not failure:
+                    raise
+                raise LaunchError(f"{failure}: {exc}" if failure else str(exc)) from None
             if label:
                 progress(f"{label}: done in {time.monotonic() - started:.1f} s")
     finally:
         if lock_fd is not None:
             os.close(lock_fd)
+
+
+FAILED_PREFIX = ".failed-"      # in the step's directory on the node: a preparation step that failed
+
+
+def _failure_record(launch: Launch, label: str | None) -> str | None:
+    """Where a labelled preparation step's failure is recorded for the step's other ranks on
+    this node (``Launch.failures``), or None: one file per label (its hash: a label names an
+    image, any length)."""
+    if not launch.failures or not label:
+        return None
+    from hashlib import sha256
+
+    return os.path.join(launch.failures, FAILED_PREFIX + sha256(label.encode()).hexdigest()[:16])
+
+
+def _record_failure(record: str, message: str) -> None:
+    """Leave the record (the message, for whoever looks): best effort -- without it the next
+    rank only tries again."""
+    from ..system.files import write_atomic
+
+    try:
+        write_atomic(record, message[:4000] + "\n", 0o600)
+    except OSError:
+        pass
 
 
 def _decimal(text: str) -> bool:

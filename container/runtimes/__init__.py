@@ -69,6 +69,10 @@ class Launch(Record):
         # the argv once ``before`` has run (what it made decides the rest: a named podman
         # container's ENTRYPOINT): callable(argv) -> argv
         "prepare": None,
+        # the step's directory on this node: a labelled step of ``before`` that failed leaves a
+        # record there, and the step's other ranks on the node that waited for it fail at once
+        # instead of trying again (pyxis: an image is imported once per node and step)
+        "failures": None,
     }
     __slots__ = tuple(FIELDS)
     argv: list[str]
@@ -86,6 +90,7 @@ class Launch(Record):
     fds: dict[int, int] | None
     finish: tuple | None
     prepare: object
+    failures: str | None
 
 
 class StoredImage(Record):

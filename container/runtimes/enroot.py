@@ -210,7 +210,8 @@ class Enroot(Runtime):
             os.utime(sqsh, follow_symlinks=False)
         except OSError:
             pass
-        return sqsh, [([self.binary, "import", "--output", partial, uri], sqsh, f"importing {image} (enroot)"),
+        return sqsh, [([self.binary, "import", "--output", partial, uri], sqsh, f"importing {image} (enroot)",
+                       f"failed to import docker image: {image}"),
                       (lambda env: finish_import(partial, sqsh, uri), sqsh)], os.path.join(store, ".import-lock")
 
     def pull(self, image: str, env: Mapping[str, str]) -> str:
@@ -383,7 +384,7 @@ class Enroot(Runtime):
             partial = f"{spec.save}.{os.uname().nodename}.{os.getpid()}.partial"
             finish = ([[self.binary, "export", "--output", partial, name]], partial, spec.save)
         return Launch(argv=argv, env=env, supervise=True, before=before, lock=lock, after=after, runtime=self,
-                      finish=finish,
+                      finish=finish, failures=os.path.dirname(spec.rank_dir) if spec.rank_dir else None,
                       created=os.path.join(spec.rank_dir, "work", STARTED_FILE) if spec.rank_dir else None)
 
     def not_started(self, code: int) -> str:

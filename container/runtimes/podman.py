@@ -701,7 +701,8 @@ class Podman(Runtime):
         kept = ((pause_pid_file(env["XDG_RUNTIME_DIR"]), PAUSE_NAMES),) if env.get("XDG_RUNTIME_DIR") else ()
         return Launch(argv=argv, env=env, supervise=True, runtime=self, container=name, monitor="conmon",
                       marker=marker, marker_data=data, before=before, lock=lock, created=created,
-                      fds=fds, finish=finish, after=after, prepare=prepare, runtime_own=kept)
+                      fds=fds, finish=finish, after=after, prepare=prepare, runtime_own=kept,
+                      failures=os.path.dirname(spec.rank_dir) if spec.rank_dir else None)
 
     def running_container(self, spec: LaunchSpec, env: Mapping[str, str]) -> str | None:
         """The running container of the job on this node that ``--container-name=NAME`` attaches
@@ -1059,7 +1060,7 @@ class Podman(Runtime):
             return (["--pull=never", name],
                     [([self.binary, *glob, "pull", "--quiet", name],
                       (lambda: self.store_has(name), [self.binary, *glob, "image", "exists", name]),
-                      f"pulling {image} (podman)")])
+                      f"pulling {image} (podman)", f"failed to import docker image: {image}")])
         if ref.kind == "uri" and image.startswith(ARCHIVES):
             # an image archive (--container-save writes OCI archives): loaded once per user per node
             # under a name its file's identity decides, as a rootfs directory is imported

@@ -158,6 +158,21 @@ def test_a_registry_image_is_pulled_once_per_node_and_then_never(cluster, regist
     assert sorted(warm.stdout.split("\n")[:-1]) == [f"rank={r} in=container" for r in range(6)]
 
 
+def test_an_image_the_registry_lacks_is_pulled_once_per_node_and_every_rank_fails(cluster, registry_image):
+    """pyxis's "attempted once" (docker_image.bats): the ranks of a step on a node pull an image
+    once; when that fails, the rank that pulled says why in pyxis's words, the others fail at once
+    with a line that says so, and none tries again -- per node, as each node has its own store.
+    The next step tries again (the registry may have it by then)."""
+    missing = registry_image.rsplit("/", 1)[0] + "/nosuch-image:1"
+    for _ in range(2):
+        result = cluster.as_user(["srun", "-N2", "-n4", f"--container-image={missing}", "true"], check=False)
+        assert result.returncode != 0, result
+        assert result.stderr.count(f"tether: pulling {missing} (podman) ...") == 2, result.stderr
+        assert result.stderr.count(f"failed to import docker image: {missing}") == 2, result.stderr
+        assert result.stderr.count(f"tether: pulling {missing} (podman) failed for another rank of this step on "
+                                   f"this node (its message says why); not tried again") == 2, result.stderr
+
+
 def test_a_mount_onto_a_target_the_registry_image_lacks_just_works(cluster, registry_image):
     """Issue 14: a registry image lives in the user's own store, where podman creates the missing
     target in the container's own layer, as pyxis/enroot users expect."""

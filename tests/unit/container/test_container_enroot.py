@@ -33,7 +33,8 @@ def test_enroot_imports_creates_starts_and_removes(tmp_path):
     assert launch.env["ENROOT_DATA_PATH"] == f"{node}/enroot/data"
     (importing, finishing, creating) = launch.before
     assert importing == (["enroot", "import", "--output", partial, "docker://nvcr.io#nvidia/pytorch:24.01-py3"], sqsh,
-                         f"importing {s.image} (enroot)")
+                         f"importing {s.image} (enroot)", f"failed to import docker image: {s.image}")
+    assert launch.failures == str(node)                       # the step's other ranks here: no second try
     assert callable(finishing[0]) and finishing[1] == sqsh       # renamed into place only once complete
     assert creating == (["enroot", "create", "--name", "tether-42-0-3", sqsh], f"{node}/enroot/data/tether-42-0-3",
                         f"unpacking the container root of {s.image} (enroot create)")

@@ -437,3 +437,32 @@ def test_a_preparation_step_tether_runs_itself_is_tried_again_after_a_repair(rep
             run_before(launch)
         assert len(tries) == 1
 
+
+def test_a_failed_pull_is_tried_once_per_step_and_node(tmp_path):
+    """pyxis imports an image once per node for a step: when that fails, every task fails with one
+    message (its suite: two tasks, 'failed to import docker image' exactly once). A rank that
+    finds the step's record of its pull failing fails at once, without pulling; another step (its
+    own directory) tries again."""
+    from tether.container.launch import run_before
+    from tether.container.runtimes import Launch
+    from tether.container.spec import LaunchError
+
+    pulls = tmp_path / "pulls"
+    pull = ["sh", "-c", f"echo x >> {pulls}; echo 'Error: manifest unknown' >&2; exit 125"]
+    step = [(pull, None, "pulling nosuch (podman)", "failed to import docker image: nosuch")]
+
+    def rank(step_dir):
+        step_dir.mkdir(exist_ok=True)
+        launch = Launch(argv=["true"], env=dict(os.environ), supervise=True, before=step,
+                        lock=str(tmp_path / ".pull-lock"), failures=str(step_dir))
+        with pytest.raises(LaunchError) as info:
+            run_before(launch)
+        return str(info.value)
+
+    first, second = rank(tmp_path / "step-0"), rank(tmp_path / "step-0")
+    assert first.startswith("failed to import docker image: nosuch: ") and "manifest unknown" in first, first
+    assert second == ("pulling nosuch (podman) failed for another rank of this step on this node (its message "
+                      "says why); not tried again"), second
+    assert pulls.read_text().count("x") == 1
+    assert "failed to import docker image" in rank(tmp_path / "step-1")         # the next step tries again
+    assert pulls.read_text().count("x") == 2

@@ -343,10 +343,12 @@ def test_podman_pulls_a_registry_image_once_per_node_before_running_it(tmp_path)
     name = "127.0.0.1:5000/team/app:1"
     store = launch.argv[4:8]
     assert store[:2] == ["--root", f"{tmp_path}/podman-store-{os.getuid()}/storage"]
-    ((pull, (quick, exists), label),) = launch.before
+    ((pull, (quick, exists), label, failure),) = launch.before
     assert pull == ["podman", "--runtime", "runc", *store, "pull", "--quiet", name]
     assert exists == ["podman", "--runtime", "runc", *store, "image", "exists", name]
     assert label == "pulling 127.0.0.1:5000/team/app:1 (podman)"
+    assert failure == "failed to import docker image: 127.0.0.1:5000/team/app:1"       # pyxis's words
+    assert launch.failures == f"{tmp_path}/42/n2/step-0"       # the step's other ranks here: no second try
     assert quick() is False                             # not in the store's index: podman decides
     index = tmp_path / f"podman-store-{os.getuid()}/storage/vfs-images"
     index.mkdir(parents=True)
