@@ -1261,6 +1261,13 @@ def unpack_named(image_argv: Sequence[str], podman: Sequence[str], home: str, co
         raise
     # podman --env-file: NAME=VALUE per line; a value with a line break cannot be one
     lines = [e for e in (config.get("Env") or []) if isinstance(e, str) and "=" in e and "\n" not in e]
+    if image_argv[1].startswith(SQUASHFS_IMAGE):
+        # an enroot-made squashfs keeps its ENV in /etc/environment (the import has no config):
+        # read from the copy, the user's own (not through a link the image holds: the file and
+        # its directory are the image's own)
+        etc = os.path.join(home, "rootfs", "etc")
+        if not os.path.islink(etc):
+            lines += environment_lines(_read_no_follow(os.path.join(etc, "environment")))
     write_atomic(os.path.join(home, "image.env"), "".join(f"{line}\n" for line in lines), 0o600)
     if made_by:               # the step that made it (NAME:create), before config.json says it is done
         write_atomic(os.path.join(home, NAMED_MADE_BY), made_by + "\n", 0o600)
@@ -1460,7 +1467,6 @@ def squashfs_environment(path: str) -> list[str]:
     quotes around a whole value goes). A line naming a host variable (``${NAME}``, which enroot
     fills from the job's environment) is left out: podman's value would be fixed. [] when the image
     has no such file."""
-    import re
     import subprocess
 
     try:
@@ -1470,8 +1476,32 @@ def squashfs_environment(path: str) -> list[str]:
         return []
     if shown.returncode != 0:
         return []
+    return environment_lines(shown.stdout.decode("utf-8", "replace"))
+
+
+def _read_no_follow(path: str, limit: int = 1 << 20) -> str:
+    """``path``'s text when it is a regular file reached without a symbolic link as its last
+    component, else ''."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        return os.read(fd, limit).decode("utf-8", "replace") if stat.S_ISREG(os.fstat(fd).st_mode) else ""
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
+def environment_lines(text: str) -> list[str]:
+    """An enroot image's ``/etc/environment`` as podman --env-file lines (see squashfs_environment)."""
+    import re
+
     lines = []
-    for line in shown.stdout.decode("utf-8", "replace").split("\n"):      # enroot's lines: \n alone ends one
+    for line in text.split("\n"):      # enroot's lines: \n alone ends one
         line = line.lstrip(" \t\v\f\r")
         if not re.match(r"[A-Za-z_][A-Za-z0-9_]*=", line) or line.startswith("ENROOT_") or "${" in line:
             continue

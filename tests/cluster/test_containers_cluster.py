@@ -690,6 +690,11 @@ def test_a_squashfs_image_runs_on_podman_and_a_step_saves_one_the_next_job_runs(
                                   "--container-save=saved.sqsh", "sh", "-c",
                                   "echo written-in-job > /marker; cat /made-as-squashfs"], timeout=300)
         assert second.stdout.strip() == "squashed" and "unpacking" not in second.stderr, second.stderr
+        # writable as yourself: a root unpacked for the step, the image's ENV from its
+        # /etc/environment still (the import has no config to carry it)
+        own = cluster.as_user(["srun", "-N1", f"--nodelist={rows[0][2]}", f"--container-image={sqsh}",
+                               "--container-writable", "sh", "-c", "touch /mine && echo $SQSH_ENV"], timeout=300)
+        assert own.stdout.strip() == "from-etc-environment", own.stdout + own.stderr
         saved = where / "saved.sqsh"
         assert f"saved the container to {saved}" in second.stderr, second.stderr
         assert saved.read_bytes()[:4] == b"hsqs" and saved.stat().st_uid == pwd.getpwnam(cluster.user).pw_uid
