@@ -1119,37 +1119,38 @@ class Sandbox:
         slurmstepd still waits for its task -- tether's launcher removing a container whose
         conmon the cancel killed, repairing podman's state if it must. A compute node between
         one user's jobs has none left; a test that starts in that window meets the earlier
-        test's repair (a podman command of the same user exits 1 while the state is stale). The
-        steps (``JOB.STEP``) still there after ``timeout`` seconds; [] when none."""
-        namespaces = set()
-        for node in self.nodes:
-            pid = self._pid_of(f"slurmd-{node}")
-            try:
-                namespaces.add(os.stat(f"/proc/{pid}/ns/mnt").st_ino if pid else None)
-            except OSError:
-                pass
-        namespaces.discard(None)
+        test's repair (a podman command of the same user exits 1 while the state is stale).
+        A node's live steps are its slurmstepd sockets in its spool directory
+        (``<node>_<job>.<step>``: this sandbox's alone). The steps (``node:JOB.STEP``) still
+        there after ``timeout`` seconds; [] when none."""
         deadline = time.monotonic() + timeout
+        lingering: list[str] = []
         while True:
-            result = self.slurm(["squeue", "-h", "-t", "RUNNING", "-o", "%A"], check=False, timeout=15)
-            running = set(result.stdout.split()) if result.returncode == 0 else None
-            lingering = []
-            for entry in os.scandir("/proc"):
-                if not entry.name.isdigit():
-                    continue
-                try:
-                    with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
-                        title = fh.read(200).split(b"\0")[0].decode(errors="replace")
-                    if not title.startswith("slurmstepd: [") or \
-                            os.stat(f"/proc/{entry.name}/ns/mnt").st_ino not in namespaces:
+            try:
+                result = self.slurm(["squeue", "-h", "-t", "RUNNING", "-o", "%A"], check=False, timeout=15)
+                running = set(result.stdout.split()) if result.returncode == 0 else None
+            except CommandError:
+                running = None                    # slurmctld busy: ask again until the deadline
+            if running is not None:
+                lingering = []
+                for node in self.nodes:
+                    spool = self.root / "spool" / node
+                    try:
+                        entries = list(os.scandir(spool))
+                    except OSError:
                         continue
-                except OSError:
-                    continue
-                step = title[len("slurmstepd: ["):].split("]")[0]
-                if running is not None and step.split(".")[0] not in running:
-                    lingering.append(step)
-            if not lingering or time.monotonic() >= deadline:
-                return sorted(lingering)
+                    for entry in entries:
+                        step = entry.name[len(node) + 1:] if entry.name.startswith(f"{node}_") else ""
+                        try:
+                            socket_file = stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode)
+                        except OSError:
+                            continue
+                        if socket_file and step and step.split(".")[0] not in running:
+                            lingering.append(f"{node}:{step}")
+                if not lingering:
+                    return []
+            if time.monotonic() >= deadline:
+                return sorted(lingering) or ["(squeue did not answer)"]
             time.sleep(0.2)
 
     def _node_roots(self) -> list[Path]:

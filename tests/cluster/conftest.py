@@ -5,6 +5,7 @@ overlap each other and the rest of the level instead of adding up."""
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 
@@ -70,5 +71,7 @@ def cold_nodes(request):
     for name in ("cluster", "release_cluster", "big_cluster"):
         if name in request.fixturenames:
             box = request.getfixturevalue(name).box
-            box.wait_for_ended_jobs()
+            left = box.wait_for_ended_jobs()
+            if left:
+                warnings.warn(f"steps of ended jobs still on the nodes after a minute: {', '.join(left)}")
             box.cool_nodes()
