@@ -20,7 +20,7 @@ import json
 import os
 import stat
 
-from ..hooks.layout import CLEANUP_MARKER, RANK_PREFIX
+from ..hooks.layout import CLEANUP_MARKER, POD_MARKER, RANK_PREFIX
 from ..hooks.surface import CLEANUP_FD_VAR, RUNTIMES
 from .launch import report_admin
 from .runtimes import adapter
@@ -42,7 +42,8 @@ def _is_container_name(name: object) -> bool:
 
 
 def read_marker(path: str) -> dict[str, str] | None:
-    """What a marker asks to remove -- ``{"runtime", "container"}`` -- or None
+    """What a marker asks to remove -- ``{"runtime", "container"}``, and ``"pod"`` for a step's
+    pod (its own marker, ``.cleanup-pod``) -- or None
     (and a line for the admin) when it is not a marker tether could have written."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -60,8 +61,9 @@ def read_marker(path: str) -> dict[str, str] | None:
         report_admin(f"cleanup: ignoring {path}: not a marker tether wrote")
         return None
     # an "xdg_runtime_dir" of an earlier release is not read: the runtime's run directory is the
-    # adapter's to say (Podman.run_dir), never a file's
-    return {"runtime": data["runtime"], "container": data["container"]}
+    # adapter's to say (Podman.run_dir), never a file's. "pod": a step's pod (--container-unshare)
+    return {"runtime": data["runtime"], "container": data["container"],
+            **({"pod": "1"} if data.get("pod") == "1" and os.path.basename(path) == POD_MARKER else {})}
 
 
 def find_markers(where: str) -> list[str]:
@@ -71,6 +73,7 @@ def find_markers(where: str) -> list[str]:
         found += [os.path.join(top, f) for f in files          # .cleanup-<rank>, not a half-written one
                   if f.startswith(CLEANUP_MARKER) and f[len(CLEANUP_MARKER):].isascii()
                   and f[len(CLEANUP_MARKER):].isdigit()]
+        found += [os.path.join(top, f) for f in files if f == POD_MARKER]      # after its step's ranks
         depth = top[len(where):].count(os.sep)
         dirs[:] = [d for d in dirs if depth < 2 and not d.startswith(RANK_PREFIX)]
     return found
@@ -97,6 +100,11 @@ def run_leftovers(where: str, settings: Mapping[str, Any]) -> int:
         env = runtime.base_env({"PATH": CLEANUP_PATH, "HOME": os.environ.get("HOME", "/"),
                                 "USER": os.environ.get("USER", "")})
         # in this session: the watcher's kill reaches the removal too when it overruns
-        if not runtime.remove(marker["container"], env, new_session=False):
+        if marker.get("pod"):
+            removed = hasattr(runtime, "remove_pod") and runtime.remove_pod(marker["container"], env,
+                                                                             new_session=False)
+        else:
+            removed = runtime.remove(marker["container"], env, new_session=False)
+        if not removed:
             failed += 1
     return 1 if failed else 0

@@ -30,17 +30,19 @@ import sys
 import time
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
+from ..hooks.layout import FAILED_PREFIX
 from ..hooks.surface import TELL_REAPING_VAR   # the tests' question: what the launcher waited for
 from ..system.dirstamp import DirStamp
 from .spec import LaunchError
 
 if TYPE_CHECKING:
-    from typing import NoReturn
+    from typing import Mapping, NoReturn
 
     from .runtimes import Launch
 
 EXIT_LAUNCH_FAILED = 125          # as podman/docker: the container could not be started
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 # Under Slurm every process of the step gets signals straight from slurmstepd anyway; forwarding
 # matters when tether runs under pbs_tmrsh or by hand. SIGCONT is not forwarded: the runtime gets
 # its own, and podman would report the duplicate as an error.
@@ -85,7 +87,10 @@ def report_admin(message: str) -> None:
 def run_before(launch: Launch) -> None:
     """The preparation steps (image pull or import, container creation), under the launch's lock:
     the ranks of a node wait for the first one's pull instead of pulling too (a rank that waits
-    says so), and a labelled step reports when it starts and how long it took."""
+    says so), and a labelled step reports when it starts and how long it took. A step with a
+    failure's wording (``(argv, done, label, failure)``: a pull or an import) that fails leaves a
+    record in ``Launch.failures`` -- every other rank of the step on the node then fails at once
+    -- and its command's failure is told in those words."""
     if not launch.before:
         return
 
@@ -129,7 +134,10 @@ def run_before(launch: Launch) -> None:
                 os.makedirs(os.path.dirname(check), mode=0o700, exist_ok=True)
             from ..system.proc import CommandError, run_command
 
-            record = _failure_record(launch, label)
+            # a step with a failure's wording (an image's pull or import) is tried once per step
+            # and node: a rank that finds the record another one left fails at once
+            failure = step[3] if len(step) > 3 else None
+            record = _failure_record(launch, label) if failure else None
             if record and os.path.lexists(record):
                 raise LaunchError(f"{label} failed for another rank of this step on this node (its message says "
                                   f"why); not tried again")
@@ -154,21 +162,19 @@ def run_before(launch: Launch) -> None:
                         if launch.runtime is None or not launch.runtime.recover_state(launch.env, exc.stderr or ""):
                             raise
                         run_command(argv, env=launch.env, timeout=3600)
-            except (CommandError, LaunchError) as exc:
+            except CommandError as exc:
                 if record:
                     _record_failure(record, str(exc))
-                failure = step[3] if len(step) > 3 else None
-                if isinstance(exc, LaunchError) and not failure:
-                    raise
                 raise LaunchError(f"{failure}: {exc}" if failure else str(exc)) from None
+            except LaunchError as exc:
+                if record:
+                    _record_failure(record, str(exc))
+                raise
             if label:
                 progress(f"{label}: done in {time.monotonic() - started:.1f} s")
     finally:
         if lock_fd is not None:
             os.close(lock_fd)
-
-
-FAILED_PREFIX = ".failed-"      # in the step's directory on the node: a preparation step that failed
 
 
 def _failure_record(launch: Launch, label: str | None) -> str | None:
@@ -271,12 +277,37 @@ def _exec(launch: Launch) -> NoReturn:
         os._exit(EXIT_LAUNCH_FAILED)
 
 
-def _set_subreaper() -> None:
+def _set_subreaper(on: bool = True) -> None:
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def run_outside_rank(argv: list[str], env: Mapping[str, str], timeout: float) -> None:
+    """Run ``argv`` so that what it leaves running (a pod's infra container: conmon, catatonit)
+    is not this rank's: this launcher is no child subreaper meanwhile, so those processes go to
+    the step's (slurmstepd) -- this rank's end neither waits for them nor ends them, and the
+    step's end still does. Before the rank's own container runs: no orphan of its own is lost."""
+    from ..system.proc import run_command
+
+    was = _is_subreaper()
+    if was:
+        _set_subreaper(False)
+    try:
+        run_command(argv, env=env, timeout=timeout)
+    finally:
+        if was:
+            _set_subreaper(True)
+
+
+def _is_subreaper() -> bool:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    flag = ctypes.c_int(0)
+    return libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and bool(flag.value)
 
 
 def _supervise(launch: Launch, subreaper: bool, first=None) -> int:
@@ -698,8 +729,17 @@ def _pid_in(path: str) -> int | None:
     return int(text) if 0 < len(text) <= 10 and all("0" <= c <= "9" for c in text) else None
 
 
-def _run_quietly(argv: list[str], env: dict[str, str], *, tell: bool = True) -> bool:
+def _run_quietly(argv, env: dict[str, str], *, tell: bool = True) -> bool:
+    """One of Launch.after: a command, or a callable(env) tether runs itself (True: done)."""
     from ..system.proc import CommandError, run_command
+
+    if callable(argv):
+        try:
+            return bool(argv(env))
+        except (LaunchError, OSError) as exc:
+            if tell:
+                report(f"cleanup failed: {exc}")
+            return False
 
     try:
         run_command(argv, env=env, timeout=30)

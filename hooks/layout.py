@@ -11,6 +11,9 @@ because root creates and removes it::
                                                         removed when it ends
         <node>/step-<step id>/rank-<rank>/tmp|work      Slurm: TMPDIR and TETHER_WORK_DIR of a rank
         <node>/step-<step id>/.cleanup-<rank>           a container launcher's unfinished cleanup
+        <node>/step-<step id>/.cleanup-pod              the step's pod on the node (--container-unshare),
+                                                        with .pod-ranks/<rank> and .pod-lock
+        <node>/step-<step id>/.failed-<hash>            a pull or import that failed for the step here
         <host>/task-<task number>/rank-<rank>/tmp|work  PBS: a TM task's rank directories
 
 ``<job id>`` is Slurm's job id, or PBS's with array brackets made safe (``12[3].srv`` ->
@@ -26,6 +29,8 @@ RANK_PREFIX = "rank-"
 RANK_TMP = "tmp"
 RANK_WORK = "work"
 CLEANUP_MARKER = ".cleanup-"
+POD_MARKER = CLEANUP_MARKER + "pod"   # a step's pod on the node (--container-unshare), beside the ranks' markers
+FAILED_PREFIX = ".failed-"            # a step's preparation that failed on the node (container.launch.run_before)
 
 # Each user's own directories on each node, ``<base>/<uid>`` (the user's, 0700), made by root for
 # the user -- slurmstepd for a container step, the PBS MoM hook for a container task -- in bases

@@ -167,8 +167,8 @@ OPTIONS: tuple[Option, ...] = (
            "(enroot: squashfs; podman: squashfs to a `.sqsh`/`.squashfs`/`.sqfs` name, else an OCI archive); "
            "relative to the working directory"),
     Option("container-unshare", "NS[,NS...]", "namespaces", "namespaces of the container's own, of net, ipc, "
-           "uts (default: the host's): net, only a loopback interface; ipc, its own SysV IPC and /dev/shm; "
-           "uts, its own host name (at first the node's)"),
+           "uts (default: the host's), shared by the step's ranks on a node: net, only a loopback interface; "
+           "ipc, its own SysV IPC and /dev/shm; uts, its own host name (at first the node's)"),
     Option("container-batch", None, "flag", "run the batch script itself in the container too (default: on "
            "the host, where its srun works)"),
     # --- modular jobs (docs/requirements.md, "Gateway nodes"): a heterogeneous job's component of

@@ -57,7 +57,7 @@ enum tether_option {
 		{ "no-container-entrypoint", NULL, "[tether] do not run the image's entrypoint", K_FLAG, "TETHER_NO_CONTAINER_ENTRYPOINT", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-entrypoint-log", NULL, "[tether] accepted for pyxis scripts: the entrypoint's output is always the rank's own output", K_FLAG, "TETHER_CONTAINER_ENTRYPOINT_LOG", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-save", "PATH", "[tether] after the step, save the first rank's container of each node (enroot: squashfs; podman: squashfs to a `.sqsh`/`.squashfs`/`.sqfs` name, else an OCI archive); relative to the working directory", K_TEXT, "TETHER_CONTAINER_SAVE", NULL, 0L, 0L, NULL, 0 }, \
-		{ "container-unshare", "NS[,NS...]", "[tether] namespaces of the container's own, of net, ipc, uts (default: the host's): net, only a loopback interface; ipc, its own SysV IPC and /dev/shm; uts, its own host name (at first the node's)", K_NAMESPACES, "TETHER_CONTAINER_UNSHARE", NULL, 0L, 0L, NULL, 0 }, \
+		{ "container-unshare", "NS[,NS...]", "[tether] namespaces of the container's own, of net, ipc, uts (default: the host's), shared by the step's ranks on a node: net, only a loopback interface; ipc, its own SysV IPC and /dev/shm; uts, its own host name (at first the node's)", K_NAMESPACES, "TETHER_CONTAINER_UNSHARE", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-batch", NULL, "[tether] run the batch script itself in the container too (default: on the host, where its srun works)", K_FLAG, "TETHER_CONTAINER_BATCH", NULL, 0L, 0L, NULL, 0 }, \
 		{ "gateways", "N", "[tether] this heterogeneous job component is N gateway nodes: tether gives it the gateway partition and starts the gateway daemon there (sbatch; see the README)", K_COUNT, "TETHER_GATEWAY_COUNT", NULL, 1L, 16L, NULL, 0 }, \
 	}

@@ -38,7 +38,7 @@ class Launch(Record):
         # say what it does on stderr (a pull: its progress)
         "before": (),
         "lock": None,             # file locked around ``before`` (ranks of a node share it)
-        "after": (),              # run when the runtime has exited
+        "after": (),              # run when the runtime has exited: argvs, or callable(env) -> bool
         # the adapter and the container its ``remove`` takes away after an abnormal end (a signal,
         # the wrapper signalled, or the container's monitor killed)
         "runtime": None,
@@ -69,9 +69,10 @@ class Launch(Record):
         # the argv once ``before`` has run (what it made decides the rest: a named podman
         # container's ENTRYPOINT): callable(argv) -> argv
         "prepare": None,
-        # the step's directory on this node: a labelled step of ``before`` that failed leaves a
-        # record there, and the step's other ranks on the node that waited for it fail at once
-        # instead of trying again (pyxis: an image is imported once per node and step)
+        # the step's directory on this node (Slurm; on PBS each task's own): a step of ``before``
+        # with a failure's wording (a fourth element) that failed leaves a record there, and the
+        # step's other ranks on the node fail at once instead of trying again (pyxis: an image is
+        # imported once per node and step)
         "failures": None,
     }
     __slots__ = tuple(FIELDS)

@@ -21,7 +21,7 @@ import stat
 import time
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
-from ...hooks.layout import CLEANUP_MARKER, NODE_STEP_PREFIX, USER_STORE_ROOT, user_run_dir
+from ...hooks.layout import CLEANUP_MARKER, NODE_STEP_PREFIX, POD_MARKER, USER_STORE_ROOT, user_run_dir
 from ..launch import cgroup_paths, progress, reap_zombies, remove_file, report
 from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, NAMED_MADE_BY, LaunchError, Mount, effective_mounts,
                     mount_refusal, named_podman_home, no_named_container, read_regular, refuse_existing)
@@ -580,11 +580,14 @@ class Podman(Runtime):
         store = self.store_args(env, create=True)       # made and checked here, as the user
         glob = self.global_args(env)
         # --container-save needs the container after it ended: removed once saved (``after``)
+        # --container-unshare: the step's ranks on this node share the namespaces asked for, as
+        # pyxis's tasks share its one container per node -- a pod per step and node
+        pod = step_pod(spec) if spec.unshare and spec.rank_dir else None
         argv = [self.binary, "run", *self.args, *store, "--log-level=fatal", *(["--rm"] * (not spec.save)),
                 "--name", name,
                 *(["--cidfile", created] if created else []),
                 "--label", f"tether.job={spec.job_id}", "--label", f"tether.step={spec.job_id}.{spec.step_id}",
-                *unshare_args(spec.unshare), "--pid=host"]
+                *(["--pod", pod] if pod else []), *unshare_args(spec.unshare, pod=bool(pod)), "--pid=host"]
         if not stdio_is_terminal():
             # the container gets the rank's own stdin/stdout/stderr, as a host rank does: no attach
             # through conmon (which lost a short rank's output once here, and does not pass stdin)
@@ -598,8 +601,9 @@ class Podman(Runtime):
             argv += ["--interactive", *(["--tty"] if os.isatty(0) and os.isatty(1) else [])]
         if os.getuid() != 0 and not spec.remap_root:
             # yourself inside (files on mounts keep your ownership); --container-remap-root:
-            # rootless podman's own default, root inside a user namespace (still you on the host)
-            argv.append("--userns=keep-id")
+            # rootless podman's own default, root inside a user namespace (still you on the host).
+            # In a pod, the pod's (a container there cannot have one of its own)
+            argv += ["--userns=keep-id"] * (not pod)
         elif os.getuid() != 0:
             # root's capabilities over the container's own namespaces, as enroot's remapped root
             # has them (mount a tmpfs, chown, chroot: what apt and pyxis's tests do as root);
@@ -697,6 +701,14 @@ class Podman(Runtime):
             source = (root, bool(prepare)) if root and not root.endswith(":O") else None
             finish = ([lambda env: save([self.binary, *glob], name, partial, env, source=source)], partial, spec.save)
             after = [[self.binary, *glob, "rm", "--force", "--ignore", name]]
+        if pod:
+            step_dir = os.path.dirname(spec.rank_dir)
+            podman = [self.binary, *glob]
+            create = ["--log-level=error", "--replace", "--name", pod,
+                      *(["--userns=keep-id"] * (os.getuid() != 0 and not spec.remap_root)), *pod_args(spec.unshare)]
+            rank = str(spec.rank)
+            before = [*before, (lambda env: join_pod(podman, create, pod, step_dir, rank, env), None)]
+            after = [*after, lambda env: self.leave_pod(pod, step_dir, rank, env)]
         # root's podman keeps no pause process (no XDG_RUNTIME_DIR: see base_env)
         kept = ((pause_pid_file(env["XDG_RUNTIME_DIR"]), PAUSE_NAMES),) if env.get("XDG_RUNTIME_DIR") else ()
         return Launch(argv=argv, env=env, supervise=True, runtime=self, container=name, monitor="conmon",
@@ -857,6 +869,12 @@ class Podman(Runtime):
                                                made_by=made_by),
                       config, label)
             before = [*before, unpack]
+        # the step's mount targets the root lacks, made before any rank's container starts (under
+        # the launch's lock): the ranks sharing this root would make them at once, and runc's
+        # mkdir of a parent another rank's runc just made fails ("file exists"; podman 5's runc)
+        targets = [m.target for m in (*spec.rank_mounts(), *spec.mounts)
+                   if m.kind == "tmpfs" or (m.kind == "bind" and os.path.isdir(m.source))]
+        before = [*before, (lambda env: make_targets(rootfs, targets), None)]
 
         def prepare(argv: list[str]) -> list[str]:
             """The image's ENTRYPOINT before the command (known once the container is unpacked)."""
@@ -959,6 +977,65 @@ class Podman(Runtime):
                      "once more (nothing of this rank ran yet)")
             return True
         return bool(repaired)
+
+    def leave_pod(self, pod: str, step_dir: str, rank: str, env: Mapping[str, str]) -> bool:
+        """This rank leaves its step's pod (join_pod); the last one removes it, and its marker.
+        False when the pod could not be removed (the marker stays for the step's cleanup)."""
+        fd = _pod_lock(step_dir)
+        try:
+            members = _pod_members(step_dir)
+            try:
+                os.unlink(os.path.join(members, rank))
+            except FileNotFoundError:
+                pass
+            if os.listdir(members):
+                return True
+            if not self.remove_pod(pod, env):
+                return False
+            remove_file(os.path.join(step_dir, POD_MARKER))
+            return True
+        finally:
+            os.close(fd)
+
+    def remove_pod(self, pod: str, env: Mapping[str, str], *, new_session: bool = True) -> bool:
+        """``podman pod rm --force`` (its infra container and any container left in it). When the
+        step's end killed the infra container's conmon, the first ``pod rm`` only marks it stopped
+        ("could not be stopped: timed out waiting for file …"), as ``rm`` does a container's: a
+        second one removes the pod; a stale state is repaired in between (see remove). The OCI
+        runtime's own state of the infra container, which podman leaves in that case, goes too."""
+        from ...system.proc import CommandError, run_command
+
+        glob = self.global_args(env)
+
+        def podman(*args: str) -> str:
+            return run_command([self.binary, *glob, *args], env=env, timeout=60, new_session=new_session).stdout
+
+        infra, failure = "", None
+        for attempt in range(3):
+            try:
+                infra = infra or podman("pod", "inspect", "--format", "{{.InfraContainerID}}", pod).strip()
+            except CommandError:
+                pass                          # no such pod (exit 125), or a stale state: rm says which
+            try:
+                podman("pod", "rm", "--force", "--ignore", pod)
+                failure = None
+                break
+            except CommandError as exc:
+                failure = exc
+                if STALE_STATE in (exc.stderr or "") and not self.recover_state(env, exc.stderr,
+                                                                                 new_session=new_session):
+                    break
+        if infra and all(c in "0123456789abcdef" for c in infra):
+            for runtime, root in self.oci_state_roots(env):
+                if os.path.isdir(os.path.join(root, infra)):
+                    try:
+                        run_command([runtime, "--root", root, "delete", "--force", infra], env=env, timeout=30,
+                                    new_session=new_session)
+                    except CommandError:
+                        pass
+        if failure is not None:
+            progress(f"could not remove the step's pod {pod}: {failure}")
+        return failure is None
 
     def remove(self, name: str, env: Mapping[str, str], *, new_session: bool = True, reap: bool = False) -> bool:
         """``podman rm --force`` (twice: the first rm of a container whose conmon was killed only
@@ -1190,13 +1267,19 @@ def node_has_mqueue() -> bool:
         return False
 
 
-def unshare_args(namespaces: Sequence[str]) -> list[str]:
+def unshare_args(namespaces: Sequence[str], *, pod: bool = False) -> list[str]:
     """podman's namespace options for ``--container-unshare``: the node's network, IPC and UTS
     namespaces, as pyxis's containers have them (SysV shared memory and /dev/shm between ranks and
     with the host, the node's host name), unless asked: ``net``, a network namespace with only a
     loopback interface, as enroot's; ``ipc`` and ``uts``, podman's private ones. A namespace of the
     container's own keeps the node's host name (pyxis: at first the node's), where podman would
-    give it the container's id."""
+    give it the container's id. ``pod``: the container is in its step's pod (step_pod), which
+    holds the namespaces asked for: only the node's are named here."""
+    if pod:
+        shared = pod_namespaces(namespaces)
+        return ([] if "net" in shared else ["--network=host"]) + \
+            ([] if "ipc" in shared or not node_has_mqueue() else ["--ipc=host"]) + \
+            ([] if "uts" in shared else ["--uts=host"])
     argv = ["--network=none" if "net" in namespaces else "--network=host"]
     # the node's IPC namespace needs its /dev/mqueue (podman mounts it): a node without one (no
     # systemd mounted it) keeps podman's private IPC namespace rather than failing every rank
@@ -1205,6 +1288,117 @@ def unshare_args(namespaces: Sequence[str]) -> list[str]:
     if "uts" in namespaces:         # the node's UTS namespace has its name already (podman refuses one there)
         argv.append(f"--hostname={os.uname().nodename}")
     return argv
+
+
+POD_NAMESPACES = ("ipc", "uts", "net")     # what a step's ranks on a node share in its pod
+POD_RANKS = ".pod-ranks"                   # in the step's directory: one file per rank in the pod
+POD_LOCK = ".pod-lock"
+
+
+def pod_namespaces(namespaces: Sequence[str]) -> list[str]:
+    return [ns for ns in POD_NAMESPACES if ns in namespaces]
+
+
+def step_pod(spec: LaunchSpec) -> str | None:
+    """The pod of the step's ranks on this node (``tether-<job>-<step>-pod``), when
+    --container-unshare asks for a namespace they share: pyxis runs a step's tasks on a node in
+    one container, so they share its IPC namespace (SysV shared memory, /dev/shm: what MPI's
+    shared-memory transport needs), its network namespace (the loopback between ranks) and its
+    host name."""
+    if not pod_namespaces(spec.unshare):
+        return None
+    return f"tether-{spec.job_id}-{spec.step_id}-pod"
+
+
+def pod_args(namespaces: Sequence[str]) -> list[str]:
+    """``podman pod create``'s namespace options: the namespaces asked for, shared by the pod's
+    containers (a network namespace with only a loopback interface, a host name that is the
+    node's, as unshare_args gives one container); the node's network otherwise (a rootless pod
+    would have slirp4netns's)."""
+    shared = pod_namespaces(namespaces)
+    return [f"--share={','.join(shared)}", "--network=none" if "net" in shared else "--network=host",
+            *([f"--hostname={os.uname().nodename}"] if "uts" in shared else [])]
+
+
+def _pod_lock(step_dir: str) -> int:
+    fd = os.open(os.path.join(step_dir, POD_LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _pod_members(step_dir: str) -> str:
+    members = os.path.join(step_dir, POD_RANKS)
+    os.makedirs(members, mode=0o700, exist_ok=True)
+    if os.path.islink(members) or not os.path.isdir(members):
+        raise LaunchError(f"{members} is not a directory")
+    return members
+
+
+def join_pod(podman: Sequence[str], create: Sequence[str], pod: str, step_dir: str, rank: str,
+             env: Mapping[str, str]) -> None:
+    """This rank joins its step's pod on this node (step_pod), making it when no rank of the step
+    is in it: each rank a file in ``<step>/.pod-ranks`` (idempotent: a retried join counts once),
+    under the step's pod lock, which the last rank to leave (Podman.leave_pod) holds while it
+    removes the pod. The pod's cleanup marker (``.cleanup-pod``) is written before the pod is made:
+    if the step's end kills the ranks first, the step's cleanup removes the pod."""
+    from ...system.proc import CommandError, run_command
+    from ..launch import run_outside_rank, write_marker
+
+    fd = _pod_lock(step_dir)
+    try:
+        members = _pod_members(step_dir)
+        if not os.listdir(members):
+            write_marker(os.path.join(step_dir, POD_MARKER), {"runtime": "podman", "container": pod, "pod": "1"})
+            try:
+                run_command([*podman, "pod", "create", *create], env=env, timeout=120)
+                # its infra container started now, outside this rank: the step's processes, not
+                # this rank's to wait for at its end (the first rank may end before the others)
+                run_outside_rank([*podman, "pod", "start", pod], env, timeout=120)
+            except CommandError as exc:
+                said = exc.stderr or ""
+                raise LaunchError(f"could not make the step's pod {pod} for --container-unshare: {exc}",
+                                  said if STALE_STATE in said or JOIN_FAILED in said else None) from None
+        with open(os.path.join(members, rank), "w", opener=_private_opener):
+            pass
+    finally:
+        os.close(fd)
+
+
+def _private_opener(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def make_targets(root: str, targets: Sequence[str]) -> None:
+    """Make the directories ``targets`` (absolute, inside the container) in ``root``, the user's
+    own unpacked root, one component at a time: never through a link of the image's (a target
+    below one is left to the runtime), nothing made outside ``root``."""
+    try:
+        top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return                       # no root (yet): the runtime says why
+    try:
+        for target in targets:
+            fd = os.dup(top)
+            try:
+                for part in [p for p in target.split("/") if p not in ("", ".")]:
+                    if part == "..":
+                        break
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                    try:
+                        below = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    except OSError:
+                        break                # a link or a file there: the runtime's to deal with
+                    os.close(fd)
+                    fd = below
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    finally:
+        os.close(top)
 
 
 def unpack_named(image_argv: Sequence[str], podman: Sequence[str], home: str, container: str,
@@ -1254,8 +1448,11 @@ def unpack_named(image_argv: Sequence[str], podman: Sequence[str], home: str, co
         os.rename(partial, os.path.join(home, "rootfs"))
     except CommandError as exc:
         shutil.rmtree(partial, ignore_errors=True)
+        # podman's words go to the repair only when they are its state's (recover_state: without
+        # them, a failed unpack is tried once more when the state checks out)
+        said = exc.stderr or ""
         raise LaunchError(f"could not unpack {image_argv[-1]} for the named container: {exc}",
-                          exc.stderr or None) from None
+                          said if STALE_STATE in said or JOIN_FAILED in said else None) from None
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise

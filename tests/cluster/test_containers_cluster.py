@@ -32,12 +32,13 @@ def show(image: str) -> str:
     return SHOW.replace("@IMAGE@", image)
 
 
-def podman_containers(cluster, job: str) -> list[str]:
-    """The job's containers in the job user's podman store of every node (running or not)."""
+def podman_containers(cluster, job: str, listing: tuple[str, ...] = ("ps", "-a", "--format", "{{.Names}}")
+                      ) -> list[str]:
+    """The job's containers in the job user's podman store of every node (running or not); or
+    what another ``listing`` names (its pods)."""
     names = []
     for node in cluster.nodes:
-        out = cluster.run([*cluster.box.user_podman(node), "ps", "-a", "--format", "{{.Names}}"], check=False,
-                          cwd="/").stdout
+        out = cluster.run([*cluster.box.user_podman(node), *listing], check=False, cwd="/").stdout
         names += [n for n in out.split() if n.startswith(f"tether-{job}-")]
     return names
 
@@ -705,6 +706,60 @@ def test_a_squashfs_image_runs_on_podman_and_a_step_saves_one_the_next_job_runs(
         assert again.stdout.split("\n")[:2] == ["written-in-job", "squashed"], again.stdout + again.stderr
     finally:
         subprocess.run(["rm", "-rf", str(where)], check=False)
+
+
+def podman_pods(cluster, job: str) -> list[str]:
+    """The job's pods in the job user's podman store of every node."""
+    return podman_containers(cluster, job, ("pod", "ps", "--format", "{{.Name}}"))
+
+
+def test_a_steps_ranks_on_a_node_share_the_namespaces_they_unshare(cluster, image):
+    """pyxis's unshare_*.bats, "multiple tasks": a step's tasks on a node are one container, so
+    with --container-unshare=ipc,uts,net they share one IPC, UTS and network namespace -- not the
+    node's -- with the node's host name and a loopback of their own (a rank reaches another's
+    port there). tether's ranks are containers of the step's pod on the node: the last rank
+    removes it; the step's cleanup removes it when its ranks could not (killed)."""
+    script = ("echo $SLURMD_NODENAME $(readlink /proc/self/ns/ipc) $(readlink /proc/self/ns/uts) $SLURM_JOB_ID "
+              "$(readlink /proc/self/ns/net) $(hostname); "
+              # rank 0 serves one line on its loopback, rank 1 reads it: the same network namespace
+              "if [ $SLURM_LOCALID = 0 ]; then echo over-loopback | timeout 30 nc -l -p 7077 >/dev/null; "
+              "else i=0; until nc 127.0.0.1 7077 </dev/null 2>/dev/null || [ $i -ge 100 ]; do sleep 0.1; "
+              "i=$((i+1)); done; fi")
+    result = cluster.as_user(["srun", "-N2", "-n4", "--ntasks-per-node=2", f"--container-image={image}",
+                              "--container-unshare=ipc,uts,net", "sh", "-c", script], timeout=300)
+    rows = sorted(line.split() for line in result.stdout.splitlines() if " ipc:[" in line)
+    assert len(rows) == 4 and "over-loopback" in result.stdout.split(), result.stdout + result.stderr
+    job = rows[0][3]
+    rows = [row[:3] + row[4:] for row in rows]
+    for node in cluster.nodes[:2]:
+        mine = [row[1:] for row in rows if row[0] == node]
+        slurmd = cluster.box._pid_of(f"slurmd-{node}")
+        host = [os.readlink(f"/proc/{slurmd}/ns/{ns}") for ns in ("ipc", "uts", "net")]
+        assert len(mine) == 2 and mine[0] == mine[1], rows                    # one namespace each
+        assert all(mine[0][i] != host[i] for i in range(3)) and mine[0][3] == node, (rows, host)
+    assert podman_pods(cluster, job) == []                  # the last rank on each node removed it
+    # ranks killed before they left the pod (SIGKILL of their launchers, as the OOM killer would):
+    # the step's cleanup removes it
+    proc = subprocess.Popen(cluster.box.wrap(["runuser", "-u", cluster.user, "--", "srun", "-N1", "-n2",
+                                              f"--container-image={image}", "--container-unshare=ipc",
+                                              "sh", "-c", "echo $SLURM_JOB_ID; sleep 300"]),
+                            env=cluster.box.command_env(), cwd=str(cluster.box.work_dir),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line = proc.stdout.readline().strip()
+        assert line.isdigit(), proc.stderr.read() if proc.poll() is not None else line
+        assert wait_until(lambda: podman_pods(cluster, line) == [f"tether-{line}-0-pod"], timeout=60)
+        launchers = [int(row.split()[0]) for row in of_job(user_processes(cluster, "tether-run"), line)]
+        assert len(launchers) == 2, launchers
+        for pid in launchers:
+            os.kill(pid, 9)
+        proc.communicate(timeout=120)
+        assert wait_until(lambda: podman_pods(cluster, line) == [] and podman_containers(cluster, line) == [],
+                          timeout=60), podman_pods(cluster, line)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def test_a_step_attaches_to_the_named_container_another_step_of_the_job_runs(cluster, registry_image):

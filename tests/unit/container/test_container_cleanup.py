@@ -62,3 +62,30 @@ def test_cleanup_runs_only_tethers_own_removal_for_what_a_marker_names(public_di
         f"podman container exists --runtime {runc} {store} tether-7-0-0",
         f"runc --root {xdg}/runc delete --force {'ab' * 32}"]
     assert not pwned.exists()
+
+
+def test_cleanup_removes_a_steps_pod_after_its_ranks_and_only_from_its_own_marker(public_dir):
+    """A step's pod (--container-unshare) is removed by the step's cleanup when its ranks were
+    killed before the last one left it: its own marker, ``.cleanup-pod``, after the ranks'. A
+    rank's marker that says "pod" is still a container's; a pod's marker needs its name."""
+    step = public_dir / "step-0"
+    step.mkdir()
+    log = public_dir / "calls"
+    fake = public_dir / "podman"
+    fake.write_text(f"#!/bin/sh\necho \"podman $*\" >> {log}\n[ \"$1\" = container ] && exit 1\nexit 0\n")
+    fake.chmod(0o755)
+    (step / ".cleanup-pod").write_text(json.dumps({"runtime": "podman", "container": "tether-7-0-pod", "pod": "1"}))
+    (step / ".cleanup-0").write_text(json.dumps({"runtime": "podman", "container": "tether-7-0-0", "pod": "1"}))
+    for p in [public_dir, step, *step.iterdir()]:
+        os.chown(p, 1003, 1003)
+    settings = {"podman": {"binary": str(fake), "store": ""}}
+    signal.alarm(30)
+    try:
+        assert _cleanup_in(step, settings) == 0
+    finally:
+        signal.alarm(0)
+    calls = log.read_text().splitlines()
+    assert calls[-1] == "podman pod rm --force --ignore tether-7-0-pod", calls
+    assert [c for c in calls if "tether-7-0-0" in c][0].startswith("podman inspect"), calls   # a container
+    assert calls.index("podman pod rm --force --ignore tether-7-0-pod") > max(
+        i for i, c in enumerate(calls) if "tether-7-0-0" in c)

@@ -669,7 +669,7 @@ def test_a_named_podman_container_runs_its_unpacked_root_and_the_jobs_values_win
     files = [argv[i + 1] for i, a in enumerate(argv) if a == "--env-file"]
     assert files[0] == f"{home}/image.env" and files[1].startswith("/dev/fd/")
     assert argv[-4:] == ["--rootfs", f"{home}/rootfs", "python", "train.py"]
-    assert launch.before[-1][1] == f"{home}/config.json" and "tether-42-0-3" in argv     # one container per rank
+    assert launch.before[-2][1] == f"{home}/config.json" and "tether-42-0-3" in argv     # one container per rank
     (home).mkdir(parents=True)
     (home / "config.json").write_text('{"Entrypoint": ["/entry.sh", "x"]}')
     assert launch.prepare(argv) == argv                                   # no --container-entrypoint
@@ -706,14 +706,77 @@ def test_podman_gives_the_container_the_namespaces_it_asks_for(monkeypatch):
     monkeypatch.setattr("tether.container.runtimes.podman.node_has_mqueue", lambda: False)
     plain = podman.launch(spec(image="docker://busybox", runtime="podman"), HOST).argv
     assert plain[at:at + 2] == ["--network=host", "--uts=host"] and "--ipc=host" not in plain
-    net = podman.launch(spec(image="docker://busybox", runtime="podman", unshare=("net",)), HOST).argv
+    # a container by hand (`tether run`, no step): namespaces of its own
+    net = podman.launch(spec(image="docker://busybox", runtime="podman", unshare=("net",), rank_dir=None), HOST).argv
     assert "--network=none" in net and "--network=host" not in net           # only a loopback interface
     # the node's UTS namespace has the node's name (podman refuses --hostname there)
     assert "--uts=host" in net and not [a for a in net if a.startswith("--hostname")]
-    every = podman.launch(spec(image="docker://busybox", runtime="podman", unshare=("net", "ipc", "uts")), HOST).argv
+    every = podman.launch(spec(image="docker://busybox", runtime="podman", unshare=("net", "ipc", "uts"),
+                               rank_dir=None), HOST).argv
     at = every.index("--network=none")
     assert every[at:at + 4] == ["--network=none", "--ipc=private", "--uts=private",
                                 f"--hostname={os.uname().nodename}"]
+
+
+def test_a_steps_ranks_on_a_node_share_the_namespaces_they_unshare_in_the_steps_pod(tmp_path, monkeypatch):
+    """pyxis runs a step's tasks on a node in one container: with --container-unshare they share
+    its namespaces (pyxis's suite: four tasks, one IPC, UTS or network namespace, not the
+    node's). tether's ranks are containers of a pod per step and node, which holds the namespaces
+    asked for; the others stay the node's."""
+    monkeypatch.setattr("tether.container.runtimes.podman.stdio_is_terminal", lambda: False)
+    monkeypatch.setattr("tether.container.runtimes.podman.node_has_mqueue", lambda: True)
+    podman = adapter("podman", {"store": ""})
+    ipc = podman.launch(spec(image="docker://busybox", runtime="podman", unshare=("ipc",)), HOST)
+    at = ipc.argv.index("--pod")
+    assert ipc.argv[at:at + 5] == ["--pod", "tether-42-0-pod", "--network=host", "--uts=host", "--pid=host"]
+    assert "--userns=keep-id" not in ipc.argv                    # the pod's: a container there has none
+    join = ipc.before[-1]
+    assert callable(join[0]) and join[1] is None and len(join) == 2     # quiet, every rank
+    assert callable(ipc.after[-1])
+    every = podman.launch(spec(image="docker://busybox", runtime="podman", unshare=("net", "ipc", "uts")), HOST)
+    at = every.argv.index("--pod")
+    assert every.argv[at:at + 3] == ["--pod", "tether-42-0-pod", "--pid=host"]
+    from tether.container.runtimes.podman import pod_args
+
+    assert pod_args(("ipc",)) == ["--share=ipc", "--network=host"]
+    assert pod_args(("net", "uts", "ipc")) == ["--share=ipc,uts,net", "--network=none",
+                                               f"--hostname={os.uname().nodename}"]
+
+
+def test_the_last_rank_to_leave_the_steps_pod_removes_it(tmp_path):
+    """join_pod/leave_pod with a podman that records what it is asked: one pod for the step's
+    ranks on the node, made by the first to join (its cleanup marker first), removed by the last to
+    leave (the marker with it); a join tried again counts once; a rank killed before it left keeps
+    the pod -- and the marker, for the step's cleanup."""
+    from tether.container.runtimes.podman import join_pod
+
+    calls = tmp_path / "calls"
+    fake = tmp_path / "podman"
+    fake.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\n")
+    fake.chmod(0o755)
+    step = tmp_path / "step-0"
+    step.mkdir()
+    podman = adapter("podman", {"store": "", "binary": str(fake)})
+    create = ["--name", "tether-42-0-pod"]
+    env = dict(os.environ)
+
+    def said() -> list[str]:
+        return calls.read_text().splitlines() if calls.exists() else []
+
+    join_pod([str(fake)], create, "tether-42-0-pod", str(step), "0", env)
+    marker = json.loads((step / ".cleanup-pod").read_text())
+    assert marker == {"runtime": "podman", "container": "tether-42-0-pod", "pod": "1"}
+    join_pod([str(fake)], create, "tether-42-0-pod", str(step), "1", env)
+    join_pod([str(fake)], create, "tether-42-0-pod", str(step), "1", env)                     # tried again: once
+    # made, and its infra container started (outside the rank: the step's processes)
+    assert said() == ["pod create --name tether-42-0-pod", "pod start tether-42-0-pod"]
+    assert podman.leave_pod("tether-42-0-pod", str(step), "0", env) and len(said()) == 2   # rank 1 is in it
+    assert podman.leave_pod("tether-42-0-pod", str(step), "1", env)
+    assert said()[2:] == ["pod inspect --format {{.InfraContainerID}} tether-42-0-pod",
+                          "pod rm --force --ignore tether-42-0-pod"] and not (step / ".cleanup-pod").exists()
+    join_pod([str(fake)], create, "tether-42-0-pod", str(step), "2", env)     # a late rank: a new pod
+    assert said()[4:] == ["pod create --name tether-42-0-pod", "pod start tether-42-0-pod"]
+    assert (step / ".cleanup-pod").exists()
 
 
 def test_podman_runs_a_squashfs_image_imported_once_under_a_name_of_its_identity(tmp_path):
@@ -854,7 +917,8 @@ def _writable_plans(tmp_path: Path) -> None:
                         ("remap", dict(writable=True, remap_root=True)), ("shared", dict(writable=True, image=str(shared)))):
             args = {"image": "docker://busybox:1.36", "runtime": "podman", "rank_dir": str(step / "rank-3"), **kw}
             launch = adapter("podman", {"store": ""}).launch(spec(**args), HOST)
-            out[key] = (launch.argv, [(b[1] if isinstance(b[1], str) else "", b[2]) for b in launch.before])
+            out[key] = (launch.argv, [(b[1] if isinstance(b[1], str) else "", b[2] if len(b) > 2 else "targets")
+                                      for b in launch.before])
         return out
 
     got = _as_user(4242, plans)
@@ -865,7 +929,7 @@ def _writable_plans(tmp_path: Path) -> None:
     assert argv[argv.index("--env-file") + 1] == f"{own}/image.env"            # the image's ENV first
     assert [b[-1] for b in before] == ["pulling docker://busybox:1.36 (podman)",
                                        "unpacking docker://busybox:1.36 as your writable container "
-                                       "(podman; once per node for the step)"]
+                                       "(podman; once per node for the step)", "targets"]
     assert before[1][0] == f"{own}/config.json"
     readonly, _ = got["readonly"]
     assert readonly[-3:] == ["docker.io/library/busybox:1.36", "python", "train.py"] and "--read-only" in readonly
@@ -874,7 +938,7 @@ def _writable_plans(tmp_path: Path) -> None:
     assert len(remap_before) == 1
     argv, before = got["shared"]          # copied as it is, never imported into the store first
     assert argv[-4:] == ["--rootfs", f"{own}/rootfs", "python", "train.py"]
-    assert [b[0] for b in before] == [f"{own}/config.json"]
+    assert [b[0] for b in before] == [f"{own}/config.json", ""]
 
 
 def test_a_named_container_another_step_runs_is_attached_to_as_pyxis_does(tmp_path, capsys):
@@ -1014,3 +1078,75 @@ def test_a_root_unpacked_as_the_user_keeps_the_images_modes_and_skips_what_the_u
 
         assert _as_user(4242, unpack) == ("0o755", "0o755", False)
     assert "1 file(s) of" in capfd.readouterr().err
+
+
+def test_an_enroot_images_environment_file_is_read_as_enroot_reads_it_and_never_through_a_link(tmp_path):
+    """An enroot squashfs keeps its image's ENV in /etc/environment: comments, ill-formed lines,
+    ENROOT_* and lines naming a host variable go, quotes around a value go. Read from a root the
+    user unpacked, a link or a FIFO there gives nothing (the image's, not a file of the host's)."""
+    from tether.container.runtimes.podman import _read_no_follow, environment_lines
+
+    text = "# c\nPATH=/usr/bin\n  LANG='C.UTF-8'\nENROOT_X=1\nHOME=${HOME}\nnot a line\nA=\"b c\"\n"
+    assert environment_lines(text) == ["PATH=/usr/bin", "LANG=C.UTF-8", "A=b c"]
+    (tmp_path / "environment").write_text(text)
+    (tmp_path / "link").symlink_to(tmp_path / "environment")
+    os.mkfifo(tmp_path / "fifo")
+    assert _read_no_follow(str(tmp_path / "environment")) == text
+    assert _read_no_follow(str(tmp_path / "link")) == "" and _read_no_follow(str(tmp_path / "fifo")) == ""
+
+
+def test_mount_targets_are_made_in_a_users_own_root_before_its_ranks_start_and_never_through_a_link(tmp_path):
+    """The ranks sharing a root the user unpacked (a named or writable container) would each make
+    the step's missing mount targets at once, and runc's mkdir of a parent another rank just made
+    fails ("file exists", seen on Slurm 24.11's podman 5): they are made once, before, under the
+    launch's lock -- inside the root only: a link of the image's is not followed out of it."""
+    from tether.container.runtimes.podman import make_targets
+
+    root = tmp_path / "rootfs"
+    (root / "run").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "link").symlink_to(outside)
+    (root / "file").write_text("")
+    make_targets(str(root), ["/run/tether/workdir", "/tmp", "/link/x", "/file/y", "/a/../../escape"])
+    assert (root / "run/tether/workdir").is_dir() and (root / "tmp").is_dir()
+    assert list(outside.iterdir()) == [] and not (tmp_path / "escape").exists()
+    make_targets(str(root), ["/run/tether/workdir"])                               # again: nothing to do
+    make_targets(str(tmp_path / "nosuch"), ["/tmp"])                               # no root: the runtime says
+    podman = adapter("podman", {"store": ""})
+    launch = podman.launch(spec(image="docker://busybox", runtime="podman", name="dev", writable=True), HOST)
+    unpack, targets = launch.before[-2:]
+    assert unpack[2].startswith("unpacking") and callable(targets[0]) and targets[1] is None
+
+
+def test_a_pod_whose_infra_conmon_was_killed_is_removed_on_the_second_try(tmp_path):
+    """At a step's end with killed ranks, podman's first `pod rm --force` only marks the infra
+    container (its conmon killed) stopped and fails ("could not be stopped: timed out"); the
+    second removes the pod, and runc's own state of the infra container, which podman leaves,
+    goes too (seen on podman 4.3 in the sandbox: the pod stayed after the step's cleanup)."""
+    infra = "ab" * 32
+    calls, tries = tmp_path / "calls", tmp_path / "tries"
+    fake = tmp_path / "podman"
+    fake.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        echo "podman $*" >> {calls}
+        case "$*" in
+          *"pod inspect"*) echo {infra} ;;
+          *"pod rm"*) if [ ! -e {tries} ]; then touch {tries}
+                      echo 'Error: cannot remove container {infra} as it could not be stopped: timed out' >&2; exit 125
+                      fi ;;
+        esac
+        """))
+    fake.chmod(0o755)
+    runc = tmp_path / "runc"
+    runc.write_text(f"#!/bin/sh\necho \"runc $*\" >> {calls}\n")
+    runc.chmod(0o755)
+    run_dir = tmp_path / "xdg"
+    (run_dir / "runc" / infra).mkdir(parents=True)
+    podman = adapter("podman", {"store": "", "binary": str(fake), "args": ["--runtime", str(runc)],
+                                "env": {"XDG_RUNTIME_DIR": str(run_dir)}})
+    assert podman.remove_pod("tether-7-0-pod", {**os.environ, "XDG_RUNTIME_DIR": str(run_dir)})
+    said = calls.read_text().splitlines()
+    assert [line for line in said if " pod rm " in line] == [
+        f"podman --runtime {runc} pod rm --force --ignore tether-7-0-pod"] * 2, said
+    assert said[-1] == f"runc --root {run_dir}/runc delete --force {infra}", said

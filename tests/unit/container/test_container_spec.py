@@ -154,7 +154,9 @@ def test_container_name_alone_runs_the_jobs_container_of_that_name_or_says_there
     (home / "rootfs").mkdir(parents=True)
     (home / "config.json").write_text("{}")
     launch = adapter("podman", {"store": ""}).launch(alone, HOST)
-    assert launch.before == [] and launch.argv[-4:] == ["--rootfs", f"{home}/rootfs", "python", "train.py"]
+    # nothing to unpack: only the step's mount targets, made in the root before the ranks start
+    assert [b[1] for b in launch.before] == [None] and launch.argv[-4:] == ["--rootfs", f"{home}/rootfs", "python",
+                                                                           "train.py"]
     assert f"{home}/image.env" in launch.argv
     enroot_alone = spec(image="", runtime="enroot", name="dev", rank_dir=rank_dir)
     with pytest.raises(LaunchError, match=r"^--container-name=dev: this job's container dev on this node was made "
@@ -188,7 +190,7 @@ def test_pyxis_container_name_flags_auto_no_exec_create_and_exec(tmp_path):
                  rank_dir=str(tmp_path / f"42/n2/{step}/rank-3"), **kw), HOST)
 
     first = podman("step-1")                          # none yet: this step unpacks it, and says so first
-    assert first.before[-1][1] == f"{home}/config.json"
+    assert first.before[-2][1] == f"{home}/config.json"
     home.mkdir(parents=True)
     (home / "made-by").write_text("step-1\n")
     (home / "config.json").write_text("{}")
