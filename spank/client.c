@@ -134,11 +134,37 @@ static int process_env(void *ctx, const char *name, char *buf, size_t len)
 	return 1;
 }
 
+/* A typed `--container-image=` (empty) runs a step of a job that has an image on the host. With
+ * no image to leave (a job without one, or sbatch/salloc's own first component) it is a
+ * mistake, as pyxis says for an image option without an argument: refused here, before the job
+ * or step exists. */
+static int empty_image_without_job_image(void)
+{
+	const struct tether_opt *image = &tether_opts[OPT_CONTAINER_IMAGE];
+	char name[TETHER_MAX_NAME + 40];
+	const char *job_image;
+
+	if (image->value == NULL || image->value[0] != '\0' || image->from_env || tether_component > 0)
+		return 0;
+	memcpy(name, "SLURM_SPANK_", 12);
+	tether_slurm_option_env(image, name + 12, sizeof(name) - 12);
+	job_image = getenv(TETHER_ENV_CONTAINER_IMAGE);
+	if (spank_context() == S_CTX_LOCAL && ((job_image != NULL && job_image[0] != '\0') ||
+					       ((job_image = getenv(name)) != NULL && job_image[0] != '\0')))
+		return 0;
+	slurm_error("tether: --container-image= (empty): no image given. An empty image runs one step of a "
+		    "job that has --container-image on the host; %s", spank_context() == S_CTX_LOCAL ?
+		    "this job has none (give an image, or drop the option)" : "give an image, or drop the option");
+	return -1;
+}
+
 int tether_client_post_opt(spank_t sp)
 {
 	char name[TETHER_MAX_NAME + 40];
 
 	if (tether_component == 0 && tether_env_fallbacks(process_env, NULL) < 0)
+		return -1;
+	if (empty_image_without_job_image() < 0)
 		return -1;
 	if (spank_context() == S_CTX_LOCAL) {
 		struct tether_opt *gw = &tether_opts[OPT_GATEWAYS];

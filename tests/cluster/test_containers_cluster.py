@@ -331,6 +331,19 @@ def test_an_empty_container_image_runs_one_step_of_a_container_job_on_the_host(c
     assert "default=container" in text and "empty=host" in text, text
 
 
+def test_an_empty_container_image_without_a_job_image_is_refused(cluster):
+    """Issue 45 (pyxis's invalid_args "--container-image= (without argument)"): with no image of
+    the job to leave, an empty `--container-image=` is a mistake; srun and sbatch refuse it before
+    anything runs, instead of running the command on the host."""
+    step = cluster.as_user(["srun", "-N1", "--container-image=", "true"], check=False)
+    assert step.returncode != 0, step
+    assert "tether: --container-image= (empty): no image given" in step.stderr, step.stderr
+    assert "this job has none" in step.stderr, step.stderr
+    job = cluster.as_user(["sbatch", "--container-image=", "--wrap", "true"], check=False)
+    assert job.returncode != 0 and "Submitted batch job" not in job.stdout, job
+    assert "tether: --container-image= (empty): no image given" in job.stderr, job.stderr
+
+
 def test_tether_variables_work_on_the_node_as_their_options_do(cluster, image):
     """Issue 15: `TETHER_CONTAINER_IMAGE=IMG srun …` ran on the host without a word, and
     `TETHER_SLOTS=2 TETHER_SLOTS_PER_NODE=1 srun …` got the plan but no rank setup. The remote side
