@@ -1119,6 +1119,35 @@ def test_mount_targets_are_made_in_a_users_own_root_before_its_ranks_start_and_n
     assert unpack[2].startswith("unpacking") and callable(targets[0]) and targets[1] is None
 
 
+def test_a_workdir_the_users_own_root_lacks_is_refused_in_pyxis_words(tmp_path):
+    """pyxis's workdir.bats "target doesn't exist": `--container-workdir=/pyxis` on an image without
+    it fails the rank with ".../pyxis: No such file or directory" (podman's own message named a
+    container id). A mount target, a directory the image has, or a link of the image's (resolved
+    inside the container by the runtime) are not refused; nothing is followed out of the root."""
+    from tether.container.runtimes.podman import missing_directory
+
+    root = tmp_path / "rootfs"
+    (root / "usr/local/bin").mkdir(parents=True)
+    (root / "link").symlink_to(tmp_path)
+    assert missing_directory(str(root), "/pyxis") == "/pyxis"
+    assert missing_directory(str(root), "/usr/nosuch/deeper") == "/usr/nosuch"
+    assert missing_directory(str(root), "/usr/local/bin") is None
+    assert missing_directory(str(root), "/link/rootfs") is None
+    assert missing_directory(str(tmp_path / "nosuch"), "/x") is None
+    podman = adapter("podman", {"store": ""})
+
+    def prepared(**kw) -> list[str]:
+        launch = podman.launch(spec(image="docker://busybox", runtime="podman", name="dev", writable=True,
+                                    rank_dir=str(tmp_path / "42/n2/step-0/rank-3"), **kw), HOST)
+        os.makedirs(launch.argv[launch.argv.index("--rootfs") + 1] + "/usr/local/bin", exist_ok=True)
+        return launch.prepare(launch.argv)
+
+    assert prepared(workdir="/usr/local/bin")[-2:] == ["python", "train.py"]
+    with pytest.raises(LaunchError, match="couldn't chdir to /pyxis: No such file or directory"):
+        prepared(workdir="/pyxis")
+    prepared(workdir="/data/run", mounts=(Mount(str(tmp_path), "/data"),))     # a mount's target: made
+
+
 def test_a_pod_whose_infra_conmon_was_killed_is_removed_on_the_second_try(tmp_path):
     """At a step's end with killed ranks, podman's first `pod rm --force` only marks the infra
     container (its conmon killed) stopped and fails ("could not be stopped: timed out"); the
