@@ -205,6 +205,34 @@ def test_a_runtime_that_reports_a_killed_container_gets_it_removed(tmp_path, cod
     assert proc.returncode == code and marker.exists() is removed
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_cleanup_marker_is_there_while_the_image_is_pulled_or_unpacked(tmp_path, fails):
+    """pyxis's unshare_uts.bats "joins existing utsns container": a step that attaches to a named
+    container another step is still unpacking waits for it while that step's marker says it is
+    coming (running_container); the marker was written only once the unpack was done, so in the
+    moment between, the attaching step started a container of its own. Now it is there from
+    before the first step of the launch; a failed one takes it away again."""
+    marker = tmp_path / "marker"
+    seen = tmp_path / "seen"
+    step = f"test -f {marker} && echo yes > {seen}; exit {int(fails)}"
+    code = textwrap.dedent(f"""\
+        import os
+        from tether.container.launch import execute
+        from tether.container.runtimes import Launch, Runtime
+        class Fake(Runtime):
+            name = "fake"
+            def remove(self, name, env, *, new_session=True, reap=False):
+                return True
+        execute(Launch(argv=["true"], env=dict(os.environ), supervise=True, runtime=Fake({{}}), container="c1",
+                       marker={str(marker)!r}, marker_data={{"container": "c1"}},
+                       before=[(["sh", "-c", {step!r}], None, "unpacking")]))
+        """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert seen.read_text() == "yes\n", proc.stderr
+    assert proc.returncode == (125 if fails else 0), proc.stderr
+    assert not marker.exists()            # removed: after the failed step, or once the run ended
+
+
 def test_a_supervised_runtime_starts_with_default_signals_and_a_missing_one_is_reported(tmp_path):
     """The launcher spawns the runtime (posix_spawn): the signals it forwards, and SIGPIPE, which
     Python ignores, are at their defaults in the runtime (an ignored SIGPIPE would be inherited by
