@@ -10,9 +10,12 @@ in two modes the admin chooses (``container.environment``):
   enters with its host value (winning over the image's own value of the same name), **except**
   those where the image must win -- ``PATH``, the dynamic loader's ``LD_*``, ``HOME``,
   ``PYTHONHOME``/``PYTHONPATH``, shell start-up and bookkeeping (``BASH_ENV``, ``ENV``, ``PWD``,
-  ``OLDPWD``, ``SHLVL``, ``_``), the host's ``TMPDIR`` -- and the runtimes' own control variables.
+  ``OLDPWD``, ``SHLVL``, ``_``), the host's ``TMPDIR``, the locale's ``LANG``, ``LANGUAGE`` and
+  ``LC_ALL`` (as pyxis: a host locale the image lacks makes perl, bash and Python complain in every
+  step) -- and the runtimes' own control variables.
 * ``allowlist``: only the rank variables, the resource manager's (``SLURM_*``, ``PBS_*``), MPI/PMI
-  launch variables, GPU selection, ``TETHER_*``, locale and terminal enter.
+  launch variables, GPU selection, ``TETHER_*``, the locale's categories (``LC_*`` but ``LC_ALL``) and
+  terminal enter; never one of the image's above.
 * In both, a name listed in ``--container-env`` enters with the host's value even where the image
   would win (``--container-env=PATH``); the runtimes' control variables never enter.
 """
@@ -33,14 +36,13 @@ MODES = ("inherit", "allowlist")
 DEFAULT_MODE = "inherit"
 
 # allowlist mode: what enters besides --container-env
-PASS_NAMES = RANK_NAMES + ("USER", "LOGNAME", "LANG", "LANGUAGE", "TERM", "TZ", "OMP_NUM_THREADS",
-                           "SLURMD_NODENAME")
+PASS_NAMES = RANK_NAMES + ("USER", "LOGNAME", "TERM", "TZ", "OMP_NUM_THREADS", "SLURMD_NODENAME")
 PASS_PREFIXES = ("SLURM_", "PBS_", "PMI_", "PMIX_", "OMPI_", "I_MPI_", "MPICH_", "UCX_", "NCCL_",
                  "CUDA_", "ROCR_", "HIP_", "TETHER_", "LC_")
 # inherit mode: where the image (or the runtime's default) must win -- host paths and start-up
 # files that mean something else, or nothing, inside
 IMAGE_NAMES = ("PATH", "HOME", "PYTHONHOME", "PYTHONPATH", "BASH_ENV", "ENV", "TMPDIR", "PWD", "OLDPWD",
-               "SHLVL", "_")
+               "SHLVL", "_", "LANG", "LANGUAGE", "LC_ALL")
 IMAGE_PREFIXES = ("LD_",)
 # The runtimes read these themselves; inside a container they mean nothing or something harmful.
 RUNTIME_CONTROL = ("APPTAINER", "SINGULARITY", "ENROOT_", "CONTAINERS_", "PODMAN_", "BUILDAH_",
@@ -69,7 +71,7 @@ def image_wins(name: str) -> bool:
 
 def allowed(name: str) -> bool:
     """In allowlist mode: a variable passed without being named in --container-env."""
-    return name in PASS_NAMES or name.startswith(PASS_PREFIXES)
+    return (name in PASS_NAMES or name.startswith(PASS_PREFIXES)) and not image_wins(name)
 
 
 def passed_from_host(host: Mapping[str, str], spec: LaunchSpec, mode: str = DEFAULT_MODE) -> dict[str, str]:
@@ -92,6 +94,12 @@ def _names(items) -> str:
     return ", ".join(f"`{n}`" for n in items)
 
 
+def _prefix(prefix: str) -> str:
+    """A passed prefix, with the image's names it covers named as exceptions (`LC_*` but `LC_ALL`)."""
+    but = [n for n in IMAGE_NAMES if n.startswith(prefix)]
+    return f"`{prefix}*`" + (f" but {_names(but)}" if but else "")
+
+
 def contract_table() -> str:
     """The contract as a Markdown table (kept in the README, checked by the tests)."""
     control = ", ".join(f"`{p}`" if p.isupper() and not p.endswith("_") and "_" in p else f"`{p}*`"
@@ -102,7 +110,7 @@ def contract_table() -> str:
         f"| `TMPDIR`, `TETHER_WORK_DIR`, `TETHER_CONTAINER` | `{CONTAINER_TMP}`, `{CONTAINER_WORKDIR}` "
         "(the rank's own directories, in a tether step), `1`: tether's value, always | the same |",
         f"| the rank's ({_names(RANK_NAMES)}) | the rank's values | the same |",
-        f"| {', '.join(f'`{p}*`' for p in PASS_PREFIXES)}; "
+        f"| {', '.join(_prefix(p) for p in PASS_PREFIXES)}; "
         f"{_names(n for n in PASS_NAMES if n not in RANK_NAMES)} | passed | passed |",
         "| everything else the job has (`FOO`, `HF_HOME`, `OMP_PLACES`, ...) | passed | "
         "not passed, unless named in `--container-env` |",

@@ -241,7 +241,8 @@ static int passed(const char *entry, size_t len)
 		return 0;
 	if (TR_ENV_INHERIT)
 		return !(in_list(name, TR_IMAGE_NAMES) || has_prefix_in(name, TR_IMAGE_PREFIXES));
-	return in_list(name, TR_PASS_NAMES) || has_prefix_in(name, TR_PASS_PREFIXES);
+	return (in_list(name, TR_PASS_NAMES) || has_prefix_in(name, TR_PASS_PREFIXES)) &&
+	       !(in_list(name, TR_IMAGE_NAMES) || has_prefix_in(name, TR_IMAGE_PREFIXES));
 }
 
 /* The memfd with the passed names, sorted, one per line, at fd 10 or above (podman.py:

@@ -40,5 +40,18 @@ def test_contract_allowlist_mode_passes_rank_scheduler_and_named_variables_only(
         passed_from_host(HOST, spec(), "everything")
 
 
+@pytest.mark.parametrize("mode", ["inherit", "allowlist"])
+def test_the_jobs_lang_language_and_lc_all_stay_out_unless_named_as_pyxis_keeps_them(mode):
+    """pyxis's env.bats "$LANG special case" (issue 45): a host locale the image lacks made perl (and
+    bash, Python) warn "Setting locale failed" in every step; pyxis keeps the job's LANG, LANGUAGE
+    and LC_ALL out of the container unless --container-env names them ("forcing $LANG
+    passthrough"), and so does tether now. The locale's other categories (LC_TIME, ...) enter."""
+    host = {"LANG": "en_US.UTF-8", "LANGUAGE": "en_US:en", "LC_ALL": "en_US.UTF-8", "LC_TIME": "C.UTF-8",
+            "SLURM_JOB_ID": "7"}
+    assert passed_from_host(host, spec(), mode) == {"LC_TIME": "C.UTF-8", "SLURM_JOB_ID": "7"}
+    assert passed_from_host(host, spec(env_names=("LANG",)), mode) == {
+        "LANG": "en_US.UTF-8", "LC_TIME": "C.UTF-8", "SLURM_JOB_ID": "7"}
+
+
 def test_contract_table_is_in_the_readme():
     assert contract_table() in (REPO / "README.md").read_text()
