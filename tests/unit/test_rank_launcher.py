@@ -381,8 +381,10 @@ def runnable(world):
     (bin_dir / "podman").write_text(FAKE_PODMAN)
     os.chmod(bin_dir / "podman", 0o755)
     for name in ("catatonit", "conmon"):          # processes with those command names
-        shutil.copy("/bin/sleep", bin_dir / name)
-        os.chmod(bin_dir / name, 0o755)
+        # renamed into place: an earlier test's one may still run (copying over it: "Text file busy")
+        shutil.copy("/bin/sleep", bin_dir / f".{name}.new")
+        os.chmod(bin_dir / f".{name}.new", 0o755)
+        os.replace(bin_dir / f".{name}.new", bin_dir / name)
     launcher = build(world, settings_for(world), "run", plan_only=False)
     log = world["base"] / "fake.log"
 
