@@ -113,6 +113,26 @@ def test_container_env_makes_path_the_hosts(cluster, image, fakes, settings, run
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
+def test_the_jobs_lang_stays_out_unless_named_as_pyxis_keeps_it(cluster, image, fakes, settings, runtime):
+    """pyxis's env.bats "$LANG special case": the job's LANG, LANGUAGE and LC_ALL do not enter the
+    container (a host locale the image lacks made perl warn in every step); --container-env=LANG
+    brings LANG in ("forcing $LANG passthrough"); the other LC_* categories enter."""
+    settings("inherit")
+    locale = {"LANG": "de_DE.UTF-8", "LANGUAGE": "de_DE:de", "LC_ALL": "de_DE.UTF-8", "LC_TIME": "C.UTF-8"}
+    show = "for v in LANG LANGUAGE LC_ALL LC_TIME FOO; do eval \"echo $v=\\${$v-unset}\"; done"
+    result, seen = srun(cluster, fakes, runtime, image, env=locale, command=show)
+    assert result.returncode == 0, result.stderr
+    assert "de_DE" not in " ".join(seen.get(v, "") for v in ("LANG", "LANGUAGE", "LC_ALL")), seen
+    assert (seen.get("LC_TIME"), seen.get("FOO")) == ("C.UTF-8", "bar"), seen
+    result, seen = srun(cluster, fakes, runtime, image, "--container-env=LANG", env=locale, command=show)
+    assert result.returncode == 0, result.stderr
+    # (SingularityCE 3.4.2 forces LANG=C: there the job's LANG arrives as the LC_* categories)
+    job_lang = seen.get("LC_CTYPE") if runtime == "singularity" and seen.get("LANG") == "C" else seen.get("LANG")
+    assert job_lang == "de_DE.UTF-8", seen
+    assert "de_DE" not in seen.get("LC_ALL", "") + seen.get("LANGUAGE", ""), seen
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
 def test_allowlist_mode_keeps_the_strict_contract(cluster, image, fakes, settings, runtime):
     settings("allowlist")
     result, seen = srun(cluster, fakes, runtime, image, "--container-env=HF_HOME", env={"HF_HOME": "/scratch/hf"})
