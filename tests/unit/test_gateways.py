@@ -128,10 +128,20 @@ def gateway_task(tmp_path: Path, daemon: list[str], port: int, **extra: str) -> 
 
 
 def free_port() -> int:
-    probe = socket.create_server(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
-    return port
+    """A port free on 127.0.0.1 and 127.0.0.2, below Linux's ephemeral range (32768 on): one the
+    kernel handed out as ephemeral could be taken again by any outgoing connection on this busy
+    machine before the test binds it ("Address already in use", seen once)."""
+    import random
+
+    for _ in range(200):
+        port = random.randrange(29000, 32700)
+        try:
+            for host in ("127.0.0.1", "127.0.0.2"):
+                socket.create_server((host, port)).close()
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port in 29000-32700")
 
 
 def stop(task: subprocess.Popen) -> None:
