@@ -1071,7 +1071,7 @@ def test_a_root_unpacked_as_the_user_keeps_the_images_modes_and_skips_what_the_u
 
         def unpack():
             os.umask(0o077)
-            unpack_named(["--rootfs", str(image)], ["podman"], str(home), "c1")
+            unpack_named(["--rootfs", str(image)], ["podman"], str(home))
             root = home / "rootfs"
             return (oct(os.stat(root / "usr").st_mode & 0o777), oct(os.stat(root / "usr/bin/tool").st_mode & 0o777),
                     (root / "etc" / "shadow").exists())
