@@ -236,14 +236,13 @@ def execute(launch: Launch, *, subreaper: bool = False, resume: str | None = Non
         report(f"internal error: the rank launcher handed over a run this launcher would not have made "
                f"({resume[:80]!r}); its container, if any, is removed at the step's end")
         os._exit(EXIT_LAUNCH_FAILED)
-    marked = False
+    # the cleanup marker of a supervised container, before its pull or unpack: a step that attaches
+    # to this container by its name (running_container) sees it coming and waits
+    marked = bool(launch.supervise and launch.marker and launch.container)
+    if marked:
+        write_marker(launch.marker, launch.marker_data or {})
     try:
         if first is None:
-            if launch.before and launch.supervise and launch.marker and launch.container:
-                # before the pull or unpack: a step that attaches to this container by its name
-                # (running_container) sees it coming and waits, not only once it is created
-                write_marker(launch.marker, launch.marker_data or {})
-                marked = True
             run_before(launch)
             if launch.prepare is not None:
                 launch.argv = launch.prepare(launch.argv)
@@ -254,7 +253,7 @@ def execute(launch: Launch, *, subreaper: bool = False, resume: str | None = Non
         os._exit(EXIT_LAUNCH_FAILED)
     if not launch.supervise:
         _exec(launch)
-    code = _supervise(launch, subreaper, first, marked=marked)
+    code = _supervise(launch, subreaper, first)
     # out at once: the interpreter's teardown would cost the rank's end milliseconds for nothing
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -318,14 +317,12 @@ def _is_subreaper() -> bool:
     return libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and bool(flag.value)
 
 
-def _supervise(launch: Launch, subreaper: bool, first=None, *, marked: bool = False) -> int:
+def _supervise(launch: Launch, subreaper: bool, first=None) -> int:
     """Fork the runtime as a child subreaper's child, forward signals, wait, clean up; its status.
-    ``first``: the first run happened already, in the C rank launcher (parse_resume's facts);
-    ``marked``: its cleanup marker is written already."""
+    ``first``: the first run happened already, in the C rank launcher (parse_resume's facts).
+    Its cleanup marker is written already (execute)."""
     if not subreaper:
         _set_subreaper()
-    if launch.marker and launch.container and not marked:
-        write_marker(launch.marker, launch.marker_data or {})
     received: list[int] = []
     children: list[int] = []
 
