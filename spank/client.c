@@ -141,16 +141,13 @@ static int process_env(void *ctx, const char *name, char *buf, size_t len)
 static int empty_image_without_job_image(void)
 {
 	const struct tether_opt *image = &tether_opts[OPT_CONTAINER_IMAGE];
-	char name[TETHER_MAX_NAME + 40];
-	const char *job_image;
+	const char *exported, *option;
 
 	if (image->value == NULL || image->value[0] != '\0' || image->from_env || tether_component > 0)
 		return 0;
-	memcpy(name, "SLURM_SPANK_", 12);
-	tether_slurm_option_env(image, name + 12, sizeof(name) - 12);
-	job_image = getenv(TETHER_ENV_CONTAINER_IMAGE);
-	if (spank_context() == S_CTX_LOCAL && ((job_image != NULL && job_image[0] != '\0') ||
-					       ((job_image = getenv(name)) != NULL && job_image[0] != '\0')))
+	exported = getenv(TETHER_ENV_CONTAINER_IMAGE);
+	option = tether_job_option_env(image);
+	if (spank_context() == S_CTX_LOCAL && ((exported && exported[0]) || (option && option[0])))
 		return 0;
 	slurm_error("tether: --container-image= (empty): no image given. An empty image runs one step of a "
 		    "job that has --container-image on the host; %s", spank_context() == S_CTX_LOCAL ?

@@ -319,9 +319,18 @@ void tether_slurm_option_env(const struct tether_opt *o, char *buf, size_t len)
 			*c = '_';
 }
 
+const char *tether_job_option_env(const struct tether_opt *o)
+{
+	char env[TETHER_MAX_NAME + 60];
+
+	memcpy(env, "SLURM_SPANK_", 12);
+	tether_slurm_option_env(o, env + 12, sizeof(env) - 12);
+	return getenv(env);
+}
+
 static int option_cb(int val, const char *optarg, int remote)
 {
-	char how[TETHER_MAX_NAME + 3], env[TETHER_MAX_NAME + 60];
+	char how[TETHER_MAX_NAME + 3];
 	int rc;
 
 	if (val < 0 || val >= TETHER_NOPTS)
@@ -333,9 +342,7 @@ static int option_cb(int val, const char *optarg, int remote)
 		 * (plugstack.c, spank_process_env_options, passing getenv()'s own pointer): not this
 		 * component's options. In the first component (srun in a batch script or salloc) they
 		 * are the job's own options: defaults, as the TETHER_<NAME> environment fallbacks. */
-		memcpy(env, "SLURM_SPANK_", 12);
-		tether_slurm_option_env(&tether_opts[val], env + 12, sizeof(env) - 12);
-		if (optarg == getenv(env)) {
+		if (optarg == tether_job_option_env(&tether_opts[val])) {
 			if (tether_component > 0)
 				return 0;
 			snprintf(how, sizeof(how), "--%s", tether_opts[val].name);

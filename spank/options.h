@@ -74,6 +74,10 @@ extern int tether_component;
  * _SLURM_SPANK_OPTION_tether_<name, '-' as '_'>. */
 void tether_slurm_option_env(const struct tether_opt *o, char *buf, size_t len);
 
+/* The job's value of option ``o`` as sbatch/salloc left it for the job's steps, in this process's
+ * environment (SLURM_SPANK__SLURM_SPANK_OPTION_tether_<name>: getenv's own pointer), or NULL. */
+const char *tether_job_option_env(const struct tether_opt *o);
+
 /* Forget every value (slurm_spank_exit). */
 void tether_opts_clear(void);
 
