@@ -1263,12 +1263,13 @@ class Sandbox:
             'CMD ["/bin/sh"]', "ENV TETHER_IMAGE_ENV=from-the-image"))
 
     def registry_image(self, *, log=print, repository: str = BUSYBOX_REPOSITORY,
-                       changes: tuple[str, ...] = ("CMD /bin/sh",)) -> str:
+                       changes: tuple[str, ...] = ("CMD /bin/sh",), replace: bool = False) -> str:
         """The busybox image in the sandbox's registry (pushed there once, by root, with a podman
         store of the sandbox's own); its reference as a user writes it. ``repository`` and
-        ``changes`` (podman import --change): another image of the same files."""
+        ``changes`` (podman import --change): another image of the same files; ``replace``: pushed
+        even when the registry has the tag (it then names the new image: a moved tag)."""
         ref = f"{self.registry_address}/{repository}:{BUSYBOX_TAG}"
-        if self._registry_has(repository, BUSYBOX_TAG):
+        if not replace and self._registry_has(repository, BUSYBOX_TAG):
             return ref
         rootfs = Path(self.busybox_image())
         store = ["--root", str(self.root / "podman" / "root"), "--runroot", str(self.root / "podman" / "run"),

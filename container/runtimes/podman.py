@@ -179,6 +179,15 @@ def names_list(text: str, name: str) -> bool:
         start = end
 
 
+def mark_checked(marker: str) -> None:
+    """Note that a tagged image was pulled or checked against its registry for this job on this node."""
+    try:
+        os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    except OSError:
+        pass          # best effort: without it, the job's next rank here checks once more
+
+
 def spec_has_kind(directory: str, kind: str) -> bool:
     """Does a CDI spec (``*.yaml``/``*.json``) in ``directory`` declare ``kind``?"""
     import re      # here: a rank's start-up does not import re (it pulls in enum, milliseconds per rank)
@@ -416,7 +425,8 @@ class Podman(Runtime):
 
     def pull(self, image: str, env: Mapping[str, str]) -> str:
         """``tether images pull``: a registry image into this user's store on this node, under the
-        store's lock, as the first rank of a job would."""
+        store's lock, as the first rank of a job would -- pulled even when the store has it (a tag
+        moved since: the new image)."""
         from ..launch import run_before
 
         if self.reference(image).kind != "registry":
@@ -426,6 +436,7 @@ class Podman(Runtime):
         self.store_args(env, create=True)
         glob = self.global_args(env)
         _, steps = self.image_plan(_ImageOnly(image), glob)
+        steps = [(argv, None, *rest) for argv, _, *rest in steps]    # asked for: pulled, present or not
         store_dir = self.store_path()
         run_before(Launch(argv=[], env=env, runtime=self, before=steps,
                           lock=os.path.join(store_dir, ".pull-lock") if store_dir else None))
@@ -544,6 +555,49 @@ class Podman(Runtime):
             if text and names_list(text, name):
                 return True
         return False
+
+    def check_registry(self, pull: list[str], name: str, image: str, marker: str, env: Mapping[str, str]) -> None:
+        """A tagged image already in the store, checked against the registry for this job: pulled
+        again (``podman pull`` fetches the manifest, and layers only when it changed), said when
+        it changed; a registry that cannot be reached leaves the store's copy, said so."""
+        from ...system.proc import CommandError, run_command
+
+        before = self.image_id(name)
+        try:
+            try:
+                after = run_command(pull, env=env, timeout=3600).stdout.strip()
+            except CommandError as exc:
+                if not self.recover_state(env, exc.stderr or ""):
+                    raise
+                after = run_command(pull, env=env, timeout=3600).stdout.strip()
+        except CommandError as exc:
+            said = next((line.strip() for line in (exc.stderr or "").splitlines() if line.strip()), str(exc))
+            progress(f"could not check {image} against its registry ({said[:300]}); running the copy in your "
+                     f"store on this node")
+        else:
+            if before and after and after.splitlines()[-1] != before:
+                progress(f"{image} has changed in its registry since your store's copy: pulled the new one")
+        mark_checked(marker)
+
+    def image_id(self, name: str) -> str | None:
+        """The id of image ``name`` in this user's store (containers/storage's images.json), or None."""
+        import json
+
+        store = self.store_path()
+        base = os.path.join(store, "storage") if store else None
+        try:
+            drivers = [d for d in os.listdir(base) if d.endswith("-images")] if base else []
+        except OSError:
+            return None
+        for directory in drivers:
+            try:
+                images = json.loads(read_regular(os.path.join(base, directory, "images.json"), limit=64 << 20) or "[]")
+            except ValueError:
+                continue
+            for entry in images if isinstance(images, list) else []:
+                if isinstance(entry, dict) and name in (entry.get("names") or []):
+                    return entry.get("id")
+        return None
 
     def store_path(self) -> str | None:
         """This user's store directory on this node, or None (podman's default store)."""
@@ -1141,10 +1195,23 @@ class Podman(Runtime):
         ref = self.reference(image)
         if ref.kind == "registry":
             name = ref.qualified()                          # as podman's store names it
-            return (["--pull=never", name],
-                    [([self.binary, *glob, "pull", "--quiet", name],
-                      (lambda: self.store_has(name), [self.binary, *glob, "image", "exists", name]),
-                      f"pulling {image} (podman)", f"failed to import docker image: {image}")])
+            pull = ([self.binary, *glob, "pull", "--quiet", name],
+                    (lambda: self.store_has(name), [self.binary, *glob, "image", "exists", name]),
+                    f"pulling {image} (podman)", f"failed to import docker image: {image}")
+            rank_dir = getattr(spec, "rank_dir", None)
+            if ref.digest or not rank_dir:
+                return ["--pull=never", name], [pull]       # by digest: what it names never changes
+            # by tag: checked against the registry once per job on each node (pyxis imports it
+            # anew every step), so a tag moved since the store's copy was pulled runs the new image;
+            # the job's later steps, and its other ranks, run what that check found
+            from hashlib import sha256
+
+            marker = os.path.join(os.path.dirname(os.path.dirname(rank_dir)), "podman",
+                                  "checked-" + sha256(name.encode()).hexdigest()[:16])
+            if self.store_has(name):
+                return ["--pull=never", name], [(lambda env: self.check_registry(pull[0], name, image, marker, env),
+                                                 marker)]
+            return ["--pull=never", name], [pull, (lambda env: mark_checked(marker), marker)]
         if ref.kind == "uri" and image.startswith(ARCHIVES):
             # an image archive (--container-save writes OCI archives): loaded once per user per node
             # under a name its file's identity decides, as a rootfs directory is imported

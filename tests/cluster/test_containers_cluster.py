@@ -155,8 +155,50 @@ def test_a_registry_image_is_pulled_once_per_node_and_then_never(cluster, regist
     assert len(manifests) == 3, cold_requests                         # one pull per store: per node
     assert cold.stderr.count(f"tether: pulling {registry_image} (podman) ...") == 3, cold.stderr
     assert cold.stderr.count("tether: waiting for another rank on this node") <= 3
-    assert warm_requests == [] and "pulling" not in warm.stderr       # the next job: nothing
+    # the next job: the tag checked against the registry once per node (its manifest, and podman
+    # reads the image's config again), no layer fetched, nothing said
+    config = _manifest(cluster, registry_image)["config"]["digest"]
+    blobs = [r.split('"GET ', 1)[1].split()[0] for r in warm_requests if "/blobs/" in r]
+    assert blobs == [f"/v2/{repository}/blobs/{config}"] * len(blobs) and len(blobs) <= 3, blobs
+    assert "pulling" not in warm.stderr
+    assert len([r for r in warm_requests if f"/v2/{repository}/manifests/" in r and '"GET ' in r]) == 3, warm_requests
+    assert "tether:" not in warm.stderr, warm.stderr
     assert sorted(warm.stdout.split("\n")[:-1]) == [f"rank={r} in=container" for r in range(6)]
+
+
+def _manifest(cluster, image: str) -> dict:
+    """The registry's manifest of ``image`` (ADDRESS/REPOSITORY:TAG), as podman reads it."""
+    import json
+    import urllib.request
+
+    address, rest = image.split("/", 1)
+    repository, tag = rest.rsplit(":", 1)
+    request = urllib.request.Request(f"http://{address}/v2/{repository}/manifests/{tag}",
+                                     headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)
+
+
+def test_a_moved_tag_runs_the_new_image_in_the_next_job(cluster):
+    """A tag pushed again (app:1 rebuilt) names a new image: pyxis imports it anew every step, and
+    tether's store keeps the old copy -- so each job checks a tagged image against the registry
+    once per node, pulls the new one and says so; every step of that job runs the same image."""
+    node = cluster.nodes[0]
+
+    def push(version: int) -> str:
+        return cluster.box.registry_image(repository="tether/moving", changes=("CMD /bin/sh", f"ENV IMAGE_VERSION={version}"),
+                                          replace=True)
+
+    image = push(1)
+    first = cluster.as_user(["srun", "-N1", "-w", node, f"--container-image={image}", "sh", "-c", "echo v$IMAGE_VERSION"])
+    assert first.stdout.strip() == "v1", first
+    assert push(2) == image
+    steps = cluster.as_user(["salloc", "-N1", "-w", node, "sh", "-c",
+                             f"srun --container-image={image} sh -c 'echo v$IMAGE_VERSION'; "
+                             f"srun --container-image={image} sh -c 'echo v$IMAGE_VERSION'"])
+    assert steps.stdout.split() == ["v2", "v2"], steps
+    assert steps.stderr.count(f"tether: {image} has changed in its registry since your store's copy: pulled the "
+                              f"new one") == 1, steps.stderr
 
 
 def test_an_image_the_registry_lacks_is_pulled_once_per_node_and_every_rank_fails(cluster, registry_image):

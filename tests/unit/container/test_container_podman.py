@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from hashlib import sha256
 from pathlib import Path
 
 import pytest
@@ -343,7 +344,8 @@ def test_podman_pulls_a_registry_image_once_per_node_before_running_it(tmp_path)
     name = "127.0.0.1:5000/team/app:1"
     store = launch.argv[4:8]
     assert store[:2] == ["--root", f"{tmp_path}/podman-store-{os.getuid()}/storage"]
-    ((pull, (quick, exists), label, failure),) = launch.before
+    ((pull, (quick, exists), label, failure), (_, checked)) = launch.before
+    assert checked == f"{tmp_path}/42/n2/podman/checked-{sha256(name.encode()).hexdigest()[:16]}"   # the job's, below
     assert pull == ["podman", "--runtime", "runc", *store, "pull", "--quiet", name]
     assert exists == ["podman", "--runtime", "runc", *store, "image", "exists", name]
     assert label == "pulling 127.0.0.1:5000/team/app:1 (podman)"
@@ -360,6 +362,50 @@ def test_podman_pulls_a_registry_image_once_per_node_before_running_it(tmp_path)
     own = adapter("podman", {"args": ["--runtime", "runc"], "store": ""}).launch(s, HOST)   # podman's default
     assert own.before[0][0] == ["podman", "--runtime", "runc", "pull", "--quiet", name]
     assert own.lock == str(tmp_path / "42/n2/podman/.pull-lock")        # the node's ranks of this job
+
+
+def test_a_tagged_image_in_the_store_is_checked_against_its_registry_once_per_job(fp, tmp_path, capfd):
+    """A tag can move (a new push of app:1): pyxis imports the image anew every step, so a job of a
+    pyxis user always runs what the tag names. tether keeps the store's copy but checks it against
+    the registry once per job on each node (podman pull: the manifest; layers only when changed),
+    says when it changed, and runs the store's copy, saying so, when the registry is unreachable.
+    By digest: never checked."""
+    from tether.container.launch import run_before
+
+    name = "127.0.0.1:5000/team/app:1"
+    index = tmp_path / f"podman-store-{os.getuid()}/storage/vfs-images"
+    index.mkdir(parents=True)
+    (index / "images.json").write_text(json.dumps([{"id": "old", "names": [name]}], separators=(",", ":")))
+    podman = adapter("podman", {"args": ["--runtime", "runc"]})
+
+    def plan(job: str, image: str = name):
+        return podman.launch(spec(image=image, runtime="podman", job_id=job,
+                                  rank_dir=str(tmp_path / f"{job}/n2/step-0/rank-3")), HOST)
+
+    launch = plan("42")
+    ((check, marker),) = launch.before                       # in the store: a check, not a pull
+    assert callable(check) and marker.startswith(f"{tmp_path}/42/n2/podman/checked-")
+    pull = ["podman", "--runtime", "runc", *launch.argv[4:8], "pull", "--quiet", name]
+    fp.register(pull, stdout="new\n")                        # the tag has moved: a new image id
+    run_before(launch)
+    assert fp.call_count(pull) == 1 and os.path.exists(marker)
+    assert ("tether: 127.0.0.1:5000/team/app:1 has changed in its registry since your store's copy: pulled the "
+            "new one") in capfd.readouterr().err
+    run_before(plan("42"))                                   # the job's next step, or rank: no second check
+    assert fp.call_count(pull) == 1
+    fp.register(pull, returncode=125, stderr="Error: initializing source docker://127.0.0.1:5000/team/app:1: "
+                                             "pinging container registry 127.0.0.1:5000: connection refused\n")
+    run_before(plan("43"))                                   # the next job: checked; the registry is down
+    assert fp.call_count(pull) == 2
+    err = capfd.readouterr().err
+    assert ("tether: could not check 127.0.0.1:5000/team/app:1 against its registry (Error: initializing source "
+            "docker://127.0.0.1:5000/team/app:1: pinging container registry 127.0.0.1:5000: connection refused); "
+            "running the copy in your store on this node") in err
+    fp.register(pull, stdout="old\n")
+    run_before(plan("44"))                                   # unchanged: nothing said
+    assert fp.call_count(pull) == 3 and "tether:" not in capfd.readouterr().err
+    pinned = f"127.0.0.1:5000/team/app@sha256:{'a' * 64}"
+    assert [len(step) for step in plan("45", pinned).before] == [4]     # by digest: the pull alone, never a check
 
 
 def test_ranks_of_a_node_wait_for_one_pull_and_say_so(tmp_path):
@@ -917,8 +963,8 @@ def _writable_plans(tmp_path: Path) -> None:
                         ("remap", dict(writable=True, remap_root=True)), ("shared", dict(writable=True, image=str(shared)))):
             args = {"image": "docker://busybox:1.36", "runtime": "podman", "rank_dir": str(step / "rank-3"), **kw}
             launch = adapter("podman", {"store": ""}).launch(spec(**args), HOST)
-            out[key] = (launch.argv, [(b[1] if isinstance(b[1], str) else "", b[2] if len(b) > 2 else "targets")
-                                      for b in launch.before])
+            out[key] = (launch.argv, [(b[1] if isinstance(b[1], str) else "", b[2] if len(b) > 2 else
+                                       "checked" if "/checked-" in str(b[1]) else "targets") for b in launch.before])
         return out
 
     got = _as_user(4242, plans)
@@ -927,15 +973,15 @@ def _writable_plans(tmp_path: Path) -> None:
     argv, before = got["writable"]
     assert argv[-4:] == ["--rootfs", f"{own}/rootfs", "python", "train.py"] and "--read-only" not in argv
     assert argv[argv.index("--env-file") + 1] == f"{own}/image.env"            # the image's ENV first
-    assert [b[-1] for b in before] == ["pulling docker://busybox:1.36 (podman)",
+    assert [b[-1] for b in before] == ["pulling docker://busybox:1.36 (podman)", "checked",
                                        "unpacking docker://busybox:1.36 as your writable container "
                                        "(podman; once per node for the step)", "targets"]
-    assert before[1][0] == f"{own}/config.json"
+    assert before[2][0] == f"{own}/config.json"
     readonly, _ = got["readonly"]
     assert readonly[-3:] == ["docker.io/library/busybox:1.36", "python", "train.py"] and "--read-only" in readonly
     remap, remap_before = got["remap"]
     assert remap[-3:] == ["docker.io/library/busybox:1.36", "python", "train.py"] and "--read-only" not in remap
-    assert len(remap_before) == 1
+    assert len(remap_before) == 2                       # the pull, then the job's note that it pulled
     argv, before = got["shared"]          # copied as it is, never imported into the store first
     assert argv[-4:] == ["--rootfs", f"{own}/rootfs", "python", "train.py"]
     assert [b[0] for b in before] == [f"{own}/config.json", ""]
