@@ -31,6 +31,7 @@ from .runtimes.podman import DEFAULT_STORE, PAUSE_NAMES, PAUSE_PID_FILE, ROOTFS_
 from .spec import CONTAINER_TMP, CONTAINER_WORKDIR
 
 RANK_LAUNCHER_SOURCE = Path(__file__).with_name("tether_run.c")
+FD_HELPER_SOURCE = Path(__file__).with_name("tether_fd_receive.c")
 BAKED_HEADER = "tether_run_baked.h"
 
 
@@ -133,3 +134,11 @@ def build_rank_launcher(target: Path, config_path: str | None, settings: Mapping
         objects = [cbuild.compile(RANK_LAUNCHER_SOURCE, include_dirs=[tmp], header_dirs=[Path(tmp)],
                                   defines=["-DTETHER_RUN_PLAN_ONLY"] if plan_only else [])]
         return cbuild.link(objects, Path(target))
+
+
+def build_fd_helper(target: Path) -> Path:
+    """Compile ``tether-fd-receive`` (runtimes.enroot.FD_HELPER: PMI_FD into an enroot container)
+    into ``target``, static: it runs inside any image, whatever C library the image has."""
+    with tempfile.TemporaryDirectory(prefix="tether-fd-receive-build-") as tmp:
+        cbuild = CBuild(Path(tmp))
+        return cbuild.link([cbuild.compile(FD_HELPER_SOURCE)], Path(target), link_args=["-static-pie"])

@@ -221,6 +221,11 @@ class LaunchSpec(Record):
         """This rank's own container name, tether-<job>-<step>-<rank> (with --container-name too)."""
         return f"tether-{self.job_id}-{self.step_id}-{self.rank}"
 
+    @property
+    def step_instance(self) -> str:
+        """The step's container on this node, shared by its ranks there: tether-<job>.<step>."""
+        return f"tether-{self.job_id}.{self.step_id}"
+
     def rank_mounts(self) -> tuple[Mount, ...]:
         """The per-rank directories as mounts: <rank>/tmp -> /tmp, <rank>/work -> the work dir."""
         if not self.rank_dir:

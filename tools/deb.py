@@ -307,7 +307,8 @@ def build_deb(out: Path, wheel: Path, version: str | None = None) -> Path:
                 path = os.path.join(dirpath, f)
                 os.chmod(path, 0o755 if os.stat(path).st_mode & 0o100 else 0o644)
         binaries = [staged_plugins / n for n in (*stamp["files"], "tether-run")]
-        for binary in binaries:             # as dh_strip does (Debian policy 10.1): no debug info, no build paths
+        static = [p for p in [staged_plugins / "tether-fd-receive"] if p.exists()]     # no shared libraries
+        for binary in [*binaries, *static]:  # as dh_strip does (Debian policy 10.1): no debug info, no build paths
             run(["strip", "--remove-section=.comment", "--remove-section=.note", "--strip-unneeded", str(binary)])
         depends = [*shlib_depends(tmp, binaries),
                    f"{(lib := slurm_library_package(slurm))} (>= {slurm})", f"{lib} (<< {next_micro(slurm)})",

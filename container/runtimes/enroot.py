@@ -8,8 +8,9 @@ however many there are -- each ``--env NAME`` costs enroot an ``awk`` process), 
 namespace. A registry image is imported once per user per node into the user's store
 (``container.enroot.store``, a squashfs file renamed into place only when complete, under a lock
 the user's ranks and jobs on the node share); the container root lives under the step's directory
-(``ENROOT_DATA_PATH``), so whatever a killed rank leaves goes with the step; ``--container-name``
-keeps one container per node for all steps of the job, under the job's node directory.
+(``ENROOT_DATA_PATH``), so whatever a killed rank leaves goes with the step, one per node that the
+step's ranks there share (as pyxis's tasks share theirs); ``--container-name`` keeps one container
+per node for all steps of the job, under the job's node directory.
 """
 
 from __future__ import annotations
@@ -33,7 +34,11 @@ if TYPE_CHECKING:
 
     from ..spec import LaunchSpec
 
-CD_PROLOGUE = 'cd "$1" || exit 125; shift; exec "$@"'
+# the working directory (--container-workdir, or the rank's own): a missing one refused in pyxis's
+# words and with the launcher's exit code (enroot's /bin/sh says only "can't cd to /x")
+CD_PROLOGUE = ('cd "$1" 2>/dev/null || { if [ -d "$1" ]; then w="Permission denied"; elif [ -e "$1" ]; then '
+               'w="Not a directory"; else w="No such file or directory"; fi; echo "tether: --container-workdir: '
+               'couldn\'t chdir to $1: $w" >&2; exit 125; }; shift; exec "$@"')
 # Values enroot's environment file cannot carry (a line break, quotes around the whole value), as
 # pyxis 0.24 delivers them: one file each in the rank's work directory, read inside the container
 # by the command's own shell (cat, then the x that keeps trailing line breaks) after enroot's
@@ -47,6 +52,12 @@ VALUES_PROLOGUE = ('if [ -d "$1" ]; then for f in "$1"/*; do [ -f "$f" ] || cont
                    'export "${f##*/}=${v%x}"; done; rm -rf "$1"; else echo "tether: $1 is not in the container '
                    '(a mount covers it): variables with a line break or quotes around their value were not '
                    'passed" >&2; fi; shift; ' + CD_PROLOGUE)
+# PMI-2 (srun --mpi=pmi2) hands each task its connection as a descriptor (PMI_FD), which `enroot
+# start` closes (enroot-switchroot: closefrom(3)); the launcher serves it over a Unix socket in the
+# rank's work directory to tether-fd-receive (a static program installed next to tether-run), which
+# the container runs first: it puts the descriptor back at PMI_FD's number and execs the command.
+FD_HELPER = "tether-fd-receive"
+PMI_SOCKET = ".tether-pmi-fd"
 # the last enroot release without start's --net/--ipc/--uts (NVIDIA/enroot, after v4.1.2)
 UNSHARE_BEFORE = (4, 1, 2)
 
@@ -163,14 +174,97 @@ def write_private(path: str | None, text: str, suffix: str, what: str) -> str:
     return path
 
 
-def _made_by_first(marker: str, step: str, create: list[str]):
-    """The named container's ``enroot create``, its maker written first (read for NAME:create)."""
+def _create_whole(binary: str, name: str, sqsh: str, data: str, marker: str | None = None,
+                  step: str = ""):
+    """``enroot create`` of container ``name`` in ``data``, whole or not at all: enroot unsquashes
+    straight into ``data/NAME`` (a killed or failed create leaves half a root there, which the next
+    rank would take for the container), so it creates under a name of this process's own and
+    renames it into place once complete. A named container's maker is written first (read for
+    NAME:create)."""
     def run(env: Mapping[str, str]) -> None:
-        from ...system.proc import run_command
+        from ...system.proc import CommandError, run_command
 
-        write_private(marker, step + "\n", "", "marker of the container's step")
-        run_command(create, env=env, timeout=3600)
+        if marker:
+            write_private(marker, step + "\n", "", "marker of the container's step")
+        partial = f"{name}.partial-{os.getpid()}"
+        try:
+            run_command([binary, "create", "--name", partial, sqsh], env=env, timeout=3600)
+            os.rename(os.path.join(data, partial), os.path.join(data, name))
+        except (CommandError, OSError) as exc:
+            try:          # enroot's own removal (it makes unwritable directories writable first)
+                run_command([binary, "remove", "--force", partial], env=env, timeout=600)
+            except CommandError:
+                pass      # nothing made, or the step's directory takes it away
+            if isinstance(exc, OSError):
+                raise LaunchError(f"cannot put the container root in place at {data}/{name}: "
+                                  f"{exc.strerror}") from None
+            raise
     return run
+
+
+def fd_helper() -> str | None:
+    """tether-fd-receive next to this launcher (tether-run-py, where `tether slurm install` put
+    both), or None (tether run by hand, an install without it)."""
+    import sys
+
+    path = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0] or ".")), FD_HELPER)
+    return path if os.access(path, os.X_OK) else None
+
+
+def pmi_fd(host_env: Mapping[str, str]) -> int | None:
+    """The task's PMI-2 descriptor (PMI_FD, when it names an open one above 2), or None."""
+    value = host_env.get("PMI_FD", "")
+    if not (value.isascii() and value.isdigit() and len(value) <= 5 and int(value) > 2):
+        return None
+    try:
+        os.fstat(int(value))
+    except OSError:
+        return None
+    return int(value)
+
+
+def serve_fd(path: str, fd: int) -> None:
+    """Listen on the Unix socket ``path`` and hand descriptor ``fd`` to the first process of this
+    user that connects (tether-fd-receive in the rank's container), then stop listening. A
+    thread: the launcher's own process keeps supervising the rank meanwhile."""
+    import socket
+    import struct
+    import threading
+
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        # a socket's path is at most 107 bytes: a deep job storage root is reached through the
+        # directory's descriptor
+        directory = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            server.bind(f"/proc/self/fd/{directory}/{os.path.basename(path)}" if len(path) > 100 else path)
+        finally:
+            os.close(directory)
+        server.listen(1)
+    except OSError as exc:
+        server.close()
+        raise LaunchError(f"PMI_FD (srun --mpi=pmi2): cannot listen on {path} to hand it into the container: "
+                          f"{exc.strerror}") from None
+
+    def serve() -> None:
+        try:
+            while True:
+                conn, _ = server.accept()
+                with conn:
+                    uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+                    if uid == os.getuid():
+                        socket.send_fds(conn, [b"p"], [fd])
+                        return
+        except OSError:
+            pass
+        finally:
+            server.close()
+
+    threading.Thread(target=serve, name="tether-pmi-fd", daemon=True).start()
 
 
 def finish_import(partial: str, sqsh: str, source: str) -> None:
@@ -322,7 +416,11 @@ class Enroot(Runtime):
             if os.path.isdir(sqsh):
                 raise LaunchError(f"--container-image={spec.image}: enroot runs a squashfs file or a "
                                   f"docker:// image, not a directory")
-        name = spec.instance
+        # the step's ranks on a node share one container root, as pyxis's tasks do (one create per
+        # node, not per rank: an image of 12 GiB unpacked once); by hand, or with --container-save
+        # (each rank saves what it ran), a rank has its own
+        shared = bool(step_dir) and not spec.name and not spec.save
+        name = spec.step_instance if shared else spec.instance
         data = env.get("ENROOT_DATA_PATH") or os.path.join(
             env.get("XDG_DATA_HOME") or os.path.join(env.get("HOME", "/"), ".local/share"), "enroot")
         # a named container's maker (NAME:create), beside enroot's data: the data path is enroot's own
@@ -330,11 +428,10 @@ class Enroot(Runtime):
         if spec.name:
             refuse_existing(spec, os.path.isdir(os.path.join(data, name)), marker)
         if sqsh is not None:
-            create = [self.binary, "create", "--name", name, sqsh]
-            if marker:
-                create = _made_by_first(marker, os.path.basename(step_dir), create)
+            create = _create_whole(self.binary, name, sqsh, data, marker, os.path.basename(step_dir or ""))
             before.append((create, os.path.join(data, name),
-                           f"unpacking the container root of {spec.image} (enroot create)"))
+                           f"unpacking the container root of {spec.image} (enroot create)",
+                           f"failed to unpack the container root of {spec.image} (enroot create)"))
         elif not os.path.isdir(os.path.join(data, name)):     # where enroot create put it
             raise LaunchError(no_named_container(spec))
         passed, own = self.container_env(spec, host_env)
@@ -357,6 +454,22 @@ class Enroot(Runtime):
         batch = [Mount(spec.batch_script, CONTAINER_BATCH_SCRIPT, True)] if spec.batch_script else []
         mount_lines = [*(fstab_line(m, rank=True) for m in spec.rank_mounts()),
                        *(fstab_line(m) for m in (*spec.mounts, *batch))]
+        relay = []
+        fd, helper = (pmi_fd(host_env), fd_helper()) if spec.rank_dir and "PMI_FD" in host_env else (None, None)
+        if fd is not None and helper:
+            # PMI_FD into the container (see FD_HELPER): the program on a file bind in the rank's
+            # work directory, the socket there too; served once the container root is in place
+            inside = f"{CONTAINER_WORKDIR}/{FD_HELPER}"
+            mount_lines.insert(len(spec.rank_mounts()), f"{fstab_escape(helper)} {inside} none "
+                                                        f"x-create=file,bind,ro,nosuid,nodev")
+            before.append((lambda env: serve_fd(os.path.join(spec.rank_dir, "work", PMI_SOCKET), fd), None))
+            relay = [inside, f"{CONTAINER_WORKDIR}/{PMI_SOCKET}", str(fd)]
+        elif fd is not None and spec.rank == "0":
+            from ..launch import report
+
+            report("PMI_FD (srun --mpi=pmi2) cannot reach the container: enroot start closes every descriptor "
+                   "above 2 and tether-fd-receive is not installed next to tether-run (`tether slurm install` "
+                   "builds it); an MPI rank of this step will not start its PMI-2 client")
         # values the environment file cannot carry: in files the command's shell reads inside
         # (by hand, without the rank's directories: left out with a word, by write_environ_conf)
         uncarried = {n: v for n, v in passed.items() if not carried(v)} if spec.rank_dir else {}
@@ -373,9 +486,9 @@ class Enroot(Runtime):
         if self.gpu_kind(spec) == "cuda":
             argv += ["--env", "NVIDIA_VISIBLE_DEVICES=all"]
         script, values = ((VALUES_PROLOGUE, [f"{CONTAINER_WORKDIR}/{VALUES_DIR}"]) if uncarried else (CD_PROLOGUE, []))
-        argv += [name, "/bin/sh", "-c", (STARTED_PROLOGUE if spec.rank_dir else "") + script, "sh", *values,
-                 spec.workdir, *spec.command]
-        if not spec.name:
+        argv += [name, *relay, "/bin/sh", "-c", (STARTED_PROLOGUE if spec.rank_dir else "") + script, "sh",
+                 *values, spec.workdir, *spec.command]
+        if not spec.name and not shared:      # a shared root goes with the step's directory
             after.insert(0, [self.binary, "remove", "--force", name])
         if lock is None and node_dir:
             lock = os.path.join(node_dir, "enroot", ".lock")

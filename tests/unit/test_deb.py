@@ -61,7 +61,8 @@ def test_the_package_is_named_for_its_slurm_and_depends_on_that_exact_release(bu
 
 def test_the_package_holds_the_plugins_the_launcher_the_python_part_and_the_docs(built):
     plugin_dir = system_plugin_dir()
-    expected = {f"{plugin_dir}/{n}" for n in ("spank_tether.so", "job_submit_tether.so", "tether-run", "tether-run-py")}
+    expected = {f"{plugin_dir}/{n}" for n in ("spank_tether.so", "job_submit_tether.so", "tether-run", "tether-run-py",
+                                                      "tether-fd-receive")}
     expected |= {"/usr/bin/tether", "/" + DROPIN, "/lib/systemd/system/tether-serve.service",
                  "/usr/share/man/man1/tether.1.gz", "/usr/share/man/man5/tether.yaml.5.gz",
                  "/usr/share/man/man8/tether-spank.8.gz", "/usr/lib/python3/dist-packages/tether/cli/main.py",

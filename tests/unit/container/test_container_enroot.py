@@ -15,7 +15,7 @@ import pytest
 
 from tether.container.images import image_key
 from tether.container.runtimes import adapter
-from tether.container.runtimes.enroot import STARTED_PROLOGUE, VALUES_DIR, VALUES_PROLOGUE, enroot_uri
+from tether.container.runtimes.enroot import CD_PROLOGUE, STARTED_PROLOGUE, VALUES_DIR, VALUES_PROLOGUE, enroot_uri
 from tether.container.spec import CONTAINER_WORKDIR, LaunchError, Mount
 
 from container_helpers import HOST, _tether_run, spec
@@ -36,8 +36,11 @@ def test_enroot_imports_creates_starts_and_removes(tmp_path):
                          f"importing {s.image} (enroot)", f"failed to import docker image: {s.image}")
     assert launch.failures == str(node)                       # the step's other ranks here: no second try
     assert callable(finishing[0]) and finishing[1] == sqsh       # renamed into place only once complete
-    assert creating == (["enroot", "create", "--name", "tether-42-0-3", sqsh], f"{node}/enroot/data/tether-42-0-3",
-                        f"unpacking the container root of {s.image} (enroot create)")
+    # one container root per node for the step, shared by its ranks there (as pyxis's tasks share
+    # theirs): made whole under a name of its own, renamed into place (see the fp test below)
+    assert callable(creating[0]) and creating[1:] == (
+        f"{node}/enroot/data/tether-42.0", f"unpacking the container root of {s.image} (enroot create)",
+        f"failed to unpack the container root of {s.image} (enroot create)")
     assert launch.lock == f"{store}/.import-lock"             # the user's ranks and jobs on the node
     assert os.stat(store).st_mode & 0o777 == 0o700
     per_step = adapter("enroot", {"store": ""}).launch(s, HOST)         # no store: per step, as before
@@ -58,13 +61,16 @@ def test_enroot_imports_creates_starts_and_removes(tmp_path):
     assert text.split("mounts() {\n", 1)[1].splitlines()[1:4] == [
         f"{s.rank_dir}/tmp /tmp none x-create=dir,bind",
         f"{s.rank_dir}/work /run/tether/workdir none x-create=dir,bind", "/data /data none x-create=auto,rbind,ro"]
-    assert argv[-9:] == ["tether-42-0-3", "/bin/sh", "-c", STARTED_PROLOGUE + VALUES_PROLOGUE, "sh",
+    assert argv[-9:] == ["tether-42.0", "/bin/sh", "-c", STARTED_PROLOGUE + VALUES_PROLOGUE, "sh",
                          f"{CONTAINER_WORKDIR}/{VALUES_DIR}", CONTAINER_WORKDIR, "python", "train.py"]
     # the command's shell says it started, in the rank's work directory: enroot failing before is told apart
     assert STARTED_PROLOGUE == ': > "/run/tether/workdir/.tether-started" 2>/dev/null; '
     assert launch.created == f"{s.rank_dir}/work/.tether-started"
-    assert VALUES_PROLOGUE.endswith('shift; cd "$1" || exit 125; shift; exec "$@"')
-    assert launch.after == [["enroot", "remove", "--force", "tether-42-0-3"]]
+    assert VALUES_PROLOGUE.endswith(CD_PROLOGUE) and 'exit 125; }; shift; exec "$@"' in CD_PROLOGUE
+    assert launch.after == []                   # the shared root goes with the step's directory
+    saving = adapter("enroot", {}).launch(spec(image="docker://busybox", runtime="enroot", save="/x.sqsh",
+                                               rank_dir=s.rank_dir), HOST)
+    assert saving.after == [["enroot", "remove", "--force", "tether-42-0-3"]]    # saves its own: a root per rank
     named = adapter("enroot", {}).launch(spec(image="docker://busybox", runtime="enroot", name="dev",
                                               rank_dir=s.rank_dir), HOST)
     assert named.after == [] and "tether-42-dev" in named.argv
@@ -81,24 +87,25 @@ def test_tether_run_enroot_sequence_and_exit_code(tmp_path, fake_runtimes, runti
     assert "tether: importing docker://busybox (enroot) ...\n" in proc.stderr      # what happens, said
     assert "tether: importing docker://busybox (enroot): done in " in proc.stderr
     calls = fake_runtimes.calls("enroot")
-    assert [c["argv"][1] for c in calls] == ["import", "create", "start", "remove"]
+    assert [c["argv"][1] for c in calls] == ["import", "create", "start"]    # the root goes with the step
     (started,) = fake_runtimes.calls("enroot-container")
     assert started["command"][-3:] == ["sh", CONTAINER_WORKDIR, "true"] and started["container_env"]["RANK"] == "1"
     step = tmp_path / "7/n1/step-2"
     assert calls[2]["paths"]["ENROOT_DATA_PATH"] == str(step / "enroot/data")
     assert calls[2]["paths"]["ENROOT_RUNTIME_PATH"] == str(step / "enroot/run")
-    # a second launch in the step reuses the imported image: no second import
+    # a second rank of the step on the node starts in the same root: no second import, no create
     fake_runtimes.configure(exit_code=0)
     proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
-                       "--container-image=docker://busybox", "--", "true")
+                       "--container-image=docker://busybox", "--", "true", rank_dir=step / "rank-0", RANK="0")
     assert proc.returncode == 0, proc.stderr
-    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")][4:] == ["create", "start", "remove"]
+    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")][3:] == ["start"]
+    assert [c["container"] for c in fake_runtimes.calls("enroot-container")] == ["tether-7.2"] * 2
     # nor does another job's step on this node: the image is in the user's store (issue 14)
     other = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
                         "--container-image=docker://busybox", "--", "true", rank_dir=tmp_path / "8/n1/step-0/rank-0",
                         SLURM_JOB_ID="8", SLURM_STEP_ID="0")
     assert other.returncode == 0, other.stderr
-    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")][7:] == ["create", "start", "remove"]
+    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")][4:] == ["create", "start"]
     assert [c["argv"][1] for c in fake_runtimes.calls("enroot")].count("import") == 1
 
 
@@ -145,14 +152,38 @@ def test_enroot_preparation_runs_exactly_import_then_create(fp, tmp_path):
     partial = f"{sqsh[:-5]}.{os.getpid()}.partial"
     fp.register(["/opt/enroot/bin/enroot", "import", "--output", partial, "docker://ghcr.io#org/app:2"],
                 callback=lambda process: Path(partial).write_text("sqsh"))
-    fp.register(["/opt/enroot/bin/enroot", "create", "--name", "tether-42-0-3", sqsh])
+    data = tmp_path / "42/n2/step-0/enroot/data"
+
+    def create(name):                  # what enroot create makes: the root at ENROOT_DATA_PATH/NAME
+        return lambda process: (data / name).mkdir(parents=True)
+
+    fp.register(["/opt/enroot/bin/enroot", "create", "--name", f"tether-42.0.partial-{os.getpid()}", sqsh],
+                callback=create(f"tether-42.0.partial-{os.getpid()}"))
     run_before(launch)
     assert fp.call_count(["/opt/enroot/bin/enroot", "import", fp.any()]) == 1
     assert fp.call_count(["/opt/enroot/bin/enroot", "create", fp.any()]) == 1
-    fp.register(["/opt/enroot/bin/enroot", "create", "--name", "tether-42-1-3", sqsh])
-    run_before(adapter("enroot", {"binary": "/opt/enroot/bin/enroot"}).launch(
+    assert sorted(p.name for p in data.iterdir()) == ["tether-42.0"]          # renamed into place, whole
+    for rank in (0, 1, 2):             # the step's other ranks on the node: the same root, no create
+        run_before(adapter("enroot", {"binary": "/opt/enroot/bin/enroot"}).launch(
+            spec(image="docker://ghcr.io/org/app:2", runtime="enroot", rank_dir=str(tmp_path / f"42/n2/step-0/rank-{rank}"),
+                 rank=str(rank)), HOST))
+    assert fp.call_count(["/opt/enroot/bin/enroot", "create", fp.any()]) == 1
+    # a create that fails (killed, disk full) leaves nothing the next rank takes for the container
+    data = tmp_path / "42/n2/step-1/enroot/data"
+    fp.register(["/opt/enroot/bin/enroot", "create", "--name", f"tether-42.1.partial-{os.getpid()}", sqsh],
+                callback=create(f"tether-42.1.partial-{os.getpid()}"), returncode=1,
+                stderr="[ERROR] No space left on device\n")
+    fp.register(["/opt/enroot/bin/enroot", "remove", "--force", f"tether-42.1.partial-{os.getpid()}"],
+                callback=lambda process: (data / f"tether-42.1.partial-{os.getpid()}").rmdir())
+    failing = adapter("enroot", {"binary": "/opt/enroot/bin/enroot"}).launch(
         spec(image="docker://ghcr.io/org/app:2", runtime="enroot", rank_dir=str(tmp_path / "42/n2/step-1/rank-3"),
-             step_id="1"), HOST))
+             step_id="1"), HOST)
+    with pytest.raises(LaunchError, match=r"(?s)failed to unpack the container root of docker://ghcr.io/org/app:2 "
+                                          r"\(enroot create\): .*No space left on device"):
+        run_before(failing)
+    assert list(data.iterdir()) == []
+    with pytest.raises(LaunchError, match="failed for another rank of this step on this node"):
+        run_before(failing)                             # the step's next rank here: not tried again
     assert fp.call_count(["/opt/enroot/bin/enroot", "import", fp.any()]) == 1    # the next step: no import
     enroot = adapter("enroot", {"binary": "/opt/enroot/bin/enroot"})
     (image,) = enroot.stored({})
@@ -269,3 +300,52 @@ def test_enroot_unshares_with_start_flags_and_refuses_an_enroot_that_cannot(tmp_
     assert argv[:6] == ["enroot", "start", "--rw", "--net", "--ipc", "--uts"]
     assert not [a for a in newer.launch(spec(image=str(sqsh), runtime="enroot", rank_dir=rank_dir), HOST).argv
                 if a in ("--net", "--ipc", "--uts")]
+
+
+def test_pmi_fd_reaches_an_enroot_rank_though_enroot_start_closes_every_descriptor(tmp_path, monkeypatch, capfd):
+    """srun --mpi=pmi2 gives each task its PMI-2 connection as a descriptor (PMI_FD); real enroot
+    4.1.2 closes every descriptor above 2 before the command (enroot-switchroot's closefrom: pyxis's
+    mpi.bats "PMI2 file descriptor" failed on tether-enroot). The launcher serves it over a socket
+    in the rank's work directory to tether-fd-receive (static, mounted from next to tether-run),
+    which puts it back at PMI_FD's number. Run here with the container's mounts as host paths and
+    every other descriptor closed, as enroot leaves the command."""
+    import socket
+
+    from tether.container.launch import run_before
+    from tether.container.rank_launcher import build_fd_helper
+    from tether.container.runtimes import enroot as enroot_runtime
+
+    helper = build_fd_helper(tmp_path / "libexec" / "tether-fd-receive")
+    monkeypatch.setattr(enroot_runtime, "fd_helper", lambda: str(helper))
+    ours, slurmstepd = socket.socketpair()
+    fd = os.dup(ours.fileno())                                   # the task's PMI_FD, above 2
+    rank_dir = tmp_path / "7/n1/step-2/rank-0"
+    for sub in ("work", "tmp"):
+        (rank_dir / sub).mkdir(parents=True)
+    sqsh = tmp_path / "img.sqsh"
+    sqsh.write_bytes(b"hsqs" + b"\0" * 60)
+    s = spec(image=str(sqsh), runtime="enroot", rank_dir=str(rank_dir), job_id="7", step_id="2", rank="0",
+             command=("sh", "-c", 'realpath /proc/self/fd/$PMI_FD; exec python3 -c "import os; '
+                                  'os.write(int(os.environ[\'PMI_FD\']), b\'get_maxes\\n\')"'))
+    launch = adapter("enroot", {}).launch(s, {**HOST, "PMI_FD": str(fd)})
+    inside = f"{CONTAINER_WORKDIR}/tether-fd-receive"
+    start = launch.argv.index("tether-7.2")
+    assert launch.argv[start + 1:start + 5] == [inside, f"{CONTAINER_WORKDIR}/.tether-pmi-fd", str(fd), "/bin/sh"]
+    conf = Path(launch.argv[launch.argv.index("--conf") + 1]).read_text()
+    assert f"{helper} {inside} none x-create=file,bind,ro,nosuid,nodev" in conf     # after the rank's, read-only
+    launch.before = [step for step in launch.before if step[1] is None]     # the relay; not enroot create
+    run_before(launch)
+    host = [a.replace(inside, str(helper)).replace(CONTAINER_WORKDIR, str(rank_dir / "work"))
+            for a in launch.argv[start + 1:]]
+    ran = subprocess.run(host, capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin", "PMI_FD": str(fd)})
+    assert ran.returncode == 0, ran.stderr
+    assert "socket:[" in ran.stdout.splitlines()[-1]
+    assert slurmstepd.recv(64) == b"get_maxes\n"                # the rank reached slurmstepd's end
+    # without the program beside the launcher: said (by the step's rank 0), not silently lost
+    monkeypatch.setattr(enroot_runtime, "fd_helper", lambda: None)
+    capfd.readouterr()
+    bare = adapter("enroot", {}).launch(s, {**HOST, "PMI_FD": str(fd)})
+    assert inside not in bare.argv
+    assert ("tether: PMI_FD (srun --mpi=pmi2) cannot reach the container: enroot start closes every descriptor "
+            "above 2 and tether-fd-receive is not installed next to tether-run") in capfd.readouterr().err
+    os.close(fd)

@@ -5,6 +5,7 @@ sources checked as the user reaches them, relative sources and the working direc
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -333,4 +334,10 @@ def test_the_workdir_follows_pyxis_relative_from_the_root_and_never_above_it(tmp
     assert ["--workdir", "/a b"] in _pairs(argv)
     from tether.container.runtimes.enroot import CD_PROLOGUE
 
-    assert CD_PROLOGUE.startswith('cd "$1" || exit 125')        # no mkdir: a missing one fails, as pyxis
+    # no mkdir: a missing one fails, as pyxis, in its words (enroot's /bin/sh says only "can't cd")
+    missing = subprocess.run(["/bin/sh", "-c", CD_PROLOGUE, "sh", str(tmp_path / "pyxis"), "pwd"],
+                             capture_output=True, text=True)
+    assert (missing.returncode, missing.stdout) == (125, "")
+    assert missing.stderr == f"tether: --container-workdir: couldn't chdir to {tmp_path}/pyxis: No such file or directory\n"
+    there = subprocess.run(["/bin/sh", "-c", CD_PROLOGUE, "sh", str(rootfs), "pwd"], capture_output=True, text=True)
+    assert (there.returncode, there.stdout, there.stderr) == (0, f"{rootfs}\n", "")
