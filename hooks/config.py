@@ -177,7 +177,8 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
             store=Str(default=f"{USER_STORE_ROOT}/{{uid}}/enroot", pattern=PODMAN_STORE_PATTERN,
                       accepted="empty, or an absolute path on a node-local disk with {uid} in it",
                       doc="each user's imported images (squashfs) on each node: a registry image is imported "
-                          "once per user per node and kept for the next steps and jobs; the user's directory "
+                          "once per user per node and kept for the next steps and jobs (a tag checked against "
+                          "its registry once per job, imported again when it moved); the user's directory "
                           "is made by root as for container.podman.store; empty: imported per step into the "
                           "step's directory")),
     }),

@@ -262,7 +262,15 @@ ENROOT_OPTIONS = {
     "remove": {"-f": False, "--force": False},
     "export": {"-o": True, "--output": True, "-f": False, "--force": False},
     "list": {"-f": False, "--fancy": False},
+    "digest": {"-a": True, "--arch": True},
 }
+# enroot digest's usage (stdout, exit 1) and its words, as enroot 4.1.2 printed them
+# (tests/fixtures/conformance/enroot.json, the digest-* cases)
+DIGEST_USAGE = ("Usage: enroot digest [options] [--] URI\n\nPrint the SHA256 digest of a container image.\n\n"
+                " Schemes:\n   docker://[USER@][REGISTRY#]IMAGE[:TAG]  Get digest of a Docker image from a registry\n\n"
+                " Options:\n   -a, --arch    Architecture of the image (defaults to host architecture)\n")
+REGISTRY_GRANT = "[INFO] Querying registry for permission grant\n"
+REGISTRY_GRANTED = "[INFO] Permission granted\n"
 
 
 def _enroot_opts(command: str, argv: list[str]) -> tuple[dict[str, list[str]], list[str]]:
@@ -326,9 +334,12 @@ def enroot_main(argv: list[str], state: str) -> int:
                 return 1
     finally:
         os.umask(old)
+    if argv[0] == "digest" and not [a for a in argv[1:] if not a.startswith("-")]:
+        sys.stdout.write(DIGEST_USAGE)               # recorded: usage on stdout, exit 1
+        return 1
     opts, operands = _enroot_opts(argv[0], argv[1:])
     commands = {"import": _enroot_import, "create": _enroot_create, "remove": _enroot_remove,
-                "list": _enroot_list, "start": _enroot_start, "export": _enroot_export}
+                "list": _enroot_list, "start": _enroot_start, "export": _enroot_export, "digest": _enroot_digest}
     return commands[argv[0]](opts, operands, paths["ENROOT_DATA_PATH"], state, entry)
 
 
@@ -343,7 +354,36 @@ def _enroot_import(opts: dict, operands: list[str], data: str, state: str, entry
         return _enroot_err(f"File already exists: {out}")
     if _behaviour(state).get("import_fails"):
         return _enroot_err(f"Could not fetch the image manifest for {uri}")
-    Path(out).write_bytes(SQUASHFS_MAGIC + json.dumps({"source": uri}).encode())
+    Path(out).write_bytes(SQUASHFS_MAGIC + json.dumps({"source": uri, "digest": registry_digest(uri, state)}).encode())
+    return 0
+
+
+def registry_digest(uri: str, state: str) -> str:
+    """What the fake registry's manifest of ``uri`` digests to: the test's ``digests`` (a tag
+    pushed again), else one fixed per URI."""
+    import hashlib
+
+    return _behaviour(state).get("digests", {}).get(uri) or "sha256:" + hashlib.sha256(uri.encode()).hexdigest()
+
+
+def _enroot_digest(opts: dict, operands: list[str], data: str, state: str, entry: dict) -> int:
+    """runtime::digest (docker::digest, src/docker.sh), as recorded from enroot 4.1.2: the registry
+    queried ("[INFO]" lines on stderr), the manifest's digest on stdout; a tag the registry lacks,
+    exit 1 with the URL and "404 Not Found"; anything but docker:// "Invalid argument"."""
+    if len(operands) != 1:
+        sys.stdout.write(DIGEST_USAGE)
+        return 1
+    uri = operands[0]
+    match = re.fullmatch(r"docker://(?:[^@#/]+@)?(?:([^#/]+)#)?([^#:@]+)(?::([^#@]+))?(@sha256:[0-9a-f]{64})?", uri)
+    if not match:
+        return _enroot_err(f"Invalid argument: {uri}")
+    sys.stderr.write(REGISTRY_GRANT)
+    if _behaviour(state).get("import_fails"):
+        registry, image, tag = match.group(1) or "registry-1.docker.io", match.group(2), match.group(3) or "latest"
+        image = image if "/" in image or match.group(1) else f"library/{image}"
+        return _enroot_err(f"URL https://{registry}/v2/{image}/manifests/{tag} returned error code: 404 Not Found")
+    sys.stderr.write(REGISTRY_GRANTED)
+    print(registry_digest(uri, state))
     return 0
 
 

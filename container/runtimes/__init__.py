@@ -326,3 +326,21 @@ def available() -> Sequence[str]:
     """Runtime names with an adapter module here."""
     here = os.path.dirname(__file__)
     return sorted(f[:-3] for f in os.listdir(here) if f.endswith(".py") and not f.startswith("_"))
+
+
+def mark_checked(marker: str) -> None:
+    """Note that a tagged image was pulled or checked against its registry for this job on this node."""
+    try:
+        os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    except OSError:
+        pass          # best effort: without it, the job's next rank here checks once more
+
+
+def checked_marker(rank_dir: str, runtime: str, name: str) -> str:
+    """Where a job notes, on a node, that it checked a tagged image ``name`` against its registry
+    (the job's node directory: ``<job>/<node>/<runtime>/checked-<hash>``)."""
+    from hashlib import sha256
+
+    return os.path.join(os.path.dirname(os.path.dirname(rank_dir)), runtime,
+                        "checked-" + sha256(name.encode()).hexdigest()[:16])

@@ -25,7 +25,7 @@ from ...hooks.layout import USER_STORE_ROOT
 from ..launch import progress
 from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, LaunchError, Mount, named_enroot_marker,
                     no_named_container, refuse_existing)
-from . import Launch, Runtime, existing_store, store_directory
+from . import Launch, Runtime, checked_marker, existing_store, mark_checked, store_directory
 
 DEFAULT_STORE = f"{USER_STORE_ROOT}/{{uid}}/enroot"     # container.enroot.store's default
 
@@ -267,13 +267,15 @@ def serve_fd(path: str, fd: int) -> None:
     threading.Thread(target=serve, name="tether-pmi-fd", daemon=True).start()
 
 
-def finish_import(partial: str, sqsh: str, source: str) -> None:
-    """Put a complete import in place, with what it was imported from beside it."""
+def finish_import(partial: str, sqsh: str, source: str, digest: str | None = None) -> None:
+    """Put a complete import in place, with what it was imported from (and the registry's digest
+    of it, read before the import) beside it."""
     import json
 
     from ...system.files import write_atomic
 
-    write_atomic(sqsh[:-5] + ".json", json.dumps({"source": source}) + "\n", 0o600)
+    write_atomic(sqsh[:-5] + ".json", json.dumps({"source": source, **({"digest": digest} if digest else {})}) + "\n",
+                 0o600)
     os.rename(partial, sqsh)
 
 
@@ -292,11 +294,15 @@ class Enroot(Runtime):
             return store_directory(self.store_template, os.getuid(), "enroot store")
         return existing_store(self.store_template, os.getuid(), "enroot store")   # checked, never made
 
-    def import_steps(self, image: str, store: str) -> tuple[str, list[tuple], str]:
+    def import_steps(self, image: str, store: str, *, rank_dir: str | None = None,
+                     force: bool = False) -> tuple[str, list[tuple], str]:
         """(the squashfs file, the steps that import it, their lock) for a registry image. The
         import writes a file of this process's own, renamed into place with its metadata once
         complete: a killed import never leaves a half-written image the next job takes for done.
-        A present image counts as used now (prune goes by that)."""
+        A present image counts as used now (prune goes by that). By tag, in a job (``rank_dir``):
+        the registry's digest of the tag is kept with the import, and a present image is checked
+        against it once per job on the node (pyxis imports anew every step), imported again when
+        the tag has moved. ``force`` (tether images pull): imported, present or not."""
         uri = enroot_uri(image)
         sqsh = os.path.join(store, hashlib.sha256(uri.encode()).hexdigest()[:24] + ".sqsh")
         partial = f"{sqsh[:-5]}.{os.getpid()}.partial"
@@ -304,9 +310,69 @@ class Enroot(Runtime):
             os.utime(sqsh, follow_symlinks=False)
         except OSError:
             pass
-        return sqsh, [([self.binary, "import", "--output", partial, uri], sqsh, f"importing {image} (enroot)",
-                       f"failed to import docker image: {image}"),
-                      (lambda env: finish_import(partial, sqsh, uri), sqsh)], os.path.join(store, ".import-lock")
+        lock = os.path.join(store, ".import-lock")
+        done = None if force else sqsh
+        pinned = "@sha256:" in uri             # by digest: what it names never changes
+        seen: dict[str, str | None] = {}
+        steps = [([self.binary, "import", "--output", partial, uri], done, f"importing {image} (enroot)",
+                  f"failed to import docker image: {image}"),
+                 (lambda env: finish_import(partial, sqsh, uri, seen.get("digest")), done)]
+        if not pinned:       # the tag's digest, read before the import: a tag moved meanwhile is seen next job
+            steps.insert(0, (lambda env: seen.update(digest=self.registry_digest(uri, env)[0]), done))
+        if pinned or force or not rank_dir:
+            return sqsh, steps, lock
+        marker = checked_marker(rank_dir, "enroot", uri)
+        if os.path.exists(sqsh):
+            return sqsh, [(lambda env: self.check_registry(image, uri, sqsh, partial, marker, env), marker)], lock
+        return sqsh, [*steps, (lambda env: mark_checked(marker), marker)], lock
+
+    def registry_digest(self, uri: str, env: Mapping[str, str]) -> tuple[str | None, str]:
+        """(the registry's digest of ``uri``'s manifest, ``enroot digest``; None when it cannot
+        say, with enroot's words why)."""
+        from ...system.proc import CommandError, run_command
+
+        try:
+            out = run_command([self.binary, "digest", uri], env=env, timeout=300).stdout.strip()
+        except CommandError as exc:
+            lines = [line.strip() for line in (exc.stderr or "").splitlines() if line.strip()]
+            return None, next((line for line in lines if "[ERROR]" in line), lines[-1] if lines else str(exc))
+        ok = out.startswith("sha256:") and len(out) == 71 and all(c in "0123456789abcdef" for c in out[7:])
+        return (out, "") if ok else (None, f"enroot digest printed {out[:80]!r}")
+
+    def check_registry(self, image: str, uri: str, sqsh: str, partial: str, marker: str,
+                       env: Mapping[str, str]) -> None:
+        """A tagged image in the store, checked against its registry for this job: imported again
+        when the tag's digest is not the one imported (said), the store's copy run (said) when
+        the registry cannot say."""
+        import time
+
+        from ...system.proc import CommandError, run_command
+        from ..images import read_metadata
+
+        current, why = self.registry_digest(uri, env)
+        recorded = read_metadata(sqsh[:-5] + ".json").get("digest")
+        if current is None:
+            progress(f"could not check {image} against its registry ({why[:300]}); running the copy in your "
+                     f"store on this node")
+        elif current != recorded:
+            label = (f"{image} has changed in its registry since your store's copy: importing it again (enroot)"
+                     if recorded else f"importing {image} (enroot) again: your store's copy has no digest to "
+                                      f"compare with its registry's")
+            progress(f"{label} ...")
+            started = time.monotonic()
+            try:
+                run_command([self.binary, "import", "--output", partial, uri], env=env, timeout=3600)
+                finish_import(partial, sqsh, uri, current)
+            except (CommandError, OSError) as exc:
+                try:
+                    os.unlink(partial)
+                except OSError:
+                    pass
+                progress(f"could not import {image} again ({str(exc).splitlines()[-1][:300]}); running the copy "
+                         f"in your store on this node")
+            else:
+                progress(f"{label}: done in {time.monotonic() - started:.1f} s")
+        mark_checked(marker)
 
     def pull(self, image: str, env: Mapping[str, str]) -> str:
         """``tether images pull``: import a registry image into this user's store on this node."""
@@ -316,7 +382,7 @@ class Enroot(Runtime):
         if not self.is_remote(image) or store is None:
             raise LaunchError(f"tether images pull: {image} is not a registry image, or container.enroot.store "
                               f"is empty (images are then imported per step)")
-        sqsh, steps, lock = self.import_steps(image, store)
+        sqsh, steps, lock = self.import_steps(image, store, force=True)
         run_before(Launch(argv=[], env=self.base_env(env), runtime=self, before=steps, lock=lock))
         return sqsh
 
@@ -410,7 +476,9 @@ class Enroot(Runtime):
             pass                  # --container-name alone: the job's container of that name (below)
         elif self.is_remote(spec.image):
             store = self.store_dir() or os.path.join(node_dir or env.get("TMPDIR", "/tmp"), "enroot")
-            sqsh, before, lock = self.import_steps(spec.image, store)
+            # the user's store is checked against the registry once per job; a per-step import is new
+            sqsh, before, lock = self.import_steps(spec.image, store,
+                                                   rank_dir=spec.rank_dir if self.store_template else None)
         else:
             sqsh = self.local_image(spec.image)
             if os.path.isdir(sqsh):

@@ -25,7 +25,7 @@ from ...hooks.layout import CLEANUP_MARKER, NODE_STEP_PREFIX, POD_MARKER, USER_S
 from ..launch import cgroup_paths, progress, reap_zombies, remove_file, report
 from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, NAMED_MADE_BY, LaunchError, Mount, effective_mounts,
                     mount_refusal, named_podman_home, no_named_container, read_regular, refuse_existing)
-from . import Launch, Runtime, existing_store, own_directory, store_directory
+from . import Launch, Runtime, checked_marker, existing_store, mark_checked, own_directory, store_directory
 
 if TYPE_CHECKING:
     from typing import Mapping, Sequence
@@ -177,15 +177,6 @@ def names_list(text: str, name: str) -> bool:
         if quoted in text[at + 9:end].split(","):
             return True
         start = end
-
-
-def mark_checked(marker: str) -> None:
-    """Note that a tagged image was pulled or checked against its registry for this job on this node."""
-    try:
-        os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
-        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-    except OSError:
-        pass          # best effort: without it, the job's next rank here checks once more
 
 
 def spec_has_kind(directory: str, kind: str) -> bool:
@@ -1204,10 +1195,7 @@ class Podman(Runtime):
             # by tag: checked against the registry once per job on each node (pyxis imports it
             # anew every step), so a tag moved since the store's copy was pulled runs the new image;
             # the job's later steps, and its other ranks, run what that check found
-            from hashlib import sha256
-
-            marker = os.path.join(os.path.dirname(os.path.dirname(rank_dir)), "podman",
-                                  "checked-" + sha256(name.encode()).hexdigest()[:16])
+            marker = checked_marker(rank_dir, "podman", name)
             if self.store_has(name):
                 return ["--pull=never", name], [(lambda env: self.check_registry(pull[0], name, image, marker, env),
                                                  marker)]

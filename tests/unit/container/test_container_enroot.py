@@ -31,7 +31,9 @@ def test_enroot_imports_creates_starts_and_removes(tmp_path):
     sqsh = f"{store}/{image_key(enroot_uri(s.image))[:24]}.sqsh"   # one file per image, whatever its spelling
     partial = f"{sqsh[:-5]}.{os.getpid()}.partial"
     assert launch.env["ENROOT_DATA_PATH"] == f"{node}/enroot/data"
-    (importing, finishing, creating) = launch.before
+    (digest, importing, finishing, marking, creating) = launch.before
+    assert callable(digest[0]) and digest[1] == sqsh          # the tag's digest, read before the import
+    assert callable(marking[0]) and marking[1] == f"{tmp_path}/42/n2/enroot/checked-" + image_key(enroot_uri(s.image))[:16]
     assert importing == (["enroot", "import", "--output", partial, "docker://nvcr.io#nvidia/pytorch:24.01-py3"], sqsh,
                          f"importing {s.image} (enroot)", f"failed to import docker image: {s.image}")
     assert launch.failures == str(node)                       # the step's other ranks here: no second try
@@ -87,26 +89,66 @@ def test_tether_run_enroot_sequence_and_exit_code(tmp_path, fake_runtimes, runti
     assert "tether: importing docker://busybox (enroot) ...\n" in proc.stderr      # what happens, said
     assert "tether: importing docker://busybox (enroot): done in " in proc.stderr
     calls = fake_runtimes.calls("enroot")
-    assert [c["argv"][1] for c in calls] == ["import", "create", "start"]    # the root goes with the step
+    # the tag's digest (kept with the import), the import, the step's root; the root goes with the step
+    assert [c["argv"][1] for c in calls] == ["digest", "import", "create", "start"]
     (started,) = fake_runtimes.calls("enroot-container")
     assert started["command"][-3:] == ["sh", CONTAINER_WORKDIR, "true"] and started["container_env"]["RANK"] == "1"
     step = tmp_path / "7/n1/step-2"
-    assert calls[2]["paths"]["ENROOT_DATA_PATH"] == str(step / "enroot/data")
-    assert calls[2]["paths"]["ENROOT_RUNTIME_PATH"] == str(step / "enroot/run")
+    assert calls[3]["paths"]["ENROOT_DATA_PATH"] == str(step / "enroot/data")
+    assert calls[3]["paths"]["ENROOT_RUNTIME_PATH"] == str(step / "enroot/run")
     # a second rank of the step on the node starts in the same root: no second import, no create
     fake_runtimes.configure(exit_code=0)
     proc = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
                        "--container-image=docker://busybox", "--", "true", rank_dir=step / "rank-0", RANK="0")
     assert proc.returncode == 0, proc.stderr
-    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")][3:] == ["start"]
+    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")][4:] == ["start"]
     assert [c["container"] for c in fake_runtimes.calls("enroot-container")] == ["tether-7.2"] * 2
-    # nor does another job's step on this node: the image is in the user's store (issue 14)
+    # nor does another job's step on this node: the image is in the user's store (issue 14), its
+    # tag checked against the registry once for the job (unchanged: nothing imported, nothing said)
     other = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
                         "--container-image=docker://busybox", "--", "true", rank_dir=tmp_path / "8/n1/step-0/rank-0",
                         SLURM_JOB_ID="8", SLURM_STEP_ID="0")
     assert other.returncode == 0, other.stderr
-    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")][4:] == ["create", "start"]
-    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")].count("import") == 1
+    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")][5:] == ["digest", "create", "start"]
+    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")].count("import") == 1 and "registry" not in other.stderr
+    # the tag pushed again: the next job imports it again, says so, and runs it
+    fake_runtimes.configure(digests={"docker://busybox": "sha256:" + "1" * 64})
+    moved = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
+                        "--container-image=docker://busybox", "--", "true", rank_dir=tmp_path / "9/n1/step-0/rank-0",
+                        SLURM_JOB_ID="9", SLURM_STEP_ID="0")
+    assert moved.returncode == 0, moved.stderr
+    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")][8:] == ["digest", "import", "create", "start"]
+    assert ("tether: docker://busybox has changed in its registry since your store's copy: importing it again "
+            "(enroot) ...") in moved.stderr
+    again = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
+                        "--container-image=docker://busybox", "--", "true", rank_dir=tmp_path / "9/n1/step-1/rank-0",
+                        SLURM_JOB_ID="9", SLURM_STEP_ID="1")
+    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")][12:] == ["create", "start"]    # the job's next step
+    # the registry unreachable: the store's copy runs, said so
+    fake_runtimes.configure(import_fails=True)
+    down = _tether_run(tmp_path, fake_runtimes, runtime_config, "--container-runtime=enroot",
+                       "--container-image=docker://busybox", "--", "true", rank_dir=tmp_path / "10/n1/step-0/rank-0",
+                       SLURM_JOB_ID="10", SLURM_STEP_ID="0")
+    assert down.returncode == 0 and again.returncode == 0, down.stderr
+    assert ("tether: could not check docker://busybox against its registry ([ERROR] URL "
+            "https://registry-1.docker.io/v2/library/busybox/manifests/latest returned error code: 404 Not Found); "
+            "running the copy in your store on this node") in down.stderr
+
+
+def test_the_fake_enroot_digest_replays_what_enroot_4_1_2_did(tmp_path, fake_runtimes):
+    """The strict fake's `enroot digest` against the recorded cases (tests/fixtures/conformance,
+    digest-*): the same words, streams and exit codes (the 404's URL scheme follows the site's
+    ENROOT_ALLOW_HTTP, which the recording had set)."""
+    cases = {c["id"]: c for c in json.loads(
+        (Path(__file__).parents[2] / "fixtures/conformance/enroot.json").read_text())["cases"]}
+    env = {"PATH": fake_runtimes.path_env(), "HOME": str(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path)}
+    for key in ("digest-usage", "digest-not-docker", "digest-docker", "digest-missing-tag"):
+        case = cases[key]
+        fake_runtimes.configure(digests={case["argv"][-1]: case["stdout"].strip()} if key == "digest-docker" else {},
+                                import_fails=key == "digest-missing-tag")
+        ran = subprocess.run(case["argv"], capture_output=True, text=True, env=env, timeout=60)
+        assert (ran.returncode, ran.stdout) == (case["exit_code"], case["stdout"]), key
+        assert ran.stderr == case["stderr"].replace("URL http://", "URL https://"), key
 
 
 def test_enroot_runs_for_a_user_without_a_runtime_directory(public_dir):
@@ -150,6 +192,7 @@ def test_enroot_preparation_runs_exactly_import_then_create(fp, tmp_path):
     launch = adapter("enroot", {"binary": "/opt/enroot/bin/enroot"}).launch(s, HOST)
     sqsh = f"{tmp_path}/enroot-store-{os.getuid()}/{image_key(enroot_uri(s.image))[:24]}.sqsh"  # one file per image
     partial = f"{sqsh[:-5]}.{os.getpid()}.partial"
+    fp.register(["/opt/enroot/bin/enroot", "digest", "docker://ghcr.io#org/app:2"], stdout="sha256:" + "a" * 64 + "\n")
     fp.register(["/opt/enroot/bin/enroot", "import", "--output", partial, "docker://ghcr.io#org/app:2"],
                 callback=lambda process: Path(partial).write_text("sqsh"))
     data = tmp_path / "42/n2/step-0/enroot/data"
@@ -201,9 +244,10 @@ def test_enroot_import_failure_is_reported_with_its_message(fp, tmp_path):
 
     s = spec(image="docker://nope", runtime="enroot", rank_dir=str(tmp_path / "1/n1/step-0/rank-0"))
     launch = adapter("enroot", {}).launch(s, HOST)
-    fp.register(["enroot", "import", fp.any()], returncode=1, stderr="[ERROR] URL https://registry-1.docker.io "
-                                                                      "returned error code: 401 Unauthorized")
-    with pytest.raises(LaunchError, match="401 Unauthorized"):
+    unauthorized = "[ERROR] URL https://registry-1.docker.io returned error code: 401 Unauthorized"
+    fp.register(["enroot", "digest", fp.any()], returncode=1, stderr=unauthorized)    # not the failure told
+    fp.register(["enroot", "import", fp.any()], returncode=1, stderr=unauthorized)
+    with pytest.raises(LaunchError, match="(?s)failed to import docker image: docker://nope: .*401 Unauthorized"):
         run_before(launch)
 
 
