@@ -197,3 +197,20 @@ def test_enroot_without_namespace_support_refuses_container_unshare_with_the_rea
         assert result.returncode != 0, (result.stdout, result.stderr)
         assert "--container-unshare=net: enroot 4.1.2 cannot give a container namespaces of its own" in result.stderr, \
             result.stderr
+
+
+def test_the_ranks_of_an_enroot_step_on_a_node_share_one_container_root(cluster, fakes, settings):
+    """Issue 45 (and 43): enroot create ran once per rank -- four ranks on a node unpacked the image
+    four times, one after another -- where pyxis's tasks share one container per node. Under real
+    Slurm, five ranks on two nodes racing for it: one create per node, every rank started in it."""
+    settings("inherit")
+    before = len(fakes.calls())
+    result = cluster.run(["runuser", "-u", cluster.user, "--", "srun", "-N2", "-n5", "--container-runtime=enroot",
+                          f"--container-image={fake_image(fakes, 'enroot')}", "true"], check=False, timeout=300)
+    assert result.returncode == 0, result.stderr
+    calls = fakes.calls()[before:]
+    creates = [c for c in calls if c["tool"] == "enroot" and c["argv"][1] == "create"]
+    starts = [c for c in calls if c["tool"] == "enroot-container"]
+    assert (len(creates), len(starts)) == (2, 5), calls
+    assert len({c["container"] for c in starts}) == 1 and starts[0]["container"].startswith("tether-"), starts
+    assert result.stderr.count("(enroot create) ...") == 2, result.stderr
