@@ -113,7 +113,7 @@ def install(config: Config, *, hook_dir: Path = Path(DEFAULT_HOOK_DIR), libexec:
         log(NOTES.rstrip())
         return cmds
     libexec.mkdir(parents=True, exist_ok=True)
-    log(f"# built {build_helper(libexec)}; wrote {install_launcher(libexec, config)}")
+    log(f"# built {build_helper(libexec)}; wrote {install_launcher(libexec, config, log=log)}")
     ensure_storage_root(Path(config.job_storage_root), log=lambda m: log("# " + m))
     for name, settings in hook_configs(config, libexec).items():
         write_atomic(hook_dir / f"{name}.json", json.dumps(settings, indent=2) + "\n", 0o644)

@@ -260,7 +260,7 @@ def install_plugins(build_dir: Path | None = None, *, slurm_conf: Path | None = 
         log(f"the plugins of tether's Debian package are in {plugin_dir}: nothing to copy")
         if launcher_dir:
             make_root_dir(launcher_dir, log=log)
-            log(f"installed {install_launcher(launcher_dir, config)} for {config.source}")
+            log(f"installed {install_launcher(launcher_dir, config, log=log)} for {config.source}")
         elif config.source.startswith("<"):
             log(f"{LAUNCHER_NAME}: the package's (built for a host without a config file)")
         else:
@@ -271,7 +271,7 @@ def install_plugins(build_dir: Path | None = None, *, slurm_conf: Path | None = 
         for name in stamp["files"]:
             install_file(build / name, plugin_dir / name)
             log(f"installed {plugin_dir / name}")
-        log(f"installed {install_launcher(plugin_dir, config)}")
+        log(f"installed {install_launcher(plugin_dir, config, log=log)}")
     ensure_storage_root(Path(config.job_storage_root), log=log)
     ensure_image_root(Path(config.data["container"]["apptainer_image_root"]), log=log)
     set_conf_line(conf.path, r"JobSubmitPlugins\s*=", jsp_line)

@@ -131,7 +131,10 @@ def run_before(launch: Launch) -> None:
             if done(check):
                 continue
             if isinstance(check, str):
-                os.makedirs(os.path.dirname(check), mode=0o700, exist_ok=True)
+                try:
+                    os.makedirs(os.path.dirname(check), mode=0o700, exist_ok=True)
+                except OSError as exc:       # something not the user's in the way: said, not a crash
+                    raise LaunchError(f"cannot make {os.path.dirname(check)}: {exc.strerror}") from None
             from ..system.proc import CommandError, run_command
 
             # a step with a failure's wording (an image's pull or import) is tried once per step

@@ -81,6 +81,7 @@ int main(int argc, char **argv)
 		return fail("fcntl", strerror(errno));
 	}
 	execvp(argv[3], argv + 3);
-	fprintf(stderr, "tether: %s: %s\n", argv[3], strerror(errno));
-	return errno == ENOENT ? 127 : 126;
+	int saved = errno;      /* before fprintf, which may change it */
+	fprintf(stderr, "tether: %s: %s\n", argv[3], strerror(saved));
+	return saved == ENOENT ? 127 : 126;
 }

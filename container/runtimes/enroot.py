@@ -231,12 +231,12 @@ def serve_fd(path: str, fd: int) -> None:
     import struct
     import threading
 
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
         # a socket's path is at most 107 bytes: a deep job storage root is reached through the
         # directory's descriptor
         directory = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -263,8 +263,42 @@ def serve_fd(path: str, fd: int) -> None:
             pass
         finally:
             server.close()
+            try:
+                os.unlink(path)          # nothing of it left in the rank's work directory
+            except OSError:
+                pass
 
     threading.Thread(target=serve, name="tether-pmi-fd", daemon=True).start()
+
+
+def take_start_turn(lock: str, started: str) -> None:
+    """Wait for this rank's turn to start a container root the step's ranks share, and hold it
+    until the command in the container has started (``started`` appears) or this launcher ends.
+    ``enroot start`` holds the root's own lock through the config, mounts and hooks, but gives up
+    after 30 s ("Could not acquire rootfs lock", src/runtime.sh): many ranks on a node, or slow
+    hooks, would fail there. Taken in turn here, with no time limit, they never meet it."""
+    import fcntl
+    import threading
+    import time
+
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as exc:
+        raise LaunchError(f"cannot take the container's start lock {lock}: {exc.strerror}") from None
+
+    def release() -> None:
+        deadline = time.monotonic() + 3600
+        try:
+            while time.monotonic() < deadline and not os.path.exists(started):
+                time.sleep(0.02)
+        finally:
+            os.close(fd)
+
+    threading.Thread(target=release, name="tether-start-turn", daemon=True).start()
 
 
 def finish_import(partial: str, sqsh: str, source: str, digest: str | None = None) -> None:
@@ -274,9 +308,11 @@ def finish_import(partial: str, sqsh: str, source: str, digest: str | None = Non
 
     from ...system.files import write_atomic
 
+    # the image first: killed in between, the old metadata's digest says "changed" and the next
+    # check imports again (the other way round, a new digest beside the old image would hide it)
+    os.rename(partial, sqsh)
     write_atomic(sqsh[:-5] + ".json", json.dumps({"source": source, **({"digest": digest} if digest else {})}) + "\n",
                  0o600)
-    os.rename(partial, sqsh)
 
 
 class Enroot(Runtime):
@@ -332,7 +368,7 @@ class Enroot(Runtime):
         from ...system.proc import CommandError, run_command
 
         try:
-            out = run_command([self.binary, "digest", uri], env=env, timeout=300).stdout.strip()
+            out = run_command([self.binary, "digest", uri], env=env, timeout=60).stdout.strip()
         except CommandError as exc:
             lines = [line.strip() for line in (exc.stderr or "").splitlines() if line.strip()]
             return None, next((line for line in lines if "[ERROR]" in line), lines[-1] if lines else str(exc))
@@ -487,7 +523,8 @@ class Enroot(Runtime):
         # the step's ranks on a node share one container root, as pyxis's tasks do (one create per
         # node, not per rank: an image of 12 GiB unpacked once); by hand, or with --container-save
         # (each rank saves what it ran), a rank has its own
-        shared = bool(step_dir) and not spec.name and not spec.save
+        shared = (bool(step_dir) and not spec.name and not spec.save
+                  and env.get("ENROOT_DATA_PATH") == os.path.join(step_dir, "enroot", "data"))
         name = spec.step_instance if shared else spec.instance
         data = env.get("ENROOT_DATA_PATH") or os.path.join(
             env.get("XDG_DATA_HOME") or os.path.join(env.get("HOME", "/"), ".local/share"), "enroot")
@@ -527,7 +564,7 @@ class Enroot(Runtime):
         if fd is not None and helper:
             # PMI_FD into the container (see FD_HELPER): the program on a file bind in the rank's
             # work directory, the socket there too; served once the container root is in place
-            inside = f"{CONTAINER_WORKDIR}/{FD_HELPER}"
+            inside = f"/run/tether/{FD_HELPER}"       # beside the work directory's mount, not in it
             mount_lines.insert(len(spec.rank_mounts()), f"{fstab_escape(helper)} {inside} none "
                                                         f"x-create=file,bind,ro,nosuid,nodev")
             before.append((lambda env: serve_fd(os.path.join(spec.rank_dir, "work", PMI_SOCKET), fd), None))
@@ -558,6 +595,11 @@ class Enroot(Runtime):
                  *values, spec.workdir, *spec.command]
         if not spec.name and not shared:      # a shared root goes with the step's directory
             after.insert(0, [self.binary, "remove", "--force", name])
+        if (shared or spec.name) and spec.rank_dir:
+            # the ranks sharing a root start it in turn (see take_start_turn): the last step before
+            # the start, held until this rank's command runs
+            before.append((lambda env: take_start_turn(os.path.join(os.path.dirname(data), f"start-{name}.lock"),
+                                                       os.path.join(spec.rank_dir, "work", STARTED_FILE)), None))
         if lock is None and node_dir:
             lock = os.path.join(node_dir, "enroot", ".lock")
         finish = None

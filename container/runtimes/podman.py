@@ -562,6 +562,8 @@ class Podman(Runtime):
                     raise
                 after = run_command(pull, env=env, timeout=3600).stdout.strip()
         except CommandError as exc:
+            if before is None and not self.image_exists(name, env):     # nothing to fall back on
+                raise LaunchError(f"failed to import docker image: {image}: {exc}") from None
             said = next((line.strip() for line in (exc.stderr or "").splitlines() if line.strip()), str(exc))
             progress(f"could not check {image} against its registry ({said[:300]}); running the copy in your "
                      f"store on this node")
@@ -569,6 +571,16 @@ class Podman(Runtime):
             if before and after and after.splitlines()[-1] != before:
                 progress(f"{image} has changed in its registry since your store's copy: pulled the new one")
         mark_checked(marker)
+
+    def image_exists(self, name: str, env: Mapping[str, str]) -> bool:
+        """``podman image exists NAME`` in this user's store."""
+        from ...system.proc import CommandError, run_command
+
+        try:
+            run_command([self.binary, *self.global_args(env), "image", "exists", name], env=env, timeout=120)
+        except CommandError:
+            return False
+        return True
 
     def image_id(self, name: str) -> str | None:
         """The id of image ``name`` in this user's store (containers/storage's images.json), or None."""
@@ -1196,7 +1208,9 @@ class Podman(Runtime):
             # anew every step), so a tag moved since the store's copy was pulled runs the new image;
             # the job's later steps, and its other ranks, run what that check found
             marker = checked_marker(rank_dir, "podman", name)
-            if self.store_has(name):
+            # in the store (or podman's own default store, whose index tether does not read): a
+            # check, which pulls it when podman has it not
+            if self.store_has(name) or not self.store_path():
                 return ["--pull=never", name], [(lambda env: self.check_registry(pull[0], name, image, marker, env),
                                                  marker)]
             return ["--pull=never", name], [pull, (lambda env: mark_checked(marker), marker)]

@@ -182,7 +182,7 @@ def _manifest(cluster, image: str) -> dict:
 def test_a_moved_tag_runs_the_new_image_in_the_next_job(cluster):
     """A tag pushed again (app:1 rebuilt) names a new image: pyxis imports it anew every step, and
     tether's store keeps the old copy -- so each job checks a tagged image against the registry
-    once per node, pulls the new one and says so; every step of that job runs the same image."""
+    once per node, pulls the new one and says so; the job's later steps run it too."""
     node = cluster.nodes[0]
 
     def push(version: int) -> str:

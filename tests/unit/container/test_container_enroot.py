@@ -31,7 +31,8 @@ def test_enroot_imports_creates_starts_and_removes(tmp_path):
     sqsh = f"{store}/{image_key(enroot_uri(s.image))[:24]}.sqsh"   # one file per image, whatever its spelling
     partial = f"{sqsh[:-5]}.{os.getpid()}.partial"
     assert launch.env["ENROOT_DATA_PATH"] == f"{node}/enroot/data"
-    (digest, importing, finishing, marking, creating) = launch.before
+    (digest, importing, finishing, marking, creating, turn) = launch.before
+    assert callable(turn[0]) and turn[1] is None              # the ranks start the shared root in turn
     assert callable(digest[0]) and digest[1] == sqsh          # the tag's digest, read before the import
     assert callable(marking[0]) and marking[1] == f"{tmp_path}/42/n2/enroot/checked-" + image_key(enroot_uri(s.image))[:16]
     assert importing == (["enroot", "import", "--output", partial, "docker://nvcr.io#nvidia/pytorch:24.01-py3"], sqsh,
@@ -185,7 +186,12 @@ def test_enroot_runs_for_a_user_without_a_runtime_directory(public_dir):
 
 # ---- the subprocess boundary, with pytest-subprocess (unregistered commands fail the test) ------
 def test_enroot_preparation_runs_exactly_import_then_create(fp, tmp_path):
-    from tether.container.launch import run_before
+    from tether.container.launch import run_before as run_all
+
+    def run_before(launch):            # all but the start turn (its own test below): one process here
+        if launch.before and launch.before[-1][1] is None:
+            launch.before = launch.before[:-1]
+        run_all(launch)
 
     rank_dir = tmp_path / "42/n2/step-0/rank-3"
     s = spec(image="docker://ghcr.io/org/app:2", runtime="enroot", rank_dir=str(rank_dir))
@@ -372,12 +378,12 @@ def test_pmi_fd_reaches_an_enroot_rank_though_enroot_start_closes_every_descript
              command=("sh", "-c", 'realpath /proc/self/fd/$PMI_FD; exec python3 -c "import os; '
                                   'os.write(int(os.environ[\'PMI_FD\']), b\'get_maxes\\n\')"'))
     launch = adapter("enroot", {}).launch(s, {**HOST, "PMI_FD": str(fd)})
-    inside = f"{CONTAINER_WORKDIR}/tether-fd-receive"
+    inside = "/run/tether/tether-fd-receive"                  # beside the work directory's mount
     start = launch.argv.index("tether-7.2")
     assert launch.argv[start + 1:start + 5] == [inside, f"{CONTAINER_WORKDIR}/.tether-pmi-fd", str(fd), "/bin/sh"]
     conf = Path(launch.argv[launch.argv.index("--conf") + 1]).read_text()
     assert f"{helper} {inside} none x-create=file,bind,ro,nosuid,nodev" in conf     # after the rank's, read-only
-    launch.before = [step for step in launch.before if step[1] is None]     # the relay; not enroot create
+    launch.before = [launch.before[-2]]            # the relay (the last step is the start turn; no enroot create)
     run_before(launch)
     host = [a.replace(inside, str(helper)).replace(CONTAINER_WORKDIR, str(rank_dir / "work"))
             for a in launch.argv[start + 1:]]
@@ -385,6 +391,7 @@ def test_pmi_fd_reaches_an_enroot_rank_though_enroot_start_closes_every_descript
     assert ran.returncode == 0, ran.stderr
     assert "socket:[" in ran.stdout.splitlines()[-1]
     assert slurmstepd.recv(64) == b"get_maxes\n"                # the rank reached slurmstepd's end
+    assert not (rank_dir / "work" / ".tether-pmi-fd").exists()   # the socket gone once served
     # without the program beside the launcher: said (by the step's rank 0), not silently lost
     monkeypatch.setattr(enroot_runtime, "fd_helper", lambda: None)
     capfd.readouterr()
@@ -393,3 +400,26 @@ def test_pmi_fd_reaches_an_enroot_rank_though_enroot_start_closes_every_descript
     assert ("tether: PMI_FD (srun --mpi=pmi2) cannot reach the container: enroot start closes every descriptor "
             "above 2 and tether-fd-receive is not installed next to tether-run") in capfd.readouterr().err
     os.close(fd)
+
+
+def test_ranks_sharing_a_root_start_it_in_turn_with_no_time_limit(tmp_path):
+    """enroot start holds a root's own lock through its config, mounts and hooks but gives up after
+    30 s ("Could not acquire rootfs lock"): with many ranks on a node sharing the step's root (or a
+    named one) the last ones would fail. They take turns instead, each turn held until that rank's
+    command has started, with no time limit."""
+    from tether.container.runtimes.enroot import take_start_turn
+
+    lock, started = tmp_path / "start.lock", tmp_path / "started-0"
+    take_start_turn(str(lock), str(started))               # this rank's turn, until its command runs
+    waiter = subprocess.Popen([sys.executable, "-c", "import sys; from tether.container.runtimes.enroot import "
+                               "take_start_turn; take_start_turn(sys.argv[1], sys.argv[2]); print('turn')",
+                               str(lock), str(tmp_path / "started-1")], stdout=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    assert waiter.poll() is None                           # the next rank waits (no 30 s limit to fail at)
+    started.write_text("")                                 # this rank's command started: the turn passes
+    out, _ = waiter.communicate(timeout=60)
+    assert (waiter.returncode, out) == (0, "turn\n")
+    (tmp_path / "x.sqsh").write_bytes(b"hsqs" + b"\0" * 60)
+    plan = adapter("enroot", {}).launch(spec(image=str(tmp_path / "x.sqsh"), runtime="enroot",
+                                             rank_dir=str(tmp_path / "5/n1/step-0/rank-2")), HOST)
+    assert callable(plan.before[-1][0]) and plan.before[-1][1] is None       # the last step before the start

@@ -360,7 +360,7 @@ def test_podman_pulls_a_registry_image_once_per_node_before_running_it(tmp_path)
     assert launch.lock == f"{tmp_path}/podman-store-{os.getuid()}/.pull-lock"
     assert launch.argv[-4:-2] == ["--pull=never", name]
     own = adapter("podman", {"args": ["--runtime", "runc"], "store": ""}).launch(s, HOST)   # podman's default
-    assert own.before[0][0] == ["podman", "--runtime", "runc", "pull", "--quiet", name]
+    assert callable(own.before[0][0]) and "/checked-" in own.before[0][1]    # its index unread: the check pulls
     assert own.lock == str(tmp_path / "42/n2/podman/.pull-lock")        # the node's ranks of this job
 
 
@@ -973,15 +973,15 @@ def _writable_plans(tmp_path: Path) -> None:
     argv, before = got["writable"]
     assert argv[-4:] == ["--rootfs", f"{own}/rootfs", "python", "train.py"] and "--read-only" not in argv
     assert argv[argv.index("--env-file") + 1] == f"{own}/image.env"            # the image's ENV first
-    assert [b[-1] for b in before] == ["pulling docker://busybox:1.36 (podman)", "checked",
-                                       "unpacking docker://busybox:1.36 as your writable container "
-                                       "(podman; once per node for the step)", "targets"]
-    assert before[2][0] == f"{own}/config.json"
+    # podman's own default store (container.podman.store empty): the job's check, which pulls
+    assert [b[-1] for b in before] == ["checked", "unpacking docker://busybox:1.36 as your writable container "
+                                                  "(podman; once per node for the step)", "targets"]
+    assert before[1][0] == f"{own}/config.json"
     readonly, _ = got["readonly"]
     assert readonly[-3:] == ["docker.io/library/busybox:1.36", "python", "train.py"] and "--read-only" in readonly
     remap, remap_before = got["remap"]
     assert remap[-3:] == ["docker.io/library/busybox:1.36", "python", "train.py"] and "--read-only" not in remap
-    assert len(remap_before) == 2                       # the pull, then the job's note that it pulled
+    assert len(remap_before) == 1                       # the job's check (which pulls)
     argv, before = got["shared"]          # copied as it is, never imported into the store first
     assert argv[-4:] == ["--rootfs", f"{own}/rootfs", "python", "train.py"]
     assert [b[0] for b in before] == [f"{own}/config.json", ""]

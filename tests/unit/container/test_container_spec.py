@@ -164,7 +164,8 @@ def test_container_name_alone_runs_the_jobs_container_of_that_name_or_says_there
         adapter("enroot", {}).launch(enroot_alone, HOST)      # podman made "dev" (above): said so (issue 45)
     (tmp_path / "42/n2/enroot/data/tether-42-dev").mkdir(parents=True)        # where enroot create put it
     launch = adapter("enroot", {}).launch(enroot_alone, HOST)
-    assert launch.before == [] and "tether-42-dev" in launch.argv and launch.after == []
+    # nothing to make; only the start turn the job's ranks take at its root
+    assert [b[1] for b in launch.before] == [None] and "tether-42-dev" in launch.argv and launch.after == []
     with pytest.raises(LaunchError, match="apptainer keeps no container between steps"):
         adapter("apptainer", {}).launch(spec(image="", runtime="apptainer", name="dev", rank_dir=rank_dir), HOST)
 
@@ -210,7 +211,7 @@ def test_pyxis_container_name_flags_auto_no_exec_create_and_exec(tmp_path):
                        rank_dir=str(tmp_path / "42/n2/step-4/rank-0"))
     (tmp_path / "img.sqsh").write_text("")
     launch = adapter("enroot", {}).launch(enroot_spec, HOST)
-    create, data = launch.before[-1][0], launch.before[-1][1]
+    create, data = launch.before[-2][0], launch.before[-2][1]        # [-1]: the start turn
     assert callable(create) and data == str(tmp_path / "42/n2/enroot/data/tether-42-box")
     os.makedirs(data)
     (tmp_path / "42/n2/enroot/made-by-tether-42-box").write_text("step-3\n")
