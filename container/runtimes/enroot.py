@@ -569,7 +569,7 @@ class Enroot(Runtime):
                                                         f"x-create=file,bind,ro,nosuid,nodev")
             before.append((lambda env: serve_fd(os.path.join(spec.rank_dir, "work", PMI_SOCKET), fd), None))
             relay = [inside, f"{CONTAINER_WORKDIR}/{PMI_SOCKET}", str(fd)]
-        elif fd is not None and spec.rank == "0":
+        elif fd is not None and host_env.get("SLURM_LOCALID", spec.rank) == "0":    # once per node
             from ..launch import report
 
             report("PMI_FD (srun --mpi=pmi2) cannot reach the container: enroot start closes every descriptor "

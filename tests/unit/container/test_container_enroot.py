@@ -392,13 +392,15 @@ def test_pmi_fd_reaches_an_enroot_rank_though_enroot_start_closes_every_descript
     assert "socket:[" in ran.stdout.splitlines()[-1]
     assert slurmstepd.recv(64) == b"get_maxes\n"                # the rank reached slurmstepd's end
     assert not (rank_dir / "work" / ".tether-pmi-fd").exists()   # the socket gone once served
-    # without the program beside the launcher: said (by the step's rank 0), not silently lost
+    # without the program beside the launcher: said (by each node's first rank), not silently lost
     monkeypatch.setattr(enroot_runtime, "fd_helper", lambda: None)
     capfd.readouterr()
-    bare = adapter("enroot", {}).launch(s, {**HOST, "PMI_FD": str(fd)})
-    assert inside not in bare.argv
-    assert ("tether: PMI_FD (srun --mpi=pmi2) cannot reach the container: enroot start closes every descriptor "
-            "above 2 and tether-fd-receive is not installed next to tether-run") in capfd.readouterr().err
+    said = ("tether: PMI_FD (srun --mpi=pmi2) cannot reach the container: enroot start closes every descriptor "
+            "above 2 and tether-fd-receive is not installed next to tether-run")
+    for local_id, told in (("0", True), ("1", False)):
+        bare = adapter("enroot", {}).launch(spec(image=str(sqsh), runtime="enroot", rank_dir=str(rank_dir), rank="5"),
+                                            {**HOST, "PMI_FD": str(fd), "SLURM_LOCALID": local_id})
+        assert inside not in bare.argv and (said in capfd.readouterr().err) is told
     os.close(fd)
 
 
