@@ -135,7 +135,7 @@ def run_before(launch: Launch) -> None:
                     os.makedirs(os.path.dirname(check), mode=0o700, exist_ok=True)
                 except OSError as exc:       # something not the user's in the way: said, not a crash
                     raise LaunchError(f"cannot make {os.path.dirname(check)}: {exc.strerror}") from None
-            from ..system.proc import CommandError, run_command
+            from ..system.proc import CommandError
 
             # a step with a failure's wording (an image's pull or import) is tried once per step
             # and node: a rank that finds the record another one left fails at once
@@ -159,12 +159,7 @@ def run_before(launch: Launch) -> None:
                             raise
                         argv(launch.env)
                 else:
-                    try:
-                        run_command(argv, env=launch.env, timeout=3600)
-                    except CommandError as exc:
-                        if launch.runtime is None or not launch.runtime.recover_state(launch.env, exc.stderr or ""):
-                            raise
-                        run_command(argv, env=launch.env, timeout=3600)
+                    run_recovering(launch.runtime, argv, launch.env)
             except CommandError as exc:
                 if record:
                     _record_failure(record, str(exc))
@@ -178,6 +173,19 @@ def run_before(launch: Launch) -> None:
     finally:
         if lock_fd is not None:
             os.close(lock_fd)
+
+
+def run_recovering(runtime, argv: list[str], env: Mapping[str, str], timeout: float = 3600):
+    """``run_command``, and once more when it failed because ``runtime``'s state was stale and
+    the runtime repaired it (see Runtime.recover_state); its result."""
+    from ..system.proc import CommandError, run_command
+
+    try:
+        return run_command(argv, env=env, timeout=timeout)
+    except CommandError as exc:
+        if runtime is None or not runtime.recover_state(env, exc.stderr or ""):
+            raise
+        return run_command(argv, env=env, timeout=timeout)
 
 
 def _failure_record(launch: Launch, label: str | None) -> str | None:

@@ -337,6 +337,15 @@ def mark_checked(marker: str) -> None:
         pass          # best effort: without it, the job's next rank here checks once more
 
 
+def registry_unchecked(image: str, why: str) -> None:
+    """Tell the rank that a tagged image could not be checked against its registry (``why``: the
+    runtime's words) and that the copy in the user's store runs."""
+    from ..launch import progress
+
+    progress(f"could not check {image} against its registry ({why[:300]}); running the copy in your store on "
+             f"this node")
+
+
 def checked_marker(rank_dir: str, runtime: str, name: str) -> str:
     """Where a job notes, on a node, that it checked a tagged image ``name`` against its registry
     (the job's node directory: ``<job>/<node>/<runtime>/checked-<hash>``)."""
@@ -344,3 +353,16 @@ def checked_marker(rank_dir: str, runtime: str, name: str) -> str:
 
     return os.path.join(os.path.dirname(os.path.dirname(rank_dir)), runtime,
                         "checked-" + sha256(name.encode()).hexdigest()[:16])
+
+
+def pmi_fd(host_env: Mapping[str, str]) -> int | None:
+    """The task's PMI-2 descriptor (srun --mpi=pmi2's PMI_FD, the job's to set: a small number
+    naming a descriptor open above 2), or None."""
+    value = host_env.get("PMI_FD", "")
+    if not (value.isascii() and value.isdigit() and len(value) <= 6 and int(value) > 2):
+        return None
+    try:
+        os.fstat(int(value))
+    except (OSError, OverflowError):
+        return None
+    return int(value)

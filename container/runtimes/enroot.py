@@ -25,7 +25,8 @@ from ...hooks.layout import USER_STORE_ROOT
 from ..launch import progress
 from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, LaunchError, Mount, named_enroot_marker,
                     no_named_container, refuse_existing)
-from . import Launch, Runtime, checked_marker, existing_store, mark_checked, store_directory
+from . import (Launch, Runtime, checked_marker, existing_store, mark_checked, pmi_fd, registry_unchecked,
+               store_directory)
 
 DEFAULT_STORE = f"{USER_STORE_ROOT}/{{uid}}/enroot"     # container.enroot.store's default
 
@@ -211,18 +212,6 @@ def fd_helper() -> str | None:
     return path if os.access(path, os.X_OK) else None
 
 
-def pmi_fd(host_env: Mapping[str, str]) -> int | None:
-    """The task's PMI-2 descriptor (PMI_FD, when it names an open one above 2), or None."""
-    value = host_env.get("PMI_FD", "")
-    if not (value.isascii() and value.isdigit() and len(value) <= 5 and int(value) > 2):
-        return None
-    try:
-        os.fstat(int(value))
-    except OSError:
-        return None
-    return int(value)
-
-
 def serve_fd(path: str, fd: int) -> None:
     """Listen on the Unix socket ``path`` and hand descriptor ``fd`` to the first process of this
     user that connects (tether-fd-receive in the rank's container), then stop listening. A
@@ -283,10 +272,7 @@ def take_start_turn(lock: str, started: str) -> None:
 
     try:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError as exc:
         raise LaunchError(f"cannot take the container's start lock {lock}: {exc.strerror}") from None
 
@@ -350,8 +336,8 @@ class Enroot(Runtime):
         done = None if force else sqsh
         pinned = "@sha256:" in uri             # by digest: what it names never changes
         seen: dict[str, str | None] = {}
-        steps = [([self.binary, "import", "--output", partial, uri], done, f"importing {image} (enroot)",
-                  f"failed to import docker image: {image}"),
+        importing = [self.binary, "import", "--output", partial, uri]
+        steps = [(importing, done, f"importing {image} (enroot)", f"failed to import docker image: {image}"),
                  (lambda env: finish_import(partial, sqsh, uri, seen.get("digest")), done)]
         if not pinned:       # the tag's digest, read before the import: a tag moved meanwhile is seen next job
             steps.insert(0, (lambda env: seen.update(digest=self.registry_digest(uri, env)[0]), done))
@@ -359,7 +345,8 @@ class Enroot(Runtime):
             return sqsh, steps, lock
         marker = checked_marker(rank_dir, "enroot", uri)
         if os.path.exists(sqsh):
-            return sqsh, [(lambda env: self.check_registry(image, uri, sqsh, partial, marker, env), marker)], lock
+            return sqsh, [(lambda env: self.check_registry(image, uri, sqsh, importing, partial, marker, env),
+                                  marker)], lock
         return sqsh, [*steps, (lambda env: mark_checked(marker), marker)], lock
 
     def registry_digest(self, uri: str, env: Mapping[str, str]) -> tuple[str | None, str]:
@@ -375,11 +362,11 @@ class Enroot(Runtime):
         ok = out.startswith("sha256:") and len(out) == 71 and all(c in "0123456789abcdef" for c in out[7:])
         return (out, "") if ok else (None, f"enroot digest printed {out[:80]!r}")
 
-    def check_registry(self, image: str, uri: str, sqsh: str, partial: str, marker: str,
+    def check_registry(self, image: str, uri: str, sqsh: str, importing: list[str], partial: str, marker: str,
                        env: Mapping[str, str]) -> None:
         """A tagged image in the store, checked against its registry for this job: imported again
-        when the tag's digest is not the one imported (said), the store's copy run (said) when
-        the registry cannot say."""
+        (``importing``: the import step's command, into ``partial``) when the tag's digest is
+        not the one imported (said), the store's copy run (said) when the registry cannot say."""
         import time
 
         from ...system.proc import CommandError, run_command
@@ -388,8 +375,7 @@ class Enroot(Runtime):
         current, why = self.registry_digest(uri, env)
         recorded = read_metadata(sqsh[:-5] + ".json").get("digest")
         if current is None:
-            progress(f"could not check {image} against its registry ({why[:300]}); running the copy in your "
-                     f"store on this node")
+            registry_unchecked(image, why)
         elif current != recorded:
             label = (f"{image} has changed in its registry since your store's copy: importing it again (enroot)"
                      if recorded else f"importing {image} (enroot) again: your store's copy has no digest to "
@@ -397,7 +383,7 @@ class Enroot(Runtime):
             progress(f"{label} ...")
             started = time.monotonic()
             try:
-                run_command([self.binary, "import", "--output", partial, uri], env=env, timeout=3600)
+                run_command(importing, env=env, timeout=3600)
                 finish_import(partial, sqsh, uri, current)
             except (CommandError, OSError) as exc:
                 try:

@@ -25,7 +25,8 @@ from ...hooks.layout import CLEANUP_MARKER, NODE_STEP_PREFIX, POD_MARKER, USER_S
 from ..launch import cgroup_paths, progress, reap_zombies, remove_file, report
 from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, NAMED_MADE_BY, LaunchError, Mount, effective_mounts,
                     mount_refusal, named_podman_home, no_named_container, read_regular, refuse_existing)
-from . import Launch, Runtime, checked_marker, existing_store, mark_checked, own_directory, store_directory
+from . import (Launch, Runtime, checked_marker, existing_store, mark_checked, own_directory, pmi_fd,
+               registry_unchecked, store_directory)
 
 if TYPE_CHECKING:
     from typing import Mapping, Sequence
@@ -231,9 +232,9 @@ def mpi_pass_through(host_env: Mapping[str, str], passed: dict[str, str],
     (PMIX_SERVER_URI*, the container shares the host's network); the PMIX_* variables pass as
     MPI variables do."""
     fds, args = None, []
-    pmi_fd = host_env.get("PMI_FD", "")           # the job's to set: a small open fd, or nothing
-    if pmi_fd.isascii() and pmi_fd.isdigit() and len(pmi_fd) <= 6 and int(pmi_fd) > 2 and _fd_open(int(pmi_fd)):
-        fds = {int(pmi_fd): 3}
+    fd = pmi_fd(host_env)
+    if fd is not None:
+        fds = {fd: 3}
         passed.pop("PMI_FD", None)
         own["PMI_FD"] = "3"
         args.append("--preserve-fds=1")
@@ -300,14 +301,6 @@ def env_names_fd(names) -> int:
     finally:
         os.close(fd)
     return high
-
-
-def _fd_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-        return True
-    except (OSError, OverflowError):
-        return False
 
 
 def slurm_controllers(text: str | None = None) -> set[str]:
@@ -533,68 +526,54 @@ class Podman(Runtime):
         """Does this user's store already list image ``name``? A look at containers/storage's own
         index (``<store>/storage/<driver>-images/images.json``: one podman process less per rank,
         ~0.1-0.3 s here). Only a yes counts: no, unknown or unreadable asks podman."""
+        return any(names_list(text, name) for text in self._store_indexes())
+
+    def _store_indexes(self):
+        """The text of each of containers/storage's image indexes in this user's store."""
         store = self.store_path()
         if not store:
-            return False
+            return
         base = os.path.join(store, "storage")
         try:
             drivers = [d for d in os.listdir(base) if d.endswith("-images")]
         except OSError:
-            return False
+            return
         for directory in drivers:
             text = read_regular(os.path.join(base, directory, "images.json"), limit=64 << 20)
-            if text and names_list(text, name):
-                return True
-        return False
+            if text:
+                yield text
 
-    def check_registry(self, pull: list[str], name: str, image: str, marker: str, env: Mapping[str, str]) -> None:
+    def check_registry(self, pull: tuple, name: str, image: str, marker: str, env: Mapping[str, str]) -> None:
         """A tagged image already in the store, checked against the registry for this job: pulled
         again (``podman pull`` fetches the manifest, and layers only when it changed), said when
-        it changed; a registry that cannot be reached leaves the store's copy, said so."""
+        it changed; a registry that cannot be reached leaves the store's copy, said so. ``pull``:
+        the pull step (its command, and the command that says the store has the image)."""
         from ...system.proc import CommandError, run_command
+        from ..launch import run_recovering
 
         before = self.image_id(name)
         try:
-            try:
-                after = run_command(pull, env=env, timeout=3600).stdout.strip()
-            except CommandError as exc:
-                if not self.recover_state(env, exc.stderr or ""):
-                    raise
-                after = run_command(pull, env=env, timeout=3600).stdout.strip()
+            after = run_recovering(self, pull[0], env).stdout.strip()
         except CommandError as exc:
-            if before is None and not self.image_exists(name, env):     # nothing to fall back on
-                raise LaunchError(f"failed to import docker image: {image}: {exc}") from None
-            said = next((line.strip() for line in (exc.stderr or "").splitlines() if line.strip()), str(exc))
-            progress(f"could not check {image} against its registry ({said[:300]}); running the copy in your "
-                     f"store on this node")
+            if before is None:
+                try:
+                    run_command(pull[1][1], env=env, timeout=120)          # podman image exists
+                except CommandError:                                      # nothing to fall back on
+                    raise LaunchError(f"failed to import docker image: {image}: {exc}") from None
+            registry_unchecked(image, next((line.strip() for line in (exc.stderr or "").splitlines() if line.strip()),
+                                           str(exc)))
         else:
             if before and after and after.splitlines()[-1] != before:
                 progress(f"{image} has changed in its registry since your store's copy: pulled the new one")
         mark_checked(marker)
 
-    def image_exists(self, name: str, env: Mapping[str, str]) -> bool:
-        """``podman image exists NAME`` in this user's store."""
-        from ...system.proc import CommandError, run_command
-
-        try:
-            run_command([self.binary, *self.global_args(env), "image", "exists", name], env=env, timeout=120)
-        except CommandError:
-            return False
-        return True
-
     def image_id(self, name: str) -> str | None:
         """The id of image ``name`` in this user's store (containers/storage's images.json), or None."""
         import json
 
-        store = self.store_path()
-        base = os.path.join(store, "storage") if store else None
-        try:
-            drivers = [d for d in os.listdir(base) if d.endswith("-images")] if base else []
-        except OSError:
-            return None
-        for directory in drivers:
+        for text in self._store_indexes():
             try:
-                images = json.loads(read_regular(os.path.join(base, directory, "images.json"), limit=64 << 20) or "[]")
+                images = json.loads(text)
             except ValueError:
                 continue
             for entry in images if isinstance(images, list) else []:
@@ -1211,7 +1190,7 @@ class Podman(Runtime):
             # in the store (or podman's own default store, whose index tether does not read): a
             # check, which pulls it when podman has it not
             if self.store_has(name) or not self.store_path():
-                return ["--pull=never", name], [(lambda env: self.check_registry(pull[0], name, image, marker, env),
+                return ["--pull=never", name], [(lambda env: self.check_registry(pull, name, image, marker, env),
                                                  marker)]
             return ["--pull=never", name], [pull, (lambda env: mark_checked(marker), marker)]
         if ref.kind == "uri" and image.startswith(ARCHIVES):
@@ -1508,7 +1487,7 @@ def unpack_named(image_argv: Sequence[str], podman: Sequence[str], home: str,
     import shutil
 
     from ...system.files import write_atomic
-    from ...system.proc import CommandError, run_command
+    from ...system.proc import CommandError
 
     os.makedirs(home, mode=0o700, exist_ok=True)
     partial = os.path.join(home, f".rootfs.{os.getpid()}")
