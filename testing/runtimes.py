@@ -334,9 +334,6 @@ def enroot_main(argv: list[str], state: str) -> int:
                 return 1
     finally:
         os.umask(old)
-    if argv[0] == "digest" and not [a for a in argv[1:] if not a.startswith("-")]:
-        sys.stdout.write(DIGEST_USAGE)               # recorded: usage on stdout, exit 1
-        return 1
     opts, operands = _enroot_opts(argv[0], argv[1:])
     commands = {"import": _enroot_import, "create": _enroot_create, "remove": _enroot_remove,
                 "list": _enroot_list, "start": _enroot_start, "export": _enroot_export, "digest": _enroot_digest}
@@ -371,7 +368,7 @@ def _enroot_digest(opts: dict, operands: list[str], data: str, state: str, entry
     queried ("[INFO]" lines on stderr), the manifest's digest on stdout; a tag the registry lacks,
     exit 1 with the URL and "404 Not Found"; anything but docker:// "Invalid argument"."""
     if len(operands) != 1:
-        sys.stdout.write(DIGEST_USAGE)
+        sys.stdout.write(DIGEST_USAGE)               # recorded: the usage on stdout, exit 1
         return 1
     uri = operands[0]
     match = re.fullmatch(r"docker://(?:[^@#/]+@)?(?:([^#/]+)#)?([^#:@]+)(?::([^#@]+))?(@sha256:[0-9a-f]{64})?", uri)
@@ -381,7 +378,8 @@ def _enroot_digest(opts: dict, operands: list[str], data: str, state: str, entry
     if _behaviour(state).get("import_fails"):
         registry, image, tag = match.group(1) or "registry-1.docker.io", match.group(2), match.group(3) or "latest"
         image = image if "/" in image or match.group(1) else f"library/{image}"
-        return _enroot_err(f"URL https://{registry}/v2/{image}/manifests/{tag} returned error code: 404 Not Found")
+        scheme = "http" if os.environ.get("ENROOT_ALLOW_HTTP") else "https"     # src/docker.sh's curl_proto
+        return _enroot_err(f"URL {scheme}://{registry}/v2/{image}/manifests/{tag} returned error code: 404 Not Found")
     sys.stderr.write(REGISTRY_GRANTED)
     print(registry_digest(uri, state))
     return 0
