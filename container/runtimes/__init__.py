@@ -332,7 +332,8 @@ def mark_checked(marker: str) -> None:
     """Note that a tagged image was pulled or checked against its registry for this job on this node."""
     try:
         os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
-        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        # never through a link, never waiting on a FIFO (O_NONBLOCK: no reader is ENXIO)
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600))
     except OSError:
         pass          # best effort: without it, the job's next rank here checks once more
 

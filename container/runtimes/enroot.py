@@ -271,7 +271,7 @@ def take_start_turn(lock: str, started: str) -> None:
     import time
 
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError as exc:
         raise LaunchError(f"cannot take the container's start lock {lock}: {exc.strerror}") from None

@@ -426,3 +426,25 @@ def test_ranks_sharing_a_root_start_it_in_turn_with_no_time_limit(tmp_path):
     plan = adapter("enroot", {}).launch(spec(image=str(tmp_path / "x.sqsh"), runtime="enroot",
                                              rank_dir=str(tmp_path / "5/n1/step-0/rank-2")), HOST)
     assert callable(plan.before[-1][0]) and plan.before[-1][1] is None       # the last step before the start
+
+
+def test_a_fifo_or_link_where_a_rank_keeps_its_notes_fails_or_is_ignored_never_hangs(tmp_path):
+    """The job's node directory is the user's: a FIFO planted where the once-per-job registry note
+    goes, or where the ranks take their start turn, must not hang the rank (an open for writing
+    waits for a reader), and a symlink there is never followed."""
+    from tether.container.runtimes import pmi_fd
+
+    for name in ("checked", "turn"):
+        os.mkfifo(tmp_path / name)
+    os.symlink("/etc/passwd", tmp_path / "link")
+    script = ("import sys; from tether.container.runtimes import mark_checked; "
+              "from tether.container.runtimes.enroot import take_start_turn; from tether.container.spec import LaunchError\n"
+              "mark_checked(sys.argv[1] + '/checked'); take_start_turn(sys.argv[1] + '/turn', sys.argv[1] + '/started')\n"
+              "try:\n    take_start_turn(sys.argv[1] + '/link', sys.argv[1] + '/started')\n"
+              "except LaunchError as exc:\n    print(exc)\n")
+    ran = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith(f"cannot take the container's start lock {tmp_path}/link: ")
+    assert Path("/etc/passwd").read_text().startswith("root:")
+    # PMI_FD is the job's to set: only a small ASCII number naming an open descriptor counts
+    assert [pmi_fd({"PMI_FD": v}) for v in ("\u0663", "9" * 40, "-1", "2", "", "1" + "0" * 5)] == [None] * 6
