@@ -18,6 +18,10 @@ in two modes the admin chooses (``container.environment``):
   terminal enter; never one of the image's above.
 * In both, a name listed in ``--container-env`` enters with the host's value even where the image
   would win (``--container-env=PATH``); the runtimes' control variables never enter.
+* With ``--container-entrypoint`` (as pyxis): the image's entrypoint starts with the image's
+  environment, the allowlist's variables and the ``--container-env`` names only; the job's other
+  variables are set after it, just before the command, for the names it left unset -- what the
+  entrypoint set or exported (and the image's ``ENV``) wins for the rest (:func:`entrypoint_split`).
 """
 
 from __future__ import annotations
@@ -88,6 +92,19 @@ def passed_from_host(host: Mapping[str, str], spec: LaunchSpec, mode: str = DEFA
         if name in named or (not image_wins(name) if inherit else allowed(name)):
             chosen[name] = value
     return chosen
+
+
+def entrypoint_split(passed: Mapping[str, str], spec: LaunchSpec) -> tuple[dict[str, str], dict[str, str]]:
+    """(what the image's entrypoint starts with, what is set after it for the names it left
+    unset) of the ``passed`` variables. Without ``--container-entrypoint`` everything is passed at
+    once. pyxis starts the entrypoint with the container's environment and the ``--container-env``
+    names only (its suite: a job's ``DOCKER_TLS_VERIFY`` reaches docker's entrypoint only when
+    named), then gives the task the job's variables the container's environment lacks."""
+    if not spec.entrypoint:
+        return dict(passed), {}
+    named = set(spec.env_names)
+    first = {n: v for n, v in passed.items() if n in named or allowed(n)}
+    return first, {n: v for n, v in passed.items() if n not in first}
 
 
 def _names(items) -> str:

@@ -150,7 +150,7 @@ auth:
 """
 PRIVATE_REGISTRY_USER = "tether"
 BUSYBOX_REPOSITORY, BUSYBOX_TAG = "tether/busybox", "1"
-ENTRYPOINT_REPOSITORY = "tether/entrypoint"     # the same files with an ENTRYPOINT and an ENV
+ENTRYPOINT_REPOSITORY = "tether/entrypoint-env"     # the same files with an ENTRYPOINT and an ENV
 
 
 # what scontrol calls a job that has ended (IS_JOB_FINISHED; COMPLETING is shown until the epilog is done)
@@ -1256,11 +1256,13 @@ class Sandbox:
         raise SandboxError(f"{name} did not become ready within {timeout:g} s; see {log_path}")
 
     def entrypoint_image(self, *, log=print) -> str:
-        """The busybox image with an ENTRYPOINT that says it ran and then runs its arguments, and an
-        ENV of its own (--container-entrypoint, --container-save); its reference."""
+        """The busybox image with an ENTRYPOINT that says it ran (and PROBE's value when it has
+        one) and then runs its arguments, and an ENV of its own (--container-entrypoint,
+        --container-save); its reference."""
         return self.registry_image(log=log, repository=ENTRYPOINT_REPOSITORY, changes=(
-            'ENTRYPOINT ["/bin/sh", "-c", "echo entrypoint ran; exec \\"$@\\"", "entrypoint"]',
-            'CMD ["/bin/sh"]', "ENV TETHER_IMAGE_ENV=from-the-image"))
+            'ENTRYPOINT ["/bin/sh", "-c", "echo entrypoint ran${PROBE:+ with PROBE=$PROBE}; exec \\"$@\\"", '
+            '"entrypoint"]',
+            'CMD ["/bin/sh"]', "ENV TETHER_IMAGE_ENV=from-the-image", "ENV IMAGE_GREETING=hello-from-the-image"))
 
     def registry_image(self, *, log=print, repository: str = BUSYBOX_REPOSITORY,
                        changes: tuple[str, ...] = ("CMD /bin/sh",), replace: bool = False) -> str:

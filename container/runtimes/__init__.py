@@ -16,13 +16,60 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 from ...hooks.imageref import ImageRef, ImageRefError, parse_image
 from ...hooks.layout import user_dir_base
 from ..environment import DEFAULT_MODE, overrides, passed_from_host
-from ..spec import LaunchError, Record, check_reachable
+from ..spec import CONTAINER_WORKDIR, LaunchError, Record, check_reachable
 
 if TYPE_CHECKING:
     from typing import Mapping, Sequence
 
     from ..spec import LaunchSpec
 
+
+
+# --container-entrypoint: the job's variables the entrypoint does not start with
+# (environment.entrypoint_split), one file each in the rank's work directory, set by the command's
+# shell after the entrypoint -- only for names still unset there -- and removed at once (a mount
+# over the work directory hides them: said). Arguments: the directory as seen inside, then the rest.
+LATER_DIR = ".tether-later"
+LATER_PART = ('if [ -d "$1" ]; then for _tether_f in "$1"/*; do [ -f "$_tether_f" ] || continue; '
+              '_tether_n=${_tether_f##*/}; case $_tether_n in [!A-Za-z_]*|*[!A-Za-z0-9_]*) continue;; esac; '
+              'eval "_tether_s=\\${$_tether_n+x}"; [ -n "$_tether_s" ] && continue; '
+              '_tether_v=$(cat "$_tether_f"; echo x); export "$_tether_n=${_tether_v%x}"; done; '
+              'unset _tether_f _tether_n _tether_s _tether_v; rm -rf "$1"; '
+              'else echo "tether: $1 is not in the container (a mount covers it): the job\'s variables the '
+              'entrypoint did not start with were not passed" >&2; fi; shift; ')
+
+
+def write_private(path: str | None, text: str, suffix: str, what: str) -> str:
+    """``text`` in a file of mode 0600 at ``path`` (its directory made 0700; never through a
+    symlink) or, by hand (None), in a new temporary file; the path. ``what`` names it in the error."""
+    try:
+        if path is None:
+            import tempfile                   # only by hand: it costs a rank milliseconds
+
+            fd, path = tempfile.mkstemp(prefix="tether-enroot-", suffix=suffix)
+        else:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
+            fh.write(text)
+    except OSError as exc:            # something else where the file belongs (a symlink: ELOOP)
+        raise LaunchError(f"cannot write {what} {path}: {exc.strerror}") from None
+    return path
+
+
+def write_values(directory: str, values: Mapping[str, str], what: str = "values file") -> None:
+    """Each value in a file of its own (named after its variable, mode 0600, never through a
+    symlink) in ``directory``, made 0700: what a shell part (enroot's VALUES_PART, LATER_PART)
+    reads inside the container."""
+    for name, value in values.items():
+        write_private(os.path.join(directory, name), value, "", what)
+
+
+def later_values(rank_dir: str, later: Mapping[str, str]) -> str:
+    """``later`` (see LATER_DIR) written in the rank's work directory; that directory as the
+    container sees it (LATER_PART's first argument)."""
+    write_values(os.path.join(rank_dir, "work", LATER_DIR), later, "file of a variable for after the entrypoint")
+    return f"{CONTAINER_WORKDIR}/{LATER_DIR}"
 
 
 class Launch(Record):

@@ -25,8 +25,9 @@ from ...hooks.layout import USER_STORE_ROOT
 from ..launch import progress
 from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, LaunchError, Mount, named_enroot_marker,
                     no_named_container, refuse_existing)
-from . import (Launch, Runtime, checked_marker, existing_store, mark_checked, pmi_fd, registry_unchecked,
-               store_directory)
+from ..environment import entrypoint_split
+from . import (LATER_PART, Launch, Runtime, checked_marker, existing_store, later_values, mark_checked, pmi_fd,
+               registry_unchecked, store_directory, write_private, write_values)
 
 DEFAULT_STORE = f"{USER_STORE_ROOT}/{{uid}}/enroot"     # container.enroot.store's default
 
@@ -49,10 +50,11 @@ VALUES_DIR = ".tether-values"
 # enroot that exits 1 without it failed itself -- enroot-switchroot, a hook -- before the command.
 STARTED_FILE = ".tether-started"
 STARTED_PROLOGUE = f': > "{CONTAINER_WORKDIR}/{STARTED_FILE}" 2>/dev/null; '
-VALUES_PROLOGUE = ('if [ -d "$1" ]; then for f in "$1"/*; do [ -f "$f" ] || continue; v=$(cat "$f"; echo x); '
-                   'export "${f##*/}=${v%x}"; done; rm -rf "$1"; else echo "tether: $1 is not in the container '
-                   '(a mount covers it): variables with a line break or quotes around their value were not '
-                   'passed" >&2; fi; shift; ' + CD_PROLOGUE)
+VALUES_PART = ('if [ -d "$1" ]; then for f in "$1"/*; do [ -f "$f" ] || continue; v=$(cat "$f"; echo x); '
+               'export "${f##*/}=${v%x}"; done; rm -rf "$1"; else echo "tether: $1 is not in the container '
+               '(a mount covers it): variables with a line break or quotes around their value were not '
+               'passed" >&2; fi; shift; ')
+VALUES_PROLOGUE = VALUES_PART + CD_PROLOGUE
 # PMI-2 (srun --mpi=pmi2) hands each task its connection as a descriptor (PMI_FD), which `enroot
 # start` closes (enroot-switchroot: closefrom(3)); the launcher serves it over a Unix socket in the
 # rank's work directory to tether-fd-receive (a static program installed next to tether-run), which
@@ -116,13 +118,6 @@ def fstab_line(mount: Mount, *, rank: bool = False) -> str:
     return line
 
 
-def write_values(directory: str, values: Mapping[str, str]) -> None:
-    """Each value enroot's environment file cannot carry in a file of its own (named after its
-    variable, mode 0600, never through a symlink) in ``directory``, made 0700 (VALUES_PROLOGUE)."""
-    for name, value in values.items():
-        write_private(os.path.join(directory, name), value, "", "values file")
-
-
 def write_environ_conf(path: str | None, values: Mapping[str, str], mount_lines: Sequence[str] = ()) -> str:
     """An ``enroot start --conf`` script whose ``environ()`` prints the variables (enroot appends
     its output to the container's environment file after the image's /etc/environment, so these
@@ -148,31 +143,13 @@ def write_environ_conf(path: str | None, values: Mapping[str, str], mount_lines:
                  f"cat <<'{END_OF_MOUNTS}'\n"
                  + "".join(f"{line}\n" for line in mount_lines)
                  + f"{END_OF_MOUNTS}\n}}\n")
-    return write_private(path, text, ".conf", "environment script")
+    return write_private(path, text, ".conf", "enroot's environment script")
 
 
 def write_rc(path: str | None) -> str:
     """An ``enroot start --rc`` script that runs the command itself, not the image's entrypoint."""
     return write_private(path, '# tether: --no-container-entrypoint, the command itself\nexec "$@"\n', ".rc",
-                         "rc script")
-
-
-def write_private(path: str | None, text: str, suffix: str, what: str) -> str:
-    """``text`` in a file of mode 0600 at ``path`` (its directory made 0700; never through a
-    symlink) or, by hand (None), in a new temporary file; the path."""
-    try:
-        if path is None:
-            import tempfile                   # only by hand: it costs a rank milliseconds
-
-            fd, path = tempfile.mkstemp(prefix="tether-enroot-", suffix=suffix)
-        else:
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
-            fh.write(text)
-    except OSError as exc:            # something else where the file belongs (a symlink: ELOOP)
-        raise LaunchError(f"cannot write enroot's {what} {path}: {exc.strerror}") from None
-    return path
+                         "enroot's rc script")
 
 
 def _create_whole(binary: str, name: str, sqsh: str, data: str, marker: str | None = None,
@@ -186,7 +163,7 @@ def _create_whole(binary: str, name: str, sqsh: str, data: str, marker: str | No
         from ...system.proc import CommandError, run_command
 
         if marker:
-            write_private(marker, step + "\n", "", "marker of the container's step")
+            write_private(marker, step + "\n", "", "enroot's marker of the container's step")
         partial = f"{name}.partial-{os.getpid()}"
         try:
             run_command([binary, "create", "--name", partial, sqsh], env=env, timeout=3600)
@@ -526,6 +503,9 @@ class Enroot(Runtime):
         elif not os.path.isdir(os.path.join(data, name)):     # where enroot create put it
             raise LaunchError(no_named_container(spec))
         passed, own = self.container_env(spec, host_env)
+        # --container-entrypoint: the entrypoint starts without the job's other variables, which
+        # the command's shell sets after it where it left them unset (LATER_PART), as pyxis
+        passed, later = entrypoint_split(passed, spec) if spec.rank_dir else (passed, {})
         argv = [self.binary, "start", *self.args]
         if spec.writable:
             argv.append("--rw")
@@ -576,9 +556,11 @@ class Enroot(Runtime):
         argv += self.own_env_args(own)
         if self.gpu_kind(spec) == "cuda":
             argv += ["--env", "NVIDIA_VISIBLE_DEVICES=all"]
-        script, values = ((VALUES_PROLOGUE, [f"{CONTAINER_WORKDIR}/{VALUES_DIR}"]) if uncarried else (CD_PROLOGUE, []))
-        argv += [name, *relay, "/bin/sh", "-c", (STARTED_PROLOGUE if spec.rank_dir else "") + script, "sh",
-                 *values, spec.workdir, *spec.command]
+        script, values = (VALUES_PART, [f"{CONTAINER_WORKDIR}/{VALUES_DIR}"]) if uncarried else ("", [])
+        if later:
+            script, values = script + LATER_PART, [*values, later_values(spec.rank_dir, later)]
+        argv += [name, *relay, "/bin/sh", "-c", (STARTED_PROLOGUE if spec.rank_dir else "") + script + CD_PROLOGUE,
+                 "sh", *values, spec.workdir, *spec.command]
         if not spec.name and not shared:      # a shared root goes with the step's directory
             after.insert(0, [self.binary, "remove", "--force", name])
         if (shared or spec.name) and spec.rank_dir:

@@ -23,10 +23,11 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.layout import CLEANUP_MARKER, NODE_STEP_PREFIX, POD_MARKER, USER_STORE_ROOT, user_run_dir
 from ..launch import cgroup_paths, progress, reap_zombies, remove_file, report
+from ..environment import entrypoint_split
 from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, NAMED_MADE_BY, LaunchError, Mount, effective_mounts,
                     mount_refusal, named_podman_home, no_named_container, read_regular, refuse_existing)
-from . import (Launch, Runtime, checked_marker, existing_store, mark_checked, own_directory, pmi_fd,
-               registry_unchecked, store_directory)
+from . import (LATER_PART, Launch, Runtime, checked_marker, existing_store, later_values, mark_checked,
+               own_directory, pmi_fd, registry_unchecked, store_directory)
 
 if TYPE_CHECKING:
     from typing import Mapping, Sequence
@@ -609,6 +610,11 @@ class Podman(Runtime):
             attached = self.attach(spec, env, host_env, passed, own, bool(fds or mpi_args), devices)
             if attached:
                 return attached
+        # --container-entrypoint: the entrypoint starts without the job's other variables, which
+        # a shell between it and the command sets where it left them unset (LATER_PART), as pyxis
+        passed, later = entrypoint_split(passed, spec) if spec.rank_dir else (passed, {})
+        command = (["/bin/sh", "-c", LATER_PART + 'exec "$@"', "sh", later_values(spec.rank_dir, later),
+                    *spec.command] if later else list(spec.command))
         name = spec.rank_instance      # one podman container per rank, --container-name or not
         # podman writes the container's id here once it exists (see Launch.created): in the rank's
         # own directory, which nothing else of tether's changes while podman runs (system.dirstamp)
@@ -704,13 +710,16 @@ class Podman(Runtime):
                 write_atomic(image_env, "".join(f"{line}\n" for line in lines), 0o600)
                 at = argv.index("--env-file") if "--env-file" in argv else len(argv)
                 argv[at:at] = ["--env-file", image_env]
+        if prepare and later:           # the entrypoint goes before the shell that sets ``later``
+            command_prepare = prepare
+            prepare = lambda argv: command_prepare(argv, len(command))    # noqa: E731
         if prepare:
             # the image's ENV first: podman lets a later --env-file win, and the job's values win
             at = argv.index("--env-file") if "--env-file" in argv else len(argv)
             argv[at:at] = image_argv[:2]
             image_argv = image_argv[2:]
         argv += image_argv
-        argv += spec.command
+        argv += command
         # After an abnormal end (a signal, the step cancelled) --rm may not have run: remove it. If
         # the step's end kills that too, slurmstepd runs it once the step is over (see ``marker``).
         marker = os.path.join(os.path.dirname(spec.rank_dir), f"{CLEANUP_MARKER}{spec.rank}") if spec.rank_dir else None
@@ -911,8 +920,9 @@ class Podman(Runtime):
         targets = [m.target for m in mounts if m.kind == "tmpfs" or os.path.isdir(m.source)]
         before = [*before, (lambda env: make_targets(rootfs, targets), None)]
 
-        def prepare(argv: list[str]) -> list[str]:
-            """The image's ENTRYPOINT before the command (known once the container is unpacked);
+        def prepare(argv: list[str], command_length: int = len(spec.command)) -> list[str]:
+            """The image's ENTRYPOINT before the command (its last ``command_length`` words: known
+            once the container is unpacked);
             a --container-workdir the root lacks refused in pyxis's words (podman's own names a
             container id the user never saw)."""
             if spec.workdir != CONTAINER_WORKDIR and not any(
@@ -930,7 +940,7 @@ class Podman(Runtime):
                 raise LaunchError(f"{config} is not the regular file tether unpacked there"
                                   + (f"; use another name (or remove {home})" if spec.name else ""))
             entrypoint = [str(a) for a in (json.loads(text).get("Entrypoint") or []) if a]
-            at = len(argv) - len(spec.command)
+            at = len(argv) - command_length
             return argv[:at] + entrypoint + argv[at:]
 
         return run_image, before, prepare

@@ -690,6 +690,23 @@ def test_pyxis_remap_root_entrypoint_and_mount_flags(cluster):
         subprocess.run(["rm", "-rf", str(scripts)], check=False)
 
 
+def test_the_entrypoint_starts_with_the_named_variables_and_the_command_gets_the_jobs(cluster):
+    """Issue 45 (pyxis's entrypoint.bats, real podman): the image's entrypoint starts without the
+    job's own variables unless --container-env names them (docker's entrypoint picks its port by
+    DOCKER_TLS_VERIFY); the command has them after it, where the entrypoint and the image's ENV
+    left them unset; the rank's variables reach both."""
+    image = cluster.box.entrypoint_image()
+    job = ["env", "PROBE=job", "IMAGE_GREETING=job", "srun", "-N1", f"--container-image={image}"]
+    show = ["sh", "-c", "echo $PROBE $IMAGE_GREETING $SLURM_PROCID"]
+    hidden = cluster.as_user([*job, "--container-entrypoint", *show])
+    assert hidden.stdout.split("\n")[:2] == ["entrypoint ran", "job hello-from-the-image 0"], \
+        hidden.stdout + hidden.stderr
+    named = cluster.as_user([*job, "--container-entrypoint", "--container-env=PROBE", *show])
+    assert named.stdout.split("\n")[:2] == ["entrypoint ran with PROBE=job", "job hello-from-the-image 0"], named
+    plain = cluster.as_user([*job, *show])             # no entrypoint: the job's values win over the image's
+    assert plain.stdout == "job job 0\n", plain.stdout + plain.stderr
+
+
 def test_container_save_writes_an_image_the_next_job_runs(cluster):
     """Issue 15: --container-save=PATH (relative to the working directory) saves the node's first
     rank's container after the step as an OCI archive; a later job runs it with

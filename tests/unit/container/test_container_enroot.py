@@ -448,3 +448,24 @@ def test_a_fifo_or_link_where_a_rank_keeps_its_notes_fails_or_is_ignored_never_h
     assert Path("/etc/passwd").read_text().startswith("root:")
     # PMI_FD is the job's to set: only a small ASCII number naming an open descriptor counts
     assert [pmi_fd({"PMI_FD": v}) for v in ("\u0663", "9" * 40, "-1", "2", "", "1" + "0" * 5)] == [None] * 6
+
+
+def test_enroot_with_the_entrypoint_sets_the_jobs_other_variables_after_it(tmp_path):
+    """--container-entrypoint on enroot (pyxis): environ() prints only what the entrypoint starts
+    with; the job's other variables are files the command's shell reads after the image's /etc/rc
+    ran the entrypoint (LATER_PART, before the working directory's cd)."""
+    from tether.container.runtimes import LATER_DIR, LATER_PART
+
+    rank_dir = tmp_path / "42/n2/step-0/rank-3"
+    sqsh = tmp_path / "img.sqsh"
+    sqsh.write_bytes(b"hsqs")
+    launch = adapter("enroot", {"store": ""}).launch(
+        spec(image=str(sqsh), runtime="enroot", rank_dir=str(rank_dir), entrypoint=True, env_names=("OTHER",)), HOST)
+    argv = launch.argv
+    assert "--rc" not in argv
+    text = Path(argv[argv.index("--conf") + 1]).read_text()
+    assert "OTHER=no\n" in text and "RANK=3\n" in text and "MYVAR" not in text
+    assert not (rank_dir / "work" / VALUES_DIR).exists()
+    assert (rank_dir / "work" / LATER_DIR / "MYVAR").read_text() == HOST["MYVAR"]
+    assert argv[-9:] == ["tether-42.0", "/bin/sh", "-c", STARTED_PROLOGUE + LATER_PART + CD_PROLOGUE, "sh",
+                         f"{CONTAINER_WORKDIR}/{LATER_DIR}", CONTAINER_WORKDIR, "python", "train.py"]

@@ -4,9 +4,16 @@ the allowlist mode, and the README's table of it.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
-from tether.container.environment import contract_table, passed_from_host
+from tether.container.environment import contract_table, entrypoint_split, passed_from_host
+from tether.container.runtimes import LATER_DIR, LATER_PART, later_values
+from tether.container.spec import CONTAINER_WORKDIR
 
 from helpers import REPO
 from container_helpers import HOST, spec
@@ -55,3 +62,47 @@ def test_the_jobs_lang_language_and_lc_all_stay_out_unless_named_as_pyxis_keeps_
 
 def test_contract_table_is_in_the_readme():
     assert contract_table() in (REPO / "README.md").read_text()
+
+
+# ---- --container-entrypoint: what the entrypoint starts with, what follows it (issue 45) -------
+def test_the_entrypoint_starts_with_the_allowlist_and_the_named_variables_only():
+    """pyxis's suite (entrypoint.bats): a job's DOCKER_TLS_VERIFY reaches docker's entrypoint only
+    when named in --container-env; the rest of the job's variables reach the command."""
+    passed = passed_from_host(HOST, spec())
+    assert entrypoint_split(passed, spec()) == (passed, {})            # no entrypoint: all at once
+    first, later = entrypoint_split(passed, spec(entrypoint=True, env_names=("OTHER",)))
+    assert later == {"MYVAR": HOST["MYVAR"]}
+    assert first["OTHER"] == "no" and {"RANK", "SLURM_JOB_ID", "PMIX_RANK", "CUDA_VISIBLE_DEVICES"} <= set(first)
+    assert set(first) | set(later) == set(passed) and not set(first) & set(later)
+
+
+def test_after_the_entrypoint_the_jobs_variables_fill_only_what_it_left_unset(tmp_path):
+    """The chain as a container runs it: an entrypoint that derives one variable from another and
+    sets a third, then LATER_PART (the shell between it and the command) with the job's values."""
+    rank_dir = tmp_path / "rank-3"
+    later = {"DOCKER_TLS_VERIFY": "1", "SET_BY_ENTRYPOINT": "job", "IMAGE_ENV": "job", "NL": "a\nb\n"}
+    inside = later_values(str(rank_dir), later)
+    files = rank_dir / "work" / LATER_DIR
+    assert inside == f"{CONTAINER_WORKDIR}/{LATER_DIR}" and {f.name for f in files.iterdir()} == set(later)
+    assert {oct(f.stat().st_mode & 0o777) for f in files.iterdir()} == {"0o600"}
+    entry = ('if [ -n "$DOCKER_TLS_VERIFY" ]; then export DOCKER_HOST=tcp://docker:2376; '
+             'else export DOCKER_HOST=tcp://docker:2375; fi; export SET_BY_ENTRYPOINT=entry; exec "$@"')
+    show = "import json, os, sys; print(json.dumps({n: os.environ.get(n) for n in sys.argv[1:]}))"
+    names = ["DOCKER_HOST", "DOCKER_TLS_VERIFY", "SET_BY_ENTRYPOINT", "IMAGE_ENV", "NL", "RANK"]
+    ran = subprocess.run(["sh", "-c", entry, "entrypoint", "/bin/sh", "-c", LATER_PART + 'exec "$@"', "sh",
+                          str(files), sys.executable, "-c", show, *names],
+                         env={"PATH": os.environ["PATH"], "IMAGE_ENV": "image", "RANK": "3"},
+                         capture_output=True, text=True, timeout=60)
+    assert json.loads(ran.stdout) == {"DOCKER_HOST": "tcp://docker:2375", "DOCKER_TLS_VERIFY": "1",
+                                      "SET_BY_ENTRYPOINT": "entry", "IMAGE_ENV": "image", "NL": "a\nb\n",
+                                      "RANK": "3"}, ran.stderr
+    assert not files.exists()                                    # read once, gone
+    (files / "BAD-NAME").parent.mkdir(parents=True)
+    (files / "BAD-NAME").write_text("x")                         # never evaluated: not a variable's name
+    (files / "OK").write_text("y")
+    odd = subprocess.run(["sh", "-c", LATER_PART + 'echo "$OK"', "sh", str(files)], capture_output=True,
+                         text=True, timeout=60)
+    assert (odd.stdout, odd.stderr) == ("y\n", "")
+    covered = subprocess.run(["sh", "-c", LATER_PART + "true", "sh", str(tmp_path / "none")], capture_output=True,
+                             text=True, timeout=60)
+    assert covered.returncode == 0 and "(a mount covers it): the job's variables the entrypoint" in covered.stderr

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tether.container.runtimes import adapter
-from tether.container.spec import LaunchError, Mount, parse_mounts
+from tether.container.spec import CONTAINER_WORKDIR, LaunchError, Mount, parse_mounts
 
 from container_helpers import HOST, _as_user, spec
 
@@ -721,7 +721,8 @@ def test_a_named_podman_container_runs_its_unpacked_root_and_the_jobs_values_win
     assert launch.prepare(argv) == argv                                   # no --container-entrypoint
     asked = adapter("podman", {"store": ""}).launch(
         spec(image="docker://busybox", runtime="podman", name="dev", rank_dir=rank_dir, entrypoint=True), HOST)
-    assert asked.prepare(asked.argv)[-4:] == ["/entry.sh", "x", "python", "train.py"]
+    prepared = asked.prepare(asked.argv)     # before the shell that sets the job's other variables
+    assert prepared[-9:-5] == ["/entry.sh", "x", "/bin/sh", "-c"] and prepared[-2:] == ["python", "train.py"]
     (home / "config.json").unlink()
     os.mkfifo(home / "config.json")               # the user's own directory: refused, never waited on
     with pytest.raises(LaunchError, match="config.json is not the regular file tether unpacked there"):
@@ -1225,3 +1226,30 @@ def test_a_pod_whose_infra_conmon_was_killed_is_removed_on_the_second_try(tmp_pa
     assert [line for line in said if " pod rm " in line] == [
         f"podman --runtime {runc} pod rm --force --ignore tether-7-0-pod"] * 2, said
     assert said[-1] == f"runc --root {run_dir}/runc delete --force {infra}", said
+
+
+def test_with_the_entrypoint_the_jobs_other_variables_follow_it(tmp_path, monkeypatch):
+    """--container-entrypoint (pyxis): the image's entrypoint starts without the job's variables
+    outside the allowlist and --container-env; a shell between it and the command sets them where
+    the entrypoint left them unset -- on a registry image and before a named container's own
+    ENTRYPOINT alike."""
+    from tether.container.runtimes import LATER_DIR, LATER_PART
+
+    monkeypatch.setattr("tether.container.runtimes.podman.stdio_is_terminal", lambda: False)
+    rank_dir = tmp_path / "42/n2/step-0/rank-3"
+    podman = adapter("podman", {"store": ""})
+    plain = podman.launch(spec(image="docker://busybox", runtime="podman", rank_dir=str(rank_dir)), HOST)
+    assert plain.argv[-2:] == ["python", "train.py"] and {"MYVAR", "OTHER"} <= env_file_names(plain)
+    asked = podman.launch(spec(image="docker://busybox", runtime="podman", rank_dir=str(rank_dir), entrypoint=True,
+                               env_names=("OTHER",)), HOST)
+    shell = ["/bin/sh", "-c", LATER_PART + 'exec "$@"', "sh", f"{CONTAINER_WORKDIR}/{LATER_DIR}", "python", "train.py"]
+    assert asked.argv[-len(shell):] == shell and "--entrypoint=" not in asked.argv
+    names = env_file_names(asked)
+    assert "MYVAR" not in names and {"OTHER", "RANK", "SLURM_JOB_ID"} <= names
+    assert (rank_dir / "work" / LATER_DIR / "MYVAR").read_text() == HOST["MYVAR"]
+    named = podman.launch(spec(image="docker://busybox", runtime="podman", name="dev", rank_dir=str(rank_dir),
+                               entrypoint=True), HOST)
+    home = tmp_path / "42/n2/podman-named/dev"
+    home.mkdir(parents=True)
+    (home / "config.json").write_text('{"Entrypoint": ["/entry.sh"]}')
+    assert named.prepare(named.argv)[-len(shell) - 3:] == ["--rootfs", f"{home}/rootfs", "/entry.sh", *shell]
