@@ -209,6 +209,12 @@ class Doctor:
                           f"gateways.partition: {gateways} in {self.config.source}: `tether slurm install "
                           f"--write` again after changing the config")
             return
+        batch = bool(self.config and self.config.data["container"]["batch"])
+        if self.config and (args.get("container_batch") == "1") != batch:
+            yield Finding(FAIL, "plugstack.conf", f"container_batch={args.get('container_batch', '0')} there, "
+                          f"container.batch: {str(batch).lower()} in {self.config.source}: `tether slurm install "
+                          f"--write` again after changing the config")
+            return
         bases = ":".join(self.config.user_dir_bases()) if self.config else None
         if self.config and args.get("user_dirs") != bases:
             yield Finding(FAIL, "plugstack.conf", f"user_dirs={args.get('user_dirs')} there, {bases} from the "

@@ -104,7 +104,8 @@ def plugstack_line(plugin_dir: Path, config: Config, launcher_dir: Path | None =
     gateways = config.data["gateways"]["partition"]
     return (f"required {plugin_dir / spank_build.SO_NAME} job_storage_root={config.job_storage_root} "
             f"launcher={(launcher_dir or plugin_dir) / LAUNCHER_NAME} user_dirs={':'.join(config.user_dir_bases())}"
-            + (f" gateway_partition={gateways}" if gateways else ""))
+            + (f" gateway_partition={gateways}" if gateways else "")
+            + (" container_batch=1" if config.data["container"]["batch"] else ""))
 
 
 def spank_lines(plugstack: Path, *, depth: int = 0) -> list[tuple[Path, str]]:

@@ -136,6 +136,11 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
         "entrypoint": Bool(default=False,
                            doc="run the image's entrypoint before the command by default (pyxis's "
                                "execute_entrypoint; users choose with --[no-]container-entrypoint)"),
+        "batch": Bool(default=False,
+                      doc="run a batch script with --container-image in the container by default, as pyxis "
+                          "does (its sbatch_support); false: on the host, where its srun works, unless the "
+                          "user adds --container-batch. Users choose with --[no-]container-batch. Slurm "
+                          "only (the SPANK plugin's container_batch= in plugstack.conf)"),
         "writable": Bool(nullable=True, default=None,
                          doc="containers writable by default (a step's changes stay with its container: the "
                              "step's, or the job's named one); null: each runtime's own default (podman and "

@@ -169,8 +169,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("container-unshare", "NS[,NS...]", "namespaces", "namespaces of the container's own, of net, ipc, "
            "uts (default: the host's), shared by the step's ranks on a node: net, only a loopback interface; "
            "ipc, its own SysV IPC and /dev/shm; uts, its own host name (at first the node's)"),
+    Option("no-container-batch", None, "flag", "run the batch script on the host (where its srun works) even "
+           "where the admin's container.batch puts it in the container"),
     Option("container-batch", None, "flag", "run the batch script itself in the container too (default: on "
-           "the host, where its srun works)"),
+           "the host, where its srun works, or the admin's container.batch)"),
     # --- modular jobs (docs/requirements.md, "Gateway nodes"): a heterogeneous job's component of
     # gateway nodes
     Option("gateways", "N", "count", "this heterogeneous job component is N gateway nodes: tether gives it "
@@ -255,7 +257,8 @@ PBS_RESOURCES = tuple(opt for opt in OPTIONS if opt.pbs_resource)
 PARTNERS = {a: b for x, y in (("container-writable", "container-readonly"),
                               ("container-mount-home", "no-container-mount-home"),
                               ("container-remap-root", "no-container-remap-root"),
-                              ("container-entrypoint", "no-container-entrypoint")) for a, b in ((x, y), (y, x))}
+                              ("container-entrypoint", "no-container-entrypoint"),
+                              ("container-batch", "no-container-batch")) for a, b in ((x, y), (y, x))}
 
 # pyxis's environment fallbacks (pyxis 0.24, args.c), read after tether's own TETHER_<NAME>:
 # (variable, the option it sets, for a flag the option a false value sets). A value pyxis would

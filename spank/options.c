@@ -26,6 +26,7 @@ static const struct tether_pyxis_env pyxis_env[TETHER_PYXIS_NENV] = TETHER_PYXIS
 const char *tether_job_storage_root = TETHER_DEFAULT_JOB_STORAGE_ROOT;
 const char *tether_launcher;
 const char *tether_gateway_partition;
+int tether_container_batch;
 const char *tether_user_dirs = TETHER_DEFAULT_USER_DIRS;
 
 const char *tether_opt_value(enum tether_option id)
@@ -415,10 +416,13 @@ int tether_parse_args(int ac, char **av)
 			tether_gateway_partition = av[i] + 18;
 		else if (strncmp(av[i], "user_dirs=", 10) == 0 && user_dirs_ok(av[i] + 10))
 			tether_user_dirs = av[i] + 10;
+		else if (strcmp(av[i], "container_batch=1") == 0 || strcmp(av[i], "container_batch=0") == 0)
+			tether_container_batch = av[i][16] == '1';
 		else {
 			slurm_error("tether: plugstack.conf argument '%s' is not understood (accepted: "
 				    "job_storage_root=/absolute/path, launcher=/absolute/path, "
-				    "gateway_partition=NAME, user_dirs=/absolute/path[:/absolute/path...])", av[i]);
+				    "gateway_partition=NAME, user_dirs=/absolute/path[:/absolute/path...], "
+				    "container_batch=0|1)", av[i]);
 			return -1;
 		}
 	}

@@ -39,6 +39,7 @@ typedef int (*tether_env_getter)(void *ctx, const char *name, char *buf, size_t 
 extern const char *tether_job_storage_root;
 extern const char *tether_launcher; /* the container launcher (tether-run); NULL: no containers */
 extern const char *tether_gateway_partition; /* the config's gateways.partition; NULL: no gateways */
+extern int tether_container_batch; /* the config's container.batch: a batch script in its container by default */
 /* where root makes each user's own directory on the node (':'-separated; hooks/layout.py user_dir_bases) */
 extern const char *tether_user_dirs;
 

@@ -245,7 +245,7 @@ static int open_node_and_step(int job_fd)
 int tether_stepd_post_opt(spank_t sp)
 {
 	char name[32];
-	const char *image, *named;
+	const char *image, *named, *batch, *host_batch;
 	int root_fd, fd;
 
 	if (spank_get_item(sp, S_JOB_ID, &step.job_id) == ESPANK_SUCCESS &&
@@ -282,16 +282,20 @@ int tether_stepd_post_opt(spank_t sp)
 	if (this_node() < 0)
 		return 0;
 	/* The tasks of an ordinary step run in the container; the batch script (unless
-	 * --container-batch), salloc's interactive step and the extern step stay on the host (so
-	 * srun works inside a batch script). */
+	 * --container-batch, or the admin's container_batch=1 as pyxis's sbatch_support),
+	 * salloc's interactive step and the extern step stay on the host (so srun works inside a
+	 * batch script). */
 	image = tether_opt_value(OPT_CONTAINER_IMAGE);
 	named = tether_opt_value(OPT_CONTAINER_NAME);
+	batch = tether_opt_value(OPT_CONTAINER_BATCH);
+	host_batch = tether_opt_value(OPT_NO_CONTAINER_BATCH);
 	/* --container-image= (empty): this step on the host; --container-name alone: the job's
 	 * container of that name, made by an earlier step with an image (as pyxis) */
 	step.container = (image != NULL ? image[0] != '\0' : named != NULL && named[0] != '\0') &&
 			 (step.step_id < SLURM_MAX_NORMAL_STEP_ID ||
-			  (step.step_id == SLURM_BATCH_SCRIPT && tether_opt_value(OPT_CONTAINER_BATCH) != NULL &&
-			   strcmp(tether_opt_value(OPT_CONTAINER_BATCH), "1") == 0));
+			  (step.step_id == SLURM_BATCH_SCRIPT &&
+			   (batch != NULL && strcmp(batch, "1") == 0 ? 1
+			    : host_batch != NULL && strcmp(host_batch, "1") == 0 ? 0 : tether_container_batch)));
 	/* Other container options typed for a step without an image or a name would be ignored,
 	 * the step on the host: refused instead (pyxis runs such a step on the host and says it
 	 * ignores them). Values from the environment (TETHER_CONTAINER_*: defaults, a user's

@@ -28,6 +28,7 @@ enum tether_option {
 	OPT_CONTAINER_ENTRYPOINT_LOG,
 	OPT_CONTAINER_SAVE,
 	OPT_CONTAINER_UNSHARE,
+	OPT_NO_CONTAINER_BATCH,
 	OPT_CONTAINER_BATCH,
 	OPT_GATEWAYS,
 	TETHER_NOPTS
@@ -58,12 +59,13 @@ enum tether_option {
 		{ "container-entrypoint-log", NULL, "[tether] accepted for pyxis scripts: the entrypoint's output is always the rank's own output", K_FLAG, "TETHER_CONTAINER_ENTRYPOINT_LOG", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-save", "PATH", "[tether] after the step, save the first rank's container of each node (enroot: squashfs; podman: squashfs to a `.sqsh`/`.squashfs`/`.sqfs` name, else an OCI archive); relative to the working directory", K_TEXT, "TETHER_CONTAINER_SAVE", NULL, 0L, 0L, NULL, 0 }, \
 		{ "container-unshare", "NS[,NS...]", "[tether] namespaces of the container's own, of net, ipc, uts (default: the host's), shared by the step's ranks on a node: net, only a loopback interface; ipc, its own SysV IPC and /dev/shm; uts, its own host name (at first the node's)", K_NAMESPACES, "TETHER_CONTAINER_UNSHARE", NULL, 0L, 0L, NULL, 0 }, \
-		{ "container-batch", NULL, "[tether] run the batch script itself in the container too (default: on the host, where its srun works)", K_FLAG, "TETHER_CONTAINER_BATCH", NULL, 0L, 0L, NULL, 0 }, \
+		{ "no-container-batch", NULL, "[tether] run the batch script on the host (where its srun works) even where the admin's container.batch puts it in the container", K_FLAG, "TETHER_NO_CONTAINER_BATCH", NULL, 0L, 0L, NULL, 0 }, \
+		{ "container-batch", NULL, "[tether] run the batch script itself in the container too (default: on the host, where its srun works, or the admin's container.batch)", K_FLAG, "TETHER_CONTAINER_BATCH", NULL, 0L, 0L, NULL, 0 }, \
 		{ "gateways", "N", "[tether] this heterogeneous job component is N gateway nodes: tether gives it the gateway partition and starts the gateway daemon there (sbatch; see the README)", K_COUNT, "TETHER_GATEWAY_COUNT", NULL, 1L, 16L, NULL, 0 }, \
 	}
 
 /* each option's partner of opposite meaning (surface.PARTNERS), or -1 */
-#define TETHER_PARTNERS { -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, OPT_CONTAINER_READONLY, OPT_CONTAINER_WRITABLE, -1, OPT_NO_CONTAINER_MOUNT_HOME, OPT_CONTAINER_MOUNT_HOME, OPT_NO_CONTAINER_REMAP_ROOT, OPT_CONTAINER_REMAP_ROOT, OPT_NO_CONTAINER_ENTRYPOINT, OPT_CONTAINER_ENTRYPOINT, -1, -1, -1, -1, -1 }
+#define TETHER_PARTNERS { -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, OPT_CONTAINER_READONLY, OPT_CONTAINER_WRITABLE, -1, OPT_NO_CONTAINER_MOUNT_HOME, OPT_CONTAINER_MOUNT_HOME, OPT_NO_CONTAINER_REMAP_ROOT, OPT_CONTAINER_REMAP_ROOT, OPT_NO_CONTAINER_ENTRYPOINT, OPT_CONTAINER_ENTRYPOINT, -1, -1, -1, OPT_CONTAINER_BATCH, OPT_NO_CONTAINER_BATCH, -1 }
 
 /* pyxis's fallbacks (surface.PYXIS_ENV): struct tether_pyxis_env { variable, option, option when false } */
 #define TETHER_PYXIS_NENV 13

@@ -979,6 +979,23 @@ def test_container_batch_runs_the_batch_script_itself_in_the_container(cluster, 
         out.unlink()
     assert results["asked"].strip().splitlines()[-1] == "container RANK=0 TC=1", results
     assert results["default"].strip().splitlines()[-1] == "host RANK=0 TC=no", results
+    # the admin's container.batch: true (plugstack.conf container_batch=1, as pyxis's sbatch_support):
+    # the script in the container without the option; --no-container-batch keeps it on the host
+    conf = cluster.box.plugstack_conf
+    saved = conf.read_text()
+    line = next(w for w in saved.splitlines() if "spank_tether.so" in w and not w.lstrip().startswith("#"))
+    try:
+        conf.write_text(saved.replace(line, line + " container_batch=1"))
+        for name, extra in (("site", []), ("declined", ["--no-container-batch"])):
+            out = cluster.box.work_dir / f"batch-{name}-{os.getpid()}.out"
+            cluster.sbatch_wait(["-N1", f"--output={out}", f"--container-image={image}", *extra,
+                                 "--wrap", probe], timeout=180)
+            results[name] = without_runc_warnings(out.read_text())
+            out.unlink()
+    finally:
+        conf.write_text(saved)
+    assert results["site"].strip().splitlines()[-1] == "container RANK=0 TC=1", results
+    assert results["declined"].strip().splitlines()[-1] == "host RANK=0 TC=no", results
 
 
 # ---- images (issue 14); last: a podman process of theirs may outlive a step for a moment, and

@@ -77,3 +77,24 @@ def test_the_launcher_is_looked_for_where_the_plugstack_line_names_it(tmp_path, 
         (launchers / name).write_text("x")
     (finding,) = list(Doctor(None).check_plugins())
     assert finding.status == OK and f"in {plugins}, tether-run and tether-run-py in {launchers}" in finding.detail
+
+
+def test_the_admins_container_batch_reaches_the_plugstack_line_and_the_doctor_compares_them(tmp_path, monkeypatch):
+    """container.batch: true (pyxis's sbatch_support) is the SPANK plugin's container_batch=1; a
+    plugstack line that disagrees with the config is a finding, as the other settings are."""
+    from pathlib import Path
+
+    from tether.admin.slurm import SlurmConf, plugstack_line
+    from tether.hooks.config import validate_config
+
+    site = validate_config({"container": {"batch": True}}, "t")
+    assert plugstack_line(Path("/p"), site).endswith(" container_batch=1")
+    assert "container_batch" not in plugstack_line(Path("/p"), validate_config({}, "t"))
+    doctor = Doctor(None)
+    doctor.conf = SlurmConf(tmp_path / "slurm.conf", (), tmp_path / "plugstack.conf", (), tmp_path / "pid")
+    for config, line in ((validate_config({}, "t"), plugstack_line(Path("/p"), site)),
+                         (site, plugstack_line(Path("/p"), validate_config({}, "t")))):
+        doctor.config = config
+        monkeypatch.setattr(Doctor, "_plugstack_line", lambda self, line=line: line)
+        (finding,) = list(doctor.check_plugstack())
+        assert finding.status == FAIL and "container_batch=" in finding.detail and "container.batch: " in finding.detail
