@@ -32,15 +32,23 @@ DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 PLUGSTACK_DROPIN = "/etc/slurm/plugstack.conf.d/tether.conf"
 
 
-def source_digest(toolchain: Toolchain) -> str:
-    """A digest of everything compiled into the plugins (to skip identical rebuilds)."""
-    h = hashlib.sha256(repr((toolchain, cflags(), LDFLAGS, spank_build.EXPORTS,
-                             job_submit_build.EXPORTS)).encode())
+def sources_digest() -> str:
+    """A digest of the plugins' sources alone, whatever compiles them: install refuses a build of
+    other sources (an older tether's plugin may refuse the plugstack line this one writes)."""
+    h = hashlib.sha256()
     for directory in (spank_build.source_dir(), job_submit_build.source_dir()):
         for path in sorted(directory.glob("*.[ch]")):
             h.update(path.name.encode() + path.read_bytes())
     for text in (job_submit_build.INIT_CODE, job_submit_build.GLUE):
         h.update(text.encode())
+    return h.hexdigest()
+
+
+def source_digest(toolchain: Toolchain) -> str:
+    """A digest of everything compiled into the plugins (to skip identical rebuilds)."""
+    h = hashlib.sha256(repr((toolchain, cflags(), LDFLAGS, spank_build.EXPORTS,
+                             job_submit_build.EXPORTS)).encode())
+    h.update(sources_digest().encode())
     return h.hexdigest()
 
 
@@ -65,7 +73,7 @@ def build_plugins(out_dir: Path | None = None, *, verbose: bool = False, reuse: 
     os.chmod(out, 0o755)
     cbuild = CBuild(out, verbose=verbose)
     files = [spank_build.build(out, toolchain, cbuild), job_submit_build.build(out, toolchain, cbuild)]
-    write_stamp(out, toolchain, files, source_digest=digest)
+    write_stamp(out, toolchain, files, source_digest=digest, sources=sources_digest())
     log(f"built {', '.join(f.name for f in files)} for Slurm {toolchain.slurm_version} in {out}")
     return out
 
@@ -220,6 +228,12 @@ def install_plugins(build_dir: Path | None = None, *, slurm_conf: Path | None = 
     else:
         build = Path(build_dir) if build_dir else default_build_dir()
         stamp = read_stamp(build)
+        if stamp.get("sources") != sources_digest():
+            # an upgrade without a build: the older plugin would meet this version's plugstack line
+            # (an argument it does not know fails every srun and sbatch of the cluster)
+            raise BuildError(f"the plugins in {build} were built from other sources than this tether's (an "
+                             f"earlier version's?): run `tether slurm build` again first"
+                             + (f" (--out {build})" if build_dir else ""))
     built_for = stamp["toolchain"]["slurm_version"]
     installed = installed_slurm_version()
     if installed and installed != built_for:

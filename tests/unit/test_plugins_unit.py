@@ -241,3 +241,24 @@ def test_werror_only_where_asked(monkeypatch):
     monkeypatch.delenv(toolchain.WERROR_ENV)
     assert "-Werror" not in toolchain.cflags()
     assert {"-D_FORTIFY_SOURCE=2", "-fstack-protector-strong", "-O2"} <= set(toolchain.cflags())
+
+
+def test_install_refuses_plugins_built_from_other_sources(tmp_path):
+    """An upgrade without `tether slurm build`: install copied the earlier version's plugins and
+    wrote this version's plugstack line, whose new argument (container_batch=1) that plugin refused
+    -- every srun and sbatch of the cluster failed ("init() failed"). Now install stops first."""
+    import json
+
+    from tether.admin.slurm import install_plugins, sources_digest
+    from tether.system.toolchain import BuildError
+
+    stamp = {"toolchain": {"slurm_version": "22.05.8"}, "files": ["spank_tether.so"], "sources": "0" * 64}
+    (tmp_path / "build.json").write_text(json.dumps(stamp))
+    with pytest.raises(BuildError, match=r"built from other sources than this tether's .* `tether slurm build` "
+                                         rf"again first \(--out {tmp_path}\)"):
+        install_plugins(tmp_path, slurm_conf=tmp_path / "slurm.conf", log=lambda *_: None)
+    del stamp["sources"]                                   # a build by a tether before the check
+    (tmp_path / "build.json").write_text(json.dumps(stamp))
+    with pytest.raises(BuildError, match="built from other sources"):
+        install_plugins(tmp_path, slurm_conf=tmp_path / "slurm.conf", log=lambda *_: None)
+    assert len(sources_digest()) == 64
