@@ -120,7 +120,8 @@ PROPAGATION = ("private", "rprivate", "slave", "rslave", "shared", "rshared", "u
 # always include rbind, which enroot then applies); x-create: what enroot makes for a missing target
 BIND_ONLY = ("bind", "rbind")
 CREATE = ("auto", "dir", "file")
-# a tmpfs mount's options with a value (tmpfs(5)); podman passes only size= and mode=
+# a tmpfs mount's options with a value (tmpfs(5)); podman's --tmpfs takes only size= and mode=
+# (a tmpfs with others is an anonymous volume there: podman.mount_args)
 TMPFS_OPTIONS = ("size", "nr_blocks", "nr_inodes", "mode", "uid", "gid", "huge")
 PODMAN_TMPFS_OPTIONS = ("size", "mode")
 # a tmpfs mount's huge= (the kernel's shmem_parse_huge for a mount; deny and force are only for
@@ -424,12 +425,18 @@ def mount_refusal(mounts: Sequence[Mount], runtime: str) -> str | None:
         if runtime in ("apptainer", "singularity") and mount.kind != "bind":
             return (f"--container-mounts: {mount.source}:{mount.target}: tether does no {mount.kind} mounts with "
                     f"{runtime} (podman and enroot do)")
-        if runtime == "podman" and mount.kind == "tmpfs":
-            other = [o for o in mount.options if o.split("=", 1)[0] not in PODMAN_TMPFS_OPTIONS]
-            if other:
-                return (f"--container-mounts: tmpfs:{mount.target}: podman takes only size= and mode= for a tmpfs, "
-                        f"not {other[0]} (enroot, as pyxis, takes every tmpfs option: --container-runtime=enroot)")
+        if runtime == "podman" and mount.kind == "tmpfs" and not podman_tmpfs(mount):
+            propagation = [f for f in mount.flags if f in PROPAGATION]
+            if propagation:
+                return (f"--container-mounts: tmpfs:{mount.target}: podman mounts a tmpfs with options beyond size= "
+                        f"and mode= as a volume, which takes no propagation flag ({propagation[0]}); a new tmpfs "
+                        f"has nothing mounted below it to propagate: leave the flag out")
     return None
+
+
+def podman_tmpfs(mount: Mount) -> bool:
+    """Can podman's ``--tmpfs`` take this tmpfs's options (size= and mode= only)?"""
+    return all(o.split("=", 1)[0] in PODMAN_TMPFS_OPTIONS for o in mount.options)
 
 
 def check_mount_sources(mounts: Sequence[Mount], admin: Sequence[str] = ()) -> None:

@@ -139,7 +139,7 @@ OPTIONS: tuple[Option, ...] = (
            "unmounted); DST absolute or from the container's root (./data); FLAGS joined with '+': ro, rw, "
            "[no]suid, [no]dev, [no]exec, [r]private, [r]slave, [r]shared, [r]unbindable, [r]bind, "
            "x-create=auto, dir or file; a tmpfs also size=, mode=, nr_inodes=, nr_blocks=, uid=, gid=, huge= "
-           "(podman: size= and mode= only)"),
+           "(podman: as an anonymous volume, beyond size= and mode=)"),
     Option("container-workdir", "DIR", "text", "working directory inside the container; relative: from the "
            "container's root (as pyxis); it must exist in the image (as pyxis)"),
     Option("container-env", "NAME,...", "env_names", "host variables that win over the image's"),

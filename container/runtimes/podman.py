@@ -24,8 +24,9 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 from ...hooks.layout import CLEANUP_MARKER, NODE_STEP_PREFIX, POD_MARKER, USER_STORE_ROOT, user_run_dir
 from ..launch import cgroup_paths, progress, reap_zombies, remove_file, report
 from ..environment import entrypoint_split
-from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, NAMED_MADE_BY, LaunchError, Mount, effective_mounts,
-                    mount_refusal, named_podman_home, no_named_container, read_regular, refuse_existing)
+from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, NAMED_MADE_BY, PROPAGATION, LaunchError, Mount,
+                    effective_mounts, mount_refusal, named_podman_home, no_named_container, podman_tmpfs,
+                    read_regular, refuse_existing)
 from . import (LATER_PART, Launch, Runtime, checked_marker, existing_store, later_values, mark_checked,
                own_directory, pmi_fd, registry_unchecked, store_directory)
 
@@ -675,7 +676,7 @@ class Podman(Runtime):
         for mount in (*spec.rank_mounts(), *mounts):
             # a tmpfs: --tmpfs DST[:size=,mode=,ro,...] (podman 4.3 and 5 alike); a bind: --volume
             # SRC:DST[:ro,nosuid,unbindable,...], recursive as pyxis's
-            argv += ["--tmpfs" if mount.kind == "tmpfs" else "--volume", str(mount)]
+            argv += mount_args(mount)
         argv += ["--workdir", spec.workdir]
         argv += devices
         if gpu == "rocm":
@@ -745,7 +746,7 @@ class Podman(Runtime):
             root = image_argv[image_argv.index("--rootfs") + 1] if "--rootfs" in image_argv else None
             source = (root, bool(prepare)) if root and not root.endswith(":O") else None
             finish = ([lambda env: save([self.binary, *glob], name, partial, env, source=source)], partial, spec.save)
-            after = [[self.binary, *glob, "rm", "--force", "--ignore", name]]
+            after = [[self.binary, *glob, "rm", "--force", "--ignore", "--volumes", name]]
         if pod:
             step_dir = os.path.dirname(spec.rank_dir)
             podman = [self.binary, *glob]
@@ -1138,7 +1139,8 @@ class Podman(Runtime):
         # only a container podman no longer knows counts as removed
         for attempt in range(4):
             time.sleep(0.5 * attempt)                    # 0, 0.5, 1, 1.5 s: 3 s at most
-            run([self.binary, "rm", *glob, "--force", "--ignore", "--time", "0", name], reaping=reap)
+            # --volumes: its anonymous ones too (a tmpfs with options: mount_args)
+            run([self.binary, "rm", *glob, "--force", "--ignore", "--volumes", "--time", "0", name], reaping=reap)
             if gone():
                 removed = True
                 break
@@ -1252,6 +1254,30 @@ class _ImageOnly:
 
     def __init__(self, image: str):
         self.image, self.writable, self.mounts = image, False, ()
+
+
+def mount_args(mount: Mount) -> list[str]:
+    """podman's arguments for one mount: a bind, ``--volume SRC:DST[:ro,nosuid,unbindable,...]``
+    (recursive, as pyxis's); a tmpfs, ``--tmpfs DST[:size=,mode=,ro,...]`` -- or, with an option
+    --tmpfs refuses (podman 4.3 and 5 take only size= and mode=: "unknown mount option"), an
+    anonymous volume of the local driver's tmpfs (``--mount type=volume,...,volume-opt=o=...``),
+    which podman mounts with mount(8) and every tmpfs option, in the user's namespace, for this
+    container only, and removes with it (run --rm; rm --volumes)."""
+    if mount.kind != "tmpfs":
+        return ["--volume", str(mount)]
+    if podman_tmpfs(mount):
+        return ["--tmpfs", str(mount)]
+    import csv
+    import io
+
+    # the mount flags on the volume's own mount (runc binds the tmpfs podman mounted: a flag only on
+    # the tmpfs, noexec, cannot be cleared by that bind -- EPERM); no propagation flag (mount_refusal)
+    flags = [*("ro",) * mount.readonly, *(f for f in mount.flags if f not in PROPAGATION)]
+    line = io.StringIO()         # --mount is one CSV record: a field with ',' or '"' is quoted
+    csv.writer(line, lineterminator="").writerow(
+        ["type=volume", f"dst={mount.target}", *flags, "volume-opt=type=tmpfs", "volume-opt=device=tmpfs",
+         f"volume-opt=o={','.join(mount.options)}"])
+    return ["--mount", line.getvalue()]
 
 
 def missing_targets(path: str, mounts=()) -> list[str]:

@@ -58,7 +58,7 @@ def test_cleanup_runs_only_tethers_own_removal_for_what_a_marker_names(public_di
     store = f"--root /var/tmp/store-1003/storage --runroot {xdg}/tether-podman/storage"
     assert log.read_text().splitlines() == [
         f"podman inspect --runtime {runc} {store} --format {{{{.Id}}}} tether-7-0-0",
-        f"podman rm --runtime {runc} {store} --force --ignore --time 0 tether-7-0-0",
+        f"podman rm --runtime {runc} {store} --force --ignore --volumes --time 0 tether-7-0-0",
         f"podman container exists --runtime {runc} {store} tether-7-0-0",
         f"runc --root {xdg}/runc delete --force {'ab' * 32}"]
     assert not pwned.exists()

@@ -4,6 +4,8 @@ sources checked as the user reaches them, relative sources and the working direc
 
 from __future__ import annotations
 
+import csv
+
 import os
 import subprocess
 from pathlib import Path
@@ -212,14 +214,28 @@ def test_podman_gets_binds_as_volumes_tmpfs_as_tmpfs_and_umount_takes_a_mount_aw
     assert not [a for a in gone if a.endswith((f":{home}", ":/b"))]
     with pytest.raises(LaunchError, match=r"umount:/proc: nothing is mounted there .* pyxis's enroot unmounts any"):
         podman.launch(spec(image=str(rootfs), runtime="podman", mounts=parse_mounts("umount:/proc")), host)
-    with pytest.raises(LaunchError, match=r"podman takes only size= and mode= for a tmpfs, not huge=within_size "
-                                          r"\(enroot, as pyxis, takes every tmpfs option"):
-        podman.launch(spec(image=str(rootfs), runtime="podman", mounts=parse_mounts("tmpfs:/t:huge=within_size")),
-                      host)
-    # the same refusals at submit, for the runtime the job will use
-    with pytest.raises(LaunchError, match="podman takes only size= and mode="):
-        check_container_options({"container-image": "/i", "container-mounts": "tmpfs:/t:huge=within_size"}, "podman")
-    check_container_options({"container-image": "/i", "container-mounts": "tmpfs:/t:huge=within_size"}, "enroot")
+    # a tmpfs option podman's --tmpfs refuses (huge=, nr_inodes=, uid=, ...): an anonymous volume of
+    # a tmpfs, every option to mount(8) (pyxis's mounts.bats: huge=within_size); a target with ','
+    # or '"' quoted in --mount's CSV record
+    odd = podman.launch(spec(image=str(rootfs), runtime="podman", mounts=parse_mounts(
+        'tmpfs:/t:huge=within_size+nr_inodes=1k+noexec,tmpfs:/a b:uid=0+gid=0+ro')), host).argv
+    assert ["--mount", 'type=volume,dst=/t,noexec,volume-opt=type=tmpfs,volume-opt=device=tmpfs,'
+                       '"volume-opt=o=huge=within_size,nr_inodes=1k"'] in _pairs(odd)
+    assert ["--mount", 'type=volume,dst=/a b,ro,volume-opt=type=tmpfs,volume-opt=device=tmpfs,'
+                       '"volume-opt=o=uid=0,gid=0"'] in _pairs(odd)
+    from tether.container.runtimes.podman import mount_args
+
+    (record,) = mount_args(Mount(source="tmpfs", target='/x,"y', options=("huge=always",)))[1:]
+    assert next(csv.reader([record])) == ["type=volume", 'dst=/x,"y', "volume-opt=type=tmpfs",
+                                          "volume-opt=device=tmpfs", "volume-opt=o=huge=always"]
+    with pytest.raises(LaunchError, match="as a volume, which takes no propagation flag .rprivate."):
+        podman.launch(spec(image=str(rootfs), runtime="podman",
+                           mounts=parse_mounts("tmpfs:/t:huge=always+rprivate")), host)
+    assert ["--tmpfs", "/t:rprivate,size=1m"] in _pairs(podman.launch(
+        spec(image=str(rootfs), runtime="podman", mounts=parse_mounts("tmpfs:/t:size=1m+rprivate")), host).argv)
+    # accepted at submit for every runtime that mounts a tmpfs
+    for runtime in ("podman", "enroot"):
+        check_container_options({"container-image": "/i", "container-mounts": "tmpfs:/t:huge=within_size"}, runtime)
     for runtime in ("apptainer", "singularity"):
         for entry in ("tmpfs:/t", "umount:/u"):
             with pytest.raises(LaunchError, match=f"tether does no (tmpfs|umount) mounts with {runtime}"):

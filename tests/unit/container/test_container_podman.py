@@ -682,7 +682,7 @@ def test_container_save_keeps_the_container_until_it_is_saved(tmp_path):
     assert "--rm" not in p.argv
     (steps, partial, final) = p.finish
     assert callable(steps[0]) and final == str(tmp_path / "c.tar") and partial.startswith(final + ".")
-    assert p.after == [["podman", "rm", "--force", "--ignore", "tether-42-0-3"]]       # after the save
+    assert p.after == [["podman", "rm", "--force", "--ignore", "--volumes", "tether-42-0-3"]]       # after the save
     sqsh = tmp_path / "img.sqsh"
     sqsh.write_bytes(b"hsqs")
     e = adapter("enroot", {"store": ""}).launch(spec(image=str(sqsh), runtime="enroot", rank_dir=rank_dir,
