@@ -61,6 +61,7 @@ sandbox-up: test-setup
 sandbox-down:
 	$(VENV)/bin/tether sandbox down
 
-# Files generated from the names table (hooks/surface.py) and committed; a test keeps them equal.
+# Files generated from the names table (hooks/surface.py) and committed -- native/tether_names.h, the
+# README's tables, docs/man; a test keeps them equal.
 generated: install
 	$(VENV)/bin/python tools/regenerate.py

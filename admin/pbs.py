@@ -2,7 +2,7 @@
 
 Without ``apply`` it prints what it would do and changes nothing. With ``apply``, on every PBS host
 (server and execution hosts alike): it builds ``tether-jobdirs`` (the MoM hooks' directory helper:
-the SPANK plugin's jobdirs.c and pbs_hooks/tether_jobdirs.c) and writes tether's container launcher
+tether.native's jobdirs.c and pbs_hooks/tether_jobdirs.c) and writes tether's container launcher
 into ``libexec``, creates job_storage_root, writes the hooks' JSON configs into ``hook_dir`` and runs
 the qmgr commands (on an execution host without qmgr rights they fail: print them and run them on
 the server host). The hook files (pbs_hooks/tether_submit.py, tether_exec.py) are imported as they
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..hooks.config import Config, plain_data
 from ..hooks.surface import PBS_RESOURCES
-from ..spank.build import source_dir as spank_source_dir
+from ..native.build import source_dir as native_source_dir
 from ..system.files import write_atomic
 from ..system.proc import CommandError, run_command
 from ..system.toolchain import CBuild, tether_import_path
@@ -53,8 +53,9 @@ def hook_file(name: str = SUBMIT_HOOK) -> Path:
 def build_helper(libexec: Path, *, build_dir: Path | None = None) -> Path:
     """Compile tether-jobdirs into ``libexec`` (mode 755, a new inode); objects in ``build_dir``."""
     cbuild = CBuild(build_dir or Path(libexec) / ".build")
-    objects = [cbuild.compile(spank_source_dir() / "jobdirs.c"),
-               cbuild.compile(pbs_source_dir() / "tether_jobdirs.c", include_dirs=[str(spank_source_dir())])]
+    shared = native_source_dir()
+    objects = [cbuild.compile(shared / "jobdirs.c"),
+               cbuild.compile(pbs_source_dir() / "tether_jobdirs.c", include_dirs=[str(shared)], header_dirs=[shared])]
     return cbuild.link(objects, Path(libexec) / HELPER_NAME)
 
 

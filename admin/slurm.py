@@ -18,6 +18,7 @@ from pathlib import Path
 from ..hooks.config import Config
 from ..hooks.configfile import load_config
 from ..job_submit import build as job_submit_build
+from ..native import build as native_build
 from ..spank import build as spank_build
 from ..system.files import install_file, set_conf_line
 from ..system.toolchain import (
@@ -36,7 +37,7 @@ def sources_digest() -> str:
     """A digest of the plugins' sources alone, whatever compiles them: install refuses a build of
     other sources (an older tether's plugin may refuse the plugstack line this one writes)."""
     h = hashlib.sha256()
-    for directory in (spank_build.source_dir(), job_submit_build.source_dir()):
+    for directory in (native_build.source_dir(), spank_build.source_dir(), job_submit_build.source_dir()):
         for path in sorted(directory.glob("*.[ch]")):
             h.update(path.name.encode() + path.read_bytes())
     for text in (job_submit_build.INIT_CODE, job_submit_build.GLUE):

@@ -7,7 +7,7 @@ tether.container.launch.write_marker) naming the runtime and the container; the 
 nothing is left to do. When a step (or, at the job's end, the batch
 step) finds markers, slurmstepd (or tether-jobdirs, on PBS) runs the launcher once more as the job
 user in cleanup mode (``TETHER_CLEANUP=<dir>``), outside the step, in a session a watcher kills
-after a bound (spank/jobdirs.c).
+after a bound (native/jobdirs.c).
 
 A marker is data, never a command: the directory is the user's, so anything in it may be planted.
 Cleanup runs only the removal tether's own config spells for a runtime it knows, for a container

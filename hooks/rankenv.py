@@ -6,7 +6,7 @@ from here: the PBS MoM hook (``pbs_hooks/mom.py``), the per-node launch scripts 
 ``master_port_shell``, and names), the fake srun (``testing/slurm.py``). slurmstepd's C
 (``spank/rankenv.c``) computes :func:`slurm_rank_env` again, without Python;
 tests/unit/test_rankenv.py compiles it and compares the two over many steps and tasks. The names
-are ``surface.RANK_ENV``'s (C: ``TETHER_ENV_<key>`` in the generated ``spank/tether_names.h``).
+are ``surface.RANK_ENV``'s (C: ``TETHER_ENV_<key>`` in the generated ``native/tether_names.h``).
 
 What needs a lookup stays with its caller: MASTER_ADDR (Slurm's node table), the options the step
 was given (``TETHER_JOB_*``, ``TETHER_CONTAINER_*``), SLURM_CPUS_PER_TASK.

@@ -2,8 +2,8 @@
 
 Everything else is generated from or checked against this module:
 
-* the SPANK plugin's option table and names (``spank/tether_names.h``, written by
-  ``tether.spank.build.names_header()``; a test keeps the committed header equal to it);
+* the C side's option table and names (``native/tether_names.h``, written by
+  ``tether.native.build.names_header()``; a test keeps the committed header equal to it);
 * how the job_submit handler reads option values out of ``spank_job_env``;
 * the PBS custom resources ``tether pbs install`` creates and the submit and MoM hooks read;
 * the ``TETHER_CONTAINER_*`` variables the container launcher reads, and ``tether run``'s flags;
@@ -316,7 +316,7 @@ def env_fallbacks(given: Mapping[str, str], env: Mapping[str, str]) -> dict[str,
 class Variable:
     """A variable the run side sets in a tether step's tasks (README: the rank environment).
     ``key``: how code names it -- ``RANK_VAR[key]`` in Python, ``TETHER_ENV_<key less TETHER_>`` in C
-    (spank/tether_names.h: ``TETHER_ENV_JOB_DIR``) -- the name itself unless given: a variable
+    (native/tether_names.h: ``TETHER_ENV_JOB_DIR``) -- the name itself unless given: a variable
     renamed keeps its key, and no code changes."""
 
     __slots__ = ("name", "meaning", "host_only", "key")
@@ -407,7 +407,7 @@ def env_macro(key: str) -> str:
 
 def c_env_names() -> list[tuple[str, str]]:
     """The run-side contract's variable names for C, as (macro, name): the rank environment's and
-    the launcher protocol's (spank/tether_names.h; tether-run's baked header)."""
+    the launcher protocol's (native/tether_names.h; tether-run's baked header)."""
     return [(env_macro(key), name) for key, name in (*RANK_VAR.items(), *LAUNCHER_VAR.items())]
 
 

@@ -1,9 +1,10 @@
 """Build ``job_submit_tether.so``: this folder's C units, linked with cffi's embedding of the handler.
 
 plugin.c (the Slurm ABI), cache.c (the answers cache, by request and by shape), worker.c (the
-interpreter and its thread) and the SPANK plugin's imageref.c (the image grammar) are compiled on their own with tether's strict flags; cffi generates only the glue of the embedding
-API and links them in. Its declarations (``cdef``) are read from bridge.h between the markers, so
-the struct the C side fills is the one Python reads.
+interpreter and its thread) and tether.native's imageref.c (the image grammar, the SPANK plugin's
+too) are compiled on their own with tether's strict flags; cffi generates only the glue of the
+embedding API and links them in. Its declarations (``cdef``) are read from bridge.h between the
+markers, so the struct the C side fills is the one Python reads.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import re
 from importlib import resources
 from pathlib import Path
 
+from ..native import build as native
 from ..system.toolchain import CBuild, Toolchain, c_string, compile_cffi_plugin, define
 from .handler import CONFIG_CHECK_SECONDS
 
 SO_NAME = "job_submit_tether.so"
 MODULE = "_tether_job_submit"
 UNITS = ("plugin.c", "cache.c", "worker.c")
-SPANK_UNITS = ("imageref.c",)     # the image grammar, shared with the SPANK plugin (the shape cache's)
+NATIVE_UNITS = ("imageref.c",)    # tether.native's image grammar (the shape cache's), linked in
 BRIDGE = "bridge.h"
 # What slurmctld looks up in a job_submit plugin (22.05 and later); nothing else is exported.
 EXPORTS = ("plugin_name", "plugin_type", "plugin_version", "init", "fini", "job_submit", "job_modify")
@@ -26,11 +28,6 @@ EXPORTS = ("plugin_name", "plugin_type", "plugin_version", "init", "fini", "job_
 
 def source_dir() -> Path:
     return Path(str(resources.files("tether.job_submit")))
-
-
-def spank_dir() -> Path:
-    """The SPANK plugin's sources: the image grammar and the generated names header."""
-    return Path(str(resources.files("tether.spank")))
 
 
 def _between(text: str, marker: str) -> str:
@@ -93,10 +90,11 @@ def objects(cbuild: CBuild, toolchain: Toolchain) -> list[Path]:
     defines = [define("TETHER_PYTHON_HOME", toolchain.python_home),
                "-DTETHER_MODULE_PATHS=" + ",".join(map(c_string, toolchain.module_paths)),
                define("TETHER_CONFIG_CHECK_NS", int(CONFIG_CHECK_SECONDS * 1e9)) + "L"]
-    include = [toolchain.include_dir, toolchain.python_include, str(spank_dir())]
+    shared = native.source_dir()
+    include = [toolchain.include_dir, toolchain.python_include, str(shared)]
     return [cbuild.compile(source_dir() / unit, include_dirs=include, defines=defines,
-                           header_dirs=[spank_dir()]) for unit in UNITS] + [
-        cbuild.compile(spank_dir() / unit, include_dirs=include) for unit in SPANK_UNITS]
+                           header_dirs=[shared]) for unit in UNITS] + [
+        cbuild.compile(shared / unit) for unit in NATIVE_UNITS]
 
 
 def build(out_dir: Path, toolchain: Toolchain, cbuild: CBuild, *, extra_init: str = "") -> Path:

@@ -1,6 +1,6 @@
 /*
  * tether-jobdirs: tether's per-job and per-rank directories for the PBS MoM hooks, with the same
- * code the SPANK plugin runs inside slurmstepd (spank/jobdirs.c, linked in).
+ * code the SPANK plugin runs inside slurmstepd (native/jobdirs.c, linked in).
  * The hooks run as root in pbs_python; they call this helper so that no Python path ever creates
  * or removes a directory as root (no symlink followed, ownership handed over atomically).
  *

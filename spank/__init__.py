@@ -1,1 +1,2 @@
-"""tether.spank: the SPANK plugin, in C (dispatch, options, client, stepd, jobdirs) and its build."""
+"""tether.spank: the SPANK plugin, in C (dispatch, options, client, stepd, rankenv, cgkeeper; tether.native's
+imageref and jobdirs linked in) and its build."""

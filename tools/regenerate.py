@@ -1,5 +1,5 @@
 """Regenerate what is derived from tether's tables (run by `make generated`; the tests check that
-the committed copies are current): spank/tether_names.h, the README's marked tables and the manual
+the committed copies are current): native/tether_names.h, the README's marked tables and the manual
 pages in docs/man."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tether.cli.main import tether_version
 from tether.container.environment import contract_table
 from tether.hooks.config import config_reference
 from tether.hooks.surface import options_reference, rank_env_reference
-from tether.spank.build import names_header
+from tether.native.build import names_header
 
 REPO = Path(__file__).resolve().parent.parent
 README_TABLES = {"config-reference": config_reference, "options-reference": options_reference,
@@ -31,13 +31,13 @@ def readme_with_tables(text: str) -> str:
 
 
 def main() -> int:
-    (REPO / "spank" / "tether_names.h").write_text(names_header())
+    (REPO / "native" / "tether_names.h").write_text(names_header())
     readme = REPO / "README.md"
     readme.write_text(readme_with_tables(readme.read_text()))
     (REPO / "docs" / "man").mkdir(exist_ok=True)
     for name, text in pages(tether_version()).items():
         (REPO / "docs" / "man" / name).write_text(text)
-    print("regenerated spank/tether_names.h, README.md's tables and docs/man", file=sys.stderr)
+    print("regenerated native/tether_names.h, README.md's tables and docs/man", file=sys.stderr)
     return 0
 
 

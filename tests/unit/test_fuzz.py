@@ -30,6 +30,7 @@ from tether.container import cleanup
 from tether.container.images import read_metadata
 from tether.hooks.surface import BY_NAME, OPTIONS, PYXIS_ENV, env_fallbacks, expected, normalize
 from tether.job_submit.handler import ACCEPT, REJECT, Handler
+from tether.native.build import source_dir as native_source_dir
 from tether.spank.build import source_dir
 from tether.system.toolchain import CBuild
 from tether.testing.slurm import PluginLib, bridge_ffi
@@ -83,13 +84,16 @@ const char *spank_strerror(spank_err_t err)
 
 @pytest.fixture(scope="module")
 def options_c(tmp_path_factory):
-    """spank/options.c and jobdirs.c, compiled as the plugin compiles them, in a ctypes library."""
+    """spank/options.c with native/imageref.c and jobdirs.c, compiled as the plugin compiles them, in a
+    ctypes library."""
     work = tmp_path_factory.mktemp("options-c")
     stubs = work / "stubs.c"
     stubs.write_text(STUBS)
     cbuild = CBuild(work)
-    objects = [cbuild.compile(source_dir() / unit) for unit in ("options.c", "imageref.c", "jobdirs.c")]
-    objects.append(cbuild.compile(stubs, include_dirs=[str(source_dir())]))
+    shared = native_source_dir()
+    objects = [cbuild.compile(source_dir() / "options.c", include_dirs=[str(shared)], header_dirs=[shared])]
+    objects += [cbuild.compile(shared / unit) for unit in ("imageref.c", "jobdirs.c")]
+    objects.append(cbuild.compile(stubs, include_dirs=[str(shared)]))
     lib = ctypes.CDLL(str(cbuild.link(objects, work / "liboptions.so", shared=True)))
     lib.tether_opt_set.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
     lib.tether_opt_value.restype = ctypes.c_char_p

@@ -334,7 +334,7 @@ def test_the_leftover_cleanup_starts_with_clean_signals_and_is_killed_at_its_bou
     write end that the test opened for reading first: its hang-up is the moment the last of them
     died, against the launcher's start by the kernel's count -- at the bound, never before it."""
     from tether.admin.pbs import pbs_source_dir
-    from tether.spank.build import source_dir
+    from tether.native.build import source_dir
     from tether.system.toolchain import CBuild
 
     cbuild = CBuild(tmp_path / "build")

@@ -17,7 +17,7 @@ from tether.admin.slurm import SlurmConf
 from tether.hooks.surface import BY_NAME, OPTIONS, PBS_RESOURCES
 from tether.job_submit import build as job_submit_build
 from tether.job_submit.handler import _on_failure_of_broken, gres_prefix, tether_values
-from tether.spank.build import names_header
+from tether.native.build import names_header
 from tether.system import toolchain
 from tether.system.files import set_conf_line, world_readable
 from tether.system.toolchain import BuildError, cflags
@@ -37,17 +37,17 @@ def test_option_names_and_environment():
 
 
 def test_committed_names_header_is_generated_from_the_table():
-    """spank/tether_names.h is what names_header() writes (after a change: `make generated`)."""
-    assert (REPO / "spank" / "tether_names.h").read_text() == names_header()
+    """native/tether_names.h is what names_header() writes (after a change: `make generated`)."""
+    assert (REPO / "native" / "tether_names.h").read_text() == names_header()
 
 
-C_UNITS = sorted((REPO / "spank").glob("*.c")) + sorted((REPO / "job_submit").glob("*.c")) + [
-    REPO / "pbs_hooks" / "tether_jobdirs.c"]
+C_UNITS = [*sorted((REPO / "native").glob("*.c")), *sorted((REPO / "spank").glob("*.c")),
+           *sorted((REPO / "job_submit").glob("*.c")), REPO / "pbs_hooks" / "tether_jobdirs.c"]
 
 
 @pytest.mark.parametrize("unit", C_UNITS, ids=[f"{u.parent.name}/{u.name}" for u in C_UNITS])
 def test_each_c_unit_compiles_on_its_own(unit, tmp_path):
-    include = ["-I/usr/include", f"-I{REPO / 'spank'}", f"-I{sysconfig.get_paths()['include']}"]
+    include = ["-I/usr/include", f"-I{REPO / 'native'}", f"-I{sysconfig.get_paths()['include']}"]
     result = subprocess.run(["gcc", *cflags(), *include, "-c", str(unit), "-o", str(tmp_path / "unit.o")],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

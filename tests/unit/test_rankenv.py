@@ -20,7 +20,8 @@ from tether.container.scripts import pbs_launch_script, slurm_launch_script
 from tether.hooks import rankenv
 from tether.hooks.rankenv import SLURM_BATCH_SCRIPT, SlurmStep, SlurmTask, master_port, slurm_rank_env
 from tether.hooks.surface import LAUNCHER_VAR, MASTER_PORT_BASE, MASTER_PORT_JOBS, RANK_ENV, env_macro
-from tether.spank.build import names_header, source_dir
+from tether.native.build import names_header, source_dir as native_source_dir
+from tether.spank.build import source_dir
 from tether.system.toolchain import CBuild
 
 SETTER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p)
@@ -46,8 +47,8 @@ def rankenv_c(tmp_path_factory):
     """spank/rankenv.c in a ctypes library, compiled with the plugin's flags and header."""
     work = tmp_path_factory.mktemp("rankenv-c")
     cbuild = CBuild(work)
-    lib = ctypes.CDLL(str(cbuild.link([cbuild.compile(source_dir() / "rankenv.c")], work / "librankenv.so",
-                                      shared=True)))
+    rankenv_o = cbuild.compile(source_dir() / "rankenv.c", include_dirs=[str(native_source_dir())])
+    lib = ctypes.CDLL(str(cbuild.link([rankenv_o], work / "librankenv.so", shared=True)))
     lib.tether_rank_step_env.argtypes = [ctypes.POINTER(CStep), SETTER, ctypes.c_void_p]
     lib.tether_rank_task_env.argtypes = [ctypes.POINTER(CStep), ctypes.POINTER(CTask), SETTER, ctypes.c_void_p]
     lib.tether_rank_local_tasks.argtypes = [ctypes.POINTER(CStep)]
@@ -168,7 +169,8 @@ def test_the_c_side_spells_no_name_of_the_run_side_contract_itself():
     for key, name in [*((v.key, v.name) for v in RANK_ENV), *LAUNCHER_VAR.items()]:
         assert f'#define {env_macro(key)} "{name}"' in header and f'#define {env_macro(key)} "{name}"' in baked
     names = {v.name for v in RANK_ENV} | set(LAUNCHER_VAR.values())
-    for path in [*source_dir().glob("*.c"), RANK_LAUNCHER_SOURCE, Path(pbs_hooks.__file__).with_name("tether_jobdirs.c")]:
+    for path in [*source_dir().glob("*.c"), *native_source_dir().glob("*.c"), RANK_LAUNCHER_SOURCE,
+                 Path(pbs_hooks.__file__).with_name("tether_jobdirs.c")]:
         spelled = {m for m in re.findall(r'"([A-Z][A-Z0-9_]*)=?', path.read_text()) if m in names}
         assert not spelled, f"{path.name} spells {sorted(spelled)}: use TETHER_ENV_* (tether_names.h)"
 

@@ -2,7 +2,7 @@
 
 A request of a known shape is answered in C with its own slot counts and image, no Python: that is
 only right if the C answer is, field for field, what the handler answers for the same request. The
-shim's cache.c and the image grammar (spank/imageref.c) are compiled here as they are in the plugin;
+shim's cache.c and the image grammar (native/imageref.c) are compiled here as they are in the plugin;
 thousands of generated requests -- counts the handler accepts and refuses, written plainly and not,
 images valid and not, user options, partitions with overrides, several configurations -- go to the
 handler and to the shape cache, and every answer the cache gives must equal the handler's.
@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from tether.job_submit import build as job_submit_build
 from tether.job_submit.handler import ACCEPT, Handler
+from tether.native.build import source_dir as native_source_dir
 from tether.testing.slurm import NO_VAL, NO_VAL16, JobSubmit, PluginLib
 
 CACHE_API = """
@@ -41,7 +42,7 @@ def shim(tmp_path_factory):
     import cffi
 
     src = job_submit_build.source_dir()
-    spank = job_submit_build.spank_dir()
+    shared = native_source_dir()
     ffi = cffi.FFI()
     cdef = job_submit_build.cdef().replace("[...]", "[1024]").replace("char msg[1024]", "char msg[2048]")
     ffi.cdef("\n".join(line for line in cdef.splitlines() if not line.startswith("#define")) + CACHE_API)
@@ -51,8 +52,8 @@ def shim(tmp_path_factory):
             'void tether_set_health(int broken, int reject_all, const char *reason)\n'
             '{ (void)broken; (void)reject_all; (void)reason; }\n')
     ffi.set_source("_shape_cache_test", glue,
-                   sources=[str(src / "cache.c"), str(spank / "imageref.c")],
-                   include_dirs=[str(src), str(spank)], extra_compile_args=["-Wall", "-Werror"])
+                   sources=[str(src / "cache.c"), str(shared / "imageref.c")],
+                   include_dirs=[str(src), str(shared)], extra_compile_args=["-Wall", "-Werror"])
     out = tmp_path_factory.mktemp("shim")
     path = ffi.compile(tmpdir=str(out))
     import importlib.util
