@@ -67,6 +67,9 @@ def test_the_package_holds_the_plugins_the_launcher_the_python_part_and_the_docs
                  "/usr/share/man/man1/tether.1.gz", "/usr/share/man/man5/tether.yaml.5.gz",
                  "/usr/share/man/man8/tether-spank.8.gz", "/usr/lib/python3/dist-packages/tether/cli/main.py",
                  "/usr/lib/python3/dist-packages/tether/job_submit/handler.py", PACKAGED_BUILD_STAMP}
+    # the C a host rebuilds from (`tether slurm build`, `tether pbs install --apply`), the shared units too
+    expected |= {f"/usr/lib/python3/dist-packages/tether/{p.relative_to(REPO)}"
+                 for folder in ("native", "spank", "job_submit", "pbs_hooks") for p in (REPO / folder).glob("*.[ch]")}
     package = built["control"]["Package"]
     expected |= {f"/usr/share/doc/{package}/{n}" for n in ("copyright", "changelog.Debian.gz", "examples/tether.yaml")}
     assert expected <= built["files"], expected - built["files"]

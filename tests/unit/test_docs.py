@@ -201,3 +201,21 @@ def test_the_architecture_floors_hold():
              for user in floor for used, path in imported_folders(user, set(floor)).items()
              if floor[used] <= floor[user]]
     assert not wrong, "\n".join(wrong)
+
+
+def test_c_reaches_no_other_components_folder():
+    """Issue 42: C that more than one component compiles lives in native/, below them all; a C file
+    includes only headers of its own folder or native's -- none reached sideways in another
+    component's folder (job_submit's cache once took the image grammar and the names header from the
+    SPANK plugin's folder)."""
+    holders: dict[str, set[str]] = {}
+    for path in TEXTS:
+        if path.endswith(".h") and not path.startswith("tests" + os.sep):
+            holders.setdefault(os.path.basename(path), set()).add(path.split(os.sep)[0])
+    assert holders["tether_names.h"] == holders["imageref.h"] == holders["jobdirs.h"] == {"native"}
+    wrong = [f"{path} includes {name} of {sorted(holders[name])}"
+             for path, text in sorted(TEXTS.items())
+             if path.endswith((".c", ".h")) and not path.startswith("tests" + os.sep)
+             for name in re.findall(r'^#include "([^"]+)"', text, re.M)
+             if holders.get(name) and not holders[name] & {path.split(os.sep)[0], "native"}]
+    assert not wrong, "\n".join(wrong)
