@@ -358,7 +358,8 @@ def run_rank(root: str, pid: str, tid: str, rank: str, node: str) -> int:
         if terminated or _stopped(store, pid) or store.read_task(tid).get("cancel_requested"):
             _end(proc, group=True)
             break
-        time.sleep(RANK_POLL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=RANK_POLL)          # a task's end is seen at once, a stop within RANK_POLL
     rc = proc.wait()
     return 128 - rc if rc < 0 else rc
 
