@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from typing import Sequence
 
 from ..hooks.errors import TetherError
@@ -20,10 +19,25 @@ COMMAND_GROUPS = (plan, containers, launcher, workflow, pilot, admin, sandbox)
 
 
 def tether_version() -> str:
+    # imported here: importlib.metadata and the lookup were about half of every tether command's start
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("tether")
     except PackageNotFoundError:  # run from a source tree that is not installed
         return "unknown"
+
+
+class _VersionAction(argparse.Action):
+    """argparse's ``version`` action, with the version looked up only when ``--version`` is given."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="show program's version number and exit"):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser._print_message(f"tether {tether_version()}\n", sys.stdout)
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tether", parents=[common],
                                      description="Slurm/PBS plugin and hook bundle: slots to resources, "
                                                  "per-rank setup, tightly integrated containers.")
-    parser.add_argument("--version", action="version", version=f"tether {tether_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in COMMAND_GROUPS:
         group.add_parsers(sub, common)
