@@ -26,6 +26,7 @@ from ..hooks.layout import CLEANUP_MARKER
 from ..hooks.surface import BY_NAME, MAX_TEXT, c_env_names
 from ..system.toolchain import CBuild
 from . import environment
+from .launch import GRACE_SECONDS
 from .run import config_identity
 from .runtimes.podman import DEFAULT_STORE, PAUSE_NAMES, PAUSE_PID_FILE, ROOTFS_TARGETS
 from .spec import CONTAINER_TMP, CONTAINER_WORKDIR
@@ -71,9 +72,10 @@ def why_not_fast(settings: Mapping[str, Any]) -> str | None:
 
 
 def baked_header(config_path: str | None, settings: Mapping[str, Any], python_launcher: str, *,
-                 bake_identity: bool = True) -> str:
+                 bake_identity: bool = True, grace: float = GRACE_SECONDS) -> str:
     """The C header tether_run.c includes: this configuration and the contract's names. Without
-    ``bake_identity``, as if the config file did not exist (see ``run.launcher_text``)."""
+    ``bake_identity``, as if the config file did not exist (see ``run.launcher_text``). ``grace``:
+    how long the launcher waits for what the runtime left, launch.py's (a test build shortens it)."""
     podman = settings.get("podman") or {}
     runtime_env = {str(k): str(v) for k, v in (podman.get("env") or {}).items()}
     store = podman.get("store", DEFAULT_STORE) or ""
@@ -102,6 +104,7 @@ def baked_header(config_path: str | None, settings: Mapping[str, Any], python_la
         f"#define TR_CONTAINER_TMP {c_string(CONTAINER_TMP)}",
         f"#define TR_CONTAINER_WORKDIR {c_string(CONTAINER_WORKDIR)}",
         f"#define TR_CLEANUP_MARKER {c_string(CLEANUP_MARKER)}",
+        f"#define TR_GRACE_MS {round(grace * 1000)}",
         # the run side's names (the rank environment's, the launcher protocol's), as in tether_names.h
         *(f"#define {macro} {c_string(name)}" for macro, name in c_env_names()),
         f"#define TR_IMAGE_VAR {c_string(BY_NAME['container-image'].env)}",
@@ -123,13 +126,14 @@ def baked_header(config_path: str | None, settings: Mapping[str, Any], python_la
 
 
 def build_rank_launcher(target: Path, config_path: str | None, settings: Mapping[str, Any],
-                        python_launcher: str, *, plan_only: bool = False, bake_identity: bool = True) -> Path:
+                        python_launcher: str, *, plan_only: bool = False, bake_identity: bool = True,
+                        grace: float = GRACE_SECONDS) -> Path:
     """Compile ``tether-run`` into ``target`` (mode 755, a new inode) with this configuration;
-    ``plan_only``: the tests' build, which prints its plan instead of running it; ``bake_identity``:
-    see ``baked_header``."""
+    ``plan_only``: the tests' build, which prints its plan instead of running it; ``bake_identity``,
+    ``grace``: see ``baked_header``."""
     with tempfile.TemporaryDirectory(prefix="tether-run-build-") as tmp:
         (Path(tmp) / BAKED_HEADER).write_text(baked_header(config_path, settings, python_launcher,
-                                                           bake_identity=bake_identity))
+                                                           bake_identity=bake_identity, grace=grace))
         cbuild = CBuild(Path(tmp))
         objects = [cbuild.compile(RANK_LAUNCHER_SOURCE, include_dirs=[tmp], header_dirs=[Path(tmp)],
                                   defines=["-DTETHER_RUN_PLAN_ONLY"] if plan_only else [])]

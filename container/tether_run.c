@@ -47,7 +47,6 @@
 extern char **environ;
 
 #define EXIT_LAUNCH_FAILED 125
-#define GRACE_SECONDS 5
 #define MAX_ARGS 256
 #define MAX_PIDS 1024
 
@@ -1025,14 +1024,20 @@ int main(int argc, char **argv)
 		}
 		remove_file(p->created);
 		remove_file(p->marker);
-		/* launch.py: _reap_descendants -- what podman left (conmon finishing), for at most 5 s;
-		 * never podman's pause process, which is podman's, not the rank's (the step's end ends it) */
+		/* launch.py: _reap_descendants -- what podman left (conmon finishing), for at most its
+		 * GRACE_SECONDS (TR_GRACE_MS); never podman's pause process, which is podman's, not the
+		 * rank's (the step's end ends it) */
 		{
 			struct timespec end;
 			int reaped = 0, ran_out = 0, ended;
 			pid_t own = 0, left_running = 0;
 			clock_gettime(CLOCK_MONOTONIC, &end);
-			end.tv_sec += GRACE_SECONDS;
+			end.tv_sec += TR_GRACE_MS / 1000;
+			end.tv_nsec += (long)(TR_GRACE_MS % 1000) * 1000000L;
+			if (end.tv_nsec >= 1000000000L) {
+				end.tv_sec++;
+				end.tv_nsec -= 1000000000L;
+			}
 			for (;;) {
 				siginfo_t info;
 				struct timespec left;

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.container.launch import parse_resume
+from tether.container.launch import GRACE_SECONDS, parse_resume
 from tether.container.rank_launcher import baked_header, build_rank_launcher, c_string, why_not_fast
 from helpers import alive
 
@@ -130,14 +130,16 @@ def settings_for(world, **podman) -> dict:
 _BUILT: dict[Path, tuple] = {}
 
 
-def build(world, settings, name, *, plan_only=True) -> Path:
+def build(world, settings, name, *, plan_only=True, grace=None) -> Path:
     """The launcher built into ``world``'s NAME with these settings, baking in the config file's
-    identity as it is now (inode, size, mtime)."""
+    identity as it is now (inode, size, mtime); ``grace``: another than launch.py's (seconds)."""
     target = world["base"] / name
     config = os.stat(world["config"])
-    made_from = (json.dumps(settings, sort_keys=True), plan_only, config.st_ino, config.st_size, config.st_mtime_ns)
+    made_from = (json.dumps(settings, sort_keys=True), plan_only, grace, config.st_ino, config.st_size,
+                 config.st_mtime_ns)
     if _BUILT.get(target) != made_from or not target.exists():
-        build_rank_launcher(target, str(world["config"]), settings, str(world["stub"]), plan_only=plan_only)
+        build_rank_launcher(target, str(world["config"]), settings, str(world["stub"]), plan_only=plan_only,
+                            **({"grace": grace} if grace is not None else {}))
         _BUILT[target] = made_from
     return target
 
@@ -323,6 +325,7 @@ def test_baked_strings_are_c_literals():
     assert c_string('a"b\\c\n\u00e9?') == '"a\\"b\\\\c\\012\\303\\251\\?"'
     header = baked_header(None, {"runtime": "podman", "podman": {"args": ["--x=\"1\""]}}, "/p")
     assert 'TR_PODMAN_ARGS[] = {"--x=\\"1\\"", NULL};' in header and "#define TR_HAS_IDENTITY 0" in header
+    assert f"#define TR_GRACE_MS {round(GRACE_SECONDS * 1000)}\n" in header     # the Python launcher's grace
 
 
 FAKE_PODMAN = textwrap.dedent("""\
@@ -343,7 +346,7 @@ FAKE_PODMAN = textwrap.dedent("""\
                            # monitor finishing after podman; stale-pause: the record names the monitor
         mkdir -p "$XDG_RUNTIME_DIR/libpod/tmp"
         ( setsid catatonit 600 </dev/null >/dev/null 2>&1 & echo $! > "$FAKE_LOG.pause" )
-        ( conmon 2 </dev/null >/dev/null 2>&1 & echo $! > "$FAKE_LOG.monitor" )
+        ( conmon 1 </dev/null >/dev/null 2>&1 & echo $! > "$FAKE_LOG.monitor" )
         [ "$FAKE_MODE" = pause ] && cp "$FAKE_LOG.pause" "$XDG_RUNTIME_DIR/libpod/tmp/pause.pid"
         [ "$FAKE_MODE" = stale-pause ] && cp "$FAKE_LOG.monitor" "$XDG_RUNTIME_DIR/libpod/tmp/pause.pid"
         exit 0 ;;
@@ -388,14 +391,18 @@ def runnable(world):
     launcher = build(world, settings_for(world), "run", plan_only=False)
     log = world["base"] / "fake.log"
 
-    def start(mode: str, **kw):
+    def start(mode: str, *, grace=None, **kw):
+        """The launcher run as a rank with the fake podman in ``mode``; ``grace``: one built with
+        that grace (seconds) instead of launch.py's."""
         if log.exists():
             log.unlink()
         env = rank_env(world, PATH=f"{bin_dir}:/usr/bin:/bin", FAKE_MODE=mode, FAKE_LOG=str(log), **kw.pop("env", {}))
         if os.getuid() == 0:
             log.touch()
             os.chown(log, UID, UID)
-        return subprocess.Popen([str(launcher)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        run = launcher if grace is None else build(world, settings_for(world), f"run-grace-{grace}",
+                                                   plan_only=False, grace=grace)
+        return subprocess.Popen([str(run)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 preexec_fn=_as(UID), **kw)
     return start, log
 
@@ -419,11 +426,12 @@ def test_the_launcher_never_waits_for_podmans_pause_process(world, runnable, mod
     launcher's child. It still waits for the monitor finishing (conmon), but not for the process
     podman recorded as its pause process, which it ends itself, as the step's end would; a record
     naming another process (stale: its pid reused) makes nothing the runtime's own, and that
-    process is waited for."""
+    process is waited for. (A launcher with a 2 s grace: the monitor ends after 1 s, and the stale
+    case waits the grace out.)"""
     start, log = runnable
     pause = Path(f"{log}.pause")
     try:
-        proc = start(mode, env={"TETHER_RUN_TELL_REAPING": "1"})
+        proc = start(mode, grace=2, env={"TETHER_RUN_TELL_REAPING": "1"})
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         assert b"python-launcher" not in out                     # concluded here
