@@ -329,7 +329,7 @@ def test_end_runs_the_launcher_s_leftover_cleanup_as_the_user(hook, root, public
 
 def test_the_leftover_cleanup_starts_with_clean_signals_and_is_killed_at_its_bound(root, public, tmp_path):
     """Regression (issue 12): the cleanup inherited the daemon's blocked TERM/HUP/ALRM, so neither
-    `kill` nor its alarm(120) could end it. Here the helper is built with a 3 s bound and started by
+    `kill` nor its alarm(120) could end it. Here the helper is built with a 2 s bound and started by
     a parent that blocks those signals, as slurmstepd does. The launcher and its child hold a FIFO's
     write end that the test opened for reading first: its hang-up is the moment the last of them
     died, against the launcher's start by the kernel's count -- at the bound, never before it."""
@@ -338,9 +338,9 @@ def test_the_leftover_cleanup_starts_with_clean_signals_and_is_killed_at_its_bou
     from tether.system.toolchain import CBuild
 
     cbuild = CBuild(tmp_path / "build")
-    helper = cbuild.link([cbuild.compile(source_dir() / "jobdirs.c", defines=["-DTETHER_CLEANUP_SECONDS=3"]),
+    helper = cbuild.link([cbuild.compile(source_dir() / "jobdirs.c", defines=["-DTETHER_CLEANUP_SECONDS=2"]),
                           cbuild.compile(pbs_source_dir() / "tether_jobdirs.c", include_dirs=[str(source_dir())])],
-                         public / "tether-jobdirs-3s")
+                         public / "tether-jobdirs-2s")
     out = public / "bound"
     out.mkdir(mode=0o777)
     os.chmod(out, 0o777)
@@ -380,14 +380,14 @@ def test_the_leftover_cleanup_starts_with_clean_signals_and_is_killed_at_its_bou
     try:
         hung_up = select.poll()
         hung_up.register(alive, select.POLLHUP)
-        assert hung_up.poll(15_000), "the launcher and its child outlived the 3 s bound by 12 s"
+        assert hung_up.poll(15_000), "the launcher and its child outlived the 2 s bound by 13 s"
         died = time.clock_gettime(time.CLOCK_BOOTTIME)
     finally:
         os.close(alive)
     # /proc/PID/stat's start time: clock ticks since boot, rounded down -- the bound counts from
     # just after it; the hang-up is seen at the death or a little later (this process's wake-up)
     lived = died - int((out / "started").read_text()) / os.sysconf("SC_CLK_TCK")
-    assert 3.0 <= lived < 15, f"the cleanup was killed {lived:.2f} s after it started, its bound is 3 s"
+    assert 2.0 <= lived < 15, f"the cleanup was killed {lived:.2f} s after it started, its bound is 2 s"
     pids = [int((out / name).read_text()) for name in ("launcher", "child")]
     assert wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), timeout=15)
     assert not (root / "9").exists()
