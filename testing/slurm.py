@@ -34,14 +34,17 @@ What is real and what is not:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import pwd
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -826,12 +829,34 @@ def main(name: str, argv: list[str], state_dir: str) -> int:
 
 
 # ---- the test's side ------------------------------------------------------------------------------
+# The container launchers built in this process, by what each was built from: fakes of one
+# configuration share one build (tether-run is a compile, ~0.3 s; a test session makes dozens of
+# fakes), in a directory of this process's own, removed when it exits.
+_LAUNCHERS: dict[str, Path] = {}
+
+
+def _container_launcher(site) -> Path:
+    """tether's container launcher for ``site`` (a Config), as ``tether slurm install`` writes it."""
+    from ..admin.host import install_launcher
+    from ..container.run import config_identity
+    from ..hooks.configfile import DEFAULT_CONFIG_PATH
+
+    source = DEFAULT_CONFIG_PATH if site.source.startswith("<") else site.source
+    made_from = json.dumps([site.source, config_identity(source), site.data["container"]], sort_keys=True,
+                           default=str)
+    launcher = _LAUNCHERS.get(made_from)
+    if launcher is None or not launcher.exists():
+        libexec = Path(tempfile.mkdtemp(prefix="tether-fake-launcher-"))
+        atexit.register(shutil.rmtree, libexec, ignore_errors=True)
+        launcher = _LAUNCHERS[made_from] = install_launcher(libexec, site)
+    return launcher
+
+
 class FakeSlurm(FakeCommands):
     """The fake cluster: commands in ``bin_dir``, state in ``state``; see the module doc."""
 
     def __init__(self, root: Path, *, config: str | Path | None = None, nodes: int = 3,
                  partitions: dict[str, dict] | None = None, addresses: dict[str, str] | None = None):
-        from ..admin.host import install_launcher
         from ..hooks.configfile import load_config
 
         self.root = Path(root)
@@ -846,9 +871,7 @@ class FakeSlurm(FakeCommands):
             partitions.update({p: {} for p in pools if p and p != "debug"})
         for p in partitions.values():
             p.setdefault("nodes", node_names)
-        libexec = self.root / "libexec"
-        libexec.mkdir(parents=True, exist_ok=True)
-        launcher = install_launcher(libexec, site)
+        launcher = _container_launcher(site)
         storage = self.root / "job_storage_root"
         storage.mkdir(exist_ok=True)
         cluster = {"config": config_path, "nodes": node_names, "partitions": partitions, "bin_dir": str(self.bin_dir),
