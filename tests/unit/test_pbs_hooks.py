@@ -170,12 +170,20 @@ def test_a_stock_server_without_ngpus_accepts_a_gpu_job(hook):
         e.job.Resource_List["ngpus"]
 
 
-def test_the_submit_hook_survives_pbs_servers_interpreter_restart(tmp_path_factory):
+@pytest.fixture(scope="module")
+def interpreter(tmp_path_factory):
+    """pbs_server's kind of hook interpreter, compiled once for the tests below."""
+    from tether.testing.pbs import ServerInterpreter
+
+    return ServerInterpreter(tmp_path_factory.mktemp("interp-build"))
+
+
+def test_the_submit_hook_survives_pbs_servers_interpreter_restart(tmp_path_factory, interpreter):
     """Regression (issue 13, item 2): `qmgr -c "create resource ..."` makes pbs_server restart its
     hook interpreter; the hook then loaded pyyaml's C extension again and every tether job failed
     with "metaclass conflict" until the server restarted. Run the shipped hook in pbs_server's
     kind of interpreter (kept across jobs, Py_Finalize + Py_Initialize in between)."""
-    from tether.testing.pbs import ServerInterpreter, submit_hook_config
+    from tether.testing.pbs import submit_hook_config
     from tether.hooks.configfile import load_config
 
     work = tmp_path_factory.mktemp("interp")
@@ -184,7 +192,7 @@ def test_the_submit_hook_survives_pbs_servers_interpreter_restart(tmp_path_facto
     job = {"type": "queuejob", "resources": {"tether_slots": "4", "tether_slots_per_node": "2",
                                              "tether_slot_type": "cpu"}}
     gpu = {"type": "queuejob", "resources": {"tether_slots": "2"}, "defined": {"ngpus": "long", **pbs.TETHER_RESOURCES}}
-    rounds = ServerInterpreter(work / "build").run(HOOK, hook_config, [[job, gpu, job], [job, gpu], [job]])
+    rounds = interpreter.run(HOOK, hook_config, [[job, gpu, job], [job, gpu], [job]])
     outcomes = [o for r in rounds for o in r]
     assert [o["round"] for o in outcomes] == [0, 0, 0, 1, 1, 2]
     for o in outcomes:
@@ -193,18 +201,15 @@ def test_the_submit_hook_survives_pbs_servers_interpreter_restart(tmp_path_facto
                                                            "2:ngpus=1", "2:ncpus=2"]
 
 
-def test_the_interpreter_shows_a_c_extension_that_cannot_restart(tmp_path_factory):
+def test_the_interpreter_shows_a_c_extension_that_cannot_restart(tmp_path_factory, interpreter):
     """The check above can fail: a hook importing pyyaml's C extension fails after the restart, as
     on the real server."""
-    from tether.testing.pbs import ServerInterpreter
-
     yaml_dir = str(Path(yaml.__file__).resolve().parent.parent)
     work = tmp_path_factory.mktemp("interp-yaml")
     hook = work / "yaml_hook.py"
     hook.write_text("import sys\nimport pbs\nsys.path.append(%r)\nimport yaml\n"
                     "class Loader(yaml.CSafeLoader):\n    pass\npbs.event().accept()\n" % yaml_dir)
-    rounds = ServerInterpreter(work / "build").run(hook, work / "none.json", [[{"type": "queuejob"}],
-                                                                              [{"type": "queuejob"}]])
+    rounds = interpreter.run(hook, work / "none.json", [[{"type": "queuejob"}], [{"type": "queuejob"}]])
     assert rounds[0][0]["accepted"] and "exception" not in rounds[0][0]
     assert "metaclass conflict" in rounds[1][0]["exception"]
 
