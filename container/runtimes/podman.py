@@ -44,6 +44,8 @@ ROOTFS_TARGETS = ("etc/passwd", "etc/group", "etc/hosts", "etc/hostname", "etc/r
 
 # Where podman mounts a tmpfs in a --read-only container: mount targets below them can be created.
 TMPFS_DIRS = ("/tmp/", "/run/", "/var/tmp/", "/dev/")
+# between tries of a removal podman answered but did not do (Podman.remove): 0, 1, 2, 3 times this
+REMOVE_BACKOFF = 0.5
 
 
 def stdio_is_terminal() -> bool:
@@ -1138,7 +1140,7 @@ class Podman(Runtime):
         # --rm cleanup at a time limit (seen once in 100 jobs: the record stayed, the marker went):
         # only a container podman no longer knows counts as removed
         for attempt in range(4):
-            time.sleep(0.5 * attempt)                    # 0, 0.5, 1, 1.5 s: 3 s at most
+            time.sleep(REMOVE_BACKOFF * attempt)         # 0, 0.5, 1, 1.5 s: 3 s at most
             # --volumes: its anonymous ones too (a tmpfs with options: mount_args)
             run([self.binary, "rm", *glob, "--force", "--ignore", "--volumes", "--time", "0", name], reaping=reap)
             if gone():

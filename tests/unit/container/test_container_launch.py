@@ -70,12 +70,14 @@ def test_the_launcher_never_waits_for_the_runtimes_own_pause_process(tmp_path, r
         #!/bin/bash
         mkdir -p {pause_file.parent}
         ( setsid {bin_dir}/catatonit 600 </dev/null >/dev/null 2>&1 & echo $! > {tmp_path}/pause )
-        ( {bin_dir}/conmon 2 </dev/null >/dev/null 2>&1 & echo $! > {tmp_path}/monitor )
+        ( {bin_dir}/conmon 1 </dev/null >/dev/null 2>&1 & echo $! > {tmp_path}/monitor )
         cp {tmp_path}/{recorded} {pause_file}
         exit 0
         """))
     runtime.chmod(0o755)
-    code = _supervised(runtime, tmp_path / "removed", monitor="conmon").replace(
+    # a grace of 2 s (the launcher's is 5): the monitor's second fits in it, the stale record's
+    # pause process outlives it
+    code = _supervised(runtime, tmp_path / "removed", monitor="conmon", grace=2.0).replace(
         'monitor=\'conmon\'', f"monitor='conmon', runtime_own=(({str(pause_file)!r}, ('catatonit', 'podman pause')),)")
     try:
         proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TETHER_RUN_TELL_REAPING": "1"},
@@ -149,7 +151,7 @@ def test_in_a_slurm_step_signals_go_only_where_slurm_does_not_reach(tmp_path):
     kept = moved = None
     try:
         proc = subprocess.Popen(["sh", "-c", f'echo $$ > {step}/cgroup.procs && exec "$@"', "sh", sys.executable,
-                                 "-c", _supervised(runtime, tmp_path / "cleaned")])
+                                 "-c", _supervised(runtime, tmp_path / "cleaned", grace=1.0)])
         deadline = time.monotonic() + 20
         # written whole (the shell creates the file before it writes the number)
         while not all((tmp_path / f).exists() and (tmp_path / f).read_text().endswith("\n")
@@ -175,11 +177,15 @@ def test_in_a_slurm_step_signals_go_only_where_slurm_does_not_reach(tmp_path):
                     time.sleep(0.05)
 
 
-def _supervised(runtime: Path, removed: Path, monitor: str | None = None, result: bool = True) -> str:
+def _supervised(runtime: Path, removed: Path, monitor: str | None = None, result: bool = True,
+                grace: float | None = None) -> str:
     """Python code that supervises ``runtime`` as the podman adapter's launches are, with a fake
-    adapter whose removal writes the container's name into ``removed`` (and answers ``result``)."""
+    adapter whose removal writes the container's name into ``removed`` (and answers ``result``);
+    ``grace``: the launcher's wait for what the runtime left (GRACE_SECONDS) in seconds."""
     return textwrap.dedent(f"""\
         import os
+        import tether.container.launch
+        tether.container.launch.GRACE_SECONDS = {grace if grace is not None else "tether.container.launch.GRACE_SECONDS"}
         from tether.container.launch import execute
         from tether.container.runtimes import Launch, Runtime
         class Fake(Runtime):

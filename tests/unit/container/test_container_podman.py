@@ -80,10 +80,11 @@ def test_podman_argv_keeps_values_off_the_command_line(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("stays_for,removed", [(2, True), (99, False)])
-def test_podman_removal_counts_only_a_container_podman_no_longer_knows(tmp_path, stays_for, removed):
+def test_podman_removal_counts_only_a_container_podman_no_longer_knows(tmp_path, monkeypatch, stays_for, removed):
     """Regression (issue 12, soak): `podman rm` answered 0 at a time limit and left a stopped
     container (its record stayed, the marker went). Removal now checks `podman container exists`
     and tries again; a container that stays keeps its marker for the cleanup run."""
+    monkeypatch.setattr("tether.container.runtimes.podman.REMOVE_BACKOFF", 0.01)   # the tries, not their waits
     count = tmp_path / "rm-count"
     fake = tmp_path / "podman"
     fake.write_text(textwrap.dedent(f"""\
