@@ -147,13 +147,21 @@ def spank_env(argv: list[str]) -> list[str]:
     return env
 
 
-def new_shape_requests(count: int, jobs_per_round: int = 36) -> list[list[str]]:
-    """bench/submit.py's new-shape requests (its rounds' tags), as spank_job_env lists."""
+def new_shape_requests(count: int, jobs_per_round: int = 36, fresh_plans: bool = False) -> list[list[str]]:
+    """bench/submit.py's new-shape requests (its rounds' tags), as spank_job_env lists; with
+    ``fresh_plans`` each asks for a plan no other one does (its own --slots: a multiple of its
+    --slots-per-node), so none is answered from the handler's plans made before."""
     sys.path.insert(0, str(BENCH))
     from submit import command
 
-    return [spank_env(command("tether", n % jobs_per_round, f"r{n // jobs_per_round}", True))
-            for n in range(count)]
+    out = []
+    for n in range(count):
+        argv = command("tether", n % jobs_per_round, f"r{n // jobs_per_round}", True)
+        if fresh_plans:
+            per_node = next(int(a.split("=")[1]) for a in argv if a.startswith("--slots-per-node="))
+            argv = [f"--slots={per_node * (n + 1)}" if a.startswith("--slots=") else a for a in argv]
+        out.append(spank_env(argv))
+    return out
 
 
 def setup(work: Path) -> tuple[Path, Path]:
@@ -266,6 +274,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=360)
     parser.add_argument("--profile", action="store_true", help="cProfile the calls instead of timing them")
     parser.add_argument("--top", type=int, default=30, help="functions --profile prints")
+    parser.add_argument("--fresh-plans", action="store_true",
+                        help="give each request its own --slots: no plan asked for twice (the handler plans each)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
 
@@ -275,7 +285,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tether-bench-handler-") as tmp:
         work = Path(tmp)
         config, slurm_conf = setup(work)
-        requests = new_shape_requests(args.warmup + args.calls)
+        requests = new_shape_requests(args.warmup + args.calls, fresh_plans=args.fresh_plans)
         if args.profile:
             profile_calls(*handler_module(work, config, slurm_conf), requests, args.top)
             return 0
@@ -288,10 +298,12 @@ def main() -> int:
     for kind, times in (("hot", hot), ("cold", cold)):
         us = [t / 1000 for t in times]
         figures[kind] = q1, mid, q3 = quartiles(us)
-        print(f"job_submit handler, new-shape requests (bench/submit.py's), in-process, {kind} "
+        print(f"job_submit handler, new-shape requests (bench/submit.py's{', each its own plan' * args.fresh_plans}), "
+              f"in-process, {kind} "
               f"({'one call after another' if kind == 'hot' else 'CPU caches flushed before each call'}): "
               f"{len(us)} calls, median {mid:.1f} us per call (quartiles {q1:.1f}-{q3:.1f}, min {min(us):.1f})")
-        record("handler.py", f"new-shape request: the Python handler's time per call (in-process, {kind})",
+        record("handler.py", f"new-shape request{', its own plan' * args.fresh_plans}: the Python handler's time "
+                             f"per call (in-process, {kind})",
                f"{mid:.0f} ({q1:.0f}–{q3:.0f}) µs")
 
     stages, base = load["stages"], load["stages"][0]
