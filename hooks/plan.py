@@ -23,17 +23,21 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
-from typing import Any
 
 from .config import Config, PartitionOverride
 from .errors import RequestError
 from .policy import (
     SLURM_FIELD_OPTIONS, Arg, PbsMerge, PbsUserRequest, check_slurm_args, merge_pbs_request,
 )
+from .records import asdict, dataclass
 from .request import JOB_ID_PATTERN, JOB_TYPE_PATTERN, SCHEDULERS, Request
 from .schema import NAME_PATTERN
 from .surface import GPU_SLOT_TYPES, MAX_SLOTS, MAX_SLOTS_PER_NODE, SLOT_TYPES
+
+TYPE_CHECKING = False  # not `typing`: slurmctld's interpreter imports this module (the job_submit handler)
+
+if TYPE_CHECKING:
+    from typing import Any
 
 PROJECT_PATTERN = r"[A-Za-z0-9_.:,-]{1,255}"
 # compiled once: re's own cache costs a lookup per call, and the job_submit handler plans in slurmctld

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import traceback
-
-import yaml
 
 from ..container.spec import LaunchError, check_container_options
 from ..hooks.config import ON_FAILURE, Config
@@ -527,6 +524,8 @@ class Handler:
 def _on_failure_of_broken(path: str) -> str | None:
     """plugin.on_failure from a config file that failed validation, if that one key is readable:
     a site that asked to reject all jobs while tether is unavailable gets that even then."""
+    import yaml
+
     try:
         with open(path, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)
@@ -568,5 +567,7 @@ def call(method: str, *args) -> int:
         return getattr(_handler, method)(*args)
     except Exception:  # the daemon must survive anything the handler does
         if _handler is not None:
+            import traceback           # only now: a module of its own (linecache, tokenize) in slurmctld
+
             _handler.log(0, f"internal error in {method}:\n{traceback.format_exc()}")
         return FAILED
