@@ -217,8 +217,8 @@ def mark_shaped(job, quantities: dict[str, int] | None) -> None:
     a note for the user, or one that does not check out (None), is not shaped."""
     if quantities is None:
         return
-    for out in SHAPED_FIELDS:
-        setattr(job, "q_" + out, quantities.get(out, Q_SAME))
+    for out, q in quantities.items():       # the others stay Q_SAME: the answer starts zeroed (calloc)
+        setattr(job, "q_" + out, q)
     job.shaped = 1
 
 
