@@ -270,7 +270,7 @@ def gateway_component(job, values: dict[str, str], config: Config, lib, ffi) -> 
 
 # ---- the handler ---------------------------------------------------------------------------------
 _NEVER = ("never",)      # a stamp no file has: nothing loaded or refused yet
-PLAN_ANSWERS = 1024      # plans' answers kept (a few hundred bytes each)
+PLAN_ANSWERS = 1024      # plans' answers kept (a few hundred bytes each), then forgotten at once
 SLOT_NAMES = frozenset(opt.name for opt in SLOT_OPTIONS)
 
 
@@ -416,7 +416,7 @@ class Handler:
     def plan_answer(self, job, values: dict[str, str], config: Config) -> PlanAnswer:
         """The answer of the plan for a job's slot request (RequestError when it has none), kept for
         what the plan is made of: the slot options, the partition, and the account or the user
-        where job_project_source names them -- the last PLAN_ANSWERS, while the config is the same.
+        where job_project_source names them -- up to PLAN_ANSWERS, while the config is the same.
         A job of a new shape (its other options new to the C shim's shape cache: a --container-env,
         another user) mostly asks for a plan made before."""
         if self._answers_config is not config:
@@ -434,7 +434,7 @@ class Handler:
             except RequestError as exc:
                 answer = str(exc)
             if len(self._answers) >= PLAN_ANSWERS:
-                del self._answers[next(iter(self._answers))]
+                self._answers.clear()           # cheaper than keeping the most used, and rare
             self._answers[key] = answer
         if isinstance(answer, str):
             raise RequestError(answer)
