@@ -215,14 +215,18 @@ def handler_for(tmp_path: Path, config: str) -> JobSubmit:
     return js
 
 
-def decisions(tmp_path: Path) -> dict:
+def decisions(tmp_path: Path, again: bool = False) -> dict:
     """Every request's and update's answer under every config; and per config, a digest of the
-    answers to RANDOM_REQUESTS requests drawn as test_shape_cache draws them (seeded)."""
+    answers to RANDOM_REQUESTS requests drawn as test_shape_cache draws them (seeded). ``again``:
+    each request is asked twice of one handler and the second answer taken (the handler's kept plans)."""
     from test_shape_cache import random_request
 
     out: dict = {}
     for config in CONFIGS:
         js = handler_for(tmp_path, config)
+        for job in REQUESTS.values() if again else ():
+            js.handler.submit(js.struct({"uid": 0, **job}), job.get("uid", 0), 1)
+        js.lib.log.clear()
         rng, digest = random.Random(f"decisions-{config}"), hashlib.sha256()
         for _ in range(RANDOM_REQUESTS):
             job = random_request(rng)
@@ -252,6 +256,31 @@ def test_the_handlers_decisions_are_the_recorded_ones(tmp_path):
     assert sorted(found) == sorted(recorded), "the table and the recording name other requests"
     moved = {k: (recorded[k], v) for k, v in found.items() if recorded[k] != v}
     assert not moved, "\n".join(f"{k}:\n  recorded {r}\n  now      {v}" for k, (r, v) in moved.items())
+
+
+def test_a_plan_kept_answers_as_the_plan_made_anew(tmp_path):
+    """Every request asked a second time (its plan then kept by the handler) gets the recorded answer."""
+    recorded = json.loads(RECORDING.read_text(encoding="utf-8"))
+    found = decisions(tmp_path, again=True)
+    moved = {k: (recorded[k], v) for k, v in found.items() if recorded[k] != v}
+    assert not moved, "\n".join(f"{k}:\n  recorded {r}\n  now      {v}" for k, (r, v) in moved.items())
+
+
+def test_kept_plans_follow_the_config(tmp_path):
+    """A plan kept under one config is not the answer under the next: the handler plans again."""
+    recorded = json.loads(RECORDING.read_text(encoding="utf-8"))
+    js = handler_for(tmp_path, "tres-gres")
+    path = Path(js.handler.path)
+    for n, config in enumerate(("tres-gres", "gres-only", "no-gres", "tres-gres")):
+        if n:
+            path.write_text(CONFIGS[config])         # another size: another file to the handler
+        for name in ("account", "slots-spn", "pool-cpu", "zero-slots"):
+            c = js.struct({"uid": 0, **REQUESTS[name]})     # config_current 0: the handler stats the file
+            got = answer(js, c, js.handler.submit(c, 0, 1))
+            got.pop("log", None)
+            want = dict(recorded[f"{config} submit {name}"])
+            want.pop("log", None)
+            assert got == want, (config, name)
 
 
 def test_the_table_covers_every_answer():
