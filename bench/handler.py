@@ -16,11 +16,14 @@ the shim's config check is taken as done (``config_current``), as it is for a ca
 Printed: the median per-call time (and quartiles) over ``--calls`` calls, timed one by one with
 ``time.perf_counter_ns`` after ``--warmup`` calls -- hot (one call after another), and cold over
 ``--cold-calls`` (the CPU caches flushed before each call, as slurmctld's own work between two
-submissions leaves them: closer to what its log's "Python" time shows); what loading costs, each in a fresh interpreter
-configured as worker.c's (isolated, no ``site``): the modules the handler imports and their import
-time (``-X importtime``, the largest), the Python memory they hold (tracemalloc) and the process's
-RSS growth, after the import, after the handler's init (the config read) and after 36 new-shape
-submissions. ``--profile`` prints cProfile's view of the calls instead of timing them.
+submissions leaves them: closer to what its log's "Python" time shows); what loading costs, each
+in a fresh interpreter configured as worker.c's (isolated, no ``site``): the modules the handler
+imports and their import time (``-X importtime``, the largest), the Python memory they hold
+(tracemalloc) and the process's RSS growth, after the import, after the handler's init (the config
+read) and after 36 new-shape submissions. bench/submit.py's new shapes share 9 slot layouts, so
+after the first few the handler answers them from plans it made before; ``--fresh-plans`` gives
+each request its own ``--slots`` (a plan made for it alone). ``--profile`` prints cProfile's view
+of the calls instead of timing them. Against another install: run this file with its Python.
 
 Not measured here: the C side (the copy of job_desc, the hand-off to the worker thread and back)
 and slurmctld's own work; bench/submit.py measures the whole call inside a real slurmctld.
