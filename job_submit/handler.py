@@ -270,7 +270,7 @@ def gateway_component(job, values: dict[str, str], config: Config, lib, ffi) -> 
 
 # ---- the handler ---------------------------------------------------------------------------------
 _NEVER = ("never",)      # a stamp no file has: nothing loaded or refused yet
-PLAN_ANSWERS = 1024      # plans' answers kept (a few hundred bytes each), then forgotten at once
+PLAN_ANSWERS = 256       # plans' answers kept (about 1.3 KB each, with their keys), then forgotten at once
 SLOT_NAMES = frozenset(opt.name for opt in SLOT_OPTIONS)
 
 

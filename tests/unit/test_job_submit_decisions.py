@@ -283,6 +283,21 @@ def test_kept_plans_follow_the_config(tmp_path):
             assert got == want, (config, name)
 
 
+def test_kept_plans_are_bounded(tmp_path, monkeypatch):
+    """No more than PLAN_ANSWERS plans are kept; past that they are made again, alike."""
+    from tether.job_submit import handler as module
+
+    monkeypatch.setattr(module, "PLAN_ANSWERS", 4)
+    recorded = json.loads(RECORDING.read_text(encoding="utf-8"))
+    js = handler_for(tmp_path, "sandbox")
+    names = [n for n in REQUESTS if n.startswith(("slots", "cpu", "rocm", "gpu-type", "pool", "zero"))]
+    for name in names * 2:
+        c = js.struct({"uid": 0, **REQUESTS[name]})
+        assert answer(js, c, js.handler.submit(c, 0, 1)) == recorded[f"sandbox submit {name}"], name
+        assert len(js.handler._answers) <= 4
+    assert len(names) > 8
+
+
 def test_the_table_covers_every_answer():
     """The recording holds accepts and refusals, shaped and unshaped answers, notes, every row."""
     recorded = json.loads(RECORDING.read_text(encoding="utf-8"))
