@@ -47,6 +47,7 @@ bench: test-setup
 	rm -f $(BENCH_SUMMARY)
 	TETHER_BENCH_SUMMARY=$(BENCH_SUMMARY) $(VENV)/bin/python bench/plan.py
 	TETHER_BENCH_SUMMARY=$(BENCH_SUMMARY) $(VENV)/bin/python bench/submit.py
+	TETHER_BENCH_SUMMARY=$(BENCH_SUMMARY) $(VENV)/bin/python bench/handler.py
 	TETHER_BENCH_SUMMARY=$(BENCH_SUMMARY) $(VENV)/bin/python bench/step.py
 	TETHER_BENCH_SUMMARY=$(BENCH_SUMMARY) $(VENV)/bin/python bench/launch.py
 	TETHER_BENCH_SUMMARY=$(BENCH_SUMMARY) $(VENV)/bin/python bench/floor.py

@@ -10,14 +10,19 @@ README's configuration table is checked against it by the tests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from collections.abc import Mapping
 
 from .errors import ConfigError, RequestError
 from .layout import USER_STORE_ROOT, user_dir_bases
 from .policy import Arg, PbsUserRequest, parse_qsub_args, parse_sbatch_args, split_qsub_args
+from .records import dataclass, field
 from .schema import NAME_PATTERN, Bool, Enum, Int, List, Map, SchemaError, Str, Struct, walk_keys
 from .surface import RUNTIMES, SLOT_TYPES
+
+TYPE_CHECKING = False  # not `typing`: slurmctld's interpreter imports this module (the job_submit handler)
+
+if TYPE_CHECKING:
+    from typing import Any
 
 BUILTIN = "<built-in defaults>"
 

@@ -9,12 +9,16 @@ container launcher; the PBS hooks get the validated config as JSON instead (see 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
 
 import yaml
 
 from .config import Config, default_config, plain_data, validate_config
 from .errors import ConfigError
+
+TYPE_CHECKING = False  # not `typing`: slurmctld's interpreter imports this module (the job_submit handler)
+
+if TYPE_CHECKING:
+    from typing import Any, Mapping
 
 DEFAULT_CONFIG_PATH = "/etc/tether/tether.yaml"
 CONFIG_ENV = "TETHER_CONFIG"

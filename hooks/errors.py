@@ -7,7 +7,10 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+TYPE_CHECKING = False  # not `typing`: slurmctld's interpreter imports this module (the job_submit handler)
+
+if TYPE_CHECKING:
+    from typing import Iterable
 
 
 class TetherError(Exception):

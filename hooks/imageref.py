@@ -157,8 +157,23 @@ def _parse_name(text: str, original: str) -> ImageRef | None:
                     digest=digest, user=user)
 
 
+_last: tuple[str, ImageRef] | None = None     # the last reference parsed, and what it is
+
+
 def parse_image(text: str) -> ImageRef:
-    """The reference ``text`` parsed (ImageRefError, naming the accepted forms, when it is none)."""
+    """The reference ``text`` parsed (ImageRefError, naming the accepted forms, when it is none).
+    The last one is kept: slurmctld's job_submit handler checks a request's image, then the
+    container options' check parses it again."""
+    global _last
+    last = _last
+    if last is not None and last[0] == text:
+        return last[1]
+    ref = _parse(text)
+    _last = (text, ref)
+    return ref
+
+
+def _parse(text: str) -> ImageRef:
     if not text or len(text.encode("utf-8", "surrogateescape")) > MAX_REFERENCE:
         raise ImageRefError(f"--container-image={text[:60]}: expected {FORMS}")
     if text.startswith(LOCAL_PREFIXES):

@@ -23,19 +23,26 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
-from typing import Any
 
 from .config import Config, PartitionOverride
 from .errors import RequestError
 from .policy import (
     SLURM_FIELD_OPTIONS, Arg, PbsMerge, PbsUserRequest, check_slurm_args, merge_pbs_request,
 )
+from .records import asdict, dataclass
 from .request import JOB_ID_PATTERN, JOB_TYPE_PATTERN, SCHEDULERS, Request
 from .schema import NAME_PATTERN
 from .surface import GPU_SLOT_TYPES, MAX_SLOTS, MAX_SLOTS_PER_NODE, SLOT_TYPES
 
+TYPE_CHECKING = False  # not `typing`: slurmctld's interpreter imports this module (the job_submit handler)
+
+if TYPE_CHECKING:
+    from typing import Any
+
 PROJECT_PATTERN = r"[A-Za-z0-9_.:,-]{1,255}"
+# compiled once: re's own cache costs a lookup per call, and the job_submit handler plans in slurmctld
+_NAME, _JOB_TYPE, _JOB_ID, _PROJECT = (re.compile(p).fullmatch for p in (NAME_PATTERN, JOB_TYPE_PATTERN,
+                                                                          JOB_ID_PATTERN, PROJECT_PATTERN))
 
 # Quantities a row uses, and when a field is set.
 SLOTS, SPN, NODES, ONE = "slots_per_trial", "slots_per_node", "slots_per_trial/slots_per_node", "1"
@@ -236,12 +243,12 @@ def _validate(request: Request) -> None:
     if request.slot_type is not None and request.slot_type not in SLOT_TYPES:
         raise bad("slot_type", request.slot_type, "one of " + ", ".join(SLOT_TYPES))
     for key, value in (("gpu_type", request.gpu_type), ("resource_pool", request.resource_pool)):
-        if value is not None and not (isinstance(value, str) and re.fullmatch(NAME_PATTERN, value)):
+        if value is not None and not (isinstance(value, str) and _NAME(value)):
             raise bad(key, value, "a name of letters, digits, '.', '_', '-'")
-    if not (isinstance(request.job_type, str) and re.fullmatch(JOB_TYPE_PATTERN, request.job_type)):
+    if not (isinstance(request.job_type, str) and _JOB_TYPE(request.job_type)):
         raise bad("job_type", request.job_type, "a word of letters, digits, '_', '.', '-'")
     if request.job_id is not None and not (isinstance(request.job_id, str)
-                                           and re.fullmatch(JOB_ID_PATTERN, request.job_id)):
+                                           and _JOB_ID(request.job_id)):
         raise bad("job_id", request.job_id, "a word of letters, digits, '_', '.', '-'")
 
 
@@ -303,7 +310,7 @@ def project_key(source: str | None, request: Request) -> str | None:
     else:
         value = {"project": request.project, "workspace": request.workspace,
                  "account": request.account, "user": request.user}[source]
-    if value is not None and not re.fullmatch(PROJECT_PATTERN, value):
+    if value is not None and not _PROJECT(value):
         raise RequestError(f"job_project_source {source} gives {value!r}, which cannot be used as a "
                            f"WCKey/project (letters, digits, '_', '.', ':', ',', '-')")
     return value
@@ -327,6 +334,8 @@ def _pbs_merge(request: Request, override: PartitionOverride | None, partition: 
 def _slurm_extra(request: Request, override: PartitionOverride | None, partition: str | None,
                  controlled: list[str]) -> tuple[Arg, ...]:
     """The partition override's and then the user's sbatch options that pass the policy."""
+    if override is None and not request.sbatch_args:
+        return ()                     # nothing to check (the job_submit handler's every request)
     extra: list[Arg] = []
     if override is not None:
         extra += check_slurm_args(override.sbatch_args, controlled, script=True,

@@ -12,11 +12,15 @@ literal tables so a reader can hold them against docs/requirements.md.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from .errors import RequestError
+from .records import dataclass
 from .surface import SLOT_OPTIONS
+
+TYPE_CHECKING = False  # not `typing`: slurmctld's interpreter imports this module (the job_submit handler)
+
+if TYPE_CHECKING:
+    from typing import Iterable, Sequence
 
 # --------------------------------------------------------------------------------------------
 # sbatch's option vocabulary (Slurm 22.05.8, read off `sbatch --<letter>` on this machine).

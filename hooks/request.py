@@ -8,13 +8,16 @@ changes how fields are named in messages, so a user reads the spelling they type
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from .errors import RequestError
 from .policy import Arg, PbsUserRequest, parse_qsub_args, parse_sbatch_args, split_qsub_args
+from .records import dataclass
 from .schema import NAME_PATTERN, Enum, Int, List, SchemaError, Str, Struct
 from .surface import BY_FIELD, GPU_SLOT_TYPES, MAX_SLOTS, MAX_SLOTS_PER_NODE, SLOT_TYPES
+
+TYPE_CHECKING = False  # not `typing`: slurmctld's interpreter imports this module (the job_submit handler)
+
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Request", "request_from_spec", "SLOT_TYPES", "GPU_SLOT_TYPES", "MAX_SLOTS",
            "MAX_SLOTS_PER_NODE", "SCHEDULERS", "JOB_SPEC_SCHEMA"]

@@ -9,8 +9,13 @@ returns the normalized value with defaults filled in. Every node carries a one-l
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from .records import dataclass, field
+
+TYPE_CHECKING = False  # not `typing`: slurmctld's interpreter imports this module (the job_submit handler)
+
+if TYPE_CHECKING:
+    from typing import Any, Callable, Iterator, Mapping, Sequence
 
 __all__ = [
     "Node", "Str", "Bool", "Int", "Enum", "List", "Map", "Struct", "SchemaError",

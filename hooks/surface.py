@@ -65,7 +65,7 @@ class Option:
     ``pbs_resource`` PBS's custom resource."""
 
     __slots__ = ("name", "arginfo", "kind", "usage", "minimum", "maximum", "field", "spec_key",
-                 "pbs_resource", "pbs_type", "env_name")
+                 "pbs_resource", "pbs_type", "env_name", "env", "is_container")
 
     def __init__(self, name: str, arginfo: str | None, kind: str, usage: str, *, minimum: int = 0,
                  maximum: int = 0, field: str | None = None, spec_key: str | None = None,
@@ -76,6 +76,12 @@ class Option:
         self.field, self.spec_key = field, spec_key
         self.pbs_resource, self.pbs_type = pbs_resource, pbs_type
         self.env_name = env_name
+        # worked out once (slurmctld's job_submit handler reads them for each option of each job):
+        # the environment fallback (and the PBS job variable), ``TETHER_SLOTS_PER_NODE`` (another
+        # name where the plain one is a variable tether sets: ``--gateways``, ``TETHER_GATEWAYS``);
+        # whether it is a container option
+        self.env = env_name or "TETHER_" + name.upper().replace("-", "_")
+        self.is_container = name.startswith(("container-", "no-container-"))
 
     def spec_name(self, scheduler: str = "slurm") -> str | None:
         """The job spec's key for this option (``slurm.slots_per_node`` in a Slurm spec)."""
@@ -86,12 +92,6 @@ class Option:
         return "--" + self.name
 
     @property
-    def env(self) -> str:
-        """The environment fallback (and the PBS job variable): ``TETHER_SLOTS_PER_NODE`` (another
-        name where the plain one is a variable tether sets: ``--gateways``, ``TETHER_GATEWAYS``)."""
-        return self.env_name or "TETHER_" + self.name.upper().replace("-", "_")
-
-    @property
     def spank_env(self) -> str:
         """How Slurm forwards an option given on the command line, in job_desc->spank_job_env."""
         return f"_SLURM_SPANK_OPTION_{PLUGIN}_{self.name.replace('-', '_')}"
@@ -100,10 +100,6 @@ class Option:
     def job_env(self) -> str:
         """The variable that describes a slot option to the job's ranks: ``TETHER_JOB_SLOTS``."""
         return "TETHER_JOB_" + self.name.upper().replace("-", "_")
-
-    @property
-    def is_container(self) -> bool:
-        return self.name.startswith(("container-", "no-container-"))
 
     def __repr__(self) -> str:
         return f"Option({self.name!r})"

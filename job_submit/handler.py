@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import traceback
-
-import yaml
 
 from ..container.spec import LaunchError, check_container_options
 from ..hooks.config import ON_FAILURE, Config
@@ -132,34 +129,6 @@ def _put(ffi, job, field: str, value: str) -> None:
     setattr(job, "set_" + field, 1)
 
 
-def apply_plan(job, plan: Plan, ffi, prefix: str) -> None:
-    """Fill the answer from the Plan's fields: node range, tasks, CPUs/GPUs, partition, WCKey, and
-    no requeue. GPU requests are written as TRES (``gres:gpu[:type]:N`` / ``gres/gpu...`` by version)."""
-    res = plan.slurm
-    assert res is not None
-    job.set_nodes, job.out_min_nodes, job.out_max_nodes = 1, res.min_nodes, res.max_nodes
-    if res.task_count is not None:
-        job.set_num_tasks, job.out_num_tasks = 1, res.task_count
-    if res.tasks_per_node is not None:
-        job.set_ntasks_per_node, job.out_ntasks_per_node = 1, res.tasks_per_node
-    if res.cpus_per_task is not None:
-        job.set_cpus_per_task, job.out_cpus_per_task = 1, res.cpus_per_task
-    gpu = prefix + "gpu:" + (f"{res.gpu_type}:" if res.gpu_type else "")
-    if res.gpus is not None:
-        _put(ffi, job, "tres_per_job", f"{gpu}{res.gpus}")
-    if res.gpus_per_task is not None:
-        _put(ffi, job, "tres_per_task", f"{gpu}{res.gpus_per_task}")
-    if res.gpus_per_node is not None:
-        current = cstr(ffi, job.tres_per_node) or ""
-        others = [i for i in current.split(",") if i and not gres_references_gpu(i)]
-        _put(ffi, job, "tres_per_node", ",".join(others + [f"{gpu}{res.gpus_per_node}"]))
-    if plan.partition:
-        _put(ffi, job, "partition", plan.partition)
-    if plan.project:
-        _put(ffi, job, "wckey", plan.project)
-    job.set_requeue, job.out_requeue = 1, 0
-
-
 # How a shaped answer's numbers follow the request's slot counts (bridge.h's TETHER_Q_*), and the
 # answer's fields that carry the Plan's numbers.
 Q_SAME, Q_SLOTS, Q_SPN, Q_NODES = 0, 1, 2, 3
@@ -169,40 +138,87 @@ SHAPED_FIELDS = {"min_nodes": "min_nodes", "max_nodes": "max_nodes", "num_tasks"
                  "tres_per_job": "gpus", "tres_per_task": "gpus_per_task", "tres_per_node": "gpus_per_node"}
 
 
-def mark_shaped(job, plan: Plan | None, ffi) -> None:
+class PlanAnswer:
+    """What a Plan writes into a job's answer, worked out once for every job it is the plan of: the
+    node range, tasks and CPUs (``numbers``: the struct's fields and values), the GPUs as TRES
+    (``gres:gpu[:type]:N`` / ``gres/gpu...`` by version), the partition and WCKey (``texts``, in
+    apply order; the GPUs per node are merged with the job's own --gres when written), the options
+    the plan sets (``controlled``: the user may not give them), the note for the user (``notes``)
+    and the shape cache's quantities (``quantities``; None: not shaped, see mark_shaped)."""
+
+    __slots__ = ("numbers", "texts", "controlled", "notes", "quantities")
+
+    def __init__(self, plan: Plan, prefix: str):
+        res = plan.slurm
+        assert res is not None
+        # what the answer holds in each of SHAPED_FIELDS (None: not written)
+        answered = {"min_nodes": res.min_nodes, "max_nodes": res.max_nodes, "num_tasks": res.task_count,
+                    "ntasks_per_node": res.tasks_per_node, "cpus_per_task": res.cpus_per_task,
+                    "tres_per_job": res.gpus, "tres_per_task": res.gpus_per_task, "tres_per_node": res.gpus_per_node}
+        numbers = [("set_nodes", 1), ("out_min_nodes", res.min_nodes), ("out_max_nodes", res.max_nodes)]
+        for out in ("num_tasks", "ntasks_per_node", "cpus_per_task"):
+            if answered[out] is not None:
+                numbers += [("set_" + out, 1), ("out_" + out, answered[out])]
+        self.numbers = tuple(numbers)
+        gpu = prefix + "gpu:" + (f"{res.gpu_type}:" if res.gpu_type else "")
+        texts = [(out, f"{gpu}{answered[out]}") for out in ("tres_per_job", "tres_per_task", "tres_per_node")
+                 if answered[out] is not None]
+        texts += [(out, text) for out, text in (("partition", plan.partition), ("wckey", plan.project)) if text]
+        self.texts = tuple(texts)
+        self.controlled = controlled_options(plan)
+        self.notes = "\n".join(f"tether: note: {n}" for n in plan.notices)
+        self.quantities = None if plan.notices else shape_quantities(plan, answered)
+
+    def write(self, job, ffi) -> None:
+        """Fill ``job``'s answer: the plan's fields, and no requeue."""
+        for name, value in self.numbers:
+            setattr(job, name, value)
+        for out, text in self.texts:
+            if out == "tres_per_node":        # the job's own --gres stays, but for its GPUs
+                current = cstr(ffi, job.tres_per_node) or ""
+                text = ",".join([i for i in current.split(",") if i and not gres_references_gpu(i)] + [text])
+            _put(ffi, job, out, text)
+        job.set_requeue, job.out_requeue = 1, 0
+
+
+def apply_plan(job, plan: Plan, ffi, prefix: str) -> None:
+    """Fill the answer from the Plan's fields: node range, tasks, CPUs/GPUs, partition, WCKey, and
+    no requeue (PlanAnswer)."""
+    PlanAnswer(plan, prefix).write(job, ffi)
+
+
+def shape_quantities(plan: Plan, answered: dict[str, int | None]) -> dict[str, int] | None:
+    """How the numbers of a plan's answer (``answered``: SHAPED_FIELDS' values as written, None when
+    not) follow the request's slot counts: the quantities of the plan's table row
+    (docs/requirements.md, "Slurm resource calculations": slots, slots per node, nodes = slots /
+    slots per node, or fixed), each checked against the answer itself; None when one does not check
+    out (the answer is then not shaped)."""
+    assert plan.slurm is not None
+    sets = {field: QUANTITY[q] for field, q, _ in ROWS[plan.row].sets if getattr(plan.slurm, field) is not None}
+    if plan.slurm.ntasks is None and plan.slurm.gpus and plan.slurm.gpus_per_task:
+        sets["ntasks"] = Q_NODES              # sbatch's own: --gpus / --gpus-per-task
+    spn = plan.slots_per_node or 1
+    value = {Q_SLOTS: plan.slots, Q_SPN: spn, Q_NODES: plan.slots // spn}
+    quantities = {}
+    for out, field in SHAPED_FIELDS.items():
+        q = sets.get(field, Q_SAME)
+        if q == Q_SAME:
+            continue
+        if answered[out] != value[q]:        # a TRES string ends in ":<its number>"
+            return None
+        quantities[out] = q
+    return quantities
+
+
+def mark_shaped(job, quantities: dict[str, int] | None) -> None:
     """Mark an accepted answer as every request's of its shape (the C shim's shape cache, cache.h):
     the same request with other slot counts or another valid image gets the same answer, its numbers
-    following the counts by the quantities of the plan's table row (docs/requirements.md, "Slurm
-    resource calculations": slots, slots per node, nodes = slots / slots per node, or fixed). Each
-    quantity is checked against this answer itself; an answer with a note for the user, or one that
-    does not check out, is not shaped."""
-    if ffi.string(job.msg):
+    following the counts by ``quantities`` (shape_quantities; {}: none follows them). An answer with
+    a note for the user, or one that does not check out (None), is not shaped."""
+    if quantities is None:
         return
-    quantities = {}
-    if plan is not None:
-        assert plan.slurm is not None
-        sets = {field: QUANTITY[q] for field, q, _ in ROWS[plan.row].sets
-                if getattr(plan.slurm, field) is not None}
-        if plan.slurm.ntasks is None and plan.slurm.gpus and plan.slurm.gpus_per_task:
-            sets["ntasks"] = Q_NODES              # sbatch's own: --gpus / --gpus-per-task
-        spn = plan.slots_per_node or 1
-        value = {Q_SLOTS: plan.slots, Q_SPN: spn, Q_NODES: plan.slots // spn}
-        for out, field in SHAPED_FIELDS.items():
-            q = sets.get(field, Q_SAME)
-            if q == Q_SAME:
-                continue
-            flag = "set_nodes" if out.endswith("_nodes") and out != "ntasks_per_node" else "set_" + out
-            if not getattr(job, flag):
-                return
-            answered = getattr(job, "out_" + out)
-            if out.startswith("tres_"):
-                if not ffi.string(answered).decode().endswith(f":{value[q]}"):
-                    return
-            elif answered != value[q]:
-                return
-            quantities[out] = q
-    for out in SHAPED_FIELDS:
-        setattr(job, "q_" + out, quantities.get(out, Q_SAME))
+    for out, q in quantities.items():       # the others stay Q_SAME: the answer starts zeroed (calloc)
+        setattr(job, "q_" + out, q)
     job.shaped = 1
 
 
@@ -254,6 +270,8 @@ def gateway_component(job, values: dict[str, str], config: Config, lib, ffi) -> 
 
 # ---- the handler ---------------------------------------------------------------------------------
 _NEVER = ("never",)      # a stamp no file has: nothing loaded or refused yet
+PLAN_ANSWERS = 256       # plans' answers kept (about 1.3 KB each, with their keys), then forgotten at once
+SLOT_NAMES = frozenset(opt.name for opt in SLOT_OPTIONS)
 
 
 class Handler:
@@ -273,6 +291,9 @@ class Handler:
         # slurm.conf's partitions' sizes, for the note at submit (the C shim compares them)
         self.slurm_conf = slurm_conf_path(os.environ if env is None else env)
         self._partitions_stamp: tuple | None = _NEVER
+        # plan_answer's: the answers (or refusals) of the plans made with config _answers_config
+        self._answers: dict[tuple, PlanAnswer | str] = {}
+        self._answers_config: Config | None = None
 
     # -- logging and health --
     def log(self, level: int, message: str) -> None:
@@ -371,26 +392,53 @@ class Handler:
                              f"gateway start)\")")
             job.cacheable = 1
             return ACCEPT
-        if not any(opt.name in values for opt in SLOT_OPTIONS):
+        if values.keys().isdisjoint(SLOT_NAMES):
             job.cacheable = 1                   # container options only: checked, nothing planned
-            mark_shaped(job, None, self.ffi)
+            mark_shaped(job, {})
             return ACCEPT
         try:
-            request = self.request(job, values, self._text(job.partition))
+            answer = self.plan_answer(job, values, config)
             conflicts = user_args(job, self.lib, self.ffi)
-            plan = make_plan(request, config, "slurm")
-            check_slurm_args(conflicts, controlled_options(plan), script=False, source="", hint=SLURM_HINT)
-            apply_plan(job, plan, self.ffi, self.prefix)
+            if conflicts:
+                check_slurm_args(conflicts, answer.controlled, script=False, source="", hint=SLURM_HINT)
+            answer.write(job, self.ffi)
         except RequestError as exc:
             self._reply(job, f"tether: {exc}")
             self.log(2, f"rejected a job of uid {submit_uid}: {exc}")
             job.cacheable = 1
             return REJECT
-        if plan.notices:
-            self._reply(job, "\n".join(f"tether: note: {n}" for n in plan.notices))
+        if answer.notes:
+            self._reply(job, answer.notes)
         job.cacheable = 1
-        mark_shaped(job, plan, self.ffi)
+        mark_shaped(job, answer.quantities)
         return ACCEPT
+
+    def plan_answer(self, job, values: dict[str, str], config: Config) -> PlanAnswer:
+        """The answer of the plan for a job's slot request (RequestError when it has none), kept for
+        what the plan is made of: the slot options, the partition, and the account or the user
+        where job_project_source names them -- up to PLAN_ANSWERS, while the config is the same.
+        A job of a new shape (its other options new to the C shim's shape cache: a --container-env,
+        another user) mostly asks for a plan made before."""
+        if self._answers_config is not config:
+            self._answers.clear()
+            self._answers_config = config
+        source = config.job_project_source
+        partition = self._text(job.partition)
+        key = (values.get("slots"), values.get("slots-per-node"), values.get("slot-type"), values.get("gpu-type"),
+               values.get("resource-pool"), partition,
+               self._text(job.account) if source == "account" else job.user_id if source == "user" else None)
+        answer = self._answers.get(key)
+        if answer is None:
+            try:
+                answer = PlanAnswer(make_plan(self.request(job, values, partition), config, "slurm"), self.prefix)
+            except RequestError as exc:
+                answer = str(exc)
+            if len(self._answers) >= PLAN_ANSWERS:
+                self._answers.clear()           # cheaper than keeping the most used, and rare
+            self._answers[key] = answer
+        if isinstance(answer, str):
+            raise RequestError(answer)
+        return answer
 
     def request(self, job, values: dict[str, str], partition: str | None) -> Request:
         """The Request for a job from its tether options, its partition and its other fields."""
@@ -462,7 +510,10 @@ class Handler:
         return cstr(self.ffi, ptr)
 
     def _strings(self, array, size: int) -> list[str]:
-        return [cstr(self.ffi, array[i]) for i in range(size) if array[i] != self.ffi.NULL]
+        if not size:                  # an empty array may be NULL, which unpack() refuses
+            return []
+        string, null = self.ffi.string, self.ffi.NULL
+        return [string(p).decode("utf-8", "replace") for p in self.ffi.unpack(array, size) if p != null]
 
     def _reply(self, job, text: str) -> None:
         """The message for the user (a rejection's reason, or notes), truncated to fit."""
@@ -473,6 +524,8 @@ class Handler:
 def _on_failure_of_broken(path: str) -> str | None:
     """plugin.on_failure from a config file that failed validation, if that one key is readable:
     a site that asked to reject all jobs while tether is unavailable gets that even then."""
+    import yaml
+
     try:
         with open(path, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)
@@ -514,5 +567,7 @@ def call(method: str, *args) -> int:
         return getattr(_handler, method)(*args)
     except Exception:  # the daemon must survive anything the handler does
         if _handler is not None:
+            import traceback           # only now: a module of its own (linecache, tokenize) in slurmctld
+
             _handler.log(0, f"internal error in {method}:\n{traceback.format_exc()}")
         return FAILED
