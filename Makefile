@@ -35,8 +35,9 @@ test: test-setup
 	TETHER_TEST_SLURM=24.11 $(PYTEST) tests/cluster $(PYTEST_ARGS)
 	TETHER_TEST_SLURM=26.05 $(PYTEST) tests/cluster/test_run_side.py $(PYTEST_ARGS)
 
+# the unit level on every CPU (pytest-xdist: its tests share nothing but their own tmp paths)
 test-unit: test-setup
-	$(PYTEST) tests/unit $(PYTEST_ARGS)
+	$(PYTEST) -n auto tests/unit $(PYTEST_ARGS)
 
 test-cluster: test-setup
 	$(PYTEST) tests/cluster $(PYTEST_ARGS)

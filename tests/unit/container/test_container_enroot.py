@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -386,13 +388,18 @@ def test_pmi_fd_reaches_an_enroot_rank_though_enroot_start_closes_every_descript
     assert f"{helper} {inside} none x-create=file,bind,ro,nosuid,nodev" in conf     # after the rank's, read-only
     launch.before = [launch.before[-2]]            # the relay (the last step is the start turn; no enroot create)
     run_before(launch)
-    host = [a.replace(inside, str(helper)).replace(CONTAINER_WORKDIR, str(rank_dir / "work"))
+    # the work directory as short a path as the container's (a socket's path is at most 107 bytes;
+    # pytest's, under xdist's worker directory, is longer)
+    short = Path(tempfile.mkdtemp(prefix="tfd-"))
+    (short / "w").symlink_to(rank_dir / "work")
+    host = [a.replace(inside, str(helper)).replace(CONTAINER_WORKDIR, str(short / "w"))
             for a in launch.argv[start + 1:]]
     ran = subprocess.run(host, capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin", "PMI_FD": str(fd)})
     assert ran.returncode == 0, ran.stderr
     assert "socket:[" in ran.stdout.splitlines()[-1]
     assert slurmstepd.recv(64) == b"get_maxes\n"                # the rank reached slurmstepd's end
     assert not (rank_dir / "work" / ".tether-pmi-fd").exists()   # the socket gone once served
+    shutil.rmtree(short)
     # without the program beside the launcher: said (by each node's first rank), not silently lost
     monkeypatch.setattr(enroot_runtime, "fd_helper", lambda: None)
     capfd.readouterr()
