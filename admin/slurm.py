@@ -226,6 +226,12 @@ def install_plugins(build_dir: Path | None = None, *, slurm_conf: Path | None = 
     packaged = None if build_dir else packaged_stamp(package_stamp)
     if packaged:
         build, stamp = Path(packaged["plugin_dir"]), packaged
+        if packaged.get("sources") not in (None, sources_digest()):
+            # this tether is not the package's (a venv's, newer): its plugstack line may say what the
+            # package's plugins do not understand
+            raise BuildError(f"the plugins of tether's Debian package in {build} were built from other sources "
+                             f"than this tether's: use the package's own tether (/usr/bin/tether), or build "
+                             f"plugins of this one (`tether slurm build --out DIR`) and pass --build-dir DIR")
     else:
         build = Path(build_dir) if build_dir else default_build_dir()
         stamp = read_stamp(build)

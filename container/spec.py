@@ -690,6 +690,10 @@ def check_container_options(values: Mapping[str, str], default_runtime: str) -> 
     if not container:
         return
     env = {BY_NAME[name].env: value for name, value in values.items() if name in BY_NAME}
+    if parse_flag(values.get("container-batch"), "--container-batch") and \
+            parse_flag(values.get("no-container-batch"), "--no-container-batch"):
+        raise LaunchError("--container-batch and --no-container-batch ask for opposite things: give one (without "
+                          "either, the admin's default: container.batch)")
     if "container-image" not in values:
         raise LaunchError("--container-* options need --container-image")
     if values["container-image"] == "":     # --container-image= : no container (a step on the host)

@@ -26,17 +26,22 @@ if TYPE_CHECKING:
 
 
 # --container-entrypoint: the job's variables the entrypoint does not start with
-# (environment.entrypoint_split), one file each in the rank's work directory, set by the command's
-# shell after the entrypoint -- only for names still unset there -- and removed at once (a mount
-# over the work directory hides them: said). Arguments: the directory as seen inside, then the rest.
-LATER_DIR = ".tether-later"
-LATER_PART = ('if [ -d "$1" ]; then for _tether_f in "$1"/*; do [ -f "$_tether_f" ] || continue; '
-              '_tether_n=${_tether_f##*/}; case $_tether_n in [!A-Za-z_]*|*[!A-Za-z0-9_]*) continue;; esac; '
-              'eval "_tether_s=\\${$_tether_n+x}"; [ -n "$_tether_s" ] && continue; '
-              '_tether_v=$(cat "$_tether_f"; echo x); export "$_tether_n=${_tether_v%x}"; done; '
-              'unset _tether_f _tether_n _tether_s _tether_v; rm -rf "$1"; '
-              'else echo "tether: $1 is not in the container (a mount covers it): the job\'s variables the '
+# (environment.entrypoint_split), as one file in the rank's work directory that the shell between
+# the entrypoint and the command sources -- each line sets one variable where it is still unset
+# (a single-quoted value: any bytes but NUL, nothing expanded; no other program needed) -- and
+# removes. An entrypoint that became another user (gosu) cannot read it: said, as is a mount over
+# the work directory. Arguments: the file as seen inside, then the rest.
+LATER_FILE = ".tether-later.sh"
+LATER_PART = ('if [ -r "$1" ]; then . "$1"; rm -f "$1" 2>/dev/null; else echo "tether: $1 is not readable in the '
+              'container (a mount covers it, or the entrypoint became another user): the job\'s variables the '
               'entrypoint did not start with were not passed" >&2; fi; shift; ')
+
+
+def later_script(later: Mapping[str, str]) -> str:
+    """LATER_FILE's text: ``[ -n "${NAME+x}" ] || export NAME='VALUE'`` for each variable (names
+    are variable names: environment.passed_from_host keeps no other)."""
+    quoted = {name: "'" + value.replace("'", "'\\''") + "'" for name, value in later.items()}
+    return "".join(f'[ -n "${{{name}+x}}" ] || export {name}={value}\n' for name, value in quoted.items())
 
 
 def write_private(path: str | None, text: str, suffix: str, what: str) -> str:
@@ -59,17 +64,17 @@ def write_private(path: str | None, text: str, suffix: str, what: str) -> str:
 
 def write_values(directory: str, values: Mapping[str, str], what: str = "values file") -> None:
     """Each value in a file of its own (named after its variable, mode 0600, never through a
-    symlink) in ``directory``, made 0700: what a shell part (enroot's VALUES_PART, LATER_PART)
-    reads inside the container."""
+    symlink) in ``directory``, made 0700: what enroot's VALUES_PART reads inside the container."""
     for name, value in values.items():
         write_private(os.path.join(directory, name), value, "", what)
 
 
 def later_values(rank_dir: str, later: Mapping[str, str]) -> str:
-    """``later`` (see LATER_DIR) written in the rank's work directory; that directory as the
-    container sees it (LATER_PART's first argument)."""
-    write_values(os.path.join(rank_dir, "work", LATER_DIR), later, "file of a variable for after the entrypoint")
-    return f"{CONTAINER_WORKDIR}/{LATER_DIR}"
+    """``later`` (see LATER_FILE) written in the rank's work directory; the file as the container
+    sees it (LATER_PART's first argument)."""
+    write_private(os.path.join(rank_dir, "work", LATER_FILE), later_script(later), "",
+                  "file of the variables for after the entrypoint")
+    return f"{CONTAINER_WORKDIR}/{LATER_FILE}"
 
 
 class Launch(Record):

@@ -26,8 +26,8 @@ from ..launch import progress
 from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, LaunchError, Mount, named_enroot_marker,
                     no_named_container, refuse_existing)
 from ..environment import entrypoint_split
-from . import (LATER_PART, Launch, Runtime, checked_marker, existing_store, later_values, mark_checked, pmi_fd,
-               registry_unchecked, store_directory, write_private, write_values)
+from . import (LATER_FILE, LATER_PART, Launch, Runtime, checked_marker, existing_store, later_values, mark_checked,
+               pmi_fd, registry_unchecked, store_directory, write_private, write_values)
 
 DEFAULT_STORE = f"{USER_STORE_ROOT}/{{uid}}/enroot"     # container.enroot.store's default
 
@@ -50,8 +50,9 @@ VALUES_DIR = ".tether-values"
 # enroot that exits 1 without it failed itself -- enroot-switchroot, a hook -- before the command.
 STARTED_FILE = ".tether-started"
 STARTED_PROLOGUE = f': > "{CONTAINER_WORKDIR}/{STARTED_FILE}" 2>/dev/null; '
-VALUES_PART = ('if [ -d "$1" ]; then for f in "$1"/*; do [ -f "$f" ] || continue; v=$(cat "$f"; echo x); '
-               'export "${f##*/}=${v%x}"; done; rm -rf "$1"; else echo "tether: $1 is not in the container '
+VALUES_PART = ('if [ -d "$1" ]; then for _tether_f in "$1"/*; do [ -f "$_tether_f" ] || continue; '
+               '_tether_v=$(cat "$_tether_f"; echo x); export "${_tether_f##*/}=${_tether_v%x}"; done; '
+               'unset _tether_f _tether_v; rm -rf "$1"; else echo "tether: $1 is not in the container '
                '(a mount covers it): variables with a line break or quotes around their value were not '
                'passed" >&2; fi; shift; ')
 VALUES_PROLOGUE = VALUES_PART + CD_PROLOGUE
@@ -558,7 +559,7 @@ class Enroot(Runtime):
             argv += ["--env", "NVIDIA_VISIBLE_DEVICES=all"]
         script, values = (VALUES_PART, [f"{CONTAINER_WORKDIR}/{VALUES_DIR}"]) if uncarried else ("", [])
         if later:
-            script, values = script + LATER_PART, [*values, later_values(spec.rank_dir, later)]
+            script, values = script + LATER_PART, [*values, f"{CONTAINER_WORKDIR}/{LATER_FILE}"]
         argv += [name, *relay, "/bin/sh", "-c", (STARTED_PROLOGUE if spec.rank_dir else "") + script + CD_PROLOGUE,
                  "sh", *values, spec.workdir, *spec.command]
         if not spec.name and not shared:      # a shared root goes with the step's directory
@@ -574,6 +575,8 @@ class Enroot(Runtime):
         if spec.save:        # enroot export: the container root as a squashfs, as pyxis saves it
             partial = f"{spec.save}.{os.uname().nodename}.{os.getpid()}.partial"
             finish = ([[self.binary, "export", "--output", partial, name]], partial, spec.save)
+        if later:                 # last: once nothing refuses the launch
+            later_values(spec.rank_dir, later)
         return Launch(argv=argv, env=env, supervise=True, before=before, lock=lock, after=after, runtime=self,
                       finish=finish, failures=os.path.dirname(spec.rank_dir) if spec.rank_dir else None,
                       created=os.path.join(spec.rank_dir, "work", STARTED_FILE) if spec.rank_dir else None)

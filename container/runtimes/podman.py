@@ -27,7 +27,7 @@ from ..environment import entrypoint_split
 from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, NAMED_MADE_BY, PROPAGATION, LaunchError, Mount,
                     effective_mounts, mount_refusal, named_podman_home, no_named_container, podman_tmpfs,
                     read_regular, refuse_existing)
-from . import (LATER_PART, Launch, Runtime, checked_marker, existing_store, later_values, mark_checked,
+from . import (LATER_FILE, LATER_PART, Launch, Runtime, checked_marker, existing_store, later_values, mark_checked,
                own_directory, pmi_fd, registry_unchecked, store_directory)
 
 if TYPE_CHECKING:
@@ -615,8 +615,11 @@ class Podman(Runtime):
                 return attached
         # --container-entrypoint: the entrypoint starts without the job's other variables, which
         # a shell between it and the command sets where it left them unset (LATER_PART), as pyxis
-        passed, later = entrypoint_split(passed, spec) if spec.rank_dir else (passed, {})
-        command = (["/bin/sh", "-c", LATER_PART + 'exec "$@"', "sh", later_values(spec.rank_dir, later),
+        # (a rootfs directory has no entrypoint: nothing to start without them); the file is
+        # written last, once nothing refuses the launch
+        passed, later = (entrypoint_split(passed, spec) if spec.rank_dir and not os.path.isdir(spec.image)
+                         else (passed, {}))
+        command = (["/bin/sh", "-c", LATER_PART + 'exec "$@"', "sh", f"{CONTAINER_WORKDIR}/{LATER_FILE}",
                     *spec.command] if later else list(spec.command))
         name = spec.rank_instance      # one podman container per rank, --container-name or not
         # podman writes the container's id here once it exists (see Launch.created): in the rank's
@@ -759,6 +762,8 @@ class Podman(Runtime):
             after = [*after, lambda env: self.leave_pod(pod, step_dir, rank, env)]
         # root's podman keeps no pause process (no XDG_RUNTIME_DIR: see base_env)
         kept = ((pause_pid_file(env["XDG_RUNTIME_DIR"]), PAUSE_NAMES),) if env.get("XDG_RUNTIME_DIR") else ()
+        if later:
+            later_values(spec.rank_dir, later)
         return Launch(argv=argv, env=env, supervise=True, runtime=self, container=name, monitor="conmon",
                       marker=marker, marker_data=data, before=before, lock=lock, created=created,
                       fds=fds, finish=finish, after=after, prepare=prepare, runtime_own=kept,

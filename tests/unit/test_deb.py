@@ -15,7 +15,7 @@ import pytest
 
 from tether.admin.slurm import plugstack_line, spank_lines
 from tether.hooks.config import default_config
-from tether.admin.slurm import install_plugins
+from tether.admin.slurm import install_plugins, sources_digest
 from tether.hooks.configfile import load_config
 from tether.system.toolchain import PACKAGED_BUILD_STAMP, BuildError, installed_slurm_version, system_plugin_dir
 
@@ -215,6 +215,7 @@ def test_slurm_install_on_a_package_host_writes_the_lines_for_the_packages_plugi
     assert stamp["plugin_dir"] == plugin_dir and stamp["toolchain"]["slurm_version"] == installed_slurm_version()
     assert sorted(stamp["files"]) == ["job_submit_tether.so", "spank_tether.so"]
     assert "tether-deb-" not in stamp_file.read_text()                   # no path of the build's
+    assert stamp["sources"] == sources_digest()                          # this tether's own sources
     conf, plugstack = tmp_path / "slurm.conf", tmp_path / "plugstack.conf"
     conf.write_text(f"ClusterName=x\nJobSubmitPlugins=lua\nPlugStackConfig={plugstack}\n")
     plugstack.write_text("required other.so\n")
@@ -260,6 +261,12 @@ def test_slurm_install_on_a_package_host_writes_the_lines_for_the_packages_plugi
     os.chmod(above, 0o1777)                                     # sticky, as /tmp: fine
     install_plugins(slurm_conf=conf, config=site_config, package_stamp=str(stamp_file),
                     package_launcher_dir=str(above / "deeper" / "launcher"), write=True, log=said.append)
+    # another tether than the package's (a venv's): its plugstack line may say what the package's
+    # plugins do not understand -- refused, as a stale build of one's own is
+    stamp_file.write_text(json.dumps({**stamp, "sources": "0" * 64}))
+    with pytest.raises(BuildError, match="built from other sources than this tether's: use the package's own"):
+        install_plugins(slurm_conf=conf, config=site_config, package_stamp=str(stamp_file), log=said.append)
+    stamp_file.write_text(json.dumps(stamp))
     assert (above / "deeper" / "launcher" / "tether-run").is_file()
     assert oct((above / "deeper").stat().st_mode & 0o777) == "0o755"     # made 0755 whatever the umask
     link = tmp_path / "link"

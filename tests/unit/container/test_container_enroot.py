@@ -17,7 +17,8 @@ import pytest
 
 from tether.container.images import image_key
 from tether.container.runtimes import adapter
-from tether.container.runtimes.enroot import CD_PROLOGUE, STARTED_PROLOGUE, VALUES_DIR, VALUES_PROLOGUE, enroot_uri
+from tether.container.runtimes.enroot import (CD_PROLOGUE, STARTED_PROLOGUE, VALUES_DIR, VALUES_PART, VALUES_PROLOGUE,
+                                              enroot_uri)
 from tether.container.spec import CONTAINER_WORKDIR, LaunchError, Mount
 
 from container_helpers import HOST, _tether_run, spec
@@ -461,7 +462,7 @@ def test_enroot_with_the_entrypoint_sets_the_jobs_other_variables_after_it(tmp_p
     """--container-entrypoint on enroot (pyxis): environ() prints only what the entrypoint starts
     with; the job's other variables are files the command's shell reads after the image's /etc/rc
     ran the entrypoint (LATER_PART, before the working directory's cd)."""
-    from tether.container.runtimes import LATER_DIR, LATER_PART
+    from tether.container.runtimes import LATER_FILE, LATER_PART
 
     rank_dir = tmp_path / "42/n2/step-0/rank-3"
     sqsh = tmp_path / "img.sqsh"
@@ -473,6 +474,20 @@ def test_enroot_with_the_entrypoint_sets_the_jobs_other_variables_after_it(tmp_p
     text = Path(argv[argv.index("--conf") + 1]).read_text()
     assert "OTHER=no\n" in text and "RANK=3\n" in text and "MYVAR" not in text
     assert not (rank_dir / "work" / VALUES_DIR).exists()
-    assert (rank_dir / "work" / LATER_DIR / "MYVAR").read_text() == HOST["MYVAR"]
+    assert "export MYVAR='a,b\nc '\\''q'\\'' $(x)'\n" in (rank_dir / "work" / LATER_FILE).read_text()
     assert argv[-9:] == ["tether-42.0", "/bin/sh", "-c", STARTED_PROLOGUE + LATER_PART + CD_PROLOGUE, "sh",
-                         f"{CONTAINER_WORKDIR}/{LATER_DIR}", CONTAINER_WORKDIR, "python", "train.py"]
+                         f"{CONTAINER_WORKDIR}/{LATER_FILE}", CONTAINER_WORKDIR, "python", "train.py"]
+    # with a value enroot's file cannot carry too: both parts, in their arguments' order, and their
+    # loop variables do not take a job variable's name (f, v: VALUES_PART's before)
+    both = adapter("enroot", {"store": ""}).launch(
+        spec(image=str(sqsh), runtime="enroot", rank_dir=str(rank_dir), entrypoint=True,
+             env_names=("MYVAR",)), {**HOST, "f": "job-f", "v": "job-v"})
+    assert both.argv[-9:] == ["/bin/sh", "-c", STARTED_PROLOGUE + VALUES_PART + LATER_PART + CD_PROLOGUE, "sh",
+                              f"{CONTAINER_WORKDIR}/{VALUES_DIR}", f"{CONTAINER_WORKDIR}/{LATER_FILE}",
+                              CONTAINER_WORKDIR, "python", "train.py"]
+    work = rank_dir / "work"
+    show = "import json, os; print(json.dumps({n: os.environ.get(n) for n in ('MYVAR', 'f', 'v', '_tether_v')}))"
+    ran = subprocess.run(["sh", "-c", VALUES_PART + LATER_PART + 'exec "$@"', "sh", str(work / VALUES_DIR),
+                          str(work / LATER_FILE), sys.executable, "-c", show], capture_output=True, text=True,
+                         timeout=60, env={"PATH": os.environ["PATH"]})
+    assert json.loads(ran.stdout) == {"MYVAR": HOST["MYVAR"], "f": "job-f", "v": "job-v", "_tether_v": None}, ran

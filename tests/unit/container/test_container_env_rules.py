@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tether.container.environment import contract_table, entrypoint_split, passed_from_host
-from tether.container.runtimes import LATER_DIR, LATER_PART, later_values
+from tether.container.runtimes import LATER_FILE, LATER_PART, later_script, later_values
 from tether.container.spec import CONTAINER_WORKDIR
 
 from helpers import REPO
@@ -78,31 +78,35 @@ def test_the_entrypoint_starts_with_the_allowlist_and_the_named_variables_only()
 
 def test_after_the_entrypoint_the_jobs_variables_fill_only_what_it_left_unset(tmp_path):
     """The chain as a container runs it: an entrypoint that derives one variable from another and
-    sets a third, then LATER_PART (the shell between it and the command) with the job's values."""
+    sets a third, then LATER_PART (the shell between it and the command) sourcing the job's values
+    -- any bytes but NUL, nothing in them run -- from one file, read once; an entrypoint that became
+    another user (gosu), or a mount over the directory, is said."""
     rank_dir = tmp_path / "rank-3"
-    later = {"DOCKER_TLS_VERIFY": "1", "SET_BY_ENTRYPOINT": "job", "IMAGE_ENV": "job", "NL": "a\nb\n"}
+    later = {"DOCKER_TLS_VERIFY": "1", "SET_BY_ENTRYPOINT": "job", "IMAGE_ENV": "job", "NL": "a\nb\n",
+             "ODD": "it's $(touch pwned) `x` \\ \"q\"\n", "EMPTY": "", "_tether_v": "kept", "f": "kept"}
     inside = later_values(str(rank_dir), later)
-    files = rank_dir / "work" / LATER_DIR
-    assert inside == f"{CONTAINER_WORKDIR}/{LATER_DIR}" and {f.name for f in files.iterdir()} == set(later)
-    assert {oct(f.stat().st_mode & 0o777) for f in files.iterdir()} == {"0o600"}
+    script = rank_dir / "work" / LATER_FILE
+    assert inside == f"{CONTAINER_WORKDIR}/{LATER_FILE}" and oct(script.stat().st_mode & 0o777) == "0o600"
     entry = ('if [ -n "$DOCKER_TLS_VERIFY" ]; then export DOCKER_HOST=tcp://docker:2376; '
              'else export DOCKER_HOST=tcp://docker:2375; fi; export SET_BY_ENTRYPOINT=entry; exec "$@"')
     show = "import json, os, sys; print(json.dumps({n: os.environ.get(n) for n in sys.argv[1:]}))"
-    names = ["DOCKER_HOST", "DOCKER_TLS_VERIFY", "SET_BY_ENTRYPOINT", "IMAGE_ENV", "NL", "RANK"]
-    ran = subprocess.run(["sh", "-c", entry, "entrypoint", "/bin/sh", "-c", LATER_PART + 'exec "$@"', "sh",
-                          str(files), sys.executable, "-c", show, *names],
-                         env={"PATH": os.environ["PATH"], "IMAGE_ENV": "image", "RANK": "3"},
-                         capture_output=True, text=True, timeout=60)
-    assert json.loads(ran.stdout) == {"DOCKER_HOST": "tcp://docker:2375", "DOCKER_TLS_VERIFY": "1",
-                                      "SET_BY_ENTRYPOINT": "entry", "IMAGE_ENV": "image", "NL": "a\nb\n",
-                                      "RANK": "3"}, ran.stderr
-    assert not files.exists()                                    # read once, gone
-    (files / "BAD-NAME").parent.mkdir(parents=True)
-    (files / "BAD-NAME").write_text("x")                         # never evaluated: not a variable's name
-    (files / "OK").write_text("y")
-    odd = subprocess.run(["sh", "-c", LATER_PART + 'echo "$OK"', "sh", str(files)], capture_output=True,
-                         text=True, timeout=60)
-    assert (odd.stdout, odd.stderr) == ("y\n", "")
+    names = ["DOCKER_HOST", "DOCKER_TLS_VERIFY", "SET_BY_ENTRYPOINT", "IMAGE_ENV", "NL", "ODD", "EMPTY",
+             "_tether_v", "f", "RANK"]
+    for shell in ("sh", "bash"):                  # dash, and bash as an image's /bin/sh may be
+        script.write_text(later_script(later))
+        ran = subprocess.run([shell, "-c", entry, "entrypoint", shell, "-c", LATER_PART + 'exec "$@"', "sh",
+                              str(script), sys.executable, "-c", show, *names],
+                             env={"PATH": os.environ["PATH"], "IMAGE_ENV": "image", "RANK": "3"},
+                             capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert json.loads(ran.stdout) == {**later, "DOCKER_HOST": "tcp://docker:2375", "SET_BY_ENTRYPOINT": "entry",
+                                          "IMAGE_ENV": "image", "RANK": "3"}, (shell, ran.stderr)
+        assert not script.exists() and not (tmp_path / "pwned").exists()          # read once; nothing run
+    script.write_text(later_script({"X": "y"}))
+    script.chmod(0o000)                           # as another user than its owner sees it
+    unreadable = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
+                                 LATER_PART + 'echo "${X-unset}"', "sh", str(script)],
+                                capture_output=True, text=True, timeout=60)
+    assert unreadable.stdout == "unset\n" and "or the entrypoint became another user" in unreadable.stderr
     covered = subprocess.run(["sh", "-c", LATER_PART + "true", "sh", str(tmp_path / "none")], capture_output=True,
                              text=True, timeout=60)
-    assert covered.returncode == 0 and "(a mount covers it): the job's variables the entrypoint" in covered.stderr
+    assert covered.returncode == 0 and "(a mount covers it" in covered.stderr

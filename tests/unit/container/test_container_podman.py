@@ -1234,7 +1234,7 @@ def test_with_the_entrypoint_the_jobs_other_variables_follow_it(tmp_path, monkey
     outside the allowlist and --container-env; a shell between it and the command sets them where
     the entrypoint left them unset -- on a registry image and before a named container's own
     ENTRYPOINT alike."""
-    from tether.container.runtimes import LATER_DIR, LATER_PART
+    from tether.container.runtimes import LATER_FILE, LATER_PART
 
     monkeypatch.setattr("tether.container.runtimes.podman.stdio_is_terminal", lambda: False)
     rank_dir = tmp_path / "42/n2/step-0/rank-3"
@@ -1243,11 +1243,16 @@ def test_with_the_entrypoint_the_jobs_other_variables_follow_it(tmp_path, monkey
     assert plain.argv[-2:] == ["python", "train.py"] and {"MYVAR", "OTHER"} <= env_file_names(plain)
     asked = podman.launch(spec(image="docker://busybox", runtime="podman", rank_dir=str(rank_dir), entrypoint=True,
                                env_names=("OTHER",)), HOST)
-    shell = ["/bin/sh", "-c", LATER_PART + 'exec "$@"', "sh", f"{CONTAINER_WORKDIR}/{LATER_DIR}", "python", "train.py"]
+    shell = ["/bin/sh", "-c", LATER_PART + 'exec "$@"', "sh", f"{CONTAINER_WORKDIR}/{LATER_FILE}", "python", "train.py"]
     assert asked.argv[-len(shell):] == shell and "--entrypoint=" not in asked.argv
     names = env_file_names(asked)
     assert "MYVAR" not in names and {"OTHER", "RANK", "SLURM_JOB_ID"} <= names
-    assert (rank_dir / "work" / LATER_DIR / "MYVAR").read_text() == HOST["MYVAR"]
+    assert "export MYVAR=" in (rank_dir / "work" / LATER_FILE).read_text()
+    rootfs = tmp_path / "rootfs"                  # a rootfs directory has no entrypoint: all at once
+    rootfs.mkdir()
+    direct = podman.launch(spec(image=str(rootfs), runtime="podman", rank_dir=str(rank_dir), entrypoint=True), HOST)
+    assert direct.argv[-2:] == ["python", "train.py"] and "/bin/sh" not in direct.argv
+    assert "MYVAR" in env_file_names(direct)
     named = podman.launch(spec(image="docker://busybox", runtime="podman", name="dev", rank_dir=str(rank_dir),
                                entrypoint=True), HOST)
     home = tmp_path / "42/n2/podman-named/dev"

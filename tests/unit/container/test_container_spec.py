@@ -266,3 +266,14 @@ def test_a_relative_image_is_pyxiss_path_from_the_working_directory_resolved_by_
     shared.chmod(0o1777)
     with pytest.raises(LaunchError, match=r"a relative image in .*shared, a directory others can write"):
         resolve_image("./ubuntu.sqsh", str(shared))
+
+
+def test_both_batch_flags_at_once_are_refused_at_submit():
+    """--container-batch with --no-container-batch: refused as the other pairs are (the SPANK
+    plugin would have let the first win)."""
+    from tether.container.spec import check_container_options
+
+    with pytest.raises(LaunchError, match="--container-batch and --no-container-batch ask for opposite things"):
+        check_container_options({"container-image": "/i", "container-batch": "1", "no-container-batch": "1"},
+                                "podman")
+    check_container_options({"container-image": "/i", "no-container-batch": "1"}, "podman")
