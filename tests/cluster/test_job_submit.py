@@ -427,8 +427,9 @@ def test_install_prints_the_lines_and_write_applies_them(cluster, tmp_path):
     config.write_text(f"job_storage_root: {storage}\ncontainer: {{apptainer_image_root: {images}}}\n")
     tether = cluster.box.tether              # the sandbox's Slurm's (in its root, on another release)
     build = cluster.box.plugin_build_dir
-    if not (build / "build.json").exists():  # a sandbox that installed tether's package built none
-        cluster.run([*tether, "slurm", "build", "--out", str(build)], timeout=600)
+    # built here: a sandbox that installed tether's package built none, and one kept from an earlier
+    # state of the sources holds a build install now refuses (other sources than its tether's)
+    cluster.run([*tether, "slurm", "build", "--out", str(build)], timeout=600)
     common = ["--build-dir", str(build), "--slurm-conf", str(conf), "--config", str(config)]
     dry = cluster.run([*tether, "slurm", "install", *common])
     line = (f"required {tmp_path}/plugins/spank_tether.so job_storage_root={storage} "
