@@ -62,13 +62,6 @@ def write_private(path: str | None, text: str, suffix: str, what: str) -> str:
     return path
 
 
-def write_values(directory: str, values: Mapping[str, str], what: str = "values file") -> None:
-    """Each value in a file of its own (named after its variable, mode 0600, never through a
-    symlink) in ``directory``, made 0700: what enroot's VALUES_PART reads inside the container."""
-    for name, value in values.items():
-        write_private(os.path.join(directory, name), value, "", what)
-
-
 def later_values(rank_dir: str, later: Mapping[str, str]) -> str:
     """``later`` (see LATER_FILE) written in the rank's work directory; the file as the container
     sees it (LATER_PART's first argument)."""

@@ -27,7 +27,7 @@ from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, LaunchError, Moun
                     no_named_container, refuse_existing)
 from ..environment import entrypoint_split
 from . import (LATER_FILE, LATER_PART, Launch, Runtime, checked_marker, existing_store, later_values, mark_checked,
-               pmi_fd, registry_unchecked, store_directory, write_private, write_values)
+               pmi_fd, registry_unchecked, store_directory, write_private)
 
 DEFAULT_STORE = f"{USER_STORE_ROOT}/{{uid}}/enroot"     # container.enroot.store's default
 
@@ -117,6 +117,13 @@ def fstab_line(mount: Mount, *, rank: bool = False) -> str:
         raise LaunchError(f"--container-mounts: the mount of {mount.target[:60]}... for enroot would be a line of "
                           f"{len(line.encode())} bytes (escaped), more than enroot reads ({FSTAB_LINE_MAX - 1})")
     return line
+
+
+def write_values(directory: str, values: Mapping[str, str]) -> None:
+    """Each value enroot's environment file cannot carry in a file of its own (named after its
+    variable, mode 0600, never through a symlink) in ``directory``, made 0700 (VALUES_PART)."""
+    for name, value in values.items():
+        write_private(os.path.join(directory, name), value, "", "values file")
 
 
 def write_environ_conf(path: str | None, values: Mapping[str, str], mount_lines: Sequence[str] = ()) -> str:
