@@ -54,7 +54,9 @@ def write_private(path: str | None, text: str, suffix: str, what: str) -> str:
             fd, path = tempfile.mkstemp(prefix="tether-enroot-", suffix=suffix)
         else:
             os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            # O_NONBLOCK: a FIFO the user put there (no reader) is ENXIO, not a rank waiting forever
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                         0o600)
         with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
             fh.write(text)
     except OSError as exc:            # something else where the file belongs (a symlink: ELOOP)

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -110,3 +111,22 @@ def test_after_the_entrypoint_the_jobs_variables_fill_only_what_it_left_unset(tm
     covered = subprocess.run(["sh", "-c", LATER_PART + "true", "sh", str(tmp_path / "none")], capture_output=True,
                              text=True, timeout=60)
     assert covered.returncode == 0 and "(a mount covers it" in covered.stderr
+
+
+def test_a_fifo_or_link_where_the_variables_file_belongs_fails_the_rank_at_once(tmp_path):
+    """The rank's work directory is the user's: a FIFO planted at .tether-later.sh (no reader) hung
+    the launcher in open(); a symlink there is not followed. Both: a clear error, at once."""
+    from tether.container.spec import LaunchError
+
+    (tmp_path / "work").mkdir()
+    os.mkfifo(tmp_path / "work" / LATER_FILE)
+    started = time.monotonic()
+    with pytest.raises(LaunchError, match="cannot write file of the variables for after the entrypoint .*"
+                                          "No such device or address"):
+        later_values(str(tmp_path), {"A": "b"})
+    assert time.monotonic() - started < 10
+    (tmp_path / "work" / LATER_FILE).unlink()
+    (tmp_path / "work" / LATER_FILE).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(LaunchError, match="Too many levels of symbolic links"):
+        later_values(str(tmp_path), {"A": "b"})
+    assert not (tmp_path / "elsewhere").exists()
