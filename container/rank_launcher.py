@@ -11,12 +11,16 @@ containerized ``srun -N3`` was 1.07x the same podman under srun, and is 1.00x wi
 
 What it must agree with Python on -- the names that enter the container, podman's arguments, the
 cleanup marker -- comes from the Python modules themselves, written into ``tether_run_baked.h``
-here; tests/unit/test_rank_launcher.py builds it with ``plan_only`` and compares its plans with
-``Podman.launch``'s over many rank environments.
+here: podman's arguments, the container's name, its id file and the cleanup marker are
+``Podman.launch`` itself, run here with the answers of the common case and placeholders for the
+rank's values (``RankTemplate``), which tether-run substitutes; tether-run decides only whether a
+rank is that case and supervises it. tests/unit/test_rank_launcher.py builds it with ``plan_only``
+and compares its plans with ``Podman.launch``'s over many rank environments.
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -28,8 +32,8 @@ from ..system.toolchain import CBuild
 from . import environment
 from .launch import GRACE_SECONDS
 from .run import config_identity
-from .runtimes.podman import DEFAULT_STORE, PAUSE_NAMES, PAUSE_PID_FILE, ROOTFS_TARGETS
-from .spec import CONTAINER_TMP, CONTAINER_WORKDIR
+from .runtimes.podman import DEFAULT_STORE, PAUSE_NAMES, PAUSE_PID_FILE, ROOTFS_TARGETS, Podman
+from .spec import CONTAINER_TMP, CONTAINER_WORKDIR, LaunchSpec
 
 RANK_LAUNCHER_SOURCE = Path(__file__).with_name("tether_run.c")
 FD_HELPER_SOURCE = Path(__file__).with_name("tether_fd_receive.c")
@@ -59,6 +63,72 @@ def c_list(values: Sequence[str]) -> str:
     return "{" + ", ".join([*(c_string(v) for v in values), "NULL"]) + "}"
 
 
+# The rank's values in the C launcher's templates: '\1' and a letter, substituted by tether-run
+# (tether_run.c: expand); COMMAND is a whole argument that stands for the command's arguments.
+PLACEHOLDERS = {
+    "JOB": "\1J", "STEP": "\1S", "RANK": "\1K",
+    "STEP_DIR": "\1D", "RANK_NAME": "\1B",      # the rank directory is STEP_DIR/RANK_NAME
+    "IMAGE": "\1I",                             # the rootfs directory
+    "STORE": "\1T", "RUN_DIR": "\1U",          # the user's podman store, podman's run directory
+    "NAMES_FD": "\1F",                          # the --env-file memfd's number
+    "COMMAND": "\1C",
+}
+
+
+class RankTemplate(Podman):
+    """``Podman.launch`` for the C launcher's case, with placeholders for what only the rank knows:
+    a rootless rank, no terminal, the rootfs directory as it is (``rootfs_argv``), this
+    configuration's store at the store's placeholder, the names file at its fd's -- and /dev/mqueue
+    as asked (two templates: tether-run looks at the node)."""
+
+    def __init__(self, settings: Mapping[str, Any], *, mqueue: bool, **kw):
+        super().__init__(settings, **kw)
+        self.mqueue = mqueue
+
+    @staticmethod
+    def as_root() -> bool:
+        return False
+
+    @staticmethod
+    def terminal() -> bool:
+        return False
+
+    def node_mqueue(self) -> bool:
+        return self.mqueue
+
+    @staticmethod
+    def names_fd(names) -> int:
+        return -1
+
+    def store_paths(self, *, create: bool = False, uid: int | None = None) -> tuple[str, str] | None:
+        return (PLACEHOLDERS["STORE"], PLACEHOLDERS["RUN_DIR"]) if self.store_template else None
+
+    def image_plan(self, spec, glob, mounts=None):
+        return self.rootfs_argv(spec.image, bool(spec.writable)), []
+
+    def mark_used(self, name: str) -> None:
+        raise AssertionError("a rootfs directory has no store image")
+
+    @classmethod
+    def plan(cls, settings: Mapping[str, Any], *, mqueue: bool) -> dict[str, Any]:
+        """The templates of one launch: argv, container name, id file, marker path and content."""
+        podman = settings.get("podman") or {}
+        runtime = cls(podman, mqueue=mqueue, environment=settings.get("environment") or environment.DEFAULT_MODE)
+        P = PLACEHOLDERS
+        spec = LaunchSpec(image=P["IMAGE"], runtime="podman", command=(P["COMMAND"],),
+                          rank_dir=f"{P['STEP_DIR']}/{P['RANK_NAME']}", job_id=P["JOB"], step_id=P["STEP"],
+                          rank=P["RANK"], writable=False)
+        # one variable passed by name: the names file is in the plan (a Slurm task always has some)
+        launch = runtime.launch(spec, {"SLURM_PROCID": "0"})
+        if launch.before or launch.prepare or launch.after or launch.finish or not launch.supervise:
+            raise AssertionError(f"the C launcher's case is no plain podman run: {launch!r}")
+        argv = [a.replace("/dev/fd/-1", f"/dev/fd/{P['NAMES_FD']}") for a in launch.argv]
+        return {"argv": argv, "container": launch.container, "created": launch.created,
+                "marker": launch.marker,
+                # placeholders as they are, not JSON's \u0001 (the values put there are plain ids)
+                "marker_data": json.dumps(launch.marker_data).replace("\\u0001", "\1")}
+
+
 def why_not_fast(settings: Mapping[str, Any]) -> str | None:
     """Why no rank of this configuration can take the C path (None: the common case can)."""
     if settings.get("runtime", "podman") != "podman":
@@ -84,6 +154,7 @@ def baked_header(config_path: str | None, settings: Mapping[str, Any], python_la
     why = why_not_fast(settings)
     mode = settings.get("environment") or environment.DEFAULT_MODE
     own = tuple(environment.overrides(_WithRankDir()))       # tether's own values in a rank with its directories
+    plans = [RankTemplate.plan(settings, mqueue=m) for m in (False, True)] if why is None else []
     lines = [
         "/* generated by tether.container.rank_launcher at install; do not edit */",
         f"#define TR_PYTHON_LAUNCHER {c_string(python_launcher)}",
@@ -94,27 +165,27 @@ def baked_header(config_path: str | None, settings: Mapping[str, Any], python_la
         f"#define TR_CONFIG_MTIME_NS {identity[2] if identity else 0}LL",
         f"#define TR_FAST {int(why is None)}",
         f"#define TR_WHY_NOT_FAST {c_string(why or '')}",
-        f"#define TR_PODMAN_BINARY {c_string(str(podman.get('binary') or 'podman'))}",
         f"#define TR_STORE_TEMPLATE {c_string(store)}",
         f"#define TR_USER_RUN_ROOT {c_string(layout.USER_RUN_ROOT)}",
         f"#define TR_RUNTIME_ENV_COUNT {len(runtime_env)}",
         f"#define TR_RUNTIME_ENV_HAS_TMPDIR {int('TMPDIR' in runtime_env)}",
         f"#define TR_ENV_INHERIT {int(mode == 'inherit')}",
         f"#define TR_MAX_TEXT {MAX_TEXT}",
-        f"#define TR_CONTAINER_TMP {c_string(CONTAINER_TMP)}",
-        f"#define TR_CONTAINER_WORKDIR {c_string(CONTAINER_WORKDIR)}",
-        f"#define TR_CLEANUP_MARKER {c_string(CLEANUP_MARKER)}",
         f"#define TR_GRACE_MS {round(grace * 1000)}",
         # the run side's names (the rank environment's, the launcher protocol's), as in tether_names.h
         *(f"#define {macro} {c_string(name)}" for macro, name in c_env_names()),
         f"#define TR_IMAGE_VAR {c_string(BY_NAME['container-image'].env)}",
         f"#define TR_SLOT_TYPE_VAR {c_string(BY_NAME['slot-type'].job_env)}",
-        f"static const char *const TR_PODMAN_ARGS[] = {c_list([str(a) for a in podman.get('args') or ()])};",
         f"static const char *const TR_RUNTIME_ENV[] = {c_list([f'{k}={v}' for k, v in runtime_env.items()])};",
         f"static const char *const TR_ROOTFS_TARGETS[] = {c_list(ROOTFS_TARGETS)};",
         f"#define TR_PAUSE_PID_FILE {c_string(PAUSE_PID_FILE)}",
         f"static const char *const TR_PAUSE_NAMES[] = {c_list(PAUSE_NAMES)};",
         f"static const char *const TR_OWN_NAMES[] = {c_list(own)};",
+        # Podman.launch's plan with placeholders (RankTemplate): without, with /dev/mqueue
+        *(f"static const char *const TR_ARGV_{m}[] = {c_list(p['argv'])};"
+          for m, p in zip(("NO_MQUEUE", "MQUEUE"), plans or [{"argv": []}] * 2)),
+        *(f"#define TR_{key.upper()}_TEMPLATE {c_string(str((plans or [{}])[0].get(key, '')))}"
+          for key in ("container", "created", "marker", "marker_data")),
         f"static const char *const TR_HOST_ONLY[] = {c_list(environment.HOST_ONLY)};",
         f"static const char *const TR_RUNTIME_CONTROL[] = {c_list(environment.RUNTIME_CONTROL)};",
         f"static const char *const TR_IMAGE_NAMES[] = {c_list(environment.IMAGE_NAMES)};",

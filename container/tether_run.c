@@ -9,8 +9,11 @@
  * anything ran: this program then execs it with the same argv and environment, so a rank sees one
  * launcher whatever the path.
  *
- * The plan is container/runtimes/podman.py's `Podman.launch` for that case, argument for argument
- * (tests/unit/test_rank_launcher.py compares the two over many rank environments); the supervision
+ * The plan is container/runtimes/podman.py's `Podman.launch` for that case, baked: run at install
+ * with placeholders for the rank's values (container/rank_launcher.py: RankTemplate), its argv, container
+ * name, id file and cleanup marker are this program's templates, which it fills in (expand) -- it
+ * decides only whether a rank is that case (tests/unit/test_rank_launcher.py compares the two over
+ * many rank environments); the supervision
  * is container/launch.py's `_supervise`: the cleanup marker, podman as a child of this child
  * subreaper, the forwarded signals (in a Slurm step's cgroup to the container's first process),
  * conmon and whatever podman left reaped (never waited for: podman's pause process). A run that did not end cleanly -- a signal, podman's own
@@ -184,16 +187,46 @@ struct plan {
 	int argc;
 	char **envp;              /* podman's environment */
 	int names_fd;             /* the --env-file memfd, or -1 */
-	char name[160];           /* tether-<job>-<step>-<rank> */
-	char created[PATH_MAX];   /* <rank dir>/.cid */
+	char *name;               /* the templates filled in (expand): tether-<job>-<step>-<rank> */
+	char *created;            /* <rank dir>/.cid */
+	char *marker;             /* <step dir>/.cleanup-<rank> */
+	char *marker_data;
 	char rank_dir[PATH_MAX];
-	char marker[PATH_MAX];    /* <step dir>/.cleanup-<rank> */
-	char marker_data[PATH_MAX * 2 + 512];
-	char store[PATH_MAX], run[PATH_MAX];
+	char store[PATH_MAX];     /* the user's podman store */
 	char pause_pid[PATH_MAX]; /* podman's record of its pause process (podman.py: pause_pid_file) */
-	char job_label[96], step_label[160], names_arg[32];
-	char tmp_mount[PATH_MAX], work_mount[PATH_MAX];
 };
+
+/* One of RankTemplate's templates with the rank's values: '\1' and a letter is the value at that
+ * letter (rank_launcher.py: PLACEHOLDERS); NULL for a letter without one, or out of memory. */
+static char *expand(const char *template, const char *const *values)
+{
+	size_t len = 0;
+	char *out, *o;
+
+	for (const char *t = template; *t; t++) {
+		if (*t != '\001') {
+			len++;
+			continue;
+		}
+		if (t[1] == '\0' || values[(unsigned char)t[1] & 127] == NULL)
+			return NULL;
+		len += strlen(values[(unsigned char)*++t & 127]);
+	}
+	if ((out = malloc(len + 1)) == NULL)
+		return NULL;
+	for (o = out; *template; template++) {
+		if (*template != '\001') {
+			*o++ = *template;
+			continue;
+		}
+		const char *v = values[(unsigned char)*++template & 127];
+		size_t n = strlen(v);
+		memcpy(o, v, n);
+		o += n;
+	}
+	*o = '\0';
+	return out;
+}
 
 static void add(struct plan *p, const char *arg, const char **why)
 {
@@ -206,18 +239,6 @@ static void add(struct plan *p, const char *arg, const char **why)
 }
 
 /* Two "NAME=value" entries by NAME (Python: sorted(names)) */
-/* add() each argument up to a NULL */
-static void add_all(struct plan *p, const char **why, ...)
-{
-	va_list ap;
-	const char *arg;
-
-	va_start(ap, why);
-	while ((arg = va_arg(ap, const char *)) != NULL)
-		add(p, arg, why);
-	va_end(ap);
-}
-
 static int cmp_name(const void *a, const void *b)
 {
 	const char *x = *(const char *const *)a, *y = *(const char *const *)b;
@@ -450,21 +471,6 @@ static struct plan *make_plan(char **command, const char **why)
 		NO("a non-ASCII id");
 	if (fmt(p.rank_dir, sizeof p.rank_dir, "%s", rank_dir) < 0)
 		NO("a path too long for the fast path");
-	if (fmt(p.name, sizeof p.name, "tether-%s-%s-%s", job, step, rank) < 0)
-		NO("a path too long for the fast path");
-	if (fmt(p.created, sizeof p.created, "%s/.cid", rank_dir) < 0)
-		NO("a path too long for the fast path");
-	if (fmt(p.tmp_mount, sizeof p.tmp_mount, "%s/tmp:%s", rank_dir, TR_CONTAINER_TMP) < 0)
-		NO("a path too long for the fast path");
-	if (fmt(p.work_mount, sizeof p.work_mount, "%s/work:%s", rank_dir, TR_CONTAINER_WORKDIR) < 0)
-		NO("a path too long for the fast path");
-	if (fmt(p.marker, sizeof p.marker, "%.*s/%s%s", (int)(strrchr(rank_dir, '/') - rank_dir), rank_dir,
-		 TR_CLEANUP_MARKER, rank) < 0)
-		NO("a path too long for the fast path");
-	if (fmt(p.job_label, sizeof p.job_label, "tether.job=%s", job) < 0)
-		NO("a path too long for the fast path");
-	if (fmt(p.step_label, sizeof p.step_label, "tether.step=%s.%s", job, step) < 0)
-		NO("a path too long for the fast path");
 
 	/* podman's run directory (podman.py: Podman.run_dir): a configured XDG_RUNTIME_DIR, else the
 	 * user's own that root made -- never the task's XDG_RUNTIME_DIR, which a login node set */
@@ -534,38 +540,49 @@ static struct plan *make_plan(char **command, const char **why)
 			NO("an unusual run directory");
 		if (own_directory(run_base, uid, 0) < 0)
 			NO("podman's run directory is missing or not yours");
-		if (fmt(p.run, sizeof p.run, "%s/tether-podman/storage", run_base) < 0)
-			NO("a path too long for the fast path");
-		strncat(p.store, "/storage", sizeof p.store - strlen(p.store) - 1);
 	}
+	if (p.names_fd < 0)
+		NO("no variable to pass into the container");
 
-	/* the cleanup marker's content (launch.py: write_marker; podman.py: marker_data) */
-	if (fmt(p.marker_data, sizeof p.marker_data, "{\"runtime\": \"podman\", \"container\": \"%s\"}", p.name) < 0)
-		NO("a path too long for the fast path");
+	/* Podman.launch's plan for this case (RankTemplate), filled in */
+	{
+		static char step_dir[PATH_MAX], fd_text[16];
+		const char *values[128] = {0};
+		const char *slash = strrchr(p.rank_dir, '/');
+		/* the node's IPC namespace needs its /dev/mqueue (podman.py: node_has_mqueue) */
+		int mqueue = stat("/dev/mqueue", &mq) == 0 && stat("/dev", &dev) == 0 && mq.st_dev != dev.st_dev;
+		const char *const *template = mqueue ? TR_ARGV_MQUEUE : TR_ARGV_NO_MQUEUE;
 
-	/* podman.py: Podman.launch, for this case */
-	add_all(&p, why, TR_PODMAN_BINARY, "run", NULL);
-	for (const char *const *a = TR_PODMAN_ARGS; *a; a++)
-		add(&p, *a, why);
-	if (TR_STORE_TEMPLATE[0])
-		add_all(&p, why, "--root", p.store, "--runroot", p.run, NULL);
-	add_all(&p, why, "--log-level=fatal", "--rm", "--name", p.name, "--cidfile", p.created,
-		"--label", p.job_label, "--label", p.step_label, "--network=host", NULL);
-	/* the node's IPC namespace needs its /dev/mqueue (podman.py: node_has_mqueue) */
-	if (stat("/dev/mqueue", &mq) == 0 && stat("/dev", &dev) == 0 && mq.st_dev != dev.st_dev)
-		add(&p, "--ipc=host", why);
-	add_all(&p, why, "--uts=host", "--pid=host",
-		"--log-driver=passthrough", "--userns=keep-id", "--entrypoint=", "--read-only", NULL);
-	if (p.names_fd >= 0) {
-		if (fmt(p.names_arg, sizeof p.names_arg, "/dev/fd/%d", p.names_fd) < 0)
-			NO("a path too long for the fast path");
-		add_all(&p, why, "--env-file", p.names_arg, NULL);
+		if (slash == NULL || slash == p.rank_dir || slash[1] == '\0' ||
+		    fmt(step_dir, sizeof step_dir, "%.*s", (int)(slash - p.rank_dir), p.rank_dir) < 0)
+			NO("a rank directory not below a step directory");
+		fmt(fd_text, sizeof fd_text, "%d", p.names_fd);
+		values['J'] = job;
+		values['S'] = step;
+		values['K'] = rank;
+		values['D'] = step_dir;
+		values['B'] = slash + 1;
+		values['I'] = image;
+		values['T'] = p.store;
+		values['U'] = run_base;
+		values['F'] = fd_text;
+		if ((p.name = expand(TR_CONTAINER_TEMPLATE, values)) == NULL ||
+		    (p.created = expand(TR_CREATED_TEMPLATE, values)) == NULL ||
+		    (p.marker = expand(TR_MARKER_TEMPLATE, values)) == NULL ||
+		    (p.marker_data = expand(TR_MARKER_DATA_TEMPLATE, values)) == NULL)
+			NO("a template the launcher cannot fill in");
+		for (const char *const *a = template; *a; a++) {
+			if (strcmp(*a, "\001C") == 0) {
+				for (char **c = command; *c; c++)
+					add(&p, *c, why);
+				continue;
+			}
+			char *arg = expand(*a, values);
+			if (arg == NULL)
+				NO("a template the launcher cannot fill in");
+			add(&p, arg, why);
+		}
 	}
-	add_all(&p, why, "--env", "TETHER_CONTAINER=1", "--env", TETHER_ENV_TMPDIR "=" TR_CONTAINER_TMP,
-		"--env", TETHER_ENV_WORK_DIR "=" TR_CONTAINER_WORKDIR, "--volume", p.tmp_mount, "--volume", p.work_mount,
-		"--workdir", TR_CONTAINER_WORKDIR, "--rootfs", image, NULL);
-	for (char **c = command; *c; c++)
-		add(&p, *c, why);
 	if (*why)
 		return NULL;
 	return &p;

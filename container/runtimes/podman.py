@@ -385,8 +385,24 @@ class Podman(Runtime):
         store is only checked, when it exists (root's ``tether images ls`` never works inside a
         directory another user made). ``uid``: another user's (root's tools that run podman as
         that user)."""
-        if not self.store_template:
+        paths = self.store_paths(create=create, uid=uid)
+        if not paths:
             return []
+        store, run = paths
+        # Not --tmpdir: libpod's state there (the boot marker whose absence makes podman reset
+        # its records, the pause process) goes with the per-user SHM lock segment, which every
+        # store of the user shares. A second tmpdir made podman reset -- free every lock of --
+        # the other store's records, and ranks hung on libpod locks (seen here).
+        # The storage driver stays podman's choice (storage.conf; here: vfs). Forcing rootless
+        # overlay wedged the store here once processes were SIGKILLed mid-creation: an incomplete
+        # layer whose mount stayed busy, and every later podman command of the user hung on it.
+        return ["--root", f"{store}/storage", "--runroot", f"{run}/tether-podman/storage"]
+
+    def store_paths(self, *, create: bool = False, uid: int | None = None) -> tuple[str, str] | None:
+        """(the user's store directory, podman's run directory) for ``store_args``; None: podman's
+        default store."""
+        if not self.store_template:
+            return None
         uid = os.getuid() if uid is None else uid
         run = self.run_dir(uid)
         if create:
@@ -402,14 +418,7 @@ class Podman(Runtime):
                                       f"plugstack.conf user_dirs=; on PBS the MoM hook)") from exc
         else:
             store = existing_store(self.store_template, uid) or self.store_template.replace("{uid}", str(uid)).rstrip("/")
-        # Not --tmpdir: libpod's state there (the boot marker whose absence makes podman reset
-        # its records, the pause process) goes with the per-user SHM lock segment, which every
-        # store of the user shares. A second tmpdir made podman reset -- free every lock of --
-        # the other store's records, and ranks hung on libpod locks (seen here).
-        # The storage driver stays podman's choice (storage.conf; here: vfs). Forcing rootless
-        # overlay wedged the store here once processes were SIGKILLed mid-creation: an incomplete
-        # layer whose mount stayed busy, and every later podman command of the user hung on it.
-        return ["--root", f"{store}/storage", "--runroot", f"{run}/tether-podman/storage"]
+        return store, run
 
     def pull(self, image: str, env: Mapping[str, str]) -> str:
         """``tether images pull``: a registry image into this user's store on this node, under the
@@ -589,8 +598,27 @@ class Podman(Runtime):
         """This user's store directory on this node, or None (podman's default store)."""
         return self.store_template.replace("{uid}", str(os.getuid())).rstrip("/") if self.store_template else None
 
+    # What ``launch`` asks of this process and node, one method each: the C launcher's argv
+    # templates are this ``launch`` run with the answers of its common case and placeholders for
+    # the rank's values (container/rank_launcher.py: RankTemplate), so the two cannot drift apart.
+    @staticmethod
+    def as_root() -> bool:
+        return os.getuid() == 0
+
+    @staticmethod
+    def terminal() -> bool:
+        return stdio_is_terminal()
+
+    @staticmethod
+    def node_mqueue() -> bool:
+        return node_has_mqueue()
+
+    @staticmethod
+    def names_fd(names) -> int:
+        return env_names_fd(names)
+
     def launch(self, spec: LaunchSpec, host_env: Mapping[str, str]) -> Launch:
-        if os.getuid() == 0 and in_slurm_cgroup():
+        if self.as_root() and in_slurm_cgroup():
             # seen on the cgroup sandbox: memory/freezer/devices:/libpod_parent/libpod-<id>; a
             # --cgroup-parent under the task's cgroup fails under ConstrainDevices (runc cannot
             # write "c *:* m" to devices.allow) -- never silently loose: refused
@@ -635,8 +663,9 @@ class Podman(Runtime):
                 "--name", name,
                 *(["--cidfile", created] if created else []),
                 "--label", f"tether.job={spec.job_id}", "--label", f"tether.step={spec.job_id}.{spec.step_id}",
-                *(["--pod", pod] if pod else []), *unshare_args(spec.unshare, pod=bool(pod)), "--pid=host"]
-        if not stdio_is_terminal():
+                *(["--pod", pod] if pod else []),
+                *unshare_args(spec.unshare, pod=bool(pod), mqueue=self.node_mqueue()), "--pid=host"]
+        if not self.terminal():
             # the container gets the rank's own stdin/stdout/stderr, as a host rank does: no attach
             # through conmon (which lost a short rank's output once here, and does not pass stdin)
             # and no copy of all output in a log file under the user's home. podman refuses it on
@@ -647,12 +676,12 @@ class Podman(Runtime):
             # interactive shell read end-of-file and ended at once) and, on a terminal, a terminal
             # inside too (job control, line editing, `tty`), as a host rank has
             argv += ["--interactive", *(["--tty"] if os.isatty(0) and os.isatty(1) else [])]
-        if os.getuid() != 0 and not spec.remap_root:
+        if not self.as_root() and not spec.remap_root:
             # yourself inside (files on mounts keep your ownership); --container-remap-root:
             # rootless podman's own default, root inside a user namespace (still you on the host).
             # In a pod, the pod's (a container there cannot have one of its own)
             argv += ["--userns=keep-id"] * (not pod)
-        elif os.getuid() != 0:
+        elif not self.as_root():
             # root's capabilities over the container's own namespaces, as enroot's remapped root
             # has them (mount a tmpfs, chown, chroot: what apt and pyxis's tests do as root);
             # nothing on the host -- the user namespace is the user's -- and seccomp stays on
@@ -666,7 +695,7 @@ class Podman(Runtime):
             # the names in a file podman reads (--env-file, a memfd: nothing on disk, nothing on the
             # command line); a name without '=' makes podman copy the value from its own
             # environment (pkg/env ParseFile/parseEnv), so any value -- newlines too -- arrives as is
-            names_fd = env_names_fd(passed)
+            names_fd = self.names_fd(passed)
             fds = {**(fds or {}), names_fd: names_fd}
             argv += ["--env-file", f"/dev/fd/{names_fd}"]
         argv += self.own_env_args(own)
@@ -694,7 +723,7 @@ class Podman(Runtime):
         prepare = None
         if spec.name:
             image_argv, before, prepare = self.named_container(spec, image_argv, before, glob)
-        elif spec.image and spec.rank_dir and os.getuid() != 0 and (
+        elif spec.image and spec.rank_dir and not self.as_root() and (
                 (spec.writable and not spec.remap_root and image_argv[:1] == ["--pull=never"])
                 # your own rootfs through a discarded overlay: podman exports nothing of it to save
                 or (spec.save and image_argv[:1] == ["--rootfs"] and image_argv[1].endswith(":O"))):
@@ -756,7 +785,7 @@ class Podman(Runtime):
             step_dir = os.path.dirname(spec.rank_dir)
             podman = [self.binary, *glob]
             create = ["--log-level=error", "--replace", "--name", pod,
-                      *(["--userns=keep-id"] * (os.getuid() != 0 and not spec.remap_root)), *pod_args(spec.unshare)]
+                      *(["--userns=keep-id"] * (not self.as_root() and not spec.remap_root)), *pod_args(spec.unshare)]
             rank = str(spec.rank)
             before = [*before, (lambda env: join_pod(podman, create, pod, step_dir, rank, env), None)]
             after = [*after, lambda env: self.leave_pod(pod, step_dir, rank, env)]
@@ -1182,6 +1211,12 @@ class Podman(Runtime):
                 out.append(arg)
         return out + self.store_args(os.environ if env is None else env, create=create, uid=uid)
 
+    @staticmethod
+    def rootfs_argv(path: str, writable: bool) -> list[str]:
+        """podman run's image arguments for a rootfs directory run as it is: read-only, or writable
+        through an overlay whose changes are discarded."""
+        return ["--rootfs", f"{path}:O" if writable else path]
+
     def image_plan(self, spec: LaunchSpec, glob: list[str], mounts=None) -> tuple[list[str], list[tuple]]:
         """(podman run's image arguments, the steps before the run: a pull or an import).
 
@@ -1243,10 +1278,10 @@ class Podman(Runtime):
         if os.access(path, os.W_OK):
             # the user's own rootfs: read-only as it is, or writable through an overlay whose
             # changes are discarded (podman 4.3 leaves the overlay's empty work directories behind)
-            return ["--rootfs", f"{path}:O" if spec.writable else path], []
+            return self.rootfs_argv(path, bool(spec.writable)), []
         missing = missing_targets(path, spec.mounts if mounts is None else mounts)
         if not spec.writable and not missing:
-            return ["--rootfs", path], []           # a shared image, never written, nothing copied
+            return self.rootfs_argv(path, False), []   # a shared image, never written, nothing copied
         name = rootfs_image_name(path)
         why = ("writable: --container-writable, or the admin's container.writable" if spec.writable
                else f"no {', '.join(missing[:3])} in it")
@@ -1365,23 +1400,25 @@ def node_has_mqueue() -> bool:
         return False
 
 
-def unshare_args(namespaces: Sequence[str], *, pod: bool = False) -> list[str]:
+def unshare_args(namespaces: Sequence[str], *, pod: bool = False, mqueue: bool | None = None) -> list[str]:
     """podman's namespace options for ``--container-unshare``: the node's network, IPC and UTS
     namespaces, as pyxis's containers have them (SysV shared memory and /dev/shm between ranks and
     with the host, the node's host name), unless asked: ``net``, a network namespace with only a
     loopback interface, as enroot's; ``ipc`` and ``uts``, podman's private ones. A namespace of the
     container's own keeps the node's host name (pyxis: at first the node's), where podman would
     give it the container's id. ``pod``: the container is in its step's pod (step_pod), which
-    holds the namespaces asked for: only the node's are named here."""
+    holds the namespaces asked for: only the node's are named here. ``mqueue``: node_has_mqueue(),
+    when the caller asked already."""
+    mqueue = node_has_mqueue() if mqueue is None else mqueue
     if pod:
         shared = pod_namespaces(namespaces)
         return ([] if "net" in shared else ["--network=host"]) + \
-            ([] if "ipc" in shared or not node_has_mqueue() else ["--ipc=host"]) + \
+            ([] if "ipc" in shared or not mqueue else ["--ipc=host"]) + \
             ([] if "uts" in shared else ["--uts=host"])
     argv = ["--network=none" if "net" in namespaces else "--network=host"]
     # the node's IPC namespace needs its /dev/mqueue (podman mounts it): a node without one (no
     # systemd mounted it) keeps podman's private IPC namespace rather than failing every rank
-    argv += [f"--ipc={'private' if 'ipc' in namespaces else 'host'}"] * (node_has_mqueue() or "ipc" in namespaces)
+    argv += [f"--ipc={'private' if 'ipc' in namespaces else 'host'}"] * (mqueue or "ipc" in namespaces)
     argv.append(f"--uts={'private' if 'uts' in namespaces else 'host'}")
     if "uts" in namespaces:         # the node's UTS namespace has its name already (podman refuses one there)
         argv.append(f"--hostname={os.uname().nodename}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from tether.container.launch import GRACE_SECONDS, parse_resume
-from tether.container.rank_launcher import baked_header, build_rank_launcher, c_string, why_not_fast
+from tether.container.rank_launcher import (PLACEHOLDERS, RANK_LAUNCHER_SOURCE, RankTemplate, baked_header,
+                                           build_rank_launcher, c_string, why_not_fast)
 from helpers import alive
 
 NOBODY = 65534
@@ -313,6 +315,30 @@ def test_a_configuration_the_c_path_cannot_take_or_that_changed_goes_to_python(w
         config.write_text(text)
 
 
+def test_the_c_launcher_spells_no_podman_argument_of_its_own():
+    """podman's arguments, the container's name, its id file and the cleanup marker are baked from
+    Podman.launch (RankTemplate): tether_run.c writes none of them itself, so a change to the
+    Python launcher's plan changes the C one's at the next install."""
+    source = RANK_LAUNCHER_SOURCE.read_text()
+    code = re.sub(r"/\*.*?\*/", "", source, flags=re.S)          # what it says in comments may name them
+    assert not re.findall(r'"--[a-z]', code)
+    assert not re.findall(r'"(?:run"|tether-%|tether\.job|%s/\.cid|/dev/fd/)', code)
+    assert "TR_CLEANUP_MARKER" not in code and "TR_PODMAN_ARGS" not in code
+
+
+def test_every_placeholder_of_the_templates_is_one_the_c_launcher_fills_in():
+    source = RANK_LAUNCHER_SOURCE.read_text()
+    filled = set(re.findall(r"values\['([A-Z])'\] = ", source))
+    for mqueue in (False, True):
+        plan = RankTemplate.plan({"runtime": "podman", "podman": {}}, mqueue=mqueue)
+        used = {m for text in (*plan["argv"], plan["container"], plan["created"], plan["marker"],
+                               plan["marker_data"]) for m in re.findall("\x01(.)", text)}
+        assert used - {"C"} <= filled and used >= {"J", "S", "K", "D", "B", "I", "T", "U", "F", "C"}
+        assert plan["argv"].count(PLACEHOLDERS["COMMAND"]) == 1 and plan["argv"][-1] == PLACEHOLDERS["COMMAND"]
+    assert "--ipc=host" in RankTemplate.plan({"podman": {}}, mqueue=True)["argv"]
+    assert "--ipc=host" not in RankTemplate.plan({"podman": {}}, mqueue=False)["argv"]
+
+
 def test_root_goes_to_python(world):
     launcher = build(world, settings_for(world), "plan-inherit")
     # uid 0 in a user namespace of its own (unshare -r), whoever runs the tests
@@ -324,7 +350,9 @@ def test_root_goes_to_python(world):
 def test_baked_strings_are_c_literals():
     assert c_string('a"b\\c\n\u00e9?') == '"a\\"b\\\\c\\012\\303\\251\\?"'
     header = baked_header(None, {"runtime": "podman", "podman": {"args": ["--x=\"1\""]}}, "/p")
-    assert 'TR_PODMAN_ARGS[] = {"--x=\\"1\\"", NULL};' in header and "#define TR_HAS_IDENTITY 0" in header
+    # podman's arguments are Podman.launch's, placeholders and all (RankTemplate)
+    assert 'TR_ARGV_MQUEUE[] = {"podman", "run", "--x=\\"1\\"", ' in header and "#define TR_HAS_IDENTITY 0" in header
+    assert '"--rootfs", "\\001I", "\\001C", NULL};' in header
     assert f"#define TR_GRACE_MS {round(GRACE_SECONDS * 1000)}\n" in header     # the Python launcher's grace
 
 
