@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from ..hooks.imageref import LOCAL_PREFIXES, ImageRefError, parse_image
+from ..hooks.records import dataclass
 from ..hooks.surface import FLAG_VALUES as _OPTION_FLAGS
 from ..hooks.surface import (BATCH_VAR, BY_NAME, CONTAINER_NAME_FLAGS, MAX_TEXT, RUNTIMES, UNSHARE_NAMESPACES,
                              is_env_name, unknown_namespace)
@@ -77,35 +78,9 @@ class LaunchError(Exception):
         self.output = output
 
 
-class Record:
-    """A small value class: keyword fields with defaults (``FIELDS``), equality and repr by value.
-    Not a dataclass: `dataclasses` imports `inspect`, several milliseconds per rank."""
-
-    FIELDS: dict = {}
-    __slots__ = ()
-
-    def __init__(self, *args, **kw):
-        fields = self.FIELDS
-        if args:
-            kw = {**dict(zip(fields, args)), **kw}
-        for key in kw:
-            if key not in fields:
-                raise TypeError(f"{type(self).__name__} has no field {key!r}")
-        put = object.__setattr__
-        for key, default in fields.items():
-            put(self, key, kw[key] if key in kw else default)
-
-    def _values(self) -> tuple:
-        return tuple(getattr(self, k) for k in self.FIELDS)
-
-    def __eq__(self, other) -> bool:
-        return type(other) is type(self) and other._values() == self._values()
-
-    def __hash__(self) -> int:
-        return hash(self._values())
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self.FIELDS)})"
+def value_hash(self) -> int:
+    """A value class's hash by its fields (mutable, as these are, yet hashable: kept in sets)."""
+    return hash(tuple(getattr(self, n) for n in self.__match_args__))
 
 
 # --container-mounts, pyxis 0.24's grammar: SRC[:DST[:FLAGS]] joined with ',', FLAGS with '+'. SRC
@@ -133,18 +108,18 @@ _SIZE_SUFFIXES = "kKmMgGtTpPeE"
 MOUNT_SOURCES = "an absolute path, a relative path (starting with '.'), 'tmpfs' or 'umount'"
 
 
-class Mount(Record):
+@dataclass
+class Mount:
     """One entry of --container-mounts: a bind mount from the host (``source`` a path), a tmpfs
     (``source`` 'tmpfs', ``options`` its size=/mode=/...), or ``umount`` of ``target``."""
 
-    FIELDS = {"source": "", "target": "", "readonly": False, "flags": (), "options": (), "create": "auto"}
-    __slots__ = tuple(FIELDS)
-    source: str
-    target: str
-    readonly: bool
-    flags: tuple[str, ...]      # of MOUNT_FLAGS
-    options: tuple[str, ...]    # a tmpfs's NAME=VALUE options (TMPFS_OPTIONS)
-    create: str                 # enroot's x-create for a missing target: auto, dir or file
+    source: str = ""
+    target: str = ""
+    readonly: bool = False
+    flags: tuple[str, ...] = ()      # of MOUNT_FLAGS
+    options: tuple[str, ...] = ()    # a tmpfs's NAME=VALUE options (TMPFS_OPTIONS)
+    create: str = "auto"             # enroot's x-create for a missing target: auto, dir or file
+    __hash__ = value_hash
 
     @property
     def kind(self) -> str:
@@ -161,54 +136,35 @@ class Mount(Record):
         return f"{self.source}:{self.target}" + (f":{','.join(options)}" if options else "")
 
 
-class LaunchSpec(Record):
+@dataclass
+class LaunchSpec:
     """One container launch (see the module docstring)."""
 
-    FIELDS = {
-        "image": "", "runtime": "", "command": (),
-        "mounts": (),
-        "workdir": CONTAINER_WORKDIR,
-        "env_names": (),          # --container-env: host variables that win over the image's
-        "writable": None,         # --container-writable/-readonly; None: the runtime's own default
-        "name": None,             # --container-name: one container reused by the job's steps
-        "name_create": False,     # --container-name=NAME:create: this step makes it (pyxis's flag)
-        # --container-name=NAME[:FLAG]: attach to the job's container NAME when another step runs it
-        # on the node: "auto" (pyxis's default), "exec" (it must be running), "never" (no_exec, create)
-        "name_attach": "auto",
-        "rank_dir": None,         # host path holding the rank's tmp/ and work/
-        "job_id": "0", "step_id": "0", "rank": "0",
-        "gpus": (),               # the rank's GPU ids as the resource manager bound them
-        "slot_type": "cuda",
-        "mount_home": None,       # --[no-]container-mount-home; None: the runtime's own default
-        "remap_root": None,       # --[no-]container-remap-root; None: the runtime's own default
-        "entrypoint": False,      # --[no-]container-entrypoint: run the image's entrypoint first
-        "save": None,             # --container-save: where this rank saves its container (an absolute path)
-        "batch_script": None,     # the batch script's path, when the batch script runs in the container
-        "unshare": (),            # --container-unshare: namespaces of the container's own (of UNSHARE_NAMESPACES)
-    }
-    __slots__ = tuple(FIELDS)
-    image: str
-    runtime: str
-    command: tuple[str, ...]
-    mounts: tuple[Mount, ...]
-    workdir: str
-    env_names: tuple[str, ...]
-    writable: bool | None
-    name: str | None
-    name_create: bool
-    name_attach: str
-    rank_dir: str | None
-    job_id: str
-    step_id: str
-    rank: str
-    gpus: tuple[str, ...]
-    slot_type: str
-    mount_home: bool | None
-    remap_root: bool | None
-    entrypoint: bool
-    save: str | None
-    batch_script: str | None
-    unshare: tuple[str, ...]
+    image: str = ""
+    runtime: str = ""
+    command: tuple[str, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    workdir: str = CONTAINER_WORKDIR
+    env_names: tuple[str, ...] = ()      # --container-env: host variables that win over the image's
+    writable: bool | None = None         # --container-writable/-readonly; None: the runtime's own default
+    name: str | None = None              # --container-name: one container reused by the job's steps
+    name_create: bool = False            # --container-name=NAME:create: this step makes it (pyxis's flag)
+    # --container-name=NAME[:FLAG]: attach to the job's container NAME when another step runs it
+    # on the node: "auto" (pyxis's default), "exec" (it must be running), "never" (no_exec, create)
+    name_attach: str = "auto"
+    rank_dir: str | None = None          # host path holding the rank's tmp/ and work/
+    job_id: str = "0"
+    step_id: str = "0"
+    rank: str = "0"
+    gpus: tuple[str, ...] = ()           # the rank's GPU ids as the resource manager bound them
+    slot_type: str = "cuda"
+    mount_home: bool | None = None       # --[no-]container-mount-home; None: the runtime's own default
+    remap_root: bool | None = None       # --[no-]container-remap-root; None: the runtime's own default
+    entrypoint: bool = False             # --[no-]container-entrypoint: run the image's entrypoint first
+    save: str | None = None              # --container-save: where this rank saves its container (an absolute path)
+    batch_script: str | None = None      # the batch script's path, when the batch script runs in the container
+    unshare: tuple[str, ...] = ()        # --container-unshare: namespaces of the container's own (of UNSHARE_NAMESPACES)
+    __hash__ = value_hash
 
     @property
     def instance(self) -> str:

@@ -1,6 +1,7 @@
 """Value classes without the standard library's `dataclasses`, which imports `inspect` (and with it
 `ast`, `dis`, `tokenize`, `linecache`, ...): about 20 modules and 2 MiB that slurmctld's embedded
-interpreter would load for the job_submit handler, which plans with tether.hooks.
+interpreter would load for the job_submit handler, which plans with tether.hooks, and several
+milliseconds of every container rank's start (the Python launcher's LaunchSpec, Mount, Launch).
 
 ``@dataclass``, ``@dataclass(frozen=True)``, ``field(default_factory=...)`` and ``asdict`` behave as
 the standard library's do for what tether's classes use: fields from the class's annotations (a

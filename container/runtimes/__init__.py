@@ -16,7 +16,8 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 from ...hooks.imageref import ImageRef, ImageRefError, parse_image
 from ...hooks.layout import user_dir_base
 from ..environment import DEFAULT_MODE, overrides, passed_from_host
-from ..spec import CONTAINER_WORKDIR, LaunchError, Record, check_reachable
+from ...hooks.records import dataclass
+from ..spec import CONTAINER_WORKDIR, LaunchError, check_reachable, value_hash
 
 if TYPE_CHECKING:
     from typing import Mapping, Sequence
@@ -72,84 +73,68 @@ def later_values(rank_dir: str, later: Mapping[str, str]) -> str:
     return f"{CONTAINER_WORKDIR}/{LATER_FILE}"
 
 
-class Launch(Record):
+@dataclass
+class Launch:
     """What to run for one container launch."""
 
-    FIELDS = {
-        "argv": None, "env": None,
-        "supervise": False,       # fork and wait as a subreaper; False: exec in place
-        # run first, in order, each must succeed: (argv, done[, label]). ``argv`` may be a
-        # callable(env) tether runs itself. ``done`` is a path (the step is skipped when it
-        # exists), an argv (skipped when that command succeeds: podman image exists), or a pair
-        # (quick look, argv): the argv only when the quick look says no; ``label`` makes the step
-        # say what it does on stderr (a pull: its progress)
-        "before": (),
-        "lock": None,             # file locked around ``before`` (ranks of a node share it)
-        "after": (),              # run when the runtime has exited: argvs, or callable(env) -> bool
-        # the adapter and the container its ``remove`` takes away after an abnormal end (a signal,
-        # the wrapper signalled, or the container's monitor killed)
-        "runtime": None,
-        "container": None,
-        # a process (by name) that owns the container's state: if it dies by a signal, the
-        # container's exit status is lost and the container must be removed (podman: conmon)
-        "monitor": None,
-        # processes the runtime starts to outlive every container, as (the file it records the
-        # pid in, the command names such a process has): the rank never waits for them -- they are
-        # the runtime's, not the rank's -- and ends those it was left with, as the step's end
-        # would (podman: its pause process)
-        "runtime_own": (),
-        # a file that says which container to remove (``marker_data``) while the runtime runs,
-        # removed once nothing is left to clean: if the step's end kills the cleanup too, slurmstepd
-        # runs the launcher again in cleanup mode afterwards (tether.container.cleanup)
-        "marker": None,
-        "marker_data": None,
-        # a file the runtime writes once it has created the container (podman's --cidfile): a run
-        # that failed without it never started anything of the user's, so it may be tried again
-        # after ``runtime.recover_state`` repaired the runtime's state
-        "created": None,
-        # file descriptors the runtime gets at other numbers ({from: to}, dup2'ed just before it
-        # starts): the PMI-2 socket moves to 3, the first fd podman's --preserve-fds passes on
-        "fds": None,
-        # --container-save: (commands that write the container to ``partial``, partial, the final
-        # path), run when the runtime has exited by itself; ``partial`` is renamed into place
-        "finish": None,
-        # the argv once ``before`` has run (what it made decides the rest: a named podman
-        # container's ENTRYPOINT): callable(argv) -> argv
-        "prepare": None,
-        # the step's directory on this node (Slurm; on PBS each task's own): a step of ``before``
-        # with a failure's wording (a fourth element) that failed leaves a record there, and the
-        # step's other ranks on the node fail at once instead of trying again (pyxis: an image is
-        # imported once per node and step)
-        "failures": None,
-    }
-    __slots__ = tuple(FIELDS)
-    argv: list[str]
-    env: dict[str, str]
-    supervise: bool
-    before: list[tuple]
-    lock: str | None
-    after: list[list[str]]
-    runtime: "Runtime | None"
-    container: str | None
-    monitor: str | None
-    marker: str | None
-    marker_data: dict[str, str] | None
-    created: str | None
-    fds: dict[int, int] | None
-    finish: tuple | None
-    prepare: object
-    failures: str | None
+    argv: list[str] | None = None
+    env: dict[str, str] | None = None
+    supervise: bool = False       # fork and wait as a subreaper; False: exec in place
+    # run first, in order, each must succeed: (argv, done[, label]). ``argv`` may be a
+    # callable(env) tether runs itself. ``done`` is a path (the step is skipped when it
+    # exists), an argv (skipped when that command succeeds: podman image exists), or a pair
+    # (quick look, argv): the argv only when the quick look says no; ``label`` makes the step
+    # say what it does on stderr (a pull: its progress)
+    before: list[tuple] | tuple = ()
+    lock: str | None = None       # file locked around ``before`` (ranks of a node share it)
+    after: list | tuple = ()      # run when the runtime has exited: argvs, or callable(env) -> bool
+    # the adapter and the container its ``remove`` takes away after an abnormal end (a signal,
+    # the wrapper signalled, or the container's monitor killed)
+    runtime: "Runtime | None" = None
+    container: str | None = None
+    # a process (by name) that owns the container's state: if it dies by a signal, the
+    # container's exit status is lost and the container must be removed (podman: conmon)
+    monitor: str | None = None
+    # processes the runtime starts to outlive every container, as (the file it records the
+    # pid in, the command names such a process has): the rank never waits for them -- they are
+    # the runtime's, not the rank's -- and ends those it was left with, as the step's end
+    # would (podman: its pause process)
+    runtime_own: tuple = ()
+    # a file that says which container to remove (``marker_data``) while the runtime runs,
+    # removed once nothing is left to clean: if the step's end kills the cleanup too, slurmstepd
+    # runs the launcher again in cleanup mode afterwards (tether.container.cleanup)
+    marker: str | None = None
+    marker_data: dict[str, str] | None = None
+    # a file the runtime writes once it has created the container (podman's --cidfile): a run
+    # that failed without it never started anything of the user's, so it may be tried again
+    # after ``runtime.recover_state`` repaired the runtime's state
+    created: str | None = None
+    # file descriptors the runtime gets at other numbers ({from: to}, dup2'ed just before it
+    # starts): the PMI-2 socket moves to 3, the first fd podman's --preserve-fds passes on
+    fds: dict[int, int] | None = None
+    # --container-save: (commands that write the container to ``partial``, partial, the final
+    # path), run when the runtime has exited by itself; ``partial`` is renamed into place
+    finish: tuple | None = None
+    # the argv once ``before`` has run (what it made decides the rest: a named podman
+    # container's ENTRYPOINT): callable(argv) -> argv
+    prepare: object = None
+    # the step's directory on this node (Slurm; on PBS each task's own): a step of ``before``
+    # with a failure's wording (a fourth element) that failed leaves a record there, and the
+    # step's other ranks on the node fail at once instead of trying again (pyxis: an image is
+    # imported once per node and step)
+    failures: str | None = None
+    __hash__ = value_hash
 
 
-class StoredImage(Record):
+@dataclass
+class StoredImage:
     """One image in a user's store on this node (``tether images ls``)."""
 
-    FIELDS = {"name": "", "size": 0, "last_used": 0.0, "where": ""}
-    __slots__ = tuple(FIELDS)
-    name: str
-    size: int
-    last_used: float
-    where: str
+    name: str = ""
+    size: int = 0
+    last_used: float = 0.0
+    where: str = ""
+    __hash__ = value_hash
 
 
 def check_days(days: float) -> None:
