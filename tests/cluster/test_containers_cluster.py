@@ -81,6 +81,21 @@ def test_srun_runs_each_rank_in_its_own_container(cluster, image):
     assert podman_containers(cluster, ranks[0]["JOB"]) == []
 
 
+def test_the_common_case_takes_the_c_launcher_on_every_node(cluster, image):
+    """An image-only rank is planned and supervised by tether-run itself (its plan baked from the
+    Python adapter at install), on each node of the installed cluster; a rank with another
+    container option goes to the Python launcher, and says so (TETHER_RUN_WHY_PYTHON)."""
+    common = cluster.run(["runuser", "-u", cluster.user, "--", "env", "TETHER_RUN_WHY_PYTHON=1", "srun", "-N3",
+                          "--ntasks-per-node=1", f"--container-image={image}", "sh", "-c",
+                          "echo ran $RANK $TETHER_CONTAINER"])
+    assert sorted(common.stdout.split("\n"))[1:] == [f"ran {r} 1" for r in range(3)], common.stdout + common.stderr
+    assert "tether-run: python:" not in common.stderr, common.stderr
+    other = cluster.run(["runuser", "-u", cluster.user, "--", "env", "TETHER_RUN_WHY_PYTHON=1", "srun", "-N1",
+                         f"--container-image={image}", "--container-workdir=/tmp", "sh", "-c", "echo ran $PWD"])
+    assert other.stdout.strip() == "ran /tmp", other.stdout + other.stderr
+    assert "tether-run: python: a container option besides the image" in other.stderr, other.stderr
+
+
 def test_an_interactive_container_shell_under_srun_pty(cluster, image):
     """`srun --pty --container-image=IMG sh`, typed at a terminal (`script` gives srun one): the
     shell reads what is typed, has a terminal inside, and its exit status is srun's. podman run
