@@ -81,7 +81,8 @@ class Doctor:
 
     def checks(self) -> list[Callable[[], Iterator[Finding]]]:
         return [self.check_config, self.check_slurm, self.check_plugins, self.check_plugstack,
-                self.check_slurmctld_config, self.check_storage, self.check_stores, self.check_runtimes,
+                self.check_slurmctld_config, self.check_storage, self.check_stores, self.check_cluster_store,
+                self.check_runtimes,
                 self.check_enroot, self.check_plain_http, self.check_job_users, self.check_gpus, self.check_ports]
 
     # --- the checks --------------------------------------------------------------------------
@@ -300,6 +301,47 @@ class Doctor:
                               f"so any user can make another's store there first and deny them every container "
                               f"step; use a path with {{uid}} as a whole component in a directory only root "
                               f"writes (the default: {USER_STORE_ROOT}/{{uid}}/{name})")
+
+    def check_cluster_store(self) -> Iterator[Finding]:
+        """container.cluster_store on a node: the account, the store's directories (its, trusted),
+        squashfuse and /dev/fuse for the users' mounts, the node's image service."""
+        if self.config is None:
+            return
+        conf = self.config.data["container"].get("cluster_store") or {}
+        if not conf.get("root"):
+            return
+        import pwd
+
+        from ..container.imagestore import ImageStore, StoreError
+
+        try:
+            account = pwd.getpwnam(conf["account"])
+        except KeyError:
+            yield Finding(FAIL, "cluster store", f"its account {conf['account']} does not exist on this host "
+                          f"(README: The cluster image store)")
+            return
+        try:
+            ImageStore(conf["root"], account.pw_uid)._dir("images")
+            yield Finding(OK, "cluster store", f"{conf['root']} ({account.pw_name}'s)")
+        except StoreError as exc:
+            yield Finding(FAIL, "cluster store", f"{exc}")
+        if not shutil.which("squashfuse"):
+            yield Finding(FAIL, "cluster store", "squashfuse is not installed: ranks cannot mount the store's "
+                          "images (apt install squashfuse)")
+        try:
+            mode = os.stat("/dev/fuse").st_mode
+            if mode & 0o006 != 0o006:
+                yield Finding(FAIL, "cluster store", f"/dev/fuse is {stat.S_IMODE(mode):04o}: users cannot mount "
+                              f"the store's images (udev makes it 0666)")
+        except OSError:
+            yield Finding(FAIL, "cluster store", "no /dev/fuse: users cannot mount the store's images")
+        sock = conf.get("socket") or ""
+        try:
+            if not stat.S_ISSOCK(os.stat(sock).st_mode):
+                raise FileNotFoundError
+        except OSError:
+            yield Finding(WARN, "cluster store", f"no image service at {sock} on this host: its ranks pull into "
+                          f"each user's own store (tether-images.socket)")
 
     def check_runtimes(self) -> Iterator[Finding]:
         if self.config is None:

@@ -62,6 +62,101 @@ def human_size(size: int) -> str:
     return f"{size} B"
 
 
+def _cluster_store(settings):
+    """The cluster image store of ``container.cluster_store`` (None: none configured)."""
+    import pwd
+
+    from ..container.imagestore import ImageStore, StoreError
+
+    store = settings.get("cluster_store") or {}
+    if not store.get("root"):
+        return None
+    try:
+        owner = pwd.getpwnam(store["account"]).pw_uid
+    except KeyError:
+        raise StoreError(f"the cluster image store's account {store['account']} does not exist here") from None
+    return ImageStore(store["root"], owner)
+
+
+def _as_account(store, what: str) -> None:
+    """Only the store's account writes it: root becomes it (a login shell's environment is not
+    taken along), anyone else is refused."""
+    import pwd
+
+    from ..container.imagestore import StoreError
+
+    if os.getuid() == store.owner:
+        return
+    if os.getuid() != 0:
+        raise StoreError(f"{what}: only the store's account ({pwd.getpwuid(store.owner).pw_name}) or root may")
+    account = pwd.getpwuid(store.owner)
+    os.setgroups([])
+    os.setgid(account.pw_gid)
+    os.setuid(account.pw_uid)
+    os.environ.update(HOME=account.pw_dir, USER=account.pw_name, LOGNAME=account.pw_name)
+
+
+def cluster_images(args: argparse.Namespace) -> int:
+    """tether images setup | gc | rm | serve: the cluster image store, the admin's and its service's."""
+    from ..container import imageservice
+    from ..container.imagestore import StoreError
+
+    settings = load_config(config_arg(args)).data["container"]
+    conf = settings.get("cluster_store") or {}
+    try:
+        store = _cluster_store(settings)
+        if store is None:
+            err("images: no cluster image store is configured (container.cluster_store.root)")
+            return EXIT_USAGE
+        _as_account(store, f"tether images {args.action}")
+        if args.action == "setup":
+            store.setup()
+            print(f"cluster image store ready: {store.root}")
+        elif args.action == "gc":
+            for info in store.gc(conf["max_gib"] << 30, conf["keep_days"] * 86400.0):
+                print(f"removed {info.image_id[:12]} ({human_size(info.size)}; {', '.join(info.references)})")
+        elif args.action == "rm":
+            matches = [i for i in store.images()
+                       if i.image_id.startswith(args.image) or args.image in i.references]
+            if len(matches) != 1 or len(args.image) < 4:
+                err(f"images rm: {args.image} names {len(matches)} images of the cluster store")
+                return 1
+            store.remove(matches[0].image_id)
+            print(f"removed {matches[0].image_id[:12]}")
+        else:
+            return imageservice.serve(store, settings, listen=args.listen)
+    except (StoreError, OSError) as exc:
+        err(f"images: {exc}")
+        return 1
+    return EXIT_OK
+
+
+def _cluster_rows(settings) -> list[tuple]:
+    import pwd
+
+    from ..container.imagestore import StoreError
+
+    try:
+        store = _cluster_store(settings)
+        infos = store.images() if store else []
+    except (StoreError, OSError) as exc:
+        err(f"images: the cluster image store: {exc}")
+        return []
+
+    def names(uids):
+        out = []
+        for uid in uids:
+            try:
+                out.append(pwd.getpwuid(uid).pw_name)
+            except KeyError:
+                out.append(str(uid))
+        return ",".join(out) or "-"
+
+    return [("cluster", human_size(i.size), time.strftime("%Y-%m-%d %H:%M", time.localtime(i.last_used)),
+             ", ".join(i.references) or i.image_id[:12], f"{i.image_id[:12]} users {names(i.users)}")
+            for i in infos]
+
+
 def images(args: argparse.Namespace) -> int:
     from ..container.spec import LaunchError
 
@@ -77,6 +172,8 @@ def images(args: argparse.Namespace) -> int:
         if args.action == "ls":
             rows = [(name, human_size(image.size), time.strftime("%Y-%m-%d %H:%M", time.localtime(image.last_used)),
                      image.name, image.where) for name, adapter in runtimes for image in adapter.stored(env)]
+            if not args.runtime or args.runtime == "podman":
+                rows += _cluster_rows(settings)
             widths = [max(len(str(c)) for c in column) for column in
                       zip(("RUNTIME", "SIZE", "LAST USED", "IMAGE", "WHERE"), *rows)]
             for row in [("RUNTIME", "SIZE", "LAST USED", "IMAGE", "WHERE"), *rows]:
@@ -123,3 +220,19 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
                                     "of failed imports/conversions (yours; the shared Apptainer cache as root)")
     prune.add_argument("--older-than", type=float, default=30.0, metavar="DAYS")
     prune.set_defaults(func=images)
+    # the cluster image store (container.cluster_store): its account's, or root's as that account
+    actions.add_parser("setup", parents=[common],
+                       help="make the cluster image store's directories (root or the store's account)"
+                       ).set_defaults(func=cluster_images)
+    actions.add_parser("gc", parents=[common],
+                       help="remove the cluster store's least recently used images above max_gib, never one "
+                            "used within keep_days, and what killed fetches left").set_defaults(func=cluster_images)
+    rm = actions.add_parser("rm", parents=[common], help="remove an image from the cluster store (running "
+                                                         "containers keep theirs; the next rank fetches it again)")
+    rm.add_argument("image", metavar="ID|REFERENCE")
+    rm.set_defaults(func=cluster_images)
+    serve = actions.add_parser("serve", parents=[common],
+                               help="the image service, as the store's account: one connection on stdin "
+                                    "(systemd's tether-images.socket, Accept=yes), or --listen")
+    serve.add_argument("--listen", metavar="SOCKET", help="accept connections on this unix socket itself")
+    serve.set_defaults(func=cluster_images)

@@ -62,8 +62,12 @@ def read_marker(path: str) -> dict[str, str] | None:
         return None
     # an "xdg_runtime_dir" of an earlier release is not read: the runtime's run directory is the
     # adapter's to say (Podman.run_dir), never a file's. "pod": a step's pod (--container-unshare)
+    # "mount": a rank's cluster store image mount, taken away only where such mounts are made
+    # (podman's run directory of this user: Podman.unmount_leftover checks)
+    mount = data.get("mount")
     return {"runtime": data["runtime"], "container": data["container"],
-            **({"pod": "1"} if data.get("pod") == "1" and os.path.basename(path) == POD_MARKER else {})}
+            **({"pod": "1"} if data.get("pod") == "1" and os.path.basename(path) == POD_MARKER else {}),
+            **({"mount": mount} if isinstance(mount, str) else {})}
 
 
 def find_markers(where: str) -> list[str]:
@@ -105,6 +109,8 @@ def run_leftovers(where: str, settings: Mapping[str, Any]) -> int:
                                                                              new_session=False)
         else:
             removed = runtime.remove(marker["container"], env, new_session=False)
+        if marker.get("mount") and hasattr(runtime, "unmount_leftover"):
+            removed = runtime.unmount_leftover(marker["mount"], env) and removed
         if not removed:
             failed += 1
     return 1 if failed else 0

@@ -70,7 +70,8 @@ def run_container(env: Mapping[str, str], command: Sequence[str], settings: Mapp
         runtime = adapter(spec.runtime, settings.get(spec.runtime) or {},
                           image_root=settings.get("apptainer_image_root", "/var/cache/tether/images"),
                           user_image_cache=settings.get("user_image_cache"),
-                          environment=settings.get("environment") or DEFAULT_MODE)
+                          environment=settings.get("environment") or DEFAULT_MODE,
+                          cluster_store=settings.get("cluster_store"))
         launch = runtime.launch(spec, env)
     except LaunchError as exc:
         report(str(exc))

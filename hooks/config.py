@@ -161,6 +161,38 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
                            doc="bind-mount the user's home directory by default; null: each runtime's own "
                                "default (Apptainer yes, podman no, enroot its config); users choose with "
                                "--[no-]container-mount-home"),
+        "cluster_store": Struct(doc="the cluster image store: each public registry image once for the whole "
+                                    "cluster, a read-only squashfs on a filesystem every node sees, fetched and "
+                                    "written only by the image service's account; podman ranks start it "
+                                    "without unpacking (squashfuse)", fields={
+            "root": Str(nullable=True, default=None, pattern=STORAGE_PATH_PATTERN, accepted=STORAGE_PATH_ACCEPTED,
+                        doc="the store's directory on a filesystem every node sees, the service account's "
+                            "(tether images setup makes it); null: no cluster store, each user pulls into "
+                            "their own store on each node"),
+            "account": Str(default="tether-images", pattern=NAME_PATTERN, accepted="a user name",
+                           doc="the image service's account: the only one that writes the store (never root, "
+                               "never a job user)"),
+            "socket": Str(default="/run/tether-images/images.sock", pattern=r"/[^\s]*", accepted="an absolute path",
+                          doc="the image service's unix socket on each node (systemd's tether-images.socket, "
+                              "or tether images serve --listen)"),
+            "resolve_every": Int(default=900, minimum=0, maximum=7 * 86400,
+                                 doc="seconds a reference the service resolved at its registry stays good for "
+                                     "every job of the cluster; after that the next rank has it resolved again "
+                                     "(one manifest request; the image fetched again only if the tag moved)"),
+            "max_gib": Int(default=500, minimum=1, maximum=1 << 20,
+                           doc="the store's size cap in GiB: tether images gc removes the least recently used "
+                               "images above it"),
+            "keep_days": Int(default=7, minimum=0, maximum=3650,
+                             doc="an image used within this many days is never removed by gc (a running job's "
+                                 "next step may need it)"),
+            "scratch": Str(default="/var/lib/tether/image-service", pattern=STORAGE_PATH_PATTERN,
+                           accepted=STORAGE_PATH_ACCEPTED,
+                           doc="the service account's own podman store on each node (node-local), where an "
+                               "image is pulled and made a squashfs before it is published; emptied of it then"),
+            "wait_seconds": Int(default=3600, minimum=10, maximum=86400,
+                                doc="how long a rank waits for the service to publish an image another node "
+                                    "is fetching"),
+        }),
         "apptainer": _runtime("apptainer", "Apptainer settings"),
         "singularity": _runtime("singularity", "Singularity settings"),
         "podman": _runtime(

@@ -100,8 +100,11 @@ APT_PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "libslurm-de
                 "busybox-static", "python3-dev", "gcc", "docker-registry", "openmpi-bin", "libopenmpi-dev",
                 "libpmi2-0-dev", "slurmdbd", "mariadb-server", "mariadb-client", "sudo",
                 # squashfs images on podman (sqfs2tar), --container-save=x.sqsh (tar2sqfs); the tests'
-                # images (mksquashfs)
-                "squashfs-tools-ng", "squashfs-tools")
+                # images (mksquashfs); the cluster image store's images mounted (squashfuse)
+                "squashfs-tools-ng", "squashfs-tools", "squashfuse")
+# The cluster image store's account (container.cluster_store.account): its service on each node
+IMAGE_SERVICE_USER = "tether-images"
+IMAGE_SERVICE_SOCKET = "/run/tether-images/images.sock"     # in each node's own /run
 # The launcher's service account and the group of users it may act for (sudo policy: tether.launcher)
 LAUNCHER_USER, LAUNCHER_GROUP = "tether-launcher", "tether-users"
 SUDOERS_DIR = Path("/etc/sudoers.d")
@@ -621,6 +624,73 @@ class Sandbox:
             run_command(["groupadd", LAUNCHER_GROUP], timeout=60)
         if self.user not in grp.getgrnam(LAUNCHER_GROUP).gr_mem:
             run_command(["usermod", "-a", "-G", LAUNCHER_GROUP, self.user], timeout=60)
+
+    # ---- the cluster image store (container.cluster_store) ------------------------------------
+    def cluster_store_settings(self) -> dict:
+        """container.cluster_store for this sandbox: the store in its shared directory, the
+        service's scratch store on each node's own disk."""
+        return {"root": str(self.root / "cluster-store"), "account": IMAGE_SERVICE_USER,
+                "socket": IMAGE_SERVICE_SOCKET, "scratch": str(self.local_dir / "image-service")}
+
+    def start_image_services(self, config: str | os.PathLike, *, log=print) -> list[int]:
+        """The image service on every node as an admin runs it (tether images setup, then tether
+        images serve as the store's account, here with --listen: the nodes have no systemd), with
+        ``config`` (one whose container.cluster_store is cluster_store_settings). FUSE opened to
+        users as udev does on a node (/dev/fuse 0666). Their pids (stop_image_services)."""
+        ensure_user(IMAGE_SERVICE_USER, log=log)
+        if self.slurm_root:
+            self.slurm_root.copy_accounts()
+        account = pwd.getpwnam(IMAGE_SERVICE_USER)
+        os.chmod("/dev/fuse", 0o666)
+        store = Path(self.cluster_store_settings()["root"])
+        if not store.exists():
+            store.mkdir(mode=0o755)
+            os.chown(store, account.pw_uid, account.pw_gid)
+        run_command(self.wrap([*self.tether, "images", "setup", "--config", str(config)]), timeout=120)
+        pids = []
+        for node in self.nodes:
+            for path in (self.node_path(node, os.path.dirname(IMAGE_SERVICE_SOCKET)),
+                         self.node_path(node, self.cluster_store_settings()["scratch"])):
+                path.mkdir(mode=0o755, parents=True, exist_ok=True)
+                os.chown(path, account.pw_uid, account.pw_gid)
+            log_file = open(self.log_dir / f"image-service-{node}.log", "ab")
+            proc = subprocess.Popen(self.on_node(node, ["runuser", "-u", IMAGE_SERVICE_USER, "--", *self.tether,
+                                                        "images", "serve", "--listen", IMAGE_SERVICE_SOCKET,
+                                                        "--config", str(config)]),
+                                    stdout=log_file, stderr=log_file, stdin=subprocess.DEVNULL, start_new_session=True)
+            log_file.close()
+            pids.append(proc.pid)
+            (self.run_dir / f"image-service-{node}.pid").write_text(f"{proc.pid}\n")
+        for node in self.nodes:
+            sock = self.node_path(node, IMAGE_SERVICE_SOCKET)
+            deadline = time.monotonic() + 30
+            while not sock.exists():
+                if time.monotonic() > deadline:
+                    raise SandboxError(f"the image service on {node} did not start: see "
+                                       f"{self.log_dir / f'image-service-{node}.log'}")
+                time.sleep(0.1)
+        return pids
+
+    def stop_image_services(self) -> None:
+        """End the nodes' image services (by the pids start_image_services recorded)."""
+        for node in self.nodes:
+            record = self.run_dir / f"image-service-{node}.pid"
+            try:
+                pid = int(record.read_text())
+            except (OSError, ValueError):
+                continue
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            for _ in range(50):
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        break
+                except ChildProcessError:
+                    break
+                time.sleep(0.1)
+            record.unlink(missing_ok=True)
 
     def user_podman(self, node: str | None = None) -> list[str]:
         """The job user's podman as jobs run it on ``node`` (None: the first): the sandbox's podman

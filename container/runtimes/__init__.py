@@ -149,8 +149,10 @@ class Runtime:
     name = ""
 
     def __init__(self, settings: Mapping, *, image_root: str = "/var/cache/tether/images",
-                 user_image_cache: str | None = None, environment: str = DEFAULT_MODE):
+                 user_image_cache: str | None = None, environment: str = DEFAULT_MODE,
+                 cluster_store: Mapping | None = None):
         self.binary = settings.get("binary") or self.name
+        self.cluster_store = dict(cluster_store or {})     # the config's container.cluster_store
         self.environment = environment      # the config's container.environment (inherit | allowlist)
         self.args = list(settings.get("args") or ())
         self.runtime_env = dict(settings.get("env") or {})

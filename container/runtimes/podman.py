@@ -22,7 +22,7 @@ import time
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.layout import CLEANUP_MARKER, NODE_STEP_PREFIX, POD_MARKER, USER_STORE_ROOT, user_run_dir
-from ..launch import cgroup_paths, progress, reap_zombies, remove_file, report
+from ..launch import cgroup_paths, progress, reap_zombies, remove_file, report, report_admin
 from ..environment import entrypoint_split
 from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, NAMED_MADE_BY, PROPAGATION, LaunchError, Mount,
                     effective_mounts, mount_refusal, named_podman_home, no_named_container, podman_tmpfs,
@@ -358,6 +358,8 @@ class Podman(Runtime):
         self.cdi_kind = settings.get("cdi_kind") or "nvidia.com/gpu"
         self.cdi_spec_dirs = list(settings.get("cdi_spec_dirs") or ("/etc/cdi", "/var/run/cdi"))
         self.store_template = settings.get("store", DEFAULT_STORE) or ""
+        self.image_env: list[str] | None = None     # the image's ENV, when podman runs it as a --rootfs
+        self.store_mount: str | None = None         # where a cluster store image is mounted for the run
 
     def run_dir(self, uid: int | None = None) -> str:
         """Where rootless podman keeps its run state for this user on this node (its
@@ -737,14 +739,10 @@ class Podman(Runtime):
         elif image_argv[1:2] and image_argv[1].startswith(SQUASHFS_IMAGE) and spec.rank_dir:
             # an enroot-made squashfs keeps its image's ENV in /etc/environment, not in a config
             # podman reads: given as the image's, before the job's (podman: a later --env-file wins)
-            lines = squashfs_environment(self.local_image(spec.image))
-            if lines:
-                from ...system.files import write_atomic
-
-                image_env = os.path.join(spec.rank_dir, ".image-env")
-                write_atomic(image_env, "".join(f"{line}\n" for line in lines), 0o600)
-                at = argv.index("--env-file") if "--env-file" in argv else len(argv)
-                argv[at:at] = ["--env-file", image_env]
+            image_env_file(spec.rank_dir, argv, squashfs_environment(self.local_image(spec.image)))
+        elif self.image_env and spec.rank_dir:
+            # a cluster store image runs as a --rootfs: its ENV from what the service recorded
+            image_env_file(spec.rank_dir, argv, self.image_env)
         if prepare and later:           # the entrypoint goes before the shell that sets ``later``
             command_prepare = prepare
             prepare = lambda argv: command_prepare(argv, len(command))    # noqa: E731
@@ -759,7 +757,8 @@ class Podman(Runtime):
         # the step's end kills that too, slurmstepd runs it once the step is over (see ``marker``).
         marker = os.path.join(os.path.dirname(spec.rank_dir), f"{CLEANUP_MARKER}{spec.rank}") if spec.rank_dir else None
         # the name too: a later step of the job attaches to it while it runs (running_container)
-        data = {"runtime": self.name, "container": name, **({"name": spec.name} if spec.name else {})}
+        data = {"runtime": self.name, "container": name, **({"name": spec.name} if spec.name else {}),
+                **({"mount": self.store_mount} if self.store_mount else {})}
         lock = None
         if before:
             # one pull or import per user per node: the ranks (and jobs) of a user on a node share
@@ -789,6 +788,9 @@ class Podman(Runtime):
             rank = str(spec.rank)
             before = [*before, (lambda env: join_pod(podman, create, pod, step_dir, rank, env), None)]
             after = [*after, lambda env: self.leave_pod(pod, step_dir, rank, env)]
+        if self.store_mount:
+            mnt, podman = self.store_mount, [self.binary, *glob]
+            after = [*after, lambda env: unmount_store_image(podman, mnt, env)]
         # root's podman keeps no pause process (no XDG_RUNTIME_DIR: see base_env)
         kept = ((pause_pid_file(env["XDG_RUNTIME_DIR"]), PAUSE_NAMES),) if env.get("XDG_RUNTIME_DIR") else ()
         if later:
@@ -1211,6 +1213,65 @@ class Podman(Runtime):
                 out.append(arg)
         return out + self.store_args(os.environ if env is None else env, create=create, uid=uid)
 
+    def cluster_image(self, name: str, spec: LaunchSpec):
+        """The cluster image store's image of registry image ``name`` for this rank (an
+        imagestore.Published), asking this node's image service to fetch it when the store has it
+        not (or resolved it too long ago) and waiting while another node's does; None when there is
+        no cluster store, the image is private (it needs credentials: the user's own pull), the
+        rank needs what a --rootfs cannot give (the image's entrypoint, a named or saved
+        container), or the service cannot be reached (said; the user's own pull)."""
+        settings = self.cluster_store
+        if not settings.get("root") or self.as_root() or spec.entrypoint or spec.name or spec.save:
+            return None
+        import pwd
+
+        from ..imageservice import ask
+        from ..imagestore import ImageStore, PrivateImage, StoreError, wait_published
+
+        account = settings.get("account") or "tether-images"
+        try:
+            owner = pwd.getpwnam(account).pw_uid
+        except KeyError:
+            progress(f"the cluster image store's account {account} does not exist on this node: pulling {name} "
+                     f"into your own store (tell an admin: tether doctor)")
+            return None
+        store = ImageStore(settings["root"], owner)
+        resolve_every = float(settings.get("resolve_every", 900))
+        wait = float(settings.get("wait_seconds", 3600))
+        try:
+            found = store.lookup(name, max_age=resolve_every)
+            if found is None and not store.private(name, resolve_every):
+                since = time.time()
+                try:
+                    answer = ask(settings.get("socket") or "/run/tether-images/images.sock", name, say=progress,
+                                 timeout=wait)
+                except (OSError, ValueError) as exc:
+                    progress(f"the cluster image store's service cannot be reached on this node ({exc}): "
+                             f"pulling {name} into your own store (tell an admin: tether doctor)")
+                    return None
+                if "published" in answer:
+                    found = store.lookup(name, max_age=None)    # what the store holds, not what was said
+                elif "wait" in answer:
+                    found = wait_published(store, name, since=since, timeout=wait, say=progress)
+                elif "error" in answer:
+                    raise LaunchError(f"the cluster image store could not fetch {name}: {answer['error']}")
+        except PrivateImage:
+            return None
+        except StoreError as exc:
+            raise LaunchError(str(exc)) from None
+        if found:
+            store.note_use(found.image_id)
+        return found
+
+    def unmount_leftover(self, mnt: str, env: Mapping[str, str]) -> bool:
+        """The cleanup's: a killed rank's cluster store image mount (a marker's "mount"), only when
+        it is one of this user's (``<run dir>/tether-images/<name>``)."""
+        base = os.path.join(self.run_dir(), STORE_MOUNTS)
+        if os.path.dirname(mnt) != base or os.path.basename(mnt) in ("", ".", ".."):
+            report_admin(f"cleanup: ignoring the mount {mnt!r}: not one tether makes")
+            return False
+        return unmount_store_image([self.binary, *self.global_args(env)], mnt, env)
+
     @staticmethod
     def rootfs_argv(path: str, writable: bool) -> list[str]:
         """podman run's image arguments for a rootfs directory run as it is: read-only, or writable
@@ -1231,10 +1292,20 @@ class Podman(Runtime):
         ref = self.reference(image)
         if ref.kind == "registry":
             name = ref.qualified()                          # as podman's store names it
+            rank_dir = getattr(spec, "rank_dir", None)
+            stored = self.cluster_image(name, spec) if rank_dir else None
+            if stored:
+                # the cluster image store's squashfs, mounted in the user's namespace for this rank
+                # (squashfuse: nothing unpacked, nothing copied into the user's store)
+                self.store_mount = os.path.join(self.run_dir(), STORE_MOUNTS, f"{spec.job_id}.{spec.step_id}.{spec.rank}")
+                self.image_env = [e for e in stored.config.get("env", ())
+                                  if isinstance(e, str) and "=" in e and "\n" not in e]
+                mnt, podman = self.store_mount, [self.binary, *glob]
+                return (self.rootfs_argv(mnt, bool(spec.writable)),
+                        [(lambda env: mount_store_image(podman, stored.path, mnt, env), None)])
             pull = ([self.binary, *glob, "pull", "--quiet", name],
                     (lambda: self.store_has(name), [self.binary, *glob, "image", "exists", name]),
                     f"pulling {image} (podman)", f"failed to import docker image: {image}")
-            rank_dir = getattr(spec, "rank_dir", None)
             if ref.digest or not rank_dir:
                 return ["--pull=never", name], [pull]       # by digest: what it names never changes
             # by tag: checked against the registry once per job on each node (pyxis imports it
@@ -1296,6 +1367,63 @@ class _ImageOnly:
 
     def __init__(self, image: str):
         self.image, self.writable, self.mounts = image, False, ()
+
+
+STORE_MOUNTS = "tether-images"     # in podman's run directory: a rank's mount of a cluster store image
+
+
+def mount_store_image(podman: Sequence[str], image: str, mnt: str, env: Mapping[str, str]) -> None:
+    """Mount the cluster store's squashfs ``image`` at ``mnt`` for a rank: squashfuse in the user's
+    podman namespace (``podman unshare``), where the container's runtime sees it and the image's
+    owners are the container's (allow_other: the container's users; default_permissions: their
+    modes hold); read-only, nothing unpacked. A mount of an earlier rank left there is taken away
+    first."""
+    import subprocess
+
+    os.makedirs(os.path.dirname(mnt), mode=0o700, exist_ok=True)
+    unmount_store_image(podman, mnt, env, quiet=True)
+    os.mkdir(mnt, 0o700)
+    done = subprocess.run([*podman, "unshare", "squashfuse", "-o", "ro,allow_other,default_permissions", image, mnt],
+                          env=dict(env), capture_output=True, stdin=subprocess.DEVNULL, timeout=300)
+    if done.returncode != 0:
+        said = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+        hint = " (is /dev/fuse open to users? tether doctor)" if "/dev/fuse" in said else ""
+        raise LaunchError(f"could not mount the cluster store image {image}: {said}{hint}")
+
+
+def unmount_store_image(podman: Sequence[str], mnt: str, env: Mapping[str, str], *, quiet: bool = False) -> bool:
+    """Take a rank's cluster store image mount away (in the user's podman namespace, where it was
+    made) and its directory. True when nothing is left."""
+    import subprocess
+
+    if not os.path.lexists(mnt):
+        return True
+    try:
+        subprocess.run([*podman, "unshare", "umount", "-l", mnt], env=dict(env), capture_output=True,
+                       stdin=subprocess.DEVNULL, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.rmdir(mnt)
+    except OSError as exc:
+        if not quiet:
+            report_admin(f"could not remove {mnt}: {exc}")
+        return False
+    return True
+
+
+def image_env_file(rank_dir: str, argv: list[str], lines: Sequence[str]) -> None:
+    """The image's ``NAME=VALUE`` lines (a --rootfs run, where podman knows no image config) in
+    the rank's ``.image-env``, given to podman before the job's variables (a later --env-file
+    wins: the job's values win, as over an image's ENV)."""
+    if not lines:
+        return
+    from ...system.files import write_atomic
+
+    image_env = os.path.join(rank_dir, ".image-env")
+    write_atomic(image_env, "".join(f"{line}\n" for line in lines), 0o600)
+    at = argv.index("--env-file") if "--env-file" in argv else len(argv)
+    argv[at:at] = ["--env-file", image_env]
 
 
 def mount_args(mount: Mount) -> list[str]:

@@ -177,3 +177,39 @@ def test_a_runtime_adapter_that_cannot_load_is_not_called_unknown(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", real_import)
     with pytest.raises(LaunchError, match=r"^unknown container runtime 'dockerish'$"):
         adapter("dockerish", {})
+
+
+def test_the_cluster_store_checks_say_what_a_node_lacks(tmp_path):
+    """container.cluster_store: no check without one; an account that does not exist, a store
+    someone else owns, no image service on the node -- each said (the store's own, with a
+    service socket: no complaint but what the node itself lacks)."""
+    import socket as socketlib
+
+    from tether.admin.doctor import FAIL
+
+    def store_findings(conf):
+        doctor = _doctor(tmp_path, {"container": {"cluster_store": conf}})
+        return [(f.status, f.detail) for f in doctor.check_cluster_store()]
+
+    assert list(_doctor(tmp_path, {}).check_cluster_store()) == []
+    missing = store_findings({"root": str(tmp_path / "store"), "account": "no-such-account-here"})
+    assert missing == [(FAIL, "its account no-such-account-here does not exist on this host "
+                              "(README: The cluster image store)")]
+    root = tmp_path / "store"
+    for name in ("", "images"):
+        (root / name).mkdir(exist_ok=True)
+        os.chown(root / name, 65534, 65534)                   # nobody's, not root's account
+    sock = tmp_path / "images.sock"
+    server = socketlib.socket(socketlib.AF_UNIX)
+    server.bind(str(sock))
+    try:
+        found = store_findings({"root": str(root), "account": "root", "socket": str(sock)})
+    finally:
+        server.close()
+    assert found[0][0] == FAIL and "cannot be trusted" in found[0][1] and "nobody" in found[0][1]
+    for name in ("", "images"):
+        os.chown(root / name, 0, 0)
+    found = store_findings({"root": str(root), "account": "root", "socket": str(tmp_path / "absent.sock")})
+    assert found[0] == (OK, f"{root} (root's)")
+    assert (WARN, f"no image service at {tmp_path / 'absent.sock'} on this host: its ranks pull into each user's "
+                  f"own store (tether-images.socket)") in found

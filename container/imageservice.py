@@ -1,0 +1,340 @@
+"""The image service: the only writer of the cluster image store (container/imagestore.py).
+
+It runs as the store's account (``container.cluster_store.account``, never root, never a job user),
+one per node: systemd starts ``tether images serve`` for each connection to its socket
+(tether-images.socket, Accept=yes), or ``tether images serve --listen`` accepts them itself. A
+rank's launcher (the job user) connects and asks for a reference; the service answers at once
+from the store when the reference was resolved within ``resolve_every``, else takes the
+reference's lock on the shared filesystem -- one publisher for the whole cluster -- and fetches it
+with its own rootless podman **without credentials**, so it only ever publishes what anyone may
+fetch (podman checks each blob against the manifest's digest as it pulls); the container's files
+(``podman export``, owners and modes as in the image, podman's mount targets added) become a
+squashfs (``tar2sqfs``) in the store's staging directory and are published by a rename. A
+reference that needs credentials is a private image: the service says so and the rank pulls it
+into the user's own store as without a cluster store (private images never enter it).
+
+The protocol: one JSON line each way, then the service's progress lines::
+
+    -> {"reference": "docker.io/library/ubuntu:22.04"}
+    <- {"say": "..."}*  then one of
+       {"published": {"path": ..., "image_id": ..., "manifest": ...}}
+       {"wait": "<host> pid <pid>"}         another node's service is fetching it: poll the store
+       {"private": "<why>"}                 not without credentials: the user's own pull
+       {"error": "<why>"}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import tarfile
+import threading
+from typing import Callable, Mapping, Sequence
+
+from .imagestore import ImageStore, StoreError
+
+# what a registry says when an image needs credentials (podman 4.3's messages: docker's registry
+# answers 401 to a pull without them; one that hides private repositories answers "not found")
+PRIVATE_WORDS = ("unauthorized", "authentication required", "access to the resource is denied",
+                 "401 Unauthorized", "denied:")
+TARGET_DIRS = ("proc", "sys", "dev", "run", "tmp", "var/tmp")
+# podman's mount targets a read-only root must have (its errors without them, podman 4.3: "mkdir
+# .../proc: function not implemented", "open .../etc/hosts: read-only file system", "creating
+# /etc/mtab symlink: function not implemented"); /run/.containerenv for a run without --read-only
+TARGET_FILES = ("etc/passwd", "etc/group", "etc/hosts", "etc/hostname", "etc/resolv.conf", "run/.containerenv")
+TARGET_LINKS = (("etc/mtab", "/proc/mounts"),)
+MAX_REQUEST = 8192
+
+
+class FetchError(Exception):
+    """The registry or podman failed; the message says why."""
+
+
+class NeedsCredentials(FetchError):
+    """The image cannot be fetched without credentials."""
+
+
+class PodmanFetcher:
+    """The account's rootless podman: a store of its own on this node (a scratch store: emptied of
+    an image once it is published), an empty credentials file (nothing it pulls needs one)."""
+
+    def __init__(self, binary: str, scratch: str, env: Mapping[str, str], args: Sequence[str] = ()):
+        self.scratch = scratch
+        self.env = dict(env)
+        self.podman = [binary, *args, "--root", os.path.join(scratch, "storage"),
+                       "--runroot", os.path.join(self.env.get("XDG_RUNTIME_DIR", scratch), "tether-images")]
+        self.authfile = os.path.join(scratch, "no-credentials.json")
+
+    def _run(self, *args: str, timeout: float = 3600, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
+        return subprocess.run([*self.podman, *args], env=self.env, stdout=stdout, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, timeout=timeout)
+
+    def pull(self, reference: str) -> tuple[str, str]:
+        """(the manifest digest, the image id) of ``reference`` as the registry has it now, pulled
+        without credentials (only the blobs the scratch store lacks)."""
+        os.makedirs(self.scratch, mode=0o700, exist_ok=True)
+        if not os.path.exists(self.authfile):
+            with open(self.authfile, "w") as f:
+                f.write('{"auths": {}}\n')
+        out = self._run("pull", "--quiet", "--authfile", self.authfile, reference)
+        if out.returncode != 0:
+            said = out.stderr.decode(errors="replace").strip()
+            last = (said.splitlines() or ["podman pull failed"])[-1]
+            if any(word.lower() in said.lower() for word in PRIVATE_WORDS):
+                raise NeedsCredentials(f"{reference} needs credentials: {last}")
+            raise FetchError(f"pulling {reference} failed: {last}")
+        image_id = out.stdout.decode().strip().splitlines()[-1]
+        shown = self._run("image", "inspect", "--format", "{{.Digest}}", image_id, timeout=120)
+        return shown.stdout.decode().strip(), image_id
+
+    def config(self, image_id: str) -> dict:
+        """What a container of the image starts with beyond its files (its ENV, ENTRYPOINT, CMD,
+        WORKDIR): podman's --rootfs knows none of it."""
+        shown = self._run("image", "inspect", "--format", "{{json .Config}}", image_id, timeout=120)
+        try:
+            config = json.loads(shown.stdout or b"{}") or {}
+        except ValueError:
+            config = {}
+        return {"env": [e for e in config.get("Env") or () if isinstance(e, str)],
+                "entrypoint": list(config.get("Entrypoint") or ()), "cmd": list(config.get("Cmd") or ()),
+                "workdir": str(config.get("WorkingDir") or "")}
+
+    def squashfs(self, image_id: str, target: str) -> None:
+        """The image's files as a squashfs at ``target``: ``podman export`` of a container made
+        for it (never started), podman's mount targets added where the image lacks them (a
+        read-only root needs them), through ``tar2sqfs`` -- owners and modes as in the image."""
+        name = f"tether-images-{os.getpid()}-{threading.get_ident()}"
+        made = self._run("create", "--name", name, image_id, "true", timeout=600)
+        if made.returncode != 0:
+            raise FetchError(f"podman create for the export failed: {made.stderr.decode(errors='replace').strip()}")
+        try:
+            export = subprocess.Popen([*self.podman, "export", name], env=self.env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+            write = subprocess.Popen(["tar2sqfs", "--quiet", "--force", "--defaults", "mode=0755", target],
+                                     env=self.env, stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL)
+            try:
+                add_mount_targets(export.stdout, write.stdin)
+            finally:
+                write.stdin.close()
+                export.stdout.close()
+                exported, written = export.wait(), write.wait()
+            if exported != 0:
+                raise FetchError(f"podman export failed: {export.stderr.read().decode(errors='replace').strip()}")
+            if written != 0:
+                raise FetchError(f"tar2sqfs failed: {write.stderr.read().decode(errors='replace').strip()}")
+        finally:
+            self._run("rm", "--force", name, timeout=600)
+
+    def forget(self, image_id: str) -> None:
+        """Remove the image from the scratch store (the cluster store has it now)."""
+        self._run("rmi", "--force", image_id, timeout=600)
+
+
+def add_mount_targets(source, sink) -> None:
+    """Copy the tar stream ``source`` to ``sink``, adding podman's mount targets (empty files and
+    directories, root's) that it lacks -- a read-only root without them cannot start."""
+    seen = set()
+    with tarfile.open(fileobj=source, mode="r|") as tin, tarfile.open(fileobj=sink, mode="w|",
+                                                                      format=tarfile.PAX_FORMAT) as tout:
+        for member in tin:
+            seen.add(member.name.lstrip("./").rstrip("/"))
+            tout.addfile(member, tin.extractfile(member) if member.isreg() else None)
+        for path in TARGET_DIRS:
+            for part in _parents(path):
+                if part not in seen:
+                    info = tarfile.TarInfo(part)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o1777 if part in ("tmp", "var/tmp") else 0o755
+                    tout.addfile(info)
+                    seen.add(part)
+        for path in TARGET_FILES:
+            for part in _parents(os.path.dirname(path)):
+                if part not in seen:
+                    info = tarfile.TarInfo(part)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    tout.addfile(info)
+                    seen.add(part)
+            if path not in seen:
+                info = tarfile.TarInfo(path)
+                info.mode = 0o644
+                tout.addfile(info)
+                seen.add(path)
+        for path, target in TARGET_LINKS:
+            if path not in seen:
+                info = tarfile.TarInfo(path)
+                info.type, info.linkname = tarfile.SYMTYPE, target
+                tout.addfile(info)
+
+
+def _parents(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts) + 1)] if path else []
+
+
+def publish_reference(store: ImageStore, fetcher, reference: str, *, resolve_every: float, user: int | None,
+                      say: Callable[[str], None] = lambda text: None) -> dict:
+    """The service's answer for ``reference`` (see the module docstring)."""
+    found = store.lookup(reference, max_age=resolve_every)
+    if found:
+        return {"published": _answer(found)}
+    private = store.private(reference, resolve_every)
+    if private:
+        return {"private": private}
+    lock = store.lock(reference)
+    if not lock.try_acquire():
+        return {"wait": store.publisher(reference) or "another node"}
+    try:
+        found = store.lookup(reference, max_age=resolve_every)      # published while we took the lock
+        if found:
+            return {"published": _answer(found)}
+        say(f"fetching {reference} into the cluster image store (once for the whole cluster)")
+        try:
+            manifest, image_id = fetcher.pull(reference)
+            known = store.lookup(reference, max_age=None)
+            if known and known.image_id == image_id:
+                store.refresh(reference)                            # the tag still names it
+                return {"published": _answer(store.lookup(reference, max_age=None))}
+            staging = store.staging_path(image_id)
+            try:
+                if not store.has_image(image_id):
+                    say(f"making the squashfs of {reference} ({image_id[:12]})")
+                    fetcher.squashfs(image_id, staging)
+                else:
+                    staging = None
+                published = store.publish(reference, manifest, image_id, staging, user,
+                                          config=fetcher.config(image_id))
+            finally:
+                if staging and os.path.exists(staging):
+                    os.unlink(staging)
+            fetcher.forget(image_id)
+            return {"published": _answer(published)}
+        except NeedsCredentials as exc:
+            store.record_private(reference, str(exc))
+            return {"private": str(exc)}
+        except (FetchError, StoreError, OSError, subprocess.TimeoutExpired) as exc:
+            store.record_failure(reference, str(exc))
+            return {"error": str(exc)}
+    finally:
+        lock.release()
+
+
+def _answer(found) -> dict:
+    return {"path": found.path, "image_id": found.image_id, "manifest": found.manifest}
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The connecting process's uid, as the kernel says (SO_PEERCRED)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def serve_connection(conn: socket.socket, store: ImageStore, fetcher, *, resolve_every: float) -> None:
+    """Answer one rank on ``conn``."""
+    uid = peer_uid(conn)
+    rfile = conn.makefile("rb")
+    wfile = conn.makefile("wb", buffering=0)
+
+    def send(obj: dict) -> None:
+        try:
+            wfile.write(json.dumps(obj).encode() + b"\n")
+        except OSError:
+            pass                    # the rank went away: the publish goes on for the others
+
+    line = rfile.readline(MAX_REQUEST)
+    try:
+        request = json.loads(line)
+        reference = request["reference"]
+        if not isinstance(reference, str) or not reference or len(reference) > 1024:
+            raise ValueError
+    except (ValueError, KeyError, TypeError):
+        send({"error": "the image service expects one JSON line {\"reference\": \"...\"}"})
+        return
+    from ..hooks.imageref import ImageRefError, parse_image
+
+    try:
+        ref = parse_image(reference)
+    except ImageRefError as exc:
+        send({"error": str(exc)})
+        return
+    if ref.kind != "registry":
+        send({"error": f"{reference}: the cluster image store holds registry images only"})
+        return
+    send(publish_reference(store, fetcher, ref.qualified(), resolve_every=resolve_every, user=uid,
+                           say=lambda text: send({"say": text})))
+
+
+def ask(socket_path: str, reference: str, *, say: Callable[[str], None], timeout: float) -> dict:
+    """A rank's question to its node's image service (the final answer; progress goes to ``say``)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        conn.connect(socket_path)
+        conn.sendall(json.dumps({"reference": reference}).encode() + b"\n")
+        for line in conn.makefile("rb"):
+            answer = json.loads(line)
+            if "say" in answer:
+                say(str(answer["say"]))
+                continue
+            return answer
+    return {"error": "the image service closed the connection without an answer"}
+
+
+def fetcher_for(settings: Mapping, socket_path: str) -> PodmanFetcher:
+    """The account's podman on this node, as the config's container.podman says (binary, global
+    args, env), its scratch store in ``cluster_store.scratch`` and its run directory beside the
+    socket (the account's own: systemd's RuntimeDirectory)."""
+    conf = settings.get("cluster_store") or {}
+    podman = settings.get("podman") or {}
+    run = os.path.join(os.path.dirname(socket_path), "podman")
+    os.makedirs(run, mode=0o700, exist_ok=True)
+    env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/"),
+           "USER": os.environ.get("USER", ""), **{str(k): str(v) for k, v in (podman.get("env") or {}).items()},
+           "XDG_RUNTIME_DIR": run}
+    args = [a for a in podman.get("args") or () if a.split("=", 1)[0] in ("--runtime", "--storage-driver")
+            or a in ("runc", "crun")]
+    return PodmanFetcher(str(podman.get("binary") or "podman"), conf.get("scratch") or DEFAULT_SCRATCH, env, args)
+
+
+DEFAULT_SCRATCH = "/var/lib/tether/image-service"
+
+
+def serve(store: ImageStore, settings: Mapping, *, listen: str | None) -> int:
+    """``tether images serve``: one connection on fd 0 (systemd, Accept=yes), or accept them on
+    ``listen`` until SIGTERM (a thread each; one publisher per reference still, by the store's
+    lock)."""
+    import signal
+
+    conf = settings.get("cluster_store") or {}
+    socket_path = listen or conf.get("socket") or "/run/tether-images/images.sock"
+    fetcher = fetcher_for(settings, socket_path)
+    resolve_every = float(conf.get("resolve_every", 900))
+    if listen is None:
+        with socket.socket(fileno=0) as conn:
+            serve_connection(conn, store, fetcher, resolve_every=resolve_every)
+        return 0
+    try:
+        if os.path.exists(listen) and os.lstat(listen).st_uid == os.getuid():
+            os.unlink(listen)
+    except OSError:
+        pass
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(listen)
+    os.chmod(listen, 0o666)                 # any local user may ask; the kernel says who asks
+    server.listen(64)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+
+    def one(conn: socket.socket) -> None:
+        with conn:
+            try:
+                serve_connection(conn, store, fetcher, resolve_every=resolve_every)
+            except Exception as exc:        # noqa: BLE001 -- one rank's question never ends the service
+                try:
+                    conn.sendall(json.dumps({"error": f"the image service failed: {exc}"}).encode() + b"\n")
+                except OSError:
+                    pass
+
+    while True:
+        conn, _ = server.accept()
+        threading.Thread(target=one, args=(conn,), daemon=True).start()

@@ -1,0 +1,123 @@
+"""The cluster image store on the sandbox (issue 44): the image service on every node as an admin
+runs it, the store in the sandbox's shared directory, real rootless podman, the sandbox's real
+registry (its access log counts what was fetched), squashfuse mounts in each user's namespace."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import subprocess
+
+import pytest
+import yaml
+
+from tether.container.imagestore import ImageStore
+
+
+@pytest.fixture(scope="module")
+def cluster_store(cluster):
+    """The sandbox's config with container.cluster_store, and the nodes' image services; the
+    config as it was, the services stopped and the store emptied afterwards."""
+    box = cluster.box
+    conf = box.tether_conf
+    original = conf.read_text()
+    settings = yaml.safe_load(original)
+    settings["container"]["cluster_store"] = box.cluster_store_settings()
+    conf.write_text(yaml.safe_dump(settings))
+    try:
+        box.start_image_services(conf, log=lambda *_: None)
+        account = pwd.getpwnam(box.cluster_store_settings()["account"]).pw_uid
+        yield ImageStore(box.cluster_store_settings()["root"], account)
+    finally:
+        box.stop_image_services()
+        conf.write_text(original)
+        subprocess.run(["rm", "-rf", box.cluster_store_settings()["root"]], check=False)
+
+
+def _fetches(requests: list[str], repository: str) -> dict[str, int]:
+    """GET requests of the registry's access log per path, of this repository."""
+    out: dict[str, int] = {}
+    for line in requests:
+        if '"GET ' in line and f"/v2/{repository}/" in line:
+            path = line.split('"GET ', 1)[1].split()[0]
+            out[path] = out.get(path, 0) + 1
+    return out
+
+
+# the rank's root: its mountinfo line names squashfuse (as the fstype's subtype or the source)
+SHOW = ["sh", "-c", "echo $(hostname) $(id -un) $STORE_TEST "
+                    "$(awk '$5 == \"/\"' /proc/self/mountinfo | grep -o squashfuse | head -n 1)"]
+
+
+def test_two_users_jobs_on_every_node_cost_the_registry_one_manifest_and_each_layer_once(cluster, cluster_store):
+    """A cold image, a 3-node job of one user and then of a second user who never ran anything:
+    one service on one node fetches it (the others wait, and say who fetches), every rank starts
+    from the same read-only squashfs, mounted in its user's namespace (nothing unpacked, nothing in
+    the users' own stores), with the image's ENV; the registry sees one manifest request and one
+    request for each blob in all."""
+    box = cluster.box
+    repository = f"tether/store-{os.getpid()}"
+    ref = box.registry_image(repository=repository, changes=("ENV STORE_TEST=from-image", "CMD /bin/sh"),
+                             log=lambda *_: None)
+    second = f"tether-st{os.getpid() % 100000}"
+    box.add_job_user(second)
+    try:
+        before = len(box.registry_access_log())
+        first = cluster.as_user(["srun", "-N3", "--ntasks-per-node=2", f"--container-image={ref}", *SHOW])
+        other = cluster.run(["runuser", "-u", second, "--", "srun", "-N3", f"--container-image={ref}", *SHOW])
+        fetched = _fetches(box.registry_access_log()[before:], repository)
+        assert sorted(first.stdout.split("\n")[:-1]) == sorted(
+            f"{n} {cluster.user} from-image squashfuse" for n in cluster.nodes for _ in range(2)), first.stderr
+        assert sorted(other.stdout.split("\n")[:-1]) == [f"{n} {second} from-image squashfuse"
+                                                          for n in cluster.nodes], other.stderr
+        assert first.stderr.count("into the cluster image store (once for the whole cluster)") == 1, first.stderr
+        assert "is fetching it" in first.stderr or first.stderr.count("tether:") <= 2, first.stderr
+        assert "tether:" not in other.stderr, other.stderr
+        manifests = [p for p in fetched if "/manifests/" in p]
+        blobs = [p for p in fetched if "/blobs/" in p]
+        assert manifests == [f"/v2/{repository}/manifests/1"] and fetched[manifests[0]] == 1, fetched
+        assert len(blobs) >= 2 and all(fetched[b] == 1 for b in blobs), fetched      # config and layer
+        # the store holds it once; both users are its users; neither user's own store has it
+        [info] = [i for i in cluster_store.images() if ref in i.references]
+        uids = {pwd.getpwnam(u).pw_uid for u in (cluster.user, second)}
+        assert set(info.users) == uids
+        for node in cluster.nodes:
+            for uid in uids:
+                store = box.node_path(node, f"{box.store_base}/{uid}/podman/storage")
+                for images in store.glob("*-images/images.json"):
+                    assert repository not in images.read_text(), (node, images)
+        shown = cluster.run([*box.tether, "images", "ls", "--runtime", "podman", "--config", str(box.tether_conf)])
+        assert any(line.startswith("cluster ") and ref in line and cluster.user in line and second in line
+                   for line in shown.stdout.splitlines()), shown.stdout
+    finally:
+        box.remove_job_user(second)
+
+
+def test_no_user_can_change_what_another_runs(cluster, cluster_store):
+    """The store's files are its account's: a job user can neither plant an image nor point a
+    reference elsewhere, and a rank refuses a store someone else could change."""
+    root = cluster_store.root
+    for path in ("images/planted.sqfs", "refs/planted.json", "planted"):
+        tried = cluster.as_user(["sh", "-c", f"echo x > {root}/{path}"], check=False)
+        assert tried.returncode != 0 and "Permission denied" in tried.stderr, (path, tried.stderr)
+    listing = json.dumps(sorted(os.listdir(os.path.join(root, "images"))))
+    assert "planted" not in listing
+
+
+def test_a_private_image_never_enters_the_store_and_a_missing_one_fails_every_rank_clearly(cluster, cluster_store):
+    """An image that needs credentials is fetched by each user with their own login, as without a
+    cluster store (the service fetches nothing with anyone's credentials); one the registry lacks
+    fails each rank with the registry's words, and nothing is published."""
+    box = cluster.box
+    private = box.private_registry_image(log=lambda *_: None)
+    denied = cluster.as_user(["srun", "-N1", f"--container-image={private}", "true"], check=False)
+    assert denied.returncode != 0 and "authentication required" in denied.stderr, denied.stderr
+    assert "tether: pulling " in denied.stderr                     # the user's own pull, refused
+    assert not [i for i in cluster_store.images() if private in i.references]
+    assert cluster_store.private(private, None)
+    missing = f"{box.registry_address}/tether/absent-{os.getpid()}:1"
+    failed = cluster.as_user(["srun", "-N3", f"--container-image={missing}", "true"], check=False)
+    assert failed.returncode != 0 and failed.stderr.count("manifest unknown") >= 3, failed.stderr
+    assert cluster_store.lookup(missing, max_age=None) is None
+    assert not os.listdir(os.path.join(cluster_store.root, "staging"))

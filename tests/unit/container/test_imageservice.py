@@ -1,0 +1,188 @@
+"""The image service (container/imageservice.py): its answers, its one-publisher rule, what it
+adds to an image's files, its protocol. The fetcher here is tether's own interface with podman
+replaced by files (tests/cluster/test_image_store_cluster.py runs the real one)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import subprocess
+import tarfile
+import threading
+
+import pytest
+
+from tether.container import imageservice
+from tether.container.imageservice import (FetchError, NeedsCredentials, add_mount_targets, ask,
+                                           publish_reference, serve_connection)
+from tether.container.imagestore import ImageStore
+
+REF = "registry.example:5000/tether/busybox:1"
+
+
+class FilesFetcher:
+    """A fetcher whose registry is a dict: reference -> (manifest, image id) or an exception."""
+
+    def __init__(self, tmp_path, registry):
+        self.tmp_path, self.registry, self.pulls, self.made, self.forgotten = tmp_path, registry, [], [], []
+
+    def pull(self, reference):
+        self.pulls.append(reference)
+        found = self.registry[reference]
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    def config(self, image_id):
+        return {"env": ["PATH=/usr/bin:/bin", "FROM_IMAGE=1"], "entrypoint": [], "cmd": ["/bin/sh"], "workdir": ""}
+
+    def squashfs(self, image_id, target):
+        tree = self.tmp_path / f"tree-{image_id[:8]}"
+        (tree / "etc").mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mksquashfs", str(tree), target, "-quiet", "-noappend", "-no-progress"], check=True,
+                       capture_output=True)
+        self.made.append(image_id)
+
+    def forget(self, image_id):
+        self.forgotten.append(image_id)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = ImageStore(str(tmp_path / "store"), os.getuid())
+    s.setup()
+    return s
+
+
+def test_one_fetch_then_answers_from_the_store_until_the_reference_is_old(store, tmp_path):
+    fetcher = FilesFetcher(tmp_path, {REF: ("sha256:" + "a" * 64, "1" * 64)})
+    said = []
+    first = publish_reference(store, fetcher, REF, resolve_every=900, user=1000, say=said.append)
+    assert first["published"]["image_id"] == "1" * 64 and fetcher.pulls == [REF] and fetcher.made == ["1" * 64]
+    assert said[0].startswith(f"fetching {REF} into the cluster image store")
+    assert fetcher.forgotten == ["1" * 64]                        # the scratch store keeps nothing
+    again = publish_reference(store, fetcher, REF, resolve_every=900, user=1001)
+    assert again == first and fetcher.pulls == [REF]              # from the store: no registry
+    assert store.lookup(REF, max_age=None).config["env"] == ["PATH=/usr/bin:/bin", "FROM_IMAGE=1"]
+    # resolved too long ago: asked again; the tag names the same image -- nothing made again
+    publish_reference(store, fetcher, REF, resolve_every=-1, user=1000)
+    assert fetcher.pulls == [REF, REF] and fetcher.made == ["1" * 64]
+    # the tag moved: the new image is made and published, the reference points at it
+    fetcher.registry[REF] = ("sha256:" + "b" * 64, "2" * 64)
+    moved = publish_reference(store, fetcher, REF, resolve_every=-1, user=1000)
+    assert moved["published"]["image_id"] == "2" * 64 and fetcher.made == ["1" * 64, "2" * 64]
+    assert store.lookup(REF, max_age=None).image_id == "2" * 64
+
+
+def test_the_same_content_under_another_name_is_not_made_twice(store, tmp_path):
+    fetcher = FilesFetcher(tmp_path, {REF: ("sha256:" + "a" * 64, "1" * 64), "other:1": ("sha256:" + "c" * 64, "1" * 64)})
+    publish_reference(store, fetcher, REF, resolve_every=900, user=1000)
+    publish_reference(store, fetcher, "other:1", resolve_every=900, user=1000)
+    assert fetcher.made == ["1" * 64] and store.lookup("other:1", max_age=None).image_id == "1" * 64
+
+
+def test_private_and_failing_references(store, tmp_path):
+    fetcher = FilesFetcher(tmp_path, {REF: NeedsCredentials(f"{REF} needs credentials: unauthorized"),
+                                      "gone:1": FetchError("pulling gone:1 failed: manifest unknown")})
+    assert publish_reference(store, fetcher, REF, resolve_every=900, user=1000) == {
+        "private": f"{REF} needs credentials: unauthorized"}
+    assert publish_reference(store, fetcher, REF, resolve_every=900, user=1000)["private"]
+    assert fetcher.pulls == [REF]                                 # private: not asked again for a while
+    assert publish_reference(store, fetcher, "gone:1", resolve_every=900, user=1000) == {
+        "error": "pulling gone:1 failed: manifest unknown"}
+    publish_reference(store, fetcher, "gone:1", resolve_every=900, user=1000)
+    assert fetcher.pulls == [REF, "gone:1", "gone:1"]             # a failure: the next rank tries again
+    assert store.images() == [] and os.listdir(os.path.join(store.root, "staging")) == []
+
+
+def test_while_another_publisher_holds_the_reference_the_answer_is_wait(store, tmp_path):
+    lock = store.lock(REF)
+    assert lock.try_acquire()
+    try:
+        fetcher = FilesFetcher(tmp_path, {REF: ("sha256:" + "a" * 64, "1" * 64)})
+        answer = publish_reference(store, fetcher, REF, resolve_every=900, user=1000)
+        assert answer["wait"].endswith(f"pid {os.getpid()}") and fetcher.pulls == []
+    finally:
+        lock.release()
+
+
+def test_a_failed_squashfs_publishes_nothing(store, tmp_path, monkeypatch):
+    fetcher = FilesFetcher(tmp_path, {REF: ("sha256:" + "a" * 64, "1" * 64)})
+
+    def broken(image_id, target):
+        with open(target, "wb") as f:
+            f.write(b"hsqs" + b"\0" * 36 + (1 << 40).to_bytes(8, "little") + b"\0" * 60)   # claims 1 TiB
+
+    monkeypatch.setattr(fetcher, "squashfs", broken)
+    answer = publish_reference(store, fetcher, REF, resolve_every=900, user=1000)
+    assert "truncated" in answer["error"]
+    assert store.lookup(REF, max_age=None) is None and os.listdir(os.path.join(store.root, "staging")) == []
+    assert store.publisher(REF) is None                           # the lock went with the attempt
+
+
+def _tar(*members) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, kind in members:
+            info = tarfile.TarInfo(name)
+            if kind == "dir":
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                data = b"own\n"
+                info.size, info.uid, info.mode = len(data), 1000, 0o4750
+                tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def test_podmans_mount_targets_are_added_where_the_image_lacks_them():
+    source = io.BytesIO(_tar(("./etc", "dir"), ("./etc/hosts", "file"), ("./bin", "dir"), ("./bin/tool", "file")))
+    sink = io.BytesIO()
+    add_mount_targets(source, sink)
+    sink.seek(0)
+    with tarfile.open(fileobj=sink) as tar:
+        members = {m.name.lstrip("./"): m for m in tar.getmembers()}
+        assert tar.extractfile("./etc/hosts").read() == b"own\n"            # the image's own stays
+        assert tar.extractfile("./bin/tool").read() == b"own\n"
+    tool = members["bin/tool"]
+    assert (tool.uid, tool.mode) == (1000, 0o4750)                          # owners and modes as they were
+    for path in ("proc", "sys", "dev", "run", "tmp", "var", "var/tmp"):
+        assert members[path].isdir(), path
+    assert members["tmp"].mode == 0o1777 and members["var/tmp"].mode == 0o1777
+    for path in ("etc/passwd", "etc/group", "etc/hostname", "etc/resolv.conf", "run/.containerenv"):
+        assert members[path].isfile() and members[path].size == 0, path
+    assert members["etc/mtab"].issym() and members["etc/mtab"].linkname == "/proc/mounts"
+    assert list(members).count("etc/hosts") == 1
+
+
+def test_the_protocol_over_a_socket_with_the_askers_uid(store, tmp_path, monkeypatch):
+    fetcher = FilesFetcher(tmp_path, {"docker.io/library/busybox:1": ("sha256:" + "a" * 64, "1" * 64)})
+    path = str(tmp_path / "images.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(4)
+    seen = []
+
+    def serve_n(n):
+        for _ in range(n):
+            conn, _ = server.accept()
+            with conn:
+                seen.append(imageservice.peer_uid(conn))
+                serve_connection(conn, store, fetcher, resolve_every=900)
+
+    t = threading.Thread(target=serve_n, args=(4,))
+    t.start()
+    said = []
+    answer = ask(path, "busybox:1", say=said.append, timeout=30)        # as a user writes it: qualified
+    assert answer["published"]["image_id"] == "1" * 64 and said and seen == [os.getuid()]
+    assert store.images()[0].references == ("docker.io/library/busybox:1",)
+    assert "registry images only" in ask(path, "/some/rootfs", say=said.append, timeout=30)["error"]
+    assert "expected a path" in ask(path, "Not A Reference", say=said.append, timeout=30)["error"]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+        raw.connect(path)
+        raw.sendall(b"not json\n")
+        assert "expects one JSON line" in json.loads(raw.makefile("rb").readline())["error"]
+    t.join()
+    server.close()
