@@ -289,12 +289,15 @@ def fetcher_for(settings: Mapping, socket_path: str) -> PodmanFetcher:
     podman = settings.get("podman") or {}
     run = os.path.join(os.path.dirname(socket_path), "podman")
     os.makedirs(run, mode=0o700, exist_ok=True)
-    env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/"),
+    scratch = conf.get("scratch") or DEFAULT_SCRATCH
+    # HOME in the scratch directory: podman's per-user files there, whether the account has a home
+    # directory on the node or not (a system account often has none)
+    env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "HOME": scratch,
            "USER": os.environ.get("USER", ""), **{str(k): str(v) for k, v in (podman.get("env") or {}).items()},
            "XDG_RUNTIME_DIR": run}
     args = [a for a in podman.get("args") or () if a.split("=", 1)[0] in ("--runtime", "--storage-driver")
             or a in ("runc", "crun")]
-    return PodmanFetcher(str(podman.get("binary") or "podman"), conf.get("scratch") or DEFAULT_SCRATCH, env, args)
+    return PodmanFetcher(str(podman.get("binary") or "podman"), scratch, env, args)
 
 
 DEFAULT_SCRATCH = "/var/lib/tether/image-service"

@@ -8,6 +8,7 @@ the daemon this sandbox started. Root only: it installs Debian packages and star
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import json
 import os
@@ -359,7 +360,9 @@ class Sandbox:
             # enter namespaces a user made (its binds would give root the user's programs)
             raise SandboxError(f"node {node}: pid {pid} is not root's slurmd in this user namespace; "
                                f"restart the sandbox")
-        return ["nsenter", "--target", str(pid), "--mount", "--uts", f"--wd={cwd}", "--", *argv]
+        # --root: the node's root (in a Slurm root, the root slurmd pivoted into); the directory
+        # changed to in there (nsenter's --wd=DIR opens DIR before it enters: the host's view)
+        return ["nsenter", "--target", str(pid), "--mount", "--uts", "--root", "--", "env", "-C", cwd, *argv]
 
     def host_path(self, path: str | os.PathLike) -> Path:
         """Where ``path`` as the sandbox's jobs see it is on this host: the same, except in a Slurm
@@ -670,6 +673,24 @@ class Sandbox:
                                        f"{self.log_dir / f'image-service-{node}.log'}")
                 time.sleep(0.1)
         return pids
+
+    @contextlib.contextmanager
+    def cluster_store_on(self):
+        """The sandbox's config with container.cluster_store (cluster_store_settings) and the
+        nodes' image services, for the time of a ``with``; then the config as it was, the services
+        stopped and the store emptied. Yields the store's root."""
+        conf = self.tether_conf
+        original = conf.read_text()
+        settings = yaml.safe_load(original)
+        settings["container"]["cluster_store"] = self.cluster_store_settings()
+        conf.write_text(yaml.safe_dump(settings))
+        try:
+            self.start_image_services(conf, log=lambda *_: None)
+            yield self.cluster_store_settings()["root"]
+        finally:
+            self.stop_image_services()
+            conf.write_text(original)
+            _remove_tree(Path(self.cluster_store_settings()["root"]))
 
     def stop_image_services(self) -> None:
         """End the nodes' image services (by the pids start_image_services recorded)."""
@@ -1334,16 +1355,38 @@ class Sandbox:
             '"entrypoint"]',
             'CMD ["/bin/sh"]', "ENV TETHER_IMAGE_ENV=from-the-image", "ENV IMAGE_GREETING=hello-from-the-image"))
 
+    def large_image(self, gib: float = 1.0) -> str:
+        """The busybox root filesystem plus ``gib`` GiB of generated files (64 MiB each, random:
+        as incompressible as a model's weights; a tenth of them owned by uid 1000), for the
+        benchmarks of images at a site's size. Built once per size."""
+        root = self.root / "images" / f"large-{gib:g}g"
+        count = max(1, round(gib * 1024 / 64))
+        data = root / "data"
+        if not (data / f"f{count - 1:04d}").exists():
+            _remove_tree(root)
+            build_busybox_rootfs(root)
+            data.mkdir(mode=0o755)
+            for n in range(count):
+                path = data / f"f{n:04d}"
+                with open(path, "wb") as f:
+                    for _ in range(64):
+                        f.write(os.urandom(1 << 20))
+                if n % 10 == 0:
+                    os.chown(path, 1000, 1000)
+        return str(root)
+
     def registry_image(self, *, log=print, repository: str = BUSYBOX_REPOSITORY,
-                       changes: tuple[str, ...] = ("CMD /bin/sh",), replace: bool = False) -> str:
+                       changes: tuple[str, ...] = ("CMD /bin/sh",), replace: bool = False,
+                       rootfs: str | None = None) -> str:
         """The busybox image in the sandbox's registry (pushed there once, by root, with a podman
         store of the sandbox's own); its reference as a user writes it. ``repository`` and
         ``changes`` (podman import --change): another image of the same files; ``replace``: pushed
-        even when the registry has the tag (it then names the new image: a moved tag)."""
+        even when the registry has the tag (it then names the new image: a moved tag); ``rootfs``:
+        another root filesystem's files (large_image)."""
         ref = f"{self.registry_address}/{repository}:{BUSYBOX_TAG}"
         if not replace and self._registry_has(repository, BUSYBOX_TAG):
             return ref
-        rootfs = Path(self.busybox_image())
+        rootfs = Path(rootfs or self.busybox_image())
         store = ["--root", str(self.root / "podman" / "root"), "--runroot", str(self.root / "podman" / "run"),
                  "--storage-driver", "vfs"]
         env = {**os.environ, "CONTAINERS_CONF": str(self.etc / "containers.conf"),
@@ -1351,14 +1394,16 @@ class Sandbox:
         tar = self.root / "podman" / "busybox.tar"
         tar.parent.mkdir(parents=True, exist_ok=True)
         try:
-            run_command(["tar", "-C", str(rootfs), "-cf", str(tar), "."], timeout=120)
+            run_command(["tar", "-C", str(rootfs), "-cf", str(tar), "."], timeout=600)
             local = f"localhost/{repository}:{BUSYBOX_TAG}"
             run_command(["podman", *store, "import", *(a for c in changes for a in ("--change", c)), str(tar), local],
-                        env=env, timeout=300)
+                        env=env, timeout=900)
             # Docker v2s2: enroot's importer gets 404 on the OCI manifest (docs/requirements.md, "Facts
             # verified against real programs")
             run_command(["podman", *store, "push", "--tls-verify=false", "--format", "v2s2", local, f"docker://{ref}"],
-                        env=env, timeout=300)
+                        env=env, timeout=900)
+            if rootfs != Path(self.busybox_image()):        # a large one: not kept in root's store too
+                run_command(["podman", *store, "rmi", "--force", local], env=env, timeout=300, check=False)
         except CommandError as exc:
             raise SandboxError(f"could not push the test image to the sandbox registry: {exc}") from None
         finally:

@@ -55,7 +55,9 @@ PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "slurmdbd", "lib
             # the REST launcher (its service runs `tether serve` with sudo to the job user), busybox for tests
             "sudo", "python3-aiohttp", "busybox-static",
             # the container runtime of the sandbox's jobs (podman 5.4 here, beside the host's 4.3)
-            "podman", "runc", "conmon", "uidmap", "fuse-overlayfs", "slirp4netns", "catatonit", "squashfs-tools-ng")
+            "podman", "runc", "conmon", "uidmap", "fuse-overlayfs", "slirp4netns", "catatonit", "squashfs-tools-ng",
+            # the cluster image store: its images mounted in each user's namespace
+            "squashfuse")
 # bound into every command's view of the root (recursively), at the same paths. Not /tmp, /var/tmp
 # or /home: rootless podman keeps per-user state there (its pause process's pid, which every later
 # podman joins, its run root, and in ~/.local/share/containers a store whose database and network

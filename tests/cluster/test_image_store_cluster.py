@@ -7,35 +7,20 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import subprocess
 
 import pytest
-import yaml
 
 from tether.container.imagestore import ImageStore
 
 
 @pytest.fixture(scope="module")
 def cluster_store(cluster):
-    """The sandbox's config with container.cluster_store, and the nodes' image services; the
-    config as it was, the services stopped and the store emptied afterwards."""
-    box = cluster.box
-    conf = box.tether_conf
-    original = conf.read_text()
-    settings = yaml.safe_load(original)
-    settings["container"]["cluster_store"] = box.cluster_store_settings()
-    conf.write_text(yaml.safe_dump(settings))
-    try:
-        box.start_image_services(conf, log=lambda *_: None)
-        account = pwd.getpwnam(box.cluster_store_settings()["account"]).pw_uid
-        yield ImageStore(box.cluster_store_settings()["root"], account)
-    finally:
-        box.stop_image_services()
-        conf.write_text(original)
-        subprocess.run(["rm", "-rf", box.cluster_store_settings()["root"]], check=False)
+    """The sandbox with container.cluster_store and the nodes' image services (Sandbox.cluster_store_on)."""
+    with cluster.box.cluster_store_on() as root:
+        yield ImageStore(root, pwd.getpwnam(cluster.box.cluster_store_settings()["account"]).pw_uid)
 
 
-def _fetches(requests: list[str], repository: str) -> dict[str, int]:
+def fetches(requests: list[str], repository: str) -> dict[str, int]:
     """GET requests of the registry's access log per path, of this repository."""
     out: dict[str, int] = {}
     for line in requests:
@@ -66,7 +51,7 @@ def test_two_users_jobs_on_every_node_cost_the_registry_one_manifest_and_each_la
         before = len(box.registry_access_log())
         first = cluster.as_user(["srun", "-N3", "--ntasks-per-node=2", f"--container-image={ref}", *SHOW])
         other = cluster.run(["runuser", "-u", second, "--", "srun", "-N3", f"--container-image={ref}", *SHOW])
-        fetched = _fetches(box.registry_access_log()[before:], repository)
+        fetched = fetches(box.registry_access_log()[before:], repository)
         assert sorted(first.stdout.split("\n")[:-1]) == sorted(
             f"{n} {cluster.user} from-image squashfuse" for n in cluster.nodes for _ in range(2)), first.stderr
         assert sorted(other.stdout.split("\n")[:-1]) == [f"{n} {second} from-image squashfuse"

@@ -49,3 +49,41 @@ def test_a_containerized_step_runs_a_rank_on_each_of_sixteen_nodes(big_cluster):
     for node in (cluster.nodes[0], cluster.nodes[-1]):
         left = cluster.run([*cluster.box.user_podman(node), "ps", "-a", "--format", "{{.Names}}"], cwd="/").stdout
         assert not re.findall(r"^tether-\d+-0-", left, re.M), (node, left)
+
+
+def test_two_users_sixteen_node_jobs_cost_the_registry_one_manifest_and_each_blob_once(big_cluster):
+    """Issue 44's figure: with the cluster image store, a cold 16-node job of one user and then
+    one of a second user, both of the same registry image, cost the registry exactly one manifest
+    request and one request for each blob in all (its access log); every rank ran on the store's
+    squashfs, mounted on its node in its user's namespace."""
+    import os
+
+    from test_image_store_cluster import fetches
+
+    cluster = big_cluster
+    box = cluster.box
+    repository = f"tether/store16-{os.getpid()}"
+    ref = box.registry_image(repository=repository, changes=("ENV STORE_TEST=from-image", "CMD /bin/sh"),
+                             log=lambda *_: None)
+    second = f"tether-s16{os.getpid() % 100000}"
+    show = ["sh", "-c", "echo $SLURMD_NODENAME $(id -un) $STORE_TEST "
+                        "$(awk '$5 == \"/\"' /proc/self/mountinfo | grep -o squashfuse | head -n 1)"]
+    with box.cluster_store_on():
+        box.add_job_user(second)
+        try:
+            before = len(box.registry_access_log())
+            first = cluster.as_user(["srun", f"-N{NODES}", f"-n{NODES}", "--time=5", f"--container-image={ref}", *show],
+                                    timeout=600)
+            other = cluster.run(["runuser", "-u", second, "--", "srun", f"-N{NODES}", f"-n{NODES}", "--time=5",
+                                 f"--container-image={ref}", *show], timeout=600)
+            fetched = fetches(box.registry_access_log()[before:], repository)
+        finally:
+            box.remove_job_user(second)
+    assert sorted(first.stdout.split("\n")[:-1]) == sorted(f"{n} {cluster.user} from-image squashfuse"
+                                                           for n in cluster.nodes), first.stderr
+    assert sorted(other.stdout.split("\n")[:-1]) == sorted(f"{n} {second} from-image squashfuse"
+                                                           for n in cluster.nodes), other.stderr
+    assert [p for p in fetched if "/manifests/" in p] == [f"/v2/{repository}/manifests/1"], fetched
+    assert len(fetched) >= 3 and set(fetched.values()) == {1}, fetched        # the manifest, config, layer
+    assert first.stderr.count("(once for the whole cluster)") == 1, first.stderr
+    assert cluster.in_service(), cluster.node_states()
