@@ -52,6 +52,7 @@ bench: test-setup
 	TETHER_BENCH_SUMMARY=$(BENCH_SUMMARY) $(VENV)/bin/python bench/step.py
 	TETHER_BENCH_SUMMARY=$(BENCH_SUMMARY) $(VENV)/bin/python bench/launch.py
 	TETHER_BENCH_SUMMARY=$(BENCH_SUMMARY) $(VENV)/bin/python bench/floor.py
+	TETHER_BENCH_SUMMARY=$(BENCH_SUMMARY) $(VENV)/bin/python bench/store.py
 	$(VENV)/bin/python bench/tight.py
 	$(VENV)/bin/python bench/launcher.py
 	$(VENV)/bin/python bench/workflow.py

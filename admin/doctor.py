@@ -320,6 +320,10 @@ class Doctor:
             yield Finding(FAIL, "cluster store", f"its account {conf['account']} does not exist on this host "
                           f"(README: The cluster image store)")
             return
+        if account.pw_uid == 0:
+            yield Finding(FAIL, "cluster store", "its account is root's: the store and its service need an account of "
+                          "their own (never root)")
+            return
         try:
             ImageStore(conf["root"], account.pw_uid)._dir("images")
             yield Finding(OK, "cluster store", f"{conf['root']} ({account.pw_name}'s)")

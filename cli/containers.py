@@ -75,6 +75,9 @@ def _cluster_store(settings):
         owner = pwd.getpwnam(store["account"]).pw_uid
     except KeyError:
         raise StoreError(f"the cluster image store's account {store['account']} does not exist here") from None
+    if owner == 0:
+        raise StoreError("container.cluster_store.account is root's: the store and its service need an account "
+                         "of their own (never root)")
     return ImageStore(store["root"], owner)
 
 
@@ -139,6 +142,8 @@ def _cluster_rows(settings) -> list[tuple]:
     try:
         store = _cluster_store(settings)
         infos = store.images() if store else []
+    except PermissionError:
+        return []                   # its images are listed to root and the store's account only
     except (StoreError, OSError) as exc:
         err(f"images: the cluster image store: {exc}")
         return []

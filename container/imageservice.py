@@ -25,6 +25,7 @@ The protocol: one JSON line each way, then the service's progress lines::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -32,9 +33,10 @@ import struct
 import subprocess
 import tarfile
 import threading
+import time
 from typing import Callable, Mapping, Sequence
 
-from .imagestore import ImageStore, StoreError
+from .imagestore import ImageStore, StoreError, valid_id
 
 # what a registry says when an image needs credentials (podman 4.3's messages: docker's registry
 # answers 401 to a pull without them; one that hides private repositories answers "not found")
@@ -58,8 +60,16 @@ class NeedsCredentials(FetchError):
 
 
 class PodmanFetcher:
-    """The account's rootless podman: a store of its own on this node (a scratch store: emptied of
-    an image once it is published), an empty credentials file (nothing it pulls needs one)."""
+    """The account's rootless podman: a store of its own on this node, used by one fetch at a time
+    and empty before and after each (``session``), an empty credentials file (nothing it pulls
+    needs one).
+
+    Why empty: podman 4.3 names a pulled image by its config's digest and, when its store has an
+    image of that id already, takes that image's layers without checking them against the config
+    (containers/image checks diff_ids only since late 2024) -- an image someone pushed with a
+    popular image's config and layers of their own would be what the popular one's pull found. In
+    an empty store every layer of a pull is the pull's own, each checked against the manifest's
+    digest."""
 
     def __init__(self, binary: str, scratch: str, env: Mapping[str, str], args: Sequence[str] = ()):
         self.scratch = scratch
@@ -72,6 +82,32 @@ class PodmanFetcher:
         return subprocess.run([*self.podman, *args], env=self.env, stdout=stdout, stderr=subprocess.PIPE,
                               stdin=subprocess.DEVNULL, timeout=timeout)
 
+    @contextlib.contextmanager
+    def session(self):
+        """One fetch at a time on this node (a lock file in the scratch directory: the threads of
+        --listen and the processes of systemd's per-connection services alike), with the scratch
+        store emptied before and after."""
+        import fcntl
+
+        os.makedirs(self.scratch, mode=0o700, exist_ok=True)
+        fd = os.open(os.path.join(self.scratch, ".fetch-lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        try:
+            with _THREADS:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    self.empty()
+                    yield self
+                finally:
+                    self.empty()
+        finally:
+            os.close(fd)
+
+    def empty(self) -> None:
+        """Nothing left in the scratch store: containers, then images."""
+        self._run("rm", "--all", "--force", timeout=600)
+        self._run("rmi", "--all", "--force", timeout=600)
+
     def pull(self, reference: str) -> tuple[str, str]:
         """(the manifest digest, the image id) of ``reference`` as the registry has it now, pulled
         without credentials (only the blobs the scratch store lacks)."""
@@ -79,7 +115,8 @@ class PodmanFetcher:
         if not os.path.exists(self.authfile):
             with open(self.authfile, "w") as f:
                 f.write('{"auths": {}}\n')
-        out = self._run("pull", "--quiet", "--authfile", self.authfile, reference)
+        # docker:// always: a reference is never read as another transport (oci:, dir:, ...)
+        out = self._run("pull", "--quiet", "--authfile", self.authfile, f"docker://{reference}")
         if out.returncode != 0:
             said = out.stderr.decode(errors="replace").strip()
             last = (said.splitlines() or ["podman pull failed"])[-1]
@@ -130,8 +167,11 @@ class PodmanFetcher:
             self._run("rm", "--force", name, timeout=600)
 
     def forget(self, image_id: str) -> None:
-        """Remove the image from the scratch store (the cluster store has it now)."""
+        """Remove the image from the scratch store (``session`` empties it whatever happened)."""
         self._run("rmi", "--force", image_id, timeout=600)
+
+
+_THREADS = threading.Lock()     # one fetch per process (flock is per open file, not per thread)
 
 
 def add_mount_targets(source, sink) -> None:
@@ -192,25 +232,8 @@ def publish_reference(store: ImageStore, fetcher, reference: str, *, resolve_eve
             return {"published": _answer(found)}
         say(f"fetching {reference} into the cluster image store (once for the whole cluster)")
         try:
-            manifest, image_id = fetcher.pull(reference)
-            known = store.lookup(reference, max_age=None)
-            if known and known.image_id == image_id:
-                store.refresh(reference)                            # the tag still names it
-                return {"published": _answer(store.lookup(reference, max_age=None))}
-            staging = store.staging_path(image_id)
-            try:
-                if not store.has_image(image_id):
-                    say(f"making the squashfs of {reference} ({image_id[:12]})")
-                    fetcher.squashfs(image_id, staging)
-                else:
-                    staging = None
-                published = store.publish(reference, manifest, image_id, staging, user,
-                                          config=fetcher.config(image_id))
-            finally:
-                if staging and os.path.exists(staging):
-                    os.unlink(staging)
-            fetcher.forget(image_id)
-            return {"published": _answer(published)}
+            with fetcher.session():
+                return {"published": _answer(_fetch_and_publish(store, fetcher, reference, user, say))}
         except NeedsCredentials as exc:
             store.record_private(reference, str(exc))
             return {"private": str(exc)}
@@ -219,6 +242,31 @@ def publish_reference(store: ImageStore, fetcher, reference: str, *, resolve_eve
             return {"error": str(exc)}
     finally:
         lock.release()
+
+
+def _fetch_and_publish(store: ImageStore, fetcher, reference: str, user: int | None, say):
+    """In a fetch session: pull ``reference``, and publish it under its manifest's digest -- what the
+    registry named for it, and what names every layer's digest, each checked as podman pulled it --
+    unless the store has that manifest's image already (the tag did not move)."""
+    manifest, podman_id = fetcher.pull(reference)
+    staging = None
+    try:
+        algorithm, _, key = manifest.partition(":")
+        if algorithm != "sha256" or not valid_id(key):
+            raise FetchError(f"{reference}: podman gave no manifest digest for it ({manifest[:80]!r})")
+        known = store.lookup(reference, max_age=None)
+        if known and known.image_id == key:
+            store.refresh(reference)                                # the tag still names it
+            return store.lookup(reference, max_age=None)
+        if not store.has_image(key):
+            staging = store.staging_path(key)
+            say(f"making the squashfs of {reference} ({key[:12]})")
+            fetcher.squashfs(podman_id, staging)
+        return store.publish(reference, manifest, key, staging, user, config=fetcher.config(podman_id))
+    finally:
+        if staging and os.path.exists(staging):
+            os.unlink(staging)
+        fetcher.forget(podman_id)
 
 
 def _answer(found) -> dict:
@@ -231,9 +279,14 @@ def peer_uid(conn: socket.socket) -> int:
     return struct.unpack("3i", creds)[1]
 
 
+REQUEST_SECONDS = 10.0      # a client that has not sent its request by then is dropped
+MAX_CONNECTIONS = 256       # --listen: more at once are answered "busy" at once
+
+
 def serve_connection(conn: socket.socket, store: ImageStore, fetcher, *, resolve_every: float) -> None:
     """Answer one rank on ``conn``."""
     uid = peer_uid(conn)
+    conn.settimeout(REQUEST_SECONDS)
     rfile = conn.makefile("rb")
     wfile = conn.makefile("wb", buffering=0)
 
@@ -243,7 +296,11 @@ def serve_connection(conn: socket.socket, store: ImageStore, fetcher, *, resolve
         except OSError:
             pass                    # the rank went away: the publish goes on for the others
 
-    line = rfile.readline(MAX_REQUEST)
+    try:
+        line = rfile.readline(MAX_REQUEST)
+    except OSError:                 # too slow, or gone
+        return
+    conn.settimeout(None)           # the answer may take a whole fetch; a rank that left is fine
     try:
         request = json.loads(line)
         reference = request["reference"]
@@ -266,16 +323,20 @@ def serve_connection(conn: socket.socket, store: ImageStore, fetcher, *, resolve
                            say=lambda text: send({"say": text})))
 
 
-def ask(socket_path: str, reference: str, *, say: Callable[[str], None], timeout: float) -> dict:
-    """A rank's question to its node's image service (the final answer; progress goes to ``say``)."""
+def ask(socket_path: str, reference: str, *, say: Callable[[str], None], timeout: float,
+        service_uid: int | None = None) -> dict:
+    """A rank's question to its node's image service (the final answer; progress goes to ``say``).
+    ``service_uid``: the store's account -- a socket another user listens on is not asked."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(timeout)
         conn.connect(socket_path)
+        if service_uid is not None and peer_uid(conn) != service_uid:
+            raise ValueError(f"{socket_path} is not the image service's (another user listens on it)")
         conn.sendall(json.dumps({"reference": reference}).encode() + b"\n")
         for line in conn.makefile("rb"):
             answer = json.loads(line)
             if "say" in answer:
-                say(str(answer["say"]))
+                say("".join(c for c in str(answer["say"])[:500] if c.isprintable()))
                 continue
             return answer
     return {"error": "the image service closed the connection without an answer"}
@@ -327,6 +388,7 @@ def serve(store: ImageStore, settings: Mapping, *, listen: str | None) -> int:
     os.chmod(listen, 0o666)                 # any local user may ask; the kernel says who asks
     server.listen(64)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
 
     def one(conn: socket.socket) -> None:
         with conn:
@@ -337,7 +399,20 @@ def serve(store: ImageStore, settings: Mapping, *, listen: str | None) -> int:
                     conn.sendall(json.dumps({"error": f"the image service failed: {exc}"}).encode() + b"\n")
                 except OSError:
                     pass
+            finally:
+                slots.release()
 
     while True:
-        conn, _ = server.accept()
+        try:
+            conn, _ = server.accept()
+        except OSError:                     # out of descriptors, for now: the others go on
+            time.sleep(0.1)
+            continue
+        if not slots.acquire(blocking=False):
+            with conn:
+                try:
+                    conn.sendall(json.dumps({"busy": "the image service has too many clients"}).encode() + b"\n")
+                except OSError:
+                    pass
+            continue
         threading.Thread(target=one, args=(conn,), daemon=True).start()

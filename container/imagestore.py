@@ -229,8 +229,10 @@ class ImageStore:
     def setup(self) -> None:
         """Make the store's directories (as the service account; the root must be its own)."""
         root = trusted_directory(self.root, self.owner, "the cluster image store", create=True, mode=0o755)
+        # 0711: a rank opens what its own reference names; nobody lists what others use or tried
         for name in (IMAGES, REFS, LOCKS, FAILED):
-            trusted_directory(root / name, self.owner, f"the store's {name} directory", create=True, mode=0o755)
+            made = trusted_directory(root / name, self.owner, f"the store's {name} directory", create=True, mode=0o711)
+            os.chmod(made, 0o711)
         trusted_directory(root / STAGING, self.owner, "the store's staging directory", create=True, mode=0o700)
         uses = root / USES
         try:
@@ -243,7 +245,8 @@ class ImageStore:
         os.chmod(uses, 0o1733)
 
     def staging_path(self, what: str) -> str:
-        return os.path.join(self._dir(STAGING), f"{what}.{socket.gethostname()}.{os.getpid()}.partial")
+        return os.path.join(self._dir(STAGING),
+                            f"{what}.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.partial")
 
     def lock(self, reference: str) -> "PublishLock":
         return PublishLock(os.path.join(self._dir(LOCKS), f"{reference_key(reference)}.lock"))
@@ -320,6 +323,7 @@ class ImageStore:
     def images(self) -> list[ImageInfo]:
         """Every published image, with its last use and users (uses/)."""
         uses: dict[str, tuple[float, set[int]]] = {}
+        now = time.time()
         try:
             entries = list(os.scandir(os.path.join(self.root, USES)))
         except FileNotFoundError:
@@ -335,7 +339,8 @@ class ImageStore:
             if not valid_id(image_id) or not uid_text.isdigit() or st.st_uid != int(uid_text):
                 continue
             last, users = uses.get(image_id, (0.0, set()))
-            uses[image_id] = (max(last, st.st_mtime), users | {st.st_uid})
+            # a user sets their file's times as they like: never later than now (gc's window)
+            uses[image_id] = (max(last, min(st.st_mtime, now)), users | {st.st_uid})
         out = []
         for entry in sorted(os.scandir(self._dir(IMAGES)), key=lambda e: e.name):
             if not entry.name.endswith(".sqfs") or not valid_id(entry.name[:-5]):
@@ -406,9 +411,18 @@ class PublishLock:
         self.path = path
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.token = os.urandom(16).hex()      # whose the lock file is: a takeover's is another's
+
+    def _ours(self) -> bool:
+        try:
+            with open(self.path, "rb") as f:
+                return json.loads(f.read(4096)).get("token") == self.token
+        except (OSError, ValueError, AttributeError):
+            return False
 
     def try_acquire(self) -> bool:
-        data = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}).encode()
+        data = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+                           "token": self.token}).encode()
         for _ in range(2):
             try:
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -455,19 +469,22 @@ class PublishLock:
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT):
+            if not self._ours():           # taken over (we were thought dead): never keep another's fresh
+                return
             try:
                 os.utime(self.path)
             except OSError:
-                return
+                pass                       # a passing NFS error: the next beat tries again
 
     def release(self) -> None:
         self._stop.set()
         if self._thread:
             self._thread.join()
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        if self._ours():                   # never the lock of whoever took over
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
 
     def __enter__(self) -> "PublishLock":
         return self
@@ -476,15 +493,24 @@ class PublishLock:
         self.release()
 
 
+class PublisherGone(StoreError):
+    """Nobody publishes the reference any more and nothing was published: ask the service again."""
+
+
+CLOCK_SKEW = 30.0          # the publisher's clock is another node's
+
+
 def wait_published(store: ImageStore, reference: str, *, since: float, timeout: float,
-                   say=lambda text: None, interval: float = 0.5) -> Published:
+                   say=lambda text: None, interval: float = 0.5, gone_after: float = 3.0) -> Published:
     """Wait for the service to publish ``reference`` (after ``since``), saying once who does it;
-    StoreError with the publisher's error when it failed, or after ``timeout`` seconds."""
+    StoreError with the publisher's error when it failed, or after ``timeout`` seconds;
+    PublisherGone when no publisher holds it for ``gone_after`` seconds (killed: ask again)."""
     said = None
     deadline = time.monotonic() + timeout
+    nobody = None
     while True:
         found = store.lookup(reference, max_age=None)
-        if found and found.resolved >= since:
+        if found and found.resolved >= since - CLOCK_SKEW:
             return found
         error = store.failure(reference, since)
         if error:
@@ -496,10 +522,17 @@ def wait_published(store: ImageStore, reference: str, *, since: float, timeout: 
         if who and who != said:
             say(f"waiting for {reference}: the cluster image store's service on {who} is fetching it")
             said = who
+        if who:
+            nobody = None
+        elif nobody is None:
+            nobody = time.monotonic()
+        elif time.monotonic() - nobody > gone_after:
+            raise PublisherGone(f"nobody fetches {reference} for the cluster image store any more")
         if time.monotonic() > deadline:
             raise StoreError(f"{reference} was not published in the cluster image store within {timeout:.0f} s")
         time.sleep(interval)
 
 
-__all__ = ["ImageStore", "ImageInfo", "PrivateImage", "Published", "PublishLock", "StoreError", "reference_key",
+__all__ = ["ImageStore", "ImageInfo", "PrivateImage", "Published", "PublisherGone", "PublishLock", "StoreError",
+           "reference_key",
            "squashfs_intact", "wait_published"]

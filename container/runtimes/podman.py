@@ -1226,7 +1226,7 @@ class Podman(Runtime):
         import pwd
 
         from ..imageservice import ask
-        from ..imagestore import ImageStore, PrivateImage, StoreError, wait_published
+        from ..imagestore import ImageStore, PrivateImage, PublisherGone, StoreError, wait_published
 
         account = settings.get("account") or "tether-images"
         try:
@@ -1238,23 +1238,39 @@ class Podman(Runtime):
         store = ImageStore(settings["root"], owner)
         resolve_every = float(settings.get("resolve_every", 900))
         wait = float(settings.get("wait_seconds", 3600))
+        deadline = time.monotonic() + wait
         try:
             found = store.lookup(name, max_age=resolve_every)
-            if found is None and not store.private(name, resolve_every):
+            while found is None and not store.private(name, resolve_every):
                 since = time.time()
+                left = max(1.0, deadline - time.monotonic())
                 try:
                     answer = ask(settings.get("socket") or "/run/tether-images/images.sock", name, say=progress,
-                                 timeout=wait)
+                                 timeout=left, service_uid=owner)
                 except (OSError, ValueError) as exc:
                     progress(f"the cluster image store's service cannot be reached on this node ({exc}): "
                              f"pulling {name} into your own store (tell an admin: tether doctor)")
                     return None
                 if "published" in answer:
                     found = store.lookup(name, max_age=None)    # what the store holds, not what was said
+                    if found is None:
+                        raise LaunchError(f"the cluster image store's service said {name} is published, but the "
+                                          f"store has it not (tell an admin)")
                 elif "wait" in answer:
-                    found = wait_published(store, name, since=since, timeout=wait, say=progress)
+                    try:
+                        found = wait_published(store, name, since=since, timeout=left, say=progress)
+                    except PublisherGone:
+                        if time.monotonic() > deadline:
+                            raise
+                        continue                                 # its publisher died: ask again
                 elif "error" in answer:
                     raise LaunchError(f"the cluster image store could not fetch {name}: {answer['error']}")
+                elif "private" in answer:
+                    return None
+                else:                                            # busy, or an answer this launcher does not know
+                    progress(f"the cluster image store's service is busy on this node: pulling {name} into your "
+                             f"own store")
+                    return None
         except PrivateImage:
             return None
         except StoreError as exc:

@@ -195,21 +195,23 @@ def test_the_cluster_store_checks_say_what_a_node_lacks(tmp_path):
     missing = store_findings({"root": str(tmp_path / "store"), "account": "no-such-account-here"})
     assert missing == [(FAIL, "its account no-such-account-here does not exist on this host "
                               "(README: The cluster image store)")]
+    assert store_findings({"root": str(tmp_path / "store"), "account": "root"}) == [
+        (FAIL, "its account is root's: the store and its service need an account of their own (never root)")]
     root = tmp_path / "store"
     for name in ("", "images"):
         (root / name).mkdir(exist_ok=True)
-        os.chown(root / name, 65534, 65534)                   # nobody's, not root's account
+        os.chown(root / name, 1, 1)                           # daemon's, not the account's
     sock = tmp_path / "images.sock"
     server = socketlib.socket(socketlib.AF_UNIX)
     server.bind(str(sock))
     try:
-        found = store_findings({"root": str(root), "account": "root", "socket": str(sock)})
+        found = store_findings({"root": str(root), "account": "nobody", "socket": str(sock)})
     finally:
         server.close()
-    assert found[0][0] == FAIL and "cannot be trusted" in found[0][1] and "nobody" in found[0][1]
+    assert found[0][0] == FAIL and "cannot be trusted" in found[0][1] and "daemon" in found[0][1]
     for name in ("", "images"):
-        os.chown(root / name, 0, 0)
-    found = store_findings({"root": str(root), "account": "root", "socket": str(tmp_path / "absent.sock")})
-    assert found[0] == (OK, f"{root} (root's)")
+        os.chown(root / name, 65534, 65534)
+    found = store_findings({"root": str(root), "account": "nobody", "socket": str(tmp_path / "absent.sock")})
+    assert found[0] == (OK, f"{root} (nobody's)")
     assert (WARN, f"no image service at {tmp_path / 'absent.sock'} on this host: its ranks pull into each user's "
                   f"own store (tether-images.socket)") in found

@@ -4,6 +4,7 @@ replaced by files (tests/cluster/test_image_store_cluster.py runs the real one).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -27,6 +28,12 @@ class FilesFetcher:
 
     def __init__(self, tmp_path, registry):
         self.tmp_path, self.registry, self.pulls, self.made, self.forgotten = tmp_path, registry, [], [], []
+        self.sessions = 0
+
+    @contextlib.contextmanager
+    def session(self):
+        self.sessions += 1
+        yield self
 
     def pull(self, reference):
         self.pulls.append(reference)
@@ -60,7 +67,8 @@ def test_one_fetch_then_answers_from_the_store_until_the_reference_is_old(store,
     fetcher = FilesFetcher(tmp_path, {REF: ("sha256:" + "a" * 64, "1" * 64)})
     said = []
     first = publish_reference(store, fetcher, REF, resolve_every=900, user=1000, say=said.append)
-    assert first["published"]["image_id"] == "1" * 64 and fetcher.pulls == [REF] and fetcher.made == ["1" * 64]
+    # kept under the manifest's digest: what the registry named, which names every layer
+    assert first["published"]["image_id"] == "a" * 64 and fetcher.pulls == [REF] and fetcher.made == ["1" * 64]
     assert said[0].startswith(f"fetching {REF} into the cluster image store")
     assert fetcher.forgotten == ["1" * 64]                        # the scratch store keeps nothing
     again = publish_reference(store, fetcher, REF, resolve_every=900, user=1001)
@@ -69,18 +77,32 @@ def test_one_fetch_then_answers_from_the_store_until_the_reference_is_old(store,
     # resolved too long ago: asked again; the tag names the same image -- nothing made again
     publish_reference(store, fetcher, REF, resolve_every=-1, user=1000)
     assert fetcher.pulls == [REF, REF] and fetcher.made == ["1" * 64]
+    assert fetcher.forgotten == ["1" * 64] * 2 and fetcher.sessions == 2
     # the tag moved: the new image is made and published, the reference points at it
     fetcher.registry[REF] = ("sha256:" + "b" * 64, "2" * 64)
     moved = publish_reference(store, fetcher, REF, resolve_every=-1, user=1000)
-    assert moved["published"]["image_id"] == "2" * 64 and fetcher.made == ["1" * 64, "2" * 64]
-    assert store.lookup(REF, max_age=None).image_id == "2" * 64
+    assert moved["published"]["image_id"] == "b" * 64 and fetcher.made == ["1" * 64, "2" * 64]
+    assert store.lookup(REF, max_age=None).image_id == "b" * 64
 
 
-def test_the_same_content_under_another_name_is_not_made_twice(store, tmp_path):
-    fetcher = FilesFetcher(tmp_path, {REF: ("sha256:" + "a" * 64, "1" * 64), "other:1": ("sha256:" + "c" * 64, "1" * 64)})
+def test_the_same_manifest_under_another_name_is_not_made_twice(store, tmp_path):
+    fetcher = FilesFetcher(tmp_path, {REF: ("sha256:" + "a" * 64, "1" * 64), "alias:1": ("sha256:" + "a" * 64, "1" * 64)})
     publish_reference(store, fetcher, REF, resolve_every=900, user=1000)
-    publish_reference(store, fetcher, "other:1", resolve_every=900, user=1000)
-    assert fetcher.made == ["1" * 64] and store.lookup("other:1", max_age=None).image_id == "1" * 64
+    publish_reference(store, fetcher, "alias:1", resolve_every=900, user=1000)
+    assert fetcher.made == ["1" * 64] and store.lookup("alias:1", max_age=None).image_id == "a" * 64
+
+
+def test_an_image_with_another_images_config_never_stands_for_it(store, tmp_path):
+    """Found by a hostile review: podman names an image by its config's digest, so an image pushed
+    with a popular image's config and layers of its own has the popular image's id. The store
+    keeps images by manifest digest: the victim's reference gets its own manifest's image."""
+    fetcher = FilesFetcher(tmp_path, {"evil.example/x:1": ("sha256:" + "e" * 64, "1" * 64),
+                                      REF: ("sha256:" + "a" * 64, "1" * 64)})
+    publish_reference(store, fetcher, "evil.example/x:1", resolve_every=900, user=1666)
+    publish_reference(store, fetcher, REF, resolve_every=900, user=1000)
+    assert fetcher.made == ["1" * 64, "1" * 64]                   # made from the victim's own pull
+    assert store.lookup(REF, max_age=None).image_id == "a" * 64
+    assert store.lookup("evil.example/x:1", max_age=None).image_id == "e" * 64
 
 
 def test_private_and_failing_references(store, tmp_path):
@@ -176,7 +198,7 @@ def test_the_protocol_over_a_socket_with_the_askers_uid(store, tmp_path, monkeyp
     t.start()
     said = []
     answer = ask(path, "busybox:1", say=said.append, timeout=30)        # as a user writes it: qualified
-    assert answer["published"]["image_id"] == "1" * 64 and said and seen == [os.getuid()]
+    assert answer["published"]["image_id"] == "a" * 64 and said and seen == [os.getuid()]
     assert store.images()[0].references == ("docker.io/library/busybox:1",)
     assert "registry images only" in ask(path, "/some/rootfs", say=said.append, timeout=30)["error"]
     assert "expected a path" in ask(path, "Not A Reference", say=said.append, timeout=30)["error"]
@@ -186,3 +208,33 @@ def test_the_protocol_over_a_socket_with_the_askers_uid(store, tmp_path, monkeyp
         assert "expects one JSON line" in json.loads(raw.makefile("rb").readline())["error"]
     t.join()
     server.close()
+
+
+def test_a_client_that_never_asks_is_dropped_and_a_socket_of_another_user_is_not_asked(store, tmp_path, monkeypatch):
+    monkeypatch.setattr(imageservice, "REQUEST_SECONDS", 0.2)
+    client, server = socket.socketpair()
+    with client, server:
+        fetcher = FilesFetcher(tmp_path, {})
+        started = threading.Event()
+
+        def serve():
+            started.set()
+            serve_connection(server, store, fetcher, resolve_every=900)
+
+        t = threading.Thread(target=serve)
+        t.start()
+        t.join(timeout=10)
+        assert started.is_set() and not t.is_alive() and fetcher.pulls == []
+    path = str(tmp_path / "other.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    with listener:
+        with pytest.raises(ValueError, match="another user listens on it"):
+            ask(path, REF, say=lambda t: None, timeout=5, service_uid=os.getuid() + 1)
+
+
+def test_a_manifest_digest_podman_did_not_give_is_an_error(store, tmp_path):
+    fetcher = FilesFetcher(tmp_path, {REF: ("", "1" * 64)})
+    assert "gave no manifest digest" in publish_reference(store, fetcher, REF, resolve_every=900, user=1)["error"]
+    assert fetcher.forgotten == ["1" * 64] and store.images() == []

@@ -242,3 +242,47 @@ def test_a_user_records_a_use_only_under_their_own_name(store, tmp_path):
     [entry] = os.listdir(os.path.join(store.root, "uses"))
     assert entry.startswith(f"{image_id(1)}.{os.getuid()}.")
     json.dumps(store.images())
+
+
+def test_a_use_dated_in_the_future_does_not_pin_an_image(store, tmp_path):
+    """Found by a hostile review: a user's use file with a time in 2100 kept gc off the image for
+    good; a use counts at most as now."""
+    store.publish(REF, "sha256:" + "e" * 64, image_id(1), staged(store, tmp_path, "a"), user=1000)
+    meta = os.path.join(store.root, "images", f"{image_id(1)}.json")
+    with open(meta) as f:
+        data = json.load(f)
+    with open(meta, "w") as f:
+        json.dump({**data, "created": time.time() - 30 * 86400}, f)
+    future = os.path.join(store.root, "uses", f"{image_id(1)}.{os.getuid()}.node1")
+    open(future, "w").close()
+    os.utime(future, (4102444800, 4102444800))                    # 2100-01-01
+    assert store.images()[0].last_used <= time.time()
+    assert [i.image_id for i in store.gc(max_bytes=0, keep_seconds=3600)] == []     # used "now": kept
+    os.utime(future, (time.time() - 2 * 3600,) * 2)
+    assert [i.image_id for i in store.gc(max_bytes=0, keep_seconds=3600)] == [image_id(1)]
+
+
+def test_a_lock_taken_over_is_never_removed_by_its_old_holder(store, monkeypatch):
+    monkeypatch.setattr(imagestore, "HEARTBEAT", 0.05)
+    old, new = store.lock(REF), store.lock(REF)
+    assert old.try_acquire()
+    past = time.time() - imagestore.STALE_AFTER - 5
+    old._stop.set()                                           # a holder thought dead: no heartbeat
+    old._thread.join()
+    os.utime(old.path, (past, past))
+    assert new.try_acquire()
+    old.release()                                             # the old holder comes back and lets go
+    assert os.path.exists(new.path) and new._ours()
+    new.release()
+    assert not os.path.exists(new.path)
+
+
+def test_a_waiting_rank_hears_when_the_publisher_died(store):
+    lock = store.lock(REF)
+    assert lock.try_acquire()
+    lock._stop.set()
+    lock._thread.join()
+    past = time.time() - imagestore.STALE_AFTER - 5
+    os.utime(lock.path, (past, past))                          # killed: its lock no longer kept fresh
+    with pytest.raises(imagestore.PublisherGone):
+        wait_published(store, REF, since=time.time(), timeout=30, interval=0.05, gone_after=0.2)
