@@ -150,7 +150,11 @@ class PodmanFetcher:
         try:
             export = subprocess.Popen([*self.podman, "export", name], env=self.env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-            write = subprocess.Popen(["tar2sqfs", "--quiet", "--force", "--defaults", "mode=0755", target],
+            # zstd at level 3 on every CPU: for 1 GiB here tar2sqfs's default (xz, one thread) took
+            # 56 s, zstd's default level 13.5 s, level 3 2.6 s (squashfuse reads all of them)
+            write = subprocess.Popen(["tar2sqfs", "--quiet", "--force", "--compressor", "zstd", "--comp-extra",
+                                      "level=3", "--num-jobs", str(os.cpu_count() or 1), "--defaults", "mode=0755",
+                                      target],
                                      env=self.env, stdin=subprocess.PIPE, stderr=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL)
             try:
