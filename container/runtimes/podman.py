@@ -1218,10 +1218,13 @@ class Podman(Runtime):
         imagestore.Published), asking this node's image service to fetch it when the store has it
         not (or resolved it too long ago) and waiting while another node's does; None when there is
         no cluster store, the image is private (it needs credentials: the user's own pull), the
-        rank needs what a --rootfs cannot give (the image's entrypoint, a named or saved
+        rank needs what a --rootfs cannot give (the image's entrypoint, a named, saved or writable
         container), or the service cannot be reached (said; the user's own pull)."""
         settings = self.cluster_store
-        if not settings.get("root") or self.as_root() or spec.entrypoint or spec.name or spec.save:
+        # --container-writable: the user's own copy of the image, theirs to write anywhere in (the
+        # store's files keep their owners: root's / is not the user's)
+        if (not settings.get("root") or self.as_root() or spec.entrypoint or spec.name or spec.save
+                or spec.writable):
             return None
         import pwd
 
@@ -1317,7 +1320,11 @@ class Podman(Runtime):
                 self.image_env = [e for e in stored.config.get("env", ())
                                   if isinstance(e, str) and "=" in e and "\n" not in e]
                 mnt, podman = self.store_mount, [self.binary, *glob]
-                return (self.rootfs_argv(mnt, bool(spec.writable)),
+                # a mount onto a target the image lacks (a --container-mounts one, the home, the
+                # batch script) needs somewhere to make it: podman's overlay over the image
+                # (discarded with the container), the container still --read-only
+                targets = bool(spec.mounts) or bool(spec.mount_home) or bool(spec.batch_script)
+                return (self.rootfs_argv(mnt, targets),
                         [(lambda env: mount_store_image(podman, stored.path, mnt, env), None)])
             pull = ([self.binary, *glob, "pull", "--quiet", name],
                     (lambda: self.store_has(name), [self.binary, *glob, "image", "exists", name]),

@@ -106,3 +106,25 @@ def test_a_private_image_never_enters_the_store_and_a_missing_one_fails_every_ra
     assert failed.returncode != 0 and failed.stderr.count("manifest unknown") >= 3, failed.stderr
     assert cluster_store.lookup(missing, max_age=None) is None
     assert not os.listdir(os.path.join(cluster_store.root, "staging"))
+
+
+def test_mounts_onto_targets_the_image_lacks_and_a_writable_container(cluster, cluster_store):
+    """A store image has no /data and no /home: a --container-mounts target or the home mounted
+    there is made in podman's overlay over the image (the root still read-only); a writable
+    container is the user's own copy, from their own store, theirs to write in."""
+    box = cluster.box
+    ref = box.registry_image(repository=f"tether/store-m{os.getpid()}", changes=("CMD /bin/sh",), log=lambda *_: None)
+    src = box.work_dir / f"store-mnt-{os.getpid()}"
+    src.mkdir(exist_ok=True)
+    os.chmod(src, 0o777)
+    (src / "seen").write_text("yes\n")
+    mounted = cluster.as_user(["srun", "-N1", f"--container-image={ref}", f"--container-mounts={src}:/data",
+                               "--container-mount-home", "sh", "-c",
+                               "cat /data/seen; test -d $HOME && echo home; touch /x 2>&1 || true"])
+    assert mounted.stdout.split("\n")[:2] == ["yes", "home"], mounted.stderr
+    assert "Read-only file system" in mounted.stdout, mounted.stdout
+    assert "into the cluster image store" in mounted.stderr                   # from the store
+    writable = cluster.as_user(["srun", "-N1", f"--container-image={ref}", "--container-writable", "sh", "-c",
+                                "touch /newfile && echo wrote"])
+    assert writable.stdout.strip() == "wrote", writable.stderr
+    assert f"pulling {ref} (podman)" in writable.stderr                       # the user's own copy
