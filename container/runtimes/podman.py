@@ -360,6 +360,7 @@ class Podman(Runtime):
         self.store_template = settings.get("store", DEFAULT_STORE) or ""
         self.image_env: list[str] | None = None     # the image's ENV, when podman runs it as a --rootfs
         self.store_mount: str | None = None         # where a cluster store image is mounted for the run
+        self.store_image: str | None = None         # and that image's squashfs
 
     def run_dir(self, uid: int | None = None) -> str:
         """Where rootless podman keeps its run state for this user on this node (its
@@ -790,6 +791,7 @@ class Podman(Runtime):
             after = [*after, lambda env: self.leave_pod(pod, step_dir, rank, env)]
         if self.store_mount:
             mnt, podman = self.store_mount, [self.binary, *glob]
+            argv = store_run_argv(podman, self.store_image, mnt, argv)
             after = [*after, lambda env: unmount_store_image(podman, mnt, env)]
         # root's podman keeps no pause process (no XDG_RUNTIME_DIR: see base_env)
         kept = ((pause_pid_file(env["XDG_RUNTIME_DIR"]), PAUSE_NAMES),) if env.get("XDG_RUNTIME_DIR") else ()
@@ -1324,8 +1326,8 @@ class Podman(Runtime):
                 # batch script) needs somewhere to make it: podman's overlay over the image
                 # (discarded with the container), the container still --read-only
                 targets = bool(spec.mounts) or bool(spec.mount_home) or bool(spec.batch_script)
-                return (self.rootfs_argv(mnt, targets),
-                        [(lambda env: mount_store_image(podman, stored.path, mnt, env), None)])
+                self.store_image = stored.path
+                return (self.rootfs_argv(mnt, targets), [(lambda env: store_mount_point(podman, mnt, env), None)])
             pull = ([self.binary, *glob, "pull", "--quiet", name],
                     (lambda: self.store_has(name), [self.binary, *glob, "image", "exists", name]),
                     f"pulling {image} (podman)", f"failed to import docker image: {image}")
@@ -1395,23 +1397,29 @@ class _ImageOnly:
 STORE_MOUNTS = "tether-images"     # in podman's run directory: a rank's mount of a cluster store image
 
 
-def mount_store_image(podman: Sequence[str], image: str, mnt: str, env: Mapping[str, str]) -> None:
-    """Mount the cluster store's squashfs ``image`` at ``mnt`` for a rank: squashfuse in the user's
-    podman namespace (``podman unshare``), where the container's runtime sees it and the image's
-    owners are the container's (allow_other: the container's users; default_permissions: their
-    modes hold); read-only, nothing unpacked. A mount of an earlier rank left there is taken away
-    first."""
-    import subprocess
+# The rank's podman run, started in the user's podman namespace (podman unshare) right after the
+# store's squashfs is mounted there: the mount is in the namespace the container is made in, which
+# this process keeps alive -- a mount made by a command of its own was lost when another rank of
+# the user ended the namespace's pause process before this rank's podman run (seen in CI: "exec:
+# sh: executable file not found", an empty root). squashfuse as the namespace's root: allow_other
+# lets the container's users in, default_permissions makes the image's modes hold.
+STORE_RUN = ('squashfuse -o ro,allow_other,default_permissions "$1" "$2" || { echo "tether: could not mount the '
+             'cluster store image $1 (is /dev/fuse open to users? tether doctor)" >&2; exit 125; }; shift 2; '
+             'exec "$@"')
 
+
+def store_run_argv(podman: Sequence[str], image: str, mnt: str, argv: Sequence[str]) -> list[str]:
+    """``argv`` (podman run ...) run in the user's podman namespace once ``image`` is mounted at
+    ``mnt`` there (STORE_RUN); the podman inside stays in that namespace."""
+    return [*podman, "unshare", "sh", "-c", STORE_RUN, "sh", image, mnt, *argv]
+
+
+def store_mount_point(podman: Sequence[str], mnt: str, env: Mapping[str, str]) -> None:
+    """The rank's empty mount point for its cluster store image (a mount an earlier rank of the same
+    name left there taken away first)."""
     os.makedirs(os.path.dirname(mnt), mode=0o700, exist_ok=True)
     unmount_store_image(podman, mnt, env, quiet=True)
     os.mkdir(mnt, 0o700)
-    done = subprocess.run([*podman, "unshare", "squashfuse", "-o", "ro,allow_other,default_permissions", image, mnt],
-                          env=dict(env), capture_output=True, stdin=subprocess.DEVNULL, timeout=300)
-    if done.returncode != 0:
-        said = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
-        hint = " (is /dev/fuse open to users? tether doctor)" if "/dev/fuse" in said else ""
-        raise LaunchError(f"could not mount the cluster store image {image}: {said}{hint}")
 
 
 def unmount_store_image(podman: Sequence[str], mnt: str, env: Mapping[str, str], *, quiet: bool = False) -> bool:
