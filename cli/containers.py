@@ -64,21 +64,9 @@ def human_size(size: int) -> str:
 
 def _cluster_store(settings):
     """The cluster image store of ``container.cluster_store`` (None: none configured)."""
-    import pwd
+    from ..container.imagestore import ImageStore
 
-    from ..container.imagestore import ImageStore, StoreError
-
-    store = settings.get("cluster_store") or {}
-    if not store.get("root"):
-        return None
-    try:
-        owner = pwd.getpwnam(store["account"]).pw_uid
-    except KeyError:
-        raise StoreError(f"the cluster image store's account {store['account']} does not exist here") from None
-    if owner == 0:
-        raise StoreError("container.cluster_store.account is root's: the store and its service need an account "
-                         "of their own (never root)")
-    return ImageStore(store["root"], owner)
+    return ImageStore.configured(settings.get("cluster_store"))
 
 
 def _as_account(store, what: str) -> None:

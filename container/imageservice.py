@@ -77,6 +77,7 @@ class PodmanFetcher:
         self.podman = [binary, *args, "--root", os.path.join(scratch, "storage"),
                        "--runroot", os.path.join(self.env.get("XDG_RUNTIME_DIR", scratch), "tether-images")]
         self.authfile = os.path.join(scratch, "no-credentials.json")
+        self._configs: dict[str, str] = {}      # image id -> its config as podman shows it (pull)
 
     def _run(self, *args: str, timeout: float = 3600, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
         return subprocess.run([*self.podman, *args], env=self.env, stdout=stdout, stderr=subprocess.PIPE,
@@ -110,8 +111,7 @@ class PodmanFetcher:
 
     def pull(self, reference: str) -> tuple[str, str]:
         """(the manifest digest, the image id) of ``reference`` as the registry has it now, pulled
-        without credentials (only the blobs the scratch store lacks)."""
-        os.makedirs(self.scratch, mode=0o700, exist_ok=True)
+        without credentials into the empty scratch store (``session``)."""
         if not os.path.exists(self.authfile):
             with open(self.authfile, "w") as f:
                 f.write('{"auths": {}}\n')
@@ -124,15 +124,17 @@ class PodmanFetcher:
                 raise NeedsCredentials(f"{reference} needs credentials: {last}")
             raise FetchError(f"pulling {reference} failed: {last}")
         image_id = out.stdout.decode().strip().splitlines()[-1]
-        shown = self._run("image", "inspect", "--format", "{{.Digest}}", image_id, timeout=120)
-        return shown.stdout.decode().strip(), image_id
+        # one inspect: the manifest's digest, and the config ``config`` gives
+        shown = self._run("image", "inspect", "--format", "{{.Digest}}\n{{json .Config}}", image_id,
+                          timeout=120).stdout.decode()
+        digest, _, self._configs[image_id] = shown.partition("\n")
+        return digest.strip(), image_id
 
     def config(self, image_id: str) -> dict:
         """What a container of the image starts with beyond its files (its ENV, ENTRYPOINT, CMD,
         WORKDIR): podman's --rootfs knows none of it."""
-        shown = self._run("image", "inspect", "--format", "{{json .Config}}", image_id, timeout=120)
         try:
-            config = json.loads(shown.stdout or b"{}") or {}
+            config = json.loads(self._configs.get(image_id) or "{}") or {}
         except ValueError:
             config = {}
         return {"env": [e for e in config.get("Env") or () if isinstance(e, str)],

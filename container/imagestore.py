@@ -35,9 +35,9 @@ import stat
 import struct
 import threading
 import time
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
-from ..system.files import UntrustedPath, open_trusted_file, trusted_directory
+from ..system.files import UntrustedPath, open_trusted_file, trusted_directory, write_atomic
 
 IMAGES, REFS, LOCKS, FAILED, STAGING, USES = "images", "refs", "locks", "failed", "staging", "uses"
 SQUASHFS_MAGIC = b"hsqs"
@@ -102,6 +102,25 @@ class ImageStore:
     def __init__(self, root: str, owner: int):
         self.root = root
         self.owner = owner
+
+    @classmethod
+    def configured(cls, settings: Mapping | None) -> "ImageStore | None":
+        """The store ``container.cluster_store`` names (None: none is configured); StoreError when
+        its account does not exist here or is root's (the store and its service need their own)."""
+        settings = settings or {}
+        if not settings.get("root"):
+            return None
+        import pwd
+
+        account = settings.get("account") or "tether-images"
+        try:
+            owner = pwd.getpwnam(account).pw_uid
+        except KeyError:
+            raise StoreError(f"the cluster image store's account {account} does not exist here") from None
+        if owner == 0:
+            raise StoreError("container.cluster_store.account is root's: the store and its service need an account "
+                             "of their own (never root)")
+        return cls(settings["root"], owner)
 
     # ---- reading, as any user ----
 
@@ -308,15 +327,8 @@ class ImageStore:
         self.record_failure(reference, why, private=True)
 
     def _write_json(self, directory: str, name: str, value: dict) -> None:
-        folder = self._dir(directory)
-        tmp = os.path.join(folder, f".{name}.{socket.gethostname()}.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, json.dumps(value, sort_keys=True).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, os.path.join(folder, name))
+        write_atomic(os.path.join(self._dir(directory), name), json.dumps(value, sort_keys=True), 0o644,
+                     durable=True)
 
     # ---- the admin's ----
 

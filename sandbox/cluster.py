@@ -712,6 +712,11 @@ class Sandbox:
                     break
                 time.sleep(0.1)
             record.unlink(missing_ok=True)
+        # and the pause process the services' podman made on each node (the account's own run
+        # directory: fetcher_for), which outlives them: nothing of theirs stays on a node
+        run = os.path.join(os.path.dirname(IMAGE_SERVICE_SOCKET), "podman")
+        for root in self._node_roots():
+            slurmroot.end_pause_processes(root, (IMAGE_SERVICE_USER,), run_dirs=(run,))
 
     def user_podman(self, node: str | None = None) -> list[str]:
         """The job user's podman as jobs run it on ``node`` (None: the first): the sandbox's podman

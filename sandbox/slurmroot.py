@@ -87,10 +87,10 @@ exec "$@"
 PAUSE_RUNNING_NAMES = tuple(name for name in PAUSE_NAMES if name != "podman")
 
 
-def end_pause_processes(root: Path, users: Iterable[str]) -> list[int]:
+def end_pause_processes(root: Path, users: Iterable[str], run_dirs: Iterable[str] = ()) -> list[int]:
     """End each user's rootless podman pause process below ``root`` (``/`` for the host; the pids
-    it killed): the one recorded in podman's own run directory (``/tmp/*-run-<uid>``) and in
-    tether's (hooks.layout.user_run_dir). A compute node between jobs has none -- each step's end
+    it killed): the one recorded in podman's own run directory (``/tmp/*-run-<uid>``), in
+    tether's (hooks.layout.user_run_dir) and in ``run_dirs`` (a service account's own). A compute node between jobs has none -- each step's end
     kills the one its podman made -- so the sandbox leaves none behind either (issue 46: a node
     the sandbox warmed hid the cost of every cold step). The pid file is the user's: only a
     regular file is read (a FIFO must not hang root), only a process /proc says is that user's
@@ -99,7 +99,8 @@ def end_pause_processes(root: Path, users: Iterable[str]) -> list[int]:
     for user in users:
         uid = pwd.getpwnam(user).pw_uid
         files = [*root.glob(f"tmp/*-run-{uid}/{PAUSE_PID_FILE}"),
-                 *root.glob(f"{USER_RUN_ROOT.lstrip('/')}/{uid}/{PAUSE_PID_FILE}")]
+                 *root.glob(f"{USER_RUN_ROOT.lstrip('/')}/{uid}/{PAUSE_PID_FILE}"),
+                 *(root / d.lstrip("/") / PAUSE_PID_FILE for d in run_dirs)]
         for pid_file in files:
             text = read_regular(str(pid_file), limit=32)
             try:

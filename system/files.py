@@ -18,15 +18,19 @@ import tempfile
 from pathlib import Path
 
 
-def write_atomic(dest: Path | str, data: bytes | str, mode: int) -> None:
+def write_atomic(dest: Path | str, data: bytes | str, mode: int, *, durable: bool = False) -> None:
     """Write ``dest`` whole or not at all: a temporary file beside it, then a rename (a new inode, so
-    a process that has the old file loaded or open keeps it)."""
+    a process that has the old file loaded or open keeps it). ``durable``: on the disk before the
+    rename (what other hosts read from a shared filesystem)."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data.encode() if isinstance(data, str) else data)
+            if durable:
+                out.flush()
+                os.fsync(out.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, dest)
     except BaseException:

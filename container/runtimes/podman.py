@@ -1228,19 +1228,15 @@ class Podman(Runtime):
         if (not settings.get("root") or self.as_root() or spec.entrypoint or spec.name or spec.save
                 or spec.writable):
             return None
-        import pwd
-
         from ..imageservice import ask
         from ..imagestore import ImageStore, PrivateImage, PublisherGone, StoreError, wait_published
 
-        account = settings.get("account") or "tether-images"
         try:
-            owner = pwd.getpwnam(account).pw_uid
-        except KeyError:
-            progress(f"the cluster image store's account {account} does not exist on this node: pulling {name} "
-                     f"into your own store (tell an admin: tether doctor)")
+            store = ImageStore.configured(settings)
+        except StoreError as exc:
+            progress(f"{exc}: pulling {name} into your own store (tell an admin: tether doctor)")
             return None
-        store = ImageStore(settings["root"], owner)
+        owner = store.owner
         resolve_every = float(settings.get("resolve_every", 900))
         wait = float(settings.get("wait_seconds", 3600))
         deadline = time.monotonic() + wait
