@@ -159,16 +159,36 @@ class PodmanFetcher:
                                       target],
                                      env=self.env, stdin=subprocess.PIPE, stderr=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL)
+            killed = False
             try:
                 add_mount_targets(export.stdout, write.stdin)
+            except BrokenPipeError:
+                pass                     # tar2sqfs ended early (a full disk): its words below
             finally:
-                write.stdin.close()
+                try:
+                    write.stdin.close()
+                except BrokenPipeError:
+                    pass
                 export.stdout.close()
-                exported, written = export.wait(), write.wait()
-            if exported != 0:
+                written = write.wait()
+                # podman export keeps writing into a pipe nobody reads without ever getting EPIPE
+                # (seen: it holds the pipe's other end itself): ended here, or the fetch -- and
+                # the reference's lock, kept fresh meanwhile -- would hang for good
+                if written != 0 and export.poll() is None:
+                    export.kill()
+                    killed = True
+                exported = export.wait()
+            if exported != 0 and not killed:
                 raise FetchError(f"podman export failed: {export.stderr.read().decode(errors='replace').strip()}")
             if written != 0:
-                raise FetchError(f"tar2sqfs failed: {write.stderr.read().decode(errors='replace').strip()}")
+                # tar2sqfs says only "I/O error" when the disk is full: the space left, said with it
+                where = os.path.dirname(target)
+                try:
+                    st = os.statvfs(where)
+                    space = f"; {st.f_bavail * st.f_frsize // (1 << 20)} MiB free in {where}"
+                except OSError:
+                    space = ""
+                raise FetchError(f"tar2sqfs failed: {write.stderr.read().decode(errors='replace').strip()}{space}")
         finally:
             self._run("rm", "--force", name, timeout=600)
 

@@ -655,7 +655,7 @@ def _reap_descendants(grace: float, runtime_own=frozenset) -> tuple[int, list[in
     which would live on for the user's later podman commands: see _end_runtime_own), for at most
     ``grace`` seconds; anything still there after that is the step's to kill. (How many
     were reaped, the runtime's own processes left running, whether the grace ran out.)"""
-    reaped, mine = 0, os.getpid()
+    reaped, mine, hung_up = 0, os.getpid(), frozenset()
     deadline = time.monotonic() + grace
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})   # an exit between look and wait is kept
     try:
@@ -669,11 +669,39 @@ def _reap_descendants(grace: float, runtime_own=frozenset) -> tuple[int, list[in
             own = runtime_own() if children else ()
             if all(pid in own for pid in children):
                 return reaped, sorted(children), False
+            hung_up = _hang_up_orphans(children, hung_up)
             left = deadline - time.monotonic()
             if left <= 0 or signal.sigtimedwait({signal.SIGCHLD}, left) is None:
                 return reaped, sorted(pid for pid in _children(mine) if pid in own), True
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+
+
+def _hang_up_orphans(children: list[int], done: frozenset = frozenset()) -> frozenset:
+    """Do for the stopped orphans this launcher inherited what the kernel does for an orphaned
+    process group (POSIX): SIGHUP, then SIGCONT, to each stopped one's group (not this launcher's,
+    nor one in ``done``); the groups signalled, ``done`` included. A child subreaper inherits the
+    orphans its runtime leaves, and a group whose members' parent is in the same session is never
+    orphaned, so the kernel stays silent: enroot's fuse shim (runtime.sh: it stops itself and
+    waits for the SIGHUP of its orphaned group to unmount an image started as a file) would stay
+    stopped, holding squashfuse, until the step's end killed it."""
+    mine = os.getpgrp()
+    groups = set(done)
+    for pid in children:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            state, pgid = fields[0], int(fields[2])
+        except (OSError, IndexError, ValueError):
+            continue
+        if state in ("T", "t") and pgid not in groups and pgid != mine:
+            groups.add(pgid)
+            for sig in (signal.SIGHUP, signal.SIGCONT):
+                try:
+                    os.killpg(pgid, sig)
+                except OSError:
+                    pass
+    return frozenset(groups)
 
 
 def _end_runtime_own(pids: list[int], bound: float = 1.0) -> int:

@@ -1253,10 +1253,29 @@ class Sandbox:
         """Where each node's own /tmp, /run, ... are on this host (one for all: the host's root)."""
         return [self.node_dir(node) for node in self.nodes] if self.separate_nodes else [self.host_path("/")]
 
-    def _start_registry(self) -> None:
-        """docker-registry runs in the foreground; ready when its port answers. Both registries."""
+    @contextlib.contextmanager
+    def registry_gone(self):
+        """The (public) registry killed (SIGKILL, as a crashed or unplugged one) for the time of a
+        ``with``, then started again on the same storage: the fault tests' registry that
+        disappears mid-pull."""
+        daemon = Daemon("registry", self.run_dir / "registry.pid", str(self.registry_conf))
+        pid = daemon.pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            _wait_gone(pid, 15.0)
+        daemon.pid_file.unlink(missing_ok=True)
+        try:
+            yield
+        finally:
+            self._start_registry(only="registry")
+
+    def _start_registry(self, only: str | None = None) -> None:
+        """docker-registry runs in the foreground; ready when its port answers. Both registries
+        (``only``: the one of that name)."""
         for name, conf, address in (("registry", self.registry_conf, self.registry_address),
                                     ("private-registry", self.private_registry_conf, self.private_registry_address)):
+            if only and name != only:
+                continue
             host, port = address.split(":")
 
             def answers(host=host, port=port) -> bool:

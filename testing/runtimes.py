@@ -37,7 +37,13 @@ Sources, per behaviour:
   (run here by bash for real), the ``--env`` items (``NAME`` alone: its value in enroot's own
   environment, empty when unset) -- formatted twice by ``common::envfmt`` and loaded by
   enroot-switchroot (``clearenv``, then each valid line, the last one winning; then ``TERM``,
-  ``HOME``, ``SHELL``, ``USER``, ``LOGNAME`` and ``PATH`` where still unset).
+  ``HOME``, ``SHELL``, ``USER``, ``LOGNAME`` and ``PATH`` where still unset). A squashfs file
+  started as it is (``enroot start FILE``; runtime.sh's _mount_rootfs): a file unsquashfs cannot
+  read is "Invalid argument", ``squashfuse`` and ``mountpoint`` must be there (``fuse-overlayfs``
+  too with ENROOT_NATIVE_OVERLAYFS off), /dev/fuse is opened as the user ("[WARN] fuse: failed to
+  open /dev/fuse: Permission denied" / "Failed to mount"), and a stopped "fuse shim" is left in a
+  process group of its own until the SIGHUP of that group -- as recorded from real enroot 4.1.2
+  (tests/fixtures/conformance/enroot.json, start-sqsh-*; enroot-start-image.json, by hand).
 
 """
 
@@ -48,6 +54,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -330,7 +337,13 @@ def enroot_main(argv: list[str], state: str) -> int:
             try:
                 os.makedirs(paths[key], exist_ok=True)
             except PermissionError:
-                sys.stderr.write(f"mkdir: cannot create directory '{_first_missing(paths[key])}': Permission denied\n")
+                # coreutils quotes with ‘’ in a UTF-8 locale (recorded: start-sqsh-xdg-missing-dir, LANG=C.UTF-8)
+                # (an LC_CTYPE=C.UTF-8 alone is Python's own C-locale coercion, PEP 538: the caller's C)
+                ctype = env.get("LC_CTYPE") if env.get("LANG") or env.get("LC_CTYPE") != "C.UTF-8" else None
+                charset = (env.get("LC_ALL") or ctype or env.get("LANG") or "").lower()
+                left, right = ("\u2018", "\u2019") if "utf-8" in charset or "utf8" in charset else ("'", "'")
+                sys.stderr.write(f"mkdir: cannot create directory {left}{_first_missing(paths[key])}{right}: "
+                                 f"Permission denied\n")
                 return 1
     finally:
         os.umask(old)
@@ -451,10 +464,11 @@ def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry:
     if not operands:
         raise UsageError("Usage: enroot start [options] [--] NAME|IMAGE [COMMAND] [ARG...]", status=1)
     name, command_argv = operands[0], operands[1:]
-    if "/" in name and not os.path.isfile(name):
+    image = _is_squashfs(name)          # runtime::start: a squashfs file is started as it is
+    if "/" in name and not image:
         return _enroot_err(f"Invalid argument: {name}")
-    rootfs = os.path.join(data, name)
-    if "/" not in name and not os.path.isdir(rootfs):
+    rootfs = os.path.realpath(name) if image else os.path.join(data, name)
+    if not image and not os.path.isdir(rootfs):
         return _enroot_err(f"No such file or directory: {os.path.realpath(rootfs)}")
     for mount in opts.get("--mount", []):
         if not re.fullmatch(r"[^\s]+(:[^\s]+)*", mount):
@@ -478,10 +492,29 @@ def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry:
     # runtime::_do_environ: the image's /etc/environment (envsubst'ed), the config's environ(), the
     # --env arguments (awk: NAME alone takes ENVIRON[NAME], empty when unset) -- one file
     lines = []
-    etc_environment = Path(rootfs if "/" not in name else "/nonexistent", "etc", "environment")
+    if image:
+        # runtime::_mount_rootfs: squashfuse (the image, lower) under an overlay (a tmpfs upper),
+        # run by a "fuse-shim" in a process group of its own that stops itself and ends them on the
+        # SIGHUP its orphaned group gets once enroot's process has gone
+        # (fuse-overlayfs only with ENROOT_NATIVE_OVERLAYFS off: 4.1.2's default is the kernel's overlay)
+        native = os.environ.get("ENROOT_NATIVE_OVERLAYFS", "y").lower() not in ("", "n", "no", "false", "0")
+        for tool in ("squashfuse", "mountpoint", *(() if native else ("fuse-overlayfs",))):
+            if not shutil.which(tool):
+                return _enroot_err(f"Command not found: {tool}")
+        try:
+            os.close(os.open("/dev/fuse", os.O_RDWR))
+        except OSError as exc:         # recorded: tests/fixtures/conformance/enroot.json, start-sqsh-*
+            sys.stderr.write(f"[WARN] fuse: failed to open /dev/fuse: {os.strerror(exc.errno)}\n")
+            return _enroot_err(f"Failed to mount: {rootfs}")
+        _fuse_shim()
+    etc_environment = Path(rootfs if not image and "/" not in name else "/nonexistent", "etc", "environment")
     if etc_environment.is_file():
         lines += [re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: env.get(m.group(1), ""), line)
                   for line in etc_environment.read_text().splitlines()]
+    elif image:
+        found = subprocess.run(["unsquashfs", "-cat", rootfs, "etc/environment"], capture_output=True)
+        if found.returncode == 0:
+            lines += found.stdout.decode("utf-8", "surrogateescape").splitlines()
     if conf is not None:
         # as enroot.in runs it: bash with `set -euo pipefail` and lastpipe (a config that uses an
         # unset variable or a failing command fails the start)
@@ -527,6 +560,43 @@ def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry:
                         "rc": Path(rc).read_text() if rc else None,
                         "remap_root": "--root" in opts or os.environ.get("ENROOT_REMAP_ROOT", "") in ("y", "yes", "1")})
     return _act(state, command_argv or ["/bin/sh"], container_env, None)
+
+
+def _is_squashfs(path: str) -> bool:
+    """runtime::start's test: a regular file (after symlinks) ``unsquashfs -s`` reads: its magic."""
+    try:
+        with open(path, "rb") as fh:
+            return os.path.isfile(path) and fh.read(4) == SQUASHFS_MAGIC
+    except OSError:
+        return False
+
+
+def _fuse_shim() -> None:
+    """enroot's fuse shim for an image started as a file: a child in a process group of its own
+    that stops itself and exits on SIGHUP (killing its group, the fuse daemons). Its parent
+    here is this process, which runs the command and exits: the group is then orphaned -- unless
+    a child subreaper of the same session inherits it, which the kernel never signals."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            null = os.open("/dev/null", os.O_RDWR)     # enroot's holds no stdio of the caller's
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.closerange(3, 65536)
+            os.setpgid(0, 0)
+            signal.signal(signal.SIGHUP, lambda *_: os._exit(0))
+            os.kill(os.getpid(), signal.SIGSTOP)
+            while True:
+                signal.pause()
+        finally:
+            os._exit(1)
+    for _ in range(1000):        # "wait for the fuse mounts": the shim has stopped itself
+        try:
+            if os.waitpid(pid, os.WUNTRACED | os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.001)
 
 
 def stat_is_fifo(path: str) -> bool:

@@ -226,6 +226,71 @@ class Runtime:
         """A registry image or a URI the runtime fetches, as opposed to a path on this node."""
         return self.reference(image).remote
 
+    def cluster_store_image(self, name: str):
+        """The cluster image store's image of registry image ``name`` (an imagestore.Published),
+        asking this node's image service to fetch it when the store has it not (or resolved it too
+        long ago) and waiting while another node's does; None when there is no cluster store, the
+        image is private (it needs credentials: the user's own pull) or the service cannot be
+        reached (said; the user's own pull). A failed fetch is a LaunchError with its words."""
+        import time
+
+        from ..launch import progress
+
+        settings = self.cluster_store
+        if not settings.get("root"):
+            return None
+        from ..imageservice import ask
+        from ..imagestore import ImageStore, PrivateImage, PublisherGone, StoreError, wait_published
+
+        try:
+            store = ImageStore.configured(settings)
+        except StoreError as exc:
+            progress(f"{exc}: pulling {name} into your own store (tell an admin: tether doctor)")
+            return None
+        owner = store.owner
+        resolve_every = float(settings.get("resolve_every", 900))
+        wait = float(settings.get("wait_seconds", 3600))
+        deadline = time.monotonic() + wait
+        try:
+            found = store.lookup(name, max_age=resolve_every)
+            while found is None and not store.private(name, resolve_every):
+                since = time.time()
+                left = max(1.0, deadline - time.monotonic())
+                try:
+                    answer = ask(settings.get("socket") or "/run/tether-images/images.sock", name, say=progress,
+                                 timeout=left, service_uid=owner)
+                except (OSError, ValueError) as exc:
+                    progress(f"the cluster image store's service cannot be reached on this node ({exc}): "
+                             f"pulling {name} into your own store (tell an admin: tether doctor)")
+                    return None
+                if "published" in answer:
+                    found = store.lookup(name, max_age=None)    # what the store holds, not what was said
+                    if found is None:
+                        raise LaunchError(f"the cluster image store's service said {name} is published, but the "
+                                          f"store has it not (tell an admin)")
+                elif "wait" in answer:
+                    try:
+                        found = wait_published(store, name, since=since, timeout=left, say=progress)
+                    except PublisherGone:
+                        if time.monotonic() > deadline:
+                            raise
+                        continue                                 # its publisher died: ask again
+                elif "error" in answer:
+                    raise LaunchError(f"the cluster image store could not fetch {name}: {answer['error']}")
+                elif "private" in answer:
+                    return None
+                else:                                            # busy, or an answer this launcher does not know
+                    progress(f"the cluster image store's service is busy on this node: pulling {name} into your "
+                             f"own store")
+                    return None
+        except PrivateImage:
+            return None
+        except StoreError as exc:
+            raise LaunchError(str(exc)) from None
+        if found:
+            store.note_use(found.image_id)
+        return found
+
     @staticmethod
     def local_image(image: str) -> str:
         """A local image path that must exist (a clear error otherwise)."""

@@ -154,6 +154,18 @@ def write_environ_conf(path: str | None, values: Mapping[str, str], mount_lines:
     return write_private(path, text, ".conf", "enroot's environment script")
 
 
+def image_environment(config: Mapping) -> dict[str, str]:
+    """An image config's ``Env`` (the store's record of it) as the variables enroot import writes
+    into the image's /etc/environment; a value the environment file cannot carry is left out."""
+    out = {}
+    for item in config.get("env", ()) if isinstance(config, dict) else ():
+        if isinstance(item, str) and "=" in item:
+            name, value = item.split("=", 1)
+            if name and carried(value) and not name.startswith("ENROOT_"):
+                out[name] = value
+    return out
+
+
 def write_rc(path: str | None) -> str:
     """An ``enroot start --rc`` script that runs the command itself, not the image's entrypoint."""
     return write_private(path, '# tether: --no-container-entrypoint, the command itself\nexec "$@"\n', ".rc",
@@ -478,9 +490,16 @@ class Enroot(Runtime):
             env["ENROOT_REMAP_ROOT"] = "y" if spec.remap_root else "n"
         if spec.writable is not None:         # --rw's setting (ENROOT_ROOTFS_WRITABLE): read-only enforced too
             env["ENROOT_ROOTFS_WRITABLE"] = "y" if spec.writable else "n"
-        before, lock, sqsh = [], None, None
+        before, lock, sqsh, stored = [], None, None, None
+        if spec.image and self.is_remote(spec.image) and spec.rank_dir:
+            stored = self.cluster_image(spec)
         if not spec.image:
             pass                  # --container-name alone: the job's container of that name (below)
+        elif stored:
+            # the cluster image store's squashfs, started as it is (enroot start IMAGE: squashfuse
+            # under a discarded overlay, in the rank's own namespaces): nothing imported, nothing
+            # unpacked, nothing in the user's store
+            sqsh = stored.path
         elif self.is_remote(spec.image):
             store = self.store_dir() or os.path.join(node_dir or env.get("TMPDIR", "/tmp"), "enroot")
             # the user's store is checked against the registry once per job; a per-step import is new
@@ -494,16 +513,18 @@ class Enroot(Runtime):
         # the step's ranks on a node share one container root, as pyxis's tasks do (one create per
         # node, not per rank: an image of 12 GiB unpacked once); by hand, or with --container-save
         # (each rank saves what it ran), a rank has its own
-        shared = (bool(step_dir) and not spec.name and not spec.save
+        shared = (bool(step_dir) and not spec.name and not spec.save and not stored
                   and env.get("ENROOT_DATA_PATH") == os.path.join(step_dir, "enroot", "data"))
-        name = spec.step_instance if shared else spec.instance
+        name = sqsh if stored else spec.step_instance if shared else spec.instance
         data = env.get("ENROOT_DATA_PATH") or os.path.join(
             env.get("XDG_DATA_HOME") or os.path.join(env.get("HOME", "/"), ".local/share"), "enroot")
         # a named container's maker (NAME:create), beside enroot's data: the data path is enroot's own
         marker = named_enroot_marker(spec) if spec.name and node_dir else None
         if spec.name:
             refuse_existing(spec, os.path.isdir(os.path.join(data, name)), marker)
-        if sqsh is not None:
+        if stored:
+            pass                  # started from the file itself (no container to create or remove)
+        elif sqsh is not None:
             create = _create_whole(self.binary, name, sqsh, data, marker, os.path.basename(step_dir or ""))
             before.append((create, os.path.join(data, name),
                            f"unpacking the container root of {spec.image} (enroot create)",
@@ -514,6 +535,10 @@ class Enroot(Runtime):
         # --container-entrypoint: the entrypoint starts without the job's other variables, which
         # the command's shell sets after it where it left them unset (LATER_PART), as pyxis
         passed, later = entrypoint_split(passed, spec) if spec.rank_dir else (passed, {})
+        if stored:
+            # the image's ENV, which enroot import keeps in the image's /etc/environment (the store's
+            # squashfs is the image's files only): first, so the job's values win over it as there
+            passed = {**image_environment(stored.config), **passed}
         argv = [self.binary, "start", *self.args]
         if spec.writable:
             argv.append("--rw")
@@ -569,7 +594,7 @@ class Enroot(Runtime):
             script, values = script + LATER_PART, [*values, f"{CONTAINER_WORKDIR}/{LATER_FILE}"]
         argv += [name, *relay, "/bin/sh", "-c", (STARTED_PROLOGUE if spec.rank_dir else "") + script + CD_PROLOGUE,
                  "sh", *values, spec.workdir, *spec.command]
-        if not spec.name and not shared:      # a shared root goes with the step's directory
+        if not spec.name and not shared and not stored:     # a shared root goes with the step's directory
             after.insert(0, [self.binary, "remove", "--force", name])
         if (shared or spec.name) and spec.rank_dir:
             # the ranks sharing a root start it in turn (see take_start_turn): the last step before
@@ -587,6 +612,16 @@ class Enroot(Runtime):
         return Launch(argv=argv, env=env, supervise=True, before=before, lock=lock, after=after, runtime=self,
                       finish=finish, failures=os.path.dirname(spec.rank_dir) if spec.rank_dir else None,
                       created=os.path.join(spec.rank_dir, "work", STARTED_FILE) if spec.rank_dir else None)
+
+    def cluster_image(self, spec: LaunchSpec):
+        """The cluster image store's image of the rank's registry image (Runtime.cluster_store_image), None
+        when the rank needs a container of its own (--container-name, --container-save) or the
+        image's entrypoint (enroot import keeps it in the image's /etc/rc, which the store's files
+        lack): those import it into the user's store, as without the store."""
+        ref = self.reference(spec.image)
+        if ref.kind != "registry" or ref.user or spec.entrypoint or spec.name or spec.save:
+            return None
+        return self.cluster_store_image(ref.qualified())
 
     def not_started(self, code: int) -> str:
         return (f"enroot exited {code} before the command in the container started: enroot itself failed (its "

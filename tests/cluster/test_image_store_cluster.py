@@ -7,10 +7,14 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import time
 
 import pytest
+import yaml
 
 from tether.container.imagestore import ImageStore
+from tether.job_submit.handler import CONFIG_CHECK_SECONDS
+from tether.testing.runtimes import FakeRuntimes
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +132,75 @@ def test_mounts_onto_targets_the_image_lacks_and_a_writable_container(cluster, c
                                 "touch /newfile && echo wrote"])
     assert writable.stdout.strip() == "wrote", writable.stderr
     assert f"pulling {ref} (podman)" in writable.stderr                       # the user's own copy
+
+
+def test_an_enroot_rank_starts_the_stores_squashfs_as_it_is(cluster, cluster_store):
+    """enroot ranks use the same store: each starts the store's squashfs itself (enroot start FILE:
+    squashfuse under a discarded overlay, nothing imported or unpacked, nothing in the user's own
+    store), with the image's ENV (what the fake computes the program would see, by enroot's rules);
+    enroot is the testing kit's strict fake (it checks squashfuse,
+    fuse-overlayfs and /dev/fuse as the user, and leaves the stopped fuse shim enroot leaves),
+    run by the real SPANK plugin and launcher on every node, the image fetched by the real
+    service's podman. The shim is hung up by the launcher: no stopped process of the user stays."""
+    box = cluster.box
+    fakes = FakeRuntimes(box.root / "fake-runtimes-store", python=box.python)
+    for path in (fakes.root, fakes.bin_dir):
+        os.chmod(path, 0o755)
+    for left in ("calls.jsonl", "behaviour.json"):             # an earlier session's
+        (fakes.state_dir / left).unlink(missing_ok=True)
+    fakes.configure(exit_code=0)
+    ref = box.registry_image(repository=f"tether/store-e{os.getpid()}", changes=("ENV STORE_TEST=from-image",
+                                                                                  "CMD /bin/sh"), log=lambda *_: None)
+    conf = box.tether_conf
+    original = conf.read_text()
+    data = yaml.safe_load(original)
+    data["container"]["enroot"] = {**data["container"].get("enroot", {}), "binary": str(fakes.bin_dir / "enroot")}
+    conf.write_text(yaml.safe_dump(data))
+    time.sleep(CONFIG_CHECK_SECONDS + 0.05)
+    try:
+        ran = cluster.as_user(["srun", "-N3", "--container-runtime=enroot", f"--container-image={ref}", "true"])
+        assert ran.returncode == 0, ran.stderr
+        [published] = [i for i in cluster_store.images() if ref in i.references]
+        image = os.path.join(cluster_store.root, "images", f"{published.image_id}.sqfs")
+        assert [c["argv"][1] for c in fakes.calls("enroot")] == ["start"] * 3      # no import, no create
+        started = fakes.calls("enroot-container")
+        assert [c["container"] for c in started] == [image] * 3
+        assert [c["container_env"].get("STORE_TEST") for c in started] == ["from-image"] * 3
+        stopped = cluster.run(["ps", "-u", cluster.user, "-o", "pid=,stat=,args="], check=False).stdout
+        assert not [line for line in stopped.splitlines() if line.split()[1].startswith("T")], stopped
+    finally:
+        conf.write_text(original)
+
+
+def test_a_registry_gone_mid_pull_fails_every_rank_clearly_and_the_next_job_fetches_it(cluster, cluster_store):
+    """The registry killed while the service pulls a 512 MiB layer (right after it served the
+    manifest): every rank of the job fails with the pull's words, nothing is published or left
+    in staging, the lock is gone; with the registry back, the next job fetches and runs it."""
+    import subprocess
+
+    box = cluster.box
+    repository = f"tether/store-gone{os.getpid()}"
+    ref = box.registry_image(repository=repository, rootfs=box.large_image(0.5), log=lambda *_: None)
+    before = len(box.registry_access_log())
+    job = subprocess.Popen(["runuser", "-u", cluster.user, "--", "srun", "-N2", f"--container-image={ref}", "true"],
+                           env=box.command_env(), cwd=str(box.work_dir), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not any("/manifests/" in line for line in fetches(box.registry_access_log()[before:], repository)):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.02)
+        with box.registry_gone():
+            out, err = job.communicate(timeout=600)
+            assert job.returncode != 0, err
+            assert err.count(f"the cluster image store could not fetch {ref}: pulling {ref} failed") >= 1, err
+            assert cluster_store.lookup(ref, max_age=None) is None
+            assert not os.listdir(os.path.join(cluster_store.root, "staging"))
+            assert cluster_store.publisher(ref) is None
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    again = cluster.as_user(["srun", "-N2", f"--container-image={ref}", "sh", "-c", "ls /data | wc -l"])
+    assert again.stdout.split() == ["8", "8"], again.stderr
+    assert cluster_store.lookup(ref, max_age=None) is not None

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -491,3 +492,180 @@ def test_enroot_with_the_entrypoint_sets_the_jobs_other_variables_after_it(tmp_p
                           str(work / LATER_FILE), sys.executable, "-c", show], capture_output=True, text=True,
                          timeout=60, env={"PATH": os.environ["PATH"]})
     assert json.loads(ran.stdout) == {"MYVAR": HOST["MYVAR"], "f": "job-f", "v": "job-v", "_tether_v": None}, ran
+
+
+def test_a_cluster_store_image_is_started_as_it_is_with_the_images_env_under_the_jobs(tmp_path, monkeypatch):
+    """Issue 44: a registry image the cluster image store holds is started from the store's
+    squashfs itself (enroot start FILE: squashfuse under a discarded overlay): no import, no
+    create, no removal, nothing in the user's store; the image's ENV (what enroot import keeps in
+    /etc/environment) comes first in the environment script, so the job's values win over it.
+    A named or saved container, the image's entrypoint and credentials in the reference keep the
+    user's own import."""
+    from tether.container.imagestore import Published
+    from tether.container.runtimes import Runtime
+
+    image = tmp_path / "store/images/ab.sqfs"
+    image.parent.mkdir(parents=True)
+    image.write_bytes(b"hsqs" + bytes(92))
+    asked = []
+
+    def store_image(self, name):
+        asked.append(name)
+        return Published(name, "ab", "sha256:" + "e" * 64, str(image), 0.0,
+                         {"env": ["PATH=/opt/conda/bin:/usr/bin:/bin", "MYVAR=from-image", "ONLY_IMAGE=1",
+                                  "BAD=a\nb", "ENROOT_X=1"]})
+
+    monkeypatch.setattr(Runtime, "cluster_store_image", store_image)
+    rank_dir = tmp_path / "42/n2/step-0/rank-3"
+    s = spec(image="nvcr.io#nvidia/pytorch:24.01-py3", runtime="enroot", rank_dir=str(rank_dir),
+             env_names=("MYVAR",))
+    launch = adapter("enroot", {"store": f"{tmp_path}/enroot-{{uid}}"}, cluster_store={"root": "x"}).launch(s, HOST)
+    assert asked == ["nvcr.io/nvidia/pytorch:24.01-py3"]           # the store's spelling of the reference
+    name_at = launch.argv.index(str(image))
+    assert launch.argv[:2] == ["enroot", "start"] and launch.argv[name_at + 1:name_at + 3] == ["/bin/sh", "-c"]
+    assert launch.before == [] and not any("remove" in step for step in launch.after)
+    assert not (tmp_path / f"enroot-{os.getuid()}").exists() or not os.listdir(tmp_path / f"enroot-{os.getuid()}")
+    conf = Path(launch.argv[launch.argv.index("--conf") + 1]).read_text()
+    assert "PATH=/opt/conda/bin:/usr/bin:/bin\n" in conf and "ONLY_IMAGE=1\n" in conf
+    assert "MYVAR=a,b" not in conf and "MYVAR=from-image" not in conf     # the job's value (uncarried: a file)
+    assert "BAD=" not in conf and "ENROOT_X" not in conf
+    assert launch.env["ENROOT_RUNTIME_PATH"] == f"{tmp_path}/42/n2/step-0/enroot/run"
+    # what the store cannot give: the user's own import, as before (the store is not asked)
+    for other in (dict(name="keep"), dict(save=str(tmp_path / "out.sqsh")), dict(entrypoint=True),
+                  dict(image="alice@nvcr.io#nvidia/pytorch:24.01-py3")):
+        asked.clear()
+        kw = dict(image=s.image, runtime="enroot", rank_dir=str(rank_dir), env_names=("MYVAR",))
+        launched = adapter("enroot", {"store": f"{tmp_path}/enroot-{{uid}}"},
+                           cluster_store={"root": "x"}).launch(spec(**{**kw, **other}), HOST)
+        assert asked == [] and str(image) not in launched.argv, other
+
+
+def test_the_fuse_shim_of_an_image_started_as_a_file_is_hung_up_by_the_launcher(tmp_path, fake_runtimes):
+    """enroot start FILE leaves a stopped "fuse shim" in a process group of its own, which ends the
+    squashfuse mount on the SIGHUP of its orphaned group (enroot 4.1.2, runtime.sh). The launcher
+    is a child subreaper of the same session, so the kernel never sends it: the launcher does (what
+    the kernel does for an orphaned group), or the rank's end would wait out its whole grace."""
+    sqfs = tmp_path / "img.sqfs"
+    tree = tmp_path / "tree"
+    (tree / "etc").mkdir(parents=True)
+    (tree / "etc" / "environment").write_text("FROM_IMAGE=1\n")
+    subprocess.run(["mksquashfs", str(tree), str(sqfs), "-quiet", "-noappend", "-no-progress"], check=True)
+    fake_runtimes.configure(run=True)
+    script = textwrap.dedent(f"""
+        import json, os, subprocess, sys
+        from tether.container import launch
+        launch._set_subreaper(True)
+        if sys.argv[1] == "off":
+            launch._hang_up_orphans = lambda children, done=frozenset(): done
+        done = subprocess.run([{str(fake_runtimes.bin_dir / 'enroot')!r}, "start", {str(sqfs)!r}, "true"],
+                              env={{"PATH": {fake_runtimes.path_env()!r}, "HOME": {str(tmp_path)!r},
+                                   "ENROOT_RUNTIME_PATH": {str(tmp_path / 'run')!r},
+                                   "ENROOT_DATA_PATH": {str(tmp_path / 'data')!r},
+                                   "ENROOT_CACHE_PATH": {str(tmp_path / 'cache')!r}}})
+        reaped, left, ran_out = launch._reap_descendants(float(sys.argv[2]))
+        print(json.dumps([done.returncode, reaped, left, ran_out, launch._children(os.getpid())]))
+        """)
+    outcomes = {}
+    for mode, grace in (("on", 30), ("off", 1)):
+        out = subprocess.run([sys.executable, "-c", script, mode, str(grace)], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        outcomes[mode] = json.loads(out.stdout)
+    assert outcomes["on"][0] == 0 and outcomes["on"][3] is False and outcomes["on"][4] == [], outcomes
+    assert outcomes["on"][1] >= 1, outcomes                          # the shim, reaped
+    assert outcomes["off"][3] is True and len(outcomes["off"][4]) == 1, outcomes   # stopped until killed
+    try:
+        os.kill(outcomes["off"][4][0], 9)
+    except ProcessLookupError:
+        pass                   # orphaned with its parent's end: the kernel hung it up
+    (started,) = fake_runtimes.calls("enroot-container")[-1:]
+    assert started["container_env"]["FROM_IMAGE"] == "1"            # the image's /etc/environment, read
+
+
+def test_the_fake_enroot_starting_an_image_file_replays_what_enroot_4_1_2_did(public_dir):
+    """The recorded start-sqsh-* cases (tests/fixtures/conformance/enroot.json): an unprivileged
+    user, a squashfs file started as it is, /dev/fuse root's only (as on the recording machine:
+    here a root-only file bound over it in a mount namespace of the test's own), the same words
+    and exit code; and a runtime path under a directory that does not exist fails first."""
+    from tether.testing.runtimes import FakeRuntimes
+
+    tmp_path = public_dir
+    fake_runtimes = FakeRuntimes(tmp_path / "fakes")
+    cases = {c["id"]: c for c in json.loads(
+        (Path(__file__).parents[2] / "fixtures/conformance/enroot.json").read_text())["cases"]}
+    work, home, xdg = tmp_path / "en", tmp_path / "home", tmp_path / "xdg"
+    for path in (work, home, xdg):
+        path.mkdir(exist_ok=True)
+        os.chown(path, 65534, 65534)
+    (work / "tether+busybox+1.sqsh").write_bytes(b"hsqs" + bytes(92))
+    fuse = tmp_path / "fuse"
+    fuse.write_text("")
+    fuse.chmod(0o600)
+    for key in ("start-sqsh-with-xdg", "start-sqsh-xdg-missing-dir"):
+        case = cases[key]
+        env = {k: v.replace("<HOME>", str(home)).replace("<XDG_RUNTIME_DIR>", str(xdg))
+               for k, v in case["env"].items()}
+        env["PATH"] = fake_runtimes.path_env(env["PATH"])
+        ran = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                              'mount --bind "$0" /dev/fuse && exec setpriv --reuid=65534 --regid=65534 '
+                              '--clear-groups "$@"', str(fuse), "env", "-i", *(f"{k}={v}" for k, v in env.items()),
+                              *case["argv"]], capture_output=True, text=True, cwd=work, timeout=60)
+        assert (ran.returncode, ran.stdout) == (case["exit_code"], case["stdout"]), (key, ran.stderr)
+        assert ran.stderr == case["stderr"].replace("<TMP>", str(tmp_path)), key
+
+
+START_IMAGE_CASES = ("sqfs-start-true", "sqfs-exit-status", "sqfs-not-squashfs", "sqfs-missing-path",
+                     "sqfs-not-squashfs-bare-name", "sqfs-missing-bare-name", "sqfs-unreadable",
+                     "sqfs-dir-not-searchable", "sqfs-rc-missing")
+
+
+def test_the_fake_enroot_replays_real_enroots_start_of_an_image_file(public_dir):
+    """What real enroot 4.1.2, built from its sources on this project's machine, did when a user
+    started a squashfs file as it is (tests/fixtures/conformance/enroot-start-image.json, recorded
+    by hand for the cluster image store): the same exit code and words for a good image, a file
+    that is no squashfs, a missing one, a bare name, one the user cannot read, and a missing --rc.
+    /dev/fuse is open to users here as udev makes it (a node of the test's own bound over it)."""
+    from tether.testing.runtimes import FakeRuntimes
+
+    fakes = FakeRuntimes(public_dir / "fakes")
+    fakes.configure(run=True)
+    recorded = json.loads((Path(__file__).parents[2] / "fixtures/conformance/enroot-start-image.json").read_text())
+    cases = {c["id"]: c for c in recorded["cases"]}
+    tmp, home, step = public_dir / "cases", public_dir / "home", public_dir / "step"
+    for path in (tmp, home, step):
+        path.mkdir()
+        os.chown(path, 65534, 65534)
+    tree = public_dir / "tree"
+    (tree / "bin").mkdir(parents=True)
+    img = public_dir / "store" / "img.sqfs"
+    img.parent.mkdir(mode=0o711)
+    subprocess.run(["mksquashfs", str(tree), str(img), "-quiet", "-noappend", "-no-progress"], check=True)
+    img.chmod(0o444)
+    (tmp / "x.sqfs").write_bytes(os.urandom(4096))
+    shutil.copy(img, tmp / "unreadable.sqfs")
+    (tmp / "unreadable.sqfs").chmod(0o400)
+    (tmp / "closed").mkdir(mode=0o700)
+    shutil.copy(img, tmp / "closed" / "img.sqfs")
+    devices = public_dir / "dev"
+    devices.mkdir()
+    places = {"<IMG>": str(img), "<TMP>": str(tmp), "<HOME>": str(home), "<STEP>": str(step),
+              "<PREFIX>/bin": str(fakes.bin_dir)}
+
+    def fill(text: str) -> str:
+        for key, value in places.items():
+            text = text.replace(key, value)
+        return text
+
+    for key in START_IMAGE_CASES:
+        case = cases[key]
+        env = {k: fill(v) for k, v in case["env"].items()}
+        argv = [fill(a) for a in case["argv"]]
+        ran = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                              'mount -t tmpfs tmpfs "$0" && mknod -m 0666 "$0/fuse" c 10 229 && '
+                              'mount --bind "$0/fuse" /dev/fuse && exec setpriv --reuid=65534 --regid=65534 '
+                              '--clear-groups "$@"', str(devices), "env", "-i", *(f"{k}={v}" for k, v in env.items()),
+                              *argv], capture_output=True, text=True, cwd=fill(case.get("cwd", "<HOME>")), timeout=60)
+        assert (ran.returncode, ran.stderr) == (case["exit_code"], fill(case["stderr"])), key
+        assert ran.stdout == fill(case["stdout"]), key
+    started = [c for c in fakes.calls("enroot-container")]
+    assert [c["container"] for c in started] == [str(img)] * 2         # the good image, twice

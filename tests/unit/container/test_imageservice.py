@@ -8,9 +8,11 @@ import contextlib
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import tarfile
+import sys
 import threading
 
 import pytest
@@ -238,3 +240,58 @@ def test_a_manifest_digest_podman_did_not_give_is_an_error(store, tmp_path):
     fetcher = FilesFetcher(tmp_path, {REF: ("", "1" * 64)})
     assert "gave no manifest digest" in publish_reference(store, fetcher, REF, resolve_every=900, user=1)["error"]
     assert fetcher.forgotten == ["1" * 64] and store.images() == []
+
+
+FULL_DISK = r'''
+import json, os, subprocess, sys, tempfile
+from tether.container.imageservice import PodmanFetcher, publish_reference
+from tether.container.imagestore import ImageStore
+
+base, ref = sys.argv[1], sys.argv[2]
+root = os.path.join(base, "store")
+os.makedirs(root)
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs", root], check=True)
+store = ImageStore(root, os.getuid())
+store.setup()
+
+
+class Imported(PodmanFetcher):
+    """The real podman and tar2sqfs; the pull replaced by an import of a local tar (no registry)."""
+
+    def pull(self, reference):
+        out = self._run("import", "--quiet", os.path.join(base, "image.tar"), "tether-test/full:1")
+        image_id = out.stdout.decode().strip()
+        return "sha256:" + "c" * 64, image_id
+
+
+run = tempfile.mkdtemp(prefix="tfd", dir="/tmp")          # podman's runroot: at most 50 characters
+fetcher = Imported("podman", os.path.join(base, "scratch"), {"PATH": "/usr/bin:/bin", "HOME": base,
+                   "XDG_RUNTIME_DIR": run}, ["--runtime", "runc"])
+full = publish_reference(store, fetcher, ref, resolve_every=900, user=1000)
+state = {"images": sorted(os.listdir(os.path.join(root, "images"))),
+         "staging": sorted(os.listdir(os.path.join(root, "staging"))), "publisher": store.publisher(ref)}
+subprocess.run(["mount", "-o", "remount,size=64m", root], check=True)     # space freed
+again = publish_reference(store, fetcher, ref, resolve_every=900, user=1000)
+fetcher.empty()
+subprocess.run(["rm", "-rf", run])
+print(json.dumps({"full": full, "state": state, "again": again}))
+'''
+
+
+def test_a_full_disk_fails_the_fetch_with_its_words_and_publishes_nothing(tmp_path):
+    """The store's filesystem full while the squashfs is written (real podman export and tar2sqfs
+    into a 2 MiB tmpfs, in a mount namespace of the test's own): the fetch fails with tar2sqfs's
+    words and the space left -- not a hang: podman export never sees its pipe break --, nothing is published or left in staging, the lock goes; once
+    there is space the next fetch publishes it."""
+    tree = tmp_path / "tree"
+    (tree / "bin").mkdir(parents=True)
+    (tree / "bin" / "data").write_bytes(os.urandom(8 << 20))       # incompressible: 8 MiB > 2 MiB
+    subprocess.run(["tar", "-C", str(tree), "-cf", str(tmp_path / "image.tar"), "."], check=True)
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", FULL_DISK,
+                           str(tmp_path), REF], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.splitlines()[-1])
+    # tar2sqfs's own words ("I/O error") and the space left where it wrote
+    assert re.fullmatch(r"tar2sqfs failed: .+; [01] MiB free in .*/store/staging", got["full"]["error"]), got
+    assert got["state"] == {"images": [], "staging": [], "publisher": None}, got
+    assert got["again"]["published"]["image_id"] == "c" * 64, got
