@@ -20,6 +20,7 @@ The protocol: one JSON line each way, then the service's progress lines::
        {"published": {"path": ..., "image_id": ..., "manifest": ...}}
        {"wait": "<host> pid <pid>"}         another node's service is fetching it: poll the store
        {"private": "<why>"}                 not without credentials: the user's own pull
+       {"limit": "<why>"}                   the asker's fetches_per_hour is used up: their own pull
        {"error": "<why>"}
 """
 
@@ -241,7 +242,7 @@ def _parents(path: str) -> list[str]:
 
 
 def publish_reference(store: ImageStore, fetcher, reference: str, *, resolve_every: float, user: int | None,
-                      say: Callable[[str], None] = lambda text: None) -> dict:
+                      say: Callable[[str], None] = lambda text: None, fetches_per_hour: int = 0) -> dict:
     """The service's answer for ``reference`` (see the module docstring)."""
     found = store.lookup(reference, max_age=resolve_every)
     if found:
@@ -256,6 +257,10 @@ def publish_reference(store: ImageStore, fetcher, reference: str, *, resolve_eve
         found = store.lookup(reference, max_age=resolve_every)      # published while we took the lock
         if found:
             return {"published": _answer(found)}
+        over = store.charge_fetch(user, fetches_per_hour)
+        if over is not None:
+            return {"limit": f"you asked the cluster image store to fetch {over} images within the last hour "
+                             f"(its limit per user, fetches_per_hour, is {fetches_per_hour})"}
         say(f"fetching {reference} into the cluster image store (once for the whole cluster)")
         try:
             with fetcher.session():
@@ -305,11 +310,13 @@ def peer_uid(conn: socket.socket) -> int:
     return struct.unpack("3i", creds)[1]
 
 
+DEFAULT_FETCHES_PER_HOUR = 30   # fetches one uid may make the store do in an hour (0: no limit)
 REQUEST_SECONDS = 10.0      # a client that has not sent its request by then is dropped
 MAX_CONNECTIONS = 256       # --listen: more at once are answered "busy" at once
 
 
-def serve_connection(conn: socket.socket, store: ImageStore, fetcher, *, resolve_every: float) -> None:
+def serve_connection(conn: socket.socket, store: ImageStore, fetcher, *, resolve_every: float,
+                     fetches_per_hour: int = 0) -> None:
     """Answer one rank on ``conn``."""
     uid = peer_uid(conn)
     conn.settimeout(REQUEST_SECONDS)
@@ -346,7 +353,7 @@ def serve_connection(conn: socket.socket, store: ImageStore, fetcher, *, resolve
         send({"error": f"{reference}: the cluster image store holds registry images only"})
         return
     send(publish_reference(store, fetcher, ref.qualified(), resolve_every=resolve_every, user=uid,
-                           say=lambda text: send({"say": text})))
+                           say=lambda text: send({"say": text}), fetches_per_hour=fetches_per_hour))
 
 
 def ask(socket_path: str, reference: str, *, say: Callable[[str], None], timeout: float,
@@ -400,9 +407,10 @@ def serve(store: ImageStore, settings: Mapping, *, listen: str | None) -> int:
     socket_path = listen or conf.get("socket") or "/run/tether-images/images.sock"
     fetcher = fetcher_for(settings, socket_path)
     resolve_every = float(conf.get("resolve_every", 900))
+    per_hour = int(conf.get("fetches_per_hour", DEFAULT_FETCHES_PER_HOUR))
     if listen is None:
         with socket.socket(fileno=0) as conn:
-            serve_connection(conn, store, fetcher, resolve_every=resolve_every)
+            serve_connection(conn, store, fetcher, resolve_every=resolve_every, fetches_per_hour=per_hour)
         return 0
     try:
         if os.path.exists(listen) and os.lstat(listen).st_uid == os.getuid():
@@ -419,7 +427,7 @@ def serve(store: ImageStore, settings: Mapping, *, listen: str | None) -> int:
     def one(conn: socket.socket) -> None:
         with conn:
             try:
-                serve_connection(conn, store, fetcher, resolve_every=resolve_every)
+                serve_connection(conn, store, fetcher, resolve_every=resolve_every, fetches_per_hour=per_hour)
             except Exception as exc:        # noqa: BLE001 -- one rank's question never ends the service
                 try:
                     conn.sendall(json.dumps({"error": f"the image service failed: {exc}"}).encode() + b"\n")

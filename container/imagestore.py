@@ -40,6 +40,7 @@ from typing import Mapping, NamedTuple
 from ..system.files import UntrustedPath, open_trusted_file, trusted_directory, write_atomic
 
 IMAGES, REFS, LOCKS, FAILED, STAGING, USES = "images", "refs", "locks", "failed", "staging", "uses"
+FETCHES = "fetches"        # the service's count of the fetches each uid asked for (fetches_per_hour)
 SQUASHFS_MAGIC = b"hsqs"
 HEARTBEAT = 5.0            # how often a publisher touches its lock
 STALE_AFTER = 60.0         # a lock untouched this long is a dead publisher's
@@ -318,6 +319,35 @@ class ImageStore:
         if record:
             record["resolved"] = time.time()
             self._write_json(REFS, f"{reference_key(reference)}.json", record)
+
+    def charge_fetch(self, uid: int | None, per_hour: int, *, now: float | None = None) -> int | None:
+        """Count one fetch asked by ``uid`` (the service's, as the account): None when it is within
+        ``per_hour`` fetches in the last hour across the cluster (counted), else how many that
+        uid asked for in that hour (not counted). ``per_hour`` 0: no limit. Any local user can ask
+        for any public image; this bounds what one can make the store fetch (disk, registry)."""
+        import fcntl
+
+        if uid is None or per_hour <= 0:
+            return None
+        now = time.time() if now is None else now
+        where = trusted_directory(os.path.join(self.root, FETCHES), self.owner, "the store's fetches directory",
+                                  create=True, mode=0o700)
+        fd = os.open(os.path.join(where, str(int(uid))), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                times = [float(t) for t in os.pread(fd, 1 << 16, 0).split()]
+            except ValueError:
+                times = []
+            recent = [t for t in times if now - 3600 < t <= now + CLOCK_SKEW]
+            if len(recent) >= per_hour:
+                return len(recent)
+            text = "".join(f"{t:.3f}\n" for t in [*recent, now]).encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, text, 0)
+            return None
+        finally:
+            os.close(fd)
 
     def record_failure(self, reference: str, error: str, *, private: bool = False) -> None:
         self._write_json(FAILED, f"{reference_key(reference)}.json",

@@ -279,6 +279,9 @@ class Runtime:
                     raise LaunchError(f"the cluster image store could not fetch {name}: {answer['error']}")
                 elif "private" in answer:
                     return None
+                elif "limit" in answer:
+                    progress(f"{str(answer['limit'])[:300]}: pulling {name} into your own store")
+                    return None
                 else:                                            # busy, or an answer this launcher does not know
                     progress(f"the cluster image store's service is busy on this node: pulling {name} into your "
                              f"own store")

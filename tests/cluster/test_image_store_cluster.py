@@ -204,3 +204,31 @@ def test_a_registry_gone_mid_pull_fails_every_rank_clearly_and_the_next_job_fetc
     again = cluster.as_user(["srun", "-N2", f"--container-image={ref}", "sh", "-c", "ls /data | wc -l"])
     assert again.stdout.split() == ["8", "8"], again.stderr
     assert cluster_store.lookup(ref, max_age=None) is not None
+
+
+def test_two_users_jobs_racing_on_a_new_image_cost_one_fetch(cluster, cluster_store):
+    """Two jobs of two users started at once on an image nobody fetched: one fetch for both
+    (the registry's access log), both jobs' ranks run it, no failure or second copy."""
+    import subprocess
+
+    box = cluster.box
+    repository = f"tether/store-race{os.getpid()}"
+    ref = box.registry_image(repository=repository, changes=("CMD /bin/sh",), log=lambda *_: None)
+    second = f"tether-sr{os.getpid() % 100000}"
+    box.add_job_user(second)
+    try:
+        before = len(box.registry_access_log())
+        jobs = [subprocess.Popen(["runuser", "-u", user, "--", "srun", "-N3", f"--container-image={ref}", "sh", "-c",
+                                  "id -un"], env=box.command_env(), cwd=str(box.work_dir), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+                for user in (cluster.user, second)]
+        done = [job.communicate(timeout=600) for job in jobs]
+        for job, (out, err), user in zip(jobs, done, (cluster.user, second)):
+            assert job.returncode == 0 and out.split() == [user] * 3, err
+        fetched = fetches(box.registry_access_log()[before:], repository)
+        assert [fetched[p] for p in fetched if "/manifests/" in p] == [1], fetched
+        assert all(fetched[p] == 1 for p in fetched if "/blobs/" in p), fetched
+        assert len([i for i in cluster_store.images() if ref in i.references]) == 1
+        assert sum("into the cluster image store (once for the whole cluster)" in err for _, err in done) == 1, done
+    finally:
+        box.remove_job_user(second)

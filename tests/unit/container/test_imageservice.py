@@ -14,6 +14,7 @@ import subprocess
 import tarfile
 import sys
 import threading
+import time
 
 import pytest
 
@@ -295,3 +296,26 @@ def test_a_full_disk_fails_the_fetch_with_its_words_and_publishes_nothing(tmp_pa
     assert re.fullmatch(r"tar2sqfs failed: .+; [01] MiB free in .*/store/staging", got["full"]["error"]), got
     assert got["state"] == {"images": [], "staging": [], "publisher": None}, got
     assert got["again"]["published"]["image_id"] == "c" * 64, got
+
+
+def test_one_user_can_make_the_store_fetch_only_so_many_images_an_hour(store, tmp_path):
+    """fetches_per_hour bounds what one local user can make the service fetch (any user may ask
+    for any public image): beyond it the answer is "limit" (their ranks pull into their own
+    store), other users and answers from the store are not affected, and the hour slides."""
+    refs = [f"registry.example:5000/tether/img{n}:1" for n in range(4)]
+    fetcher = FilesFetcher(tmp_path, {r: ("sha256:" + f"{n + 1:064x}", f"{n + 11:064x}") for n, r in enumerate(refs)})
+    answers = [publish_reference(store, fetcher, r, resolve_every=900, user=1000, fetches_per_hour=2) for r in refs[:3]]
+    assert [next(iter(a)) for a in answers] == ["published", "published", "limit"], answers
+    assert "fetch 2 images within the last hour" in answers[2]["limit"] and "fetches_per_hour, is 2" in answers[2]["limit"]
+    assert fetcher.pulls == refs[:2] and store.lookup(refs[2], max_age=None) is None
+    assert store.publisher(refs[2]) is None                                 # the lock went with the answer
+    # a published one is still answered; another user is counted apart; 0 is no limit
+    assert "published" in publish_reference(store, fetcher, refs[0], resolve_every=900, user=1000, fetches_per_hour=2)
+    assert "published" in publish_reference(store, fetcher, refs[2], resolve_every=900, user=1001, fetches_per_hour=2)
+    assert "published" in publish_reference(store, fetcher, refs[3], resolve_every=900, user=1000, fetches_per_hour=0)
+    # an hour later the user may fetch again; a count written in the future does not pin it
+    assert store.charge_fetch(1000, 2, now=time.time() + 3601) is None
+    with open(os.path.join(store.root, "fetches", "1000"), "w") as f:
+        f.write(f"{time.time() + 86400}\n" * 5)
+    assert store.charge_fetch(1000, 2) is None
+    assert os.stat(os.path.join(store.root, "fetches")).st_mode & 0o777 == 0o700
