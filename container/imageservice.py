@@ -33,6 +33,7 @@ import socket
 import struct
 import subprocess
 import tarfile
+import tempfile
 import threading
 import time
 from typing import Callable, Mapping, Sequence
@@ -150,46 +151,64 @@ class PodmanFetcher:
         made = self._run("create", "--name", name, image_id, "true", timeout=600)
         if made.returncode != 0:
             raise FetchError(f"podman create for the export failed: {made.stderr.decode(errors='replace').strip()}")
+        # the two programs' stderr into files, read at the end: a pipe read only then could fill
+        # (tar2sqfs says a line per entry it cannot take) and block both for good
         try:
-            export = subprocess.Popen([*self.podman, "export", name], env=self.env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-            # zstd at level 3 on every CPU: for 1 GiB here tar2sqfs's default (xz, one thread) took
-            # 56 s, zstd's default level 13.5 s, level 3 2.6 s (squashfuse reads all of them)
-            write = subprocess.Popen(["tar2sqfs", "--quiet", "--force", "--compressor", "zstd", "--comp-extra",
-                                      "level=3", "--num-jobs", str(os.cpu_count() or 1), "--defaults", "mode=0755",
-                                      target],
-                                     env=self.env, stdin=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL)
-            killed = False
-            try:
-                add_mount_targets(export.stdout, write.stdin)
-            except BrokenPipeError:
-                pass                     # tar2sqfs ended early (a full disk): its words below
-            finally:
+            with tempfile.TemporaryFile() as export_err, tempfile.TemporaryFile() as write_err:
+                export = subprocess.Popen([*self.podman, "export", name], env=self.env, stdout=subprocess.PIPE,
+                                          stderr=export_err, stdin=subprocess.DEVNULL)
+                # zstd at level 3 on every CPU: for 1 GiB here tar2sqfs's default (xz, one thread)
+                # took 56 s, zstd's default level 13.5 s, level 3 2.6 s (squashfuse reads all of them)
+                write = subprocess.Popen(["tar2sqfs", "--quiet", "--force", "--compressor", "zstd", "--comp-extra",
+                                          "level=3", "--num-jobs", str(os.cpu_count() or 1), "--defaults",
+                                          "mode=0755", target],
+                                         env=self.env, stdin=subprocess.PIPE, stderr=write_err,
+                                         stdout=subprocess.DEVNULL)
+                broken = None
                 try:
-                    write.stdin.close()
+                    add_mount_targets(export.stdout, write.stdin)
                 except BrokenPipeError:
-                    pass
-                export.stdout.close()
-                written = write.wait()
-                # podman export keeps writing into a pipe nobody reads without ever getting EPIPE
-                # (seen: it holds the pipe's other end itself): ended here, or the fetch -- and
-                # the reference's lock, kept fresh meanwhile -- would hang for good
-                if written != 0 and export.poll() is None:
-                    export.kill()
-                    killed = True
-                exported = export.wait()
-            if exported != 0 and not killed:
-                raise FetchError(f"podman export failed: {export.stderr.read().decode(errors='replace').strip()}")
-            if written != 0:
-                # tar2sqfs says only "I/O error" when the disk is full: the space left, said with it
-                where = os.path.dirname(target)
-                try:
-                    st = os.statvfs(where)
-                    space = f"; {st.f_bavail * st.f_frsize // (1 << 20)} MiB free in {where}"
-                except OSError:
-                    space = ""
-                raise FetchError(f"tar2sqfs failed: {write.stderr.read().decode(errors='replace').strip()}{space}")
+                    pass                 # tar2sqfs ended early (a full disk): its words below
+                except (tarfile.TarError, OSError, EOFError) as exc:
+                    broken = exc         # podman's stream cut or not a tar: never a squashfs of part of it
+                    write.kill()
+                finally:
+                    try:
+                        write.stdin.close()
+                    except BrokenPipeError:
+                        pass
+                    export.stdout.close()
+                    written = write.wait()
+                    # podman export keeps writing into a pipe nobody reads without ever getting
+                    # EPIPE (seen: it holds the pipe's other end itself): ended here whenever
+                    # tar2sqfs is done, or the fetch -- and the reference's lock, kept fresh
+                    # meanwhile -- would hang for good
+                    killed = False
+                    if written == 0 and broken is None:
+                        try:             # its stream ended: its status says whether it was whole
+                            export.wait(timeout=120)
+                        except subprocess.TimeoutExpired:
+                            broken = "podman export did not end after its stream"
+                    if export.poll() is None:
+                        export.kill()
+                        killed = True
+                    exported = export.wait()
+                export_err.seek(0)
+                write_err.seek(0)
+                if exported != 0 and not killed:
+                    raise FetchError(f"podman export failed: {export_err.read(8192).decode(errors='replace').strip()}")
+                if broken is not None:
+                    raise FetchError(f"podman export's stream could not be read: {broken}")
+                if written != 0:
+                    # tar2sqfs says only "I/O error" when the disk is full: the space left, said with it
+                    where = os.path.dirname(target)
+                    try:
+                        st = os.statvfs(where)
+                        space = f"; {st.f_bavail * st.f_frsize // (1 << 20)} MiB free in {where}"
+                    except OSError:
+                        space = ""
+                    raise FetchError(f"tar2sqfs failed: {write_err.read(8192).decode(errors='replace').strip()}"
+                                     f"{space}")
         finally:
             self._run("rm", "--force", name, timeout=600)
 

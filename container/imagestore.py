@@ -330,13 +330,21 @@ class ImageStore:
         if uid is None or per_hour <= 0:
             return None
         now = time.time() if now is None else now
-        where = trusted_directory(os.path.join(self.root, FETCHES), self.owner, "the store's fetches directory",
-                                  create=True, mode=0o700)
-        fd = os.open(os.path.join(where, str(int(uid))), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            where = trusted_directory(os.path.join(self.root, FETCHES), self.owner, "the store's fetches directory",
+                                      create=True, mode=0o700)
+            fd = os.open(os.path.join(where, str(int(uid))), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+        except (OSError, UntrustedPath):
+            return None                  # not counted (said by tether doctor's store check), never refused for it
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            data, chunk = b"", os.pread(fd, 1 << 20, 0)
+            while chunk:                 # the whole count: at most per_hour lines, kept short below
+                data += chunk
+                chunk = os.pread(fd, 1 << 20, len(data))
             try:
-                times = [float(t) for t in os.pread(fd, 1 << 16, 0).split()]
+                times = [float(t) for t in data.split()]
             except ValueError:
                 times = []
             recent = [t for t in times if now - 3600 < t <= now + CLOCK_SKEW]
@@ -539,13 +547,17 @@ class PublisherGone(StoreError):
     """Nobody publishes the reference any more and nothing was published: ask the service again."""
 
 
+class FetchFailed(StoreError):
+    """The publisher's fetch of the reference failed (its words): the user's own pull may not."""
+
+
 CLOCK_SKEW = 30.0          # the publisher's clock is another node's
 
 
 def wait_published(store: ImageStore, reference: str, *, since: float, timeout: float,
                    say=lambda text: None, interval: float = 0.5, gone_after: float = 3.0) -> Published:
     """Wait for the service to publish ``reference`` (after ``since``), saying once who does it;
-    StoreError with the publisher's error when it failed, or after ``timeout`` seconds;
+    FetchFailed with the publisher's error when it failed; StoreError after ``timeout`` seconds;
     PublisherGone when no publisher holds it for ``gone_after`` seconds (killed: ask again)."""
     said = None
     deadline = time.monotonic() + timeout
@@ -556,7 +568,7 @@ def wait_published(store: ImageStore, reference: str, *, since: float, timeout: 
             return found
         error = store.failure(reference, since)
         if error:
-            raise StoreError(error)
+            raise FetchFailed(error)
         private = store.private(reference, None)
         if private and store.private(reference, time.time() - since + 1):
             raise PrivateImage(private)
@@ -575,6 +587,6 @@ def wait_published(store: ImageStore, reference: str, *, since: float, timeout: 
         time.sleep(interval)
 
 
-__all__ = ["ImageStore", "ImageInfo", "PrivateImage", "Published", "PublisherGone", "PublishLock", "StoreError",
+__all__ = ["FetchFailed", "ImageStore", "ImageInfo", "PrivateImage", "Published", "PublisherGone", "PublishLock", "StoreError",
            "reference_key",
            "squashfs_intact", "wait_published"]

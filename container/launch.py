@@ -685,16 +685,18 @@ def _hang_up_orphans(children: list[int], done: frozenset = frozenset()) -> froz
     orphaned, so the kernel stays silent: enroot's fuse shim (runtime.sh: it stops itself and
     waits for the SIGHUP of its orphaned group to unmount an image started as a file) would stay
     stopped, holding squashfuse, until the step's end killed it."""
-    mine = os.getpgrp()
+    mine, session = os.getpgrp(), os.getsid(0)
     groups = set(done)
     for pid in children:
         try:
             with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
                 fields = fh.read().rsplit(")", 1)[1].split()
-            state, pgid = fields[0], int(fields[2])
+            state, pgid, sid = fields[0], int(fields[2]), int(fields[3])
         except (OSError, IndexError, ValueError):
             continue
-        if state in ("T", "t") and pgid not in groups and pgid != mine:
+        # only a group the orphan leads itself (as enroot's shim, a `set -m` subshell), in this
+        # launcher's session: never another rank's group a process of the user joined
+        if state in ("T", "t") and pgid == pid and sid == session and pgid not in groups and pgid != mine:
             groups.add(pgid)
             for sig in (signal.SIGHUP, signal.SIGCONT):
                 try:

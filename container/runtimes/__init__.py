@@ -240,7 +240,7 @@ class Runtime:
         if not settings.get("root"):
             return None
         from ..imageservice import ask
-        from ..imagestore import ImageStore, PrivateImage, PublisherGone, StoreError, wait_published
+        from ..imagestore import FetchFailed, ImageStore, PrivateImage, PublisherGone, StoreError, wait_published
 
         try:
             store = ImageStore.configured(settings)
@@ -276,7 +276,12 @@ class Runtime:
                             raise
                         continue                                 # its publisher died: ask again
                 elif "error" in answer:
-                    raise LaunchError(f"the cluster image store could not fetch {name}: {answer['error']}")
+                    # the service's anonymous fetch failed (the registry gone, its rate limit for
+                    # anonymous pulls, a full disk): the user's own pull, with their own login,
+                    # says for itself whether the image can be had
+                    progress(f"the cluster image store could not fetch {name} ({str(answer['error'])[:500]}): "
+                             f"pulling it into your own store")
+                    return None
                 elif "private" in answer:
                     return None
                 elif "limit" in answer:
@@ -287,6 +292,10 @@ class Runtime:
                              f"own store")
                     return None
         except PrivateImage:
+            return None
+        except FetchFailed as exc:        # another node's fetch failed: as the "error" answer above
+            progress(f"the cluster image store could not fetch {name} ({str(exc)[:500]}): pulling it into your "
+                     f"own store")
             return None
         except StoreError as exc:
             raise LaunchError(str(exc)) from None

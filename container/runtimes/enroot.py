@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
@@ -75,6 +76,7 @@ def enroot_uri(image: str) -> str:
 
 
 END_OF_ENVIRONMENT = "TETHER_END_OF_ENVIRONMENT"
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def carried(value: str) -> bool:
@@ -136,6 +138,8 @@ def write_environ_conf(path: str | None, values: Mapping[str, str], mount_lines:
     Values the environment file cannot carry are left out, and the user is told which."""
     lines, dropped = [], []
     for name in sorted(values):
+        if not ENV_NAME.fullmatch(name):       # never into the shell script (a name is a shell word)
+            raise LaunchError(f"{name!r} is not a variable name enroot's environment script can carry")
         (lines if carried(values[name]) else dropped).append(name)
     if dropped:
         shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
@@ -161,7 +165,9 @@ def image_environment(config: Mapping) -> dict[str, str]:
     for item in config.get("env", ()) if isinstance(config, dict) else ():
         if isinstance(item, str) and "=" in item:
             name, value = item.split("=", 1)
-            if name and carried(value) and not name.startswith("ENROOT_"):
+            # a name is a shell word or nothing: the script enroot sources is shell (a registry
+            # image's config is anyone's to write)
+            if ENV_NAME.fullmatch(name) and carried(value) and not name.startswith("ENROOT_"):
                 out[name] = value
     return out
 
@@ -615,11 +621,13 @@ class Enroot(Runtime):
 
     def cluster_image(self, spec: LaunchSpec):
         """The cluster image store's image of the rank's registry image (Runtime.cluster_store_image), None
-        when the rank needs a container of its own (--container-name, --container-save) or the
-        image's entrypoint (enroot import keeps it in the image's /etc/rc, which the store's files
-        lack): those import it into the user's store, as without the store."""
+        when the rank needs a container of its own (--container-name, --container-save, and
+        --container-writable: a root on disk its node's ranks share, as pyxis's, not a per-rank
+        overlay in memory) or the image's entrypoint (enroot import keeps it in the image's
+        /etc/rc, which the store's files lack): those import it into the user's store, as without
+        the store."""
         ref = self.reference(spec.image)
-        if ref.kind != "registry" or ref.user or spec.entrypoint or spec.name or spec.save:
+        if ref.kind != "registry" or ref.user or spec.entrypoint or spec.name or spec.save or spec.writable:
             return None
         return self.cluster_store_image(ref.qualified())
 

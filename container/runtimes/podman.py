@@ -1260,8 +1260,9 @@ class Podman(Runtime):
                 # the cluster image store's squashfs, mounted in the user's namespace for this rank
                 # (squashfuse: nothing unpacked, nothing copied into the user's store)
                 self.store_mount = os.path.join(self.run_dir(), STORE_MOUNTS, f"{spec.job_id}.{spec.step_id}.{spec.rank}")
-                self.image_env = [e for e in stored.config.get("env", ())
-                                  if isinstance(e, str) and "=" in e and "\n" not in e]
+                self.image_env = [e for e in stored.config.get("env", ()) if isinstance(e, str) and "\n" not in e
+                                  and e.split("=", 1)[0].isidentifier() and e.split("=", 1)[0].isascii()
+                                  and "=" in e]
                 mnt, podman = self.store_mount, [self.binary, *glob]
                 # a mount onto a target the image lacks (a --container-mounts one, the home, the
                 # batch script) needs somewhere to make it: podman's overlay over the image

@@ -174,7 +174,8 @@ def test_an_enroot_rank_starts_the_stores_squashfs_as_it_is(cluster, cluster_sto
 
 def test_a_registry_gone_mid_pull_fails_every_rank_clearly_and_the_next_job_fetches_it(cluster, cluster_store):
     """The registry killed while the service pulls a 512 MiB layer (right after it served the
-    manifest): every rank of the job fails with the pull's words, nothing is published or left
+    manifest): every rank says the store's fetch failed in the pull's words and tries the user's
+    own pull (which fails too: the registry is gone), nothing is published or left
     in staging, the lock is gone; with the registry back, the next job fetches and runs it."""
     import subprocess
 
@@ -193,7 +194,9 @@ def test_a_registry_gone_mid_pull_fails_every_rank_clearly_and_the_next_job_fetc
         with box.registry_gone():
             out, err = job.communicate(timeout=600)
             assert job.returncode != 0, err
-            assert err.count(f"the cluster image store could not fetch {ref}: pulling {ref} failed") >= 1, err
+            # the service's words, then the user's own pull (the registry is gone for it too)
+            assert err.count(f"the cluster image store could not fetch {ref} (pulling {ref} failed") >= 1, err
+            assert err.count("pulling it into your own store") == 2, err                # each rank
             assert cluster_store.lookup(ref, max_age=None) is None
             assert not os.listdir(os.path.join(cluster_store.root, "staging"))
             assert cluster_store.publisher(ref) is None

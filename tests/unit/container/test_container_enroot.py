@@ -513,7 +513,10 @@ def test_a_cluster_store_image_is_started_as_it_is_with_the_images_env_under_the
         asked.append(name)
         return Published(name, "ab", "sha256:" + "e" * 64, str(image), 0.0,
                          {"env": ["PATH=/opt/conda/bin:/usr/bin:/bin", "MYVAR=from-image", "ONLY_IMAGE=1",
-                                  "BAD=a\nb", "ENROOT_X=1"]})
+                                  "BAD=a\nb", "ENROOT_X=1",
+                                  # a name that would end the script's here-document: shell run by enroot
+                                  "A\nTETHER_END_OF_ENVIRONMENT\n}\necho INJECTED >&2\nf() {\ncat <<'X'\nB=1",
+                                  "$(id)=1", "SP ACE=1"]})
 
     monkeypatch.setattr(Runtime, "cluster_store_image", store_image)
     rank_dir = tmp_path / "42/n2/step-0/rank-3"
@@ -529,6 +532,13 @@ def test_a_cluster_store_image_is_started_as_it_is_with_the_images_env_under_the
     assert "PATH=/opt/conda/bin:/usr/bin:/bin\n" in conf and "ONLY_IMAGE=1\n" in conf
     assert "MYVAR=a,b" not in conf and "MYVAR=from-image" not in conf     # the job's value (uncarried: a file)
     assert "BAD=" not in conf and "ENROOT_X" not in conf
+    assert "INJECTED" not in conf and "$(id)" not in conf and "SP ACE" not in conf
+    done = subprocess.run(["bash", "-c", 'source "$1"; environ', "bash", launch.argv[launch.argv.index("--conf") + 1]],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == "" and "ONLY_IMAGE=1" in done.stdout
+    from tether.container.runtimes.enroot import write_environ_conf
+    with pytest.raises(LaunchError, match="not a variable name"):
+        write_environ_conf(str(tmp_path / "bad.conf"), {"A\nB": "1"})
     assert launch.env["ENROOT_RUNTIME_PATH"] == f"{tmp_path}/42/n2/step-0/enroot/run"
     # what the store cannot give: the user's own import, as before (the store is not asked)
     for other in (dict(name="keep"), dict(save=str(tmp_path / "out.sqsh")), dict(entrypoint=True),

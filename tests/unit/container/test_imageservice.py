@@ -319,3 +319,8 @@ def test_one_user_can_make_the_store_fetch_only_so_many_images_an_hour(store, tm
         f.write(f"{time.time() + 86400}\n" * 5)
     assert store.charge_fetch(1000, 2) is None
     assert os.stat(os.path.join(store.root, "fetches")).st_mode & 0o777 == 0o700
+    # a limit above what one read of the count would hold is still kept (the whole file is read)
+    now = time.time()
+    with open(os.path.join(store.root, "fetches", "1002"), "w") as f:
+        f.write("".join(f"{now - 1:.3f}\n" for _ in range(4999)))
+    assert store.charge_fetch(1002, 5000, now=now) is None and store.charge_fetch(1002, 5000, now=now) == 5000
