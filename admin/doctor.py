@@ -339,6 +339,8 @@ class Doctor:
                               f"the store's images (udev makes it 0666)")
         except OSError:
             yield Finding(FAIL, "cluster store", "no /dev/fuse: users cannot mount the store's images")
+        if self._found("enroot"):
+            yield from self._enroot_store_needs()
         sock = conf.get("socket") or ""
         try:
             if not stat.S_ISSOCK(os.stat(sock).st_mode):
@@ -346,6 +348,28 @@ class Doctor:
         except OSError:
             yield Finding(WARN, "cluster store", f"no image service at {sock} on this host: its ranks pull into "
                           f"each user's own store (tether-images.socket)")
+
+    def _enroot_store_needs(self) -> Iterator[Finding]:
+        """What `enroot start FILE` (an enroot rank from the store) needs beyond squashfuse and
+        /dev/fuse (enroot 4.1.2, runtime.sh): unsquashfs that reads the store's zstd, `mountpoint`,
+        and an overlay a user may mount: the kernel's in a user namespace (5.11 and later; enroot's
+        default) or fuse-overlayfs (ENROOT_NATIVE_OVERLAYFS=n)."""
+        try:
+            said = run_command(["unsquashfs", "-help"], check=False, timeout=20)
+            readers = (said.stdout + said.stderr).split("Decompressors available:", 1)[-1].split()
+        except CommandError:
+            readers = []
+        if "zstd" not in readers:
+            yield Finding(FAIL, "cluster store", "unsquashfs cannot read zstd (or is not installed): enroot ranks "
+                          "cannot start the store's images (apt install squashfs-tools)")
+        if not shutil.which("mountpoint"):
+            yield Finding(FAIL, "cluster store", "mountpoint is not installed: enroot cannot start the store's "
+                          "images (apt install util-linux)")
+        release = tuple(int(n) for n in os.uname().release.split("-")[0].split(".")[:2] if n.isdigit())
+        if release < (5, 11) and not shutil.which("fuse-overlayfs"):
+            yield Finding(WARN, "cluster store", f"kernel {os.uname().release} lets no user mount an overlay and "
+                          f"fuse-overlayfs is not installed: enroot ranks cannot start the store's images "
+                          f"(install fuse-overlayfs and set ENROOT_NATIVE_OVERLAYFS=n in enroot.conf)")
 
     def check_runtimes(self) -> Iterator[Finding]:
         if self.config is None:

@@ -56,8 +56,9 @@ PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "slurmdbd", "lib
             "sudo", "python3-aiohttp", "busybox-static",
             # the container runtime of the sandbox's jobs (podman 5.4 here, beside the host's 4.3)
             "podman", "runc", "conmon", "uidmap", "fuse-overlayfs", "slirp4netns", "catatonit", "squashfs-tools-ng",
-            # the cluster image store: its images mounted in each user's namespace
-            "squashfuse")
+            # the cluster image store: its images mounted in each user's namespace; enroot starts
+            # an image file only where unsquashfs can read it (runtime.sh)
+            "squashfuse", "squashfs-tools")
 # bound into every command's view of the root (recursively), at the same paths. Not /tmp, /var/tmp
 # or /home: rootless podman keeps per-user state there (its pause process's pid, which every later
 # podman joins, its run root, and in ~/.local/share/containers a store whose database and network

@@ -512,8 +512,11 @@ def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry:
         lines += [re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: env.get(m.group(1), ""), line)
                   for line in etc_environment.read_text().splitlines()]
     elif image:
-        found = subprocess.run(["unsquashfs", "-cat", rootfs, "etc/environment"], capture_output=True)
-        if found.returncode == 0:
+        try:
+            found = subprocess.run(["unsquashfs", "-cat", rootfs, "etc/environment"], capture_output=True)
+        except OSError:
+            found = None
+        if found is not None and found.returncode == 0:
             lines += found.stdout.decode("utf-8", "surrogateescape").splitlines()
     if conf is not None:
         # as enroot.in runs it: bash with `set -euo pipefail` and lastpipe (a config that uses an
@@ -563,7 +566,11 @@ def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry:
 
 
 def _is_squashfs(path: str) -> bool:
-    """runtime::start's test: a regular file (after symlinks) ``unsquashfs -s`` reads: its magic."""
+    """runtime::start's test: a regular file (after symlinks) ``unsquashfs -s`` reads -- its magic
+    here -- with an unsquashfs installed (``command -v unsquashfs``: without one, no file is an
+    image and a path is "Invalid argument")."""
+    if not shutil.which("unsquashfs"):
+        return False
     try:
         with open(path, "rb") as fh:
             return os.path.isfile(path) and fh.read(4) == SQUASHFS_MAGIC

@@ -183,7 +183,8 @@ def test_a_registry_gone_mid_pull_fails_every_rank_clearly_and_the_next_job_fetc
     repository = f"tether/store-gone{os.getpid()}"
     ref = box.registry_image(repository=repository, rootfs=box.large_image(0.5), log=lambda *_: None)
     before = len(box.registry_access_log())
-    job = subprocess.Popen(["runuser", "-u", cluster.user, "--", "srun", "-N2", f"--container-image={ref}", "true"],
+    job = subprocess.Popen(box.wrap(["runuser", "-u", cluster.user, "--", "srun", "-N2", f"--container-image={ref}",
+                                     "true"], str(box.work_dir)),       # in the Slurm root, if any
                            env=box.command_env(), cwd=str(box.work_dir), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
@@ -221,8 +222,9 @@ def test_two_users_jobs_racing_on_a_new_image_cost_one_fetch(cluster, cluster_st
     box.add_job_user(second)
     try:
         before = len(box.registry_access_log())
-        jobs = [subprocess.Popen(["runuser", "-u", user, "--", "srun", "-N3", f"--container-image={ref}", "sh", "-c",
-                                  "id -un"], env=box.command_env(), cwd=str(box.work_dir), stdout=subprocess.PIPE,
+        jobs = [subprocess.Popen(box.wrap(["runuser", "-u", user, "--", "srun", "-N3", f"--container-image={ref}",
+                                           "sh", "-c", "id -un"], str(box.work_dir)),
+                                 env=box.command_env(), cwd=str(box.work_dir), stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
                 for user in (cluster.user, second)]
         done = [job.communicate(timeout=600) for job in jobs]

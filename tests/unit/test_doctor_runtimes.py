@@ -215,3 +215,39 @@ def test_the_cluster_store_checks_say_what_a_node_lacks(tmp_path):
     assert found[0] == (OK, f"{root} (nobody's)")
     assert (WARN, f"no image service at {tmp_path / 'absent.sock'} on this host: its ranks pull into each user's "
                   f"own store (tether-images.socket)") in found
+
+
+def test_the_cluster_store_checks_what_enroot_needs_to_start_its_images(tmp_path, monkeypatch):
+    """With enroot on the node, the store's check also asks what `enroot start FILE` needs: an
+    unsquashfs that reads zstd (what the store writes), mountpoint, and an overlay users may mount
+    (the kernel's from 5.11, else fuse-overlayfs) -- each missing one said with its remedy."""
+    from tether.admin import doctor as doctor_mod
+    from tether.admin.doctor import FAIL
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "enroot").write_text("#!/bin/sh\n")
+    (bin_dir / "enroot").chmod(0o755)
+    root = tmp_path / "store"
+    (root / "images").mkdir(parents=True)
+    for path in (root, root / "images"):
+        os.chown(path, 65534, 65534)
+    doctor = _doctor(tmp_path, {"container": {"cluster_store": {"root": str(root), "account": "nobody"},
+                                              "enroot": {"binary": str(bin_dir / "enroot")}}})
+
+    def findings():
+        return [(f.status, f.detail) for f in doctor.check_cluster_store() if "enroot" in f.detail]
+
+    assert findings() == []                     # this machine has them all
+    said = (tmp_path / "unsquashfs")
+    said.write_text("#!/bin/sh\necho 'Decompressors available:'; echo '\tgzip'; echo '\txz'\n")
+    said.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(doctor_mod.shutil, "which", lambda name, real=doctor_mod.shutil.which:
+                        None if name in ("mountpoint", "fuse-overlayfs") else real(name))
+    monkeypatch.setattr(doctor_mod.os, "uname", lambda: os.uname_result(("Linux", "n1", "4.18.0-553.el8", "", "x86_64")))
+    got = findings()
+    assert (FAIL, "unsquashfs cannot read zstd (or is not installed): enroot ranks cannot start the store's images "
+                  "(apt install squashfs-tools)") in got
+    assert any(s == FAIL and d.startswith("mountpoint is not installed") for s, d in got)
+    assert any(s == WARN and "kernel 4.18.0-553.el8 lets no user mount an overlay" in d for s, d in got)
