@@ -587,6 +587,7 @@ def wait_published(store: ImageStore, reference: str, *, since: float, timeout: 
         time.sleep(interval)
 
 
-__all__ = ["FetchFailed", "ImageStore", "ImageInfo", "PrivateImage", "Published", "PublisherGone", "PublishLock", "StoreError",
+__all__ = ["FetchFailed", "ImageStore", "ImageInfo", "PrivateImage", "Published", "PublisherGone", "PublishLock",
+           "StoreError",
            "reference_key",
            "squashfs_intact", "wait_published"]

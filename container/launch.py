@@ -679,13 +679,13 @@ def _reap_descendants(grace: float, runtime_own=frozenset) -> tuple[int, list[in
 
 def _hang_up_orphans(children: list[int], done: frozenset = frozenset()) -> frozenset:
     """Do for the stopped orphans this launcher inherited what the kernel does for an orphaned
-    process group (POSIX): SIGHUP, then SIGCONT, to each stopped one's group (not this launcher's,
-    nor one in ``done``); the groups signalled, ``done`` included. A child subreaper inherits the
+    process group (POSIX): SIGHUP, then SIGCONT, to each stopped one's group (not one in
+    ``done``); the groups signalled, ``done`` included. A child subreaper inherits the
     orphans its runtime leaves, and a group whose members' parent is in the same session is never
     orphaned, so the kernel stays silent: enroot's fuse shim (runtime.sh: it stops itself and
     waits for the SIGHUP of its orphaned group to unmount an image started as a file) would stay
     stopped, holding squashfuse, until the step's end killed it."""
-    mine, session = os.getpgrp(), os.getsid(0)
+    session = os.getsid(0)
     groups = set(done)
     for pid in children:
         try:
@@ -696,7 +696,7 @@ def _hang_up_orphans(children: list[int], done: frozenset = frozenset()) -> froz
             continue
         # only a group the orphan leads itself (as enroot's shim, a `set -m` subshell), in this
         # launcher's session: never another rank's group a process of the user joined
-        if state in ("T", "t") and pgid == pid and sid == session and pgid not in groups and pgid != mine:
+        if state in ("T", "t") and pgid == pid and sid == session and pgid not in groups:
             groups.add(pgid)
             for sig in (signal.SIGHUP, signal.SIGCONT):
                 try:

@@ -143,6 +143,12 @@ def check_days(days: float) -> None:
         raise LaunchError(f"--older-than {days:g}: give a number of days >= 0")
 
 
+
+def env_name(name: str) -> bool:
+    """A variable name as a shell word: ASCII letters, digits and '_', not starting with a digit
+    (an image config's are anyone's to write; they reach shell scripts and env files)."""
+    return name.isascii() and name.isidentifier()
+
 class Runtime:
     """Base adapter. ``settings`` is the config's ``container.<runtime>`` section."""
 
@@ -230,8 +236,9 @@ class Runtime:
         """The cluster image store's image of registry image ``name`` (an imagestore.Published),
         asking this node's image service to fetch it when the store has it not (or resolved it too
         long ago) and waiting while another node's does; None when there is no cluster store, the
-        image is private (it needs credentials: the user's own pull) or the service cannot be
-        reached (said; the user's own pull). A failed fetch is a LaunchError with its words."""
+        image is private (it needs credentials: the user's own pull), the service cannot be reached
+        or its fetch failed (said, with its words; the user's own pull). A LaunchError when the store
+        cannot be trusted or its image is damaged."""
         import time
 
         from ..launch import progress

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import stat
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
@@ -27,8 +26,8 @@ from ..launch import progress
 from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, LaunchError, Mount, named_enroot_marker,
                     no_named_container, refuse_existing)
 from ..environment import entrypoint_split
-from . import (LATER_FILE, LATER_PART, Launch, Runtime, checked_marker, existing_store, later_values, mark_checked,
-               pmi_fd, registry_unchecked, store_directory, write_private)
+from . import (LATER_FILE, LATER_PART, Launch, Runtime, checked_marker, env_name, existing_store, later_values,
+               mark_checked, pmi_fd, registry_unchecked, store_directory, write_private)
 
 DEFAULT_STORE = f"{USER_STORE_ROOT}/{{uid}}/enroot"     # container.enroot.store's default
 
@@ -76,7 +75,6 @@ def enroot_uri(image: str) -> str:
 
 
 END_OF_ENVIRONMENT = "TETHER_END_OF_ENVIRONMENT"
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def carried(value: str) -> bool:
@@ -138,7 +136,7 @@ def write_environ_conf(path: str | None, values: Mapping[str, str], mount_lines:
     Values the environment file cannot carry are left out, and the user is told which."""
     lines, dropped = [], []
     for name in sorted(values):
-        if not ENV_NAME.fullmatch(name):       # never into the shell script (a name is a shell word)
+        if not env_name(name):                 # never into the shell script (a name is a shell word)
             raise LaunchError(f"{name!r} is not a variable name enroot's environment script can carry")
         (lines if carried(values[name]) else dropped).append(name)
     if dropped:
@@ -167,7 +165,7 @@ def image_environment(config: Mapping) -> dict[str, str]:
             name, value = item.split("=", 1)
             # a name is a shell word or nothing: the script enroot sources is shell (a registry
             # image's config is anyone's to write)
-            if ENV_NAME.fullmatch(name) and carried(value) and not name.startswith("ENROOT_"):
+            if env_name(name) and carried(value) and not name.startswith("ENROOT_"):
                 out[name] = value
     return out
 

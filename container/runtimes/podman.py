@@ -27,8 +27,8 @@ from ..environment import entrypoint_split
 from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, NAMED_MADE_BY, PROPAGATION, LaunchError, Mount,
                     effective_mounts, mount_refusal, named_podman_home, no_named_container, podman_tmpfs,
                     read_regular, refuse_existing)
-from . import (LATER_FILE, LATER_PART, Launch, Runtime, checked_marker, existing_store, later_values, mark_checked,
-               own_directory, pmi_fd, registry_unchecked, store_directory)
+from . import (LATER_FILE, LATER_PART, Launch, Runtime, checked_marker, env_name, existing_store, later_values,
+               mark_checked, own_directory, pmi_fd, registry_unchecked, store_directory)
 
 if TYPE_CHECKING:
     from typing import Mapping, Sequence
@@ -1260,9 +1260,8 @@ class Podman(Runtime):
                 # the cluster image store's squashfs, mounted in the user's namespace for this rank
                 # (squashfuse: nothing unpacked, nothing copied into the user's store)
                 self.store_mount = os.path.join(self.run_dir(), STORE_MOUNTS, f"{spec.job_id}.{spec.step_id}.{spec.rank}")
-                self.image_env = [e for e in stored.config.get("env", ()) if isinstance(e, str) and "\n" not in e
-                                  and e.split("=", 1)[0].isidentifier() and e.split("=", 1)[0].isascii()
-                                  and "=" in e]
+                self.image_env = [e for e in stored.config.get("env", ()) if isinstance(e, str) and "=" in e
+                                  and "\n" not in e and env_name(e.split("=", 1)[0])]
                 mnt, podman = self.store_mount, [self.binary, *glob]
                 # a mount onto a target the image lacks (a --container-mounts one, the home, the
                 # batch script) needs somewhere to make it: podman's overlay over the image
