@@ -141,8 +141,8 @@ static void *worker(void *unused)
 		call->done = 1;
 		if (call->abandoned)
 			tether_call_free(call);
-		else
-			pthread_cond_broadcast(&worker_done);
+		/* the caller of this call, and any caller waiting for its turn */
+		pthread_cond_broadcast(&worker_done);
 	}
 	return NULL;
 }
@@ -155,9 +155,14 @@ int tether_run(struct tether_call *call, int seconds)
 	clock_gettime(CLOCK_REALTIME, &deadline);
 	deadline.tv_sec += seconds;
 	pthread_mutex_lock(&worker_lock);
-	if (running || pending) { /* calls are serialized: this one is stuck */
-		pthread_mutex_unlock(&worker_lock);
-		return TETHER_BUSY;
+	/* Calls are serialized. From Slurm 23.02 slurmctld calls job_submit plugins under a read lock,
+	 * so another submission may be in the handler now: wait for its end, within this call's own
+	 * time (busy only if the worker is stuck, on an abandoned call, for all of it). */
+	while (running || pending) {
+		if (pthread_cond_timedwait(&worker_done, &worker_lock, &deadline) == ETIMEDOUT) {
+			pthread_mutex_unlock(&worker_lock);
+			return TETHER_BUSY;
+		}
 	}
 	pending = call;
 	clock_gettime(CLOCK_MONOTONIC, &call->t_signal);

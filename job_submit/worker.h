@@ -34,8 +34,10 @@ struct tether_call {
 int tether_worker_start(char *why, size_t why_len);
 int tether_worker_started(void);
 
-/* Run ``call`` on the worker, waiting at most ``seconds``: the handler's answer, TETHER_TIMEOUT or
- * TETHER_BUSY. The caller frees the call (tether_call_free) unless the answer is TETHER_TIMEOUT. */
+/* Run ``call`` on the worker, waiting at most ``seconds`` in all (for an earlier call's end too:
+ * calls are serialized): the handler's answer, TETHER_TIMEOUT, or TETHER_BUSY when the worker
+ * never became free. The caller frees the call (tether_call_free) unless the answer is
+ * TETHER_TIMEOUT. */
 int tether_run(struct tether_call *call, int seconds);
 void tether_call_free(struct tether_call *call);
 void tether_job_free(tether_job_t *job);

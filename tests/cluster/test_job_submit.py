@@ -152,6 +152,38 @@ def test_a_size_sweep_is_answered_by_its_shape_in_c(cluster, tether_config):
     assert handled + by_shape == 5 and handled <= 2 and by_shape >= 3, log
 
 
+def test_submissions_at_the_same_time_all_get_an_answer(cluster, tether_config):
+    """From Slurm 23.02 slurmctld calls job_submit plugins under a read lock, so two submissions
+    can be in the plugin at once (22.05 serializes them): each waits its turn for the handler, none
+    is refused as "busy" (CI on 24.11 saw two users' sruns started together refused so). Twelve new
+    shapes at once, each planned as its own."""
+    import subprocess
+
+    tether_config()
+    shapes = [(per_node, kind, image) for per_node in (1, 2, 4) for kind in ("cuda", "cpu") for image in ("", "x")]
+    box = cluster.box
+    jobs = [subprocess.Popen(box.wrap(["runuser", "-u", cluster.user, "--", "sbatch", "--parsable", "-H",
+                                       "--job-name=together", f"--slots={2 * per_node}", f"--slots-per-node={per_node}",
+                                       f"--slot-type={kind}", *([f"--container-image=localhost/{image}:1"] if image else []),
+                                       "--wrap", "true"], str(box.work_dir)),
+                             env=box.command_env(), cwd=str(box.work_dir), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+            for per_node, kind, image in shapes]
+    done = [job.communicate(timeout=120) for job in jobs]
+    ids = [out.strip().split(";")[0] for out, _ in done]
+    try:
+        assert [(job.returncode, err) for job, (_, err) in zip(jobs, done) if job.returncode] == []
+        for (per_node, kind, _), job_id in zip(shapes, ids):
+            fields = cluster.job_fields(job_id)
+            assert (fields["NumNodes"].split("-")[0], fields["NumTasks"]) == ("2", "2"), (per_node, kind)
+            if kind == "cpu":
+                assert fields.get("CPUs/Task", "1") == str(per_node) and "TresPerJob" not in fields, fields
+            else:
+                assert fields["TresPerJob"] == cluster.gres(f"gpu:{2 * per_node}"), fields
+    finally:
+        cluster.run(["scancel", *[j for j in ids if j.isdigit()]], check=False)
+
+
 def test_a_job_planned_on_more_nodes_than_its_partition_has_is_told_at_submit(cluster, tether_config):
     """Issue 45: ``--slots=4 --slot-type=cpu`` on the 3-node partition plans 4 nodes and pends
     forever (Reason PartitionNodeLimit), as ``-N4`` would; tether planned it, so sbatch says so --
