@@ -9,7 +9,8 @@ reference's lock on the shared filesystem -- one publisher for the whole cluster
 with its own rootless podman **without credentials**, so it only ever publishes what anyone may
 fetch (podman checks each blob against the manifest's digest as it pulls); the container's files
 (``podman export``, owners and modes as in the image, podman's mount targets added) become a
-squashfs (``tar2sqfs``) in the store's staging directory and are published by a rename. A
+squashfs (``tar2sqfs``) in the store's staging directory and are published by a rename (with
+``apptainer_form``, a gzip squashfs Apptainer starts too, made from the first). A
 reference that needs credentials is a private image: the service says so and the rank pulls it
 into the user's own store as without a cluster store (private images never enter it).
 
@@ -27,6 +28,7 @@ The protocol: one JSON line each way, then the service's progress lines::
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import socket
@@ -72,6 +74,8 @@ class PodmanFetcher:
     popular image's config and layers of their own would be what the popular one's pull found. In
     an empty store every layer of a pull is the pull's own, each checked against the manifest's
     digest."""
+
+    apptainer_form = False          # also write each image's Apptainer form (cluster_store.apptainer_form)
 
     def __init__(self, binary: str, scratch: str, env: Mapping[str, str], args: Sequence[str] = ()):
         self.scratch = scratch
@@ -173,12 +177,7 @@ class PodmanFetcher:
                     broken = exc         # podman's stream cut or not a tar: never a squashfs of part of it
                     write.kill()
                 finally:
-                    try:
-                        write.stdin.close()
-                    except BrokenPipeError:
-                        pass
-                    export.stdout.close()
-                    written = write.wait()
+                    written = _close_pipe(export, write)
                     # podman export keeps writing into a pipe nobody reads without ever getting
                     # EPIPE (seen: it holds the pipe's other end itself): ended here whenever
                     # tar2sqfs is done, or the fetch -- and the reference's lock, kept fresh
@@ -200,15 +199,8 @@ class PodmanFetcher:
                 if broken is not None:
                     raise FetchError(f"podman export's stream could not be read: {broken}")
                 if written != 0:
-                    # tar2sqfs says only "I/O error" when the disk is full: the space left, said with it
-                    where = os.path.dirname(target)
-                    try:
-                        st = os.statvfs(where)
-                        space = f"; {st.f_bavail * st.f_frsize // (1 << 20)} MiB free in {where}"
-                    except OSError:
-                        space = ""
                     raise FetchError(f"tar2sqfs failed: {write_err.read(8192).decode(errors='replace').strip()}"
-                                     f"{space}")
+                                     f"{_space_left(target)}")
         finally:
             self._run("rm", "--force", name, timeout=600)
 
@@ -220,15 +212,23 @@ class PodmanFetcher:
 _THREADS = threading.Lock()     # one fetch per process (flock is per open file, not per thread)
 
 
-def add_mount_targets(source, sink) -> None:
-    """Copy the tar stream ``source`` to ``sink``, adding podman's mount targets (empty files and
-    directories, root's) that it lacks -- a read-only root without them cannot start."""
+@contextlib.contextmanager
+def _copied_tar(source, sink):
+    """The tar stream ``source`` copied member by member to a PAX stream on ``sink``: yields that
+    stream, open for more members, and the paths it has (no leading ./ or trailing /)."""
     seen = set()
     with tarfile.open(fileobj=source, mode="r|") as tin, tarfile.open(fileobj=sink, mode="w|",
                                                                       format=tarfile.PAX_FORMAT) as tout:
         for member in tin:
             seen.add(member.name.lstrip("./").rstrip("/"))
             tout.addfile(member, tin.extractfile(member) if member.isreg() else None)
+        yield tout, seen
+
+
+def add_mount_targets(source, sink) -> None:
+    """Copy the tar stream ``source`` to ``sink``, adding podman's mount targets (empty files and
+    directories, root's) that it lacks -- a read-only root without them cannot start."""
+    with _copied_tar(source, sink) as (tout, seen):
         for path in TARGET_DIRS:
             for part in _parents(path):
                 if part not in seen:
@@ -253,6 +253,107 @@ def add_mount_targets(source, sink) -> None:
                 info = tarfile.TarInfo(path)
                 info.type, info.linkname = tarfile.SYMTYPE, target
                 tout.addfile(info)
+
+
+# Apptainer's docker conversion (internal/pkg/build/sources/conveyorPacker_oci.go, insertEnv):
+# the image's ENV in this file, PATH set, every other variable only where the environment has none
+APPTAINER_ENV_SCRIPT = ".singularity.d/env/10-docker2singularity.sh"
+# Apptainer's action script (1.1.9, internal/pkg/util/fs/files/action_script.sh) puts the job's
+# variables (APPTAINERENV_*) in right after sourcing the image's 99-base.sh, and never when an image
+# with /.singularity.d/env has none (seen by hand: the image's ENV won); what its build writes
+# there: its libraries' directory on the library path (--nv puts the driver's there), its prompt
+APPTAINER_BASE_SCRIPT = (".singularity.d/env/99-base.sh",
+                         '#!/bin/sh\nLD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/.singularity.d/libs"\n'
+                         'PS1="${PS1:-Apptainer> }"\nexport LD_LIBRARY_PATH PS1\n')
+APPTAINER_DIRS = (".singularity.d", ".singularity.d/env", ".singularity.d/libs")
+
+
+def apptainer_environment(env: Sequence[str]) -> str:
+    """The image config's ``Env`` as Apptainer's env script for it (see APPTAINER_ENV_SCRIPT); a
+    name that is not a shell word is left out (the config is anyone's to write)."""
+    from .runtimes import env_name
+
+    lines = ["#!/bin/sh"]
+    for item in env:
+        name, eq, value = item.partition("=")
+        if not eq or not env_name(name):
+            continue
+        quoted = "".join("\\" + c if c in '\\"$`' else c for c in value)
+        # Apptainer writes NAME="${NAME:-value}"; the same test, with the value outside the
+        # expansion (a '}' in it would end the expansion there)
+        lines.append(f'export {name}="{quoted}"' if name == "PATH" else
+                     f'if [ -z "${{{name}:-}}" ]; then {name}="{quoted}"; fi; export {name}')
+    return "\n".join(lines) + "\n"
+
+
+def add_apptainer_files(source, sink, env: Sequence[str]) -> None:
+    """Copy the tar stream ``source`` (the store's squashfs as sqfs2tar gives it) to ``sink``, with
+    Apptainer's /.singularity.d and the image's ENV in its env script, where the image has none."""
+    with _copied_tar(source, sink) as (tout, seen):
+        for path in APPTAINER_DIRS:
+            if path not in seen:
+                info = tarfile.TarInfo(path)
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tout.addfile(info)
+        for path, text in ((APPTAINER_ENV_SCRIPT, apptainer_environment(env)), APPTAINER_BASE_SCRIPT):
+            if path not in seen:
+                data = text.encode()
+                info = tarfile.TarInfo(path)
+                info.mode, info.size, info.mtime = 0o755, len(data), int(time.time())
+                tout.addfile(info, io.BytesIO(data))
+
+
+def write_apptainer_form(squashfs: str, target: str, env: Sequence[str], *, environ: Mapping[str, str]) -> None:
+    """The store's squashfs ``squashfs`` again as a gzip squashfs at ``target`` with Apptainer's
+    files (add_apptainer_files): ``sqfs2tar`` through ``tar2sqfs``, owners and modes kept."""
+    with tempfile.TemporaryFile() as read_err, tempfile.TemporaryFile() as write_err:
+        read = subprocess.Popen(["sqfs2tar", "--root-becomes", ".", squashfs], env=environ, stdout=subprocess.PIPE,
+                                stderr=read_err, stdin=subprocess.DEVNULL)
+        write = subprocess.Popen(["tar2sqfs", "--quiet", "--force", "--compressor", "gzip", "--num-jobs",
+                                  str(os.cpu_count() or 1), "--defaults", "mode=0755", target],
+                                 env=environ, stdin=subprocess.PIPE, stderr=write_err, stdout=subprocess.DEVNULL)
+        broken = None
+        try:
+            add_apptainer_files(read.stdout, write.stdin, env)
+        except BrokenPipeError:
+            pass                         # tar2sqfs ended early (a full disk): its words below
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            broken = exc
+            write.kill()
+        finally:
+            written = _close_pipe(read, write)
+            if read.poll() is None and (written != 0 or broken is not None):
+                read.kill()
+            got = read.wait()
+        read_err.seek(0)
+        write_err.seek(0)
+        if broken is not None or (got != 0 and written == 0):
+            raise FetchError(f"sqfs2tar of {squashfs} failed: "
+                             f"{broken or read_err.read(8192).decode(errors='replace').strip()}")
+        if written != 0:
+            raise FetchError(f"tar2sqfs of the Apptainer image failed: "
+                             f"{write_err.read(8192).decode(errors='replace').strip()}{_space_left(target)}")
+
+
+def _close_pipe(reader: subprocess.Popen, writer: subprocess.Popen) -> int:
+    """Close both ends tether held of a ``reader | tether | writer`` pipe; the writer's status."""
+    try:
+        writer.stdin.close()
+    except BrokenPipeError:
+        pass
+    reader.stdout.close()
+    return writer.wait()
+
+
+def _space_left(target: str) -> str:
+    """"; N MiB free in <dir>" for ``target``'s directory (tar2sqfs says only "I/O error" when the
+    disk is full), or nothing."""
+    where = os.path.dirname(target)
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return ""
+    return f"; {st.f_bavail * st.f_frsize // (1 << 20)} MiB free in {where}"
 
 
 def _parents(path: str) -> list[str]:
@@ -299,23 +400,32 @@ def _fetch_and_publish(store: ImageStore, fetcher, reference: str, user: int | N
     registry named for it, and what names every layer's digest, each checked as podman pulled it --
     unless the store has that manifest's image already (the tag did not move)."""
     manifest, podman_id = fetcher.pull(reference)
-    staging = None
+    staging = form = None
     try:
         algorithm, _, key = manifest.partition(":")
         if algorithm != "sha256" or not valid_id(key):
             raise FetchError(f"{reference}: podman gave no manifest digest for it ({manifest[:80]!r})")
         known = store.lookup(reference, max_age=None)
-        if known and known.image_id == key:
-            store.refresh(reference)                                # the tag still names it
-            return store.lookup(reference, max_age=None)
-        if not store.has_image(key):
+        config = fetcher.config(podman_id)
+        if not (known and known.image_id == key) and not store.has_image(key):
             staging = store.staging_path(key)
             say(f"making the squashfs of {reference} ({key[:12]})")
             fetcher.squashfs(podman_id, staging)
-        return store.publish(reference, manifest, key, staging, user, config=fetcher.config(podman_id))
+        if getattr(fetcher, "apptainer_form", False) and not os.path.exists(store.form_path(key)):
+            # from the squashfs just made, or the store's (published before apptainer_form was on)
+            form = store.staging_path(f"{key}.apptainer")
+            say(f"making the Apptainer image of {reference} ({key[:12]})")
+            write_apptainer_form(staging or store.image_path(key), form, config.get("env", []), environ=fetcher.env)
+        if known and known.image_id == key:
+            if form:
+                store.place_form(key, form)
+            store.refresh(reference)                                # the tag still names it
+            return store.lookup(reference, max_age=None)
+        return store.publish(reference, manifest, key, staging, user, config=config, apptainer=form)
     finally:
-        if staging and os.path.exists(staging):
-            os.unlink(staging)
+        for path in (staging, form):
+            if path and os.path.exists(path):
+                os.unlink(path)
         fetcher.forget(podman_id)
 
 
@@ -410,7 +520,9 @@ def fetcher_for(settings: Mapping, socket_path: str) -> PodmanFetcher:
            "XDG_RUNTIME_DIR": run}
     args = [a for a in podman.get("args") or () if a.split("=", 1)[0] in ("--runtime", "--storage-driver")
             or a in ("runc", "crun")]
-    return PodmanFetcher(str(podman.get("binary") or "podman"), scratch, env, args)
+    fetcher = PodmanFetcher(str(podman.get("binary") or "podman"), scratch, env, args)
+    fetcher.apptainer_form = bool((settings.get("cluster_store") or {}).get("apptainer_form", True))
+    return fetcher
 
 
 DEFAULT_SCRATCH = "/var/lib/tether/image-service"

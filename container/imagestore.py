@@ -5,6 +5,10 @@ Layout under the store's root (``images.store``; the service account's, mode 075
 
     images/<id>.sqfs        the image's root filesystem, read-only (0444); <id> is the hex of the
                             image's config digest (its image id: what the content is)
+    images/<id>.apptainer.sqfs
+                            the same files as a gzip squashfs with the image's ENV in
+                            /.singularity.d/env (container.cluster_store.apptainer_form): the
+                            form Apptainer starts as it is (before 1.4 it reads no zstd)
     images/<id>.json        what the service knows of it: size, when, the references that led to it
     refs/<key>.json         a reference (docker.io/library/ubuntu:22.04) the service resolved at the
                             registry itself: its manifest digest, the image id, when; <key> is the
@@ -42,6 +46,8 @@ from ..system.files import UntrustedPath, open_trusted_file, trusted_directory, 
 IMAGES, REFS, LOCKS, FAILED, STAGING, USES = "images", "refs", "locks", "failed", "staging", "uses"
 FETCHES = "fetches"        # the service's count of the fetches each uid asked for (fetches_per_hour)
 SQUASHFS_MAGIC = b"hsqs"
+SQUASHFS_GZIP = 1          # the superblock's compressor id (zstd is 6)
+APPTAINER_FORM = ".apptainer.sqfs"
 HEARTBEAT = 5.0            # how often a publisher touches its lock
 STALE_AFTER = 60.0         # a lock untouched this long is a dead publisher's
 ID_LENGTH = 64
@@ -84,17 +90,37 @@ def valid_id(image_id: str) -> bool:
     return len(image_id) == ID_LENGTH and all(c in "0123456789abcdef" for c in image_id)
 
 
-def squashfs_intact(fd: int) -> str | None:
+def squashfs_intact(fd: int, compression: int | None = None) -> str | None:
     """Why the squashfs open at ``fd`` is not whole (None: its superblock says it is): the magic,
     and the size its superblock gives (bytes_used) against the file's -- a truncated or
-    overwritten file is caught without reading the image."""
+    overwritten file is caught without reading the image; with ``compression``, its compressor."""
     head = os.pread(fd, 96, 0)
     if len(head) < 96 or head[:4] != SQUASHFS_MAGIC:
         return "not a squashfs image"
     bytes_used = struct.unpack_from("<Q", head, 40)[0]
+    if compression is not None and struct.unpack_from("<H", head, 20)[0] != compression:
+        return f"not compressed with compressor {compression} (the squashfs superblock's id)"
     if bytes_used > os.fstat(fd).st_size:
         return f"truncated ({os.fstat(fd).st_size} of {bytes_used} bytes)"
     return None
+
+
+def _place(staged: str, target: str, compression: int | None, what: str) -> None:
+    """Move the squashfs ``staged`` into place at ``target`` once it is whole and on disk, read-only
+    (an image there already -- the same content -- is kept and ``staged`` dropped)."""
+    fd = os.open(staged, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        broken = squashfs_intact(fd, compression)
+        if broken:
+            raise StoreError(f"{what} is {broken}")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(staged, 0o444)
+    if os.path.exists(target):
+        os.unlink(staged)
+    else:
+        os.rename(staged, target)
 
 
 class ImageStore:
@@ -192,6 +218,27 @@ class ImageStore:
             raise StoreError(f"{image_id!r} is not an image id")
         return os.path.join(self._dir(IMAGES), f"{image_id}.sqfs")
 
+    def apptainer_form(self, found: Published) -> str | None:
+        """The Apptainer form of the published image ``found`` (a gzip squashfs; see the module
+        docstring); None when the store has none (published before apptainer_form, or with it
+        off); StoreError when it cannot be trusted or is damaged."""
+        path = self.form_path(found.image_id)
+        fd = self._open(path, "a cluster store image")
+        if fd is None:
+            return None
+        try:
+            broken = squashfs_intact(fd, SQUASHFS_GZIP)
+        finally:
+            os.close(fd)
+        if broken:
+            raise StoreError(f"the cluster store's Apptainer image of {found.reference} ({path}) is {broken}: an "
+                             f"admin removes it with `tether images rm {found.image_id[:12]}` and the next rank "
+                             f"fetches it again")
+        return path
+
+    def form_path(self, image_id: str) -> str:
+        return self.image_path(image_id)[:-len(".sqfs")] + APPTAINER_FORM
+
     def failure(self, reference: str, since: float) -> str | None:
         """The publisher's error for ``reference`` recorded after ``since`` (None: none)."""
         record = self._read_json(FAILED, f"{reference_key(reference)}.json")
@@ -271,30 +318,27 @@ class ImageStore:
     def lock(self, reference: str) -> "PublishLock":
         return PublishLock(os.path.join(self._dir(LOCKS), f"{reference_key(reference)}.lock"))
 
+    def place_form(self, image_id: str, staged: str) -> str:
+        """Move the whole Apptainer form ``staged`` (in staging) into place for ``image_id`` (kept
+        when one is there already); its path."""
+        target = self.form_path(image_id)
+        _place(staged, target, SQUASHFS_GZIP, f"the Apptainer image made of {image_id[:12]}")
+        return target
+
     def publish(self, reference: str, manifest: str, image_id: str, squashfs: str | None,
-                user: int | None, *, config: dict | None = None) -> Published:
+                user: int | None, *, config: dict | None = None, apptainer: str | None = None) -> Published:
         """Move the whole squashfs ``squashfs`` (in staging) into place as ``image_id`` and point
         ``reference`` at it: the image first (a rename), then its record, then the reference's --
         a reader sees the reference only once everything it names is in place. An image already
         there (another reference to the same content; ``squashfs`` None) is kept and
-        ``squashfs`` dropped."""
+        ``squashfs`` dropped. ``apptainer``: its Apptainer form (in staging), placed first."""
         if not valid_id(image_id):
             raise StoreError(f"{image_id!r} is not an image id")
         target = os.path.join(self._dir(IMAGES), f"{image_id}.sqfs")
+        if apptainer is not None:
+            self.place_form(image_id, apptainer)
         if squashfs is not None:
-            fd = os.open(squashfs, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                broken = squashfs_intact(fd)
-                if broken:
-                    raise StoreError(f"the image made for {reference} is {broken}")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.chmod(squashfs, 0o444)
-            if os.path.exists(target):
-                os.unlink(squashfs)
-            else:
-                os.rename(squashfs, target)
+            _place(squashfs, target, None, f"the image made for {reference}")
         elif not os.path.exists(target):
             raise StoreError(f"the store has no image {image_id} for {reference}")
         size = os.stat(target).st_size
@@ -398,9 +442,14 @@ class ImageStore:
             image_id = entry.name[:-5]
             meta = self._read_json(IMAGES, f"{image_id}.json") or {}
             st = entry.stat(follow_symlinks=False)
+            size = st.st_size
+            try:
+                size += os.lstat(os.path.join(entry.path[:-len(".sqfs")] + APPTAINER_FORM)).st_size
+            except FileNotFoundError:
+                pass
             created = float(meta.get("created", st.st_mtime))
             last, users = uses.get(image_id, (0.0, set()))
-            out.append(ImageInfo(image_id, st.st_size, created, tuple(meta.get("references", ())),
+            out.append(ImageInfo(image_id, size, created, tuple(meta.get("references", ())),
                                  max(last, created), tuple(sorted(users))))
         return out
 
@@ -414,7 +463,7 @@ class ImageStore:
                 if record.get("id") == image_id:
                     os.unlink(entry.path)
                     gone.append(str(record.get("reference")))
-        for suffix in (".sqfs", ".json"):
+        for suffix in (".sqfs", APPTAINER_FORM, ".json"):
             try:
                 os.unlink(os.path.join(self._dir(IMAGES), image_id + suffix))
             except FileNotFoundError:

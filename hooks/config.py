@@ -163,8 +163,8 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
                                "--[no-]container-mount-home"),
         "cluster_store": Struct(doc="the cluster image store: each public registry image once for the whole "
                                     "cluster, a read-only squashfs on a filesystem every node sees, fetched and "
-                                    "written only by the image service's account; podman and enroot ranks "
-                                    "start it without unpacking (squashfuse)", fields={
+                                    "written only by the image service's account; podman, enroot and Apptainer "
+                                    "ranks start it without unpacking (squashfuse)", fields={
             "root": Str(nullable=True, default=None, pattern=STORAGE_PATH_PATTERN, accepted=STORAGE_PATH_ACCEPTED,
                         doc="the store's directory on a filesystem every node sees, the service account's "
                             "(tether images setup makes it); null: no cluster store, each user pulls into "
@@ -193,6 +193,11 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
                                     doc="fetches one user may have the service make in an hour, across the "
                                         "cluster (any local user can ask for any public image); beyond it their "
                                         "ranks pull into their own store, said; 0: no limit"),
+            "apptainer_form": Bool(default=True,
+                                   doc="also write each image in the form Apptainer starts as it is: a gzip "
+                                       "squashfs with the image's ENV in /.singularity.d (Apptainer before 1.4 "
+                                       "reads no zstd); false: Apptainer ranks convert registry images "
+                                       "themselves, as without a store"),
             "wait_seconds": Int(default=3600, minimum=10, maximum=86400,
                                 doc="how long a rank waits for the service to publish an image another node "
                                     "is fetching"),

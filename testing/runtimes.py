@@ -23,6 +23,12 @@ Sources, per behaviour:
   NAME and wins over the prefixed variables.
 - A missing image: ``FATAL:   could not open image IMG: failed to retrieve path for IMG: lstat IMG:
   no such file or directory``, exit 255.
+- A squashfs image file (recorded with Apptainer 1.1.9 built from its sources, by hand:
+  ``tests/fixtures/conformance/apptainer-squashfs.json``): zstd is refused before anything runs
+  (``FATAL:   could not open image IMG: corrupted image: unknown compression algorithm value 6``,
+  exit 255); a gzip one runs, its ``/.singularity.d/env/*.sh`` sourced over the environment
+  above before PATH's changes (run here by sh for real), with ``INFO:    fuse2fs not found, will
+  not be able to mount EXT3 filesystems`` on each run where no fuse2fs is installed.
 - Enroot 4.1.2 (``enroot.in``): the defaults of its paths (``ENROOT_RUNTIME_PATH`` =
   ``${XDG_RUNTIME_DIR:-/run}/enroot``, cache/data under ``XDG_CACHE_HOME``/``XDG_DATA_HOME``, temp
   ``${TMPDIR:-/tmp}``), then ``(umask 077 && mkdir -p CACHE DATA RUNTIME)`` before any command -- done
@@ -167,7 +173,14 @@ def apptainer_main(profile_name: str, argv: list[str], state: str) -> int:
         raise UsageError(f'Error for command "{command}": requires at least {2 if command == "exec" else 1} '
                          f'arg(s), only received {len(operands)}')
     image, command_argv = operands[0], operands[1:]
-    container_env = _apptainer_env(profile, flags, os.environ)
+    squashfs = _squashfs_image(image)
+    if squashfs == "zstd":
+        sys.stderr.write(f"FATAL:   could not open image {image}: corrupted image: unknown compression algorithm "
+                         f"value 6\n")
+        return 255
+    container_env = _apptainer_env(profile, flags, os.environ, image=image if squashfs else None)
+    if squashfs and not shutil.which("fuse2fs"):
+        sys.stderr.write("INFO:    fuse2fs not found, will not be able to mount EXT3 filesystems\n")
     cwd = (flags.get("pwd") or [None])[-1]
     record_call(state, {"tool": prog, "profile": profile_name, "argv": [prog, *argv], "env": dict(os.environ),
                         "flags": flags, "image": image, "command": command_argv, "container_env": container_env,
@@ -192,8 +205,64 @@ PATH_KEYS = {"PREPEND_PATH": "SING_USER_DEFINED_PREPEND_PATH", "APPEND_PATH": "S
              "PATH": "SING_USER_DEFINED_PATH"}
 
 
-def _apptainer_env(profile: dict, flags: dict[str, list[str]], host: os._Environ | dict) -> dict[str, str]:
-    """The program's environment inside, by create.go's SetContainerEnv (see the module doc)."""
+def _squashfs_image(image: str) -> str | None:
+    """"gzip" or "zstd" (or another compressor's id) for a squashfs image file, else None."""
+    try:
+        with open(image, "rb") as f:
+            head = f.read(24)
+    except OSError:
+        return None
+    if len(head) < 24 or head[:4] != b"hsqs":
+        return None
+    compressor = int.from_bytes(head[20:22], "little")
+    return {1: "gzip", 6: "zstd"}.get(compressor, str(compressor))
+
+
+def _image_scripts(image: str, env: dict[str, str], forwarded: dict[str, str]) -> dict[str, str]:
+    """``env`` (create.go's) after the squashfs image's /.singularity.d/env scripts, as Apptainer
+    1.1.9's action script runs them: each sourced in order (by sh here, for real) in an environment
+    cleared but for HOME and PWD; the job's ``forwarded`` variables (APPTAINERENV_*, --env) put in
+    right after 99-base.sh -- never when the image has env scripts but no 99-base.sh -- or, without
+    /.singularity.d/env, after nothing; PATH completed from the default after 10-docker*.sh; then
+    what the scripts left unset taken from ``env``, and what they left empty unset."""
+    import shlex
+    import tempfile
+
+    listing = subprocess.run(["unsquashfs", "-d", "", "-lc", image, ".singularity.d/env"], capture_output=True,
+                             text=True)
+    names = sorted(line.rsplit("/", 1)[-1] for line in listing.stdout.splitlines()
+                   if line.startswith("/.singularity.d/env/") and line.endswith(".sh"))
+    inject = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in forwarded.items() if k.isidentifier())
+    fixpath = ("for d in $(echo " + DEFAULT_PATH.replace(":", " ") + "); do case :$PATH: in *:$d:*) ;; "
+               "*) PATH=$PATH:$d ;; esac; done; export PATH\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        lines = ["unset PS1 PS2 PS4\n"]       # sh's own defaults, which Apptainer's shell has not
+        for name in names:
+            path = os.path.join(tmp, name)
+            with open(path, "wb") as f:
+                f.write(subprocess.run(["unsquashfs", "-cat", image, f".singularity.d/env/{name}"],
+                                       capture_output=True).stdout)
+            lines.append(f". {shlex.quote(path)}\n")
+            if name.startswith("10-docker"):
+                lines.append(fixpath)
+            if name == "99-base.sh":
+                lines.append(inject)
+        if not names:
+            lines.append(inject)
+        lines.append("exec env -0\n")
+        out = subprocess.run(["sh", "-c", "".join(lines)], capture_output=True,
+                             env={"HOME": env.get("HOME", ""), "PWD": os.getcwd()})
+    after = dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
+    for key, value in env.items():
+        if key not in after:
+            after[key] = value
+    return {k: v for k, v in after.items() if v != "" or k not in env}
+
+
+def _apptainer_env(profile: dict, flags: dict[str, list[str]], host: os._Environ | dict,
+                   image: str | None = None) -> dict[str, str]:
+    """The program's environment inside, by create.go's SetContainerEnv (see the module doc);
+    ``image``: a squashfs image whose env scripts apply."""
     clean = "cleanenv" in flags or "containall" in flags
     prefixes = profile["prefixes"]
     control = ("APPTAINER_", "SINGULARITY_") if profile["prog"] == "apptainer" else ("SINGULARITY_",)
@@ -226,6 +295,11 @@ def _apptainer_env(profile: dict, flags: dict[str, list[str]], host: os._Environ
                 env[key] = value
     env["HOME"] = pwd.getpwuid(os.getuid()).pw_dir
     env["PATH"] = DEFAULT_PATH
+    if image:
+        forwarded = {**overridden, **{k: v for k, v in env.items() if k in {p.partition("=")[0] for item in
+                                                                              flags.get("env", [])
+                                                                              for p in item.split(",")}}}
+        env = _image_scripts(image, {k: v for k, v in env.items() if k not in forwarded}, forwarded)
     # /.singularity.d/env/99-runtimevars.sh, inside the container
     if env.get("SING_USER_DEFINED_PREPEND_PATH"):
         env["PATH"] = f"{env['SING_USER_DEFINED_PREPEND_PATH']}:{env['PATH']}"

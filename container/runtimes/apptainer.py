@@ -5,7 +5,8 @@ enter as ``APPTAINERENV_<NAME>`` (``SINGULARITYENV_`` for Singularity): comma-sa
 values on commas), known to every version (SingularityCE before 3.6 has no ``exec --env``), and
 winning over the image's own values as on the other runtimes (without --cleanenv a def file's
 %environment would win over an inherited host value, while docker ENV loses to it). docker:// and other remote sources are converted once into the image cache
-(tether.container.images: the shared one, or the user's own); a SIF, a squashfs file or a sandbox
+(tether.container.images: the shared one, or the user's own), or started from the cluster image
+store's Apptainer form as it is (container.cluster_store); a SIF, a squashfs file or a sandbox
 directory runs as is.
 """
 
@@ -125,6 +126,32 @@ class Apptainer(Runtime):
         argv += [self.image_path(spec, env), *spec.command]
         return Launch(argv=argv, env=env, runtime=self)
 
+    def cluster_image(self, spec: LaunchSpec) -> str | None:
+        """The cluster image store's Apptainer form of the rank's registry image (a gzip squashfs
+        Apptainer starts as it is: squashfuse, nothing converted or unpacked), None when the rank
+        converts it as without the store: Singularity (SingularityCE 3 needs the image's own
+        /.singularity.d actions), the image's entrypoint (its runscript), a ``user@`` reference,
+        a store that has no Apptainer form of it (apptainer_form off when it was fetched)."""
+        if self.name != "apptainer" or spec.entrypoint or not self.cluster_store.get("root") \
+                or not self.cluster_store.get("apptainer_form", True):
+            return None
+        ref = self.reference(spec.image)
+        if ref.kind != "registry" or ref.user:
+            return None
+        found = self.cluster_store_image(ref.qualified())
+        if found is None:
+            return None
+        from ..imagestore import ImageStore, StoreError
+
+        try:
+            path = ImageStore.configured(self.cluster_store).apptainer_form(found)
+        except StoreError as exc:
+            raise LaunchError(str(exc)) from None
+        if path is None:
+            progress(f"the cluster image store has no Apptainer image of {ref.qualified()} (fetched before "
+                     f"apptainer_form was on): converting it into the image cache")
+        return path
+
     def require_version(self, minimum: tuple[int, int], flag: str) -> None:
         """Refuse, with one line naming the minimum, a runtime too old for ``flag`` (asked only when
         such a flag is needed: running ``--version`` costs every rank a process)."""
@@ -153,6 +180,9 @@ class Apptainer(Runtime):
     def image_path(self, spec: LaunchSpec, env: Mapping[str, str]) -> str:
         if not self.is_remote(spec.image):
             return self.local_image(spec.image)
+        stored = self.cluster_image(spec)
+        if stored:
+            return stored
         # one spelling per image (ubuntu:22.04 = docker://docker.io/library/ubuntu:22.04): one conversion
         return self.image_cache(env).ensure(self.reference(spec.image).docker_uri(),
                                             build=[self.binary, "build", *self.args], env=env)

@@ -4,6 +4,7 @@ registry (its access log counts what was fetched), squashfuse mounts in each use
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -22,6 +23,33 @@ def cluster_store(cluster):
     """The sandbox with container.cluster_store and the nodes' image services (Sandbox.cluster_store_on)."""
     with cluster.box.cluster_store_on() as root:
         yield ImageStore(root, pwd.getpwnam(cluster.box.cluster_store_settings()["account"]).pw_uid)
+
+
+def _fakes(box, name: str) -> FakeRuntimes:
+    """The testing kit's fake runtimes in the sandbox's directory ``name``, for every node's job
+    users, without an earlier session's calls; exit 0."""
+    fakes = FakeRuntimes(box.root / name, python=box.python)
+    for path in (fakes.root, fakes.bin_dir):
+        os.chmod(path, 0o755)
+    for left in ("calls.jsonl", "behaviour.json"):             # an earlier session's
+        (fakes.state_dir / left).unlink(missing_ok=True)
+    fakes.configure(exit_code=0)
+    return fakes
+
+
+@contextlib.contextmanager
+def _binary(box, runtime: str, fakes: FakeRuntimes):
+    """The sandbox's config with ``runtime``'s binary the fake's, for the time of a ``with``."""
+    conf = box.tether_conf
+    original = conf.read_text()
+    data = yaml.safe_load(original)
+    data["container"][runtime] = {**data["container"].get(runtime, {}), "binary": str(fakes.bin_dir / runtime)}
+    conf.write_text(yaml.safe_dump(data))
+    time.sleep(CONFIG_CHECK_SECONDS + 0.05)
+    try:
+        yield
+    finally:
+        conf.write_text(original)
 
 
 def fetches(requests: list[str], repository: str) -> dict[str, int]:
@@ -143,21 +171,10 @@ def test_an_enroot_rank_starts_the_stores_squashfs_as_it_is(cluster, cluster_sto
     run by the real SPANK plugin and launcher on every node, the image fetched by the real
     service's podman. The shim is hung up by the launcher: no stopped process of the user stays."""
     box = cluster.box
-    fakes = FakeRuntimes(box.root / "fake-runtimes-store", python=box.python)
-    for path in (fakes.root, fakes.bin_dir):
-        os.chmod(path, 0o755)
-    for left in ("calls.jsonl", "behaviour.json"):             # an earlier session's
-        (fakes.state_dir / left).unlink(missing_ok=True)
-    fakes.configure(exit_code=0)
+    fakes = _fakes(box, "fake-runtimes-store")
     ref = box.registry_image(repository=f"tether/store-e{os.getpid()}", changes=("ENV STORE_TEST=from-image",
                                                                                   "CMD /bin/sh"), log=lambda *_: None)
-    conf = box.tether_conf
-    original = conf.read_text()
-    data = yaml.safe_load(original)
-    data["container"]["enroot"] = {**data["container"].get("enroot", {}), "binary": str(fakes.bin_dir / "enroot")}
-    conf.write_text(yaml.safe_dump(data))
-    time.sleep(CONFIG_CHECK_SECONDS + 0.05)
-    try:
+    with _binary(box, "enroot", fakes):
         ran = cluster.as_user(["srun", "-N3", "--container-runtime=enroot", f"--container-image={ref}", "true"])
         assert ran.returncode == 0, ran.stderr
         [published] = [i for i in cluster_store.images() if ref in i.references]
@@ -168,8 +185,6 @@ def test_an_enroot_rank_starts_the_stores_squashfs_as_it_is(cluster, cluster_sto
         assert [c["container_env"].get("STORE_TEST") for c in started] == ["from-image"] * 3
         stopped = cluster.run(["ps", "-u", cluster.user, "-o", "pid=,stat=,args="], check=False).stdout
         assert not [line for line in stopped.splitlines() if line.split()[1].startswith("T")], stopped
-    finally:
-        conf.write_text(original)
 
 
 def test_a_registry_gone_mid_pull_fails_every_rank_clearly_and_the_next_job_fetches_it(cluster, cluster_store):
@@ -237,3 +252,27 @@ def test_two_users_jobs_racing_on_a_new_image_cost_one_fetch(cluster, cluster_st
         assert sum("into the cluster image store (once for the whole cluster)" in err for _, err in done) == 1, done
     finally:
         box.remove_job_user(second)
+
+
+def test_an_apptainer_rank_starts_the_stores_apptainer_form(cluster, cluster_store):
+    """Apptainer ranks use the same store: the service writes, with the image, its Apptainer form
+    (a gzip squashfs with the image's ENV in /.singularity.d: Apptainer before 1.4 reads no zstd),
+    and every rank hands that file to apptainer exec as it is (no build, nothing in the image
+    cache). Apptainer is the testing kit's strict fake (it refuses a zstd squashfs as Apptainer
+    1.1.9 did, and sources the form's env scripts as its action script does), run by the real
+    SPANK plugin and launcher on every node; the form is made by the real service."""
+    box = cluster.box
+    fakes = _fakes(box, "fake-runtimes-store-a")
+    fakes.configure(profiles={"apptainer": "apptainer-1"})
+    ref = box.registry_image(repository=f"tether/store-a{os.getpid()}", changes=("ENV STORE_TEST=from-image",
+                                                                                  "CMD /bin/sh"), log=lambda *_: None)
+    with _binary(box, "apptainer", fakes):
+        ran = cluster.as_user(["srun", "-N3", "--container-runtime=apptainer", f"--container-image={ref}", "true"])
+        assert ran.returncode == 0, ran.stderr
+        [published] = [i for i in cluster_store.images() if ref in i.references]
+        form = os.path.join(cluster_store.root, "images", f"{published.image_id}.apptainer.sqfs")
+        calls = fakes.calls("apptainer")
+        assert [c["subcommand"] for c in calls] == ["exec"] * 3                    # no build
+        assert [c["image"] for c in calls] == [form] * 3
+        assert [c["container_env"].get("STORE_TEST") for c in calls] == ["from-image"] * 3
+        assert "making the Apptainer image of" in ran.stderr or "is fetching it" in ran.stderr, ran.stderr

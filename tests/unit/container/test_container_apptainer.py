@@ -127,3 +127,135 @@ def test_apptainer_refuses_unshare_at_launch_too(runtime):
     with pytest.raises(LaunchError, match=f"--container-unshare: tether does not unshare namespaces with {runtime} "
                                           r"yet \(the container would run in the host's net\)"):
         adapter(runtime, {}).launch(unshared, HOST)
+
+
+# ---- the cluster image store (issue 44) ---------------------------------------------------------
+def _store_with_image(tmp_path, image_id: str, *, form: bytes | None):
+    """A store of this process's uid with one image and, when ``form`` is given, its Apptainer form."""
+    from tether.container.imagestore import ImageStore
+
+    store = ImageStore(str(tmp_path / "store"), os.getuid())
+    store.setup()
+    images = tmp_path / "store" / "images"
+    (images / f"{image_id}.sqfs").write_bytes(b"hsqs" + bytes(16) + (6).to_bytes(2, "little") + bytes(74))
+    if form is not None:
+        (images / f"{image_id}.apptainer.sqfs").write_bytes(form)
+    for path in images.iterdir():
+        path.chmod(0o444)
+    return store
+
+
+def test_an_apptainer_rank_starts_the_stores_apptainer_form_as_it_is(tmp_path, monkeypatch, capsys):
+    """A registry image the cluster store holds: Apptainer starts the store's gzip form itself (no
+    build, nothing in the image cache); the job's variables still go in as APPTAINERENV_* (which
+    Apptainer puts in after the form's 99-base.sh, over the image's ENV). Singularity, the image's
+    entrypoint and ``user@`` references convert as before (the store is not asked); a store
+    without the form says so and converts; a damaged form fails the rank clearly."""
+    from tether.container.imagestore import Published
+    from tether.container.runtimes import Runtime
+
+    image_id = "ab" * 32
+    gzip_form = b"hsqs" + bytes(16) + (1).to_bytes(2, "little") + bytes(74)
+    store = _store_with_image(tmp_path, image_id, form=gzip_form)
+    asked = []
+
+    def store_image(self, name):
+        asked.append(name)
+        return Published(name, image_id, "sha256:" + "e" * 64, store.image_path(image_id), 0.0, {"env": []})
+
+    monkeypatch.setattr(Runtime, "cluster_store_image", store_image)
+    monkeypatch.setattr("tether.container.imagestore.ImageStore.configured", classmethod(lambda cls, s: store))
+    built = []
+    monkeypatch.setattr("tether.container.images.ImageCache.ensure", lambda self, *a, **k: built.append(a) or "/c.sif")
+    settings = {"root": store.root}
+    s = spec(image="docker.io/library/ubuntu:22.04", env_names=("MYVAR",))
+    launch = adapter("apptainer", {}, cluster_store=settings).launch(s, HOST)
+    form = os.path.join(store.root, "images", f"{image_id}.apptainer.sqfs")
+    assert asked == ["docker.io/library/ubuntu:22.04"] and built == []
+    assert launch.argv[launch.argv.index(form) + 1:] == ["python", "train.py"]
+    assert launch.env["APPTAINERENV_MYVAR"] == HOST["MYVAR"]
+    for runtime, kw in (("singularity", {}), ("apptainer", {"entrypoint": True}),
+                        ("apptainer", {"image": "alice@docker.io#library/ubuntu:22.04"})):
+        asked.clear()
+        built.clear()
+        other = adapter(runtime, {}, cluster_store=settings).launch(spec(**{"image": s.image, **kw}), HOST)
+        assert asked == [] and form not in other.argv and len(built) == 1, (runtime, kw)
+    off = adapter("apptainer", {}, cluster_store={**settings, "apptainer_form": False}).launch(s, HOST)
+    assert form not in off.argv
+    # published before apptainer_form was on: said, and converted as without the store
+    os.chmod(store.root + "/images", 0o755)
+    os.unlink(form)
+    built.clear()
+    capsys.readouterr()
+    missing = adapter("apptainer", {}, cluster_store=settings).launch(s, HOST)
+    assert form not in missing.argv and len(built) == 1
+    assert "has no Apptainer image of docker.io/library/ubuntu:22.04" in capsys.readouterr().err
+    # a form with zstd (or damaged) is never handed to Apptainer, which would refuse it
+    (tmp_path / "store" / "images" / f"{image_id}.apptainer.sqfs").write_bytes(
+        b"hsqs" + bytes(16) + (6).to_bytes(2, "little") + bytes(74))
+    with pytest.raises(LaunchError, match="not compressed with compressor 1"):
+        adapter("apptainer", {}, cluster_store=settings).launch(s, HOST)
+
+
+APPTAINER_SQUASHFS_CASES = ("exec-img-true", "exec-img-gz-true", "exec-img-gz-exit7", "exec-img-gz-nosuchcmd",
+                            "store-form-cleanenv-job-variable-wins", "store-form-cleanenv-host-variable-loses",
+                            "store-form-host-variable-loses", "store-form-prepend-path")
+# what the fake does not model: Apptainer's own variables and the shell's prompt command
+NOT_MODELLED = ("APPTAINER_", "SINGULARITY_", "PROMPT_COMMAND=", "USER_PATH=")
+
+
+def test_the_fake_apptainer_replays_real_apptainers_start_of_squashfs_files(public_dir):
+    """What real Apptainer 1.1.9, built from its sources on this project's machine, did with
+    squashfs image files (tests/fixtures/conformance/apptainer-squashfs.json): a zstd one refused
+    before anything runs, a gzip one run (exit status, a missing command, the fuse2fs line), and
+    the store's Apptainer form as the image service writes it (write_apptainer_form, real
+    sqfs2tar and tar2sqfs): the image's ENV, the job's APPTAINERENV_ values over it, a host
+    variable under it, PREPEND_PATH."""
+    import json
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from tether.container.imageservice import write_apptainer_form
+    from tether.testing.runtimes import FakeRuntimes
+
+    recorded = json.loads((Path(__file__).parents[2] / "fixtures/conformance/apptainer-squashfs.json").read_text())
+    cases = {c["id"]: c for c in recorded["cases"]}
+    fakes = FakeRuntimes(public_dir / "fakes", apptainer="apptainer-1")
+    fakes.configure(run=True)
+    tree = public_dir / "tree"
+    (tree / "bin").mkdir(parents=True)
+    zstd, gz, form = public_dir / "img.sqfs", public_dir / "img-gz.sqfs", public_dir / "form.sqfs"
+    subprocess.run(["mksquashfs", str(tree), str(zstd), "-quiet", "-noappend", "-no-progress", "-comp", "zstd"],
+                   check=True)
+    subprocess.run(["mksquashfs", str(tree), str(gz), "-quiet", "-noappend", "-no-progress", "-comp", "gzip"],
+                   check=True)
+    write_apptainer_form(str(zstd), str(form), recorded["image_env"], environ=dict(os.environ))
+    home = public_dir / "home"
+    home.mkdir()
+    places = {"<IMG_GZ>": str(gz), "<IMG>": str(zstd), "<FORM>": str(form), "<HOME>": str(home)}
+
+    def fill(text: str) -> str:
+        for key, value in places.items():
+            text = text.replace(key, value)
+        return text
+
+    fuse2fs = shutil.which("fuse2fs", path="/usr/sbin:/usr/bin:/sbin:/bin")
+    for key in APPTAINER_SQUASHFS_CASES:
+        case = cases[key]
+        env = {k: fill(v) for k, v in case["env"].items()}
+        env["PATH"] = fakes.path_env("/usr/bin:/bin")
+        ran = subprocess.run([str(fakes.bin_dir / "apptainer"), *[fill(a) for a in case["argv"][1:]]],
+                             env={**env, "HOME": str(home)}, capture_output=True, text=True, cwd=str(public_dir),
+                             timeout=60)
+        expected = fill(case["stderr"])
+        if fuse2fs:                     # the INFO line is said only where fuse2fs is missing
+            expected = expected.replace("INFO:    fuse2fs not found, will not be able to mount EXT3 filesystems\n", "")
+        assert (ran.returncode, ran.stderr) == (case["exit_code"], expected), key
+        if case["argv"][-1] == "env":
+            # LC_CTYPE: the fake is Python, which sets it in a C locale (PEP 538) and passes it on
+            shown = sorted(line for line in ran.stdout.splitlines() if not line.startswith(("PWD=", "HOME=",
+                                                                                            "LC_CTYPE=")))
+            wanted = sorted(line for line in fill(case["stdout"]).splitlines()
+                            if not line.startswith((*NOT_MODELLED, "PWD=", "HOME=")))
+            assert shown == wanted, key

@@ -324,3 +324,83 @@ def test_one_user_can_make_the_store_fetch_only_so_many_images_an_hour(store, tm
     with open(os.path.join(store.root, "fetches", "1002"), "w") as f:
         f.write("".join(f"{now - 1:.3f}\n" for _ in range(4999)))
     assert store.charge_fetch(1002, 5000, now=now) is None and store.charge_fetch(1002, 5000, now=now) == 5000
+
+
+class FormsFetcher(FilesFetcher):
+    """FilesFetcher with the service's apptainer_form on (its squashfs is zstd, as the real one's)."""
+
+    apptainer_form = True
+    env = dict(os.environ)
+
+    def squashfs(self, image_id, target):
+        tree = self.tmp_path / f"tree-{image_id[:8]}"
+        (tree / "etc").mkdir(parents=True, exist_ok=True)
+        (tree / "etc" / "hostname").write_text("image\n")
+        subprocess.run(["mksquashfs", str(tree), target, "-quiet", "-noappend", "-no-progress", "-comp", "zstd"],
+                       check=True, capture_output=True)
+        self.made.append(image_id)
+
+
+def test_the_apptainer_form_is_published_with_the_image_and_added_to_one_published_without(store, tmp_path):
+    """With apptainer_form, a fetch publishes beside the zstd squashfs a gzip one (what Apptainer
+    before 1.4 can start) with the same files plus /.singularity.d: the image's ENV in
+    10-docker2singularity.sh and a 99-base.sh (after which Apptainer puts the job's variables in);
+    an image published without it gets it at its next resolve, without being made again; a
+    failed form publishes nothing; tether images rm takes both, and ls counts both."""
+    import struct
+
+    plain = FilesFetcher(tmp_path, {REF: ("sha256:" + "a" * 64, "1" * 64)})
+    publish_reference(store, plain, REF, resolve_every=900, user=1000)
+    found = store.lookup(REF, max_age=None)
+    assert store.apptainer_form(found) is None
+    fetcher = FormsFetcher(tmp_path, {REF: ("sha256:" + "a" * 64, "1" * 64), "other:1": ("sha256:" + "b" * 64, "2" * 64)})
+    said = []
+    publish_reference(store, fetcher, REF, resolve_every=-1, user=1000, say=said.append)
+    form = store.apptainer_form(store.lookup(REF, max_age=None))
+    assert form == os.path.join(store.root, "images", "a" * 64 + ".apptainer.sqfs") and fetcher.made == []
+    assert any(line.startswith(f"making the Apptainer image of {REF}") for line in said), said
+    publish_reference(store, fetcher, "other:1", resolve_every=900, user=1000)
+    other = store.apptainer_form(store.lookup("other:1", max_age=None))
+    with open(other, "rb") as f:
+        assert struct.unpack_from("<H", f.read(24), 20)[0] == 1                   # gzip
+    assert oct(os.stat(other).st_mode & 0o777) == "0o444"
+    listed = subprocess.run(["unsquashfs", "-d", "", "-lc", other], capture_output=True, text=True).stdout.split()
+    assert {"/etc/hostname", "/.singularity.d/env/10-docker2singularity.sh",
+            "/.singularity.d/env/99-base.sh"} <= set(listed), listed
+    script = subprocess.run(["unsquashfs", "-cat", other, ".singularity.d/env/10-docker2singularity.sh"],
+                            capture_output=True, text=True).stdout
+    assert script == ('#!/bin/sh\nexport PATH="/usr/bin:/bin"\n'
+                      'if [ -z "${FROM_IMAGE:-}" ]; then FROM_IMAGE="1"; fi; export FROM_IMAGE\n')
+    sizes = {i.image_id: i.size for i in store.images()}
+    assert sizes["b" * 64] == os.path.getsize(other) + os.path.getsize(store.image_path("b" * 64))
+    # a form that cannot be made: nothing of the new image is published, staging is left empty
+    fetcher.registry["third:1"] = ("sha256:" + "c" * 64, "3" * 64)
+    original = imageservice.write_apptainer_form
+    try:
+        def broken(*args, **kwargs):
+            raise FetchError("tar2sqfs of the Apptainer image failed: I/O error")
+        imageservice.write_apptainer_form = broken
+        answer = publish_reference(store, fetcher, "third:1", resolve_every=900, user=1000)
+    finally:
+        imageservice.write_apptainer_form = original
+    assert "Apptainer image failed" in answer["error"] and store.lookup("third:1", max_age=None) is None
+    assert not os.listdir(os.path.join(store.root, "staging"))
+    assert not os.path.exists(store.image_path("c" * 64))
+    store.remove("b" * 64)
+    assert not os.path.exists(other) and not os.path.exists(store.image_path("b" * 64))
+
+
+def test_the_apptainer_environment_script_keeps_values_whole_and_names_shell_words():
+    """A value with the characters shell gives meaning to in double quotes, and a '}' (which
+    would end a ${NAME:-value}), comes out whole; a name that is not a shell word is left out."""
+    from tether.container.imageservice import apptainer_environment
+
+    value = 'a}b"c$(id)`id`\\d\ne'
+    script = apptainer_environment([f"V={value}", "PATH=/x:/y", "A\nB=1", "$(id)=1", "EMPTY="])
+    assert "$(id)=1" not in script and "A\nB" not in script
+    done = subprocess.run(["sh", "-c", '. /dev/stdin; printf "%s|%s|%s" "$V" "$PATH" "${EMPTY-unset}"'],
+                          input=script, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0 and done.stdout == f"{value}|/x:/y|", done
+    kept = subprocess.run(["sh", "-c", '. /dev/stdin; printf "%s" "$V"'], input=script, capture_output=True,
+                          text=True, env={"V": "the job's"})
+    assert kept.stdout == "the job's"                                # as Apptainer's own: ${V:-value}
