@@ -31,6 +31,7 @@ import contextlib
 import io
 import json
 import os
+import posixpath
 import socket
 import struct
 import subprocess
@@ -220,7 +221,7 @@ def _copied_tar(source, sink):
     with tarfile.open(fileobj=source, mode="r|") as tin, tarfile.open(fileobj=sink, mode="w|",
                                                                       format=tarfile.PAX_FORMAT) as tout:
         for member in tin:
-            seen.add(member.name.lstrip("./").rstrip("/"))
+            seen.add(posixpath.normpath(member.name).lstrip("/"))    # ./a/, /a, a: "a"
             tout.addfile(member, tin.extractfile(member) if member.isreg() else None)
         yield tout, seen
 
@@ -400,7 +401,7 @@ def _fetch_and_publish(store: ImageStore, fetcher, reference: str, user: int | N
     registry named for it, and what names every layer's digest, each checked as podman pulled it --
     unless the store has that manifest's image already (the tag did not move)."""
     manifest, podman_id = fetcher.pull(reference)
-    staging = form = None
+    staging = None
     try:
         algorithm, _, key = manifest.partition(":")
         if algorithm != "sha256" or not valid_id(key):
@@ -411,22 +412,41 @@ def _fetch_and_publish(store: ImageStore, fetcher, reference: str, user: int | N
             staging = store.staging_path(key)
             say(f"making the squashfs of {reference} ({key[:12]})")
             fetcher.squashfs(podman_id, staging)
-        if getattr(fetcher, "apptainer_form", False) and not os.path.exists(store.form_path(key)):
-            # from the squashfs just made, or the store's (published before apptainer_form was on)
-            form = store.staging_path(f"{key}.apptainer")
-            say(f"making the Apptainer image of {reference} ({key[:12]})")
-            write_apptainer_form(staging or store.image_path(key), form, config.get("env", []), environ=fetcher.env)
+            # in place before its Apptainer form is made of it (no reference names it yet, so no
+            # rank sees it): a finished file left in staging that long would be gc's as a killed
+            # publisher's
+            store.place_image(key, staging, reference)
+            staging = None
+        if getattr(fetcher, "apptainer_form", False):
+            _add_apptainer_form(store, key, reference, config, fetcher.env, say)
         if known and known.image_id == key:
-            if form:
-                store.place_form(key, form)
             store.refresh(reference)                                # the tag still names it
             return store.lookup(reference, max_age=None)
-        return store.publish(reference, manifest, key, staging, user, config=config, apptainer=form)
+        return store.publish(reference, manifest, key, None, user, config=config)
     finally:
-        for path in (staging, form):
-            if path and os.path.exists(path):
-                os.unlink(path)
+        if staging and os.path.exists(staging):
+            os.unlink(staging)
         fetcher.forget(podman_id)
+
+
+def _add_apptainer_form(store: ImageStore, image_id: str, reference: str, config: Mapping,
+                        environ: Mapping[str, str], say) -> None:
+    """The image's Apptainer form, made of the store's squashfs (when the store has none yet): the
+    image is published without it when it cannot be made (said; Apptainer ranks convert the image
+    themselves, and the next resolve tries again), never held back for it."""
+    if os.path.exists(store.form_path(image_id)):
+        return
+    form = store.staging_path(f"{image_id}.apptainer")
+    say(f"making the Apptainer image of {reference} ({image_id[:12]})")
+    try:
+        write_apptainer_form(store.image_path(image_id), form, config.get("env", []), environ=environ)
+        store.place_form(image_id, form)
+    except (FetchError, StoreError, OSError, subprocess.SubprocessError) as exc:
+        say(f"the Apptainer image of {reference} could not be made ({str(exc)[:500]}): Apptainer ranks convert "
+            f"it themselves")
+    finally:
+        if os.path.exists(form):
+            os.unlink(form)
 
 
 def _answer(found) -> dict:

@@ -319,26 +319,31 @@ class ImageStore:
         return PublishLock(os.path.join(self._dir(LOCKS), f"{reference_key(reference)}.lock"))
 
     def place_form(self, image_id: str, staged: str) -> str:
-        """Move the whole Apptainer form ``staged`` (in staging) into place for ``image_id`` (kept
-        when one is there already); its path."""
+        """Move the whole Apptainer form ``staged`` (in staging) into place for ``image_id``, whose
+        squashfs is in place (kept when one is there already); its path."""
         target = self.form_path(image_id)
         _place(staged, target, SQUASHFS_GZIP, f"the Apptainer image made of {image_id[:12]}")
         return target
 
+    def place_image(self, image_id: str, staged: str, reference: str) -> None:
+        """Move the whole squashfs ``staged`` (in staging) into place as ``image_id``, no reference
+        naming it yet (``publish`` does that)."""
+        if not valid_id(image_id):
+            raise StoreError(f"{image_id!r} is not an image id")
+        _place(staged, os.path.join(self._dir(IMAGES), f"{image_id}.sqfs"), None, f"the image made for {reference}")
+
     def publish(self, reference: str, manifest: str, image_id: str, squashfs: str | None,
-                user: int | None, *, config: dict | None = None, apptainer: str | None = None) -> Published:
+                user: int | None, *, config: dict | None = None) -> Published:
         """Move the whole squashfs ``squashfs`` (in staging) into place as ``image_id`` and point
         ``reference`` at it: the image first (a rename), then its record, then the reference's --
         a reader sees the reference only once everything it names is in place. An image already
         there (another reference to the same content; ``squashfs`` None) is kept and
-        ``squashfs`` dropped. ``apptainer``: its Apptainer form (in staging), placed first."""
+        ``squashfs`` dropped."""
         if not valid_id(image_id):
             raise StoreError(f"{image_id!r} is not an image id")
         target = os.path.join(self._dir(IMAGES), f"{image_id}.sqfs")
-        if apptainer is not None:
-            self.place_form(image_id, apptainer)
         if squashfs is not None:
-            _place(squashfs, target, None, f"the image made for {reference}")
+            self.place_image(image_id, squashfs, reference)
         elif not os.path.exists(target):
             raise StoreError(f"the store has no image {image_id} for {reference}")
         size = os.stat(target).st_size
@@ -487,6 +492,14 @@ class ImageStore:
                     os.unlink(entry.path)
             except OSError:
                 pass
+        for entry in os.scandir(self._dir(IMAGES)):
+            # a form whose image went (rm or gc while it was being made): nothing names it
+            if entry.name.endswith(APPTAINER_FORM) and not os.path.exists(
+                    entry.path[:-len(APPTAINER_FORM)] + ".sqfs"):
+                try:
+                    os.unlink(entry.path)
+                except OSError:
+                    pass
         images = sorted(self.images(), key=lambda i: i.last_used)
         total = sum(i.size for i in images)
         removed = []

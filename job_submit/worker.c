@@ -157,9 +157,12 @@ int tether_run(struct tether_call *call, int seconds)
 	pthread_mutex_lock(&worker_lock);
 	/* Calls are serialized. From Slurm 23.02 slurmctld calls job_submit plugins under a read lock,
 	 * so another submission may be in the handler now: wait for its end, within this call's own
-	 * time (busy only if the worker is stuck, on an abandoned call, for all of it). */
+	 * time. */
 	while (running || pending) {
-		if (pthread_cond_timedwait(&worker_done, &worker_lock, &deadline) == ETIMEDOUT) {
+		/* a call whose caller gave up is still running: the worker is stuck, and waiting
+		 * would only hold slurmctld's locks longer (busy at once, as before) */
+		if ((running && running->abandoned) ||
+		    pthread_cond_timedwait(&worker_done, &worker_lock, &deadline) == ETIMEDOUT) {
 			pthread_mutex_unlock(&worker_lock);
 			return TETHER_BUSY;
 		}
@@ -173,12 +176,14 @@ int tether_run(struct tether_call *call, int seconds)
 	}
 	if (call->done) {
 		rc = call->rc;
-	} else if (pending == call) { /* never started: take it back */
+	} else if (pending == call) { /* never started: take it back, and let the next caller in */
 		pending = NULL;
 		rc = TETHER_BUSY;
+		pthread_cond_broadcast(&worker_done);
 	} else {
 		call->abandoned = 1;
 		rc = TETHER_TIMEOUT;
+		pthread_cond_broadcast(&worker_done); /* those waiting for their turn: busy now */
 	}
 	pthread_mutex_unlock(&worker_lock);
 	return rc;

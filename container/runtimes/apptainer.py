@@ -131,7 +131,8 @@ class Apptainer(Runtime):
         Apptainer starts as it is: squashfuse, nothing converted or unpacked), None when the rank
         converts it as without the store: Singularity (SingularityCE 3 needs the image's own
         /.singularity.d actions), the image's entrypoint (its runscript), a ``user@`` reference,
-        a store that has no Apptainer form of it (apptainer_form off when it was fetched)."""
+        a store that has no Apptainer form of it (apptainer_form off when it was fetched, or the
+        service could not make it)."""
         if self.name != "apptainer" or spec.entrypoint or not self.cluster_store.get("root") \
                 or not self.cluster_store.get("apptainer_form", True):
             return None
@@ -149,7 +150,7 @@ class Apptainer(Runtime):
             raise LaunchError(str(exc)) from None
         if path is None:
             progress(f"the cluster image store has no Apptainer image of {ref.qualified()} (fetched before "
-                     f"apptainer_form was on): converting it into the image cache")
+                     f"apptainer_form was on, or it could not be made): converting it into the image cache")
         return path
 
     def require_version(self, minimum: tuple[int, int], flag: str) -> None:

@@ -373,21 +373,51 @@ def test_the_apptainer_form_is_published_with_the_image_and_added_to_one_publish
                       'if [ -z "${FROM_IMAGE:-}" ]; then FROM_IMAGE="1"; fi; export FROM_IMAGE\n')
     sizes = {i.image_id: i.size for i in store.images()}
     assert sizes["b" * 64] == os.path.getsize(other) + os.path.getsize(store.image_path("b" * 64))
-    # a form that cannot be made: nothing of the new image is published, staging is left empty
+    # a form that cannot be made: the image is published without it (podman and enroot ranks are
+    # never held back for it), said; staging is left empty; the next resolve makes it
     fetcher.registry["third:1"] = ("sha256:" + "c" * 64, "3" * 64)
     original = imageservice.write_apptainer_form
+    said.clear()
     try:
         def broken(*args, **kwargs):
             raise FetchError("tar2sqfs of the Apptainer image failed: I/O error")
         imageservice.write_apptainer_form = broken
-        answer = publish_reference(store, fetcher, "third:1", resolve_every=900, user=1000)
+        answer = publish_reference(store, fetcher, "third:1", resolve_every=900, user=1000, say=said.append)
     finally:
         imageservice.write_apptainer_form = original
-    assert "Apptainer image failed" in answer["error"] and store.lookup("third:1", max_age=None) is None
+    assert answer["published"]["image_id"] == "c" * 64, answer
+    assert store.apptainer_form(store.lookup("third:1", max_age=None)) is None
+    assert any("could not be made (tar2sqfs of the Apptainer image failed: I/O error): Apptainer ranks convert"
+               in line for line in said), said
     assert not os.listdir(os.path.join(store.root, "staging"))
-    assert not os.path.exists(store.image_path("c" * 64))
+    publish_reference(store, fetcher, "third:1", resolve_every=-1, user=1000)
+    assert store.apptainer_form(store.lookup("third:1", max_age=None)) and fetcher.made == ["2" * 64, "3" * 64]
     store.remove("b" * 64)
     assert not os.path.exists(other) and not os.path.exists(store.image_path("b" * 64))
+    # a form whose image went while it was made is gc's
+    os.chmod(os.path.join(store.root, "images"), 0o755)
+    os.unlink(store.image_path("c" * 64))
+    store.gc(1 << 40, 0)
+    assert not os.path.exists(store.form_path("c" * 64))
+
+
+def test_an_image_with_its_own_singularity_d_keeps_its_files_in_the_apptainer_form(tmp_path):
+    """An image that has /.singularity.d/env scripts of its own (made from a SIF, say): the form
+    keeps them, adding only what is missing (a second entry of the same path would fail the
+    squashfs writer: "File exists")."""
+    from tether.container.imageservice import write_apptainer_form
+
+    tree = tmp_path / "tree"
+    (tree / ".singularity.d" / "env").mkdir(parents=True)
+    (tree / ".singularity.d" / "env" / "10-docker2singularity.sh").write_text("export OWN=1\n")
+    source, form = tmp_path / "img.sqfs", tmp_path / "form.sqfs"
+    subprocess.run(["mksquashfs", str(tree), str(source), "-quiet", "-noappend", "-no-progress", "-comp", "zstd"],
+                   check=True)
+    write_apptainer_form(str(source), str(form), ["FROM_CONFIG=1"], environ=dict(os.environ))
+    script = subprocess.run(["unsquashfs", "-cat", str(form), ".singularity.d/env/10-docker2singularity.sh"],
+                            capture_output=True, text=True).stdout
+    listed = subprocess.run(["unsquashfs", "-d", "", "-lc", str(form)], capture_output=True, text=True).stdout.split()
+    assert script == "export OWN=1\n" and "/.singularity.d/env/99-base.sh" in listed, listed
 
 
 def test_the_apptainer_environment_script_keeps_values_whole_and_names_shell_words():
