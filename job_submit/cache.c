@@ -310,7 +310,7 @@ void tether_cache_store(const tether_job_t *job, const char *key, int rc)
 /* ---- by shape ---- */
 
 /* The spank_env entries the shape key stands for by their class, and what each is. */
-enum { COUNT_SLOTS, COUNT_SPN, IMAGE };
+enum { COUNT_SLOTS, COUNT_SPN, IMAGE, ENV_NAMES };
 static const struct {
 	const char *name;
 	int what;
@@ -322,8 +322,36 @@ static const struct {
 	{ TETHER_SPANK_ENV_SLOTS_PER_NODE, COUNT_SPN, 0 },
 	{ TETHER_ENV_CONTAINER_IMAGE, IMAGE, 1 },
 	{ TETHER_SPANK_ENV_CONTAINER_IMAGE, IMAGE, 0 },
+	{ TETHER_ENV_CONTAINER_ENV, ENV_NAMES, 1 },
+	{ TETHER_SPANK_ENV_CONTAINER_ENV, ENV_NAMES, 0 },
 };
 #define SHAPE_ENTRIES (sizeof(shape_entries) / sizeof(shape_entries[0]))
+
+/* --container-env's value as the handler accepts it (surface.normalize, kind env_names): at most
+ * TETHER_MAX_TEXT bytes of variable names ([A-Za-z_][A-Za-z0-9_]*) separated by single commas. Which
+ * names they are changes no answer of the handler: requests that differ in them are one shape. */
+static int env_names_ok(const char *s)
+{
+	int start = 1;
+
+	if (strlen(s) > TETHER_MAX_TEXT)
+		return 0;
+	for (const char *p = s;; p++) {
+		int letter = (*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || *p == '_';
+
+		if (start) {
+			if (!letter)
+				return 0; /* empty (",", "A,,B", "", "A,"), or a leading digit or other */
+			start = 0;
+		} else if (*p == ',') {
+			start = 1;
+		} else if (*p == '\0') {
+			return 1;
+		} else if (!letter && !(*p >= '0' && *p <= '9')) {
+			return 0;
+		}
+	}
+}
 
 /* A count written as the handler reads it the same way: "0", or digits without a leading zero up to
  * ``max``; -1 for anything else (the handler then answers that request itself). */
@@ -377,6 +405,12 @@ char *tether_shape_key(const tether_job_t *job, struct tether_counts *counts)
 				continue;
 			}
 			snprintf(class, sizeof(class), "%s=#image", shape_entries[e].name);
+		} else if (shape_entries[e].what == ENV_NAMES) {
+			if (!env_names_ok(value)) { /* the handler's to answer (and refuse) */
+				key_add(&k, entry);
+				continue;
+			}
+			snprintf(class, sizeof(class), "%s=#names", shape_entries[e].name);
 		} else {
 			int what = shape_entries[e].what, fwd = shape_entries[e].forwarded;
 			long v = count_of(value, what == COUNT_SLOTS ? TETHER_MAX_SLOTS : TETHER_MAX_SLOTS_PER_NODE);

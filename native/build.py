@@ -108,7 +108,7 @@ def names_header() -> str:
         f"#define TETHER_MAX_SLOTS {surface.MAX_SLOTS}UL",
         f"#define TETHER_MAX_SLOTS_PER_NODE {surface.MAX_SLOTS_PER_NODE}UL",
         *(f"#define TETHER_{kind}_{_enum_name(name)[4:]} {c_string(getattr(surface.BY_NAME[name], attr))}"
-          for name in ("slots", "slots-per-node", "container-image")
+          for name in ("slots", "slots-per-node", "container-image", "container-env")
           for kind, attr in (("ENV", "env"), ("SPANK_ENV", "spank_env"))),
         "",
         "/* the layout under job_storage_root */",

@@ -147,6 +147,8 @@ enum tether_option {
 #define TETHER_SPANK_ENV_SLOTS_PER_NODE "_SLURM_SPANK_OPTION_tether_slots_per_node"
 #define TETHER_ENV_CONTAINER_IMAGE "TETHER_CONTAINER_IMAGE"
 #define TETHER_SPANK_ENV_CONTAINER_IMAGE "_SLURM_SPANK_OPTION_tether_container_image"
+#define TETHER_ENV_CONTAINER_ENV "TETHER_CONTAINER_ENV"
+#define TETHER_SPANK_ENV_CONTAINER_ENV "_SLURM_SPANK_OPTION_tether_container_env"
 
 /* the layout under job_storage_root */
 #define TETHER_DEFAULT_JOB_STORAGE_ROOT "/var/lib/tether/jobs"

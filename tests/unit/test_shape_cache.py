@@ -93,8 +93,9 @@ IMAGES = ["ubuntu:22.04", "/shared/images/app.sif", "nvcr.io#nvidia/pytorch:24.0
           "localhost:5000/bench/app:r1-7", "", "bad image", "app.sif", "UPPER/case:1", "a" * 300]
 
 
-def random_request(rng: random.Random) -> dict:
-    """A request as slurmctld hands it to job_submit, with tether options in spank_env."""
+def random_request(rng: random.Random, names: bool = True) -> dict:
+    """A request as slurmctld hands it to job_submit, with tether options in spank_env (``names``:
+    --container-env too; without, the stream test_job_submit_decisions recorded)."""
     env: dict[str, str] = {}
 
     def option(name: str, values: list[str], p: float) -> None:
@@ -112,6 +113,8 @@ def random_request(rng: random.Random) -> dict:
             env["TETHER_SLOTS_PER_NODE"] = rng.choice(SPNS)
         if rng.random() < 0.5:
             env["TETHER_CONTAINER_IMAGE"] = rng.choice(IMAGES)
+            if names and rng.random() < 0.3:      # its own variables' names: the same shape
+                env["TETHER_CONTAINER_ENV"] = rng.choice(["A", "B,C", "VAR_" + str(rng.randrange(1000))])
         return {"spank_env": env, "uid": 1000}
     option("slots", COUNTS, 0.9)
     option("slots-per-node", SPNS, 0.6)
@@ -121,6 +124,10 @@ def random_request(rng: random.Random) -> dict:
     option("container-image", IMAGES, 0.7)
     option("container-runtime", ["podman", "enroot", "apptainer"], 0.1)
     option("container-name", ["keep"], 0.02)
+    # names the handler accepts (one shape whichever they are) and refuses (each its own request)
+    if names:
+        option("container-env", ["A", "MY_VAR", "_x1,B", "A,B,C", "A" * 200, "1A", "A,,B", "A,", ",A", "", "A B",
+                                 "A-B", "Ä", "A,1"], 0.3)
     job: dict = {"spank_env": env, "uid": rng.choices([1000, 1001], [9, 1])[0]}
     if rng.random() < 0.1:
         job["partition"] = rng.choice(["gpu", "cpu", "a100", "v100", "aux"])
@@ -179,7 +186,7 @@ def test_every_answer_by_shape_is_the_handlers(shim, tmp_path, config_name):
         mine = (counts.slots, counts.spn, job["spank_env"].get("TETHER_CONTAINER_IMAGE"))
         if found:
             hits += 1
-            slot_hits += counts.slots > 0
+            slot_hits += bool(counts.have_slots and counts.slots > 0)    # slots: unset without have_slots
             other_counts += stored[text] != mine
             assert (found, answer_of(ffi, probe)) == (rc, expected), (job, stored[text])
         if truth.shaped:
@@ -197,8 +204,9 @@ def test_every_answer_by_shape_is_the_handlers(shim, tmp_path, config_name):
 
 
 def test_a_shape_key_stands_for_counts_and_image_only(shim):
-    """Counts, the image and nothing else leave the key: another partition, account, user option or
-    container option is another shape; counts written otherwise than plainly have none."""
+    """Counts, the image, --container-env's names and nothing else leave the key: another partition,
+    account, user option or container option is another shape; counts written otherwise than
+    plainly have none."""
     ffi, lib = shim.ffi, shim.lib
     js = JobSubmit.__new__(JobSubmit)
     js.ffi, js._keep = ffi, []
@@ -232,6 +240,13 @@ def test_a_shape_key_stands_for_counts_and_image_only(shim):
     forwarded = {"TETHER_SLOTS": "6", "_SLURM_SPANK_OPTION_tether_slots": "4"}
     assert key(spank_env=forwarded)[1] == (1, 6, 0, 1)                         # TETHER_SLOTS wins
     assert key(spank_env={"TETHER_CONTAINER_NAME": "x"}) is None                  # nothing to stand for
+    # --container-env's names, when the handler accepts them, leave the key too (issue 43: a request
+    # that only names other variables is no new shape); names it refuses stay in it
+    named = key(spank_env={**base, "TETHER_CONTAINER_ENV": "MY_VAR,_X1"})[0]
+    assert named != k8 and key(spank_env={**base, "TETHER_CONTAINER_ENV": "OTHER"})[0] == named
+    assert key(spank_env={**base, "_SLURM_SPANK_OPTION_tether_container_env": "A"})[0] != named
+    for odd in ("1A", "A,,B", "A,", ",A", "", "A B", "A-B", "\u00c4", "A" * 5000):
+        assert key(spank_env={**base, "TETHER_CONTAINER_ENV": odd})[0] not in (named, k8), odd
     assert NO_VAL and NO_VAL16
 
 
