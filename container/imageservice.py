@@ -76,10 +76,10 @@ class PodmanFetcher:
     an empty store every layer of a pull is the pull's own, each checked against the manifest's
     digest."""
 
-    apptainer_form = False          # also write each image's Apptainer form (cluster_store.apptainer_form)
-
-    def __init__(self, binary: str, scratch: str, env: Mapping[str, str], args: Sequence[str] = ()):
+    def __init__(self, binary: str, scratch: str, env: Mapping[str, str], args: Sequence[str] = (), *,
+                 apptainer_form: bool = False):
         self.scratch = scratch
+        self.apptainer_form = apptainer_form    # also write each image's Apptainer form (cluster_store's)
         self.env = dict(env)
         self.podman = [binary, *args, "--root", os.path.join(scratch, "storage"),
                        "--runroot", os.path.join(self.env.get("XDG_RUNTIME_DIR", scratch), "tether-images")]
@@ -540,9 +540,8 @@ def fetcher_for(settings: Mapping, socket_path: str) -> PodmanFetcher:
            "XDG_RUNTIME_DIR": run}
     args = [a for a in podman.get("args") or () if a.split("=", 1)[0] in ("--runtime", "--storage-driver")
             or a in ("runc", "crun")]
-    fetcher = PodmanFetcher(str(podman.get("binary") or "podman"), scratch, env, args)
-    fetcher.apptainer_form = bool((settings.get("cluster_store") or {}).get("apptainer_form", True))
-    return fetcher
+    return PodmanFetcher(str(podman.get("binary") or "podman"), scratch, env, args,
+                         apptainer_form=bool(conf.get("apptainer_form", True)))
 
 
 DEFAULT_SCRATCH = "/var/lib/tether/image-service"

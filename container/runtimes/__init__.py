@@ -149,6 +149,7 @@ def env_name(name: str) -> bool:
     (an image config's are anyone's to write; they reach shell scripts and env files)."""
     return name.isascii() and name.isidentifier()
 
+
 class Runtime:
     """Base adapter. ``settings`` is the config's ``container.<runtime>`` section."""
 
@@ -159,6 +160,7 @@ class Runtime:
                  cluster_store: Mapping | None = None):
         self.binary = settings.get("binary") or self.name
         self.cluster_store = dict(cluster_store or {})     # the config's container.cluster_store
+        self._image_store = None                            # image_store()'s
         self.environment = environment      # the config's container.environment (inherit | allowlist)
         self.args = list(settings.get("args") or ())
         self.runtime_env = dict(settings.get("env") or {})
@@ -232,6 +234,15 @@ class Runtime:
         """A registry image or a URI the runtime fetches, as opposed to a path on this node."""
         return self.reference(image).remote
 
+    def image_store(self):
+        """The configured cluster image store (ImageStore.configured: its account looked up once per
+        adapter, not again for what a rank reads of the store after its lookup); StoreError as there."""
+        if self._image_store is None:
+            from ..imagestore import ImageStore
+
+            self._image_store = ImageStore.configured(self.cluster_store)
+        return self._image_store
+
     def cluster_store_image(self, name: str):
         """The cluster image store's image of registry image ``name`` (an imagestore.Published),
         asking this node's image service to fetch it when the store has it not (or resolved it too
@@ -247,10 +258,10 @@ class Runtime:
         if not settings.get("root"):
             return None
         from ..imageservice import ask
-        from ..imagestore import FetchFailed, ImageStore, PrivateImage, PublisherGone, StoreError, wait_published
+        from ..imagestore import FetchFailed, PrivateImage, PublisherGone, StoreError, wait_published
 
         try:
-            store = ImageStore.configured(settings)
+            store = self.image_store()
         except StoreError as exc:
             progress(f"{exc}: pulling {name} into your own store (tell an admin: tether doctor)")
             return None

@@ -142,10 +142,10 @@ class Apptainer(Runtime):
         found = self.cluster_store_image(ref.qualified())
         if found is None:
             return None
-        from ..imagestore import ImageStore, StoreError
+        from ..imagestore import StoreError
 
         try:
-            path = ImageStore.configured(self.cluster_store).apptainer_form(found)
+            path = self.image_store().apptainer_form(found)
         except StoreError as exc:
             raise LaunchError(str(exc)) from None
         if path is None:
