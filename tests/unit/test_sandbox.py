@@ -185,6 +185,40 @@ def test_poll_job_returns_the_last_records_seen(monkeypatch):
     assert job_ended([{"JobState": "COMPLETED"}, {"JobState": "OUT_OF_MEMORY"}])
 
 
+def test_cancelling_the_jobs_goes_on_past_a_slurmctld_that_does_not_answer(monkeypatch):
+    """CI: `down` after a test raised squeue's 15 s timeout (a loaded machine) and never stopped
+    the daemons. Now a command that times out is said and the cancelling gives up within its time;
+    a slurmctld that answers gets its jobs cancelled and is waited for."""
+    from tether.sandbox.cluster import Sandbox
+    from tether.system.proc import CommandError
+
+    box = Sandbox("/nonexistent-sandbox")
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    asked, said = [], []
+
+    def slow(self, argv, **kwargs):
+        asked.append((argv[0], kwargs["timeout"]))
+        raise CommandError(argv, None, "", "", reason="timed out after 15 s", kind="timeout")
+
+    monkeypatch.setattr(Sandbox, "slurm", slow)
+    box._cancel_all_jobs(log=said.append, within=0.5)       # returns: no CommandError
+    assert asked and all(name == "squeue" and 0 < t <= 15 for name, t in asked)
+    assert said[0] == "squeue: timed out after 15 s" and said[-1].startswith("slurmctld did not list its jobs")
+
+    queue = iter(["4 5\n", "4 RUNNING\n", ""])
+    asked.clear()
+
+    def answering(self, argv, **kwargs):
+        asked.append(argv)
+        out = "" if argv[0] == "scancel" else next(queue)
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    monkeypatch.setattr(Sandbox, "slurm", answering)
+    box._cancel_all_jobs(log=said.append)
+    assert asked == [["squeue", "-h", "-o", "%A"], ["scancel", "4", "5"],
+                     ["squeue", "-h", "-o", "%A %T"], ["squeue", "-h", "-o", "%A %T"]]
+
+
 @pytest.mark.parametrize("count", [0, -1, 65, 1000])
 def test_a_node_count_out_of_range_is_refused_before_anything_starts(tmp_path, capsys, count):
     """`tether sandbox up --nodes N` (issue 46, 4): a clear error, and nothing made or started."""
