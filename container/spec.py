@@ -517,11 +517,20 @@ def refuse_existing(spec: LaunchSpec, exists: bool, marker: str | None) -> None:
         raise LaunchError(named_exists(spec.name or ""))
 
 
+_EITHER_VARS = {name: ("TETHER_CONTAINER_" + name.upper().replace("-", "_"),
+                      "TETHER_NO_CONTAINER_" + name.upper().replace("-", "_"))
+                for name in ("mount-home", "remap-root", "entrypoint")}
+
+
 def _either(env: Mapping[str, str], name: str, default: bool | None) -> bool | None:
     """A ``--container-NAME`` / ``--no-container-NAME`` pair: True, False, or ``default`` when
     neither is given; both is refused."""
-    on = parse_flag(env.get("TETHER_CONTAINER_" + name.upper().replace("-", "_")), f"--container-{name}")
-    off = parse_flag(env.get("TETHER_NO_CONTAINER_" + name.upper().replace("-", "_")), f"--no-container-{name}")
+    on_var, off_var = _EITHER_VARS[name]
+    on, off = env.get(on_var), env.get(off_var)
+    if on is None and off is None:              # the common case: neither given
+        return default
+    on = parse_flag(on, f"--container-{name}")
+    off = parse_flag(off, f"--no-container-{name}")
     if on and off:
         raise LaunchError(f"--container-{name} and --no-container-{name} ask for opposite things: give one")
     return True if on else False if off else default
@@ -557,13 +566,11 @@ def parse_env_names(text: str | None) -> tuple[str, ...]:
     return names
 
 
-def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_runtime: str,
-                  defaults: Mapping | None = None, resolve: bool = True) -> LaunchSpec:
-    """The launch spec from ``TETHER_CONTAINER_*`` and the rank environment (Slurm or PBS);
-    ``defaults``: the config's ``container`` section (the admin's defaults: mounts, entrypoint,
-    remap_root, mount_home). ``resolve``: relative mount sources against this process's working
-    directory (the launcher's, the user's on the node; not at submit: see resolve_sources)."""
-    defaults = defaults or {}
+def _container_options(env: Mapping[str, str], command: Sequence[str], default_runtime: str,
+                       defaults: Mapping, resolve: bool) -> dict:
+    """spec_from_env's checks of the ``TETHER_CONTAINER_*`` options, in its order, and their values
+    as LaunchSpec's fields (not the rank's: ids, GPUs, the batch script). Alone at submit
+    (check_container_options): what slurmctld's job_submit call runs per new request."""
     image = _text(env, "TETHER_CONTAINER_IMAGE", "--container-image")
     name, _, flag = env.get("TETHER_CONTAINER_NAME", "").strip().partition(":")
     name = name or None
@@ -607,6 +614,21 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
         mounts = tuple(m for m in parse_mounts(",".join(defaults["mounts"])) if m.target not in taken) + mounts
     if resolve:
         mounts = resolve_sources(mounts, runtime=runtime)
+    return {"image": image, "runtime": runtime, "mounts": mounts, "workdir": workdir, "name": name,
+            "flag": flag, "writable": writable, "mount_home": mount_home, "remap_root": remap_root,
+            "entrypoint": entrypoint, "save": save,
+            "env_names": parse_env_names(_text(env, "TETHER_CONTAINER_ENV", "--container-env")),
+            "unshare": parse_unshare(_text(env, "TETHER_CONTAINER_UNSHARE", "--container-unshare"))}
+
+
+def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_runtime: str,
+                  defaults: Mapping | None = None, resolve: bool = True) -> LaunchSpec:
+    """The launch spec from ``TETHER_CONTAINER_*`` and the rank environment (Slurm or PBS);
+    ``defaults``: the config's ``container`` section (the admin's defaults: mounts, entrypoint,
+    remap_root, mount_home). ``resolve``: relative mount sources against this process's working
+    directory (the launcher's, the user's on the node; not at submit: see resolve_sources)."""
+    options = _container_options(env, command, default_runtime, defaults or {}, resolve)
+    flag, save = options.pop("flag"), options.pop("save")
     job = env.get("SLURM_JOB_ID") or env.get("PBS_JOBID", "0").split(".")[0] or "0"
     batch = env.get(BATCH_VAR) == "1"         # set by the SPANK plugin for a --container-batch script
     batch_script = None
@@ -619,19 +641,14 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
     rank = env.get("RANK") or env.get("SLURM_PROCID") or "0"
     gpus = tuple(g for g in (env.get("TETHER_SLOT_IDS") or "").split(",") if g)
     return LaunchSpec(
-        image=image, runtime=runtime, command=tuple(command),
-        mounts=mounts, workdir=workdir,
-        env_names=parse_env_names(_text(env, "TETHER_CONTAINER_ENV", "--container-env")), writable=writable,
-        name=name, name_create=flag == "create",
+        **options, command=tuple(command), name_create=flag == "create",
         name_attach={"": "auto", "auto": "auto", "exec": "exec"}.get(flag, "never"),
         rank_dir=env.get("TETHER_RANK_DIR") or None,
         job_id=_safe_id(job), step_id=_safe_id(step), rank=_safe_id(rank), gpus=gpus,
-        slot_type=env.get("TETHER_JOB_SLOT_TYPE", "cuda") or "cuda", mount_home=mount_home,
-        remap_root=remap_root, entrypoint=entrypoint,
+        slot_type=env.get("TETHER_JOB_SLOT_TYPE", "cuda") or "cuda",
         # one container per node is saved, as pyxis saves its one per node: the node's first rank's
         save=save if (env.get("LOCAL_RANK") or env.get("SLURM_LOCALID") or "0") == "0" else None,
-        batch_script=batch_script,
-        unshare=parse_unshare(_text(env, "TETHER_CONTAINER_UNSHARE", "--container-unshare")))
+        batch_script=batch_script)
 
 
 def _safe_id(value: str) -> str:
@@ -656,17 +673,18 @@ def check_container_options(values: Mapping[str, str], default_runtime: str) -> 
         if len(container) > 1:
             raise LaunchError("--container-* options need --container-image (it is empty: no container)")
         return
-    spec = spec_from_env(env, ["true"], default_runtime=default_runtime, defaults={"mount_home": None},
-                         resolve=False)
-    refusal = mount_refusal(spec.mounts, spec.runtime)
+    # the run side's checks of the options, without a rank's spec (not per rank here: per request)
+    spec = _container_options(env, ("true",), default_runtime, {"mount_home": None}, False)
+    runtime = spec["runtime"]
+    refusal = mount_refusal(spec["mounts"], runtime)
     if refusal:
         raise LaunchError(refusal)
-    if spec.name and spec.runtime not in ("enroot", "podman"):
-        raise LaunchError(f"--container-name: {spec.runtime} keeps no container between steps (enroot and "
+    if spec["name"] and runtime not in ("enroot", "podman"):
+        raise LaunchError(f"--container-name: {runtime} keeps no container between steps (enroot and "
                           f"podman do)")
-    if spec.unshare and spec.runtime in ("apptainer", "singularity"):
-        raise LaunchError(f"--container-unshare: tether does not unshare namespaces with {spec.runtime} yet "
+    if spec["unshare"] and runtime in ("apptainer", "singularity"):
+        raise LaunchError(f"--container-unshare: tether does not unshare namespaces with {runtime} yet "
                           f"(podman and enroot do)")
-    if env.get("TETHER_CONTAINER_SAVE") and spec.runtime in ("apptainer", "singularity"):
-        raise LaunchError(f"--container-save: {spec.runtime} keeps no container to save (it runs the image "
-                          f"itself); use podman or enroot, or build a new image with `{spec.runtime} build`")
+    if env.get("TETHER_CONTAINER_SAVE") and runtime in ("apptainer", "singularity"):
+        raise LaunchError(f"--container-save: {runtime} keeps no container to save (it runs the image "
+                          f"itself); use podman or enroot, or build a new image with `{runtime} build`")

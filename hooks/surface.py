@@ -181,7 +181,9 @@ FLAG_VALUES = {"": "1", "1": "1", "true": "1", "yes": "1", "on": "1", "0": "0", 
 
 
 def _printable(value: str) -> bool:
-    return not any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)
+    """No C0 control character and no DEL (other characters, non-ASCII too, are text)."""
+    # isprintable(): none at all (C0 and DEL are not printable) -- the common case, in one C loop
+    return value.isprintable() or not any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)
 
 
 _ENV_NAME_CHARS = _ASCII_ALNUM | {"_"}
