@@ -75,6 +75,9 @@ class Lib:
     def tether_partitions_loaded(self, *args):
         pass
 
+    def tether_answers_per_user(self, yes):
+        pass
+
 
 def make_job(ffi, env, uid, keep):
     """A tether_job_t as plugin.c copies it from sbatch's job_desc: no --nodes, --ntasks, ... given."""

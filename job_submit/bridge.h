@@ -96,6 +96,10 @@ void tether_config_loaded(const char *path, int exists, unsigned long long ino,
  * (job_submit/partitions.py partition_table: the default partition's name, then NAME COUNT lines). */
 void tether_partitions_loaded(const char *path, int exists, unsigned long long ino,
 			      unsigned long long size, long long mtime_ns, const char *table);
+/* Called by the handler after it loaded a config: whether its answers depend on the submitting user
+ * (job_project_source: user names the WCKey after them). When they do not, the answers cache keys
+ * leave the user out: one user's answer, by request or by shape, is every user's. */
+void tether_answers_per_user(int yes);
 /* cdef:end */
 
 /* embedding:begin -- implemented in Python (cffi's embedding API) */

@@ -47,6 +47,10 @@ static struct watch {
 } watches[WATCHES];
 static struct timespec config_checked;
 static char *partitions;  /* partition_table(): the default's name, then "NAME COUNT" lines */
+/* Do the handler's answers depend on the submitting user (tether_answers_per_user)? Until a config
+ * says they do not, they do. Read without the lock when keys are made: a key of the other form
+ * than the tables' can only miss, as the tables are emptied whenever this changes. */
+static int per_user = 1;
 
 static void flush_locked(void)
 {
@@ -84,6 +88,16 @@ void tether_config_loaded(const char *path, int exists, unsigned long long ino, 
 {
 	pthread_mutex_lock(&lock);
 	loaded_locked(WATCH_CONFIG, path, exists, ino, size, mtime_ns);
+	pthread_mutex_unlock(&lock);
+}
+
+void tether_answers_per_user(int yes)
+{
+	pthread_mutex_lock(&lock);
+	if (!yes != !__atomic_load_n(&per_user, __ATOMIC_RELAXED)) {
+		flush_locked();
+		__atomic_store_n(&per_user, yes ? 1 : 0, __ATOMIC_RELAXED);
+	}
 	pthread_mutex_unlock(&lock);
 }
 
@@ -223,8 +237,14 @@ static void key_fields(struct key *k, const tether_job_t *job)
 {
 	char num[160];
 
-	snprintf(num, sizeof(num), "%u %u %u %u %u %u %u %u", job->user_id, job->min_nodes, job->max_nodes,
-		 job->num_tasks, (unsigned)job->ntasks_per_node, (unsigned)job->cpus_per_task, job->req_node_count,
+	/* the user, where the answers depend on them; else "*", which no uid is */
+	if (__atomic_load_n(&per_user, __ATOMIC_RELAXED))
+		snprintf(num, sizeof(num), "%u", job->user_id);
+	else
+		snprintf(num, sizeof(num), "*");
+	key_add(k, num);
+	snprintf(num, sizeof(num), "%u %u %u %u %u %u %u", job->min_nodes, job->max_nodes, job->num_tasks,
+		 (unsigned)job->ntasks_per_node, (unsigned)job->cpus_per_task, job->req_node_count,
 		 job->het_job_offset);
 	key_add(k, num);
 	key_add(k, job->partition);

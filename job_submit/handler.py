@@ -355,6 +355,8 @@ class Handler:
                         f"\n{exc}")
             return self.config
         self.config, self._stamp, self._bad_stamp = config, stamp, None
+        # the user matters to an answer only where the WCKey is named after them (plan_answer's key)
+        self.lib.tether_answers_per_user(int(config.job_project_source == "user"))
         self._health(False, "")
         self.log(1, f"configuration loaded from {config.source}")
         return config

@@ -110,6 +110,9 @@ class PluginLib:
     def tether_partitions_loaded(self, *args) -> None:
         self.partitions = args[-1].decode()
 
+    def tether_answers_per_user(self, yes: int) -> None:
+        self.per_user = yes
+
 
 def bridge_ffi():
     """An FFI with the bridge struct (tether_job_t) as the plugin's C defines it."""

@@ -153,6 +153,51 @@ def test_a_size_sweep_is_answered_by_its_shape_in_c(cluster, tether_config):
     assert handled + by_shape == 5 and handled <= 2 and by_shape >= 3, log
 
 
+def test_another_users_request_of_a_known_shape_is_answered_in_c_unless_its_wckey_is_theirs(cluster, tether_config):
+    """A shape one user's request made answers another user's too (a cluster of many users: each
+    user's first request was a Python call in slurmctld), with that user's own layout; where the
+    WCKey is the user's name (job_project_source: user) each user's request is their own."""
+    box = cluster.box
+    other = f"tether-sh{os.getpid() % 100000}"
+    box.add_job_user(other)
+    jobs: list[str] = []
+    layouts: list[tuple] = []
+
+    def submit(user: str, slots: int) -> str:
+        argv = ["sbatch", "--parsable", "-H", f"--slots={slots}", "--slots-per-node=2",
+                f"--container-image=localhost/app:u{slots}", "--job-name=users", "--wrap", "true"]
+        result = cluster.run(["runuser", "-u", user, "--", *argv], cwd=str(box.work_dir), check=False)
+        assert result.returncode == 0, result.stderr
+        jobs.append(result.stdout.strip().split(";")[0])
+        return jobs[-1]
+
+    try:
+        for settings, theirs in (({}, False), ({"job_project_source": "user"}, True)):
+            tether_config(**settings)
+            cluster.run(["scontrol", "setdebug", "debug"])
+            mark = cluster.ctld_log_mark()
+            try:
+                submit(cluster.user, 2)
+                job = submit(other, 4)
+                log = cluster.ctld_log_since(mark)
+            finally:
+                cluster.run(["scontrol", "setdebug", "info"])
+            fields = cluster.job_fields(job)
+            layouts.append(tuple(fields.get(k) for k in ("NumNodes", "NumTasks", "TresPerJob", "TresPerTask")))
+            assert layouts[-1][1:3] == ("2", cluster.gres("gpu:4")), fields
+            handled = log.count("job_submit/tether: handler took")
+            by_shape = log.count("job_submit/tether: answer by its shape took")
+            if theirs:
+                assert (handled, by_shape) == (2, 0) and fields.get("WCKey", "").lstrip("*") == other, (fields, log)
+            else:
+                assert (handled, by_shape) == (1, 1), log
+        # the other user's layout by the first user's shape is the one the handler gave them
+        assert layouts[0] == layouts[1], layouts
+    finally:
+        cluster.run(["scancel", *[j for j in jobs if j.isdigit()]], check=False)
+        box.remove_job_user(other)
+
+
 def test_submissions_at_the_same_time_all_get_an_answer(cluster, tether_config):
     """From Slurm 23.02 slurmctld calls job_submit plugins under a read lock, so two submissions
     can be in the plugin at once (22.05 serializes them): each waits its turn for the handler, none

@@ -76,6 +76,9 @@ class ShimLib(PluginLib):
     def tether_partitions_loaded(self, *args) -> None:
         self.lib.tether_partitions_loaded(*args)
 
+    def tether_answers_per_user(self, yes: int) -> None:
+        self.lib.tether_answers_per_user(yes)
+
 
 CONFIGS = {
     "tres-gres": "default_compute_resource_pool: gpu\ndefault_aux_resource_pool: aux\n"
@@ -85,6 +88,7 @@ CONFIGS = {
                  "partition_overrides:\n  cpu:\n    slot_type: cpu\n  v100:\n    gpu_type: v100\n",
     "no-gres": "tres_supported: false\ngres_supported: false\nslot_type: rocm\n",
     "tres-no-gres": "gres_supported: false\n",      # the fallback with a note: never shaped
+    "by-user": "job_project_source: user\n",        # the WCKey is the user's name: answers per user
 }
 COUNTS = ["0", "1", "2", "3", "4", "6", "8", "12", "16", "24", "64", "96", "1000", "10000000", "10000001",
           "07", "", "x", "-1"]
@@ -168,10 +172,12 @@ def test_every_answer_by_shape_is_the_handlers(shim, tmp_path, config_name):
     js.handler = Handler(ffi, js.lib, env={"TETHER_CONFIG": str(config)})
     assert js.handler.init() == ACCEPT
     rng = random.Random(f"shapes-{config_name}")
-    hits = slot_hits = other_counts = shaped = 0
+    users = random.Random(f"users-{config_name}")     # apart from rng: random_request's stream is recorded
+    hits = slot_hits = other_counts = other_users = shaped = 0
     stored: dict[bytes, tuple] = {}
     for n in range(2500):
         job = random_request(rng)
+        job["uid"] = users.choice([1000, 1001, 1002, 4242])      # 4242: no such user
         truth = js.struct(job)
         rc = js.handler.submit(truth, job["uid"], 1)
         expected = answer_of(ffi, truth)
@@ -187,20 +193,25 @@ def test_every_answer_by_shape_is_the_handlers(shim, tmp_path, config_name):
         if found:
             hits += 1
             slot_hits += bool(counts.have_slots and counts.slots > 0)    # slots: unset without have_slots
-            other_counts += stored[text] != mine
+            other_counts += stored[text][0] != mine
+            other_users += stored[text][1] != job["uid"]
             assert (found, answer_of(ffi, probe)) == (rc, expected), (job, stored[text])
         if truth.shaped:
             shaped += 1
             assert rc == ACCEPT and ffi.string(truth.msg) == b""
             lib.tether_shape_store(truth, key, rc)
-            stored[text] = mine
+            stored[text] = (mine, job["uid"])
         lib.free(key)
     # the comparison means something: many answers (of jobs with slots) came from a shape another
-    # request made, with other counts; with the fallback's note on every such answer, none does
+    # request made, with other counts, and another user's; with the fallback's note on every such
+    # answer, none does; where the WCKey is the user's, only the user's own shapes answer them
     if config_name == "tres-no-gres":
         assert slot_hits == 0 and hits > 0, (hits, shaped)
+    elif config_name == "by-user":
+        assert other_users == 0 and slot_hits >= 100, (other_users, slot_hits, shaped)
     else:
-        assert slot_hits >= 300 and other_counts >= 150, (slot_hits, other_counts, shaped)
+        assert slot_hits >= 300 and other_counts >= 150 and other_users >= 150, (slot_hits, other_counts,
+                                                                                 other_users, shaped)
 
 
 def test_a_shape_key_stands_for_counts_and_image_only(shim):
