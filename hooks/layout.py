@@ -28,6 +28,12 @@ TASK_PREFIX = "task-"
 RANK_PREFIX = "rank-"
 RANK_TMP = "tmp"
 RANK_WORK = "work"
+# Where the per-rank directories appear inside every container, whatever the runtime.
+CONTAINER_TMP = "/tmp"
+CONTAINER_WORKDIR = "/run/tether/workdir"
+# tether's own mount points in a container: no --container-mounts target may be one (the C shim's
+# check of plain bind mounts, job_submit/cache.c, reads them from tether_names.h)
+RESERVED_TARGETS = ("/", CONTAINER_TMP, CONTAINER_WORKDIR)
 CLEANUP_MARKER = ".cleanup-"
 POD_MARKER = CLEANUP_MARKER + "pod"   # a step's pod on the node (--container-unshare), beside the ranks' markers
 FAILED_PREFIX = ".failed-"            # a step's preparation that failed on the node (container.launch.run_before)

@@ -330,7 +330,7 @@ void tether_cache_store(const tether_job_t *job, const char *key, int rc)
 /* ---- by shape ---- */
 
 /* The spank_env entries the shape key stands for by their class, and what each is. */
-enum { COUNT_SLOTS, COUNT_SPN, IMAGE, ENV_NAMES };
+enum { COUNT_SLOTS, COUNT_SPN, IMAGE, ENV_NAMES, MOUNTS, WORKDIR };
 static const struct {
 	const char *name;
 	int what;
@@ -344,6 +344,10 @@ static const struct {
 	{ TETHER_SPANK_ENV_CONTAINER_IMAGE, IMAGE, 0 },
 	{ TETHER_ENV_CONTAINER_ENV, ENV_NAMES, 1 },
 	{ TETHER_SPANK_ENV_CONTAINER_ENV, ENV_NAMES, 0 },
+	{ TETHER_ENV_CONTAINER_MOUNTS, MOUNTS, 1 },
+	{ TETHER_SPANK_ENV_CONTAINER_MOUNTS, MOUNTS, 0 },
+	{ TETHER_ENV_CONTAINER_WORKDIR, WORKDIR, 1 },
+	{ TETHER_SPANK_ENV_CONTAINER_WORKDIR, WORKDIR, 0 },
 };
 #define SHAPE_ENTRIES (sizeof(shape_entries) / sizeof(shape_entries[0]))
 
@@ -371,6 +375,95 @@ static int env_names_ok(const char *s)
 			return 0;
 		}
 	}
+}
+
+/* Is [p, end) an absolute path of letters, digits and "_.-/" only? */
+static int plain_path(const char *p, const char *end)
+{
+	if (p == end || *p != '/')
+		return 0;
+	for (; p < end; p++)
+		if (!((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
+		      *p == '_' || *p == '.' || *p == '-' || *p == '/'))
+			return 0;
+	return 1;
+}
+
+/* Is plain path [p, end) a container path as it is (spec.container_path leaves it unchanged: no
+ * empty, '.' or '..' component, no '/' at its end) and none of tether's own mount points? */
+static int plain_target(const char *p, const char *end)
+{
+	static const char *const reserved[] = { TETHER_RESERVED_MOUNT_TARGETS };
+	size_t len = (size_t)(end - p);
+
+	for (const char *c = p; c < end;) {          /* at a '/': the component after it */
+		const char *next = memchr(c + 1, '/', (size_t)(end - c - 1));
+		size_t n;
+
+		if (next == NULL)
+			next = end;
+		n = (size_t)(next - c - 1);
+		if (n == 0 || (n == 1 && c[1] == '.') || (n == 2 && c[1] == '.' && c[2] == '.'))
+			return 0;
+		c = next;
+	}
+	for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++)
+		if (strlen(reserved[i]) == len && memcmp(reserved[i], p, len) == 0)
+			return 0;
+	return 1;
+}
+
+/* --container-mounts' value when it is plain bind mounts, which the handler accepts whichever paths
+ * they are (spec.parse_mounts): at most TETHER_MAX_TEXT bytes of SRC[:DST[:ro|rw]] items separated by
+ * single commas, each path a plain_path, the target (DST, or SRC alone) a plain_target. Anything else
+ * -- tmpfs, umount, relative paths, other flags, spaces, empty items -- is the handler's to answer. */
+static int mounts_ok(const char *s)
+{
+	size_t total = strlen(s);
+
+	if (total == 0 || total > TETHER_MAX_TEXT)
+		return 0;
+	for (const char *item = s;;) {
+		const char *end = strchr(item, ','), *field[3], *stop[3];
+		int n = 0;
+
+		if (end == NULL)
+			end = item + strlen(item);
+		for (const char *f = item; n < 3;) {
+			const char *colon = memchr(f, ':', (size_t)(end - f));
+
+			field[n] = f;
+			stop[n++] = colon ? colon : end;
+			if (colon == NULL)
+				break;
+			f = colon + 1;
+			if (n == 3)
+				return 0;            /* a third ':' */
+		}
+		if (!plain_path(field[0], stop[0]))
+			return 0;
+		if (n == 1 ? !plain_target(field[0], stop[0])
+			   : !plain_path(field[1], stop[1]) || !plain_target(field[1], stop[1]))
+			return 0;
+		if (n == 3 && !(stop[2] - field[2] == 2 &&
+				(memcmp(field[2], "ro", 2) == 0 || memcmp(field[2], "rw", 2) == 0)))
+			return 0;
+		if (*end == '\0')
+			return 1;
+		item = end + 1;
+	}
+}
+
+/* --container-workdir's value when the handler accepts it, whatever directory it names: printable
+ * ASCII, 1 to TETHER_MAX_TEXT bytes (surface.normalize's text; spec.container_path takes any path). */
+static int workdir_ok(const char *s)
+{
+	size_t n = 0;
+
+	for (; s[n]; n++)
+		if ((unsigned char)s[n] < 0x20 || (unsigned char)s[n] > 0x7e)
+			return 0;
+	return n > 0 && n <= TETHER_MAX_TEXT;
 }
 
 /* A count written as the handler reads it the same way: "0", or digits without a leading zero up to
@@ -431,6 +524,14 @@ char *tether_shape_key(const tether_job_t *job, struct tether_counts *counts)
 				continue;
 			}
 			snprintf(class, sizeof(class), "%s=#names", shape_entries[e].name);
+		} else if (shape_entries[e].what == MOUNTS || shape_entries[e].what == WORKDIR) {
+			int mounts = shape_entries[e].what == MOUNTS;
+
+			if (!(mounts ? mounts_ok(value) : workdir_ok(value))) { /* the handler's to answer */
+				key_add(&k, entry);
+				continue;
+			}
+			snprintf(class, sizeof(class), "%s=#%s", shape_entries[e].name, mounts ? "mounts" : "dir");
 		} else {
 			int what = shape_entries[e].what, fwd = shape_entries[e].forwarded;
 			long v = count_of(value, what == COUNT_SLOTS ? TETHER_MAX_SLOTS : TETHER_MAX_SLOTS_PER_NODE);

@@ -108,8 +108,10 @@ def names_header() -> str:
         f"#define TETHER_MAX_SLOTS {surface.MAX_SLOTS}UL",
         f"#define TETHER_MAX_SLOTS_PER_NODE {surface.MAX_SLOTS_PER_NODE}UL",
         *(f"#define TETHER_{kind}_{_enum_name(name)[4:]} {c_string(getattr(surface.BY_NAME[name], attr))}"
-          for name in ("slots", "slots-per-node", "container-image", "container-env")
+          for name in ("slots", "slots-per-node", "container-image", "container-env", "container-mounts",
+                       "container-workdir")
           for kind, attr in (("ENV", "env"), ("SPANK_ENV", "spank_env"))),
+        f"#define TETHER_RESERVED_MOUNT_TARGETS {', '.join(map(c_string, layout.RESERVED_TARGETS))}",
         "",
         "/* the layout under job_storage_root */",
         f"#define TETHER_DEFAULT_JOB_STORAGE_ROOT {c_string(storage_root)}",

@@ -149,6 +149,11 @@ enum tether_option {
 #define TETHER_SPANK_ENV_CONTAINER_IMAGE "_SLURM_SPANK_OPTION_tether_container_image"
 #define TETHER_ENV_CONTAINER_ENV "TETHER_CONTAINER_ENV"
 #define TETHER_SPANK_ENV_CONTAINER_ENV "_SLURM_SPANK_OPTION_tether_container_env"
+#define TETHER_ENV_CONTAINER_MOUNTS "TETHER_CONTAINER_MOUNTS"
+#define TETHER_SPANK_ENV_CONTAINER_MOUNTS "_SLURM_SPANK_OPTION_tether_container_mounts"
+#define TETHER_ENV_CONTAINER_WORKDIR "TETHER_CONTAINER_WORKDIR"
+#define TETHER_SPANK_ENV_CONTAINER_WORKDIR "_SLURM_SPANK_OPTION_tether_container_workdir"
+#define TETHER_RESERVED_MOUNT_TARGETS "/", "/tmp", "/run/tether/workdir"
 
 /* the layout under job_storage_root */
 #define TETHER_DEFAULT_JOB_STORAGE_ROOT "/var/lib/tether/jobs"

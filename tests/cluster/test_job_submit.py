@@ -125,9 +125,9 @@ def test_slurm_table_rows_through_sbatch(cluster, tether_config, case):
 
 
 def test_a_size_sweep_is_answered_by_its_shape_in_c(cluster, tether_config):
-    """Requests that differ in their slot counts, image tag and --container-env names only are one
-    shape: the handler answers the first, the shim's C the others (slurmctld's debug log says
-    which), and each job gets its own layout."""
+    """Requests that differ in their slot counts, image tag, --container-env names, plain bind
+    mounts and --container-workdir only are one shape: the handler answers the first, the shim's C
+    the others (slurmctld's debug log says which), and each job gets its own layout."""
     tether_config()
     cluster.run(["scontrol", "setdebug", "debug"])
     mark = cluster.ctld_log_mark()
@@ -136,6 +136,7 @@ def test_a_size_sweep_is_answered_by_its_shape_in_c(cluster, tether_config):
         for slots in (2, 4, 6, 8, 12):
             result, job_id, _ = sbatch(cluster, "-H", f"--slots={slots}", "--slots-per-node=2",
                                        f"--container-image=localhost/app:v{slots}", f"--container-env=SWEEP_{slots}",
+                                       f"--container-mounts=/sweep/{slots}:/data:ro", f"--container-workdir=/w{slots}",
                                        "--job-name=sweep", wait=False)
             assert result.returncode == 0, result.stderr
             jobs[slots] = job_id

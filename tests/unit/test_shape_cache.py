@@ -119,6 +119,12 @@ def random_request(rng: random.Random, names: bool = True) -> dict:
             env["TETHER_CONTAINER_IMAGE"] = rng.choice(IMAGES)
             if names and rng.random() < 0.3:      # its own variables' names: the same shape
                 env["TETHER_CONTAINER_ENV"] = rng.choice(["A", "B,C", "VAR_" + str(rng.randrange(1000))])
+            if names and rng.random() < 0.3:      # its own directories: the same shape, when plain
+                n = rng.randrange(1000)
+                env["TETHER_CONTAINER_MOUNTS"] = rng.choice([f"/scratch/u{n}:/data", f"/proj/{n}", f"/a/{n}:/b:ro",
+                                                             f"/a/{n}:/b,/c:/d:rw"])
+            if names and rng.random() < 0.2:
+                env["TETHER_CONTAINER_WORKDIR"] = rng.choice([f"/work/{rng.randrange(1000)}", "rel/dir", "/"])
         return {"spank_env": env, "uid": 1000}
     option("slots", COUNTS, 0.9)
     option("slots-per-node", SPNS, 0.6)
@@ -130,6 +136,15 @@ def random_request(rng: random.Random, names: bool = True) -> dict:
     option("container-name", ["keep"], 0.02)
     # names the handler accepts (one shape whichever they are) and refuses (each its own request)
     if names:
+        # plain bind mounts (one shape, whichever paths) and everything else (the handler's)
+        option("container-mounts", ["/a:/b", "/a", "/a:/b:ro", "/a:/b:rw", "/a/b,/c:/d", "/x.y-z_1:/q",
+                                    "/a:/tmp", "/tmp", "/a:/run/tether/workdir", "/", "/a:/", "/a:/b/",
+                                    "/a:/b/../c", "/a:/./b", "/a://b", "/a:/b:ro+nosuid", "/a:/b:", "/a:/b:ro:x",
+                                    "./rel:/b", "/a:rel", "/a:./b", "tmpfs:/t", "umount:/b", "/a:/b,", ",/a",
+                                    "/a,,/b", "/a :/b", "/a:/b:RO", "/ä:/b", "/a:/b:nosuid", "/" + "a" * 5000,
+                                    "/a:/tmp/x", "/a:/run/tether", ""], 0.3)
+        option("container-workdir", ["/w", "w", "/a/../b", ".", "/", "/run/tether/workdir", "", "a\tb",
+                                     "/ä", "x" * 5000], 0.1)
         option("container-env", ["A", "MY_VAR", "_x1,B", "A,B,C", "A" * 200, "1A", "A,,B", "A,", ",A", "", "A B",
                                  "A-B", "Ä", "A,1"], 0.3)
     job: dict = {"spank_env": env, "uid": rng.choices([1000, 1001], [9, 1])[0]}
@@ -173,7 +188,7 @@ def test_every_answer_by_shape_is_the_handlers(shim, tmp_path, config_name):
     assert js.handler.init() == ACCEPT
     rng = random.Random(f"shapes-{config_name}")
     users = random.Random(f"users-{config_name}")     # apart from rng: random_request's stream is recorded
-    hits = slot_hits = other_counts = other_users = shaped = 0
+    hits = slot_hits = other_counts = other_users = other_paths = shaped = 0
     stored: dict[bytes, tuple] = {}
     for n in range(2500):
         job = random_request(rng)
@@ -195,12 +210,15 @@ def test_every_answer_by_shape_is_the_handlers(shim, tmp_path, config_name):
             slot_hits += bool(counts.have_slots and counts.slots > 0)    # slots: unset without have_slots
             other_counts += stored[text][0] != mine
             other_users += stored[text][1] != job["uid"]
+            paths = tuple(job["spank_env"].get(v) for v in ("TETHER_CONTAINER_MOUNTS", "TETHER_CONTAINER_WORKDIR"))
+            other_paths += stored[text][2] != paths and any(paths)
             assert (found, answer_of(ffi, probe)) == (rc, expected), (job, stored[text])
         if truth.shaped:
             shaped += 1
             assert rc == ACCEPT and ffi.string(truth.msg) == b""
             lib.tether_shape_store(truth, key, rc)
-            stored[text] = (mine, job["uid"])
+            stored[text] = (mine, job["uid"], tuple(job["spank_env"].get(v) for v in ("TETHER_CONTAINER_MOUNTS",
+                                                                                       "TETHER_CONTAINER_WORKDIR")))
         lib.free(key)
     # the comparison means something: many answers (of jobs with slots) came from a shape another
     # request made, with other counts, and another user's; with the fallback's note on every such
@@ -210,8 +228,9 @@ def test_every_answer_by_shape_is_the_handlers(shim, tmp_path, config_name):
     elif config_name == "by-user":
         assert other_users == 0 and slot_hits >= 100, (other_users, slot_hits, shaped)
     else:
-        assert slot_hits >= 300 and other_counts >= 150 and other_users >= 150, (slot_hits, other_counts,
-                                                                                 other_users, shaped)
+        # and with other plain --container-mounts / --container-workdir paths
+        assert slot_hits >= 300 and other_counts >= 150 and other_users >= 150 and other_paths >= 50, (
+            slot_hits, other_counts, other_users, other_paths, shaped)
 
 
 def test_a_shape_key_stands_for_counts_and_image_only(shim):
@@ -259,6 +278,52 @@ def test_a_shape_key_stands_for_counts_and_image_only(shim):
     for odd in ("1A", "A,,B", "A,", ",A", "", "A B", "A-B", "\u00c4", "A" * 5000):
         assert key(spank_env={**base, "TETHER_CONTAINER_ENV": odd})[0] not in (named, k8), odd
     assert NO_VAL and NO_VAL16
+
+
+MOUNTS = ["/a:/b", "/a", "/a:/b:ro", "/a:/b:rw", "/a/b,/c:/d", "/x.y-z_1:/q", "/a..b:/c..d", "/:/host",
+          "/a:/tmp", "/tmp", "/a:/run/tether/workdir", "/", "/a:/", "/a:/b/", "/a:/b/../c", "/a:/./b", "/a://b",
+          "/a:/b/.", "/a:/b/..", "/a:/b:ro+nosuid", "/a:/b:", "/a:/b:ro:x", "./rel:/b", "/a:rel", "/a:./b",
+          "tmpfs:/t", "umount:/b", "/a:/b,", ",/a", "/a,,/b", "/a :/b", " /a:/b", "/a:/b:RO", "/\u00e4:/b",
+          "/a:/b:nosuid", "/" + "a" * 5000, "/a:/tmp/x", "/a:/run/tether", "/a:/b:x-create=dir", ""]
+WORKDIRS = ["/w", "w", "/a/../b", ".", "/", "/run/tether/workdir", "", "a\tb", "/\u00e4", "x" * 4096, "x" * 4097,
+            " /w", "/w\x7f"]
+
+
+@pytest.mark.parametrize("name,values", [("TETHER_CONTAINER_MOUNTS", MOUNTS), ("TETHER_CONTAINER_WORKDIR", WORKDIRS),
+                                         ("_SLURM_SPANK_OPTION_tether_container_mounts", MOUNTS[:12])])
+def test_plain_mounts_and_a_workdir_leave_the_shape_key_only_where_the_handler_takes_any(shim, tmp_path, name,
+                                                                                       values):
+    """A --container-mounts of plain bind mounts and any printable --container-workdir change no
+    answer of the handler: such requests are one shape with a plain one (issue 43: pyxis users
+    mount $PWD, every job its own). Every value C takes so, the handler accepts with that answer;
+    any other value stays in the key, the handler's to answer -- each case of the grammar tried."""
+    ffi, lib = shim.ffi, shim.lib
+    js = handler_on(shim, tmp_path, "tres-gres")
+    base = {"TETHER_SLOTS": "8", "TETHER_SLOTS_PER_NODE": "4", "TETHER_CONTAINER_IMAGE": "ubuntu:22.04"}
+    plain = {**base, name: values[0]}
+    truth = js.struct({"spank_env": plain, "uid": 1000})
+    assert js.handler.submit(truth, 1000, 1) == ACCEPT and truth.shaped
+    shape = c_key(shim, lib.tether_shape_key, {"spank_env": plain})
+    lib.tether_shape_store(truth, shape, ACCEPT)
+    taken = []
+    for value in values:
+        job = {"spank_env": {**base, name: value}, "uid": 1000}
+        mine = js.struct(job)
+        rc = js.handler.submit(mine, 1000, 1)
+        probe = js.struct(job)
+        counts = ffi.new("struct tether_counts *")
+        key = lib.tether_shape_key(probe, counts)
+        found = lib.tether_shape_lookup(probe, key, counts)
+        same = ffi.string(key) == shape
+        lib.free(key)
+        assert bool(found) == same, value
+        if same:
+            taken.append(value)
+            assert (found, answer_of(ffi, probe)) == (rc, answer_of(ffi, mine)), value
+    if name.upper().endswith("MOUNTS"):
+        assert taken == [v for v in values if v in MOUNTS[:8] + ["/a:/tmp/x", "/a:/run/tether"]], taken
+    else:
+        assert taken == ["/w", "w", "/a/../b", ".", "/", "/run/tether/workdir", "x" * 4096, " /w"], taken
 
 
 def handler_on(shim, tmp_path, config_name: str) -> JobSubmit:
