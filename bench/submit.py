@@ -30,7 +30,8 @@ submit RPC in the round (``sdiag``'s REQUEST_SUBMIT_BATCH_JOB total_time / count
 each round: measured around the whole RPC, job_submit included) less no plugin's in the same
 round, quartiles over the rounds; and, from a debug round, where tether's time goes (the hand-off
 to its worker thread, the Python handler, the wake-up of the RPC thread: the shim logs each); and
-slurmctld's memory (VmRSS) per mode, each from a fresh slurmctld that answered a dozen requests.
+slurmctld's memory per mode (VmRSS, and apart its own, RssAnon, from the file pages it maps,
+RssFile), each from a fresh slurmctld that answered a dozen requests.
 
 Not the ``usec=`` of slurmctld's "_slurm_rpc_submit_batch_job" log line: in 22.05 that timer is
 restarted after job_submit has run (proc_req.c, "Restart after we have locks"), so it leaves the
@@ -119,10 +120,14 @@ def check_mode(box: Sandbox, mode: str) -> None:
             raise SystemExit(f"mode {mode}: unexpected request ({shown.strip()[:300]})")
 
 
-def ctld_rss_mib(box: Sandbox) -> float:
+def ctld_rss_mib(box: Sandbox) -> dict[str, float]:
+    """slurmctld's VmRSS, and its parts: RssAnon (its own memory: heaps, the interpreter's objects)
+    and RssFile (file pages it maps, libpython's code among them: shared with every process that
+    maps the same file, and dropped under memory pressure), in MiB."""
     pid = (box.run_dir / "slurmctld.pid").read_text().split()[0]
     status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1)) / 1024
+    return {field: int(re.search(rf"^{field}:\s+(\d+)", status, re.M).group(1)) / 1024
+            for field in ("VmRSS", "RssAnon", "RssFile")}
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -145,7 +150,7 @@ def main() -> int:
     kinds = KINDS
     rates = {k: {m: [] for m in MODES} for k in kinds}
     rpc_us = {k: {m: [] for m in MODES} for k in kinds}
-    memory: dict[str, float] = {}
+    memory: dict[str, dict[str, float]] = {}
     try:
         for mode in MODES:          # a fresh slurmctld per mode (a plugin once loaded stays mapped)
             box.set_job_submit_plugins(MODES[mode])
@@ -215,9 +220,14 @@ def main() -> int:
               f"quartiles): " + ", ".join(
             f"{n} {'-'.join(str(x) for x in quartiles(list(v)))} us" for n, v in zip(names, parts)))
     print("slurmctld VmRSS after a dozen submissions, a fresh slurmctld per mode: " + ", ".join(
-        f"{m} {v:.1f} MiB" + (f" (+{v - memory['none']:.1f})" if m != "none" else "") for m, v in memory.items()))
+        f"{m} {v['VmRSS']:.1f} MiB" + (f" (+{v['VmRSS'] - memory['none']['VmRSS']:.1f})" if m != "none" else "")
+        for m, v in memory.items()))
+    print("  of which its own (RssAnon) / file pages it maps, shared (RssFile): " + ", ".join(
+        f"{m} {v['RssAnon']:.1f} / {v['RssFile']:.1f} MiB" for m, v in memory.items()))
     record("submit.py", "slurmctld VmRSS: no plugin / lua / tether",
-           " / ".join(f"{memory[m]:.1f}" for m in MODES) + " MiB")
+           " / ".join(f"{memory[m]['VmRSS']:.1f}" for m in MODES) + " MiB")
+    record("submit.py", "slurmctld's own memory (RssAnon): no plugin / lua / tether",
+           " / ".join(f"{memory[m]['RssAnon']:.1f}" for m in MODES) + " MiB")
     if shaped_us:
         q1, mid, q3 = quartiles(shaped_us)
         record("submit.py", "tether's answer by shape, in its C shim (debug log)", f"{mid:.0f} ({q1:.0f}–{q3:.0f}) µs")
