@@ -567,7 +567,7 @@ def parse_env_names(text: str | None) -> tuple[str, ...]:
 def _container_options(env: Mapping[str, str], command: Sequence[str], default_runtime: str,
                        defaults: Mapping, resolve: bool) -> dict:
     """spec_from_env's checks of the ``TETHER_CONTAINER_*`` options, in its order, and their values
-    as LaunchSpec's fields (not the rank's: ids, GPUs, the batch script). Alone at submit
+    as LaunchSpec's fields (not the rank's: ids, GPUs). Alone at submit
     (check_container_options): what slurmctld's job_submit call runs per new request."""
     image = _text(env, "TETHER_CONTAINER_IMAGE", "--container-image")
     name, _, flag = env.get("TETHER_CONTAINER_NAME", "").strip().partition(":")
@@ -612,9 +612,14 @@ def _container_options(env: Mapping[str, str], command: Sequence[str], default_r
         mounts = tuple(m for m in parse_mounts(",".join(defaults["mounts"])) if m.target not in taken) + mounts
     if resolve:
         mounts = resolve_sources(mounts, runtime=runtime)
+    batch_script = None
+    if env.get(BATCH_VAR) == "1":       # set by the SPANK plugin for a --container-batch script
+        batch_script = command[0]      # (in slurmd's spool) runs from where it is mounted inside
+        if not os.path.isabs(batch_script) or _path_bad(batch_script):
+            raise LaunchError(f"--container-batch: cannot mount the batch script {batch_script[:200]!r}")
     return {"image": image, "runtime": runtime, "mounts": mounts, "workdir": workdir, "name": name,
             "flag": flag, "writable": writable, "mount_home": mount_home, "remap_root": remap_root,
-            "entrypoint": entrypoint, "save": save,
+            "entrypoint": entrypoint, "save": save, "batch_script": batch_script,
             "env_names": parse_env_names(_text(env, "TETHER_CONTAINER_ENV", "--container-env")),
             "unshare": parse_unshare(_text(env, "TETHER_CONTAINER_UNSHARE", "--container-unshare"))}
 
@@ -628,12 +633,8 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
     options = _container_options(env, command, default_runtime, defaults or {}, resolve)
     flag, save = options.pop("flag"), options.pop("save")
     job = env.get("SLURM_JOB_ID") or env.get("PBS_JOBID", "0").split(".")[0] or "0"
-    batch = env.get(BATCH_VAR) == "1"         # set by the SPANK plugin for a --container-batch script
-    batch_script = None
-    if batch:              # the script (in slurmd's spool) runs from where it is mounted inside
-        batch_script = command[0]
-        if not os.path.isabs(batch_script) or _path_bad(batch_script):
-            raise LaunchError(f"--container-batch: cannot mount the batch script {batch_script[:200]!r}")
+    batch = options["batch_script"] is not None
+    if batch:
         command = (CONTAINER_BATCH_SCRIPT, *command[1:])
     step = "batch" if batch else env.get("SLURM_STEP_ID") or env.get("PBS_TASKNUM") or "0"
     rank = env.get("RANK") or env.get("SLURM_PROCID") or "0"
@@ -645,8 +646,7 @@ def spec_from_env(env: Mapping[str, str], command: Sequence[str], *, default_run
         job_id=_safe_id(job), step_id=_safe_id(step), rank=_safe_id(rank), gpus=gpus,
         slot_type=env.get("TETHER_JOB_SLOT_TYPE", "cuda") or "cuda",
         # one container per node is saved, as pyxis saves its one per node: the node's first rank's
-        save=save if (env.get("LOCAL_RANK") or env.get("SLURM_LOCALID") or "0") == "0" else None,
-        batch_script=batch_script)
+        save=save if (env.get("LOCAL_RANK") or env.get("SLURM_LOCALID") or "0") == "0" else None)
 
 
 def _safe_id(value: str) -> str:

@@ -48,12 +48,20 @@ static struct watch {
 static struct timespec config_checked;
 static char *partitions;  /* partition_table(): the default's name, then "NAME COUNT" lines */
 /* Do the handler's answers depend on the submitting user (tether_answers_per_user)? Until a config
- * says they do not, they do. Read without the lock when keys are made: a key of the other form
- * than the tables' can only miss, as the tables are emptied whenever this changes. */
+ * says they do not, they do. Read without the lock when keys are made: the tables are emptied
+ * whenever this changes, and a key made before that is never stored under (see generation). */
 static int per_user = 1;
+
+/* How many times the tables were emptied. Every key starts with the one it was made in: an answer is
+ * kept only under a key of the current one. slurmctld makes a request's keys before the handler's
+ * call and stores its answer after it, and from 23.02 several requests are in the plugin at once:
+ * a flush in between (a config reload, tether_answers_per_user) would otherwise let an answer made
+ * under one config be kept under a key made under the other, and served (another user's WCKey). */
+static unsigned long generation;
 
 static void flush_locked(void)
 {
+	__atomic_add_fetch(&generation, 1, __ATOMIC_RELAXED);
 	for (int i = 0; i < TETHER_CACHE_SLOTS; i++) {
 		free(slots[i].key);
 		slots[i].key = NULL;
@@ -237,6 +245,8 @@ static void key_fields(struct key *k, const tether_job_t *job)
 {
 	char num[160];
 
+	snprintf(num, sizeof(num), "%lu", __atomic_load_n(&generation, __ATOMIC_RELAXED));
+	key_put(k, 'g', num);
 	/* the user, where the answers depend on them; else "*", which no uid is */
 	if (__atomic_load_n(&per_user, __ATOMIC_RELAXED))
 		snprintf(num, sizeof(num), "%u", job->user_id);
@@ -306,12 +316,22 @@ int tether_cache_lookup(tether_job_t *job, const char *key)
 	return lookup_in(slots, job, key);
 }
 
+/* Was ``key`` made since the tables were last emptied (its generation the current one)? (locked) */
+static int current_key_locked(const char *key)
+{
+	char gen[24], head[32];
+
+	snprintf(gen, sizeof(gen), "%lu", __atomic_load_n(&generation, __ATOMIC_RELAXED));
+	snprintf(head, sizeof(head), "g%zu:%s", strlen(gen), gen);
+	return strncmp(key, head, strlen(head)) == 0;
+}
+
 static void store_in(struct answer *table, const tether_job_t *job, const char *key, int rc)
 {
 	struct answer *a;
 
 	pthread_mutex_lock(&lock);
-	if (config_current_locked()) {
+	if (config_current_locked() && current_key_locked(key)) {
 		a = &table[slot_of(key)];
 		free(a->key);
 		a->key = strdup(key);

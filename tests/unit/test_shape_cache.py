@@ -326,6 +326,46 @@ def test_plain_mounts_and_a_workdir_leave_the_shape_key_only_where_the_handler_t
         assert taken == ["/w", "w", "/a/../b", ".", "/", "/run/tether/workdir", "x" * 4096, " /w"], taken
 
 
+def test_an_answer_made_across_a_flush_is_not_kept_under_the_key_made_before_it(shim, tmp_path):
+    """slurmctld makes a request's keys, calls the handler, then keeps its answer; from 23.02 other
+    requests are in the plugin meanwhile. A reload in between (here: job_project_source becoming
+    user) empties the tables -- and the answer made under the new config must not be kept under the
+    key made under the old one, where another user's request finds it (a review found user B
+    getting user A's WCKey). Nor an answer made under the old config after the new one's stamp."""
+    ffi, lib = shim.ffi, shim.lib
+    js = handler_on(shim, tmp_path, "tres-gres")          # job_project_source: account: keys without the uid
+    request = {"spank_env": {"TETHER_SLOTS": "2"}, "account": "proj"}
+
+    def key_of(uid: int) -> bytes:
+        return c_key(shim, lib.tether_cache_key, {**request, "uid": uid})
+
+    def answered(wckey: bytes):
+        job = js.struct({**request, "uid": 1001})
+        job.cacheable, job.set_wckey = 1, 1
+        ffi.memmove(job.out_wckey, wckey + b"\0", len(wckey) + 1)
+        return job
+
+    a_key, b_key = key_of(1001), key_of(1002)
+    assert a_key == b_key                                    # one key for both users
+    lib.tether_answers_per_user(1)                           # the reload, during A's handler call
+    lib.tether_cache_store(answered(b"alice"), a_key, ACCEPT)
+    probe = js.struct({**request, "uid": 1002})
+    assert lib.tether_cache_lookup(probe, b_key) == 0        # B's key, made before: nothing for it
+    assert lib.tether_cache_lookup(js.struct({**request, "uid": 1002}), key_of(1002)) == 0
+    # a key made now is kept and found again
+    now = key_of(1001)
+    lib.tether_cache_store(answered(b"alice"), now, ACCEPT)
+    probe = js.struct({**request, "uid": 1001})
+    assert lib.tether_cache_lookup(probe, now) == ACCEPT and ffi.string(probe.out_wckey) == b"alice"
+    # the config file replaced while an answer was being made under the old one
+    before = key_of(1001)
+    (tmp_path / "tether.yaml").write_text(CONFIGS["tres-gres"] + "# another\n")
+    js.handler.refresh()
+    lib.tether_cache_store(answered(b"old"), before, ACCEPT)
+    assert lib.tether_cache_lookup(js.struct({**request, "uid": 1001}), before) == 0
+    lib.tether_answers_per_user(0)
+
+
 def handler_on(shim, tmp_path, config_name: str) -> JobSubmit:
     """A JobSubmit whose handler's config stamps reach the compiled cache (as in the plugin)."""
     config = tmp_path / "tether.yaml"
