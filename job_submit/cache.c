@@ -52,11 +52,11 @@ static char *partitions;  /* partition_table(): the default's name, then "NAME C
  * whenever this changes, and a key made before that is never stored under (see generation). */
 static int per_user = 1;
 
-/* How many times the tables were emptied. Every key starts with the one it was made in: an answer is
- * kept only under a key of the current one. slurmctld makes a request's keys before the handler's
- * call and stores its answer after it, and from 23.02 several requests are in the plugin at once:
- * a flush in between (a config reload, tether_answers_per_user) would otherwise let an answer made
- * under one config be kept under a key made under the other, and served (another user's WCKey). */
+/* How many times the tables were emptied (tether_cache_generation). slurmctld makes a request's keys,
+ * then the handler answers it, then the answer is kept; from 23.02 other requests are in the plugin
+ * meanwhile. An answer is kept only if the tables were not emptied since it was made, under a key of
+ * the form the tables hold now (with or without the uid): else an answer made under one config
+ * could be kept under a key made under another, and served (another user's WCKey). */
 static unsigned long generation;
 
 static void flush_locked(void)
@@ -245,8 +245,6 @@ static void key_fields(struct key *k, const tether_job_t *job)
 {
 	char num[160];
 
-	snprintf(num, sizeof(num), "%lu", __atomic_load_n(&generation, __ATOMIC_RELAXED));
-	key_put(k, 'g', num);
 	/* the user, where the answers depend on them; else "*", which no uid is */
 	if (__atomic_load_n(&per_user, __ATOMIC_RELAXED))
 		snprintf(num, sizeof(num), "%u", job->user_id);
@@ -316,22 +314,28 @@ int tether_cache_lookup(tether_job_t *job, const char *key)
 	return lookup_in(slots, job, key);
 }
 
-/* Was ``key`` made since the tables were last emptied (its generation the current one)? (locked) */
-static int current_key_locked(const char *key)
+unsigned long tether_cache_generation(void)
 {
-	char gen[24], head[32];
-
-	snprintf(gen, sizeof(gen), "%lu", __atomic_load_n(&generation, __ATOMIC_RELAXED));
-	snprintf(head, sizeof(head), "g%zu:%s", strlen(gen), gen);
-	return strncmp(key, head, strlen(head)) == 0;
+	return __atomic_load_n(&generation, __ATOMIC_RELAXED);
 }
 
-static void store_in(struct answer *table, const tether_job_t *job, const char *key, int rc)
+/* May an answer made in ``made_in`` be kept under ``key`` now: the tables not emptied since, and
+ * the key of the form they hold (the user left out, "v1:*" first, exactly when per_user is 0)? */
+static int keepable_locked(const char *key, unsigned long made_in)
+{
+	int userless = strncmp(key, "v1:*", 4) == 0;
+
+	return made_in == __atomic_load_n(&generation, __ATOMIC_RELAXED) &&
+	       userless == !__atomic_load_n(&per_user, __ATOMIC_RELAXED);
+}
+
+static void store_in(struct answer *table, const tether_job_t *job, const char *key, int rc,
+		     unsigned long made_in)
 {
 	struct answer *a;
 
 	pthread_mutex_lock(&lock);
-	if (config_current_locked() && current_key_locked(key)) {
+	if (config_current_locked() && keepable_locked(key, made_in)) {
 		a = &table[slot_of(key)];
 		free(a->key);
 		a->key = strdup(key);
@@ -341,10 +345,10 @@ static void store_in(struct answer *table, const tether_job_t *job, const char *
 	pthread_mutex_unlock(&lock);
 }
 
-void tether_cache_store(const tether_job_t *job, const char *key, int rc)
+void tether_cache_store(const tether_job_t *job, const char *key, int rc, unsigned long made_in)
 {
 	if (job->cacheable && (rc == TETHER_ACCEPT || rc == TETHER_REJECT))
-		store_in(slots, job, key, rc);
+		store_in(slots, job, key, rc, made_in);
 }
 
 /* ---- by shape ---- */
@@ -654,8 +658,8 @@ int tether_shape_lookup(tether_job_t *job, const char *key, const struct tether_
 	return rc;
 }
 
-void tether_shape_store(const tether_job_t *job, const char *key, int rc)
+void tether_shape_store(const tether_job_t *job, const char *key, int rc, unsigned long made_in)
 {
 	if (job->shaped && job->cacheable && rc == TETHER_ACCEPT)
-		store_in(shapes, job, key, rc);
+		store_in(shapes, job, key, rc, made_in);
 }

@@ -21,8 +21,14 @@ char *tether_cache_key(const tether_job_t *job);
 /* A cached answer for ``key`` copied into ``job``'s out_* fields and its code, or 0. */
 int tether_cache_lookup(tether_job_t *job, const char *key);
 
-/* Keep ``job``'s answer ``rc`` for ``key`` (only cacheable accepts and rejects). */
-void tether_cache_store(const tether_job_t *job, const char *key, int rc);
+/* How many times the tables were emptied: read when the handler's answer was made (worker.c), and
+ * handed to the stores, which keep an answer only if the tables were not emptied since (a config
+ * reload during another request's call) and its key is of the form the tables hold now. */
+unsigned long tether_cache_generation(void);
+
+/* Keep ``job``'s answer ``rc`` for ``key``, made in generation ``made_in`` (only cacheable accepts
+ * and rejects). */
+void tether_cache_store(const tether_job_t *job, const char *key, int rc, unsigned long made_in);
 
 /*
  * By shape. A request's shape is the request with its slot counts (--slots, --slots-per-node) and
@@ -46,8 +52,9 @@ char *tether_shape_key(const tether_job_t *job, struct tether_counts *counts);
 /* The answer of ``key``'s shape for ``job``'s counts copied into ``job``, or 0. */
 int tether_shape_lookup(tether_job_t *job, const char *key, const struct tether_counts *counts);
 
-/* Keep ``job``'s answer for its shape (only accepts the handler marked ``shaped``). */
-void tether_shape_store(const tether_job_t *job, const char *key, int rc);
+/* Keep ``job``'s answer for its shape, made in generation ``made_in`` (only accepts the handler
+ * marked ``shaped``). */
+void tether_shape_store(const tether_job_t *job, const char *key, int rc, unsigned long made_in);
 
 /* Is the config file still the one the handler last read (checked with stat() at most every
  * 0.2 s)? The handler then skips its own stat(). */

@@ -305,9 +305,9 @@ static int answer(struct tether_call *call)
 		else
 			slurm_debug("job_submit/tether: handler took %ld us", elapsed_us(&t0));
 		if (key && rc != TETHER_TIMEOUT)
-			tether_cache_store(call->job, key, rc);
+			tether_cache_store(call->job, key, rc, call->generation);
 		if (shape && rc != TETHER_TIMEOUT)
-			tether_shape_store(call->job, shape, rc);
+			tether_shape_store(call->job, shape, rc, call->generation);
 	}
 	free(key);
 	free(shape);

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cache.h"
 #include "worker.h"
 
 #ifndef TETHER_PYTHON_HOME
@@ -133,6 +134,9 @@ static void *worker(void *unused)
 
 		clock_gettime(CLOCK_MONOTONIC, &call->t_start);
 		rc = dispatch(call);
+		/* the cache's tables are emptied only by the handler's calls, one at a time, here: this
+		 * is the generation the answer was made in */
+		call->generation = tether_cache_generation();
 		clock_gettime(CLOCK_MONOTONIC, &call->t_end);
 
 		pthread_mutex_lock(&worker_lock);

@@ -27,6 +27,7 @@ struct tether_call {
 	int done;
 	int abandoned; /* the caller gave up waiting: the worker frees the call */
 	struct timespec t_signal, t_start, t_end; /* handed over; the worker started, ended (CLOCK_MONOTONIC) */
+	unsigned long generation; /* the answers cache's when the handler answered (tether_cache_generation) */
 };
 
 /* Start Python (isolated: explicit search paths, no site, no signal handlers) and the worker

@@ -26,10 +26,11 @@ CACHE_API = """
 struct tether_counts { int have_slots; unsigned long slots; int spn_given; unsigned long spn; };
 char *tether_shape_key(const tether_job_t *job, struct tether_counts *counts);
 int tether_shape_lookup(tether_job_t *job, const char *key, const struct tether_counts *counts);
-void tether_shape_store(const tether_job_t *job, const char *key, int rc);
+void tether_shape_store(const tether_job_t *job, const char *key, int rc, unsigned long made_in);
 char *tether_cache_key(const tether_job_t *job);
 int tether_cache_lookup(tether_job_t *job, const char *key);
-void tether_cache_store(const tether_job_t *job, const char *key, int rc);
+void tether_cache_store(const tether_job_t *job, const char *key, int rc, unsigned long made_in);
+unsigned long tether_cache_generation(void);
 long tether_partition_nodes(const char *name);
 int tether_config_current(void);
 void free(void *);
@@ -216,7 +217,7 @@ def test_every_answer_by_shape_is_the_handlers(shim, tmp_path, config_name):
         if truth.shaped:
             shaped += 1
             assert rc == ACCEPT and ffi.string(truth.msg) == b""
-            lib.tether_shape_store(truth, key, rc)
+            lib.tether_shape_store(truth, key, rc, lib.tether_cache_generation())
             stored[text] = (mine, job["uid"], tuple(job["spank_env"].get(v) for v in ("TETHER_CONTAINER_MOUNTS",
                                                                                        "TETHER_CONTAINER_WORKDIR")))
         lib.free(key)
@@ -304,7 +305,7 @@ def test_plain_mounts_and_a_workdir_leave_the_shape_key_only_where_the_handler_t
     truth = js.struct({"spank_env": plain, "uid": 1000})
     assert js.handler.submit(truth, 1000, 1) == ACCEPT and truth.shaped
     shape = c_key(shim, lib.tether_shape_key, {"spank_env": plain})
-    lib.tether_shape_store(truth, shape, ACCEPT)
+    lib.tether_shape_store(truth, shape, ACCEPT, lib.tether_cache_generation())
     taken = []
     for value in values:
         job = {"spank_env": {**base, name: value}, "uid": 1000}
@@ -326,12 +327,14 @@ def test_plain_mounts_and_a_workdir_leave_the_shape_key_only_where_the_handler_t
         assert taken == ["/w", "w", "/a/../b", ".", "/", "/run/tether/workdir", "x" * 4096, " /w"], taken
 
 
-def test_an_answer_made_across_a_flush_is_not_kept_under_the_key_made_before_it(shim, tmp_path):
-    """slurmctld makes a request's keys, calls the handler, then keeps its answer; from 23.02 other
-    requests are in the plugin meanwhile. A reload in between (here: job_project_source becoming
-    user) empties the tables -- and the answer made under the new config must not be kept under the
-    key made under the old one, where another user's request finds it (a review found user B
-    getting user A's WCKey). Nor an answer made under the old config after the new one's stamp."""
+def test_an_answer_is_kept_only_if_the_cache_was_not_emptied_since_and_its_key_is_of_the_current_form(shim,
+                                                                                                    tmp_path):
+    """slurmctld makes a request's keys, the handler answers, then the answer is kept; from 23.02
+    other requests are in the plugin meanwhile. A review found user B getting user A's WCKey: A's
+    call reloaded a config with job_project_source: user, and its answer was kept under the key
+    without the uid made before. Now an answer is kept only under a key of the form the tables
+    hold, and only if they were not emptied since the answer was made (another request's reload);
+    an answer made by a call that itself reloaded (no change of form) is kept, as before."""
     ffi, lib = shim.ffi, shim.lib
     js = handler_on(shim, tmp_path, "tres-gres")          # job_project_source: account: keys without the uid
     request = {"spank_env": {"TETHER_SLOTS": "2"}, "account": "proj"}
@@ -345,25 +348,31 @@ def test_an_answer_made_across_a_flush_is_not_kept_under_the_key_made_before_it(
         ffi.memmove(job.out_wckey, wckey + b"\0", len(wckey) + 1)
         return job
 
+    def found(key: bytes, uid: int) -> bytes | None:
+        probe = js.struct({**request, "uid": uid})
+        return ffi.string(probe.out_wckey) if lib.tether_cache_lookup(probe, key) else None
+
     a_key, b_key = key_of(1001), key_of(1002)
     assert a_key == b_key                                    # one key for both users
-    lib.tether_answers_per_user(1)                           # the reload, during A's handler call
-    lib.tether_cache_store(answered(b"alice"), a_key, ACCEPT)
-    probe = js.struct({**request, "uid": 1002})
-    assert lib.tether_cache_lookup(probe, b_key) == 0        # B's key, made before: nothing for it
-    assert lib.tether_cache_lookup(js.struct({**request, "uid": 1002}), key_of(1002)) == 0
-    # a key made now is kept and found again
-    now = key_of(1001)
-    lib.tether_cache_store(answered(b"alice"), now, ACCEPT)
-    probe = js.struct({**request, "uid": 1001})
-    assert lib.tether_cache_lookup(probe, now) == ACCEPT and ffi.string(probe.out_wckey) == b"alice"
-    # the config file replaced while an answer was being made under the old one
+    lib.tether_answers_per_user(1)                           # A's call reloads: per user now
+    lib.tether_cache_store(answered(b"alice"), a_key, ACCEPT, lib.tether_cache_generation())
+    assert found(b_key, 1002) is None and found(key_of(1002), 1002) is None
+    now = key_of(1001)                                       # a key of the current form is kept
+    lib.tether_cache_store(answered(b"alice"), now, ACCEPT, lib.tether_cache_generation())
+    assert found(now, 1001) == b"alice" and found(key_of(1002), 1002) is None
+    # an answer made before another request's call emptied the tables is not kept
+    made_in, before = lib.tether_cache_generation(), key_of(1001)
+    lib.tether_answers_per_user(0)
+    lib.tether_answers_per_user(1)
+    lib.tether_cache_store(answered(b"old"), before, ACCEPT, made_in)
+    assert found(before, 1001) is None
+    # a call that reloaded the config itself (no change of form): its answer is kept
+    lib.tether_answers_per_user(0)
     before = key_of(1001)
     (tmp_path / "tether.yaml").write_text(CONFIGS["tres-gres"] + "# another\n")
     js.handler.refresh()
-    lib.tether_cache_store(answered(b"old"), before, ACCEPT)
-    assert lib.tether_cache_lookup(js.struct({**request, "uid": 1001}), before) == 0
-    lib.tether_answers_per_user(0)
+    lib.tether_cache_store(answered(b""), before, ACCEPT, lib.tether_cache_generation())
+    assert found(key_of(1002), 1002) == b""
 
 
 def handler_on(shim, tmp_path, config_name: str) -> JobSubmit:
@@ -414,7 +423,7 @@ def test_a_separator_inside_an_entry_is_another_request(shim, tmp_path, plain, c
     first = js.struct({"spank_env": plain, "uid": 1000})
     rc = js.handler.submit(first, 1000, 1)
     key = lib.tether_cache_key(first)
-    lib.tether_cache_store(first, key, rc)
+    lib.tether_cache_store(first, key, rc, lib.tether_cache_generation())
     lib.free(key)
 
     truth = js.struct({"spank_env": crafted, "uid": 1000})
@@ -458,7 +467,7 @@ def test_a_shapes_class_is_not_a_requests_entry(shim, tmp_path):
     assert rc == ACCEPT and first.shaped
     counts = ffi.new("struct tether_counts *")
     key = lib.tether_shape_key(first, counts)
-    lib.tether_shape_store(first, key, rc)
+    lib.tether_shape_store(first, key, rc, lib.tether_cache_generation())
     lib.free(key)
 
     truth = js.struct({"spank_env": spelled, "uid": 1000})
