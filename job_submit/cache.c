@@ -49,7 +49,7 @@ static struct timespec config_checked;
 static char *partitions;  /* partition_table(): the default's name, then "NAME COUNT" lines */
 /* Do the handler's answers depend on the submitting user (tether_answers_per_user)? Until a config
  * says they do not, they do. Read without the lock when keys are made: the tables are emptied
- * whenever this changes, and a key made before that is never stored under (see generation). */
+ * whenever this changes, and no answer is kept under a key of the other form (keepable_locked). */
 static int per_user = 1;
 
 /* How many times the tables were emptied (tether_cache_generation). slurmctld makes a request's keys,
