@@ -8,8 +8,8 @@ measures that Python part in this process, as the shim's worker thread calls it:
 ("submit", job, uid, 1)`` (build.py's ``tether_py_submit``) on a ``tether_job_t`` built from the
 same requests bench/submit.py sends (its ``command(..., new_shape=True)``: ``--slots`` /
 ``--slots-per-node`` of its 9 layouts, a ``--container-image``, a ``--container-mounts`` and a
-``--container-name`` of its own, forwarded as the SPANK plugin does: ``TETHER_<NAME>`` and Slurm's ``_SLURM_SPANK_OPTION_tether_
-<name>``), with the sandbox's tether.yaml (Sandbox.tether_settings) and a slurm.conf shaped like
+``--container-name`` of its own, forwarded as the SPANK plugin does: ``TETHER_<NAME>`` and Slurm's
+``_SLURM_SPANK_OPTION_tether_<name>``), with the sandbox's tether.yaml (Sandbox.tether_settings) and a slurm.conf shaped like
 the sandbox's. The struct is a cffi struct of bridge.h's declarations (the plugin's own layout);
 the shim's config check is taken as done (``config_current``), as it is for a call after the first.
 

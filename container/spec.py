@@ -14,7 +14,7 @@ from ..hooks.layout import CONTAINER_TMP, CONTAINER_WORKDIR, RESERVED_TARGETS
 from ..hooks.records import dataclass
 from ..hooks.surface import FLAG_VALUES as _OPTION_FLAGS
 from ..hooks.surface import (BATCH_VAR, BY_NAME, CONTAINER_NAME_FLAGS, MAX_TEXT, RUNTIMES, UNSHARE_NAMESPACES,
-                             is_env_name, unknown_namespace)
+                             has_control, is_env_name, unknown_namespace)
 
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
@@ -39,11 +39,6 @@ def _path_bad(value: str) -> bool:
     return any(c in " ,:" or ord(c) < 32 or ord(c) == 127 or c.isspace() for c in value)
 
 
-def _control(value: str) -> bool:
-    # isprintable(): no control character at all (C0 and DEL are not printable) -- the common case
-    return not value.isprintable() and any(ord(c) < 32 or ord(c) == 127 for c in value)
-
-
 # A flag's values, as the SPANK plugin accepts them (spank/options.c, hooks/surface.py): anything
 # else is refused.
 FLAG_VALUES = {value: normalized == "1" for value, normalized in _OPTION_FLAGS.items()}
@@ -62,7 +57,7 @@ def _text(env: Mapping[str, str], name: str, what: str) -> str:
     value = env.get(name, "")
     if not value:
         return value
-    if len(value.encode("utf-8", "surrogateescape")) > MAX_TEXT or _control(value):
+    if len(value.encode("utf-8", "surrogateescape")) > MAX_TEXT or has_control(value):
         raise LaunchError(f"{what}: expected printable text of at most {MAX_TEXT} characters")
     return value.strip()
 
@@ -515,8 +510,7 @@ def refuse_existing(spec: LaunchSpec, exists: bool, marker: str | None) -> None:
         raise LaunchError(named_exists(spec.name or ""))
 
 
-_EITHER_VARS = {name: ("TETHER_CONTAINER_" + name.upper().replace("-", "_"),
-                      "TETHER_NO_CONTAINER_" + name.upper().replace("-", "_"))
+_EITHER_VARS = {name: (BY_NAME[f"container-{name}"].env, BY_NAME[f"no-container-{name}"].env)
                 for name in ("mount-home", "remap-root", "entrypoint")}
 
 

@@ -180,10 +180,11 @@ _ASCII_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01
 FLAG_VALUES = {"": "1", "1": "1", "true": "1", "yes": "1", "on": "1", "0": "0", "false": "0", "no": "0", "off": "0"}
 
 
-def _printable(value: str) -> bool:
-    """No C0 control character and no DEL (other characters, non-ASCII too, are text)."""
+def has_control(value: str) -> bool:
+    """Whether ``value`` holds a C0 control character or DEL (other characters, non-ASCII too, are
+    text): what option values and TETHER_CONTAINER_* values may not hold."""
     # isprintable(): none at all (C0 and DEL are not printable) -- the common case, in one C loop
-    return value.isprintable() or not any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)
+    return not value.isprintable() and any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)
 
 
 _ENV_NAME_CHARS = _ASCII_ALNUM | {"_"}
@@ -217,7 +218,7 @@ def normalize(opt: Option, value: str) -> str | None:
         ok = len(value.encode("utf-8", "surrogateescape")) <= MAX_TEXT and all(
             is_env_name(n) for n in value.split(","))
     else:  # text
-        ok = 0 < len(value.encode("utf-8", "surrogateescape")) <= MAX_TEXT and _printable(value)
+        ok = 0 < len(value.encode("utf-8", "surrogateescape")) <= MAX_TEXT and not has_control(value)
     return value if ok else None
 
 

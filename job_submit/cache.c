@@ -51,6 +51,7 @@ static char *partitions;  /* partition_table(): the default's name, then "NAME C
  * says they do not, they do. Read without the lock when keys are made: the tables are emptied
  * whenever this changes, and no answer is kept under a key of the other form (keepable_locked). */
 static int per_user = 1;
+#define ANY_USER "*" /* the user field of a key that holds for every user */
 
 /* How many times the tables were emptied (tether_cache_generation). slurmctld makes a request's keys,
  * then the handler answers it, then the answer is kept; from 23.02 other requests are in the plugin
@@ -245,11 +246,11 @@ static void key_fields(struct key *k, const tether_job_t *job)
 {
 	char num[160];
 
-	/* the user, where the answers depend on them; else "*", which no uid is */
+	/* the user, where the answers depend on them; else ANY_USER, which no uid is */
 	if (__atomic_load_n(&per_user, __ATOMIC_RELAXED))
 		snprintf(num, sizeof(num), "%u", job->user_id);
 	else
-		snprintf(num, sizeof(num), "*");
+		snprintf(num, sizeof(num), "%s", ANY_USER);
 	key_add(k, num);
 	snprintf(num, sizeof(num), "%u %u %u %u %u %u %u", job->min_nodes, job->max_nodes, job->num_tasks,
 		 (unsigned)job->ntasks_per_node, (unsigned)job->cpus_per_task, job->req_node_count,
@@ -320,10 +321,13 @@ unsigned long tether_cache_generation(void)
 }
 
 /* May an answer made in ``made_in`` be kept under ``key`` now: the tables not emptied since, and
- * the key of the form they hold (the user left out, "v1:*" first, exactly when per_user is 0)? */
+ * the key of the form they hold (its first field ANY_USER, as key_fields writes it, exactly when
+ * per_user is 0)? */
 static int keepable_locked(const char *key, unsigned long made_in)
 {
-	int userless = strncmp(key, "v1:*", 4) == 0;
+	char head[16];
+	int n = snprintf(head, sizeof(head), "v%zu:%s", strlen(ANY_USER), ANY_USER); /* key_put's form */
+	int userless = strncmp(key, head, (size_t)n) == 0;
 
 	return made_in == __atomic_load_n(&generation, __ATOMIC_RELAXED) &&
 	       userless == !__atomic_load_n(&per_user, __ATOMIC_RELAXED);
