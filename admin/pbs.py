@@ -54,7 +54,7 @@ def build_helper(libexec: Path, *, build_dir: Path | None = None) -> Path:
     """Compile tether-jobdirs into ``libexec`` (mode 755, a new inode); objects in ``build_dir``."""
     cbuild = CBuild(build_dir or Path(libexec) / ".build")
     shared = native_source_dir()
-    objects = [cbuild.compile(shared / "jobdirs.c"),
+    objects = [cbuild.compile(shared / "jobdirs.c"), cbuild.compile(shared / "values.c"),
                cbuild.compile(pbs_source_dir() / "tether_jobdirs.c", include_dirs=[str(shared)], header_dirs=[shared])]
     return cbuild.link(objects, Path(libexec) / HELPER_NAME)
 

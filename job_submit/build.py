@@ -20,7 +20,7 @@ from .handler import CONFIG_CHECK_SECONDS
 SO_NAME = "job_submit_tether.so"
 MODULE = "_tether_job_submit"
 UNITS = ("plugin.c", "cache.c", "worker.c")
-NATIVE_UNITS = ("imageref.c",)    # tether.native's image grammar (the shape cache's), linked in
+NATIVE_UNITS = ("imageref.c", "values.c")    # tether.native's grammars (the shape cache's), linked in
 BRIDGE = "bridge.h"
 # What slurmctld looks up in a job_submit plugin (22.05 and later); nothing else is exported.
 EXPORTS = ("plugin_name", "plugin_type", "plugin_version", "init", "fini", "job_submit", "job_modify")

@@ -13,6 +13,7 @@
 #include "cache.h"
 #include "imageref.h"
 #include "tether_names.h"
+#include "values.h"
 
 #define TETHER_CACHE_SLOTS 64
 #ifndef TETHER_CONFIG_CHECK_NS
@@ -358,7 +359,7 @@ void tether_cache_store(const tether_job_t *job, const char *key, int rc, unsign
 /* ---- by shape ---- */
 
 /* The spank_env entries the shape key stands for by their class, and what each is. */
-enum { COUNT_SLOTS, COUNT_SPN, IMAGE, ENV_NAMES, MOUNTS, WORKDIR };
+enum { COUNT_SLOTS, COUNT_SPN, IMAGE, ENV_NAMES, MOUNTS, WORKDIR, NAME };
 static const struct {
 	const char *name;
 	int what;
@@ -376,34 +377,10 @@ static const struct {
 	{ TETHER_SPANK_ENV_CONTAINER_MOUNTS, MOUNTS, 0 },
 	{ TETHER_ENV_CONTAINER_WORKDIR, WORKDIR, 1 },
 	{ TETHER_SPANK_ENV_CONTAINER_WORKDIR, WORKDIR, 0 },
+	{ TETHER_ENV_CONTAINER_NAME, NAME, 1 },
+	{ TETHER_SPANK_ENV_CONTAINER_NAME, NAME, 0 },
 };
 #define SHAPE_ENTRIES (sizeof(shape_entries) / sizeof(shape_entries[0]))
-
-/* --container-env's value as the handler accepts it (surface.normalize, kind env_names): at most
- * TETHER_MAX_TEXT bytes of variable names ([A-Za-z_][A-Za-z0-9_]*) separated by single commas. Which
- * names they are changes no answer of the handler: requests that differ in them are one shape. */
-static int env_names_ok(const char *s)
-{
-	int start = 1;
-
-	if (strlen(s) > TETHER_MAX_TEXT)
-		return 0;
-	for (const char *p = s;; p++) {
-		int letter = (*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || *p == '_';
-
-		if (start) {
-			if (!letter)
-				return 0; /* empty (",", "A,,B", "", "A,"), or a leading digit or other */
-			start = 0;
-		} else if (*p == ',') {
-			start = 1;
-		} else if (*p == '\0') {
-			return 1;
-		} else if (!letter && !(*p >= '0' && *p <= '9')) {
-			return 0;
-		}
-	}
-}
 
 /* Is [p, end) an absolute path of letters, digits and "_.-/" only? */
 static int plain_path(const char *p, const char *end)
@@ -547,11 +524,23 @@ char *tether_shape_key(const tether_job_t *job, struct tether_counts *counts)
 			}
 			snprintf(class, sizeof(class), "%s=#image", shape_entries[e].name);
 		} else if (shape_entries[e].what == ENV_NAMES) {
-			if (!env_names_ok(value)) { /* the handler's to answer (and refuse) */
+			/* which names they are changes no answer of the handler (surface.normalize, kind
+			 * env_names): requests that differ in them are one shape */
+			if (!tether_env_names_ok(value)) { /* the handler's to answer (and refuse) */
 				key_add(&k, entry);
 				continue;
 			}
 			snprintf(class, sizeof(class), "%s=#names", shape_entries[e].name);
+		} else if (shape_entries[e].what == NAME) {
+			/* --container-name=NAME[:FLAG]: which name it is changes no answer of the handler (it
+			 * checks the grammar, and that a runtime keeps named containers): the flag stays */
+			const char *colon = strchr(value, ':');
+
+			if (!tether_container_name_ok(value, TETHER_MAX_CONTAINER_NAME)) {
+				key_add(&k, entry); /* the handler's to answer (and refuse) */
+				continue;
+			}
+			snprintf(class, sizeof(class), "%s=#name%s", shape_entries[e].name, colon ? colon : "");
 		} else if (shape_entries[e].what == MOUNTS || shape_entries[e].what == WORKDIR) {
 			int mounts = shape_entries[e].what == MOUNTS;
 

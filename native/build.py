@@ -4,6 +4,9 @@ Each unit here is compiled into more than one program, so it belongs to none of 
 
     imageref.c, imageref.h    the image-reference grammar of tether/hooks/imageref.py: the SPANK
                               plugin's option checks and the job_submit plugin's shape cache
+    values.c, values.h        the grammars of option values (container names, variable names, names
+                              tether uses as path components): the SPANK plugin's option checks, the
+                              job_submit plugin's shape cache, jobdirs.c
     jobdirs.c, jobdirs.h      fd-relative, O_NOFOLLOW directory creation and removal as root: the
                               SPANK plugin in slurmstepd and tether-jobdirs (the PBS MoM hooks' helper)
     tether_names.h            every name the C shares with the Python side, generated from
@@ -107,9 +110,10 @@ def names_header() -> str:
         "/* what the job_submit plugin's shape cache reads itself (job_submit/cache.c) */",
         f"#define TETHER_MAX_SLOTS {surface.MAX_SLOTS}UL",
         f"#define TETHER_MAX_SLOTS_PER_NODE {surface.MAX_SLOTS_PER_NODE}UL",
+        f"#define TETHER_MAX_CONTAINER_NAME {surface.BY_NAME['container-name'].maximum}",
         *(f"#define TETHER_{kind}_{_enum_name(name)[4:]} {c_string(getattr(surface.BY_NAME[name], attr))}"
           for name in ("slots", "slots-per-node", "container-image", "container-env", "container-mounts",
-                       "container-workdir")
+                       "container-workdir", "container-name")
           for kind, attr in (("ENV", "env"), ("SPANK_ENV", "spank_env"))),
         f"#define TETHER_RESERVED_MOUNT_TARGETS {', '.join(map(c_string, layout.RESERVED_TARGETS))}",
         "",

@@ -75,26 +75,6 @@ void tether_info(const char *fmt, ...)
 	va_end(ap);
 }
 
-static int is_ascii_alnum(unsigned char c)
-{
-	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
-}
-
-int tether_name_ok(const char *value, size_t max)
-{
-	size_t n = strlen(value);
-
-	if (n == 0 || n > max || !is_ascii_alnum((unsigned char)value[0]))
-		return 0;
-	for (size_t i = 0; i < n; i++) {
-		unsigned char c = value[i];
-
-		if (!is_ascii_alnum(c) && c != '.' && c != '_' && c != '-')
-			return 0;
-	}
-	return 1;
-}
-
 int tether_path_join(char *out, size_t len, const char *a, const char *b)
 {
 	int n = snprintf(out, len, "%s/%s", a, b);

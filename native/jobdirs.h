@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "values.h" /* tether_name_ok */
+
 enum tether_level { TETHER_FAIL, TETHER_ERROR, TETHER_INFO };
 
 /*
@@ -25,9 +27,6 @@ void tether_report(enum tether_level level, const char *msg);
 __attribute__((format(printf, 1, 2))) void tether_fail(const char *fmt, ...);
 __attribute__((format(printf, 1, 2))) void tether_error(const char *fmt, ...);
 __attribute__((format(printf, 1, 2))) void tether_info(const char *fmt, ...);
-
-/* A name tether may use as one path component: [A-Za-z0-9][A-Za-z0-9._-]*, at most ``max``. */
-int tether_name_ok(const char *value, size_t max);
 
 /* ``a``/``b`` into ``out``; -1 (and a message) when it does not fit. */
 int tether_path_join(char *out, size_t len, const char *a, const char *b);

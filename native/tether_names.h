@@ -141,6 +141,7 @@ enum tether_option {
 /* what the job_submit plugin's shape cache reads itself (job_submit/cache.c) */
 #define TETHER_MAX_SLOTS 10000000UL
 #define TETHER_MAX_SLOTS_PER_NODE 65533UL
+#define TETHER_MAX_CONTAINER_NAME 63
 #define TETHER_ENV_SLOTS "TETHER_SLOTS"
 #define TETHER_SPANK_ENV_SLOTS "_SLURM_SPANK_OPTION_tether_slots"
 #define TETHER_ENV_SLOTS_PER_NODE "TETHER_SLOTS_PER_NODE"
@@ -153,6 +154,8 @@ enum tether_option {
 #define TETHER_SPANK_ENV_CONTAINER_MOUNTS "_SLURM_SPANK_OPTION_tether_container_mounts"
 #define TETHER_ENV_CONTAINER_WORKDIR "TETHER_CONTAINER_WORKDIR"
 #define TETHER_SPANK_ENV_CONTAINER_WORKDIR "_SLURM_SPANK_OPTION_tether_container_workdir"
+#define TETHER_ENV_CONTAINER_NAME "TETHER_CONTAINER_NAME"
+#define TETHER_SPANK_ENV_CONTAINER_NAME "_SLURM_SPANK_OPTION_tether_container_name"
 #define TETHER_RESERVED_MOUNT_TARGETS "/", "/tmp", "/run/tether/workdir"
 
 /* the layout under job_storage_root */

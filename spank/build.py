@@ -4,7 +4,7 @@ A plain C plugin (no Python linked in): srun, sbatch and each slurmstepd load it
 it would cost every step several milliseconds even when no Python runs (bench/step.py measured
 1.14 x a plugin-free step with libpython linked).
 
-The image grammar (imageref.c), the job directories (jobdirs.c) and the generated names header
+The image grammar (imageref.c), the option values' grammars (values.c), the job directories (jobdirs.c) and the generated names header
 (tether_names.h) are tether.native's: other components link them too.
 """
 
@@ -18,7 +18,7 @@ from ..system.toolchain import CBuild, Toolchain
 
 SO_NAME = "spank_tether.so"
 UNITS = ("dispatch.c", "options.c", "client.c", "stepd.c", "rankenv.c", "cgkeeper.c")
-NATIVE_UNITS = ("imageref.c", "jobdirs.c")      # tether.native's, linked in
+NATIVE_UNITS = ("imageref.c", "values.c", "jobdirs.c")      # tether.native's, linked in
 # What Slurm looks up in a SPANK plugin (SPANK_PLUGIN's four symbols and the callbacks); nothing
 # else is exported, so no symbol of tether's can interpose on or be bound by another object.
 EXPORTS = ("plugin_name", "plugin_type", "plugin_version", "spank_plugin_version", "slurm_spank_*")

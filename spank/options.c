@@ -18,6 +18,7 @@
 #include "imageref.h"
 #include "jobdirs.h"
 #include "options.h"
+#include "values.h"
 
 struct tether_opt tether_opts[TETHER_NOPTS] = TETHER_OPTION_TABLE;
 static const int partners[TETHER_NOPTS] = TETHER_PARTNERS;
@@ -40,34 +41,6 @@ int tether_any_option(void)
 		if (tether_opts[i].value)
 			return 1;
 	return 0;
-}
-
-int tether_one_of(const char *value, const char *const *choices)
-{
-	for (; *choices; choices++)
-		if (strcmp(value, *choices) == 0)
-			return 1;
-	return 0;
-}
-
-/* NAME[,NAME...] where each NAME is a shell variable name (ASCII). */
-static int env_names_ok(const char *value)
-{
-	const char *p = value;
-
-	if (strlen(value) > TETHER_MAX_TEXT)
-		return 0;
-	for (;;) {
-		if (!(isascii((unsigned char)*p) && (isalpha((unsigned char)*p) || *p == '_')))
-			return 0;
-		while (isascii((unsigned char)*p) && (isalnum((unsigned char)*p) || *p == '_'))
-			p++;
-		if (*p == '\0')
-			return 1;
-		if (*p != ',')
-			return 0;
-		p++;
-	}
 }
 
 /* Printable text of at most TETHER_MAX_TEXT bytes: no control characters (UTF-8 letters pass). */
@@ -115,20 +88,6 @@ static const char *flag_value(const char *value)
 }
 
 /* --container-name=NAME[:FLAG]: NAME as any name (at most ``max``), FLAG one of pyxis's that tether does. */
-static int container_name_ok(const char *value, size_t max)
-{
-	static const char *const flags[] = { TETHER_CONTAINER_NAME_FLAGS, NULL };
-	const char *colon = strchr(value, ':');
-	char name[TETHER_MAX_NAME + 1];
-	size_t n = colon ? (size_t)(colon - value) : strlen(value);
-
-	if (n == 0 || n > max || n > TETHER_MAX_NAME)
-		return 0;
-	memcpy(name, value, n);
-	name[n] = '\0';
-	return tether_name_ok(name, max) && (colon == NULL || tether_one_of(colon + 1, flags));
-}
-
 /* --container-unshare=NS[,NS...]: the first word that is no namespace tether unshares (pointing
  * into ``value``, ``*len`` its length; an empty word too), or NULL when every word is one. */
 static const char *unknown_namespace(const char *value, size_t *len)
@@ -175,11 +134,11 @@ static const char *check_value(const struct tether_opt *o, const char *value)
 	case K_NAME: /* maximum: a shorter limit for this name (0: TETHER_MAX_NAME) */
 		return tether_name_ok(value, o->maximum > 0 ? (size_t)o->maximum : TETHER_MAX_NAME) ? value : NULL;
 	case K_ENV_NAMES:
-		return env_names_ok(value) ? value : NULL;
+		return tether_env_names_ok(value) ? value : NULL;
 	case K_TEXT:
 		return text_ok(value) ? value : NULL;
 	case K_CONTAINER_NAME: /* NAME[:FLAG], pyxis's spelling */
-		return container_name_ok(value, o->maximum > 0 ? (size_t)o->maximum : TETHER_MAX_NAME) ? value : NULL;
+		return tether_container_name_ok(value, o->maximum > 0 ? (size_t)o->maximum : TETHER_MAX_NAME) ? value : NULL;
 	case K_IMAGE: /* empty: no container for this step (--container-image= in a container job) */
 		return value[0] == '\0' || tether_image_ok(value) ? value : NULL;
 	case K_NAMESPACES: {

@@ -82,7 +82,4 @@ const char *tether_job_option_env(const struct tether_opt *o);
 /* Forget every value (slurm_spank_exit). */
 void tether_opts_clear(void);
 
-/* Is ``value`` one of the NULL-terminated ``choices``? */
-int tether_one_of(const char *value, const char *const *choices);
-
 #endif

@@ -126,7 +126,7 @@ def test_slurm_table_rows_through_sbatch(cluster, tether_config, case):
 
 def test_a_size_sweep_is_answered_by_its_shape_in_c(cluster, tether_config):
     """Requests that differ in their slot counts, image tag, --container-env names, plain bind
-    mounts and --container-workdir only are one shape: the handler answers the first, the shim's C
+    mounts, --container-workdir and --container-name only are one shape: the handler answers the first, the shim's C
     the others (slurmctld's debug log says which), and each job gets its own layout."""
     tether_config()
     cluster.run(["scontrol", "setdebug", "debug"])
@@ -137,7 +137,7 @@ def test_a_size_sweep_is_answered_by_its_shape_in_c(cluster, tether_config):
             result, job_id, _ = sbatch(cluster, "-H", f"--slots={slots}", "--slots-per-node=2",
                                        f"--container-image=localhost/app:v{slots}", f"--container-env=SWEEP_{slots}",
                                        f"--container-mounts=/sweep/{slots}:/data:ro", f"--container-workdir=/w{slots}",
-                                       "--job-name=sweep", wait=False)
+                                       f"--container-name=sweep{slots}", "--job-name=sweep", wait=False)
             assert result.returncode == 0, result.stderr
             jobs[slots] = job_id
         log = cluster.ctld_log_since(mark)

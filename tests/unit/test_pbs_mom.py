@@ -339,6 +339,7 @@ def test_the_leftover_cleanup_starts_with_clean_signals_and_is_killed_at_its_bou
 
     cbuild = CBuild(tmp_path / "build")
     helper = cbuild.link([cbuild.compile(source_dir() / "jobdirs.c", defines=["-DTETHER_CLEANUP_SECONDS=2"]),
+                          cbuild.compile(source_dir() / "values.c"),
                           cbuild.compile(pbs_source_dir() / "tether_jobdirs.c", include_dirs=[str(source_dir())])],
                          public / "tether-jobdirs-2s")
     out = public / "bound"

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tether.job_submit import build as job_submit_build
-from tether.job_submit.handler import ACCEPT, Handler
+from tether.job_submit.handler import ACCEPT, REJECT, Handler
 from tether.native.build import source_dir as native_source_dir
 from tether.testing.slurm import NO_VAL, NO_VAL16, JobSubmit, PluginLib
 
@@ -53,7 +53,7 @@ def shim(tmp_path_factory):
             'void tether_set_health(int broken, int reject_all, const char *reason)\n'
             '{ (void)broken; (void)reject_all; (void)reason; }\n')
     ffi.set_source("_shape_cache_test", glue,
-                   sources=[str(src / "cache.c"), str(shared / "imageref.c")],
+                   sources=[str(src / "cache.c"), str(shared / "imageref.c"), str(shared / "values.c")],
                    include_dirs=[str(src), str(shared)], extra_compile_args=["-Wall", "-Werror"])
     out = tmp_path_factory.mktemp("shim")
     path = ffi.compile(tmpdir=str(out))
@@ -98,6 +98,10 @@ IMAGES = ["ubuntu:22.04", "/shared/images/app.sif", "nvcr.io#nvidia/pytorch:24.0
           "localhost:5000/bench/app:r1-7", "", "bad image", "app.sif", "UPPER/case:1", "a" * 300]
 
 
+# a job's own values the shape key stands for by their class (the last: --container-name)
+PER_JOB = ("TETHER_CONTAINER_MOUNTS", "TETHER_CONTAINER_WORKDIR", "TETHER_CONTAINER_NAME")
+
+
 def random_request(rng: random.Random, names: bool = True) -> dict:
     """A request as slurmctld hands it to job_submit, with tether options in spank_env (``names``:
     --container-env too; without, the stream test_job_submit_decisions recorded)."""
@@ -126,6 +130,13 @@ def random_request(rng: random.Random, names: bool = True) -> dict:
                                                              f"/a/{n}:/b,/c:/d:rw"])
             if names and rng.random() < 0.2:
                 env["TETHER_CONTAINER_WORKDIR"] = rng.choice([f"/work/{rng.randrange(1000)}", "rel/dir", "/"])
+            if names and rng.random() < 0.3:      # its own container's name: the same shape, when valid
+                n = rng.randrange(1000)
+                env["TETHER_CONTAINER_NAME"] = rng.choices([f"job{n}", f"j.{n}-x_y", f"job{n}:create", f"job{n}:exec",
+                                                            f"-job{n}", f"job {n}", f"job{n}:", "x" * 64],
+                                                           [8, 4, 2, 1, 1, 1, 1, 1])[0]
+                if rng.random() < 0.8:            # one that keeps named containers (the default may not)
+                    env["TETHER_CONTAINER_RUNTIME"] = "podman"
         return {"spank_env": env, "uid": 1000}
     option("slots", COUNTS, 0.9)
     option("slots-per-node", SPNS, 0.6)
@@ -189,7 +200,7 @@ def test_every_answer_by_shape_is_the_handlers(shim, tmp_path, config_name):
     assert js.handler.init() == ACCEPT
     rng = random.Random(f"shapes-{config_name}")
     users = random.Random(f"users-{config_name}")     # apart from rng: random_request's stream is recorded
-    hits = slot_hits = other_counts = other_users = other_paths = shaped = 0
+    hits = slot_hits = other_counts = other_users = other_paths = other_names = shaped = 0
     stored: dict[bytes, tuple] = {}
     for n in range(2500):
         job = random_request(rng)
@@ -211,15 +222,15 @@ def test_every_answer_by_shape_is_the_handlers(shim, tmp_path, config_name):
             slot_hits += bool(counts.have_slots and counts.slots > 0)    # slots: unset without have_slots
             other_counts += stored[text][0] != mine
             other_users += stored[text][1] != job["uid"]
-            paths = tuple(job["spank_env"].get(v) for v in ("TETHER_CONTAINER_MOUNTS", "TETHER_CONTAINER_WORKDIR"))
+            paths = tuple(job["spank_env"].get(v) for v in PER_JOB)
             other_paths += stored[text][2] != paths and any(paths)
+            other_names += stored[text][2][-1] != paths[-1] and bool(paths[-1])
             assert (found, answer_of(ffi, probe)) == (rc, expected), (job, stored[text])
         if truth.shaped:
             shaped += 1
             assert rc == ACCEPT and ffi.string(truth.msg) == b""
             lib.tether_shape_store(truth, key, rc, lib.tether_cache_generation())
-            stored[text] = (mine, job["uid"], tuple(job["spank_env"].get(v) for v in ("TETHER_CONTAINER_MOUNTS",
-                                                                                       "TETHER_CONTAINER_WORKDIR")))
+            stored[text] = (mine, job["uid"], tuple(job["spank_env"].get(v) for v in PER_JOB))
         lib.free(key)
     # the comparison means something: many answers (of jobs with slots) came from a shape another
     # request made, with other counts, and another user's; with the fallback's note on every such
@@ -230,8 +241,8 @@ def test_every_answer_by_shape_is_the_handlers(shim, tmp_path, config_name):
         assert other_users == 0 and slot_hits >= 100, (other_users, slot_hits, shaped)
     else:
         # and with other plain --container-mounts / --container-workdir paths
-        assert slot_hits >= 300 and other_counts >= 150 and other_users >= 150 and other_paths >= 50, (
-            slot_hits, other_counts, other_users, other_paths, shaped)
+        assert slot_hits >= 300 and other_counts >= 150 and other_users >= 150 and other_paths >= 40 and \
+            other_names >= 5, (slot_hits, other_counts, other_users, other_paths, other_names, shaped)
 
 
 def test_a_shape_key_stands_for_counts_and_image_only(shim):
@@ -270,7 +281,7 @@ def test_a_shape_key_stands_for_counts_and_image_only(shim):
         assert key(spank_env={**base, "TETHER_SLOTS_PER_NODE": odd}) is None, odd
     forwarded = {"TETHER_SLOTS": "6", "_SLURM_SPANK_OPTION_tether_slots": "4"}
     assert key(spank_env=forwarded)[1] == (1, 6, 0, 1)                         # TETHER_SLOTS wins
-    assert key(spank_env={"TETHER_CONTAINER_NAME": "x"}) is None                  # nothing to stand for
+    assert key(spank_env={"TETHER_CONTAINER_RUNTIME": "podman"}) is None          # nothing to stand for
     # --container-env's names, when the handler accepts them, leave the key too (issue 43: a request
     # that only names other variables is no new shape); names it refuses stay in it
     named = key(spank_env={**base, "TETHER_CONTAINER_ENV": "MY_VAR,_X1"})[0]
@@ -288,19 +299,28 @@ MOUNTS = ["/a:/b", "/a", "/a:/b:ro", "/a:/b:rw", "/a/b,/c:/d", "/x.y-z_1:/q", "/
           "/a:/b:nosuid", "/" + "a" * 5000, "/a:/tmp/x", "/a:/run/tether", "/a:/b:x-create=dir", ""]
 WORKDIRS = ["/w", "w", "/a/../b", ".", "/", "/run/tether/workdir", "", "a\tb", "/\u00e4", "x" * 4096, "x" * 4097,
             " /w", "/w\x7f"]
+NAMES = ["a", "job-1.x_y", "A" * 63, "a:create", "a:exec", "a:no_exec", "a:auto", "A" * 64, "", "-a", ".a", "a b",
+         "a:", "a:bad", "a:create:x", " a", "a ", "a/b", "\u00e4", "a\t", "a:CREATE"]
 
 
 @pytest.mark.parametrize("name,values", [("TETHER_CONTAINER_MOUNTS", MOUNTS), ("TETHER_CONTAINER_WORKDIR", WORKDIRS),
-                                         ("_SLURM_SPANK_OPTION_tether_container_mounts", MOUNTS[:12])])
-def test_plain_mounts_and_a_workdir_leave_the_shape_key_only_where_the_handler_takes_any(shim, tmp_path, name,
-                                                                                       values):
-    """A --container-mounts of plain bind mounts and any printable --container-workdir change no
-    answer of the handler: such requests are one shape with a plain one (issue 43: pyxis users
-    mount $PWD, every job its own). Every value C takes so, the handler accepts with that answer;
-    any other value stays in the key, the handler's to answer -- each case of the grammar tried."""
+                                         ("_SLURM_SPANK_OPTION_tether_container_mounts", MOUNTS[:12]),
+                                         ("TETHER_CONTAINER_NAME", NAMES),
+                                         ("_SLURM_SPANK_OPTION_tether_container_name", NAMES)])
+def test_plain_mounts_a_workdir_and_a_name_leave_the_shape_key_only_where_the_handler_takes_any(shim, tmp_path,
+                                                                                              name, values):
+    """A --container-mounts of plain bind mounts, any printable --container-workdir and any valid
+    --container-name (its flag kept) change no answer of the handler: such requests are one shape
+    with a plain one (issue 43: pyxis users mount $PWD and name a container, every job its own).
+    Every value C takes so, the handler accepts with that answer; any other value stays in the key,
+    the handler's to answer -- each case of the grammar tried."""
     ffi, lib = shim.ffi, shim.lib
     js = handler_on(shim, tmp_path, "tres-gres")
     base = {"TETHER_SLOTS": "8", "TETHER_SLOTS_PER_NODE": "4", "TETHER_CONTAINER_IMAGE": "ubuntu:22.04"}
+    if name.upper().endswith("NAME"):            # the config's runtime keeps no named container
+        refused = js.struct({"spank_env": {**base, name: "a"}, "uid": 1000})
+        assert js.handler.submit(refused, 1000, 1) == REJECT and not refused.shaped
+        base["TETHER_CONTAINER_RUNTIME"] = "podman"
     plain = {**base, name: values[0]}
     truth = js.struct({"spank_env": plain, "uid": 1000})
     assert js.handler.submit(truth, 1000, 1) == ACCEPT and truth.shaped
@@ -323,6 +343,8 @@ def test_plain_mounts_and_a_workdir_leave_the_shape_key_only_where_the_handler_t
             assert (found, answer_of(ffi, probe)) == (rc, answer_of(ffi, mine)), value
     if name.upper().endswith("MOUNTS"):
         assert taken == [v for v in values if v in MOUNTS[:8] + ["/a:/tmp/x", "/a:/run/tether"]], taken
+    elif name.upper().endswith("NAME"):          # the flag stays in the key: only the plain names
+        assert taken == ["a", "job-1.x_y", "A" * 63], taken
     else:
         assert taken == ["/w", "w", "/a/../b", ".", "/", "/run/tether/workdir", "x" * 4096, " /w"], taken
 
