@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..hooks.imageref import LOCAL_PREFIXES, ImageRefError, parse_image
-from ..hooks.layout import CONTAINER_TMP, CONTAINER_WORKDIR, RESERVED_TARGETS
+from ..hooks.layout import CONTAINER_BATCH_SCRIPT, CONTAINER_TMP, CONTAINER_WORKDIR, RESERVED, reserved_target
 from ..hooks.records import dataclass
 from ..hooks.surface import FLAG_VALUES as _OPTION_FLAGS
 from ..hooks.surface import (BATCH_VAR, BY_NAME, CONTAINER_NAME_FLAGS, MAX_TEXT, RUNTIMES, UNSHARE_NAMESPACES,
@@ -21,9 +21,6 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 if TYPE_CHECKING:
     from typing import Mapping, Sequence
 
-# --container-batch: where the batch script appears inside (under /run: a tmpfs podman mounts in a
-# read-only container, so any image takes it, and no path of the host's spool in the image)
-CONTAINER_BATCH_SCRIPT = "/run/tether/batch-script"
 
 # Plain string checks, not regular expressions: this runs once per rank, and `re` costs milliseconds.
 _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
@@ -290,9 +287,13 @@ def parse_mounts(text: str | None) -> tuple[Mount, ...]:
             raise LaunchError(f"--container-mounts: {item!r}: the target must be an absolute path or a path "
                               f"relative to the container's root starting with '.' (./{target})")
         dst = container_path(target, "--container-mounts target")
-        if dst in RESERVED_TARGETS:
-            raise LaunchError(f"--container-mounts: {dst} is tether's own mount point (the root, the "
-                              f"rank's /tmp or work directory); mount somewhere else")
+        own = reserved_target(dst)
+        if own == dst:
+            raise LaunchError(f"--container-mounts: {dst} is tether's own mount point ({RESERVED[own]}); mount "
+                              f"somewhere else")
+        if own:
+            raise LaunchError(f"--container-mounts: {dst} holds tether's own mount point {own} ({RESERVED[own]}), "
+                              f"which a mount there would hide; mount somewhere else")
         # empty flags (SRC:DST:, ro+) are nothing, as enroot skips empty options
         mounts.append(_mount(item, source, dst, [f for f in flagtext.split("+") if f]))
     return tuple(mounts)

@@ -395,7 +395,8 @@ static int plain_path(const char *p, const char *end)
 }
 
 /* Is plain path [p, end) a container path as it is (spec.container_path leaves it unchanged: no
- * empty, '.' or '..' component, no '/' at its end) and none of tether's own mount points? */
+ * empty, '.' or '..' component, no '/' at its end), neither one of tether's own mount points nor a
+ * directory above one but the root (layout.reserved_target)? */
 static int plain_target(const char *p, const char *end)
 {
 	static const char *const reserved[] = { TETHER_RESERVED_MOUNT_TARGETS };
@@ -412,9 +413,14 @@ static int plain_target(const char *p, const char *end)
 			return 0;
 		c = next;
 	}
-	for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++)
-		if (strlen(reserved[i]) == len && memcmp(reserved[i], p, len) == 0)
+	for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++) {
+		size_t n = strlen(reserved[i]);
+
+		if (n == len && memcmp(reserved[i], p, len) == 0)
 			return 0;
+		if (len > 1 && n > len && memcmp(reserved[i], p, len) == 0 && reserved[i][len] == '/')
+			return 0; /* /run, /run/tether: the user's mounts go over tether's */
+	}
 	return 1;
 }
 

@@ -156,7 +156,7 @@ enum tether_option {
 #define TETHER_SPANK_ENV_CONTAINER_WORKDIR "_SLURM_SPANK_OPTION_tether_container_workdir"
 #define TETHER_ENV_CONTAINER_NAME "TETHER_CONTAINER_NAME"
 #define TETHER_SPANK_ENV_CONTAINER_NAME "_SLURM_SPANK_OPTION_tether_container_name"
-#define TETHER_RESERVED_MOUNT_TARGETS "/", "/tmp", "/run/tether/workdir"
+#define TETHER_RESERVED_MOUNT_TARGETS "/", "/tmp", "/run/tether/workdir", "/run/tether/batch-script"
 
 /* the layout under job_storage_root */
 #define TETHER_DEFAULT_JOB_STORAGE_ROOT "/var/lib/tether/jobs"

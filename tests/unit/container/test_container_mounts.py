@@ -24,6 +24,10 @@ def test_mounts_parse_and_refuse_what_would_break_a_command_line():
     for bad, why in (("data:/d", r"the source must be an absolute path, a relative path .* \(./data for"),
                      ("/a:/b:rx", "unknown flag .rx."), ("/a:d", r"the target must be .* \(./d\)"),
                      ("/a:/tmp", "tether's own"), ("/a:/run/tether/workdir", "tether's own"), ("/a:./", "tether's own"),
+                     # above them (the user's mounts go over tether's and would hide them), and the script
+                     ("/a:/run", "holds tether's own mount point /run/tether/workdir"),
+                     ("/a:/run/tether/", "holds tether's own"),
+                     ("/a:/run/tether/batch-script", "tether's own"),
                      ("/a:/b:ro:x", "unknown flag 'ro:x'"), ("/a::ro", "SRC:DST"), (":/b", "SRC:DST"),
                      ("devpts:/d", "the source must be")):
         with pytest.raises(LaunchError, match=why):
