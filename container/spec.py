@@ -21,7 +21,6 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 if TYPE_CHECKING:
     from typing import Mapping, Sequence
 
-
 # Plain string checks, not regular expressions: this runs once per rank, and `re` costs milliseconds.
 _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 _NAME_CHARS = _ALNUM | frozenset("_.-")

@@ -34,20 +34,13 @@ CONTAINER_WORKDIR = "/run/tether/workdir"
 # --container-batch: where the batch script appears inside (under /run: a tmpfs podman mounts in a
 # read-only container, so any image takes it, and no path of the host's spool in the image)
 CONTAINER_BATCH_SCRIPT = "/run/tether/batch-script"
-# tether's own mount points in a container: no --container-mounts target may be one, or hold one
-# (/run, /run/tether: the user's mounts go over tether's, and would hide them) -- reserved_target()
-# (the C shim's check of plain bind mounts, job_submit/cache.c, reads them from tether_names.h)
-RESERVED = {"/": "the container's root", CONTAINER_TMP: "the rank's /tmp", CONTAINER_WORKDIR: "the rank's work directory",
-            CONTAINER_BATCH_SCRIPT: "the batch script"}
+# tether's own mount points in a container, and what each is: no --container-mounts target may be
+# one, or hold one (/run, /run/tether: the user's mounts go over tether's, and would hide them) --
+# reserved_target() (the C shim's check of plain bind mounts, job_submit/cache.c, reads them from
+# tether_names.h)
+RESERVED = {"/": "the container's root", CONTAINER_TMP: "the rank's /tmp",
+            CONTAINER_WORKDIR: "the rank's work directory", CONTAINER_BATCH_SCRIPT: "the batch script"}
 RESERVED_TARGETS = tuple(RESERVED)
-
-
-def reserved_target(path: str) -> str | None:
-    """The mount point of tether's that container path ``path`` (normalized: container_path's) is,
-    or is a directory above (but the root); None when neither."""
-    if path in RESERVED:
-        return path
-    return next((r for r in RESERVED if path != "/" and r.startswith(path + "/")), None)
 CLEANUP_MARKER = ".cleanup-"
 POD_MARKER = CLEANUP_MARKER + "pod"   # a step's pod on the node (--container-unshare), beside the ranks' markers
 FAILED_PREFIX = ".failed-"            # a step's preparation that failed on the node (container.launch.run_before)
@@ -100,3 +93,11 @@ def step_dir_name(step: str) -> str:
 
 def rank_dir_name(rank: int | str) -> str:
     return f"{RANK_PREFIX}{rank}"
+
+
+def reserved_target(path: str) -> str | None:
+    """The mount point of tether's (RESERVED) that container path ``path`` (normalized:
+    spec.container_path's) is, or holds; None when neither."""
+    if path in RESERVED:
+        return path
+    return next((r for r in RESERVED if r.startswith(path + "/")), None)

@@ -396,7 +396,7 @@ static int plain_path(const char *p, const char *end)
 
 /* Is plain path [p, end) a container path as it is (spec.container_path leaves it unchanged: no
  * empty, '.' or '..' component, no '/' at its end), neither one of tether's own mount points nor a
- * directory above one but the root (layout.reserved_target)? */
+ * directory above one (layout.reserved_target; the root is one of them)? */
 static int plain_target(const char *p, const char *end)
 {
 	static const char *const reserved[] = { TETHER_RESERVED_MOUNT_TARGETS };
@@ -418,7 +418,7 @@ static int plain_target(const char *p, const char *end)
 
 		if (n == len && memcmp(reserved[i], p, len) == 0)
 			return 0;
-		if (len > 1 && n > len && memcmp(reserved[i], p, len) == 0 && reserved[i][len] == '/')
+		if (n > len && memcmp(reserved[i], p, len) == 0 && reserved[i][len] == '/')
 			return 0; /* /run, /run/tether: the user's mounts go over tether's */
 	}
 	return 1;

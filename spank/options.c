@@ -87,7 +87,6 @@ static const char *flag_value(const char *value)
 	return NULL;
 }
 
-/* --container-name=NAME[:FLAG]: NAME as any name (at most ``max``), FLAG one of pyxis's that tether does. */
 /* --container-unshare=NS[,NS...]: the first word that is no namespace tether unshares (pointing
  * into ``value``, ``*len`` its length; an empty word too), or NULL when every word is one. */
 static const char *unknown_namespace(const char *value, size_t *len)
