@@ -33,7 +33,7 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 from ..hooks.layout import FAILED_PREFIX
 from ..hooks.surface import TELL_REAPING_VAR   # the tests' question: what the launcher waited for
 from ..system.dirstamp import DirStamp
-from .spec import LaunchError
+from .spec import LaunchError, sha256_hex
 
 if TYPE_CHECKING:
     from typing import Mapping, NoReturn
@@ -102,10 +102,10 @@ def run_before(launch: Launch) -> None:
         if isinstance(check, tuple):      # (a quick look, the command that decides when it says no)
             return bool(check[0]()) or done(check[1])
         # only now: subprocess costs a rank ~12 ms to import, and a warm start runs no command
-        from ..system.proc import CommandError, run_command
+        from ..system.proc import CommandError, run_quick
 
         try:
-            run_command(check, env=launch.env, timeout=120)
+            run_quick(check, env=launch.env, timeout=120)
         except CommandError as exc:
             # a check that failed because the runtime's state is stale says nothing: repair, ask again
             if launch.runtime is None or not launch.runtime.recover_state(launch.env, exc.stderr or ""):
@@ -176,16 +176,16 @@ def run_before(launch: Launch) -> None:
 
 
 def run_recovering(runtime, argv: list[str], env: Mapping[str, str], timeout: float = 3600):
-    """``run_command``, and once more when it failed because ``runtime``'s state was stale and
+    """``run_quick`` (run_command without the subprocess module), and once more when it failed because ``runtime``'s state was stale and
     the runtime repaired it (see Runtime.recover_state); its result."""
-    from ..system.proc import CommandError, run_command
+    from ..system.proc import CommandError, run_quick
 
     try:
-        return run_command(argv, env=env, timeout=timeout)
+        return run_quick(argv, env=env, timeout=timeout)
     except CommandError as exc:
         if runtime is None or not runtime.recover_state(env, exc.stderr or ""):
             raise
-        return run_command(argv, env=env, timeout=timeout)
+        return run_quick(argv, env=env, timeout=timeout)
 
 
 def _failure_record(launch: Launch, label: str | None) -> str | None:
@@ -194,9 +194,7 @@ def _failure_record(launch: Launch, label: str | None) -> str | None:
     image, any length)."""
     if not launch.failures or not label:
         return None
-    from hashlib import sha256
-
-    return os.path.join(launch.failures, FAILED_PREFIX + sha256(label.encode()).hexdigest()[:16])
+    return os.path.join(launch.failures, FAILED_PREFIX + sha256_hex(label)[:16])
 
 
 def _record_failure(record: str, message: str) -> None:
@@ -407,7 +405,7 @@ def save_container(launch: Launch) -> bool:
     """--container-save: write the container to a file of this rank's own, then rename it into
     place (never a half-written file at the path; nodes saving to one shared path: the last
     one wins, whole). Tells the user where it went, or why not."""
-    from ..system.proc import CommandError, run_command
+    from ..system.proc import CommandError, run_quick
 
     steps, partial, final = launch.finish
     started = time.monotonic()
@@ -417,7 +415,7 @@ def save_container(launch: Launch) -> bool:
             if callable(argv):       # a step tether runs itself (podman: the OCI archive)
                 argv(launch.env)
             else:
-                run_command(argv, env=launch.env, timeout=3600)
+                run_quick(argv, env=launch.env, timeout=3600)
         os.rename(partial, final)
     except (CommandError, LaunchError, OSError) as exc:
         said = exc.strerror if isinstance(exc, OSError) else str(exc)
@@ -778,7 +776,7 @@ def _pid_in(path: str) -> int | None:
 
 def _run_quietly(argv, env: dict[str, str], *, tell: bool = True) -> bool:
     """One of Launch.after: a command, or a callable(env) tether runs itself (True: done)."""
-    from ..system.proc import CommandError, run_command
+    from ..system.proc import CommandError, run_quick
 
     if callable(argv):
         try:
@@ -789,7 +787,7 @@ def _run_quietly(argv, env: dict[str, str], *, tell: bool = True) -> bool:
             return False
 
     try:
-        run_command(argv, env=env, timeout=30)
+        run_quick(argv, env=env, timeout=30)
         return True
     except CommandError as exc:
         if tell:

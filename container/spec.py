@@ -67,6 +67,18 @@ class LaunchError(Exception):
         self.output = output
 
 
+try:        # the builtin module hashlib falls back to: no OpenSSL to load, ~3 ms of each rank's start
+    from _sha256 import sha256 as _sha256
+except ImportError:                        # pragma: no cover -- Python 3.12 renamed it
+    from hashlib import sha256 as _sha256
+
+
+def sha256_hex(text: str) -> str:
+    """SHA-256 of ``text`` (UTF-8) in hex, as hashlib gives it, for the names the rank launcher
+    derives (stores, markers, records) without importing hashlib."""
+    return _sha256(text.encode()).hexdigest()
+
+
 def value_hash(self) -> int:
     """A value class's hash by its fields (mutable, as these are, yet hashable: kept in sets)."""
     return hash(tuple(getattr(self, n) for n in self.__match_args__))

@@ -2,18 +2,23 @@
 
 Every external command tether runs (scheduler commands, runtimes, apt, daemons) goes through
 ``run_command``; tests fake commands at this boundary. A command that times out has its whole
-process group killed.
+process group killed. The container launcher, which runs once per rank, runs its runtime's
+commands with ``run_quick`` instead: the same errors, without the ``subprocess`` module, whose
+import (with ``signal``, ``enum``, ``locale``, ``re``, ``threading``) cost each rank more
+instructions than the rest of its Python start together.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import time
-from typing import Callable, Mapping, Sequence
+TYPE_CHECKING = False  # not `typing`: the rank launcher imports this module, and typing costs milliseconds
 
 from ..hooks.errors import TetherError
+
+if TYPE_CHECKING:
+    import subprocess
+    from typing import Callable, Mapping, Sequence
 
 DEFAULT_TIMEOUT = 60.0
 
@@ -50,6 +55,8 @@ def run_command(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, check:
     print bytes that are not UTF-8): its output read as UTF-8 with this error handler ("replace":
     U+FFFD), line ends left as printed; None: the locale's text mode.
     """
+    import subprocess
+
     argv = [str(a) for a in argv]
     raw = errors is not None             # bytes from the pipes, decoded here
     try:
@@ -98,6 +105,8 @@ def run_command(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, check:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
+    import signal
+
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -107,3 +116,97 @@ def _kill_group(proc: subprocess.Popen) -> None:
             proc.kill()
         except (ProcessLookupError, PermissionError):
             pass
+
+
+class Completed:
+    """What ``run_quick`` returns: a finished command's argv, exit code and output (the fields of
+    ``subprocess.CompletedProcess`` tether reads)."""
+
+    __slots__ = ("args", "returncode", "stdout", "stderr")
+
+    def __init__(self, args: list[str], returncode: int, stdout: str, stderr: str):
+        self.args, self.returncode, self.stdout, self.stderr = args, returncode, stdout, stderr
+
+
+def _executable(name: str, env: Mapping[str, str] | None) -> str:
+    """``name`` as ``subprocess`` finds it: a path as it is, a bare name on the PATH of the
+    command's own environment (``env``; this process's without one) -- not posix_spawnp's, which
+    searches this process's PATH. A bare name found nowhere is returned as it is (its spawn fails
+    with ENOENT)."""
+    if "/" in name:
+        return name
+    for directory in os.get_exec_path(env):
+        path = os.path.join(directory, name)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+    return name
+
+
+def run_quick(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+              timeout: float = DEFAULT_TIMEOUT, check: bool = True) -> Completed:
+    """``run_command`` for the container launcher (see the module docstring): ``argv`` with
+    stdin from /dev/null, its output captured (UTF-8; bytes that are not, replaced) in a session of
+    its own, killed as a group when ``timeout`` runs out. The same CommandError on a missing
+    command, a timeout or (with ``check``) a non-zero exit."""
+    import select
+
+    argv = [str(a) for a in argv]
+    pipes = [os.pipe2(os.O_CLOEXEC), os.pipe2(os.O_CLOEXEC)]       # stdout, stderr
+    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        pid = os.posix_spawn(_executable(argv[0], env), argv, os.environ if env is None else env, setsid=True,
+                             file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, pipes[0][1], 1),
+                                           (os.POSIX_SPAWN_DUP2, pipes[1][1], 2)])
+    except OSError as exc:
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
+        reason = (f"command not found: {argv[0]}" if isinstance(exc, FileNotFoundError)
+                  else f"cannot execute {argv[0]}: {exc}")
+        raise CommandError(argv, None, "", "", reason=reason, kind="missing") from None
+    finally:
+        os.close(devnull)
+    for _, w in pipes:
+        os.close(w)
+    chunks: dict[int, list[bytes]] = {r: [] for r, _ in pipes}
+    poller = select.poll()
+    for fd in chunks:
+        poller.register(fd, select.POLLIN)
+    open_fds, timed_out = set(chunks), False
+    deadline = time.monotonic() + timeout
+    try:
+        while open_fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if timed_out:                    # killed, and still someone holds its output open
+                    break
+                timed_out = True
+                try:
+                    os.killpg(pid, 9)            # SIGKILL, without the signal module (it imports enum)
+                except ProcessLookupError:
+                    pass
+                except PermissionError:          # a group with a member of another user's: the command itself
+                    try:
+                        os.kill(pid, 9)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                deadline = time.monotonic() + 5  # what it printed before the kill, read to its end
+                continue
+            for fd, _ in poller.poll(max(1, int(left * 1000))):
+                data = os.read(fd, 65536)
+                if data:
+                    chunks[fd].append(data)
+                else:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+    finally:
+        for fd in chunks:
+            os.close(fd)
+        _, status = os.waitpid(pid, 0)
+    stdout, stderr = (b"".join(chunks[r]).decode("utf-8", "replace") for r, _ in pipes)
+    if timed_out:
+        raise CommandError(argv, None, stdout, stderr, reason=f"timed out after {timeout:g} s", kind="timeout")
+    code = os.waitstatus_to_exitcode(status)
+    if check and code != 0:
+        raise CommandError(argv, code, stdout, stderr)
+    return Completed(argv, code, stdout, stderr)

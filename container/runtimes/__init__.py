@@ -17,7 +17,7 @@ from ...hooks.imageref import ImageRef, ImageRefError, parse_image
 from ...hooks.layout import user_dir_base
 from ..environment import DEFAULT_MODE, overrides, passed_from_host
 from ...hooks.records import dataclass
-from ..spec import CONTAINER_WORKDIR, LaunchError, check_reachable, value_hash
+from ..spec import CONTAINER_WORKDIR, LaunchError, check_reachable, sha256_hex, value_hash
 
 if TYPE_CHECKING:
     from typing import Mapping, Sequence
@@ -479,10 +479,7 @@ def registry_unchecked(image: str, why: str) -> None:
 def checked_marker(rank_dir: str, runtime: str, name: str) -> str:
     """Where a job notes, on a node, that it checked a tagged image ``name`` against its registry
     (the job's node directory: ``<job>/<node>/<runtime>/checked-<hash>``)."""
-    from hashlib import sha256
-
-    return os.path.join(os.path.dirname(os.path.dirname(rank_dir)), runtime,
-                        "checked-" + sha256(name.encode()).hexdigest()[:16])
+    return os.path.join(os.path.dirname(os.path.dirname(rank_dir)), runtime, "checked-" + sha256_hex(name)[:16])
 
 
 def pmi_fd(host_env: Mapping[str, str]) -> int | None:

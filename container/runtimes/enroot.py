@@ -15,7 +15,6 @@ per node for all steps of the job, under the job's node directory.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
@@ -24,7 +23,7 @@ from ...hooks.imageref import ImageRefError, parse_image
 from ...hooks.layout import USER_STORE_ROOT
 from ..launch import progress
 from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, LaunchError, Mount, named_enroot_marker,
-                    no_named_container, refuse_existing)
+                    no_named_container, refuse_existing, sha256_hex)
 from ..environment import entrypoint_split
 from . import (LATER_FILE, LATER_PART, Launch, Runtime, checked_marker, env_name, existing_store, later_values,
                mark_checked, pmi_fd, registry_unchecked, store_directory, write_private)
@@ -184,17 +183,17 @@ def _create_whole(binary: str, name: str, sqsh: str, data: str, marker: str | No
     renames it into place once complete. A named container's maker is written first (read for
     NAME:create)."""
     def run(env: Mapping[str, str]) -> None:
-        from ...system.proc import CommandError, run_command
+        from ...system.proc import CommandError, run_quick
 
         if marker:
             write_private(marker, step + "\n", "", "enroot's marker of the container's step")
         partial = f"{name}.partial-{os.getpid()}"
         try:
-            run_command([binary, "create", "--name", partial, sqsh], env=env, timeout=3600)
+            run_quick([binary, "create", "--name", partial, sqsh], env=env, timeout=3600)
             os.rename(os.path.join(data, partial), os.path.join(data, name))
         except (CommandError, OSError) as exc:
             try:          # enroot's own removal (it makes unwritable directories writable first)
-                run_command([binary, "remove", "--force", partial], env=env, timeout=600)
+                run_quick([binary, "remove", "--force", partial], env=env, timeout=600)
             except CommandError:
                 pass      # nothing made, or the step's directory takes it away
             if isinstance(exc, OSError):
@@ -217,9 +216,9 @@ def serve_fd(path: str, fd: int) -> None:
     """Listen on the Unix socket ``path`` and hand descriptor ``fd`` to the first process of this
     user that connects (tether-fd-receive in the rank's container), then stop listening. A
     thread: the launcher's own process keeps supervising the rank meanwhile."""
+    import _thread        # threading's own primitive: threading.py imports functools and collections, ~8 ms
     import socket
     import struct
-    import threading
 
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
@@ -258,7 +257,7 @@ def serve_fd(path: str, fd: int) -> None:
             except OSError:
                 pass
 
-    threading.Thread(target=serve, name="tether-pmi-fd", daemon=True).start()
+    _thread.start_new_thread(serve, ())        # a daemon: the launcher's exit ends it
 
 
 def take_start_turn(lock: str, started: str) -> None:
@@ -267,8 +266,8 @@ def take_start_turn(lock: str, started: str) -> None:
     ``enroot start`` holds the root's own lock through the config, mounts and hooks, but gives up
     after 30 s ("Could not acquire rootfs lock", src/runtime.sh): many ranks on a node, or slow
     hooks, would fail there. Taken in turn here, with no time limit, they never meet it."""
+    import _thread        # not threading: see serve_fd
     import fcntl
-    import threading
     import time
 
     try:
@@ -285,7 +284,7 @@ def take_start_turn(lock: str, started: str) -> None:
         finally:
             os.close(fd)
 
-    threading.Thread(target=release, name="tether-start-turn", daemon=True).start()
+    _thread.start_new_thread(release, ())
 
 
 def finish_import(partial: str, sqsh: str, source: str, digest: str | None = None) -> None:
@@ -327,7 +326,7 @@ class Enroot(Runtime):
         against it once per job on the node (pyxis imports anew every step), imported again when
         the tag has moved. ``force`` (tether images pull): imported, present or not."""
         uri = enroot_uri(image)
-        sqsh = os.path.join(store, hashlib.sha256(uri.encode()).hexdigest()[:24] + ".sqsh")
+        sqsh = os.path.join(store, sha256_hex(uri)[:24] + ".sqsh")
         partial = f"{sqsh[:-5]}.{os.getpid()}.partial"
         try:
             os.utime(sqsh, follow_symlinks=False)
@@ -353,10 +352,10 @@ class Enroot(Runtime):
     def registry_digest(self, uri: str, env: Mapping[str, str]) -> tuple[str | None, str]:
         """(the registry's digest of ``uri``'s manifest, ``enroot digest``; None when it cannot
         say, with enroot's words why)."""
-        from ...system.proc import CommandError, run_command
+        from ...system.proc import CommandError, run_quick
 
         try:
-            out = run_command([self.binary, "digest", uri], env=env, timeout=60).stdout.strip()
+            out = run_quick([self.binary, "digest", uri], env=env, timeout=60).stdout.strip()
         except CommandError as exc:
             lines = [line.strip() for line in (exc.stderr or "").splitlines() if line.strip()]
             return None, next((line for line in lines if "[ERROR]" in line), lines[-1] if lines else str(exc))
@@ -370,7 +369,7 @@ class Enroot(Runtime):
         not the one imported (said), the store's copy run (said) when the registry cannot say."""
         import time
 
-        from ...system.proc import CommandError, run_command
+        from ...system.proc import CommandError, run_quick
         from ..images import read_metadata
 
         current, why = self.registry_digest(uri, env)
@@ -384,7 +383,7 @@ class Enroot(Runtime):
             progress(f"{label} ...")
             started = time.monotonic()
             try:
-                run_command(importing, env=env, timeout=3600)
+                run_quick(importing, env=env, timeout=3600)
                 finish_import(partial, sqsh, uri, current)
             except (CommandError, OSError) as exc:
                 try:
@@ -637,10 +636,10 @@ class Enroot(Runtime):
         """Refuse ``--container-unshare`` with an enroot that cannot (asked only then: one more
         process per rank). enroot 4.1.2 has no --net/--ipc/--uts and ignores ENROOT_UNSHARE_*,
         the variables pyxis 0.24 sets: its container would silently share the host's namespaces."""
-        from ...system.proc import CommandError, run_command
+        from ...system.proc import CommandError, run_quick
 
         try:
-            text = run_command([self.binary, "version"], env=dict(env), timeout=20).stdout.strip()
+            text = run_quick([self.binary, "version"], env=dict(env), timeout=20).stdout.strip()
         except CommandError as exc:
             raise LaunchError(f"cannot ask {self.binary} for its version: {exc}") from None
         numbers = tuple(int(n) for n in text.split("-")[0].split(".")[:3] if n.isdigit())

@@ -26,7 +26,7 @@ from ..launch import cgroup_paths, progress, reap_zombies, remove_file, report, 
 from ..environment import entrypoint_split
 from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, NAMED_MADE_BY, PROPAGATION, LaunchError, Mount,
                     effective_mounts, mount_refusal, named_podman_home, no_named_container, podman_tmpfs,
-                    read_regular, refuse_existing)
+                    read_regular, refuse_existing, sha256_hex)
 from . import (LATER_FILE, LATER_PART, Launch, Runtime, checked_marker, env_name, existing_store, later_values,
                mark_checked, own_directory, pmi_fd, registry_unchecked, store_directory)
 
@@ -56,11 +56,6 @@ def stdio_is_terminal() -> bool:
 # podman 4.3 (cmd/podman/root.go -> pkg/domain/infra/abi/system.go SetupRootless): no process it
 # could join the user namespace of -- "could not find any running process" (all gone) or "cannot
 # re-exec process to join the existing user namespace" (only a dead, unreaped one left) -- exit 1
-try:        # the builtin module hashlib falls back to: no OpenSSL to load, ~3 ms of each rank's start
-    from _sha256 import sha256 as _sha256
-except ImportError:                        # pragma: no cover -- Python 3.12 renamed it
-    from hashlib import sha256 as _sha256
-
 STALE_STATE = "invalid internal status, try resetting the pause process"   # podman 4.3's words
 # podman 4.3 and 5 when the pause process its pid file names is a zombie nobody reaped (a node whose
 # PID 1 does not reap: slurmd in a container without an init, this machine): every later podman of
@@ -474,7 +469,7 @@ class Podman(Runtime):
 
     def _use_marker(self, name: str) -> str | None:
         store = self.store_path()
-        return os.path.join(store, ".used", _sha256(name.encode()).hexdigest()[:32]) if store else None
+        return os.path.join(store, ".used", sha256_hex(name)[:32]) if store else None
 
     def mark_used(self, name: str) -> None:
         """Record that a container of image ``name`` starts now (podman keeps no last use: prune

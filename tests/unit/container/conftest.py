@@ -15,6 +15,18 @@ def _podman_store_in_tmp(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def fp_quick(fp, monkeypatch):
+    """pytest-subprocess's ``fp``, faking the rank launcher's commands too: ``run_quick`` (which
+    spawns without the subprocess module that ``fp`` patches) goes through ``run_command`` here.
+    run_quick's own behaviour is tested against real processes (tests/unit/test_proc.py)."""
+    from tether.system import proc
+
+    monkeypatch.setattr(proc, "run_quick", lambda argv, *, env=None, timeout=proc.DEFAULT_TIMEOUT, check=True:
+                        proc.run_command(argv, env=env, timeout=timeout, check=check))
+    return fp
+
+
+@pytest.fixture
 def runtime_config(tmp_path):
     config = tmp_path / "tether.yaml"
     config.write_text(f"container: {{apptainer_image_root: {tmp_path / 'images'}, "

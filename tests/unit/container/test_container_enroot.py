@@ -190,7 +190,8 @@ def test_enroot_runs_for_a_user_without_a_runtime_directory(public_dir):
 
 
 # ---- the subprocess boundary, with pytest-subprocess (unregistered commands fail the test) ------
-def test_enroot_preparation_runs_exactly_import_then_create(fp, tmp_path):
+def test_enroot_preparation_runs_exactly_import_then_create(fp_quick, tmp_path):
+    fp = fp_quick
     from tether.container.launch import run_before as run_all
 
     def run_before(launch):            # all but the start turn (its own test below): one process here
@@ -250,7 +251,8 @@ def test_enroot_preparation_runs_exactly_import_then_create(fp, tmp_path):
     assert enroot.prune(1, {}) == [sqsh] and enroot.stored({}) == []
 
 
-def test_enroot_import_failure_is_reported_with_its_message(fp, tmp_path):
+def test_enroot_import_failure_is_reported_with_its_message(fp_quick, tmp_path):
+    fp = fp_quick
     from tether.container.launch import run_before
 
     s = spec(image="docker://nope", runtime="enroot", rank_dir=str(tmp_path / "1/n1/step-0/rank-0"))
@@ -348,7 +350,7 @@ def test_enroot_unshares_with_start_flags_and_refuses_an_enroot_that_cannot(tmp_
                                           r"namespaces of its own .* or --container-runtime=podman"):
         recorded.launch(s, HOST)
     newer = adapter("enroot", {"store": ""})
-    monkeypatch.setattr("tether.system.proc.run_command",
+    monkeypatch.setattr("tether.system.proc.run_quick",
                         lambda argv, **kw: subprocess.CompletedProcess(argv, 0, "4.2.0\n", ""))
     argv = newer.launch(spec(image=str(sqsh), runtime="enroot", rank_dir=rank_dir, writable=True,
                              unshare=("net", "ipc", "uts")), HOST).argv
@@ -679,3 +681,41 @@ def test_the_fake_enroot_replays_real_enroots_start_of_an_image_file(public_dir)
         assert ran.stdout == fill(case["stdout"]), key
     started = [c for c in fakes.calls("enroot-container")]
     assert [c["container"] for c in started] == [str(img)] * 2         # the good image, twice
+
+
+# what the Python launcher's own start may not import on an enroot rank: subprocess (with signal,
+# enum, locale, re: 43M instructions), typing (38M), hashlib (OpenSSL: 11M), threading (functools,
+# collections: 8 ms) -- together they were 60% of an enroot rank's launcher (96M instructions of
+# callgrind's count; 38M without, a bare interpreter 21M)
+HEAVY_MODULES = ("subprocess", "typing", "hashlib", "_hashlib", "threading", "enum", "re", "json", "ctypes", "locale")
+
+
+def test_an_enroot_ranks_launcher_runs_it_without_importing_what_costs_each_rank_milliseconds(tmp_path, fake_runtimes):
+    """A squashfs rank through the installed launcher script (run.launcher_text, with -X
+    importtime), create and start by the strict fake enroot: the rank runs, and none of
+    HEAVY_MODULES was imported on the way."""
+    from tether.container.run import launcher_text
+    from tether.hooks.configfile import load_config
+
+    settings = dict(load_config(None).data["container"])
+    settings.update(runtime="enroot", enroot={"binary": str(fake_runtimes.bin_dir / "enroot"), "args": [], "env": {},
+                                              "store": ""})
+    launcher = tmp_path / "tether-run-py"
+    text = launcher_text(None, settings)
+    first, rest = text.split("\n", 1)
+    assert first.endswith(" -IS")
+    launcher.write_text(f"{first}Ximporttime\n{rest}")
+    launcher.chmod(0o755)
+    sqsh = tmp_path / "img.sqsh"
+    sqsh.write_bytes(b"hsqs" + bytes(4092))
+    rank_dir = tmp_path / "7/n1/step-0/rank-0"
+    rank_dir.mkdir(parents=True)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TETHER_RUN_ARGV0": "", "TETHER_CONTAINER_IMAGE": str(sqsh),
+           "TETHER_CONTAINER_RUNTIME": "enroot", "TETHER_RANK_DIR": str(rank_dir), "SLURM_JOB_ID": "7",
+           "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "RANK": "0"}
+    proc = subprocess.run([str(launcher), "true"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert [c["argv"][1] for c in fake_runtimes.calls("enroot")] == ["create", "start"]
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "tether.container.runtimes.enroot" in imported and "tether.system.proc" in imported
+    assert sorted(imported & set(HEAVY_MODULES)) == []

@@ -365,7 +365,8 @@ def test_podman_pulls_a_registry_image_once_per_node_before_running_it(tmp_path)
     assert own.lock == str(tmp_path / "42/n2/podman/.pull-lock")        # the node's ranks of this job
 
 
-def test_a_tagged_image_in_the_store_is_checked_against_its_registry_once_per_job(fp, tmp_path, capfd):
+def test_a_tagged_image_in_the_store_is_checked_against_its_registry_once_per_job(fp_quick, tmp_path, capfd):
+    fp = fp_quick
     """A tag can move (a new push of app:1): pyxis imports the image anew every step, so a job of a
     pyxis user always runs what the tag names. tether keeps the store's copy but checks it against
     the registry once per job on each node (podman pull: the manifest; layers only when changed),
