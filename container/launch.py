@@ -90,7 +90,8 @@ def run_before(launch: Launch) -> None:
     says so), and a labelled step reports when it starts and how long it took. A step with a
     failure's wording (``(argv, done, label, failure)``: a pull or an import) that fails leaves a
     record in ``Launch.failures`` -- every other rank of the step on the node then fails at once
-    -- and its command's failure is told in those words."""
+    -- and its command's failure is told in those words. A fifth element, seconds: the step is
+    told only once it has taken that long (enroot create of a small image: pyxis says nothing)."""
     if not launch.before:
         return
 
@@ -145,8 +146,7 @@ def run_before(launch: Launch) -> None:
                 raise LaunchError(f"{label} failed for another rank of this step on this node (its message says "
                                   f"why); not tried again")
             started = time.monotonic()
-            if label:
-                progress(f"{label} ...")
+            told = _tell_start(label, step[4] if len(step) > 4 else 0)
             try:
                 if callable(argv):       # a step tether runs itself (a rootfs import: tar | podman)
                     try:
@@ -168,11 +168,39 @@ def run_before(launch: Launch) -> None:
                 if record:
                     _record_failure(record, str(exc))
                 raise
-            if label:
+            if told():
                 progress(f"{label}: done in {time.monotonic() - started:.1f} s")
     finally:
         if lock_fd is not None:
             os.close(lock_fd)
+
+
+def _tell_start(label: str | None, after: float):
+    """Say ``LABEL ...`` now, or only once ``after`` seconds have passed (a thread; the step ends
+    first: never); a function that ends the wait and says whether it was said."""
+    if not label:
+        return lambda: False
+    if after <= 0:
+        progress(f"{label} ...")
+        return lambda: True
+    import _thread        # not threading: see runtimes.enroot.serve_fd
+
+    lock, state = _thread.allocate_lock(), {"said": False, "over": False}
+
+    def later() -> None:
+        time.sleep(after)
+        with lock:
+            if not state["over"]:
+                progress(f"{label} ...")
+                state["said"] = True
+
+    _thread.start_new_thread(later, ())
+
+    def told() -> bool:
+        with lock:
+            state["over"] = True
+            return state["said"]
+    return told
 
 
 def run_recovering(runtime, argv: list[str], env: Mapping[str, str], timeout: float = 3600):

@@ -56,10 +56,10 @@ def _check_override(value: dict, path: str, errors: list[SchemaError]) -> None:
             errors.append(SchemaError(f"{path}.pbsbatch_args", str(exc)))
 
 
-def _runtime(binary: str, doc: str, **extra) -> Struct:
+def _runtime(binary: str, doc: str, binary_note: str = "", **extra) -> Struct:
     return Struct(doc=doc, fields={
         "binary": Str(default=binary, pattern=r"[^\s]+", accepted="a command name or path",
-                      doc="the runtime's executable (looked up in PATH unless absolute)"),
+                      doc="the runtime's executable (looked up in PATH unless absolute)" + binary_note),
         "args": List(item=Str(), default=[],
                      doc="extra arguments inserted after the subcommand (e.g. podman: --runtime, runc)"),
         "env": Map(value=Str(), key_pattern=r"[A-Za-z_][A-Za-z0-9_]*", key_doc="variable name", default={},
@@ -225,6 +225,8 @@ CONFIG_SCHEMA = Struct(doc="tether configuration", fields={
                           "podman's own default store of the user (~/.local/share/containers)")),
         "enroot": _runtime(
             "enroot", "Enroot settings",
+            binary_note="; an absolute path's directory goes first on enroot's own PATH, where enroot "
+                        "finds its helpers (enroot-nsenter, enroot-switchroot), installed beside it",
             store=Str(default=f"{USER_STORE_ROOT}/{{uid}}/enroot", pattern=PODMAN_STORE_PATTERN,
                       accepted="empty, or an absolute path on a node-local disk with {uid} in it",
                       doc="each user's imported images (squashfs) on each node: a registry image is imported "

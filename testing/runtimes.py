@@ -534,6 +534,9 @@ def _enroot_list(opts: dict, operands: list[str], data: str, state: str, entry: 
     return 0
 
 
+NSENTER = "enroot-nsenter"
+
+
 def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry: dict) -> int:
     if not operands:
         raise UsageError("Usage: enroot start [options] [--] NAME|IMAGE [COMMAND] [ARG...]", status=1)
@@ -563,6 +566,12 @@ def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry:
             return _enroot_err(f"No such file or directory: {conf}")
         if subprocess.run(["bash", "-n", conf], capture_output=True).returncode != 0:
             return _enroot_err(f"Invalid argument: {conf}")
+    # runtime::start then execs its helper by name (`exec enroot-nsenter ...`): an enroot whose
+    # directory is not on its PATH fails here, as enroot 4.1.2 installed under /opt did by hand
+    # (2026-12-02, `enroot start` as a user with PATH=/usr/bin:/bin: exit 127, these words)
+    if not shutil.which(NSENTER, path=os.environ.get("PATH", os.defpath)):
+        sys.stderr.write(f"/usr/lib/enroot/runtime.sh: line 354: exec: {NSENTER}: not found\n")
+        return 127
     # runtime::_do_environ: the image's /etc/environment (envsubst'ed), the config's environ(), the
     # --env arguments (awk: NAME alone takes ENVIRON[NAME], empty when unset) -- one file
     lines = []
@@ -751,6 +760,9 @@ class FakeRuntimes(FakeCommands):
         self.root = Path(root)
         self.bin_dir, self.state_dir = self.root / "bin", self.root / "state"
         install_fakes(self.bin_dir, "runtimes", self.NAMES, self.state_dir, python)
+        helper = self.bin_dir / NSENTER           # enroot's helper beside it, as `make install` puts it
+        helper.write_text("#!/bin/sh\necho 'the fake enroot never runs its helper' >&2\nexit 1\n")
+        helper.chmod(0o755)
         os.chmod(self.state_dir, 0o777)                  # ranks may run as another user
         self.configure(profiles={"singularity": singularity, "apptainer": apptainer})
 

@@ -61,6 +61,9 @@ VALUES_PROLOGUE = VALUES_PART + CD_PROLOGUE
 # the container runs first: it puts the descriptor back at PMI_FD's number and execs the command.
 FD_HELPER = "tether-fd-receive"
 PMI_SOCKET = ".tether-pmi-fd"
+# enroot create (unsquashfs of the image into the step's root) is told only when it takes longer:
+# a small image's ~0.1 s, in every step on every node, is not news (pyxis says nothing of it)
+CREATE_QUIET_SECONDS = 2.0
 # the last enroot release without start's --net/--ipc/--uts (NVIDIA/enroot, after v4.1.2)
 UNSHARE_BEFORE = (4, 1, 2)
 
@@ -308,6 +311,19 @@ class Enroot(Runtime):
         super().__init__(settings, **kw)
         self.store_template = settings.get("store", DEFAULT_STORE) or ""
 
+    def base_env(self, host_env: Mapping[str, str]) -> dict[str, str]:
+        """The runtime's environment, with the directory of an absolute ``container.enroot.binary``
+        first on its PATH: enroot runs its helpers (enroot-nsenter, enroot-switchroot,
+        enroot-mount), installed beside it, by name -- without, every rank of an enroot outside the
+        job's PATH exits 127 (``exec: enroot-nsenter: not found``; seen with enroot 4.1.2 under
+        /opt). Only enroot's own processes get it: the container's variables are passed apart."""
+        env = super().base_env(host_env)
+        directory = os.path.dirname(self.binary)
+        path = env.get("PATH") or os.defpath
+        if os.path.isabs(self.binary) and directory not in path.split(":"):
+            env["PATH"] = f"{directory}:{path}"
+        return env
+
     def store_dir(self, *, create: bool = True) -> str | None:
         """This user's store on this node (container.enroot.store), None when it is per step."""
         if not self.store_template:
@@ -531,7 +547,8 @@ class Enroot(Runtime):
             create = _create_whole(self.binary, name, sqsh, data, marker, os.path.basename(step_dir or ""))
             before.append((create, os.path.join(data, name),
                            f"unpacking the container root of {spec.image} (enroot create)",
-                           f"failed to unpack the container root of {spec.image} (enroot create)"))
+                           f"failed to unpack the container root of {spec.image} (enroot create)",
+                           CREATE_QUIET_SECONDS))
         elif not os.path.isdir(os.path.join(data, name)):     # where enroot create put it
             raise LaunchError(no_named_container(spec))
         passed, own = self.container_env(spec, host_env)

@@ -18,7 +18,7 @@ import pytest
 
 from tether.container.images import image_key
 from tether.container.runtimes import adapter
-from tether.container.runtimes.enroot import (CD_PROLOGUE, STARTED_PROLOGUE, VALUES_DIR, VALUES_PART, VALUES_PROLOGUE,
+from tether.container.runtimes.enroot import (CD_PROLOGUE, CREATE_QUIET_SECONDS, STARTED_PROLOGUE, VALUES_DIR, VALUES_PART, VALUES_PROLOGUE,
                                               enroot_uri)
 from tether.container.spec import CONTAINER_WORKDIR, LaunchError, Mount
 
@@ -47,7 +47,7 @@ def test_enroot_imports_creates_starts_and_removes(tmp_path):
     # theirs): made whole under a name of its own, renamed into place (see the fp test below)
     assert callable(creating[0]) and creating[1:] == (
         f"{node}/enroot/data/tether-42.0", f"unpacking the container root of {s.image} (enroot create)",
-        f"failed to unpack the container root of {s.image} (enroot create)")
+        f"failed to unpack the container root of {s.image} (enroot create)", CREATE_QUIET_SECONDS)
     assert launch.lock == f"{store}/.import-lock"             # the user's ranks and jobs on the node
     assert os.stat(store).st_mode & 0o777 == 0o700
     per_step = adapter("enroot", {"store": ""}).launch(s, HOST)         # no store: per step, as before
@@ -719,3 +719,56 @@ def test_an_enroot_ranks_launcher_runs_it_without_importing_what_costs_each_rank
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert "tether.container.runtimes.enroot" in imported and "tether.system.proc" in imported
     assert sorted(imported & set(HEAVY_MODULES)) == []
+
+
+def test_an_enroot_outside_the_jobs_path_finds_its_own_helpers(tmp_path, fake_runtimes):
+    """enroot execs enroot-nsenter by name (runtime.sh): an enroot installed under /opt, not on the
+    job's PATH, failed every rank with exit 127 (seen by hand with enroot 4.1.2). Its directory
+    goes first on enroot's own PATH -- never into the container's variables."""
+    sqsh = tmp_path / "img.sqsh"
+    sqsh.write_bytes(b"hsqs" + bytes(4092))
+    host = {**HOST, "PATH": "/usr/bin:/bin"}
+    s = spec(image=str(sqsh), runtime="enroot", rank_dir=str(tmp_path / "42/n2/step-0/rank-3"))
+    binary = str(fake_runtimes.bin_dir / "enroot")
+    launch = adapter("enroot", {"binary": binary, "store": ""}).launch(s, host)
+    assert launch.env["PATH"] == f"{fake_runtimes.bin_dir}:/usr/bin:/bin"
+    conf = Path(launch.argv[launch.argv.index("--conf") + 1]).read_text()
+    assert "environ()" in conf and str(fake_runtimes.bin_dir) not in conf     # nothing of it in the container
+    # already there, or a bare name (looked up on the job's PATH as it is): left alone
+    assert adapter("enroot", {"binary": binary, "store": ""}).base_env(
+        {"PATH": f"/x:{fake_runtimes.bin_dir}"})["PATH"] == f"/x:{fake_runtimes.bin_dir}"
+    assert adapter("enroot", {"store": ""}).base_env({"PATH": "/usr/bin"})["PATH"] == "/usr/bin"
+    # the strict fake replays the failure when it is not found
+    (tmp_path / "data/c").mkdir(parents=True)
+    failed = subprocess.run([binary, "start", "c", "true"], capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "ENROOT_DATA_PATH": str(tmp_path / "data"),
+                                 "HOME": str(tmp_path)})
+    assert (failed.returncode, failed.stderr) == (127, "/usr/lib/enroot/runtime.sh: line 354: exec: enroot-nsenter: "
+                                                       "not found\n")
+
+
+def test_a_quick_preparation_step_is_not_told_and_a_slow_one_is(monkeypatch):
+    """A step with a quiet time (enroot create) says nothing when it ends first, and both lines
+    once it has run that long -- here made to outlast it by waiting for the first line."""
+    from tether.container import launch as launching
+    from tether.container.runtimes import Launch
+
+    said: list[str] = []
+    monkeypatch.setattr(launching, "progress", said.append)
+
+    def quick(env):
+        pass
+
+    launching.run_before(Launch(argv=[], env={}, before=[(quick, None, "unpacking x", "failed x", 30.0)]))
+    assert said == []
+
+    def slow(env):                         # ends only once the start has been told (or 20 s)
+        deadline = time.monotonic() + 20
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    launching.run_before(Launch(argv=[], env={}, before=[(slow, None, "unpacking y", "failed y", 0.05)]))
+    assert said[0] == "unpacking y ..." and said[1].startswith("unpacking y: done in ") and len(said) == 2
+    said.clear()
+    launching.run_before(Launch(argv=[], env={}, before=[(quick, None, "importing z", "failed z")]))
+    assert said[0] == "importing z ..." and said[1].startswith("importing z: done in ")   # no quiet time: told
