@@ -102,7 +102,7 @@ def run_before(launch: Launch) -> None:
             return os.path.exists(check)
         if isinstance(check, tuple):      # (a quick look, the command that decides when it says no)
             return bool(check[0]()) or done(check[1])
-        # only now: subprocess costs a rank ~12 ms to import, and a warm start runs no command
+        # a command only now (a warm start runs none), spawned without the subprocess module
         from ..system.proc import CommandError, run_quick
 
         try:
@@ -121,7 +121,9 @@ def run_before(launch: Launch) -> None:
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            labels = [step[2] for step in launch.before if len(step) > 2 and not done(step[1])]
+            # a step told only when slow (a quick enroot create) is not waited for aloud either
+            labels = [step[2] for step in launch.before
+                      if len(step) > 2 and not (len(step) > 4 and step[4] > 0) and not done(step[1])]
             if labels:
                 progress(f"waiting for another rank on this node: {labels[0]}")
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
@@ -204,8 +206,9 @@ def _tell_start(label: str | None, after: float):
 
 
 def run_recovering(runtime, argv: list[str], env: Mapping[str, str], timeout: float = 3600):
-    """``run_quick`` (run_command without the subprocess module), and once more when it failed because ``runtime``'s state was stale and
-    the runtime repaired it (see Runtime.recover_state); its result."""
+    """``run_quick`` (run_command without the subprocess module), and once more when it failed
+    because ``runtime``'s state was stale and the runtime repaired it (see
+    Runtime.recover_state); its result."""
     from ..system.proc import CommandError, run_quick
 
     try:

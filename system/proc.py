@@ -131,15 +131,15 @@ class Completed:
 def _executable(name: str, env: Mapping[str, str] | None) -> str:
     """``name`` as ``subprocess`` finds it: a path as it is, a bare name on the PATH of the
     command's own environment (``env``; this process's without one) -- not posix_spawnp's, which
-    searches this process's PATH. A bare name found nowhere is returned as it is (its spawn fails
-    with ENOENT)."""
+    searches this process's PATH. FileNotFoundError for a bare name found nowhere (never a file
+    of that name in the working directory)."""
     if "/" in name:
         return name
     for directory in os.get_exec_path(env):
         path = os.path.join(directory, name)
         if os.access(path, os.X_OK) and not os.path.isdir(path):
             return path
-    return name
+    raise FileNotFoundError(name)
 
 
 def run_quick(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
@@ -151,10 +151,14 @@ def run_quick(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
     import select
 
     argv = [str(a) for a in argv]
+    try:
+        executable = _executable(argv[0], env)
+    except FileNotFoundError:
+        raise CommandError(argv, None, "", "", reason=f"command not found: {argv[0]}", kind="missing") from None
     pipes = [os.pipe2(os.O_CLOEXEC), os.pipe2(os.O_CLOEXEC)]       # stdout, stderr
     devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        pid = os.posix_spawn(_executable(argv[0], env), argv, os.environ if env is None else env, setsid=True,
+        pid = os.posix_spawn(executable, argv, os.environ if env is None else env, setsid=True,
                              file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, pipes[0][1], 1),
                                            (os.POSIX_SPAWN_DUP2, pipes[1][1], 2)])
     except OSError as exc:

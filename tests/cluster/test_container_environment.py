@@ -213,4 +213,5 @@ def test_the_ranks_of_an_enroot_step_on_a_node_share_one_container_root(cluster,
     starts = [c for c in calls if c["tool"] == "enroot-container"]
     assert (len(creates), len(starts)) == (2, 5), calls
     assert len({c["container"] for c in starts}) == 1 and starts[0]["container"].startswith("tether-"), starts
-    assert result.stderr.count("(enroot create) ...") == 2, result.stderr
+    # a small image's create (and the wait for it) says nothing, as pyxis's does not
+    assert "(enroot create)" not in result.stderr, result.stderr

@@ -49,6 +49,14 @@ def test_a_missing_or_unusable_command_and_the_commands_own_path(run, tmp_path):
     assert run(["tether-test-tool"], env=env).stdout == "tool 1\n"
     with pytest.raises(CommandError, match="command not found"):
         run(["tether-test-tool"], env={"PATH": "/usr/bin:/bin"})
+    # nor in the working directory: a bare name is never a relative path
+    here = os.getcwd()
+    try:
+        os.chdir(tmp_path / "bin")
+        with pytest.raises(CommandError, match="command not found"):
+            run(["tether-test-tool"], env={"PATH": "/usr/bin:/bin"})
+    finally:
+        os.chdir(here)
 
 
 @RUNNERS
