@@ -121,12 +121,15 @@ def run_before(launch: Launch) -> None:
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            # a step told only when slow (a quick enroot create) is not waited for aloud either
-            labels = [step[2] for step in launch.before
-                      if len(step) > 2 and not (len(step) > 4 and step[4] > 0) and not done(step[1])]
-            if labels:
-                progress(f"waiting for another rank on this node: {labels[0]}")
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            # the wait for a step told only when slow (a quick enroot create) is told when it is
+            pending = [step for step in launch.before if len(step) > 2 and not done(step[1])]
+            stop = (say_later(f"waiting for another rank on this node: {pending[0][2]}", _quiet_time(pending[0]))
+                    if pending else None)
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            finally:
+                if stop:
+                    stop()
     try:
         for step in launch.before:
             argv, check = step[0], step[1]
@@ -148,7 +151,7 @@ def run_before(launch: Launch) -> None:
                 raise LaunchError(f"{label} failed for another rank of this step on this node (its message says "
                                   f"why); not tried again")
             started = time.monotonic()
-            told = _tell_start(label, step[4] if len(step) > 4 else 0)
+            told = say_later(f"{label} ...", _quiet_time(step)) if label else None
             try:
                 if callable(argv):       # a step tether runs itself (a rootfs import: tar | podman)
                     try:
@@ -170,39 +173,67 @@ def run_before(launch: Launch) -> None:
                 if record:
                     _record_failure(record, str(exc))
                 raise
-            if told():
+            finally:
+                said = told() if told else False      # never a late "..." line after the step
+            if said:
                 progress(f"{label}: done in {time.monotonic() - started:.1f} s")
     finally:
         if lock_fd is not None:
             os.close(lock_fd)
 
 
-def _tell_start(label: str | None, after: float):
-    """Say ``LABEL ...`` now, or only once ``after`` seconds have passed (a thread; the step ends
-    first: never); a function that ends the wait and says whether it was said."""
-    if not label:
-        return lambda: False
-    if after <= 0:
-        progress(f"{label} ...")
-        return lambda: True
-    import _thread        # not threading: see runtimes.enroot.serve_fd
+def _quiet_time(step: tuple) -> float:
+    """A preparation step's quiet time (its fifth element; 0: told at once)."""
+    return step[4] if len(step) > 4 else 0
 
-    lock, state = _thread.allocate_lock(), {"said": False, "over": False}
+
+def start_thread(function) -> None:
+    """Run ``function()`` in a daemon thread with every signal blocked in it: the launcher's
+    signals (the SIGCHLD it waits for with sigtimedwait, those it forwards to the container) stay
+    the main thread's -- one delivered to a sleeping thread would be lost. ``_thread``, not
+    threading: threading.py imports functools and collections, ~8 ms of each rank's start."""
+    import _thread
+
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        _thread.start_new_thread(function, ())   # the new thread inherits the mask
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def say_later(message: str, after: float):
+    """Say ``message`` now, or once ``after`` seconds have passed (a thread: see start_thread).
+    Returns stop(): called once, it ends the wait (and the thread, at once) and says whether the
+    message was said; nothing is said after it returns."""
+    if after <= 0:
+        progress(message)
+        return lambda: True
+    import _thread
+
+    wake, ended, guard = _thread.allocate_lock(), _thread.allocate_lock(), _thread.allocate_lock()
+    wake.acquire()
+    ended.acquire()
+    state = {"said": False, "over": False}
 
     def later() -> None:
-        time.sleep(after)
-        with lock:
-            if not state["over"]:
-                progress(f"{label} ...")
-                state["said"] = True
+        try:
+            wake.acquire(timeout=after)          # released by stop(): over at once
+            with guard:
+                if not state["over"]:
+                    progress(message)
+                    state["said"] = True
+        finally:
+            ended.release()
 
-    _thread.start_new_thread(later, ())
+    start_thread(later)
 
-    def told() -> bool:
-        with lock:
+    def stop() -> bool:
+        with guard:
             state["over"] = True
-            return state["said"]
-    return told
+        wake.release()
+        ended.acquire()                          # the thread has ended
+        return state["said"]
+    return stop
 
 
 def run_recovering(runtime, argv: list[str], env: Mapping[str, str], timeout: float = 3600):

@@ -69,8 +69,11 @@ class LaunchError(Exception):
 
 try:        # the builtin module hashlib falls back to: no OpenSSL to load, ~3 ms of each rank's start
     from _sha256 import sha256 as _sha256
-except ImportError:                        # pragma: no cover -- Python 3.12 renamed it
-    from hashlib import sha256 as _sha256
+except ImportError:                        # pragma: no cover -- Python 3.12 merged it into _sha2
+    try:
+        from _sha2 import sha256 as _sha256
+    except ImportError:
+        from hashlib import sha256 as _sha256
 
 
 def sha256_hex(text: str) -> str:

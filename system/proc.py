@@ -1,11 +1,13 @@
-"""The one subprocess entry point: argv lists, a timeout, one error type.
+"""The subprocess entry points: argv lists, a timeout, one error type.
 
 Every external command tether runs (scheduler commands, runtimes, apt, daemons) goes through
-``run_command``; tests fake commands at this boundary. A command that times out has its whole
+``run_command``; tests fake commands at this boundary (pytest-subprocess). A command that times out has its whole
 process group killed. The container launcher, which runs once per rank, runs its runtime's
 commands with ``run_quick`` instead: the same errors, without the ``subprocess`` module, whose
 import (with ``signal``, ``enum``, ``locale``, ``re``, ``threading``) cost each rank more
-instructions than the rest of its Python start together.
+instructions than the rest of its Python start together. Tests of the launcher's steps with
+pytest-subprocess route ``run_quick`` through ``run_command`` (tests/unit/container: fp_quick);
+``run_quick`` itself is held to ``run_command`` on real processes (tests/unit/test_proc.py).
 """
 
 from __future__ import annotations
@@ -131,8 +133,7 @@ class Completed:
 def _executable(name: str, env: Mapping[str, str] | None) -> str:
     """``name`` as ``subprocess`` finds it: a path as it is, a bare name on the PATH of the
     command's own environment (``env``; this process's without one) -- not posix_spawnp's, which
-    searches this process's PATH. FileNotFoundError for a bare name found nowhere (never a file
-    of that name in the working directory)."""
+    searches this process's PATH. FileNotFoundError for a bare name found nowhere."""
     if "/" in name:
         return name
     for directory in os.get_exec_path(env):
@@ -142,12 +143,43 @@ def _executable(name: str, env: Mapping[str, str] | None) -> str:
     raise FileNotFoundError(name)
 
 
+def _inherited_fds(keep: tuple[int, ...]) -> list[int]:
+    """This process's descriptors above 2 a child would inherit (not close-on-exec), but ``keep``:
+    what subprocess's close_fds closes (the task's PMI_FD, a descriptor passed to the runtime)."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd not in keep:
+            try:
+                if os.get_inheritable(fd):
+                    found.append(fd)
+            except OSError:                      # the listing's own descriptor, closed by now
+                pass
+    return found
+
+
+def _kill_quick(pid: int) -> None:
+    """SIGKILL to run_quick's command and its session's group (9: without the signal module)."""
+    try:
+        os.killpg(pid, 9)
+    except ProcessLookupError:
+        pass
+    except PermissionError:                      # a group with a member of another user's: the command itself
+        try:
+            os.kill(pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def run_quick(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
               timeout: float = DEFAULT_TIMEOUT, check: bool = True) -> Completed:
     """``run_command`` for the container launcher (see the module docstring): ``argv`` with
     stdin from /dev/null, its output captured (UTF-8; bytes that are not, replaced) in a session of
-    its own, killed as a group when ``timeout`` runs out. The same CommandError on a missing
+    its own, killed as a group when ``timeout`` runs out -- or when this process stops waiting (an
+    exception, Ctrl-C). As subprocess starts it: SIGPIPE and SIGXFSZ at their defaults (Python
+    ignores both), no descriptor above 2 but its pipes. The same CommandError on a missing
     command, a timeout or (with ``check``) a non-zero exit."""
+    import _signal
     import select
 
     argv = [str(a) for a in argv]
@@ -155,24 +187,31 @@ def run_quick(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
         executable = _executable(argv[0], env)
     except FileNotFoundError:
         raise CommandError(argv, None, "", "", reason=f"command not found: {argv[0]}", kind="missing") from None
-    pipes = [os.pipe2(os.O_CLOEXEC), os.pipe2(os.O_CLOEXEC)]       # stdout, stderr
-    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    opened: list[int] = []
     try:
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        opened += (out_r, out_w)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        opened += (err_r, err_w)
+        devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        opened.append(devnull)
+        actions = [(os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2),
+                   *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inherited_fds(tuple(opened)))]
         pid = os.posix_spawn(executable, argv, os.environ if env is None else env, setsid=True,
-                             file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, pipes[0][1], 1),
-                                           (os.POSIX_SPAWN_DUP2, pipes[1][1], 2)])
+                             setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ), file_actions=actions)
     except OSError as exc:
-        for r, w in pipes:
-            os.close(r)
-            os.close(w)
+        for fd in opened:
+            os.close(fd)
         reason = (f"command not found: {argv[0]}" if isinstance(exc, FileNotFoundError)
                   else f"cannot execute {argv[0]}: {exc}")
         raise CommandError(argv, None, "", "", reason=reason, kind="missing") from None
-    finally:
-        os.close(devnull)
-    for _, w in pipes:
-        os.close(w)
-    chunks: dict[int, list[bytes]] = {r: [] for r, _ in pipes}
+    except BaseException:
+        for fd in opened:
+            os.close(fd)
+        raise
+    for fd in (out_w, err_w, devnull):
+        os.close(fd)
+    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
     poller = select.poll()
     for fd in chunks:
         poller.register(fd, select.POLLIN)
@@ -185,15 +224,7 @@ def run_quick(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                 if timed_out:                    # killed, and still someone holds its output open
                     break
                 timed_out = True
-                try:
-                    os.killpg(pid, 9)            # SIGKILL, without the signal module (it imports enum)
-                except ProcessLookupError:
-                    pass
-                except PermissionError:          # a group with a member of another user's: the command itself
-                    try:
-                        os.kill(pid, 9)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+                _kill_quick(pid)
                 deadline = time.monotonic() + 5  # what it printed before the kill, read to its end
                 continue
             for fd, _ in poller.poll(max(1, int(left * 1000))):
@@ -203,11 +234,14 @@ def run_quick(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                 else:
                     poller.unregister(fd)
                     open_fds.discard(fd)
+    except BaseException:                        # not waiting any more: neither is the command
+        _kill_quick(pid)
+        raise
     finally:
         for fd in chunks:
             os.close(fd)
         _, status = os.waitpid(pid, 0)
-    stdout, stderr = (b"".join(chunks[r]).decode("utf-8", "replace") for r, _ in pipes)
+    stdout, stderr = (b"".join(chunks[fd]).decode("utf-8", "replace") for fd in (out_r, err_r))
     if timed_out:
         raise CommandError(argv, None, stdout, stderr, reason=f"timed out after {timeout:g} s", kind="timeout")
     code = os.waitstatus_to_exitcode(status)

@@ -21,7 +21,7 @@ TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.imageref import ImageRefError, parse_image
 from ...hooks.layout import USER_STORE_ROOT
-from ..launch import progress
+from ..launch import progress, start_thread
 from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, LaunchError, Mount, named_enroot_marker,
                     no_named_container, refuse_existing, sha256_hex)
 from ..environment import entrypoint_split
@@ -219,7 +219,6 @@ def serve_fd(path: str, fd: int) -> None:
     """Listen on the Unix socket ``path`` and hand descriptor ``fd`` to the first process of this
     user that connects (tether-fd-receive in the rank's container), then stop listening. A
     thread: the launcher's own process keeps supervising the rank meanwhile."""
-    import _thread        # threading's own primitive: threading.py imports functools and collections, ~8 ms
     import socket
     import struct
 
@@ -260,7 +259,7 @@ def serve_fd(path: str, fd: int) -> None:
             except OSError:
                 pass
 
-    _thread.start_new_thread(serve, ())        # a daemon: the launcher's exit ends it
+    start_thread(serve)                         # a daemon: the launcher's exit ends it
 
 
 def take_start_turn(lock: str, started: str) -> None:
@@ -269,7 +268,6 @@ def take_start_turn(lock: str, started: str) -> None:
     ``enroot start`` holds the root's own lock through the config, mounts and hooks, but gives up
     after 30 s ("Could not acquire rootfs lock", src/runtime.sh): many ranks on a node, or slow
     hooks, would fail there. Taken in turn here, with no time limit, they never meet it."""
-    import _thread        # not threading: see serve_fd
     import fcntl
     import time
 
@@ -287,7 +285,7 @@ def take_start_turn(lock: str, started: str) -> None:
         finally:
             os.close(fd)
 
-    _thread.start_new_thread(release, ())
+    start_thread(release)
 
 
 def finish_import(partial: str, sqsh: str, source: str, digest: str | None = None) -> None:
@@ -316,12 +314,15 @@ class Enroot(Runtime):
         first on its PATH: enroot runs its helpers (enroot-nsenter, enroot-switchroot,
         enroot-mount), installed beside it, by name -- without, every rank of an enroot outside the
         job's PATH exits 127 (``exec: enroot-nsenter: not found``; seen with enroot 4.1.2 under
-        /opt). Only enroot's own processes get it: the container's variables are passed apart."""
+        /opt). A link's directory and its target's both go first (moved there if on PATH later).
+        Only enroot's own processes get it: the container's variables are passed apart."""
         env = super().base_env(host_env)
-        directory = os.path.dirname(self.binary)
-        path = env.get("PATH") or os.defpath
-        if os.path.isabs(self.binary) and directory not in path.split(":"):
-            env["PATH"] = f"{directory}:{path}"
+        if not os.path.isabs(self.binary):
+            return env
+        # the link's directory and the real one's (a link in /usr/local/bin to /opt/enroot/bin/enroot)
+        first = list(dict.fromkeys((os.path.dirname(self.binary), os.path.dirname(os.path.realpath(self.binary)))))
+        path = [d for d in (env.get("PATH") or os.defpath).split(":") if d not in first]
+        env["PATH"] = ":".join(first + path)
         return env
 
     def store_dir(self, *, create: bool = True) -> str | None:

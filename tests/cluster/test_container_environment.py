@@ -213,5 +213,7 @@ def test_the_ranks_of_an_enroot_step_on_a_node_share_one_container_root(cluster,
     starts = [c for c in calls if c["tool"] == "enroot-container"]
     assert (len(creates), len(starts)) == (2, 5), calls
     assert len({c["container"] for c in starts}) == 1 and starts[0]["container"].startswith("tether-"), starts
-    # a small image's create (and the wait for it) says nothing, as pyxis's does not
-    assert "(enroot create)" not in result.stderr, result.stderr
+    # a small image's create says nothing, as pyxis's does not -- unless this machine's load
+    # made it take its quiet time (2 s): then one rank per node says it, with how long it took
+    told = result.stderr.count("(enroot create) ...")
+    assert told == result.stderr.count("(enroot create): done in ") <= 2, result.stderr

@@ -734,10 +734,16 @@ def test_an_enroot_outside_the_jobs_path_finds_its_own_helpers(tmp_path, fake_ru
     assert launch.env["PATH"] == f"{fake_runtimes.bin_dir}:/usr/bin:/bin"
     conf = Path(launch.argv[launch.argv.index("--conf") + 1]).read_text()
     assert "environ()" in conf and str(fake_runtimes.bin_dir) not in conf     # nothing of it in the container
-    # already there, or a bare name (looked up on the job's PATH as it is): left alone
+    # later on PATH (an older enroot-nsenter earlier): moved first; a bare name (looked up on the
+    # job's PATH as it is): left alone
     assert adapter("enroot", {"binary": binary, "store": ""}).base_env(
-        {"PATH": f"/x:{fake_runtimes.bin_dir}"})["PATH"] == f"/x:{fake_runtimes.bin_dir}"
+        {"PATH": f"/x:{fake_runtimes.bin_dir}"})["PATH"] == f"{fake_runtimes.bin_dir}:/x"
     assert adapter("enroot", {"store": ""}).base_env({"PATH": "/usr/bin"})["PATH"] == "/usr/bin"
+    # a link to it elsewhere (/usr/local/bin/enroot -> /opt/enroot/bin/enroot): both directories
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links/enroot").symlink_to(binary)
+    assert adapter("enroot", {"binary": str(tmp_path / "links/enroot"), "store": ""}).base_env(
+        {"PATH": "/usr/bin"})["PATH"] == f"{tmp_path / 'links'}:{fake_runtimes.bin_dir}:/usr/bin"
     # the strict fake replays the failure when it is not found
     (tmp_path / "data/c").mkdir(parents=True)
     failed = subprocess.run([binary, "start", "c", "true"], capture_output=True, text=True,
@@ -748,8 +754,12 @@ def test_an_enroot_outside_the_jobs_path_finds_its_own_helpers(tmp_path, fake_ru
 
 
 def test_a_quick_preparation_step_is_not_told_and_a_slow_one_is(monkeypatch):
-    """A step with a quiet time (enroot create) says nothing when it ends first, and both lines
-    once it has run that long -- here made to outlast it by waiting for the first line."""
+    """A step with a quiet time (enroot create) says nothing when it ends first -- not even later:
+    its thread is over when run_before returns -- and both lines once it has run that long (here
+    made to outlast it by waiting for the first line). A rank waiting for another's quiet step
+    says so only after that time too."""
+    import fcntl
+
     from tether.container import launch as launching
     from tether.container.runtimes import Launch
 
@@ -772,3 +782,43 @@ def test_a_quick_preparation_step_is_not_told_and_a_slow_one_is(monkeypatch):
     said.clear()
     launching.run_before(Launch(argv=[], env={}, before=[(quick, None, "importing z", "failed z")]))
     assert said[0] == "importing z ..." and said[1].startswith("importing z: done in ")   # no quiet time: told
+    said.clear()
+
+    def failing(env):
+        raise LaunchError("no space")
+
+    with pytest.raises(LaunchError):
+        launching.run_before(Launch(argv=[], env={}, before=[(failing, None, "unpacking f", "failed f", 30.0)]))
+    assert said == []                      # no late "..." line after a failure either
+    # another rank holds the lock: its quiet step is waited for aloud only once the wait is long
+    stop = launching.say_later("waiting: quiet", 30.0)
+    assert stop() is False and said == []
+    stop = launching.say_later("waiting: slow", 0.01)
+    deadline = time.monotonic() + 20
+    while not said and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stop() is True and said == ["waiting: slow"]
+
+
+def test_the_launchers_threads_take_no_signal_of_the_main_threads(monkeypatch):
+    """A thread the launcher starts (the quiet time, the start turn, the PMI descriptor) blocks
+    every signal: a SIGCHLD delivered to it while the main thread waits with sigtimedwait would
+    be lost (the rank's end then waits out its grace)."""
+    import _thread
+
+    from tether.container.launch import start_thread
+
+    masks: list[str] = []
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def record():
+        with open(f"/proc/self/task/{_thread.get_native_id()}/status") as fh:
+            masks.append(next(line.split()[1] for line in fh if line.startswith("SigBlk:")))
+        done.release()
+
+    start_thread(record)
+    assert done.acquire(timeout=20)
+    assert int(masks[0], 16) & (1 << (17 - 1)) and int(masks[0], 16) & (1 << (15 - 1))     # SIGCHLD, SIGTERM
+    with open("/proc/self/status") as fh:                                                    # the caller's unchanged
+        assert not int(next(line.split()[1] for line in fh if line.startswith("SigBlk:")), 16) & (1 << (17 - 1))
