@@ -84,14 +84,17 @@ def report_admin(message: str) -> None:
         pass
 
 
-def run_before(launch: Launch) -> None:
+def run_before(launch: Launch, *, ahead: bool = False) -> None:
     """The preparation steps (image pull or import, container creation), under the launch's lock:
     the ranks of a node wait for the first one's pull instead of pulling too (a rank that waits
     says so), and a labelled step reports when it starts and how long it took. A step with a
     failure's wording (``(argv, done, label, failure)``: a pull or an import) that fails leaves a
     record in ``Launch.failures`` -- every other rank of the step on the node then fails at once
     -- and its command's failure is told in those words. A fifth element, seconds: the step is
-    told only once it has taken that long (enroot create of a small image: pyxis says nothing)."""
+    told only once it has taken that long (enroot create of a small image: pyxis says nothing).
+    ``ahead``: this rank's C launcher started the first step, under the lock, before this launcher
+    (tether_run.c: create_ahead): its wait is told as the step itself, and a step it left undone
+    (it failed, or was killed) runs here as usual -- the failure told in this launcher's words."""
     if not launch.before:
         return
 
@@ -123,13 +126,17 @@ def run_before(launch: Launch) -> None:
         except BlockingIOError:
             # the wait for a step told only when slow (a quick enroot create) is told when it is
             pending = [step for step in launch.before if len(step) > 2 and not done(step[1])]
-            stop = (say_later(f"waiting for another rank on this node: {pending[0][2]}", _quiet_time(pending[0]))
-                    if pending else None)
+            # the rank's own step, started by its C launcher: told as the step, with its end
+            own = ahead and bool(pending) and pending[0] is launch.before[0]
+            wait = "{} ..." if own else "waiting for another rank on this node: {}"
+            stop = (say_later(wait.format(pending[0][2]), _quiet_time(pending[0])) if pending else None)
+            started = time.monotonic()
             try:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX)
             finally:
-                if stop:
-                    stop()
+                said = stop() if stop else False
+            if own and said and done(pending[0][1]):
+                progress(f"{pending[0][2]}: done in {time.monotonic() - started:.1f} s")
     try:
         for step in launch.before:
             argv, check = step[0], step[1]
@@ -298,10 +305,11 @@ def parse_resume(text: str) -> tuple[int, bool | None, list[int], list[tuple[str
     return status, None if written < 0 else bool(written), received, killed
 
 
-def execute(launch: Launch, *, subreaper: bool = False, resume: str | None = None) -> NoReturn:
+def execute(launch: Launch, *, subreaper: bool = False, resume: str | None = None, ahead: bool = False) -> NoReturn:
     """Run the launch; never returns (execs, or exits with the runtime's status). ``subreaper``:
     this process is a child subreaper already (the SPANK plugin sets it before the launcher runs).
-    ``resume``: the C rank launcher ran this launch and hands over its conclusion (parse_resume)."""
+    ``resume``: the C rank launcher ran this launch and hands over its conclusion (parse_resume);
+    ``ahead``: it started the first preparation step (run_before)."""
     first = parse_resume(resume) if resume else None
     if resume and (first is None or not launch.supervise or launch.before or launch.prepare is not None):
         report(f"internal error: the rank launcher handed over a run this launcher would not have made "
@@ -314,7 +322,7 @@ def execute(launch: Launch, *, subreaper: bool = False, resume: str | None = Non
         write_marker(launch.marker, launch.marker_data or {})
     try:
         if first is None:
-            run_before(launch)
+            run_before(launch, ahead=ahead)
             if launch.prepare is not None:
                 launch.argv = launch.prepare(launch.argv)
     except (LaunchError, OSError, ValueError) as exc:

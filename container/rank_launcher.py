@@ -16,11 +16,15 @@ here: podman's arguments, the container's name, its id file and the cleanup mark
 rank's values (``RankTemplate``), which tether-run substitutes; tether-run decides only whether a
 rank is that case and supervises it. tests/unit/test_rank_launcher.py builds it with ``plan_only``
 and compares its plans with ``Podman.launch``'s over many rank environments.
+
+For an enroot rank it runs no container itself, but starts the step's ``enroot create`` before
+handing the rank over (``ahead_plan``): ``Enroot.launch``'s create, baked the same way.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -33,7 +37,7 @@ from . import environment
 from .launch import GRACE_SECONDS
 from .run import config_identity
 from .runtimes.podman import DEFAULT_STORE, PAUSE_NAMES, PAUSE_PID_FILE, ROOTFS_TARGETS, Podman
-from .spec import CONTAINER_TMP, CONTAINER_WORKDIR, LaunchSpec
+from .spec import CONTAINER_TMP, CONTAINER_WORKDIR, LaunchError, LaunchSpec
 
 RANK_LAUNCHER_SOURCE = Path(__file__).with_name("tether_run.c")
 FD_HELPER_SOURCE = Path(__file__).with_name("tether_fd_receive.c")
@@ -72,6 +76,8 @@ PLACEHOLDERS = {
     "STORE": "\1T", "RUN_DIR": "\1U",          # the user's podman store, podman's run directory
     "NAMES_FD": "\1F",                          # the --env-file memfd's number
     "COMMAND": "\1C",
+    "PARTIAL": "\1P",                          # enroot create's partial name (CreateWhole.partial),
+    "PID": "\1Q",                              # made of the creating process's id
 }
 
 
@@ -129,6 +135,65 @@ class RankTemplate(Podman):
                 "marker_data": json.dumps(launch.marker_data).replace("\\u0001", "\1")}
 
 
+def ahead_plan(settings: Mapping[str, Any]) -> dict[str, Any] | str:
+    """The enroot create that tether-run starts ahead of the Python launcher (tether_run.c:
+    create_ahead), as templates; or why a rank of this configuration gets none.
+
+    The common enroot rank -- a squashfs file, no container option but the image (and the runtime,
+    when enroot is not the default) -- spends ~30 ms
+    in the Python launcher before its ``enroot create`` (unsquashfs of the image into the step's
+    container root, ~0.1 s for a small one) starts: tether-run starts that create itself, under the
+    Python launcher's lock, and hands the rank over at once; the Python launcher, which waits for
+    the lock, finds the root made (or makes it itself when that failed). What the create is comes
+    from ``Enroot.launch`` itself: run here, in a scratch directory, for such a rank with
+    recognizable values for the rank's, which become placeholders: its first preparation step
+    (``CreateWhole``), its lock, and what it adds to the runtime's environment."""
+    from .run import runtime_for
+    from .runtimes.enroot import CreateWhole
+    from .spec import spec_from_env
+
+    job, step, rank = "7310000001", "7310000002", "7310000003"
+    with tempfile.TemporaryDirectory(prefix="tether-run-ahead-") as tmp:
+        step_dir = os.path.join(tmp, "step-dir")
+        rank_dir = os.path.join(step_dir, "rank-dir")
+        for sub in ("tmp", "work"):
+            os.makedirs(os.path.join(rank_dir, sub))
+        image = os.path.join(tmp, "image.sqsh")
+        open(image, "w").close()
+        env = {"SLURM_JOB_ID": job, "SLURM_STEP_ID": step, "SLURM_PROCID": rank, "SLURM_LOCALID": "0",
+               "TETHER_RANK_DIR": rank_dir, "TETHER_CONTAINER_IMAGE": image}
+        try:
+            spec = spec_from_env(env, ["true"], default_runtime="enroot", defaults=settings)
+            runtime = runtime_for("enroot", settings)
+            launch = runtime.launch(spec, env)
+        except (LaunchError, OSError, ValueError, KeyError) as exc:      # never a failed install
+            return f"a plain enroot rank's launch fails here ({exc})"
+        base = runtime.base_env(env)
+        create = launch.before[0][0] if launch.before else None
+        if not isinstance(create, CreateWhole) or create.name != spec.step_instance or create.marker:
+            return "an enroot rank of this configuration has a container root of its own"
+        if launch.before[0][1] != os.path.join(create.data, create.name) or not launch.lock:
+            return "an enroot create without its usual check or lock"
+
+        def template(value: str) -> str:
+            for text, placeholder in ((step_dir, "\1D"), (image, "\1I"), (job, "\1J"), (step, "\1S"),
+                                      (rank, "\1K")):
+                value = value.replace(text, placeholder)
+            if tmp in value:
+                raise AssertionError(f"a scratch path left in the ahead plan: {value!r}")
+            return value
+
+        added = {n: v for n, v in launch.env.items() if n not in base}
+        return {"argv": [template(a) for a in create.argv(PLACEHOLDERS["PARTIAL"])],
+                "remove": [template(a) for a in create.remove_argv(PLACEHOLDERS["PARTIAL"])],
+                "name": template(create.name), "partial": template(create.partial(PLACEHOLDERS["PID"])),
+                "data": template(create.data), "lock": template(launch.lock),
+                "added": [f"{n}={template(v)}" for n, v in added.items()],
+                "runtime_env": [f"{k}={str(v)}" for k, v in runtime.runtime_env.items()],   # base_env's
+                "binary": runtime.binary, "default": settings.get("runtime", "podman") == "enroot",
+                "timeout": CreateWhole.TIMEOUT, "remove_timeout": CreateWhole.REMOVE_TIMEOUT}
+
+
 def why_not_fast(settings: Mapping[str, Any]) -> str | None:
     """Why no rank of this configuration can take the C path (None: the common case can)."""
     if settings.get("runtime", "podman") != "podman":
@@ -155,6 +220,8 @@ def baked_header(config_path: str | None, settings: Mapping[str, Any], python_la
     mode = settings.get("environment") or environment.DEFAULT_MODE
     own = tuple(environment.overrides(_WithRankDir()))       # tether's own values in a rank with its directories
     plans = [RankTemplate.plan(settings, mqueue=m) for m in (False, True)] if why is None else []
+    ahead = ahead_plan(settings)
+    ahead_of = ahead if isinstance(ahead, dict) else {}
     lines = [
         "/* generated by tether.container.rank_launcher at install; do not edit */",
         f"#define TR_PYTHON_LAUNCHER {c_string(python_launcher)}",
@@ -186,6 +253,17 @@ def baked_header(config_path: str | None, settings: Mapping[str, Any], python_la
           for m, p in zip(("NO_MQUEUE", "MQUEUE"), plans or [{"argv": []}] * 2)),
         *(f"#define TR_{key.upper()}_TEMPLATE {c_string(str((plans or [{}])[0].get(key, '')))}"
           for key in ("container", "created", "marker", "marker_data")),
+        # the enroot create started ahead (ahead_plan)
+        f"#define TR_AHEAD {int(isinstance(ahead, dict))}",
+        f"#define TR_WHY_NOT_AHEAD {c_string(ahead if isinstance(ahead, str) else '')}",
+        f"#define TR_AHEAD_BINARY {c_string(ahead_of.get('binary', ''))}",
+        f"#define TR_AHEAD_DEFAULT {int(ahead_of.get('default', False))}",
+        f"#define TR_RUNTIME_VAR {c_string(BY_NAME['container-runtime'].env)}",
+        *(f"static const char *const TR_AHEAD_{key.upper()}[] = {c_list(ahead_of.get(key, []))};"
+          for key in ("argv", "remove", "added", "runtime_env")),
+        *(f"#define TR_AHEAD_{key.upper()}_TEMPLATE {c_string(ahead_of.get(key, ''))}" for key in ("name", "partial", "data", "lock")),
+        f"#define TR_AHEAD_TIMEOUT_S {int(ahead_of.get('timeout', 0))}",
+        f"#define TR_AHEAD_REMOVE_TIMEOUT_S {int(ahead_of.get('remove_timeout', 0))}",
         f"static const char *const TR_HOST_ONLY[] = {c_list(environment.HOST_ONLY)};",
         f"static const char *const TR_RUNTIME_CONTROL[] = {c_list(environment.RUNTIME_CONTROL)};",
         f"static const char *const TR_IMAGE_NAMES[] = {c_list(environment.IMAGE_NAMES)};",

@@ -21,7 +21,7 @@ import os
 import sys
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
-from ..hooks.surface import BATCH_VAR, CLEANUP_VAR, GATEWAYS_RUN_VAR, RESUME_VAR, RUN_ARGV0, SUBREAPER_VAR
+from ..hooks.surface import AHEAD_VAR, BATCH_VAR, CLEANUP_VAR, GATEWAYS_RUN_VAR, RESUME_VAR, RUN_ARGV0, SUBREAPER_VAR
 from .environment import DEFAULT_MODE
 from .launch import EXIT_LAUNCH_FAILED, execute, report, report_admin
 from .runtimes import adapter
@@ -57,26 +57,31 @@ def container_settings(config_path: str | None) -> dict[str, Any]:
     return dict(load_config(config_path).data["container"])
 
 
+def runtime_for(name: str, settings: Mapping[str, Any]):
+    """The adapter of runtime ``name`` with the ``container`` settings, as a rank's launch has it."""
+    return adapter(name, settings.get(name) or {},
+                   image_root=settings.get("apptainer_image_root", "/var/cache/tether/images"),
+                   user_image_cache=settings.get("user_image_cache"),
+                   environment=settings.get("environment") or DEFAULT_MODE,
+                   cluster_store=settings.get("cluster_store"))
+
+
 def run_container(env: Mapping[str, str], command: Sequence[str], settings: Mapping[str, Any], *,
-                  subreaper: bool = False, resume: str | None = None) -> NoReturn:
+                  subreaper: bool = False, resume: str | None = None, ahead: bool = False) -> NoReturn:
     """Start the container for ``command`` as ``env``'s TETHER_CONTAINER_* describe; never returns.
     ``subreaper``: the caller made this process a child subreaper already; ``resume``: the C rank
-    launcher started it already (see RESUME_VAR)."""
+    launcher started it already (see RESUME_VAR); ``ahead``: the C rank launcher started its
+    preparation's first step (see AHEAD_VAR)."""
     try:
         spec = spec_from_env(env, command, default_runtime=settings["runtime"], defaults=settings)
         check_mount_sources(spec.mounts, settings.get("mounts") or ())
         if spec.save:
             check_save_target(spec.save)
-        runtime = adapter(spec.runtime, settings.get(spec.runtime) or {},
-                          image_root=settings.get("apptainer_image_root", "/var/cache/tether/images"),
-                          user_image_cache=settings.get("user_image_cache"),
-                          environment=settings.get("environment") or DEFAULT_MODE,
-                          cluster_store=settings.get("cluster_store"))
-        launch = runtime.launch(spec, env)
+        launch = runtime_for(spec.runtime, settings).launch(spec, env)
     except LaunchError as exc:
         report(str(exc))
         os._exit(EXIT_LAUNCH_FAILED)
-    execute(launch, subreaper=subreaper, resume=resume)
+    execute(launch, subreaper=subreaper, resume=resume, ahead=ahead)
 
 
 def task_command(argv0: str | None, argv: Sequence[str]) -> list[str]:
@@ -93,6 +98,7 @@ def handoff(config_path: str | None, identity: list[int] | None, baked: Mapping[
     env = dict(os.environ)
     argv0 = env.pop(ARGV0_VAR, None)
     resume = env.pop(RESUME_VAR, None)
+    ahead = env.pop(AHEAD_VAR, None) == "1"
     try:
         # a launcher written by another tether version may bake something else: read the config
         if isinstance(baked, dict) and config_identity(config_path) == identity:
@@ -124,7 +130,7 @@ def handoff(config_path: str | None, identity: list[int] | None, baked: Mapping[
     try:
         # the SPANK plugin made this process a child subreaper; PBS's hook cannot (TETHER_RUN_SUBREAPER=0)
         subreaper = env.pop(SUBREAPER_VAR, "1") != "0"
-        run_container(env, command, settings, subreaper=subreaper, resume=resume)
+        run_container(env, command, settings, subreaper=subreaper, resume=resume, ahead=ahead)
     except Exception as exc:                       # never a bare traceback in the user's output
         import traceback
 

@@ -389,13 +389,14 @@ SUBREAPER_VAR = "TETHER_RUN_SUBREAPER"    # "0": not made a child subreaper (PBS
 CLEANUP_VAR = "TETHER_CLEANUP"            # cleanup mode, after a container step: the step's or job's directory
 CLEANUP_FD_VAR = "TETHER_CLEANUP_FD"      # "3": tell the daemon the markers are read by closing fd 3
 RESUME_VAR = "TETHER_RUN_RESUME"          # tether-run ran the container: tether-run-py concludes it
+AHEAD_VAR = "TETHER_RUN_AHEAD"            # "1": tether-run started the step's enroot create (see tether_run.c)
 TELL_REAPING_VAR = "TETHER_RUN_TELL_REAPING"   # the tests' questions: what the launcher waited for,
 WHY_PYTHON_VAR = "TETHER_RUN_WHY_PYTHON"       # and why a rank went to the Python launcher
 # The protocol's names by key (as RANK_VAR's): the C side's TETHER_ENV_<key less TETHER_>.
 LAUNCHER_VAR = {"TETHER_RUN_ARGV0": RUN_ARGV0, "TETHER_RUN_BATCH": BATCH_VAR, "TETHER_RUN_GATEWAYS": GATEWAYS_RUN_VAR,
                 "TETHER_RUN_USER_DIRS": USER_DIRS_VAR, "TETHER_RUN_SUBREAPER": SUBREAPER_VAR,
                 "TETHER_CLEANUP": CLEANUP_VAR, "TETHER_CLEANUP_FD": CLEANUP_FD_VAR, "TETHER_RUN_RESUME": RESUME_VAR,
-                "TETHER_RUN_TELL_REAPING": TELL_REAPING_VAR, "TETHER_RUN_WHY_PYTHON": WHY_PYTHON_VAR}
+                "TETHER_RUN_AHEAD": AHEAD_VAR, "TETHER_RUN_TELL_REAPING": TELL_REAPING_VAR, "TETHER_RUN_WHY_PYTHON": WHY_PYTHON_VAR}
 
 
 def env_macro(key: str) -> str:

@@ -178,32 +178,50 @@ def write_rc(path: str | None) -> str:
                          "enroot's rc script")
 
 
-def _create_whole(binary: str, name: str, sqsh: str, data: str, marker: str | None = None,
-                  step: str = ""):
+class CreateWhole:
     """``enroot create`` of container ``name`` in ``data``, whole or not at all: enroot unsquashes
     straight into ``data/NAME`` (a killed or failed create leaves half a root there, which the next
     rank would take for the container), so it creates under a name of this process's own and
     renames it into place once complete. A named container's maker is written first (read for
-    NAME:create)."""
-    def run(env: Mapping[str, str]) -> None:
+    NAME:create). Called with the runtime's environment (a step of ``Launch.before``); tether-run
+    runs the same commands (``argv``, ``remove_argv``) ahead of the Python launcher in the common
+    case (rank_launcher.py: AheadTemplate)."""
+
+    TIMEOUT = 3600          # seconds: the unpacking of a large image
+    REMOVE_TIMEOUT = 600
+
+    def __init__(self, binary: str, name: str, sqsh: str, data: str, marker: str | None = None, step: str = ""):
+        self.binary, self.name, self.sqsh, self.data, self.marker, self.step = binary, name, sqsh, data, marker, step
+
+    def partial(self, pid: int | str) -> str:
+        """The name the create makes before the rename: the creating process's own."""
+        return f"{self.name}.partial-{pid}"
+
+    def argv(self, partial: str) -> list[str]:
+        return [self.binary, "create", "--name", partial, self.sqsh]
+
+    def remove_argv(self, partial: str) -> list[str]:
+        """enroot's own removal (it makes unwritable directories writable first)."""
+        return [self.binary, "remove", "--force", partial]
+
+    def __call__(self, env: Mapping[str, str]) -> None:
         from ...system.proc import CommandError, run_quick
 
-        if marker:
-            write_private(marker, step + "\n", "", "enroot's marker of the container's step")
-        partial = f"{name}.partial-{os.getpid()}"
+        if self.marker:
+            write_private(self.marker, self.step + "\n", "", "enroot's marker of the container's step")
+        partial = self.partial(os.getpid())
         try:
-            run_quick([binary, "create", "--name", partial, sqsh], env=env, timeout=3600)
-            os.rename(os.path.join(data, partial), os.path.join(data, name))
+            run_quick(self.argv(partial), env=env, timeout=self.TIMEOUT)
+            os.rename(os.path.join(self.data, partial), os.path.join(self.data, self.name))
         except (CommandError, OSError) as exc:
-            try:          # enroot's own removal (it makes unwritable directories writable first)
-                run_quick([binary, "remove", "--force", partial], env=env, timeout=600)
+            try:
+                run_quick(self.remove_argv(partial), env=env, timeout=self.REMOVE_TIMEOUT)
             except CommandError:
                 pass      # nothing made, or the step's directory takes it away
             if isinstance(exc, OSError):
-                raise LaunchError(f"cannot put the container root in place at {data}/{name}: "
+                raise LaunchError(f"cannot put the container root in place at {self.data}/{self.name}: "
                                   f"{exc.strerror}") from None
             raise
-    return run
 
 
 def fd_helper() -> str | None:
@@ -545,7 +563,7 @@ class Enroot(Runtime):
         if stored:
             pass                  # started from the file itself (no container to create or remove)
         elif sqsh is not None:
-            create = _create_whole(self.binary, name, sqsh, data, marker, os.path.basename(step_dir or ""))
+            create = CreateWhole(self.binary, name, sqsh, data, marker, os.path.basename(step_dir or ""))
             before.append((create, os.path.join(data, name),
                            f"unpacking the container root of {spec.image} (enroot create)",
                            f"failed to unpack the container root of {spec.image} (enroot create)",

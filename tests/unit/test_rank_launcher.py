@@ -294,6 +294,7 @@ def test_everything_else_goes_to_the_python_launcher_with_its_argv(world, case):
     env = rank_env(world, **extra)
     said = c_plan(launcher, env, ["an", "argument"])
     assert isinstance(said, str) and why in said, said
+    said = re.sub(r"^tether-run: no enroot create ahead: [^\n]*\n", "", said)     # (podman's default runtime)
     assert said.startswith("tether-run: python: ") and said.endswith(" an argument")   # the same argv
     assert "resume=unset" in said
 
@@ -534,3 +535,230 @@ def test_the_baked_identity_is_read_back_for_tether_doctor(tmp_path):
     assert baked_identity(launcher)[1] != config_identity(str(config))    # doctor warns: ranks take Python
     launcher.write_text("not a launcher\n")
     assert baked_identity(launcher) is None and baked_identity(tmp_path / "missing") is None
+
+
+# ---- the enroot create started ahead (rank_launcher.ahead_plan, tether_run.c: create_ahead) ----
+
+AHEAD_REFERENCE = textwrap.dedent("""\
+    # the Python launcher's enroot create for this rank, as the C launcher's plan-only build prints it
+    import json, os, sys
+    from tether.container.run import ARGV0_VAR, RESUME_VAR, SUBREAPER_VAR, runtime_for
+    from tether.container.spec import spec_from_env
+    settings = json.loads(sys.argv[1])
+    env = dict(os.environ)
+    for name in (ARGV0_VAR, RESUME_VAR, SUBREAPER_VAR):
+        env.pop(name, None)
+    spec = spec_from_env(env, ["true"], default_runtime=settings["runtime"], defaults=settings)
+    launch = runtime_for(spec.runtime, settings).launch(spec, env)
+    create, check = launch.before[0][0], launch.before[0][1]
+    partial = create.partial("PID")
+    print(json.dumps({"argv": create.argv(partial), "remove": create.remove_argv(partial), "env": launch.env,
+                      "paths": [create.name, create.data, launch.lock], "check": check}))
+""")
+
+
+def enroot_settings(world, **enroot) -> dict:
+    from tether.hooks.configfile import load_config
+
+    bin_dir = world["base"] / "enroot-bin"
+    bin_dir.mkdir(exist_ok=True)
+    binary = bin_dir / "enroot"
+    if not binary.exists():
+        binary.write_text("#!/bin/sh\nexit 0\n")
+        binary.chmod(0o755)
+        (world["base"] / "enroot-links").mkdir()
+        (world["base"] / "enroot-links/enroot").symlink_to(binary)
+    settings = dict(load_config(None).data["container"])
+    settings.update(runtime="enroot", environment="inherit",
+                    enroot={"binary": str(binary), "args": [], "env": {"ENROOT_SQUASH_OPTIONS": "-comp lzo"},
+                            "store": "", **enroot})
+    return json.loads(json.dumps(settings))
+
+
+def ahead_env(world, **extra) -> dict:
+    image = world["base"] / "img.sqsh"
+    if not image.exists():
+        image.write_bytes(b"hsqs" + bytes(4092))
+        image.chmod(0o644)
+    return rank_env(world, **{"TETHER_CONTAINER_IMAGE": str(image), **extra})
+
+
+def c_ahead(launcher: Path, env: dict) -> dict | str:
+    """The C launcher's enroot create ahead (its plan-only build), or why it started none."""
+    out = subprocess.run([str(launcher)], env={**env, "TETHER_RUN_WHY_PYTHON": "1"}, capture_output=True,
+                         stdin=subprocess.DEVNULL, preexec_fn=_as(UID), timeout=30)
+    if out.stdout.startswith(b"python-launcher"):
+        return out.stderr.decode().strip()
+    assert out.returncode == 0, out.stderr.decode()
+    items, plan = out.stdout.decode().split("\0"), {}
+    while len(items) > 1:
+        key, count = items[0], int(items[1])
+        plan[key], items = items[2:2 + count], items[2 + count:]
+    return {"argv": plan["argv"], "remove": plan["remove"], "env": dict(e.split("=", 1) for e in plan["env"]),
+            "paths": plan["paths"]}
+
+
+def python_ahead(settings: dict, env: dict) -> dict:
+    out = subprocess.run([sys.executable, "-c", AHEAD_REFERENCE, json.dumps(settings)],
+                         env={**env, "TETHER_RUN_WHY_PYTHON": "1"}, capture_output=True, stdin=subprocess.DEVNULL,
+                         preexec_fn=_as(UID), timeout=60, cwd="/")
+    assert out.returncode == 0, out.stderr.decode()
+    plan = json.loads(out.stdout)
+    if "LC_CTYPE" not in env and not env.get("LANG") and not env.get("LC_ALL"):
+        del plan["env"]["LC_CTYPE"]         # Python's own C-locale coercion (PEP 538), as above
+    assert plan.pop("check") == os.path.join(plan["paths"][1], plan["paths"][0])     # done when the root is there
+    return plan
+
+
+AHEAD_CASES = {
+    "a plain rank": {},
+    "the binary's directory later on PATH": {"PATH": "/usr/bin:BIN:/bin"},
+    "an empty PATH component": {"PATH": "/usr/bin::/bin"},
+    "an empty PATH": {"PATH": ""},
+    "no PATH": {"PATH": None},
+    "RANK over SLURM_PROCID, odd ids made safe": {"RANK": "3", "SLURM_JOB_ID": "12+3", "SLURM_STEP_ID": "4 5"},
+    "a job variable the configuration replaces, a terminal's and MPI's": {"ENROOT_SQUASH_OPTIONS": "-comp xz",
+                                                                          "PMI_FD": "9", "TERM": "xterm"},
+    "a small environment": {"__bare": True},
+    "--container-runtime=enroot, where it is not the default": {"__podman": True, "TETHER_CONTAINER_RUNTIME": "enroot"},
+}
+
+
+@pytest.mark.parametrize("case", list(AHEAD_CASES))
+@pytest.mark.parametrize("binary", ["absolute", "a link", "a bare name"])
+def test_the_enroot_create_started_ahead_is_the_python_launchers(world, case, binary):
+    """The enroot create that tether-run starts before handing the rank to Python is, argument for
+    argument and variable for variable, the one the Python launcher's Enroot.launch plans: the
+    same command and environment (enroot's own PATH first included), the same root, lock and
+    partial name."""
+    enroot = {"absolute": {}, "a link": {"binary": str(world["base"] / "enroot-links/enroot")},
+              "a bare name": {"binary": "enroot"}}[binary]
+    extra = dict(AHEAD_CASES[case])
+    settings = enroot_settings(world, **enroot)
+    if extra.pop("__podman", False):
+        settings["runtime"] = "podman"
+    launcher = build(world, settings, f"ahead-{binary.replace(' ', '-')}-{settings['runtime']}")
+    env = ahead_env(world)
+    if extra.pop("__bare", False):
+        env = {k: v for k, v in env.items() if k.startswith(("SLURM_JOB_ID", "TETHER_"))}
+    env.update({k: v.replace("BIN", str(world["base"] / "enroot-bin")) if v else v for k, v in extra.items()})
+    env = {k: v for k, v in env.items() if v is not None}
+    ours, theirs = c_ahead(launcher, env), python_ahead(settings, env)
+    assert isinstance(ours, dict), f"no create ahead: {ours}"
+    assert ours == theirs
+    assert ours["argv"][1:3] == ["create", "--name"] and ours["argv"][-1] == env["TETHER_CONTAINER_IMAGE"]
+    assert ours["env"]["ENROOT_DATA_PATH"] == ours["paths"][1]
+    if binary != "a bare name":
+        assert str(world["base"] / "enroot-bin") in ours["env"]["PATH"].split(":")[:2]
+
+
+AHEAD_REFUSED = {
+    "another container option": ({"TETHER_CONTAINER_MOUNTS": "/a:/b"}, "a container option besides the image"),
+    "the job sets enroot's data path": ({"ENROOT_DATA_PATH": "/x"}, "sets one of enroot's paths"),
+    "an image directory": ({"TETHER_CONTAINER_IMAGE": "own"}, "not a file you can read"),
+    "a registry image": ({"TETHER_CONTAINER_IMAGE": "ubuntu:22.04"}, "not a squashfs file's plain path"),
+    "a missing image": ({"TETHER_CONTAINER_IMAGE": "/nonexistent.sqsh"}, "not a file you can read"),
+    "a rank directory of someone else's step": ({"TETHER_RANK_DIR": "/tmp/rank-0"}, "the step directory is not yours"),
+    "no Slurm task": ({"SLURM_JOB_ID": None}, "not a Slurm task"),
+}
+
+
+@pytest.mark.parametrize("case", list(AHEAD_REFUSED))
+def test_a_rank_the_create_ahead_does_not_fit_goes_to_python_alone(world, case):
+    launcher = build(world, enroot_settings(world), "ahead-absolute")
+    extra, why = AHEAD_REFUSED[case]
+    extra = {k: str(world["own"]) if v == "own" else v for k, v in extra.items()}
+    env = {k: v for k, v in ahead_env(world, **extra).items() if v is not None}
+    said = c_ahead(launcher, env)
+    assert isinstance(said, str) and f"tether-run: no enroot create ahead: " in said and why in said, said
+
+
+def test_a_configuration_without_the_create_ahead_says_why(world):
+    from tether.container.rank_launcher import ahead_plan
+
+    assert ahead_plan(settings_for(world))["default"] is False
+    # enroot's paths set by the admin: the step's root is no longer the shared one Python makes
+    assert "a container root of its own" in ahead_plan(enroot_settings(world, env={"ENROOT_DATA_PATH": "/x"}))
+    launcher = build(world, settings_for(world), "plan-inherit")
+    said = c_plan(launcher, rank_env(world, TETHER_CONTAINER_MOUNTS="/a:/b"))
+    assert "no enroot create ahead: a container option besides the image" in said
+    said = c_ahead(launcher, ahead_env(world))
+    assert "no enroot create ahead: the default runtime is not enroot" in said
+    for runtime in ("podman", "Enroot", "enroot "):
+        said = c_ahead(launcher, ahead_env(world, TETHER_CONTAINER_RUNTIME=runtime))
+        assert "no enroot create ahead: a container option besides the image" in said
+    # the root is there already (a second rank, a later look): nothing to start
+    launcher = build(world, enroot_settings(world), "ahead-absolute")
+    env = ahead_env(world)
+    root = world["rank"].parent / "enroot" / "data" / "tether-7.0"
+    root.mkdir(parents=True)
+    try:
+        assert "no enroot create ahead: the step's container root is there" in c_ahead(launcher, env)
+    finally:
+        shutil.rmtree(world["rank"].parent / "enroot")
+
+
+@pytest.fixture()
+def enroot_rank(world):
+    """A rank of an enroot step through the real tether-run and the real Python launcher
+    (run.launcher_text), the strict fake enroot (as the user: it records each call)."""
+    from tether.container.run import launcher_text
+    from tether.testing.runtimes import FakeRuntimes
+
+    fakes = FakeRuntimes(world["base"] / "fake-enroot")
+    os.chmod(world["base"] / "fake-enroot", 0o755)
+    settings = enroot_settings(world, binary=str(fakes.bin_dir / "enroot"), env={})
+    python_launcher = world["base"] / "tether-run-py-enroot"
+    python_launcher.write_text(launcher_text(None, settings))
+    python_launcher.chmod(0o755)
+    launcher = world["base"] / "tether-run-enroot"
+    build_rank_launcher(launcher, None, settings, str(python_launcher))
+    step = world["rank"].parent
+
+    def run(image: Path, **extra) -> subprocess.CompletedProcess:
+        shutil.rmtree(step / "enroot", ignore_errors=True)
+        (fakes.state_dir / "calls.jsonl").unlink(missing_ok=True)
+        env = ahead_env(world, TETHER_CONTAINER_IMAGE=str(image), PATH="/usr/bin:/bin", **extra)
+        proc = subprocess.Popen([str(launcher)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL, preexec_fn=_as(UID))
+        out, err = proc.communicate(timeout=120)
+        return subprocess.CompletedProcess(proc.pid, proc.returncode, out, err)      # args: the rank's pid
+    yield run, fakes, step
+    shutil.rmtree(step / "enroot", ignore_errors=True)
+
+
+def test_the_create_ahead_makes_the_steps_root_and_the_rank_runs_in_it(world, enroot_rank):
+    """tether-run's child creates the root (under its own partial name, renamed into place) while
+    the Python launcher starts; the launcher waits for the lock, finds the root and starts it:
+    one create per rank, by the child -- nothing left but the root."""
+    run, fakes, step = enroot_rank
+    ran = run(world["base"] / "img.sqsh", TETHER_RUN_WHY_PYTHON="1")
+    assert ran.returncode == 0, ran.stderr
+    assert "no enroot create ahead" not in ran.stderr and "python: the default runtime is enroot" in ran.stderr
+    calls = [c["argv"] for c in fakes.calls("enroot")]
+    assert [c[1] for c in calls] == ["create", "start"], calls
+    partial = calls[0][3]
+    assert re.fullmatch(r"tether-7\.0\.partial-\d+", partial)
+    # made by another process than the rank's (whose pid the Python launcher's create would name)
+    assert int(partial.rsplit("-", 1)[1]) != ran.args and os.listdir(step / "enroot" / "data") == ["tether-7.0"]
+    assert "tether-7.0" in calls[1]
+    # no line about the quick create (pyxis says nothing either)
+    assert "unpacking" not in ran.stderr and "waiting" not in ran.stderr
+
+
+def test_a_create_ahead_that_fails_is_made_again_by_the_python_launcher_which_says_why(world, enroot_rank):
+    """A failed create ahead leaves nothing (enroot's own remove of its partial root) and says
+    nothing itself: the Python launcher runs the create again and fails the rank with enroot's
+    words and its own, exit 125 -- as without the create ahead."""
+    run, fakes, step = enroot_rank
+    bad = world["base"] / "not-squashfs.sqsh"
+    bad.write_bytes(os.urandom(4096))
+    bad.chmod(0o644)
+    ran = run(bad)
+    assert ran.returncode == 125
+    assert f"failed to unpack the container root of {bad} (enroot create)" in ran.stderr
+    assert ran.stderr.count("Invalid image format") == 1, ran.stderr
+    calls = [c["argv"] for c in fakes.calls("enroot")]
+    assert [c[1] for c in calls] == ["create", "remove", "create", "remove"]
+    assert calls[0][3] == calls[1][3] != calls[2][3] == calls[3][3] == f"tether-7.0.partial-{ran.args}"
+    assert os.listdir(step / "enroot" / "data") == []

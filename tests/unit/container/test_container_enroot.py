@@ -822,3 +822,52 @@ def test_the_launchers_threads_take_no_signal_of_the_main_threads(monkeypatch):
     assert int(masks[0], 16) & (1 << (17 - 1)) and int(masks[0], 16) & (1 << (15 - 1))     # SIGCHLD, SIGTERM
     with open("/proc/self/status") as fh:                                                    # the caller's unchanged
         assert not int(next(line.split()[1] for line in fh if line.startswith("SigBlk:")), 16) & (1 << (17 - 1))
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_wait_for_the_lock_is_told_as_the_step_itself_when_this_ranks_launcher_started_it(tmp_path, monkeypatch,
+                                                                                           ahead):
+    """The lock held (here by another process, as tether-run's child holds it for its create
+    ahead): the wait is told after the step's quiet time -- as the rank's own step when its C
+    launcher started it (TETHER_RUN_AHEAD), as another rank's otherwise -- and the step, done
+    by then, does not run again."""
+    import fcntl
+
+    from tether.container import launch as launching
+    from tether.container.runtimes import Launch
+
+    said: list[str] = []
+    monkeypatch.setattr(launching, "progress", said.append)
+    lock, root = tmp_path / "enroot" / ".lock", tmp_path / "enroot" / "data" / "root"
+    root.parent.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""\
+        import fcntl, os, sys, time
+        fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        print("held", flush=True)
+        sys.stdin.readline()
+        os.mkdir(sys.argv[2])
+        """), str(lock), str(root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        ran: list[str] = []
+
+        def release_when_told():              # the holder ends once the wait has been told
+            deadline = time.monotonic() + 20
+            while not said and time.monotonic() < deadline:
+                time.sleep(0.01)
+            holder.stdin.write("\n")
+            holder.stdin.flush()
+
+        launching.start_thread(release_when_told)
+        launching.run_before(Launch(argv=[], env={}, lock=str(lock),
+                                    before=[(lambda env: ran.append("create"), str(root), "unpacking r",
+                                             "failed r", 0.05)]), ahead=ahead)
+    finally:
+        holder.kill()
+        holder.wait()
+    if ahead:
+        assert said[0] == "unpacking r ..." and said[1].startswith("unpacking r: done in ") and len(said) == 2
+    else:
+        assert said == ["waiting for another rank on this node: unpacking r"]
+    assert ran == []
