@@ -117,7 +117,7 @@ def run_before(launch: Launch, *, ahead: bool = False) -> None:
             return done(check)
         return True
 
-    lock_fd = None
+    lock_fd, told_first = None, False
     if launch.lock:
         os.makedirs(os.path.dirname(launch.lock), mode=0o700, exist_ok=True)
         lock_fd = os.open(launch.lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -137,6 +137,7 @@ def run_before(launch: Launch, *, ahead: bool = False) -> None:
                 said = stop() if stop else False
             if own and said and done(pending[0][1]):
                 progress(f"{pending[0][2]}: done in {time.monotonic() - started:.1f} s")
+            told_first = own and said      # its "..." said once: not again when it runs here
     try:
         for step in launch.before:
             argv, check = step[0], step[1]
@@ -158,7 +159,10 @@ def run_before(launch: Launch, *, ahead: bool = False) -> None:
                 raise LaunchError(f"{label} failed for another rank of this step on this node (its message says "
                                   f"why); not tried again")
             started = time.monotonic()
-            told = say_later(f"{label} ...", _quiet_time(step)) if label else None
+            if told_first and step is launch.before[0]:
+                told = lambda: True           # noqa: E731 (its end is told as any step's)
+            else:
+                told = say_later(f"{label} ...", _quiet_time(step)) if label else None
             try:
                 if callable(argv):       # a step tether runs itself (a rootfs import: tar | podman)
                     try:

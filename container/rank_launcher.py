@@ -78,6 +78,7 @@ PLACEHOLDERS = {
     "COMMAND": "\1C",
     "PARTIAL": "\1P",                          # enroot create's partial name (CreateWhole.partial),
     "PID": "\1Q",                              # made of the creating process's id
+    "USER_RUN_DIR": "\1R",                     # the user's run directory (Enroot.own_run_dir)
 }
 
 
@@ -160,12 +161,18 @@ def ahead_plan(settings: Mapping[str, Any]) -> dict[str, Any] | str:
             os.makedirs(os.path.join(rank_dir, sub))
         image = os.path.join(tmp, "image.sqsh")
         open(image, "w").close()
+        run_dir = os.path.join(tmp, "user-run-dir")         # the user's run directory (own_run_dir)
         env = {"SLURM_JOB_ID": job, "SLURM_STEP_ID": step, "SLURM_PROCID": rank, "SLURM_LOCALID": "0",
                "TETHER_RANK_DIR": rank_dir, "TETHER_CONTAINER_IMAGE": image}
         try:
             spec = spec_from_env(env, ["true"], default_runtime="enroot", defaults=settings)
             runtime = runtime_for("enroot", settings)
-            launch = runtime.launch(spec, env)
+            # the launch without the user's run directory, then with it: the C launcher looks
+            launches = []
+            for run_dir_now in (None, run_dir):
+                runtime.own_run_dir = lambda: run_dir_now             # type: ignore[method-assign]
+                launches.append(runtime.launch(spec, env))
+            without_run_dir, launch = launches
         except (LaunchError, OSError, ValueError, KeyError) as exc:      # never a failed install
             return f"a plain enroot rank's launch fails here ({exc})"
         base = runtime.base_env(env)
@@ -176,19 +183,21 @@ def ahead_plan(settings: Mapping[str, Any]) -> dict[str, Any] | str:
             return "an enroot create without its usual check or lock"
 
         def template(value: str) -> str:
-            for text, placeholder in ((step_dir, "\1D"), (image, "\1I"), (job, "\1J"), (step, "\1S"),
-                                      (rank, "\1K")):
+            for text, placeholder in ((step_dir, "\1D"), (run_dir, "\1R"), (image, "\1I"), (job, "\1J"),
+                                      (step, "\1S"), (rank, "\1K")):
                 value = value.replace(text, placeholder)
             if tmp in value:
                 raise AssertionError(f"a scratch path left in the ahead plan: {value!r}")
             return value
 
         added = {n: v for n, v in launch.env.items() if n not in base}
+        added_without = {n: v for n, v in without_run_dir.env.items() if n not in base}
         return {"argv": [template(a) for a in create.argv(PLACEHOLDERS["PARTIAL"])],
                 "remove": [template(a) for a in create.remove_argv(PLACEHOLDERS["PARTIAL"])],
                 "name": template(create.name), "partial": template(create.partial(PLACEHOLDERS["PID"])),
                 "data": template(create.data), "lock": template(launch.lock),
                 "added": [f"{n}={template(v)}" for n, v in added.items()],
+                "added_without_run_dir": [f"{n}={template(v)}" for n, v in added_without.items()],
                 "runtime_env": [f"{k}={str(v)}" for k, v in runtime.runtime_env.items()],   # base_env's
                 "binary": runtime.binary, "default": settings.get("runtime", "podman") == "enroot",
                 "timeout": CreateWhole.TIMEOUT, "remove_timeout": CreateWhole.REMOVE_TIMEOUT}
@@ -260,7 +269,7 @@ def baked_header(config_path: str | None, settings: Mapping[str, Any], python_la
         f"#define TR_AHEAD_DEFAULT {int(ahead_of.get('default', False))}",
         f"#define TR_RUNTIME_VAR {c_string(BY_NAME['container-runtime'].env)}",
         *(f"static const char *const TR_AHEAD_{key.upper()}[] = {c_list(ahead_of.get(key, []))};"
-          for key in ("argv", "remove", "added", "runtime_env")),
+          for key in ("argv", "remove", "added", "added_without_run_dir", "runtime_env")),
         *(f"#define TR_AHEAD_{key.upper()}_TEMPLATE {c_string(ahead_of.get(key, ''))}" for key in ("name", "partial", "data", "lock")),
         f"#define TR_AHEAD_TIMEOUT_S {int(ahead_of.get('timeout', 0))}",
         f"#define TR_AHEAD_REMOVE_TIMEOUT_S {int(ahead_of.get('remove_timeout', 0))}",

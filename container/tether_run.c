@@ -46,6 +46,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -813,6 +814,8 @@ static void dir_of(const char *path, char *out, size_t size)
 	const char *slash = strrchr(path, '/');
 	size_t n = slash == NULL ? 0 : (size_t)(slash - path);
 
+	while (n > 1 && path[n - 1] == '/')
+		n--;                 /* "/a/bin//enroot" -> "/a/bin" */
 	if (n == 0)
 		n = 1;               /* "/enroot" -> "/" */
 	snprintf(out, size, "%.*s", (int)n, path);
@@ -832,17 +835,24 @@ static char **ahead_env(const char *const *values, const char **why)
 
 	for (char **e = environ; *e; e++)
 		envc++;
-	envp = calloc(envc + sizeof TR_AHEAD_RUNTIME_ENV / sizeof(char *) + sizeof TR_AHEAD_ADDED / sizeof(char *) + 2,
-		      sizeof *envp);
+	/* the launch's additions with the user's run directory (Enroot.own_run_dir), or without */
+	const char *const *added = values['R'] ? TR_AHEAD_ADDED : TR_AHEAD_ADDED_WITHOUT_RUN_DIR;
+	size_t addedc = 0;
+	for (const char *const *a = added; *a; a++)
+		addedc++;
+	envp = calloc(envc + sizeof TR_AHEAD_RUNTIME_ENV / sizeof(char *) + addedc + 2, sizeof *envp);
 	if (envp == NULL) {
 		*why = "out of memory";
 		return NULL;
 	}
+	int path_seen = 0;
 	for (char **e = environ; *e; e++) {
 		const char *eq = strchr(*e, '=');
 		int replaced = 0;
 		if (eq == NULL || launcher_own(*e))
 			continue;
+		if (starts_with(*e, "PATH=") && path_seen++)
+			continue;             /* a second PATH: os.environ keeps the first */
 		for (const char *const *r = TR_AHEAD_RUNTIME_ENV; *r; r++)
 			if (strncmp(*r, *e, (size_t)(eq - *e) + 1) == 0)
 				replaced = 1;
@@ -894,7 +904,7 @@ static char **ahead_env(const char *const *values, const char **why)
 			;
 		envp[i == n ? n++ : i] = path_entry;
 	}
-	for (const char *const *a = TR_AHEAD_ADDED; *a; a++) {
+	for (const char *const *a = added; *a; a++) {
 		size_t name_len = strcspn(*a, "=");
 		for (size_t i = 0; i < n; i++)
 			if (strncmp(envp[i], *a, name_len + 1) == 0) {
@@ -929,13 +939,38 @@ static int make_below(const char *base, const char *path)
 	}
 }
 
+/* Close every descriptor above 2 but ``keep`` (-1: none): close_range where the kernel has it
+ * (by its number: a C library older than 2.34 has no wrapper), else what /proc/self/fd lists. */
+static void close_above_2(int keep)
+{
+	DIR *dir;
+	struct dirent *d;
+
+#ifdef SYS_close_range
+	if (keep < 0 ? syscall(SYS_close_range, 3U, ~0U, 0U) == 0
+		     : (keep == 3 || syscall(SYS_close_range, 3U, (unsigned)keep - 1, 0U) == 0) &&
+			       syscall(SYS_close_range, (unsigned)keep + 1, ~0U, 0U) == 0)
+		return;
+#endif
+	if ((dir = opendir("/proc/self/fd")) == NULL)
+		return;
+	while ((d = readdir(dir)) != NULL) {
+		int fd = atoi(d->d_name);
+		if (fd > 2 && fd != keep && fd != dirfd(dir))
+			close(fd);
+	}
+	closedir(dir);
+}
+
 /* Run ``argv`` as run_quick does (its own session, stdin /dev/null, SIGPIPE and SIGXFSZ at their
  * defaults, no descriptor above 2) with its output discarded -- the Python launcher runs a failed
- * create again and tells its words; 0 when it exited 0 within ``seconds``. */
-static int run_quietly(char *const *argv, char **envp, int seconds)
+ * create again and tells its words; 0 when it exited 0 within ``seconds``, -1 when it failed or
+ * took longer, -2 when the rank is over (``stop``, blocked here, came: SIGHUP from the rank's end,
+ * SIGTERM or SIGINT) -- then its group is killed and nothing more is run. */
+static int run_quietly(char *const *argv, char **envp, int seconds, const sigset_t *stop)
 {
 	struct timespec end, left;
-	sigset_t chld;
+	sigset_t wait_for = *stop;
 	int status;
 	pid_t pid = fork();
 
@@ -949,19 +984,17 @@ static int run_quietly(char *const *argv, char **envp, int seconds)
 		sigprocmask(SIG_SETMASK, &original_mask, NULL);
 		if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
 			_exit(126);
-		if (close_range(3, ~0U, 0) < 0)
-			for (int fd = 3; fd < 65536; fd++)
-				close(fd);
+		close_above_2(-1);
 		environ = envp;
 		execvp(argv[0], argv);
 		_exit(127);
 	}
-	sigemptyset(&chld);
-	sigaddset(&chld, SIGCHLD);
+	sigaddset(&wait_for, SIGCHLD);
 	clock_gettime(CLOCK_MONOTONIC, &end);
 	end.tv_sec += seconds;
 	for (;;) {
 		pid_t got = waitpid(pid, &status, WNOHANG);
+		int sig;
 		if (got == pid)
 			return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 		if (got < 0 && errno != EINTR)
@@ -972,7 +1005,14 @@ static int run_quietly(char *const *argv, char **envp, int seconds)
 			waitpid(pid, &status, 0);
 			return -1;
 		}
-		sigtimedwait(&chld, NULL, &left);     /* SIGCHLD is blocked in this launcher (main) */
+		/* every signal here is blocked (main, create_ahead's child) */
+		sig = sigtimedwait(&wait_for, NULL, &left);
+		if (sig > 0 && sig != SIGCHLD) {
+			kill(-pid, SIGKILL);
+			kill(pid, SIGKILL);
+			waitpid(pid, &status, 0);
+			return -2;
+		}
 	}
 }
 
@@ -984,14 +1024,14 @@ static int run_quietly(char *const *argv, char **envp, int seconds)
  * ``*why``. */
 static int create_ahead(const char **why)
 {
-	static char step_dir[PATH_MAX];
+	static char step_dir[PATH_MAX], run_dir[PATH_MAX];
 	const char *values[128] = {0};
 	const char *image, *rank_dir, *slash;
 	char job[48], step[48], rank[48], root[PATH_MAX], lock_dir[PATH_MAX];
 	char *name, *data, *lock, **envp;
 	struct stat st;
 	int fd;
-	pid_t pid;
+	pid_t pid, parent;
 
 #define NOT(reason) do { *why = (reason); return 0; } while (0)
 	if (!TR_AHEAD)
@@ -1022,8 +1062,8 @@ static int create_ahead(const char **why)
 		NOT("a rank directory not below a step directory");
 	if (own_directory(step_dir, getuid(), 0) < 0)
 		NOT("the step directory is not yours");
-	if (safe_id(env_or("SLURM_JOB_ID", "0"), job, sizeof job) < 0 ||
-	    safe_id(env_or("SLURM_STEP_ID", "0"), step, sizeof step) < 0 ||
+	if (safe_id(env_or("SLURM_JOB_ID", env_or("PBS_JOBID", "0")), job, sizeof job) < 0 ||
+	    safe_id(env_or("SLURM_STEP_ID", env_or("PBS_TASKNUM", "0")), step, sizeof step) < 0 ||
 	    safe_id(env_or(TETHER_ENV_RANK, env_or("SLURM_PROCID", "0")), rank, sizeof rank) < 0)
 		NOT("a non-ASCII id");
 	values['J'] = job;
@@ -1031,6 +1071,10 @@ static int create_ahead(const char **why)
 	values['K'] = rank;
 	values['D'] = step_dir;
 	values['I'] = image;
+	/* the user's run directory on the node when it is theirs (runtimes/enroot.py: own_run_dir) */
+	if (fmt(run_dir, sizeof run_dir, "%s/%u", TR_USER_RUN_ROOT, (unsigned)getuid()) == 0 &&
+	    own_directory(run_dir, getuid(), 0) == 0)
+		values['R'] = run_dir;
 	if ((name = expand(TR_AHEAD_NAME_TEMPLATE, values)) == NULL || (data = expand(TR_AHEAD_DATA_TEMPLATE, values)) == NULL ||
 	    (lock = expand(TR_AHEAD_LOCK_TEMPLATE, values)) == NULL)
 		NOT("a template the launcher cannot fill in");
@@ -1072,23 +1116,37 @@ static int create_ahead(const char **why)
 	if (fd < 0)
 		NOT("cannot open the create's lock");
 	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		int busy = errno == EWOULDBLOCK;
 		close(fd);
-		NOT("another rank holds the create's lock");
+		NOT(busy ? "another rank holds the create's lock" : "cannot lock the create's lock");
 	}
 	if (stat(root, &st) == 0) {            /* made while this rank looked */
 		close(fd);
 		NOT("the step's container root is there");
 	}
+	parent = getpid();
 	pid = fork();
 	if (pid < 0) {
 		close(fd);
 		NOT("cannot fork");
 	}
 	if (pid == 0) {
-		/* the lock is this child's (a descriptor of it stays open here until the end); the
-		 * task's output is not: a rank that ends early leaves no writer of it behind */
+		/* the lock is this child's (a descriptor of it stays open here until the end); nothing
+		 * else of the task's is (its output, a PMI_FD): a rank that ends early leaves no holder
+		 * of them behind -- and ends this child too (SIGHUP when the rank's process is gone;
+		 * SIGTERM, SIGINT: the step's end), which kills the create and leaves its partial root
+		 * to the step directory's removal */
+		sigset_t stop;
 		int null = open("/dev/null", O_RDWR | O_CLOEXEC);
 		if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
+			_exit(0);
+		close_above_2(fd);
+		sigemptyset(&stop);
+		sigaddset(&stop, SIGHUP);
+		sigaddset(&stop, SIGTERM);
+		sigaddset(&stop, SIGINT);
+		sigprocmask(SIG_BLOCK, &stop, NULL);
+		if (prctl(PR_SET_PDEATHSIG, SIGHUP, 0, 0, 0) < 0 || getppid() != parent)
 			_exit(0);
 		char pid_text[16], from[PATH_MAX], *partial;
 		char *argv[32], *remove[32];
@@ -1100,18 +1158,19 @@ static int create_ahead(const char **why)
 		    fmt(from, sizeof from, "%s/%s", data, partial) < 0)
 			_exit(0);
 		values['P'] = partial;
-		for (const char *const *t = TR_AHEAD_ARGV; *t && a < 31; t++)
-			if ((argv[a++] = expand(*t, values)) == NULL)
+		for (const char *const *t = TR_AHEAD_ARGV; *t; t++)
+			if (a >= 31 || (argv[a++] = expand(*t, values)) == NULL)
 				_exit(0);
 		argv[a] = NULL;
 		a = 0;
-		for (const char *const *t = TR_AHEAD_REMOVE; *t && a < 31; t++)
-			if ((remove[a++] = expand(*t, values)) == NULL)
+		for (const char *const *t = TR_AHEAD_REMOVE; *t; t++)
+			if (a >= 31 || (remove[a++] = expand(*t, values)) == NULL)
 				_exit(0);
 		remove[a] = NULL;
-		if (run_quietly(argv, envp, TR_AHEAD_TIMEOUT_S) == 0 && rename(from, root) == 0)
+		int created = run_quietly(argv, envp, TR_AHEAD_TIMEOUT_S, &stop);
+		if ((created == 0 && rename(from, root) == 0) || created == -2)
 			_exit(0);
-		run_quietly(remove, envp, TR_AHEAD_REMOVE_TIMEOUT_S);
+		run_quietly(remove, envp, TR_AHEAD_REMOVE_TIMEOUT_S, &stop);
 		_exit(0);
 	}
 	close(fd);

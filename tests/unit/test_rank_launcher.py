@@ -544,7 +544,9 @@ AHEAD_REFERENCE = textwrap.dedent("""\
     import json, os, sys
     from tether.container.run import ARGV0_VAR, RESUME_VAR, SUBREAPER_VAR, runtime_for
     from tether.container.spec import spec_from_env
+    import tether.hooks.layout
     settings = json.loads(sys.argv[1])
+    tether.hooks.layout.USER_RUN_ROOT = sys.argv[2]      # the test's, never /run/tether
     env = dict(os.environ)
     for name in (ARGV0_VAR, RESUME_VAR, SUBREAPER_VAR):
         env.pop(name, None)
@@ -598,8 +600,8 @@ def c_ahead(launcher: Path, env: dict) -> dict | str:
             "paths": plan["paths"]}
 
 
-def python_ahead(settings: dict, env: dict) -> dict:
-    out = subprocess.run([sys.executable, "-c", AHEAD_REFERENCE, json.dumps(settings)],
+def python_ahead(settings: dict, env: dict, user_run_root: Path) -> dict:
+    out = subprocess.run([sys.executable, "-c", AHEAD_REFERENCE, json.dumps(settings), str(user_run_root)],
                          env={**env, "TETHER_RUN_WHY_PYTHON": "1"}, capture_output=True, stdin=subprocess.DEVNULL,
                          preexec_fn=_as(UID), timeout=60, cwd="/")
     assert out.returncode == 0, out.stderr.decode()
@@ -624,28 +626,49 @@ AHEAD_CASES = {
 }
 
 
+@pytest.fixture
+def user_run_root(world, monkeypatch, request):
+    """hooks.layout.USER_RUN_ROOT in the world (baked into the launchers built meanwhile): with the
+    user's run directory in it (as the SPANK plugin makes it), or without."""
+    from tether.hooks import layout
+
+    root = world["base"] / "user-run"
+    (root / str(UID)).mkdir(parents=True, exist_ok=True)
+    os.chmod(root / str(UID), 0o700)
+    if os.getuid() == 0:
+        os.chown(root / str(UID), UID, UID)
+    chosen = root if getattr(request, "param", "the user's") == "the user's" else world["base"] / "no-user-run"
+    monkeypatch.setattr(layout, "USER_RUN_ROOT", str(chosen))
+    return chosen
+
+
 @pytest.mark.parametrize("case", list(AHEAD_CASES))
-@pytest.mark.parametrize("binary", ["absolute", "a link", "a bare name"])
-def test_the_enroot_create_started_ahead_is_the_python_launchers(world, case, binary):
+@pytest.mark.parametrize("binary", ["absolute", "a link", "a bare name", "a doubled slash"])
+@pytest.mark.parametrize("user_run_root", ["the user's", "none"], indirect=True)
+def test_the_enroot_create_started_ahead_is_the_python_launchers(world, case, binary, user_run_root):
     """The enroot create that tether-run starts before handing the rank to Python is, argument for
     argument and variable for variable, the one the Python launcher's Enroot.launch plans: the
     same command and environment (enroot's own PATH first included), the same root, lock and
     partial name."""
     enroot = {"absolute": {}, "a link": {"binary": str(world["base"] / "enroot-links/enroot")},
-              "a bare name": {"binary": "enroot"}}[binary]
+              "a bare name": {"binary": "enroot"},
+              "a doubled slash": {"binary": f"{world['base']}/enroot-bin//enroot"}}[binary]
     extra = dict(AHEAD_CASES[case])
     settings = enroot_settings(world, **enroot)
     if extra.pop("__podman", False):
         settings["runtime"] = "podman"
-    launcher = build(world, settings, f"ahead-{binary.replace(' ', '-')}-{settings['runtime']}")
+    launcher = build(world, settings, f"ahead-{binary.replace(' ', '-')}-{settings['runtime']}-{user_run_root.name}")
     env = ahead_env(world)
     if extra.pop("__bare", False):
         env = {k: v for k, v in env.items() if k.startswith(("SLURM_JOB_ID", "TETHER_"))}
     env.update({k: v.replace("BIN", str(world["base"] / "enroot-bin")) if v else v for k, v in extra.items()})
     env = {k: v for k, v in env.items() if v is not None}
-    ours, theirs = c_ahead(launcher, env), python_ahead(settings, env)
+    ours, theirs = c_ahead(launcher, env), python_ahead(settings, env, user_run_root)
     assert isinstance(ours, dict), f"no create ahead: {ours}"
     assert ours == theirs
+    # enroot's runtime path: the user's run directory, shallow (Enroot.runtime_path), or the step's
+    assert ours["env"]["ENROOT_RUNTIME_PATH"] == (f"{user_run_root}/{UID}/enroot" if user_run_root.name == "user-run"
+                                                  else f"{world['rank'].parent}/enroot/run")
     assert ours["argv"][1:3] == ["create", "--name"] and ours["argv"][-1] == env["TETHER_CONTAINER_IMAGE"]
     assert ours["env"]["ENROOT_DATA_PATH"] == ours["paths"][1]
     if binary != "a bare name":
@@ -762,3 +785,60 @@ def test_a_create_ahead_that_fails_is_made_again_by_the_python_launcher_which_sa
     assert [c[1] for c in calls] == ["create", "remove", "create", "remove"]
     assert calls[0][3] == calls[1][3] != calls[2][3] == calls[3][3] == f"tether-7.0.partial-{ran.args}"
     assert os.listdir(step / "enroot" / "data") == []
+
+
+SLOW_ENROOT = textwrap.dedent("""\
+    #!/bin/sh
+    # enroot for the create-ahead tests: its call and its parent's descriptors in $AHEAD_LOG; a
+    # create that takes $AHEAD_SLEEP seconds
+    echo "$$ $1 $(ls /proc/$PPID/fd | sort -n | tr '\\n' ' ')" >> "$AHEAD_LOG"
+    if [ "$1" = create ] && [ -n "$AHEAD_SLEEP" ]; then exec sleep "$AHEAD_SLEEP"; fi
+    exit 0
+    """)
+
+
+def test_a_create_ahead_holds_nothing_of_the_tasks_and_ends_with_the_rank(world):
+    """The child that runs the create keeps only the lock (no PMI_FD, none of the task's output:
+    the rank's end waits for no reader), and a rank whose Python launcher ends at once (a bad
+    option, say) ends the create with it -- not after the whole unpacking, under the lock."""
+    import fcntl
+
+    enroot = world["base"] / "slow-enroot"
+    enroot.write_text(SLOW_ENROOT)
+    enroot.chmod(0o755)
+    settings = enroot_settings(world, binary=str(enroot), env={})
+    gone = world["base"] / "python-launcher-gone"
+    # a launcher that fails the rank once the create has started (it says so in the log)
+    gone.write_text("#!/bin/sh\necho python-launcher ahead=$TETHER_RUN_AHEAD\n"
+                    "for i in $(seq 200); do [ -s \"$AHEAD_LOG\" ] && break; sleep 0.05; done\nexit 125\n")
+    gone.chmod(0o755)
+    launcher = world["base"] / "tether-run-ahead-ends"
+    build_rank_launcher(launcher, None, settings, str(gone))
+    log = world["base"] / "ahead.log"
+    log.write_text("")
+    log.chmod(0o666)
+    step = world["rank"].parent
+    shutil.rmtree(step / "enroot", ignore_errors=True)
+    r, w = os.pipe()                  # a descriptor of the task's, as PMI_FD is
+    try:
+        started = time.monotonic()
+        ran = subprocess.run([str(launcher)], env=ahead_env(world, AHEAD_LOG=str(log), AHEAD_SLEEP="60"),
+                             capture_output=True, text=True, stdin=subprocess.DEVNULL, preexec_fn=_as(UID),
+                             pass_fds=(w,), timeout=60)
+        assert ran.stdout == "python-launcher ahead=1\n" and ran.returncode == 125
+        assert time.monotonic() - started < 30                 # nobody kept the output open
+        deadline = time.monotonic() + 20
+        while not log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid, command, *fds = log.read_text().split()
+        assert command == "create" and str(w) not in fds and len(fds) == 4, fds    # 0, 1, 2 and the lock
+        while alive(int(pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(int(pid)), "the create outlived its rank"
+        with open(step / "enroot" / ".lock", "a") as lock:      # and the lock is free
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert [line.split()[1] for line in log.read_text().splitlines()] == ["create"]   # no remove run
+    finally:
+        os.close(r)
+        os.close(w)
+        shutil.rmtree(step / "enroot", ignore_errors=True)
