@@ -128,14 +128,17 @@ def write_values(directory: str, values: Mapping[str, str]) -> None:
         write_private(os.path.join(directory, name), value, "", "values file")
 
 
-def write_environ_conf(path: str | None, values: Mapping[str, str], mount_lines: Sequence[str] = ()) -> str:
+def write_environ_conf(path: str | None, values: Mapping[str, str], mount_lines: Sequence[str] = (),
+                       own: Mapping[str, str] | None = None) -> str:
     """An ``enroot start --conf`` script whose ``environ()`` prints the variables (enroot appends
     its output to the container's environment file after the image's /etc/environment, so these
-    win over the image's) and whose ``mounts()`` prints the mounts (``mount_lines``, fstab lines:
-    unlike ``--mount``, which refuses blanks, a path with spaces passes; enroot mounts them after
-    its hooks, in this order). The values are in the file -- mode 0600, in the user's own step
-    directory -- never on a command line; quoted here-documents: bash expands nothing in them.
-    Values the environment file cannot carry are left out, and the user is told which."""
+    win over the image's), then tether's own ``own`` (last: they win over the job's, as enroot's
+    ``--env`` would make them, without its awk process per variable: ~2.3 ms each), and whose ``mounts()``
+    prints the mounts (``mount_lines``, fstab lines: unlike ``--mount``, which refuses blanks, a
+    path with spaces passes; enroot mounts them after its hooks, in this order). The values are
+    in the file -- mode 0600, in the user's own step directory -- never on a command line;
+    quoted here-documents: bash expands nothing in them. Values the environment file cannot
+    carry are left out, and the user is told which."""
     lines, dropped = [], []
     for name in sorted(values):
         if not env_name(name):                 # never into the shell script (a name is a shell word)
@@ -145,10 +148,14 @@ def write_environ_conf(path: str | None, values: Mapping[str, str], mount_lines:
         shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
         progress(f"not passed into the enroot container: {shown} (a line break, or quotes around the whole "
                  f"value: enroot's environment file cannot carry them)")
+    for name, value in (own or {}).items():
+        if not env_name(name) or not carried(value):
+            raise LaunchError(f"tether's own {name!r} cannot be carried by enroot's environment script")
     text = ("# tether: the job's environment and mounts for this container (see tether.container.environment)\n"
             "environ() {\n"
             f"cat <<'{END_OF_ENVIRONMENT}'\n"
             + "".join(f"{name}={values[name]}\n" for name in lines)
+            + "".join(f"{name}={value}\n" for name, value in (own or {}).items())
             + f"{END_OF_ENVIRONMENT}\n}}\n")
     if mount_lines:
         text += ("mounts() {\n"
@@ -643,15 +650,16 @@ class Enroot(Runtime):
         if uncarried:
             write_values(os.path.join(spec.rank_dir, "work", VALUES_DIR), uncarried)
             passed = {n: v for n, v in passed.items() if n not in uncarried}
-        if passed or mount_lines:
-            conf = os.path.join(step_dir, "enroot", f"environ-{spec.rank}.conf") if step_dir else None
-            conf = write_environ_conf(conf, passed, mount_lines)
-            argv += ["--conf", conf]
-            if not step_dir:                  # tether run by hand: nothing removes it with a step
-                after.append(["rm", "-f", conf])
-        argv += self.own_env_args(own)
+        # tether's own values last in environ(): they win, as --env would make them (one awk
+        # process per --env in enroot start); so does NVIDIA_VISIBLE_DEVICES, which enroot's
+        # nvidia hook reads from the environment file the same
         if self.gpu_kind(spec) == "cuda":
-            argv += ["--env", "NVIDIA_VISIBLE_DEVICES=all"]
+            own = {**own, "NVIDIA_VISIBLE_DEVICES": "all"}
+        conf = os.path.join(step_dir, "enroot", f"environ-{spec.rank}.conf") if step_dir else None
+        conf = write_environ_conf(conf, passed, mount_lines, own)
+        argv += ["--conf", conf]
+        if not step_dir:                      # tether run by hand: nothing removes it with a step
+            after.append(["rm", "-f", conf])
         script, values = (VALUES_PART, [f"{CONTAINER_WORKDIR}/{VALUES_DIR}"]) if uncarried else ("", [])
         if later:
             script, values = script + LATER_PART, [*values, f"{CONTAINER_WORKDIR}/{LATER_FILE}"]

@@ -58,13 +58,17 @@ def test_enroot_imports_creates_starts_and_removes(tmp_path):
     rc = f"{node}/enroot/rc-3"          # --no-container-entrypoint (the default): the command itself
     assert argv[:7] == ["enroot", "start", "--rw", "--rc", rc, "--conf", conf]
     assert Path(rc).read_text().endswith('exec "$@"\n')
-    assert ["--env", "TETHER_CONTAINER=1"] in [argv[i:i + 2] for i in range(len(argv))]
+    assert "--env" not in argv          # enroot start runs an awk per --env: tether's own values are in the conf
     assert HOST["MYVAR"] not in " ".join(argv) and oct(os.stat(conf).st_mode & 0o777) == "0o600"
     text = Path(conf).read_text()
+    environ = text.split("environ() {\n", 1)[1].split("TETHER_END_OF_ENVIRONMENT\n}", 1)[0].splitlines()
+    # last, so they win over the job's (as --env did), the nvidia hook's variable among them
+    assert environ[-4:] == ["TETHER_CONTAINER=1", "TMPDIR=/tmp", "TETHER_WORK_DIR=/run/tether/workdir",
+                            "NVIDIA_VISIBLE_DEVICES=all"], environ
     assert "OTHER=no\n" in text and "RANK=3\n" in text and "PATH=" not in text
     assert "MYVAR" not in text                      # a line break: enroot's file cannot carry it ...
     assert Path(s.rank_dir, "work", VALUES_DIR, "MYVAR").read_text() == HOST["MYVAR"]     # ... the command reads it
-    assert "--mount" not in argv and "NVIDIA_VISIBLE_DEVICES=all" in argv     # mounts: in the conf's mounts()
+    assert "--mount" not in argv                    # mounts: in the conf's mounts()
     assert text.split("mounts() {\n", 1)[1].splitlines()[1:4] == [
         f"{s.rank_dir}/tmp /tmp none x-create=dir,bind",
         f"{s.rank_dir}/work /run/tether/workdir none x-create=dir,bind", "/data /data none x-create=auto,rbind,ro"]
