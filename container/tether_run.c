@@ -417,6 +417,32 @@ static int lexists_in(const char *root, const char *rel)
 	return lstat(path, &st) == 0;
 }
 
+/* A Slurm task of a container step (not cleanup, gateways, a batch script or PBS): both of this
+ * launcher's paths take only those. */
+static int slurm_task(void)
+{
+	return getenv("SLURM_JOB_ID") != NULL && !getenv(TETHER_ENV_CLEANUP) && !getenv(TETHER_ENV_RUN_GATEWAYS) &&
+	       !getenv(TETHER_ENV_RUN_BATCH) && !getenv("PBS_JOBID");
+}
+
+/* A container option in the environment besides the image (and ``also``, a whole entry, or NULL) */
+static int other_container_option(const char *also)
+{
+	for (char **e = environ; *e; e++)
+		if ((starts_with(*e, "TETHER_CONTAINER_") && !starts_with(*e, TR_IMAGE_VAR "=") &&
+		     (also == NULL || strcmp(*e, also) != 0)) || starts_with(*e, "TETHER_NO_CONTAINER_"))
+			return 1;
+	return 0;
+}
+
+/* spec.py's job, step and rank ids, made safe (safe_id); -1 for a non-ASCII one */
+static int rank_ids(char job[48], char step[48], char rank[48])
+{
+	return safe_id(env_or("SLURM_JOB_ID", env_or("PBS_JOBID", "0")), job, 48) < 0 ||
+	       safe_id(env_or("SLURM_STEP_ID", env_or("PBS_TASKNUM", "0")), step, 48) < 0 ||
+	       safe_id(env_or(TETHER_ENV_RANK, env_or("SLURM_PROCID", "0")), rank, 48) < 0 ? -1 : 0;
+}
+
 /* The plan, or NULL with ``*why`` saying why this rank goes to the Python launcher. */
 static struct plan *make_plan(char **command, const char **why)
 {
@@ -435,8 +461,7 @@ static struct plan *make_plan(char **command, const char **why)
 		NO("tether's configuration changed since the launcher was installed");
 	if (command[0] == NULL || command[0][0] == '\0')
 		NO("no command");
-	if (getenv("SLURM_JOB_ID") == NULL || getenv(TETHER_ENV_CLEANUP) || getenv(TETHER_ENV_RUN_GATEWAYS) ||
-	    getenv(TETHER_ENV_RUN_BATCH) || getenv("PBS_JOBID"))
+	if (!slurm_task())
 		NO("not a Slurm task of a container step");
 	value = getenv(TETHER_ENV_RUN_SUBREAPER);
 	if (value && strcmp(value, "0") == 0)
@@ -453,12 +478,10 @@ static struct plan *make_plan(char **command, const char **why)
 		if (strcmp(type, "cpu") != 0 && strspn(value, ",") != strlen(value))
 			NO("GPUs");
 	}
-	for (char **e = environ; *e; e++) {
-		if ((starts_with(*e, "TETHER_CONTAINER_") && !starts_with(*e, TR_IMAGE_VAR "=")) ||
-		    starts_with(*e, "TETHER_NO_CONTAINER_"))
-			NO("a container option besides the image");
+	if (other_container_option(NULL))
+		NO("a container option besides the image");
+	for (char **e = environ; *e; e++)
 		envc++;
-	}
 	image = getenv(TR_IMAGE_VAR);
 	if (image == NULL || strlen(image) > TR_MAX_TEXT || !plain_path(image))   /* hooks/imageref.py: an absolute path of printable characters is a local image */
 		NO("not a rootfs directory's plain path");
@@ -472,9 +495,7 @@ static struct plan *make_plan(char **command, const char **why)
 			if (!lexists_in(image, *t))
 				NO("a shared rootfs without podman's mount targets (imported)");
 	}
-	if (safe_id(env_or("SLURM_JOB_ID", env_or("PBS_JOBID", "0")), job, sizeof job) < 0 ||
-	    safe_id(env_or("SLURM_STEP_ID", env_or("PBS_TASKNUM", "0")), step, sizeof step) < 0 ||
-	    safe_id(env_or(TETHER_ENV_RANK, env_or("SLURM_PROCID", "0")), rank, sizeof rank) < 0)
+	if (rank_ids(job, step, rank) < 0)
 		NO("a non-ASCII id");
 	if (fmt(p.rank_dir, sizeof p.rank_dir, "%s", rank_dir) < 0)
 		NO("a path too long for the fast path");
@@ -962,6 +983,14 @@ static void close_above_2(int keep)
 	closedir(dir);
 }
 
+/* stdin, stdout and stderr on /dev/null; -1 when it cannot be opened */
+static int stdio_to_null(void)
+{
+	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+
+	return null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0 ? -1 : 0;
+}
+
 /* Run ``argv`` as run_quick does (its own session, stdin /dev/null, SIGPIPE and SIGXFSZ at their
  * defaults, no descriptor above 2) with its output discarded -- the Python launcher runs a failed
  * create again and tells its words; 0 when it exited 0 within ``seconds``, -1 when it failed or
@@ -977,12 +1006,11 @@ static int run_quietly(char *const *argv, char **envp, int seconds, const sigset
 	if (pid < 0)
 		return -1;
 	if (pid == 0) {
-		int null = open("/dev/null", O_RDWR);
 		setsid();
 		signal(SIGPIPE, SIG_DFL);
 		signal(SIGXFSZ, SIG_DFL);
 		sigprocmask(SIG_SETMASK, &original_mask, NULL);
-		if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
+		if (stdio_to_null() < 0)
 			_exit(126);
 		close_above_2(-1);
 		environ = envp;
@@ -999,19 +1027,13 @@ static int run_quietly(char *const *argv, char **envp, int seconds, const sigset
 			return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 		if (got < 0 && errno != EINTR)
 			return -1;
-		if (!time_left(&end, &left)) {
-			kill(-pid, SIGKILL);
-			kill(pid, SIGKILL);
-			waitpid(pid, &status, 0);
-			return -1;
-		}
 		/* every signal here is blocked (main, create_ahead's child) */
-		sig = sigtimedwait(&wait_for, NULL, &left);
-		if (sig > 0 && sig != SIGCHLD) {
+		sig = time_left(&end, &left) ? sigtimedwait(&wait_for, NULL, &left) : 0;
+		if (sig == 0 || (sig > 0 && sig != SIGCHLD)) {     /* out of time, or the rank is over */
 			kill(-pid, SIGKILL);
 			kill(pid, SIGKILL);
 			waitpid(pid, &status, 0);
-			return -2;
+			return sig == 0 ? -1 : -2;
 		}
 	}
 }
@@ -1034,21 +1056,19 @@ static int create_ahead(const char **why)
 	pid_t pid, parent;
 
 #define NOT(reason) do { *why = (reason); return 0; } while (0)
+	/* the environment's answers first: a podman rank handed over asks for no file here */
 	if (!TR_AHEAD)
 		NOT(TR_WHY_NOT_AHEAD);
-	if (!config_current())
-		NOT("tether's configuration changed since the launcher was installed");
-	if (getenv("SLURM_JOB_ID") == NULL || getenv(TETHER_ENV_CLEANUP) || getenv(TETHER_ENV_RUN_GATEWAYS) ||
-	    getenv(TETHER_ENV_RUN_BATCH) || getenv("PBS_JOBID"))
+	if (!slurm_task())
 		NOT("not a Slurm task of a container step");
 	if (getuid() == 0)
 		NOT("root");
-	for (char **e = environ; *e; e++)
-		if ((starts_with(*e, "TETHER_CONTAINER_") && !starts_with(*e, TR_IMAGE_VAR "=") &&
-		     strcmp(*e, TR_RUNTIME_VAR "=enroot") != 0) || starts_with(*e, "TETHER_NO_CONTAINER_"))
-			NOT("a container option besides the image (and --container-runtime=enroot)");
+	if (other_container_option(TR_RUNTIME_VAR "=enroot"))
+		NOT("a container option besides the image (and --container-runtime=enroot)");
 	if (!TR_AHEAD_DEFAULT && getenv(TR_RUNTIME_VAR) == NULL)
 		NOT("the default runtime is not enroot");
+	if (!config_current())
+		NOT("tether's configuration changed since the launcher was installed");
 	image = getenv(TR_IMAGE_VAR);
 	if (image == NULL || strlen(image) > TR_MAX_TEXT || !plain_path(image))
 		NOT("not a squashfs file's plain path");
@@ -1062,9 +1082,7 @@ static int create_ahead(const char **why)
 		NOT("a rank directory not below a step directory");
 	if (own_directory(step_dir, getuid(), 0) < 0)
 		NOT("the step directory is not yours");
-	if (safe_id(env_or("SLURM_JOB_ID", env_or("PBS_JOBID", "0")), job, sizeof job) < 0 ||
-	    safe_id(env_or("SLURM_STEP_ID", env_or("PBS_TASKNUM", "0")), step, sizeof step) < 0 ||
-	    safe_id(env_or(TETHER_ENV_RANK, env_or("SLURM_PROCID", "0")), rank, sizeof rank) < 0)
+	if (rank_ids(job, step, rank) < 0)
 		NOT("a non-ASCII id");
 	values['J'] = job;
 	values['S'] = step;
@@ -1137,8 +1155,7 @@ static int create_ahead(const char **why)
 		 * SIGTERM, SIGINT: the step's end), which kills the create and leaves its partial root
 		 * to the step directory's removal */
 		sigset_t stop;
-		int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-		if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
+		if (stdio_to_null() < 0)
 			_exit(0);
 		close_above_2(fd);
 		sigemptyset(&stop);

@@ -26,7 +26,7 @@ from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, LaunchError, Moun
                     no_named_container, refuse_existing, sha256_hex)
 from ..environment import entrypoint_split
 from . import (LATER_FILE, LATER_PART, Launch, Runtime, checked_marker, env_name, existing_store, later_values,
-               mark_checked, pmi_fd, registry_unchecked, store_directory, write_private)
+               mark_checked, own_directory, pmi_fd, registry_unchecked, store_directory, write_private)
 
 DEFAULT_STORE = f"{USER_STORE_ROOT}/{{uid}}/enroot"     # container.enroot.store's default
 
@@ -359,10 +359,10 @@ class Enroot(Runtime):
             return None
         path = user_run_dir(os.getuid())
         try:
-            st = os.lstat(path)
-        except OSError:
+            own_directory(path, os.getuid(), "run directory", private=False)   # tether_run.c's own_directory too
+        except LaunchError:
             return None
-        return path if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() else None
+        return path
 
     @staticmethod
     def runtime_path(step_dir: str, run_dir: str | None) -> str:
