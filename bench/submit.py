@@ -30,8 +30,9 @@ Printed: throughput per mode and its ratio to none and to lua (median of per-rou
 quartiles); each plugin's **cost per call inside slurmctld**: slurmctld's mean time for the
 submit RPC in the round (``sdiag``'s REQUEST_SUBMIT_BATCH_JOB total_time / count, reset before
 each round: measured around the whole RPC, job_submit included) less no plugin's in the same
-round, quartiles over the rounds; and, from a debug round, where tether's time goes (the hand-off
-to its worker thread, the Python handler, the wake-up of the RPC thread: the shim logs each); and
+round, quartiles over the rounds; and, from a debug round, where tether's time goes (the Python
+handler on slurmctld's thread; for a call on its worker thread, the hand-off, the handler, the
+wake-up of the RPC thread: the shim logs each); and
 slurmctld's memory per mode (VmRSS, and apart its own, RssAnon, from the file pages it maps,
 RssFile), each from a fresh slurmctld that answered a dozen requests.
 
@@ -181,6 +182,7 @@ def main() -> int:
         run_command(["scontrol", "setdebug", "info"], env=box.command_env())
         text = log_since(log, mark)
         split = re.findall(r"handler took (\d+) us \(hand-off (\d+), Python (\d+), back (\d+)\)", text)
+        here = re.findall(r"handler took (\d+) us \(on this thread, Python (\d+)\)", text)
         cached_us = [int(m) for m in re.findall(r"cached answer took (\d+) us", text)]
         shaped_us = [int(m) for m in re.findall(r"answer by its shape took (\d+) us", text)]
     finally:
@@ -215,12 +217,17 @@ def main() -> int:
                f"{cost['tether'][1]:.0f} µs vs {cost['lua'][1]:.0f} µs",
                "<= lua's" if kind == "distinct" else "",
                cost["tether"][1] <= cost["lua"][1] if kind == "distinct" else None)
-    if split:
-        parts = list(zip(*[[int(x) for x in row] for row in split]))
-        names = ("total", "hand-off", "Python handler", "back")
-        print(f"tether's calls to its Python handler, where the time goes (debug round, {len(split)} calls; "
-              f"quartiles): " + ", ".join(
-            f"{n} {'-'.join(str(x) for x in quartiles(list(v)))} us" for n, v in zip(names, parts)))
+    for rows, names, where in ((split, ("total", "hand-off", "Python handler", "back"), "on its worker thread"),
+                               (here, ("total", "Python handler"), "on slurmctld's thread")):
+        if rows:
+            parts = list(zip(*[[int(x) for x in row] for row in rows]))
+            print(f"tether's calls to its Python handler {where}, where the time goes (debug round, {len(rows)} "
+                  f"calls; quartiles): " + ", ".join(
+                      f"{n} {'-'.join(str(x) for x in quartiles(list(v)))} us" for n, v in zip(names, parts)))
+    if here:
+        q1, mid, q3 = quartiles([int(row[1]) for row in here])
+        record("submit.py", "new shapes: tether's Python handler on slurmctld's thread (debug log)",
+               f"{mid:.0f} ({q1:.0f}–{q3:.0f}) µs")
     print("slurmctld VmRSS after a dozen submissions, a fresh slurmctld per mode: " + ", ".join(
         f"{m} {v['VmRSS']:.1f} MiB" + (f" (+{v['VmRSS'] - memory['none']['VmRSS']:.1f})" if m != "none" else "")
         for m, v in memory.items()))

@@ -12,6 +12,9 @@
 /* What the handler answers (0 is never success: cffi returns 0 when its init failed). */
 #define TETHER_ACCEPT 1
 #define TETHER_REJECT 2
+/* The call ran on slurmctld's own thread (tether_job_t.direct) and its answer needs what may block
+ * (an NSS lookup): ask again on the worker thread, which a time limit guards. */
+#define TETHER_ON_WORKER 3
 
 /* How a number of a shaped answer follows from the request's slot counts (handler.py: QUANTITY). */
 #define TETHER_Q_SAME 0   /* as answered for the request that made the shape */
@@ -46,6 +49,8 @@ typedef struct tether_job {
 	uint32_t spank_env_size;
 	int config_current;         /* the config file is still the one the handler last read (the
 	                             * answers cache's check, at most 0.2 s old): no stat() needed */
+	int direct;                 /* the handler runs on the calling slurmctld thread, not the worker:
+	                             * it answers TETHER_ON_WORKER rather than do what may block */
 	/* out: applied to job_desc by the calling thread when the answer is TETHER_ACCEPT */
 	int set_nodes;
 	uint32_t out_min_nodes;

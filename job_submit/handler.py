@@ -26,7 +26,7 @@ from ..hooks.request import Request
 from ..hooks.surface import BY_NAME, OPTIONS, SLOT_OPTIONS, expected, normalize
 from .partitions import partition_table, slurm_conf_path
 
-ACCEPT, REJECT, FAILED = 1, 2, -1
+ACCEPT, REJECT, ON_WORKER, FAILED = 1, 2, 3, -1   # bridge.h's TETHER_*
 SLURM_HINT = "use --slots, --slots-per-node, --slot-type, --gpu-type or --resource-pool instead"
 
 
@@ -355,6 +355,7 @@ class Handler:
                         f"\n{exc}")
             return self.config
         self.config, self._stamp, self._bad_stamp = config, stamp, None
+        _users.clear()        # a uid given to another user since: their name (the answers are new too)
         # the user matters to an answer only where the WCKey is named after them (plan_answer's key)
         self.lib.tether_answers_per_user(int(config.job_project_source == "user"))
         self._health(False, "")
@@ -368,6 +369,8 @@ class Handler:
     def submit(self, job, submit_uid: int, wanted: int) -> int:
         # the shim checked the file a moment ago (its answers cache does, at most every 0.2 s):
         # no stat() of our own then -- a cold call's Python time is what a distinct job costs
+        if job.direct and not (job.config_current and self.config is not None):
+            return ON_WORKER      # a config to read: the worker's (worker.c), not slurmctld's thread
         config = self.config if job.config_current and self.config is not None else self.refresh()
         if config is None:        # a tether job, or any job with plugin.on_failure: reject_all_jobs
             self._reply(job, f"tether unavailable: {self.reason}")
@@ -409,6 +412,8 @@ class Handler:
             self.log(2, f"rejected a job of uid {submit_uid}: {exc}")
             job.cacheable = 1
             return REJECT
+        except _MayBlock:         # before anything is written into the answer
+            return ON_WORKER
         if answer.notes:
             self._reply(job, answer.notes)
         job.cacheable = 1
@@ -432,7 +437,8 @@ class Handler:
         answer = self._answers.get(key)
         if answer is None:
             try:
-                answer = PlanAnswer(make_plan(self.request(job, values, partition), config, "slurm"), self.prefix)
+                request = self.request(job, values, partition, user=source == "user", may_block=not job.direct)
+                answer = PlanAnswer(make_plan(request, config, "slurm"), self.prefix)
             except RequestError as exc:
                 answer = str(exc)
             if len(self._answers) >= PLAN_ANSWERS:
@@ -442,8 +448,11 @@ class Handler:
             raise RequestError(answer)
         return answer
 
-    def request(self, job, values: dict[str, str], partition: str | None) -> Request:
-        """The Request for a job from its tether options, its partition and its other fields."""
+    def request(self, job, values: dict[str, str], partition: str | None, *, user: bool = True,
+                may_block: bool = True) -> Request:
+        """The Request for a job from its tether options, its partition and its other fields (its
+        user's name with ``user``: only job_project_source ``user`` uses it; looked up only with
+        ``may_block`` when not known yet, else _MayBlock)."""
         slots = int(values["slots"]) if "slots" in values else None
         if slots is None:
             given = next(opt.flag for opt in SLOT_OPTIONS if opt.name in values)
@@ -457,7 +466,7 @@ class Handler:
             slot_type=values.get("slot-type"), gpu_type=values.get("gpu-type"),
             resource_pool=pool or partition or None, job_type="slurm",
             job_id="submit", account=self._text(job.account) or None,
-            user=_user_name(job.user_id), origin="slurm",
+            user=_user_name(job.user_id, may_block) if user else None, origin="slurm",
         )
 
     # -- modify --
@@ -493,8 +502,10 @@ class Handler:
             return ACCEPT
         values.pop("resource-pool", None)       # the new partition is the resource pool now
         try:
-            before = make_plan(self.request(current, values, self._text(current.partition)), config, "slurm")
-            plan = make_plan(self.request(current, values, partition), config, "slurm")
+            user = config.job_project_source == "user"
+            before = make_plan(self.request(current, values, self._text(current.partition), user=user), config,
+                               "slurm")
+            plan = make_plan(self.request(current, values, partition, user=user), config, "slurm")
         except RequestError as exc:
             return refuse(str(exc), partition=partition)
         if plan.row != before.row:
@@ -537,12 +548,20 @@ def _on_failure_of_broken(path: str) -> str | None:
     return value if value in ON_FAILURE else None
 
 
-_users: dict[int, str | None] = {}
+class _MayBlock(Exception):
+    """What the answer needs may block (an NSS lookup): not on slurmctld's own thread (ON_WORKER)."""
 
 
-def _user_name(uid: int) -> str | None:
-    """The submitting user's name (cached: NSS lookups can be slow)."""
+_users: dict[int, str | None] = {}     # uid -> name, until the config is loaded again (refresh)
+
+
+def _user_name(uid: int, may_block: bool = True) -> str | None:
+    """The submitting user's name, kept as the answers made with it are: until the config is
+    loaded again (NSS lookups can be slow, and may hang); _MayBlock when not known and not
+    ``may_block``."""
     if uid not in _users:
+        if not may_block:
+            raise _MayBlock
         try:
             _users[uid] = pwd.getpwuid(uid).pw_name
         except KeyError:

@@ -298,7 +298,10 @@ static int answer(struct tether_call *call)
 		rc = tether_run(call, TETHER_CALL_SECONDS);
 		/* where the time goes (bench/submit.py reads it): handing the call to the worker thread,
 		 * the Python handler, and waking this thread again */
-		if (rc != TETHER_TIMEOUT && rc != TETHER_BUSY)
+		if (call->direct)
+			slurm_debug("job_submit/tether: handler took %ld us (on this thread, Python %ld)",
+				    elapsed_us(&t0), us_between(&call->t_start, &call->t_end));
+		else if (rc != TETHER_TIMEOUT && rc != TETHER_BUSY)
 			slurm_debug("job_submit/tether: handler took %ld us (hand-off %ld, Python %ld, back %ld)",
 				    elapsed_us(&t0), us_between(&call->t_signal, &call->t_start),
 				    us_between(&call->t_start, &call->t_end), elapsed_us(&call->t_end));

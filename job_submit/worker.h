@@ -26,6 +26,7 @@ struct tether_call {
 	int rc;
 	int done;
 	int abandoned; /* the caller gave up waiting: the worker frees the call */
+	int direct;    /* answered on the calling thread, not the worker's */
 	struct timespec t_signal, t_start, t_end; /* handed over; the worker started, ended (CLOCK_MONOTONIC) */
 	unsigned long generation; /* the answers cache's when the handler answered (tether_cache_generation) */
 };
@@ -35,9 +36,10 @@ struct tether_call {
 int tether_worker_start(char *why, size_t why_len);
 int tether_worker_started(void);
 
-/* Run ``call`` on the worker, waiting at most ``seconds`` in all (for an earlier call's end too:
- * calls are serialized): the handler's answer, TETHER_TIMEOUT, or TETHER_BUSY when the worker
- * never became free. The caller frees the call (tether_call_free) unless the answer is
+/* Run ``call``: on the calling thread when the handler needs nothing that may block and no other
+ * call is in it (``direct`` set), else on the worker, waiting at most ``seconds`` in all (for an
+ * earlier call's end too: calls are serialized): the handler's answer, TETHER_TIMEOUT, or
+ * TETHER_BUSY when the worker never became free. The caller frees the call (tether_call_free) unless the answer is
  * TETHER_TIMEOUT. */
 int tether_run(struct tether_call *call, int seconds);
 void tether_call_free(struct tether_call *call);

@@ -205,6 +205,45 @@ def test_another_users_request_of_a_known_shape_is_answered_in_c_unless_its_wcke
             box.remove_job_user(user)
 
 
+def test_a_new_shape_runs_on_slurmctlds_thread_unless_it_needs_what_may_block(cluster, tether_config):
+    """The handler's call for a new shape runs on slurmctld's own RPC thread (no hand-over to the
+    worker and back, ~50 us of its locks) once the config is read; what may block -- the config
+    read, a user's name never looked up (job_project_source: user names the WCKey after them; NSS
+    may hang) -- goes to the worker, which a time limit guards. slurmctld's debug log says where
+    each call ran; every job gets its plan."""
+    box = cluster.box
+    other = f"tether-th{os.getpid() % 100000}"
+    box.add_job_user(other)
+    jobs: list[str] = []
+
+    def submit(user: str, save: str) -> None:
+        argv = ["sbatch", "--parsable", "-H", "--slots=2", "--slots-per-node=2", "--container-image=localhost/app:1",
+                f"--container-save=/tmp/{save}.sqsh", "--job-name=thread", "--wrap", "true"]
+        result = cluster.run(["runuser", "-u", user, "--", *argv], cwd=str(box.work_dir), check=False)
+        assert result.returncode == 0, result.stderr
+        jobs.append(result.stdout.strip().split(";")[0])
+
+    try:
+        tether_config(job_project_source="user")
+        cluster.run(["scontrol", "setdebug", "debug"])
+        mark = cluster.ctld_log_mark()
+        try:
+            submit(cluster.user, "first")       # the config changed: read on the worker
+            submit(cluster.user, "second")      # a new shape (its own file), the user known
+            submit(other, "third")              # a new shape of a user never seen: the worker
+            log = cluster.ctld_log_since(mark)
+        finally:
+            cluster.run(["scontrol", "setdebug", "info"])
+        where = re.findall(r"job_submit/tether: handler took \d+ us \((on this thread|hand-off)", log)
+        assert where == ["hand-off", "on this thread", "hand-off"], log
+        for job, user in zip(jobs, (cluster.user, cluster.user, other)):
+            fields = cluster.job_fields(job)
+            assert (fields["TresPerJob"], fields.get("WCKey", "").lstrip("*")) == (cluster.gres("gpu:2"), user), fields
+    finally:
+        cluster.run(["scancel", *[j for j in jobs if j.isdigit()]], check=False)
+        box.remove_job_user(other)
+
+
 def test_submissions_at_the_same_time_all_get_an_answer(cluster, tether_config):
     """From Slurm 23.02 slurmctld calls job_submit plugins under a read lock, so two submissions
     can be in the plugin at once (22.05 serializes them): each waits its turn for the handler, none

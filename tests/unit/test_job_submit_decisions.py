@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.job_submit.handler import ACCEPT, REJECT, Handler
+from tether.job_submit.handler import ACCEPT, ON_WORKER, REJECT, Handler
 from tether.testing.slurm import JobSubmit, PluginLib, bridge_ffi
 
 RECORDING = Path(__file__).resolve().parent.parent / "fixtures" / "job_submit_decisions.json"
@@ -215,15 +215,34 @@ def handler_for(tmp_path: Path, config: str) -> JobSubmit:
     return js
 
 
-def decisions(tmp_path: Path, again: bool = False) -> dict:
+def submit(js: JobSubmit, c, uid: int, handed_over: list | None = None) -> int:
+    """The handler's answer to ``c``; with ``handed_over`` (a list), asked first as on slurmctld's
+    own thread (worker.c's run_here: ``direct``, the config current), and again as on the worker
+    when it answers ON_WORKER -- which it may only do with nothing written and nothing logged."""
+    if handed_over is None:
+        return js.handler.submit(c, uid, 1)
+    c.direct = c.config_current = 1
+    rc = js.handler.submit(c, uid, 1)
+    if rc != ON_WORKER:
+        return rc
+    assert answer(js, c, rc) == {"rc": ON_WORKER}
+    handed_over.append(uid)
+    c.direct = 0
+    return js.handler.submit(c, uid, 1)
+
+
+def decisions(tmp_path: Path, again: bool = False, handed_over: dict | None = None) -> dict:
     """Every request's and update's answer under every config; and per config, a digest of the
     answers to RANDOM_REQUESTS requests drawn as test_shape_cache draws them (seeded). ``again``:
-    each request is asked twice of one handler and the second answer taken (the handler's kept plans)."""
+    each request is asked twice of one handler and the second answer taken (the handler's kept plans).
+    ``handed_over`` (a dict): each submission asked first as on slurmctld's own thread (submit()),
+    the uids of those handed over to the worker kept per config."""
     from test_shape_cache import random_request
 
     out: dict = {}
     for config in CONFIGS:
         js = handler_for(tmp_path, config)
+        mine = None if handed_over is None else handed_over.setdefault(config, [])
         for job in REQUESTS.values() if again else ():
             js.handler.submit(js.struct({"uid": 0, **job}), job.get("uid", 0), 1)
         js.lib.log.clear()
@@ -232,13 +251,13 @@ def decisions(tmp_path: Path, again: bool = False) -> dict:
             job = random_request(rng, names=False)
             job["uid"] = 0 if job["uid"] == 1000 else NO_USER       # names the same on every machine
             c = js.struct(job)
-            rc = js.handler.submit(c, job["uid"], 1)
+            rc = submit(js, c, job["uid"], mine)
             digest.update(json.dumps([job, answer(js, c, rc)], sort_keys=True).encode())
         out[f"{config} random {RANDOM_REQUESTS}"] = digest.hexdigest()
         for name, job in REQUESTS.items():
             job = {"uid": 0, **job}
             c = js.struct(job)
-            rc = js.handler.submit(c, job["uid"], 1)
+            rc = submit(js, c, job["uid"], mine)
             out[f"{config} submit {name}"] = answer(js, c, rc)
         for name, (update, current) in MODIFIES.items():
             u, c = js.struct({"uid": 0, **update}), js.struct({"uid": 0, **current})
@@ -264,6 +283,43 @@ def test_a_plan_kept_answers_as_the_plan_made_anew(tmp_path):
     found = decisions(tmp_path, again=True)
     moved = {k: (recorded[k], v) for k, v in found.items() if recorded[k] != v}
     assert not moved, "\n".join(f"{k}:\n  recorded {r}\n  now      {v}" for k, (r, v) in moved.items())
+
+
+def test_on_slurmctlds_own_thread_the_handler_answers_as_on_its_worker_or_hands_the_call_over(tmp_path,
+                                                                                              monkeypatch):
+    """A submission run on slurmctld's own thread (worker.c's run_here: no time limit guards it)
+    gets the recorded answer, or -- where the answer needs a user's name not known yet, an NSS
+    lookup that may hang -- is handed to the worker untouched. Only job_project_source: user needs
+    names (the WCKey), and each uid's is looked up once: the worker's lookup serves later calls."""
+    from tether.job_submit import handler as module
+
+    monkeypatch.setattr(module, "_users", {})       # no name known yet (the module keeps them)
+    recorded = json.loads(RECORDING.read_text(encoding="utf-8"))
+    handed_over: dict = {}
+    found = decisions(tmp_path, handed_over=handed_over)
+    moved = {k: (recorded[k], v) for k, v in found.items() if recorded[k] != v}
+    assert not moved, "\n".join(f"{k}:\n  recorded {r}\n  now      {v}" for k, (r, v) in moved.items())
+    assert {config: sorted(uids) for config, uids in handed_over.items()} == {
+        config: sorted({0, NO_USER}) if "job_project_source: user" in text else [] for config, text in CONFIGS.items()}
+
+
+def test_a_users_name_is_looked_up_again_once_the_config_is_loaded_again(tmp_path, monkeypatch):
+    """Names are kept as the answers made with them are, until the config is read again: a uid
+    given to another user since then gets the new user's name (the WCKey), looked up on the worker."""
+    from tether.job_submit import handler as module
+
+    monkeypatch.setattr(module, "_users", {})
+    js = handler_for(tmp_path, "gres-only")
+    handed_over: list = []
+    for slots in (2, 4):                # two plans (a kept plan looks nothing up), one lookup
+        submit(js, js.struct({"uid": 0, "spank_env": env(S(slots))}), 0, handed_over)
+    assert handed_over == [0]
+    path = Path(js.handler.path)
+    path.write_text(CONFIGS["gres-only"] + "# read again\n")
+    assert js.handler.refresh() is not None
+    js.lib.log.clear()
+    submit(js, js.struct({"uid": 0, "spank_env": env(S(6))}), 0, handed_over)
+    assert handed_over == [0, 0]
 
 
 def test_kept_plans_follow_the_config(tmp_path):
