@@ -9,7 +9,8 @@ measures that Python part in this process, as the shim's worker thread calls it:
 same requests bench/submit.py sends (its ``command(..., new_shape=True)``: ``--slots`` /
 ``--slots-per-node`` of its 9 layouts, a ``--container-image``, a ``--container-mounts`` and a
 ``--container-name`` of its own, forwarded as the SPANK plugin does: ``TETHER_<NAME>`` and Slurm's
-``_SLURM_SPANK_OPTION_tether_<name>``), with the sandbox's tether.yaml (Sandbox.tether_settings) and a slurm.conf shaped like
+``_SLURM_SPANK_OPTION_tether_<name>``; and their values read and checked, as the shim's C hands
+them over), with the sandbox's tether.yaml (Sandbox.tether_settings) and a slurm.conf shaped like
 the sandbox's. The struct is a cffi struct of bridge.h's declarations (the plugin's own layout);
 the shim's config check is taken as done (``config_current``), as it is for a call after the first.
 
@@ -80,7 +81,11 @@ class Lib:
 
 
 def make_job(ffi, env, uid, keep):
-    """A tether_job_t as plugin.c copies it from sbatch's job_desc: no --nodes, --ntasks, ... given."""
+    """A tether_job_t as plugin.c copies it from sbatch's job_desc: no --nodes, --ntasks, ... given;
+    with the option values its C reads and checks (request.c; test_shape_cache holds them to the
+    handler's own reading, which makes them here)."""
+    from tether.job_submit.handler import checked_values, tether_values
+
     job = ffi.new("tether_job_t *")
     job.min_nodes = job.max_nodes = job.num_tasks = job.het_job_offset = NO_VAL
     job.ntasks_per_node = job.cpus_per_task = NO_VAL16
@@ -91,6 +96,10 @@ def make_job(ffi, env, uid, keep):
     keep.append(array)
     job.spank_env, job.spank_env_size = array, len(entries)
     job.config_current = 1      # the shim checked the config file a moment ago
+    values = b"".join(f"{k}\\0{v}\\0".encode() for k, v in checked_values(tether_values(env)).items())
+    buf = ffi.new("char[]", values + b"\\0")
+    keep.append(buf)
+    job.values, job.values_size = buf, len(values)
     return job
 '''
 

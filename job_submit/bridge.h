@@ -51,6 +51,9 @@ typedef struct tether_job {
 	                             * answers cache's check, at most 0.2 s old): no stat() needed */
 	int direct;                 /* the handler runs on the calling slurmctld thread, not the worker:
 	                             * it answers TETHER_ON_WORKER rather than do what may block */
+	char *values;               /* the tether option values, read and checked in C (request.h):
+	                             * "name\0value\0" per option; NULL: the handler reads spank_env */
+	uint32_t values_size;
 	/* out: applied to job_desc by the calling thread when the answer is TETHER_ACCEPT */
 	int set_nodes;
 	uint32_t out_min_nodes;

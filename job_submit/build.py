@@ -19,8 +19,8 @@ from .handler import CONFIG_CHECK_SECONDS
 
 SO_NAME = "job_submit_tether.so"
 MODULE = "_tether_job_submit"
-UNITS = ("plugin.c", "cache.c", "worker.c")
-NATIVE_UNITS = ("imageref.c", "values.c")    # tether.native's grammars (the shape cache's), linked in
+UNITS = ("plugin.c", "cache.c", "request.c", "worker.c")
+NATIVE_UNITS = ("imageref.c", "values.c", "option_values.c")    # tether.native's grammars, linked in
 BRIDGE = "bridge.h"
 # What slurmctld looks up in a job_submit plugin (22.05 and later); nothing else is exported.
 EXPORTS = ("plugin_name", "plugin_type", "plugin_version", "init", "fini", "job_submit", "job_modify")
@@ -58,6 +58,8 @@ from {MODULE} import ffi, lib
 try:
     from tether.job_submit import handler as _handler
     _handler.bind(ffi, lib)
+    import sys as _sys
+    _sys.setrecursionlimit(_handler.RECURSION_LIMIT)    # slurmctld's 1 MiB threads (worker.c)
 except Exception as _exc:
     import traceback as _tb
     _handler = None

@@ -27,6 +27,10 @@ from ..hooks.surface import BY_NAME, OPTIONS, SLOT_OPTIONS, expected, normalize
 from .partitions import partition_table, slurm_conf_path
 
 ACCEPT, REJECT, ON_WORKER, FAILED = 1, 2, 3, -1   # bridge.h's TETHER_*
+# The interpreter's recursion limit in slurmctld (set by the plugin's init code): the handler runs on
+# slurmctld's RPC threads, whose stacks are 1 MiB, and Python's C recursion is bounded by this only
+# (a RecursionError instead of a crash; worker.c wants half the stack left). Its calls are shallow.
+RECURSION_LIMIT = 250
 SLURM_HINT = "use --slots, --slots-per-node, --slot-type, --gpu-type or --resource-pool instead"
 
 
@@ -378,7 +382,7 @@ class Handler:
         if not wanted:            # reached only in reject_all mode, and the config loads again
             return ACCEPT
         try:
-            values = checked_values(tether_values(self._strings(job.spank_env, job.spank_env_size)))
+            values = self.request_values(job)
             check_container_options(values, config.data["container"]["runtime"])
         except (LaunchError, RequestError) as exc:
             self._reply(job, f"tether: {exc}")
@@ -519,6 +523,16 @@ class Handler:
         return ACCEPT
 
     # -- helpers --
+    def request_values(self, job) -> dict[str, str]:
+        """The job's tether options, checked (option name -> value): as the shim's C read and
+        checked them (``job.values``, job_submit/request.c), or -- where it did not (a value it
+        refuses, or one that is not UTF-8) -- read from spank_env here, RequestError naming what
+        is wrong."""
+        if job.values != self.ffi.NULL:
+            parts = self.ffi.unpack(job.values, job.values_size).decode("utf-8").split("\0")
+            return dict(zip(parts[0:-1:2], parts[1::2]))
+        return checked_values(tether_values(self._strings(job.spank_env, job.spank_env_size)))
+
     def _text(self, ptr) -> str | None:
         return cstr(self.ffi, ptr)
 
@@ -586,9 +600,21 @@ def call(method: str, *args) -> int:
         if _handler is None:
             return FAILED
         return getattr(_handler, method)(*args)
-    except Exception:  # the daemon must survive anything the handler does
+    except Exception as exc:  # the daemon must survive anything the handler does
         if _handler is not None:
-            import traceback           # only now: a module of its own (linecache, tokenize) in slurmctld
-
-            _handler.log(0, f"internal error in {method}:\n{traceback.format_exc()}")
+            _handler.log(0, f"internal error in {method}:\n{_traceback(exc)}")
         return FAILED
+
+
+def _traceback(exc: BaseException) -> str:
+    """``exc`` and where it was raised, without reading a file (no import, no source lines: this
+    may run on slurmctld's own thread, with its locks held, and the sources may be on a slow
+    filesystem)."""
+    lines = ["Traceback (most recent call last):"]
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        lines.append(f'  File "{code.co_filename}", line {tb.tb_lineno}, in {code.co_name}')
+        tb = tb.tb_next
+    lines.append(f"{type(exc).__name__}: {exc}")
+    return "\n".join(lines)

@@ -88,6 +88,7 @@ void tether_job_free(tether_job_t *job)
 	for (uint32_t i = 0; i < job->spank_env_size; i++)
 		free(job->spank_env[i]);
 	free(job->spank_env);
+	free(job->values);
 	free(job);
 }
 
@@ -153,21 +154,47 @@ static void *worker(void *unused)
 	return NULL;
 }
 
+/* The stack a call on slurmctld's thread must have left: Slurm gives its RPC threads 1 MiB
+ * (macros.h, slurm_thread_create), and Python's C recursion is bounded only by the recursion limit
+ * (RECURSION_LIMIT, handler.py: 250 frames fit in about half of it; a deeper one segfaults). */
+#define TETHER_DIRECT_STACK (512 * 1024)
+
+/* The bytes of this thread's stack below the current frame (it grows down), or 0 when not known. */
+static size_t stack_left(void)
+{
+	pthread_attr_t attr;
+	void *low = NULL;
+	size_t size = 0;
+	char here;
+
+	if (pthread_getattr_np(pthread_self(), &attr) != 0)
+		return 0;
+	if (pthread_attr_getstack(&attr, &low, &size) != 0)
+		size = 0;
+	pthread_attr_destroy(&attr);
+	if (size == 0 || &here < (char *)low || &here >= (char *)low + size)
+		return 0;
+	return (size_t)(&here - (char *)low);
+}
+
 /*
  * A submission whose answer needs only the handler's memory runs on the calling slurmctld thread
  * itself, when no other call is in the handler: handing it to the worker and waking the caller
- * again cost more than the handler's own work (~50 us of slurmctld's locks, measured by
- * bench/submit.py). The config must be current (no file to read) and the handler not broken; the
- * handler answers TETHER_ON_WORKER for anything else that may block (a user's name, from NSS), and
- * the call goes to the worker as any other. Each slurmctld RPC is a thread of its own: cffi's
- * entry takes the GIL with a thread state made for the call and dropped after it (a few us).
+ * again cost more than the handler's own work (~60 us of slurmctld's locks in bench/submit.py's
+ * debug round; 24 against 10 us for a trivial call, measured beside worker.c). The config must be
+ * current (no file to read), the handler not broken and the thread's stack deep enough; the
+ * handler answers TETHER_ON_WORKER for anything else that may block (a user's name, from NSS),
+ * and the call goes to the worker as any other. Each slurmctld RPC is a thread of its own: cffi's
+ * entry makes a Python thread state on the thread's first call and keeps it until the thread ends
+ * (then the next thread's first call drops it; its frame chunk comes back to arena_alloc's).
  * Returns the answer, or TETHER_ON_WORKER when the call is the worker's (also when busy).
  */
 static int run_here(struct tether_call *call)
 {
 	int rc;
 
-	if (call->op != TETHER_OP_SUBMIT || !call->job->config_current || tether_is_broken())
+	if (call->op != TETHER_OP_SUBMIT || !call->job->config_current || tether_is_broken() ||
+	    stack_left() < TETHER_DIRECT_STACK)
 		return TETHER_ON_WORKER;
 	pthread_mutex_lock(&worker_lock);
 	if (running || pending) {
@@ -250,10 +277,11 @@ int tether_worker_started(void)
 
 /*
  * Python's arenas, with the 16 KiB chunks of its frame stacks kept for the next thread state. Each
- * call on slurmctld's own thread (run_here) makes a thread state and drops it; its first frame
- * maps a 16 KiB chunk, and dropping it unmaps it again -- in a process of many threads an unmap
- * shoots down every core's TLB: 27 us a call against 5 us with the chunk kept (measured beside
- * worker.c, 500 threads). Everything else is mapped and unmapped as Python's own allocator does.
+ * RPC thread that calls the handler (run_here) gets a thread state of its own, dropped after the
+ * thread ended; its first frame maps a 16 KiB chunk, and dropping it unmaps it again -- in a
+ * process of many threads an unmap shoots down every core's TLB: 27 us a call against 5 us with
+ * the chunk kept (measured beside worker.c, 500 threads, a thread state made and dropped per
+ * call). Everything else is mapped and unmapped as Python's own allocator does.
  */
 #define FRAME_CHUNK_BYTES 16384 /* CPython's DATA_STACK_CHUNK_SIZE */
 #define FRAME_CHUNKS_KEPT 4

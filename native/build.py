@@ -7,6 +7,8 @@ Each unit here is compiled into more than one program, so it belongs to none of 
     values.c, values.h        the grammars of option values (container names, variable names, names
                               tether uses as path components): the SPANK plugin's option checks, the
                               job_submit plugin's shape cache, jobdirs.c
+    option_values.c, .h       an option's value as accepted (surface.normalize): the SPANK plugin's
+                              option checks and the values the job_submit plugin hands its handler
     jobdirs.c, jobdirs.h      fd-relative, O_NOFOLLOW directory creation and removal as root: the
                               SPANK plugin in slurmstepd and tether-jobdirs (the PBS MoM hooks' helper)
     tether_names.h            every name the C shares with the Python side, generated from

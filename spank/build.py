@@ -18,7 +18,7 @@ from ..system.toolchain import CBuild, Toolchain
 
 SO_NAME = "spank_tether.so"
 UNITS = ("dispatch.c", "options.c", "client.c", "stepd.c", "rankenv.c", "cgkeeper.c")
-NATIVE_UNITS = ("imageref.c", "values.c", "jobdirs.c")      # tether.native's, linked in
+NATIVE_UNITS = ("imageref.c", "values.c", "option_values.c", "jobdirs.c")      # tether.native's, linked in
 # What Slurm looks up in a SPANK plugin (SPANK_PLUGIN's four symbols and the callbacks); nothing
 # else is exported, so no symbol of tether's can interpose on or be bound by another object.
 EXPORTS = ("plugin_name", "plugin_type", "plugin_version", "spank_plugin_version", "slurm_spank_*")

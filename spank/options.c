@@ -17,6 +17,7 @@
 
 #include "imageref.h"
 #include "jobdirs.h"
+#include "option_values.h"
 #include "options.h"
 #include "values.h"
 
@@ -43,111 +44,16 @@ int tether_any_option(void)
 	return 0;
 }
 
-/* Printable text of at most TETHER_MAX_TEXT bytes: no control characters (UTF-8 letters pass). */
-static int text_ok(const char *value)
-{
-	size_t n = strlen(value);
-
-	if (n == 0 || n > TETHER_MAX_TEXT)
-		return 0;
-	for (size_t i = 0; i < n; i++)
-		if ((unsigned char)value[i] < 0x20 || value[i] == 0x7f)
-			return 0;
-	return 1;
-}
-
-/* A whole number of ASCII digits within [min, max]. */
-static int count_ok(const char *value, long min, long max)
-{
-	char *end = NULL;
-	long n;
-
-	for (const char *p = value; *p; p++)
-		if (*p < '0' || *p > '9')
-			return 0;
-	if (value[0] == '\0' || strlen(value) > 18)
-		return 0;
-	errno = 0;
-	n = strtol(value, &end, 10);
-	return errno == 0 && *end == '\0' && n >= min && n <= max;
-}
-
-/* Normalize a flag value (1/0, true/false, yes/no, on/off); returns "1", "0" or NULL. */
-static const char *flag_value(const char *value)
-{
-	static const char *const yes[] = { "1", "true", "yes", "on", NULL };
-	static const char *const no[] = { "0", "false", "no", "off", NULL };
-
-	if (value == NULL || value[0] == '\0') /* slurmstepd hands a set flag over as "" */
-		return "1";
-	if (tether_one_of(value, yes))
-		return "1";
-	if (tether_one_of(value, no))
-		return "0";
-	return NULL;
-}
-
-/* --container-unshare=NS[,NS...]: the first word that is no namespace tether unshares (pointing
- * into ``value``, ``*len`` its length; an empty word too), or NULL when every word is one. */
-static const char *unknown_namespace(const char *value, size_t *len)
-{
-	static const char *const known[] = { TETHER_UNSHARE_NAMESPACES, NULL };
-	const char *word = value;
-
-	for (;;) {
-		size_t n = strcspn(word, ",");
-		int found = 0;
-
-		for (const char *const *k = known; *k; k++)
-			if (strlen(*k) == n && strncmp(*k, word, n) == 0)
-				found = 1;
-		if (!found) {
-			*len = n;
-			return word;
-		}
-		if (word[n] == '\0')
-			return NULL;
-		word += n + 1;
-	}
-}
-
-/* Is ``value`` valid for ``o``? The normalized value, or NULL. */
+/* Is ``value`` valid for ``o``? The normalized value, or NULL (values.c: tether_value_check). */
 static const char *check_value(const struct tether_opt *o, const char *value)
 {
-	static const char *const slot_types[] = { TETHER_SLOT_TYPES, NULL };
-	static const char *const runtimes[] = { TETHER_RUNTIMES, NULL };
-
-	if (o->kind == K_FLAG)
-		return flag_value(value);
+	if (o->kind == K_FLAG && value == NULL) /* slurmstepd hands a set flag over as "" or NULL */
+		return "1";
 	if (o->kind == K_IMAGE && value == NULL) /* slurmstepd may hand an empty argument over so */
 		return "";
 	if (value == NULL)
 		return NULL;
-	switch (o->kind) {
-	case K_COUNT:
-		return count_ok(value, o->minimum, o->maximum) ? value : NULL;
-	case K_SLOT_TYPE:
-		return tether_one_of(value, slot_types) ? value : NULL;
-	case K_RUNTIME:
-		return tether_one_of(value, runtimes) ? value : NULL;
-	case K_NAME: /* maximum: a shorter limit for this name (0: TETHER_MAX_NAME) */
-		return tether_name_ok(value, o->maximum > 0 ? (size_t)o->maximum : TETHER_MAX_NAME) ? value : NULL;
-	case K_ENV_NAMES:
-		return tether_env_names_ok(value) ? value : NULL;
-	case K_TEXT:
-		return text_ok(value) ? value : NULL;
-	case K_CONTAINER_NAME: /* NAME[:FLAG], pyxis's spelling */
-		return tether_container_name_ok(value, o->maximum > 0 ? (size_t)o->maximum : TETHER_MAX_NAME) ? value : NULL;
-	case K_IMAGE: /* empty: no container for this step (--container-image= in a container job) */
-		return value[0] == '\0' || tether_image_ok(value) ? value : NULL;
-	case K_NAMESPACES: {
-		size_t n;
-
-		return strlen(value) <= TETHER_MAX_TEXT && unknown_namespace(value, &n) == NULL ? value : NULL;
-	}
-	default:
-		return NULL;
-	}
+	return tether_value_check(o->kind, o->minimum, o->maximum, value);
 }
 
 /* The message for a value ``o`` refused (tether_fail: in slurmstepd the step fails with it). */
@@ -187,7 +93,7 @@ static void report_bad(const struct tether_opt *o, const char *value, const char
 		break;
 	case K_NAMESPACES: {
 		size_t n = 0;
-		const char *word = unknown_namespace(shown, &n);
+		const char *word = tether_unknown_namespace(shown, &n);
 
 		if (word != NULL && n == 0)
 			tether_fail("tether: %s=%.60s: empty namespace argument (expected namespaces separated by "

@@ -8,19 +8,9 @@
 
 #include <slurm/spank.h>
 
+#include "option_values.h" /* struct tether_opt */
 #include "tether_names.h"
 
-struct tether_opt {
-	const char *name;      /* long option name, without "--" */
-	const char *arginfo;   /* NULL for a flag */
-	const char *usage;
-	enum tether_kind kind;
-	const char *env;       /* TETHER_<NAME>: the environment fallback */
-	const char *job_env;   /* TETHER_JOB_<NAME>: how a slot option is described to the ranks; NULL */
-	long minimum, maximum; /* K_COUNT bounds */
-	char *value;           /* effective value (malloc'd), NULL when unset */
-	int from_env;
-};
 
 extern struct tether_opt tether_opts[TETHER_NOPTS];
 

@@ -486,7 +486,18 @@ def test_broken_config_with_reject_all_jobs(cluster, tether_config):
         cluster.box.restart_slurmctld()
 
 
-def test_exception_in_the_handler_rejects_tether_jobs_and_slurmctld_survives(cluster, tether_config, tmp_path):
+FAULTS = {
+    "exception": ("\n_handler.Handler.submit = lambda self, *a: 1 // 0\n", "ZeroDivisionError"),
+    # recursion through C (sorted's key), as deep as the recursion limit lets it: on slurmctld's RPC
+    # thread (1 MiB of stack) Python's default limit let it overflow the stack (slurmctld died)
+    "deep recursion": ("\ndef _deep(n=0):\n    return sorted([1, 2], key=lambda _x: _deep(n + 1))\n"
+                       "_handler.Handler.submit = lambda self, *a: _deep()\n", "RecursionError"),
+}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_exception_in_the_handler_rejects_tether_jobs_and_slurmctld_survives(cluster, tether_config, tmp_path,
+                                                                            fault):
     from tether.job_submit import build as job_submit_build
     from tether.system.files import install_file
 
@@ -494,8 +505,8 @@ def test_exception_in_the_handler_rejects_tether_jobs_and_slurmctld_survives(clu
     code = ("import sys; from pathlib import Path; from tether.job_submit import build; "
             "from tether.system.toolchain import CBuild, find_toolchain; out = Path(sys.argv[1]); "
             "print(build.build(out, find_toolchain(), CBuild(out), extra_init=sys.argv[2]))")
-    built = cluster.run([cluster.box.python, "-c", code, str(tmp_path),
-                         "\n_handler.Handler.submit = lambda self, *a: 1 // 0\n"], timeout=600)
+    injected, logged = FAULTS[fault]
+    built = cluster.run([cluster.box.python, "-c", code, str(tmp_path), injected], timeout=600)
     faulty = Path(built.stdout.strip().splitlines()[-1])
     target = cluster.box.loaded_plugin_dir() / job_submit_build.SO_NAME     # the package's, in a Slurm root
     good = tmp_path / "good" / job_submit_build.SO_NAME
@@ -507,7 +518,7 @@ def test_exception_in_the_handler_rejects_tether_jobs_and_slurmctld_survives(clu
         result, _, _ = sbatch(cluster, "--slots=2", wait=False)
         assert result.returncode != 0
         assert "tether unavailable: internal error in the job_submit handler" in result.stderr
-        assert "ZeroDivisionError" in cluster.box.log_dir.joinpath("slurmctld.log").read_text()
+        assert logged in cluster.box.log_dir.joinpath("slurmctld.log").read_text()
         assert sbatch(cluster, "-N1")[0].returncode == 0
         assert ping(cluster)
     finally:

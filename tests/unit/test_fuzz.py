@@ -92,7 +92,7 @@ def options_c(tmp_path_factory):
     cbuild = CBuild(work)
     shared = native_source_dir()
     objects = [cbuild.compile(source_dir() / "options.c", include_dirs=[str(shared)], header_dirs=[shared])]
-    objects += [cbuild.compile(shared / unit) for unit in ("imageref.c", "values.c", "jobdirs.c")]
+    objects += [cbuild.compile(shared / unit) for unit in ("imageref.c", "values.c", "option_values.c", "jobdirs.c")]
     objects.append(cbuild.compile(stubs, include_dirs=[str(shared)]))
     lib = ctypes.CDLL(str(cbuild.link(objects, work / "liboptions.so", shared=True)))
     lib.tether_opt_set.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]

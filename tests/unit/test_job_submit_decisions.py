@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -215,10 +216,13 @@ def handler_for(tmp_path: Path, config: str) -> JobSubmit:
     return js
 
 
-def submit(js: JobSubmit, c, uid: int, handed_over: list | None = None) -> int:
+def submit(js: JobSubmit, c, uid: int, handed_over: list | None = None, prepare=None) -> int:
     """The handler's answer to ``c``; with ``handed_over`` (a list), asked first as on slurmctld's
     own thread (worker.c's run_here: ``direct``, the config current), and again as on the worker
-    when it answers ON_WORKER -- which it may only do with nothing written and nothing logged."""
+    when it answers ON_WORKER -- which it may only do with nothing written and nothing logged.
+    ``prepare(js, c)`` first: what the shim's C gives the call (test_shape_cache: its values)."""
+    if prepare is not None:
+        prepare(js, c)
     if handed_over is None:
         return js.handler.submit(c, uid, 1)
     c.direct = c.config_current = 1
@@ -231,12 +235,12 @@ def submit(js: JobSubmit, c, uid: int, handed_over: list | None = None) -> int:
     return js.handler.submit(c, uid, 1)
 
 
-def decisions(tmp_path: Path, again: bool = False, handed_over: dict | None = None) -> dict:
+def decisions(tmp_path: Path, again: bool = False, handed_over: dict | None = None, prepare=None) -> dict:
     """Every request's and update's answer under every config; and per config, a digest of the
     answers to RANDOM_REQUESTS requests drawn as test_shape_cache draws them (seeded). ``again``:
     each request is asked twice of one handler and the second answer taken (the handler's kept plans).
     ``handed_over`` (a dict): each submission asked first as on slurmctld's own thread (submit()),
-    the uids of those handed over to the worker kept per config."""
+    the uids of those handed over to the worker kept per config. ``prepare``: see submit()."""
     from test_shape_cache import random_request
 
     out: dict = {}
@@ -251,13 +255,13 @@ def decisions(tmp_path: Path, again: bool = False, handed_over: dict | None = No
             job = random_request(rng, names=False)
             job["uid"] = 0 if job["uid"] == 1000 else NO_USER       # names the same on every machine
             c = js.struct(job)
-            rc = submit(js, c, job["uid"], mine)
+            rc = submit(js, c, job["uid"], mine, prepare)
             digest.update(json.dumps([job, answer(js, c, rc)], sort_keys=True).encode())
         out[f"{config} random {RANDOM_REQUESTS}"] = digest.hexdigest()
         for name, job in REQUESTS.items():
             job = {"uid": 0, **job}
             c = js.struct(job)
-            rc = submit(js, c, job["uid"], mine)
+            rc = submit(js, c, job["uid"], mine, prepare)
             out[f"{config} submit {name}"] = answer(js, c, rc)
         for name, (update, current) in MODIFIES.items():
             u, c = js.struct({"uid": 0, **update}), js.struct({"uid": 0, **current})
@@ -382,3 +386,31 @@ def test_the_entry_point_answers_as_the_method(tmp_path, via_call):
         module._handler = saved
     recorded = json.loads(RECORDING.read_text(encoding="utf-8"))
     assert answer(js, c, rc) == recorded["sandbox submit bench-new-shape"]
+
+
+def test_an_internal_error_is_logged_from_the_frames_without_reading_a_file(tmp_path, monkeypatch):
+    """handler.call's log of an exception says where it was raised from the frames alone: on
+    slurmctld's own thread (worker.c's run_here) no module is imported and no source file read --
+    a slow filesystem would hold slurmctld's locks."""
+    import linecache
+    import sys
+
+    from tether.job_submit import handler as module
+
+    js = handler_for(tmp_path, "sandbox")
+    monkeypatch.setattr(module, "_handler", js.handler)
+    monkeypatch.setattr(js.handler, "submit", lambda *args: 1 // 0)
+    linecache.clearcache()                  # a source line read before is not read again
+    opened: list = []
+    watching = [True]
+    sys.addaudithook(lambda event, args: opened.append((event, args[0])) if watching[0] and event in (
+        "open", "import") else None)
+    try:
+        rc = module.call("submit", None, 0, 1)
+    finally:
+        watching[0] = False
+    assert rc == module.FAILED and opened == []
+    text = "\n".join(line for _, line in js.lib.log)
+    assert text.startswith("internal error in submit:\nTraceback (most recent call last):") and \
+        re.search(r'File ".*handler\.py", line \d+, in call\n', text) and \
+        text.endswith("ZeroDivisionError: integer division or modulo by zero"), text

@@ -14,13 +14,15 @@ import os
 import random
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tether.job_submit import build as job_submit_build
-from tether.job_submit.handler import ACCEPT, REJECT, Handler
+from tether.hooks.errors import RequestError
+from tether.hooks.surface import OPTIONS
+from tether.job_submit.handler import ACCEPT, REJECT, Handler, checked_values, tether_values
 from tether.native.build import source_dir as native_source_dir
-from tether.testing.slurm import NO_VAL, NO_VAL16, JobSubmit, PluginLib
+from tether.testing.slurm import NO_VAL, NO_VAL16, JobSubmit, PluginLib, bridge_ffi
 
 CACHE_API = """
 struct tether_counts { int have_slots; unsigned long slots; int spn_given; unsigned long spn; };
@@ -33,6 +35,7 @@ void tether_cache_store(const tether_job_t *job, const char *key, int rc, unsign
 unsigned long tether_cache_generation(void);
 long tether_partition_nodes(const char *name);
 int tether_config_current(void);
+char *tether_request_values(const tether_job_t *job, uint32_t *size);
 void free(void *);
 """
 
@@ -48,12 +51,14 @@ def shim(tmp_path_factory):
     cdef = job_submit_build.cdef().replace("[...]", "[1024]").replace("char msg[1024]", "char msg[2048]")
     ffi.cdef("\n".join(line for line in cdef.splitlines() if not line.startswith("#define")) + CACHE_API)
     # the plugin's other C (plugin.c) defines the handler's log and health calls; unused here
-    glue = ('#include <stdlib.h>\n#include "cache.h"\n'
+    glue = ('#include <stdlib.h>\n#include "cache.h"\n#include "request.h"\n'
             'void tether_log(int level, const char *msg) { (void)level; (void)msg; }\n'
             'void tether_set_health(int broken, int reject_all, const char *reason)\n'
             '{ (void)broken; (void)reject_all; (void)reason; }\n')
     ffi.set_source("_shape_cache_test", glue,
-                   sources=[str(src / "cache.c"), str(shared / "imageref.c"), str(shared / "values.c")],
+                   sources=[str(src / "cache.c"), str(src / "request.c"), str(shared / "imageref.c"),
+                            str(shared / "values.c"),
+                            str(shared / "option_values.c")],
                    include_dirs=[str(src), str(shared)], extra_compile_args=["-Wall", "-Werror"])
     out = tmp_path_factory.mktemp("shim")
     path = ffi.compile(tmpdir=str(out))
@@ -544,3 +549,98 @@ def test_the_partitions_sizes_are_the_handlers_reading_of_slurm_conf_and_kept_cu
     assert shim.lib.tether_config_current() == 0       # the handler is asked again ...
     handler.refresh()
     assert nodes(b"big") == 8 and shim.lib.tether_config_current() == 1      # ... and reads it anew
+
+
+# ---- the values the shim reads for the handler (request.c) -----------------------------------------
+def shim_values(shim, ffi, c) -> dict | None:
+    """request.c's reading of ``c`` (a tether_job_t of ``ffi``, another cffi instance than the shim's:
+    the same bridge.h), as the handler turns it into a dict; None when the shim hands over none."""
+    size = shim.ffi.new("uint32_t *")
+    out = shim.lib.tether_request_values(shim.ffi.cast("tether_job_t *", int(ffi.cast("uintptr_t", c))), size)
+    if out == shim.ffi.NULL:
+        return None
+    data = shim.ffi.unpack(out, size[0])
+    shim.lib.free(out)
+    return data
+
+
+def give_values(shim, ffi, c, keep: list) -> bool:
+    """Put request.c's reading of ``c`` into ``c.values``, as plugin.c does before the call."""
+    data = shim_values(shim, ffi, c)
+    if data is None:
+        return False
+    buf = ffi.new("char[]", data + b"\0")
+    keep.append(buf)
+    c.values, c.values_size = buf, len(data)
+    return True
+
+
+OPTION_KEYS = [key for opt in OPTIONS for key in (opt.env, opt.spank_env)]
+entry_value = st.binary(max_size=40).filter(lambda b: b"\0" not in b) | st.text(
+    st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=40).map(str.encode) | \
+    st.sampled_from([b"", b"4", b"16", b"0", b"07", b"yes", b"off", b"maybe", b"cuda", b"cpu", b"podman",
+                     b"ubuntu:22.04", b"/a:/b", b"A,B", b"job1:create", b"user,pid", b"x" * 5000,
+                     "\u00e9".encode() * 2049, b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80", b"a\x7fb"])
+entry = st.tuples(st.sampled_from(OPTION_KEYS) | st.sampled_from(["TETHER_X", "_SLURM_SPANK_OPTION_tether_",
+                                                                   "_SLURM_SPANK_OPTION_other_slots", "HOME"]),
+                  st.sampled_from([b"=", b""]), entry_value).map(lambda t: t[0].encode() + (t[1] + t[2] if t[1] else b""))
+
+
+@given(entries=st.lists(entry, max_size=8))
+@example(entries=[b"_SLURM_SPANK_OPTION_tether_slots=4", b"TETHER_SLOTS=8"])       # the plugin's value wins
+@example(entries=[b"TETHER_SLOTS=8", b"_SLURM_SPANK_OPTION_tether_slots=4"])
+@example(entries=[b"TETHER_SLOTS=8", b"TETHER_SLOTS=2", b"TETHER_SLOTS_PER_NODE=2"])   # the last one
+@example(entries=[b"TETHER_SLOTS=2", b"TETHER_CONTAINER_WORKDIR=/d\xed\xa0\x80"])      # not UTF-8
+@example(entries=[b"TETHER_SLOTS=2", b"TETHER_CONTAINER_SAVE=/a/\xc3.sqsh"])
+@example(entries=[b"TETHER_CONTAINER_WRITABLE", b"TETHER_CONTAINER_IMAGE=", b"TETHER_SLOTS"])   # no '='
+@example(entries=[b"TETHER_CONTAINER_READONLY=yes", b"_SLURM_SPANK_OPTION_tether_container_remap_root=off"])
+def test_the_values_the_shim_reads_are_the_handlers(shim, entries):
+    """For any spank_job_env -- options spelled both ways or one, given twice, without '=', values
+    refused, not UTF-8 --, the values request.c hands the handler are the ones the handler reads
+    and checks itself (tether_values, checked_values); and it hands over none only where the
+    handler refuses a value (then it reads them itself and says which) or one is not UTF-8."""
+    ffi = bridge_ffi()
+    c = ffi.new("tether_job_t *")
+    bufs = [ffi.new("char[]", e) for e in entries]
+    array = ffi.new("char *[]", bufs or [ffi.NULL])
+    c.spank_env, c.spank_env_size = array, len(bufs)
+    data = shim_values(shim, ffi, c)
+    try:
+        mine = checked_values(tether_values([e.decode("utf-8", "replace") for e in entries]))
+    except RequestError:
+        mine = None
+    if data is not None:
+        parts = data.decode("utf-8").split("\0")
+        assert dict(zip(parts[0:-1:2], parts[1::2])) == mine and len(parts) % 2 == 1, entries
+    else:
+        utf8 = all(_is_utf8(e) for e in entries)
+        assert mine is None or not utf8, entries
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def test_with_the_shims_values_the_handler_decides_as_recorded(shim, tmp_path):
+    """Every recorded decision (test_job_submit_decisions: the table and the seeded random
+    requests, under every config) is the same when the handler takes the values request.c read;
+    and the shim read them for most requests (the random ones give many values it refuses: the handler's)."""
+    import json as jsonlib
+
+    import test_job_submit_decisions as decisions_test
+
+    recorded = jsonlib.loads(decisions_test.RECORDING.read_text(encoding="utf-8"))
+    given_values: list[bool] = []
+
+    def fill(js, c) -> None:
+        given_values.append(give_values(shim, js.ffi, c, js._keep))
+
+    found = decisions_test.decisions(tmp_path, prepare=fill)
+    moved = {k: (recorded[k], v) for k, v in found.items() if recorded[k] != v}
+    assert not moved, "\n".join(f"{k}:\n  recorded {r}\n  now      {v}" for k, (r, v) in moved.items())
+    assert sum(given_values) >= 0.5 * len(given_values) and not all(given_values), (
+        sum(given_values), len(given_values))

@@ -1,0 +1,119 @@
+/*
+ * The job's tether option values for the handler (request.h), as handler.tether_values and
+ * checked_values make them from spank_env: each option's TETHER_<NAME> entry (the SPANK plugin's
+ * effective value, from the option or the environment) or else Slurm's
+ * _SLURM_SPANK_OPTION_tether_<name>, the last of each; each checked and normalized as the SPANK
+ * plugin checks it (option_values.c: surface.normalize's twin, held to it by tests/unit/test_fuzz.py).
+ * Reading and checking them in Python was a third of a new shape's call in slurmctld (its code
+ * and data out of the CPU's caches by then); tests/unit/test_shape_cache.py holds this to the
+ * handler's own reading.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "option_values.h"
+#include "request.h"
+#include "tether_names.h"
+
+#define SPANK_PREFIX "_SLURM_SPANK_OPTION_tether_"
+
+static const struct tether_opt opts[TETHER_NOPTS] = TETHER_OPTION_TABLE;
+
+/* Is [key, key + len) option ``name`` as Slurm spells it after SPANK_PREFIX ('-' as '_')? */
+static int spank_name_is(const char *key, size_t len, const char *name)
+{
+	size_t i;
+
+	for (i = 0; i < len && name[i]; i++)
+		if (key[i] != (name[i] == '-' ? '_' : name[i]))
+			return 0;
+	return i == len && name[i] == '\0';
+}
+
+/* Is ``s`` UTF-8 as Python's strict decoder takes it (no overlong form, no surrogate, at most
+ * U+10FFFF)? The handler decodes entries with errors="replace", which would change the value. */
+static int utf8_ok(const unsigned char *s)
+{
+	while (*s) {
+		unsigned char c = *s;
+		int more;
+		unsigned long cp;
+
+		if (c < 0x80) {
+			s++;
+			continue;
+		}
+		if (c >= 0xc2 && c <= 0xdf)
+			more = 1, cp = c & 0x1f;
+		else if (c >= 0xe0 && c <= 0xef)
+			more = 2, cp = c & 0x0f;
+		else if (c >= 0xf0 && c <= 0xf4)
+			more = 3, cp = c & 0x07;
+		else
+			return 0;
+		for (int i = 1; i <= more; i++) {
+			if ((s[i] & 0xc0) != 0x80)
+				return 0;
+			cp = (cp << 6) | (s[i] & 0x3f);
+		}
+		if ((more == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+		    (more == 3 && (cp < 0x10000 || cp > 0x10ffff)))
+			return 0;
+		s += more + 1;
+	}
+	return 1;
+}
+
+char *tether_request_values(const tether_job_t *job, uint32_t *size)
+{
+	const char *control[TETHER_NOPTS] = { 0 }, *spank[TETHER_NOPTS] = { 0 };
+	const char *checked[TETHER_NOPTS] = { 0 };
+	size_t prefix = strlen(SPANK_PREFIX), total = 0;
+	char *out, *p;
+
+	for (uint32_t e = 0; e < job->spank_env_size; e++) {
+		const char *entry = job->spank_env[e], *eq;
+		size_t len;
+
+		if (entry == NULL)
+			continue;
+		eq = strchr(entry, '=');
+		len = eq ? (size_t)(eq - entry) : strlen(entry);
+		for (int i = 0; i < TETHER_NOPTS; i++) {
+			if (len > prefix && strncmp(entry, SPANK_PREFIX, prefix) == 0 &&
+			    spank_name_is(entry + prefix, len - prefix, opts[i].name))
+				spank[i] = eq ? eq + 1 : "";
+			else if (strlen(opts[i].env) == len && strncmp(entry, opts[i].env, len) == 0)
+				control[i] = eq ? eq + 1 : "";
+		}
+	}
+	for (int i = 0; i < TETHER_NOPTS; i++) {
+		const char *value = control[i] ? control[i] : spank[i];
+
+		if (value == NULL)
+			continue;
+		if (!utf8_ok((const unsigned char *)value))
+			return NULL;
+		checked[i] = tether_value_check(opts[i].kind, opts[i].minimum, opts[i].maximum, value);
+		if (checked[i] == NULL)
+			return NULL;
+		total += strlen(opts[i].name) + strlen(checked[i]) + 2;
+	}
+	if (total > UINT32_MAX || (out = malloc(total + 1)) == NULL)
+		return NULL;
+	p = out;
+	for (int i = 0; i < TETHER_NOPTS; i++) {
+		size_t n, v;
+
+		if (checked[i] == NULL)
+			continue;
+		n = strlen(opts[i].name) + 1;
+		v = strlen(checked[i]) + 1;
+		memcpy(p, opts[i].name, n);
+		memcpy(p + n, checked[i], v);
+		p += n + v;
+	}
+	*p = '\0';
+	*size = (uint32_t)total;
+	return out;
+}
