@@ -97,6 +97,7 @@ def make_job(ffi, env, uid, keep):
     job.spank_env, job.spank_env_size = array, len(entries)
     job.config_current = 1      # the shim checked the config file a moment ago
     values = b"".join(f"{k}\\0{v}\\0".encode() for k, v in checked_values(tether_values(env)).items())
+    job.plain_mounts = 1          # its mounts are plain bind mounts (/bench/...:/data:ro)
     buf = ffi.new("char[]", values + b"\\0")
     keep.append(buf)
     job.values, job.values_size = buf, len(values)

@@ -574,20 +574,24 @@ def parse_env_names(text: str | None) -> tuple[str, ...]:
 
 
 def _container_options(env: Mapping[str, str], command: Sequence[str], default_runtime: str,
-                       defaults: Mapping, resolve: bool) -> dict:
+                       defaults: Mapping, resolve: bool, normalized: bool = False) -> dict:
     """spec_from_env's checks of the ``TETHER_CONTAINER_*`` options, in its order, and their values
     as LaunchSpec's fields (not the rank's: ids, GPUs). Alone at submit
-    (check_container_options): what slurmctld's job_submit call runs per new request."""
+    (check_container_options): what slurmctld's job_submit call runs per new request. With
+    ``normalized`` (values surface.normalize accepted: at submit), the grammars it checked already
+    -- the image reference, the container's name and flag, variable names -- are not checked again
+    (``env_names`` is then the names as given)."""
     image = _text(env, "TETHER_CONTAINER_IMAGE", "--container-image")
     name, _, flag = env.get("TETHER_CONTAINER_NAME", "").strip().partition(":")
     name = name or None
-    if flag and flag not in CONTAINER_NAME_FLAGS:
+    if flag and not normalized and flag not in CONTAINER_NAME_FLAGS:
         raise LaunchError(f"--container-name={name}:{flag}: FLAG is one of {', '.join(CONTAINER_NAME_FLAGS)}")
     if not image and not name:
         raise LaunchError("no container image: set --container-image (TETHER_CONTAINER_IMAGE)")
     if image:                 # none: --container-name alone, the job's container of that name (as pyxis)
         try:
-            parse_image(image)
+            if not normalized:
+                parse_image(image)
         except ImageRefError as exc:
             raise LaunchError(str(exc)) from None
         if resolve and not image.startswith("/") and image.startswith(LOCAL_PREFIXES):
@@ -600,7 +604,7 @@ def _container_options(env: Mapping[str, str], command: Sequence[str], default_r
     workdir = _text(env, "TETHER_CONTAINER_WORKDIR", "--container-workdir")
     # pyxis: chdir(DIR) inside the container, so a relative one is from the root; '..' stays there
     workdir = container_path(workdir, "--container-workdir", clamp=True) if workdir else CONTAINER_WORKDIR
-    if name is not None and not _is_name(name):
+    if name is not None and not normalized and not _is_name(name):
         raise LaunchError(f"--container-name={name!r}: letters, digits, '.', '_', '-' (at most 63)")
     writable = parse_flag(env.get("TETHER_CONTAINER_WRITABLE"), "--container-writable")
     readonly = parse_flag(env.get("TETHER_CONTAINER_READONLY"), "--container-readonly")
@@ -629,7 +633,8 @@ def _container_options(env: Mapping[str, str], command: Sequence[str], default_r
     return {"image": image, "runtime": runtime, "mounts": mounts, "workdir": workdir, "name": name,
             "flag": flag, "writable": writable, "mount_home": mount_home, "remap_root": remap_root,
             "entrypoint": entrypoint, "save": save, "batch_script": batch_script,
-            "env_names": parse_env_names(_text(env, "TETHER_CONTAINER_ENV", "--container-env")),
+            "env_names": tuple(n for n in env.get("TETHER_CONTAINER_ENV", "").split(",") if n) if normalized else
+            parse_env_names(_text(env, "TETHER_CONTAINER_ENV", "--container-env")),
             "unshare": parse_unshare(_text(env, "TETHER_CONTAINER_UNSHARE", "--container-unshare"))}
 
 
@@ -663,9 +668,14 @@ def _safe_id(value: str) -> str:
     return "".join(c if c in _ALNUM or c in "_.-" else "_" for c in value)[:40] or "0"
 
 
-def check_container_options(values: Mapping[str, str], default_runtime: str) -> None:
+def check_container_options(values: Mapping[str, str], default_runtime: str, *, normalized: bool = False,
+                            plain_mounts: bool = False) -> None:
     """Validate the --container-* options of a job at submit time (option name -> value), with the
-    messages the run side would give: a bad request fails at sbatch, not when its steps start."""
+    messages the run side would give: a bad request fails at sbatch, not when its steps start.
+    ``normalized``: the values are as surface.normalize accepted them (the grammars it checks are
+    not checked again); ``plain_mounts``: its --container-mounts are plain bind mounts (the
+    job_submit shim's C checked them: job_submit/request.c), which no runtime refuses -- not parsed
+    again."""
     container = [name for name in values if name in BY_NAME and BY_NAME[name].is_container]
     if not container:
         return
@@ -681,7 +691,9 @@ def check_container_options(values: Mapping[str, str], default_runtime: str) -> 
             raise LaunchError("--container-* options need --container-image (it is empty: no container)")
         return
     # the run side's checks of the options, without a rank's spec (not per rank here: per request)
-    spec = _container_options(env, ("true",), default_runtime, {"mount_home": None}, False)
+    if plain_mounts:
+        env.pop("TETHER_CONTAINER_MOUNTS", None)
+    spec = _container_options(env, ("true",), default_runtime, {"mount_home": None}, False, normalized)
     runtime = spec["runtime"]
     refusal = mount_refusal(spec["mounts"], runtime)
     if refusal:

@@ -54,6 +54,7 @@ typedef struct tether_job {
 	char *values;               /* the tether option values, read and checked in C (request.h):
 	                             * "name\0value\0" per option; NULL: the handler reads spank_env */
 	uint32_t values_size;
+	int plain_mounts;           /* with values: their --container-mounts are plain bind mounts */
 	/* out: applied to job_desc by the calling thread when the answer is TETHER_ACCEPT */
 	int set_nodes;
 	uint32_t out_min_nodes;

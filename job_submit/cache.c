@@ -12,6 +12,7 @@
 
 #include "cache.h"
 #include "imageref.h"
+#include "request.h"
 #include "tether_names.h"
 #include "values.h"
 
@@ -382,101 +383,6 @@ static const struct {
 };
 #define SHAPE_ENTRIES (sizeof(shape_entries) / sizeof(shape_entries[0]))
 
-/* Is [p, end) an absolute path of letters, digits and "_.-/" only? */
-static int plain_path(const char *p, const char *end)
-{
-	if (p == end || *p != '/')
-		return 0;
-	for (; p < end; p++)
-		if (!((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
-		      *p == '_' || *p == '.' || *p == '-' || *p == '/'))
-			return 0;
-	return 1;
-}
-
-/* Is plain path [p, end) a container path as it is (spec.container_path leaves it unchanged: no
- * empty, '.' or '..' component, no '/' at its end), neither one of tether's own mount points nor a
- * directory above one (layout.reserved_target; the root is one of them)? */
-static int plain_target(const char *p, const char *end)
-{
-	static const char *const reserved[] = { TETHER_RESERVED_MOUNT_TARGETS };
-	size_t len = (size_t)(end - p);
-
-	for (const char *c = p; c < end;) {          /* at a '/': the component after it */
-		const char *next = memchr(c + 1, '/', (size_t)(end - c - 1));
-		size_t n;
-
-		if (next == NULL)
-			next = end;
-		n = (size_t)(next - c - 1);
-		if (n == 0 || (n == 1 && c[1] == '.') || (n == 2 && c[1] == '.' && c[2] == '.'))
-			return 0;
-		c = next;
-	}
-	for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++) {
-		size_t n = strlen(reserved[i]);
-
-		if (n == len && memcmp(reserved[i], p, len) == 0)
-			return 0;
-		if (n > len && memcmp(reserved[i], p, len) == 0 && reserved[i][len] == '/')
-			return 0; /* /run, /run/tether: the user's mounts go over tether's */
-	}
-	return 1;
-}
-
-/* --container-mounts' value when it is plain bind mounts, which the handler accepts whichever paths
- * they are (spec.parse_mounts): at most TETHER_MAX_TEXT bytes of SRC[:DST[:ro|rw]] items separated by
- * single commas, each path a plain_path, the target (DST, or SRC alone) a plain_target. Anything else
- * -- tmpfs, umount, relative paths, other flags, spaces, empty items -- is the handler's to answer. */
-static int mounts_ok(const char *s)
-{
-	size_t total = strlen(s);
-
-	if (total == 0 || total > TETHER_MAX_TEXT)
-		return 0;
-	for (const char *item = s;;) {
-		const char *end = strchr(item, ','), *field[3], *stop[3];
-		int n = 0;
-
-		if (end == NULL)
-			end = item + strlen(item);
-		for (const char *f = item; n < 3;) {
-			const char *colon = memchr(f, ':', (size_t)(end - f));
-
-			field[n] = f;
-			stop[n++] = colon ? colon : end;
-			if (colon == NULL)
-				break;
-			f = colon + 1;
-			if (n == 3)
-				return 0;            /* a third ':' */
-		}
-		if (!plain_path(field[0], stop[0]))
-			return 0;
-		if (n == 1 ? !plain_target(field[0], stop[0])
-			   : !plain_path(field[1], stop[1]) || !plain_target(field[1], stop[1]))
-			return 0;
-		if (n == 3 && !(stop[2] - field[2] == 2 &&
-				(memcmp(field[2], "ro", 2) == 0 || memcmp(field[2], "rw", 2) == 0)))
-			return 0;
-		if (*end == '\0')
-			return 1;
-		item = end + 1;
-	}
-}
-
-/* --container-workdir's value when the handler accepts it, whatever directory it names: printable
- * ASCII, 1 to TETHER_MAX_TEXT bytes (surface.normalize's text; spec.container_path takes any path). */
-static int workdir_ok(const char *s)
-{
-	size_t n = 0;
-
-	for (; s[n]; n++)
-		if ((unsigned char)s[n] < 0x20 || (unsigned char)s[n] > 0x7e)
-			return 0;
-	return n > 0 && n <= TETHER_MAX_TEXT;
-}
-
 /* A count written as the handler reads it the same way: "0", or digits without a leading zero up to
  * ``max``; -1 for anything else (the handler then answers that request itself). */
 static long count_of(const char *s, unsigned long max)
@@ -550,7 +456,7 @@ char *tether_shape_key(const tether_job_t *job, struct tether_counts *counts)
 		} else if (shape_entries[e].what == MOUNTS || shape_entries[e].what == WORKDIR) {
 			int mounts = shape_entries[e].what == MOUNTS;
 
-			if (!(mounts ? mounts_ok(value) : workdir_ok(value))) { /* the handler's to answer */
+			if (!(mounts ? tether_mounts_plain(value) : tether_workdir_plain(value))) { /* the handler's to answer */
 				key_add(&k, entry);
 				continue;
 			}

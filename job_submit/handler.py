@@ -383,7 +383,8 @@ class Handler:
             return ACCEPT
         try:
             values = self.request_values(job)
-            check_container_options(values, config.data["container"]["runtime"])
+            check_container_options(values, config.data["container"]["runtime"], normalized=True,
+                                    plain_mounts=job.values != self.ffi.NULL and bool(job.plain_mounts))
         except (LaunchError, RequestError) as exc:
             self._reply(job, f"tether: {exc}")
             job.cacheable = 1

@@ -64,7 +64,102 @@ static int utf8_ok(const unsigned char *s)
 	return 1;
 }
 
-char *tether_request_values(const tether_job_t *job, uint32_t *size)
+/* Is [p, end) an absolute path of letters, digits and "_.-/" only? */
+static int plain_path(const char *p, const char *end)
+{
+	if (p == end || *p != '/')
+		return 0;
+	for (; p < end; p++)
+		if (!((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
+		      *p == '_' || *p == '.' || *p == '-' || *p == '/'))
+			return 0;
+	return 1;
+}
+
+/* Is plain path [p, end) a container path as it is (spec.container_path leaves it unchanged: no
+ * empty, '.' or '..' component, no '/' at its end), neither one of tether's own mount points nor a
+ * directory above one (layout.reserved_target; the root is one of them)? */
+static int plain_target(const char *p, const char *end)
+{
+	static const char *const reserved[] = { TETHER_RESERVED_MOUNT_TARGETS };
+	size_t len = (size_t)(end - p);
+
+	for (const char *c = p; c < end;) {          /* at a '/': the component after it */
+		const char *next = memchr(c + 1, '/', (size_t)(end - c - 1));
+		size_t n;
+
+		if (next == NULL)
+			next = end;
+		n = (size_t)(next - c - 1);
+		if (n == 0 || (n == 1 && c[1] == '.') || (n == 2 && c[1] == '.' && c[2] == '.'))
+			return 0;
+		c = next;
+	}
+	for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++) {
+		size_t n = strlen(reserved[i]);
+
+		if (n == len && memcmp(reserved[i], p, len) == 0)
+			return 0;
+		if (n > len && memcmp(reserved[i], p, len) == 0 && reserved[i][len] == '/')
+			return 0; /* /run, /run/tether: the user's mounts go over tether's */
+	}
+	return 1;
+}
+
+/* --container-mounts' value when it is plain bind mounts, which the handler accepts whichever paths
+ * they are (spec.parse_mounts): at most TETHER_MAX_TEXT bytes of SRC[:DST[:ro|rw]] items separated by
+ * single commas, each path a plain_path, the target (DST, or SRC alone) a plain_target. Anything else
+ * -- tmpfs, umount, relative paths, other flags, spaces, empty items -- is the handler's to answer. */
+int tether_mounts_plain(const char *s)
+{
+	size_t total = strlen(s);
+
+	if (total == 0 || total > TETHER_MAX_TEXT)
+		return 0;
+	for (const char *item = s;;) {
+		const char *end = strchr(item, ','), *field[3], *stop[3];
+		int n = 0;
+
+		if (end == NULL)
+			end = item + strlen(item);
+		for (const char *f = item; n < 3;) {
+			const char *colon = memchr(f, ':', (size_t)(end - f));
+
+			field[n] = f;
+			stop[n++] = colon ? colon : end;
+			if (colon == NULL)
+				break;
+			f = colon + 1;
+			if (n == 3)
+				return 0;            /* a third ':' */
+		}
+		if (!plain_path(field[0], stop[0]))
+			return 0;
+		if (n == 1 ? !plain_target(field[0], stop[0])
+			   : !plain_path(field[1], stop[1]) || !plain_target(field[1], stop[1]))
+			return 0;
+		if (n == 3 && !(stop[2] - field[2] == 2 &&
+				(memcmp(field[2], "ro", 2) == 0 || memcmp(field[2], "rw", 2) == 0)))
+			return 0;
+		if (*end == '\0')
+			return 1;
+		item = end + 1;
+	}
+}
+
+/* --container-workdir's value when the handler accepts it, whatever directory it names: printable
+ * ASCII, 1 to TETHER_MAX_TEXT bytes (surface.normalize's text; spec.container_path takes any path). */
+int tether_workdir_plain(const char *s)
+{
+	size_t n = 0;
+
+	for (; s[n]; n++)
+		if ((unsigned char)s[n] < 0x20 || (unsigned char)s[n] > 0x7e)
+			return 0;
+	return n > 0 && n <= TETHER_MAX_TEXT;
+}
+
+int tether_request_values(tether_job_t *job)
 {
 	const char *control[TETHER_NOPTS] = { 0 }, *spank[TETHER_NOPTS] = { 0 };
 	const char *checked[TETHER_NOPTS] = { 0 };
@@ -93,14 +188,14 @@ char *tether_request_values(const tether_job_t *job, uint32_t *size)
 		if (value == NULL)
 			continue;
 		if (!utf8_ok((const unsigned char *)value))
-			return NULL;
+			return 0;
 		checked[i] = tether_value_check(opts[i].kind, opts[i].minimum, opts[i].maximum, value);
 		if (checked[i] == NULL)
-			return NULL;
+			return 0;
 		total += strlen(opts[i].name) + strlen(checked[i]) + 2;
 	}
 	if (total > UINT32_MAX || (out = malloc(total + 1)) == NULL)
-		return NULL;
+		return 0;
 	p = out;
 	for (int i = 0; i < TETHER_NOPTS; i++) {
 		size_t n, v;
@@ -114,6 +209,8 @@ char *tether_request_values(const tether_job_t *job, uint32_t *size)
 		p += n + v;
 	}
 	*p = '\0';
-	*size = (uint32_t)total;
-	return out;
+	job->values = out;
+	job->values_size = (uint32_t)total;
+	job->plain_mounts = checked[OPT_CONTAINER_MOUNTS] != NULL && tether_mounts_plain(checked[OPT_CONTAINER_MOUNTS]);
+	return 1;
 }

@@ -18,8 +18,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tether.job_submit import build as job_submit_build
+from tether.container.spec import mount_refusal, parse_mounts
 from tether.hooks.errors import RequestError
-from tether.hooks.surface import OPTIONS
+from tether.hooks.surface import OPTIONS, RUNTIMES
 from tether.job_submit.handler import ACCEPT, REJECT, Handler, checked_values, tether_values
 from tether.native.build import source_dir as native_source_dir
 from tether.testing.slurm import NO_VAL, NO_VAL16, JobSubmit, PluginLib, bridge_ffi
@@ -35,7 +36,7 @@ void tether_cache_store(const tether_job_t *job, const char *key, int rc, unsign
 unsigned long tether_cache_generation(void);
 long tether_partition_nodes(const char *name);
 int tether_config_current(void);
-char *tether_request_values(const tether_job_t *job, uint32_t *size);
+int tether_request_values(tether_job_t *job);
 void free(void *);
 """
 
@@ -552,26 +553,27 @@ def test_the_partitions_sizes_are_the_handlers_reading_of_slurm_conf_and_kept_cu
 
 
 # ---- the values the shim reads for the handler (request.c) -----------------------------------------
-def shim_values(shim, ffi, c) -> dict | None:
+def shim_values(shim, ffi, c) -> tuple[bytes, bool] | None:
     """request.c's reading of ``c`` (a tether_job_t of ``ffi``, another cffi instance than the shim's:
-    the same bridge.h), as the handler turns it into a dict; None when the shim hands over none."""
-    size = shim.ffi.new("uint32_t *")
-    out = shim.lib.tether_request_values(shim.ffi.cast("tether_job_t *", int(ffi.cast("uintptr_t", c))), size)
-    if out == shim.ffi.NULL:
+    the same bridge.h): the values it hands over and whether their mounts are plain; None when it
+    hands over none. ``c.values`` is left NULL (the C buffer freed)."""
+    if not shim.lib.tether_request_values(shim.ffi.cast("tether_job_t *", int(ffi.cast("uintptr_t", c)))):
+        assert c.values == ffi.NULL
         return None
-    data = shim.ffi.unpack(out, size[0])
-    shim.lib.free(out)
-    return data
+    data, plain = ffi.unpack(c.values, c.values_size), bool(c.plain_mounts)
+    shim.lib.free(shim.ffi.cast("void *", int(ffi.cast("uintptr_t", c.values))))
+    c.values, c.values_size, c.plain_mounts = ffi.NULL, 0, 0
+    return data, plain
 
 
 def give_values(shim, ffi, c, keep: list) -> bool:
-    """Put request.c's reading of ``c`` into ``c.values``, as plugin.c does before the call."""
-    data = shim_values(shim, ffi, c)
-    if data is None:
+    """Put request.c's reading of ``c`` into ``c``, as plugin.c does before the call."""
+    read = shim_values(shim, ffi, c)
+    if read is None:
         return False
-    buf = ffi.new("char[]", data + b"\0")
+    buf = ffi.new("char[]", read[0] + b"\0")
     keep.append(buf)
-    c.values, c.values_size = buf, len(data)
+    c.values, c.values_size, c.plain_mounts = buf, len(read[0]), read[1]
     return True
 
 
@@ -594,6 +596,8 @@ entry = st.tuples(st.sampled_from(OPTION_KEYS) | st.sampled_from(["TETHER_X", "_
 @example(entries=[b"TETHER_SLOTS=2", b"TETHER_CONTAINER_SAVE=/a/\xc3.sqsh"])
 @example(entries=[b"TETHER_CONTAINER_WRITABLE", b"TETHER_CONTAINER_IMAGE=", b"TETHER_SLOTS"])   # no '='
 @example(entries=[b"TETHER_CONTAINER_READONLY=yes", b"_SLURM_SPANK_OPTION_tether_container_remap_root=off"])
+@example(entries=[b"TETHER_CONTAINER_MOUNTS=/a:/b:ro,/c", b"TETHER_CONTAINER_IMAGE=/i.sqsh"])       # plain
+@example(entries=[b"TETHER_CONTAINER_MOUNTS=tmpfs:/t", b"_SLURM_SPANK_OPTION_tether_container_mounts=/a:/b"])
 def test_the_values_the_shim_reads_are_the_handlers(shim, entries):
     """For any spank_job_env -- options spelled both ways or one, given twice, without '=', values
     refused, not UTF-8 --, the values request.c hands the handler are the ones the handler reads
@@ -604,14 +608,18 @@ def test_the_values_the_shim_reads_are_the_handlers(shim, entries):
     bufs = [ffi.new("char[]", e) for e in entries]
     array = ffi.new("char *[]", bufs or [ffi.NULL])
     c.spank_env, c.spank_env_size = array, len(bufs)
-    data = shim_values(shim, ffi, c)
+    read = shim_values(shim, ffi, c)
     try:
         mine = checked_values(tether_values([e.decode("utf-8", "replace") for e in entries]))
     except RequestError:
         mine = None
-    if data is not None:
-        parts = data.decode("utf-8").split("\0")
+    if read is not None:
+        parts = read[0].decode("utf-8").split("\0")
         assert dict(zip(parts[0:-1:2], parts[1::2])) == mine and len(parts) % 2 == 1, entries
+        if read[1]:     # plain mounts: bind mounts the handler takes and no runtime refuses
+            mounts = parse_mounts(mine["container-mounts"])
+            assert mounts and all(m.kind == "bind" for m in mounts), mounts
+            assert all(mount_refusal(mounts, runtime) is None for runtime in RUNTIMES)
     else:
         utf8 = all(_is_utf8(e) for e in entries)
         assert mine is None or not utf8, entries
