@@ -148,11 +148,15 @@ class PlanAnswer:
     (``gres:gpu[:type]:N`` / ``gres/gpu...`` by version), the partition and WCKey (``texts``, in
     apply order; the GPUs per node are merged with the job's own --gres when written), the options
     the plan sets (``controlled``: the user may not give them), the note for the user (``notes``)
-    and the shape cache's quantities (``quantities``; None: not shaped, see mark_shaped)."""
+    and the shape cache's quantities (``quantities``; None: not shaped, see mark_shaped). With an
+    ``ffi``, the answer's fields as bytes too (``image``: the struct from ``set_nodes`` to ``msg``,
+    and ``shape_image`` from ``shaped`` to its end), written into a job at once: a new shape's call
+    in slurmctld runs with its code and data out of the CPU's caches, and each field set through
+    cffi is code of its own."""
 
-    __slots__ = ("numbers", "texts", "controlled", "notes", "quantities")
+    __slots__ = ("numbers", "texts", "controlled", "notes", "quantities", "image", "shape_image")
 
-    def __init__(self, plan: Plan, prefix: str):
+    def __init__(self, plan: Plan, prefix: str, ffi=None):
         res = plan.slurm
         assert res is not None
         # what the answer holds in each of SHAPED_FIELDS (None: not written)
@@ -172,9 +176,17 @@ class PlanAnswer:
         self.controlled = controlled_options(plan)
         self.notes = "\n".join(f"tether: note: {n}" for n in plan.notices)
         self.quantities = None if plan.notices else shape_quantities(plan, answered)
+        self.image = self.shape_image = None
+        if ffi is not None:           # the same writes, into a job of no --gres of its own
+            scratch = ffi.new("tether_job_t *")
+            self._write_fields(scratch, ffi)
+            mark_shaped(scratch, self.quantities)
+            start, end = ffi.offsetof("tether_job_t", "set_nodes"), ffi.offsetof("tether_job_t", "msg")
+            shaped = ffi.offsetof("tether_job_t", "shaped")
+            whole = ffi.buffer(scratch)
+            self.image, self.shape_image = whole[start:end], whole[shaped:]
 
-    def write(self, job, ffi) -> None:
-        """Fill ``job``'s answer: the plan's fields, and no requeue."""
+    def _write_fields(self, job, ffi) -> None:
         for name, value in self.numbers:
             setattr(job, name, value)
         for out, text in self.texts:
@@ -183,6 +195,20 @@ class PlanAnswer:
                 text = ",".join([i for i in current.split(",") if i and not gres_references_gpu(i)] + [text])
             _put(ffi, job, out, text)
         job.set_requeue, job.out_requeue = 1, 0
+
+    def write(self, job, ffi) -> None:
+        """Fill ``job``'s answer: the plan's fields, and no requeue."""
+        if self.image is None or job.tres_per_node != ffi.NULL:    # a --gres of its own: merged
+            self._write_fields(job, ffi)
+        else:
+            ffi.memmove(ffi.addressof(job, "set_nodes"), self.image, len(self.image))
+
+    def mark(self, job, ffi) -> None:
+        """mark_shaped(job, self.quantities), from ``shape_image`` when there is one."""
+        if self.shape_image is None:
+            mark_shaped(job, self.quantities)
+        else:
+            ffi.memmove(ffi.addressof(job, "shaped"), self.shape_image, len(self.shape_image))
 
 
 def apply_plan(job, plan: Plan, ffi, prefix: str) -> None:
@@ -422,7 +448,7 @@ class Handler:
         if answer.notes:
             self._reply(job, answer.notes)
         job.cacheable = 1
-        mark_shaped(job, answer.quantities)
+        answer.mark(job, self.ffi)
         return ACCEPT
 
     def plan_answer(self, job, values: dict[str, str], config: Config) -> PlanAnswer:
@@ -443,7 +469,7 @@ class Handler:
         if answer is None:
             try:
                 request = self.request(job, values, partition, user=source == "user", may_block=not job.direct)
-                answer = PlanAnswer(make_plan(request, config, "slurm"), self.prefix)
+                answer = PlanAnswer(make_plan(request, config, "slurm"), self.prefix, self.ffi)
             except RequestError as exc:
                 answer = str(exc)
             if len(self._answers) >= PLAN_ANSWERS:
