@@ -7,17 +7,20 @@ private sandbox cluster.
 directories they mount). Each job of a round gets its own slot layout (9 of them: ``--slots`` 1-12
 with ``--slots-per-node`` 1, 2 or 4), job name, time limit, container image tag
 (``--container-image=bench/app:r<round>-<job>``) and mounted directory
-(``--container-mounts=/bench/<round>-<job>:/data:ro``, as pyxis users mount ``$PWD``) and container
-name (``--container-name=b<round>-<job>``), so no two requests of a run are the same. To tether they
-are one *shape* (the request less its slot counts, image, ``--container-env`` names, plain bind
-mounts, ``--container-workdir`` and ``--container-name``): its C shim answers all but the first of a
-run from its shape cache, with no Python. The **cached repeat** (one request again and again) is the
-second figure, and **new shapes** the third: each request also saves its container to a file of its
-own (``--container-save=/bench/<round>-<job>.sqsh``), a value the shim keeps in the shape, so each
-one goes to the Python handler -- the cost of the first request of each shape (after slurmctld
-starts or the config changes). (Before issue 43's C checks, new shapes were requests naming their
-own ``--container-env`` variable, then mounting their own directory, then naming their own
-container; all three are one shape now.)
+(``--container-mounts=/bench/<round>-<job>:/data:ro``, as pyxis users mount ``$PWD``), container
+name (``--container-name=b<round>-<job>``) and file to save the container to
+(``--container-save=/bench/<round>-<job>.sqsh``), so no two requests of a run are the same. To
+tether they are one *shape* (the request less its slot counts, image, ``--container-env`` names,
+plain bind mounts, ``--container-workdir``, ``--container-name`` and a plain absolute
+``--container-save``): its C shim answers all but the first of a run from its shape cache, with no
+Python. The **cached repeat** (one request again and again) is the second figure, and **new
+shapes** the third: each request saves its container to a *relative* file of its own
+(``--container-save=<round>-<job>.sqsh``), whose check depends on the working directory, so the
+shim keeps it in the shape and each one goes to the Python handler -- the cost of the first
+request of each shape (after slurmctld starts or the config changes). (Before issue 43's C checks,
+new shapes were requests naming their own ``--container-env`` variable, then mounting their own
+directory, then naming their own container, then saving to an absolute file of their own; all
+are one shape now.)
 
 Every mode submits, as the unprivileged sandbox user and one after another, held jobs that end up
 as the same requests in slurmctld: lua and tether get ``sbatch -H --slots=S --slots-per-node=P``
@@ -68,12 +71,14 @@ KINDS = ("distinct", "cached", "new shapes")
 
 
 def command(mode: str, k: int, tag: str, new_shape: bool = False) -> list[str]:
-    """The k-th request of a round: its own layout, name, time limit, image tag and mounted
-    directory, container name (and with ``new_shape`` its own --container-save file)."""
+    """The k-th request of a round: its own layout, name, time limit, image tag, mounted
+    directory, container name and --container-save file (relative with ``new_shape``)."""
     slots, per_node = LAYOUTS[k % len(LAYOUTS)]
     common = ["-H", f"--job-name=bench-{tag}-{k}", f"--time={10 + k % 50}", "--output=/dev/null",
               f"--container-image=bench/app:{tag}-{k}", f"--container-mounts=/bench/{tag}-{k}:/data:ro",
-              f"--container-name=b{tag}-{k}"] + ([f"--container-save=/bench/{tag}-{k}.sqsh"] if new_shape else [])
+              f"--container-name=b{tag}-{k}",
+              # its own file to save the container to: absolute (a shape's class), or relative (the handler's)
+              f"--container-save={'' if new_shape else '/bench/'}{tag}-{k}.sqsh"]
     if mode == "none":         # the rewrite spelled out (what lua and tether make of --slots)
         return ["sbatch", *common, f"--gpus={slots}", f"--nodes=1-{slots}", "--tasks-per-node=1",
                 f"--gpus-per-task={per_node}", "--no-requeue", "--wrap", "true"]

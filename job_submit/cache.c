@@ -360,7 +360,7 @@ void tether_cache_store(const tether_job_t *job, const char *key, int rc, unsign
 /* ---- by shape ---- */
 
 /* The spank_env entries the shape key stands for by their class, and what each is. */
-enum { COUNT_SLOTS, COUNT_SPN, IMAGE, ENV_NAMES, MOUNTS, WORKDIR, NAME };
+enum { COUNT_SLOTS, COUNT_SPN, IMAGE, ENV_NAMES, MOUNTS, WORKDIR, NAME, SAVE };
 static const struct {
 	const char *name;
 	int what;
@@ -380,6 +380,8 @@ static const struct {
 	{ TETHER_SPANK_ENV_CONTAINER_WORKDIR, WORKDIR, 0 },
 	{ TETHER_ENV_CONTAINER_NAME, NAME, 1 },
 	{ TETHER_SPANK_ENV_CONTAINER_NAME, NAME, 0 },
+	{ TETHER_ENV_CONTAINER_SAVE, SAVE, 1 },
+	{ TETHER_SPANK_ENV_CONTAINER_SAVE, SAVE, 0 },
 };
 #define SHAPE_ENTRIES (sizeof(shape_entries) / sizeof(shape_entries[0]))
 
@@ -453,6 +455,14 @@ char *tether_shape_key(const tether_job_t *job, struct tether_counts *counts)
 				continue;
 			}
 			snprintf(class, sizeof(class), "%s=#name%s", shape_entries[e].name, colon ? colon : "");
+		} else if (shape_entries[e].what == SAVE) {
+			/* which file it is changes no answer of the handler (spec.save_path; the runtime's
+			 * refusal of a save is the runtime's, which stays in the key) */
+			if (!tether_save_plain(value)) { /* the handler's to answer */
+				key_add(&k, entry);
+				continue;
+			}
+			snprintf(class, sizeof(class), "%s=#save", shape_entries[e].name);
 		} else if (shape_entries[e].what == MOUNTS || shape_entries[e].what == WORKDIR) {
 			int mounts = shape_entries[e].what == MOUNTS;
 

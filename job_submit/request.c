@@ -76,14 +76,10 @@ static int plain_path(const char *p, const char *end)
 	return 1;
 }
 
-/* Is plain path [p, end) a container path as it is (spec.container_path leaves it unchanged: no
- * empty, '.' or '..' component, no '/' at its end), neither one of tether's own mount points nor a
- * directory above one (layout.reserved_target; the root is one of them)? */
-static int plain_target(const char *p, const char *end)
+/* Is plain path [p, end) a path as it is (os.path.normpath and spec.container_path leave it
+ * unchanged: no empty, '.' or '..' component, no '/' at its end, not the root)? */
+static int plain_components(const char *p, const char *end)
 {
-	static const char *const reserved[] = { TETHER_RESERVED_MOUNT_TARGETS };
-	size_t len = (size_t)(end - p);
-
 	for (const char *c = p; c < end;) {          /* at a '/': the component after it */
 		const char *next = memchr(c + 1, '/', (size_t)(end - c - 1));
 		size_t n;
@@ -95,6 +91,18 @@ static int plain_target(const char *p, const char *end)
 			return 0;
 		c = next;
 	}
+	return 1;
+}
+
+/* Is plain path [p, end) a container path as it is (plain_components), neither one of tether's own
+ * mount points nor a directory above one (layout.reserved_target; the root is one of them)? */
+static int plain_target(const char *p, const char *end)
+{
+	static const char *const reserved[] = { TETHER_RESERVED_MOUNT_TARGETS };
+	size_t len = (size_t)(end - p);
+
+	if (!plain_components(p, end))
+		return 0;
 	for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++) {
 		size_t n = strlen(reserved[i]);
 
@@ -145,6 +153,13 @@ int tether_mounts_plain(const char *s)
 			return 1;
 		item = end + 1;
 	}
+}
+
+int tether_save_plain(const char *s)
+{
+	const char *end = s + strlen(s);
+
+	return (size_t)(end - s) <= TETHER_MAX_TEXT && plain_path(s, end) && plain_components(s, end);
 }
 
 /* --container-workdir's value when the handler accepts it, whatever directory it names: printable

@@ -23,6 +23,12 @@ int tether_request_values(tether_job_t *job);
  * points nor a directory above one. Anything else is the handler's to parse. */
 int tether_mounts_plain(const char *value);
 
+/* --container-save's value when it is a plain absolute file path, which the handler accepts whichever
+ * file it names (spec.save_path: it is its own normal form, not the root, no '/' at its end):
+ * letters, digits and "_.-/", no empty, '.' or '..' component. A relative one is the handler's (its
+ * check depends on the working directory). */
+int tether_save_plain(const char *value);
+
 /* --container-workdir's value when the handler accepts it, whatever directory it names: printable
  * ASCII, 1 to TETHER_MAX_TEXT bytes (surface.normalize's text; spec.container_path takes any path). */
 int tether_workdir_plain(const char *value);

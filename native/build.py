@@ -115,7 +115,7 @@ def names_header() -> str:
         f"#define TETHER_MAX_CONTAINER_NAME {surface.BY_NAME['container-name'].maximum}",
         *(f"#define TETHER_{kind}_{_enum_name(name)[4:]} {c_string(getattr(surface.BY_NAME[name], attr))}"
           for name in ("slots", "slots-per-node", "container-image", "container-env", "container-mounts",
-                       "container-workdir", "container-name")
+                       "container-workdir", "container-name", "container-save")
           for kind, attr in (("ENV", "env"), ("SPANK_ENV", "spank_env"))),
         f"#define TETHER_RESERVED_MOUNT_TARGETS {', '.join(map(c_string, layout.RESERVED_TARGETS))}",
         "",

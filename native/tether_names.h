@@ -157,6 +157,8 @@ enum tether_option {
 #define TETHER_SPANK_ENV_CONTAINER_WORKDIR "_SLURM_SPANK_OPTION_tether_container_workdir"
 #define TETHER_ENV_CONTAINER_NAME "TETHER_CONTAINER_NAME"
 #define TETHER_SPANK_ENV_CONTAINER_NAME "_SLURM_SPANK_OPTION_tether_container_name"
+#define TETHER_ENV_CONTAINER_SAVE "TETHER_CONTAINER_SAVE"
+#define TETHER_SPANK_ENV_CONTAINER_SAVE "_SLURM_SPANK_OPTION_tether_container_save"
 #define TETHER_RESERVED_MOUNT_TARGETS "/", "/tmp", "/run/tether/workdir", "/run/tether/batch-script"
 
 /* the layout under job_storage_root */

@@ -126,7 +126,7 @@ def test_slurm_table_rows_through_sbatch(cluster, tether_config, case):
 
 def test_a_size_sweep_is_answered_by_its_shape_in_c(cluster, tether_config):
     """Requests that differ in their slot counts, image tag, --container-env names, plain bind
-    mounts, --container-workdir and --container-name only are one shape: the handler answers the first, the shim's C
+    mounts, --container-workdir, --container-name and absolute --container-save only are one shape: the handler answers the first, the shim's C
     the others (slurmctld's debug log says which), and each job gets its own layout."""
     tether_config()
     cluster.run(["scontrol", "setdebug", "debug"])
@@ -137,7 +137,8 @@ def test_a_size_sweep_is_answered_by_its_shape_in_c(cluster, tether_config):
             result, job_id, _ = sbatch(cluster, "-H", f"--slots={slots}", "--slots-per-node=2",
                                        f"--container-image=localhost/app:v{slots}", f"--container-env=SWEEP_{slots}",
                                        f"--container-mounts=/sweep/{slots}:/data:ro", f"--container-workdir=/w{slots}",
-                                       f"--container-name=sweep{slots}", "--job-name=sweep", wait=False)
+                                       f"--container-name=sweep{slots}", f"--container-save=/sweep/{slots}.sqsh",
+                                       "--job-name=sweep", wait=False)
             assert result.returncode == 0, result.stderr
             jobs[slots] = job_id
         log = cluster.ctld_log_since(mark)
@@ -218,7 +219,7 @@ def test_a_new_shape_runs_on_slurmctlds_thread_unless_it_needs_what_may_block(cl
 
     def submit(user: str, save: str) -> None:
         argv = ["sbatch", "--parsable", "-H", "--slots=2", "--slots-per-node=2", "--container-image=localhost/app:1",
-                f"--container-save=/tmp/{save}.sqsh", "--job-name=thread", "--wrap", "true"]
+                f"--container-save={save}.sqsh", "--job-name=thread", "--wrap", "true"]
         result = cluster.run(["runuser", "-u", user, "--", *argv], cwd=str(box.work_dir), check=False)
         assert result.returncode == 0, result.stderr
         jobs.append(result.stdout.strip().split(";")[0])
@@ -229,7 +230,7 @@ def test_a_new_shape_runs_on_slurmctlds_thread_unless_it_needs_what_may_block(cl
         mark = cluster.ctld_log_mark()
         try:
             submit(cluster.user, "first")       # the config changed: read on the worker
-            submit(cluster.user, "second")      # a new shape (its own file), the user known
+            submit(cluster.user, "second")      # a new shape (its own relative file), the user known
             submit(other, "third")              # a new shape of a user never seen: the worker
             log = cluster.ctld_log_since(mark)
         finally:
