@@ -97,7 +97,10 @@ def make_job(ffi, env, uid, keep):
     job.spank_env, job.spank_env_size = array, len(entries)
     job.config_current = 1      # the shim checked the config file a moment ago
     values = b"".join(f"{k}\\0{v}\\0".encode() for k, v in checked_values(tether_values(env)).items())
-    job.plain_mounts = 1          # its mounts are plain bind mounts (/bench/...:/data:ro)
+    # its mounts are plain bind mounts, as request.c finds (bench/submit.py's /bench/<tag>-<k>:/data:ro)
+    mounts = next((e.split("=", 1)[1] for e in env if e.startswith("TETHER_CONTAINER_MOUNTS=")), "")
+    assert mounts.startswith("/bench/") and mounts.endswith(":/data:ro") and mounts.count(":") == 2, mounts
+    job.plain_mounts = 1
     buf = ffi.new("char[]", values + b"\\0")
     keep.append(buf)
     job.values, job.values_size = buf, len(values)

@@ -28,8 +28,9 @@ from .partitions import partition_table, slurm_conf_path
 
 ACCEPT, REJECT, ON_WORKER, FAILED = 1, 2, 3, -1   # bridge.h's TETHER_*
 # The interpreter's recursion limit in slurmctld (set by the plugin's init code): the handler runs on
-# slurmctld's RPC threads, whose stacks are 1 MiB, and Python's C recursion is bounded by this only
-# (a RecursionError instead of a crash; worker.c wants half the stack left). Its calls are shallow.
+# slurmctld's RPC threads, whose stacks are 1 MiB, and on Python 3.11 this is what bounds a recursion
+# through C (a RecursionError instead of a crash; worker.c wants half the stack left). Its calls
+# are shallow.
 RECURSION_LIMIT = 250
 SLURM_HINT = "use --slots, --slots-per-node, --slot-type, --gpu-type or --resource-pool instead"
 

@@ -296,7 +296,8 @@ static int answer(struct tether_call *call)
 		slurm_debug("job_submit/tether: cached answer took %ld us", elapsed_us(&t0));
 	} else {
 		call->job->config_current = tether_config_current();
-		tether_request_values(call->job);
+		if (call->wanted) /* a tether job (not one reject-all mode sends to the handler) */
+			tether_request_values(call->job);
 		rc = tether_run(call, TETHER_CALL_SECONDS);
 		/* where the time goes (bench/submit.py reads it): handing the call to the worker thread,
 		 * the Python handler, and waking this thread again */

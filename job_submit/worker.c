@@ -155,8 +155,10 @@ static void *worker(void *unused)
 }
 
 /* The stack a call on slurmctld's thread must have left: Slurm gives its RPC threads 1 MiB
- * (macros.h, slurm_thread_create), and Python's C recursion is bounded only by the recursion limit
- * (RECURSION_LIMIT, handler.py: 250 frames fit in about half of it; a deeper one segfaults). */
+ * (macros.h, slurm_thread_create). On Python 3.11 the recursion limit is what bounds a recursion
+ * through C (RECURSION_LIMIT, handler.py: 250 frames fit in about half of it; Python's default let
+ * it overflow the stack); 3.12 and later also bound C recursion on their own, by a count this
+ * limit does not lower. */
 #define TETHER_DIRECT_STACK (512 * 1024)
 
 /* The bytes of this thread's stack below the current frame (it grows down), or 0 when not known. */

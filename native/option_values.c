@@ -1,7 +1,7 @@
 /*
  * An option's value as tether accepts it (option_values.h): the SPANK plugin's check in
  * srun/sbatch/salloc and slurmstepd (spank/options.c), and the job_submit plugin's of the values it
- * hands the handler (job_submit/cache.c). tests/unit/test_fuzz.py holds it to surface.normalize.
+ * hands the handler (job_submit/request.c). tests/unit/test_fuzz.py holds it to surface.normalize.
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -44,7 +44,7 @@ int tether_any_option(void)
 	return 0;
 }
 
-/* Is ``value`` valid for ``o``? The normalized value, or NULL (values.c: tether_value_check). */
+/* Is ``value`` valid for ``o``? The normalized value, or NULL (option_values.c: tether_value_check). */
 static const char *check_value(const struct tether_opt *o, const char *value)
 {
 	if (o->kind == K_FLAG && value == NULL) /* slurmstepd hands a set flag over as "" or NULL */
