@@ -299,8 +299,8 @@ static int answer(struct tether_call *call)
 		if (call->wanted) /* a tether job (not one reject-all mode sends to the handler) */
 			tether_request_values(call->job);
 		rc = tether_run(call, TETHER_CALL_SECONDS);
-		/* where the time goes (bench/submit.py reads it): handing the call to the worker thread,
-		 * the Python handler, and waking this thread again */
+		/* where the time goes (bench/submit.py reads it): the Python handler on this thread; or
+		 * handing the call to the worker thread, the handler there, and waking this thread again */
 		if (call->direct)
 			slurm_debug("job_submit/tether: handler took %ld us (on this thread, Python %ld)",
 				    elapsed_us(&t0), us_between(&call->t_start, &call->t_end));

@@ -184,17 +184,17 @@ int tether_request_values(tether_job_t *job)
 	for (uint32_t e = 0; e < job->spank_env_size; e++) {
 		const char *entry = job->spank_env[e], *eq;
 		size_t len;
+		int slurms;
 
 		if (entry == NULL)
 			continue;
 		eq = strchr(entry, '=');
 		len = eq ? (size_t)(eq - entry) : strlen(entry);
+		slurms = len > prefix && strncmp(entry, SPANK_PREFIX, prefix) == 0;
 		for (int i = 0; i < TETHER_NOPTS; i++) {
-			if (len > prefix && strncmp(entry, SPANK_PREFIX, prefix) == 0 &&
-			    spank_name_is(entry + prefix, len - prefix, opts[i].name))
-				spank[i] = eq ? eq + 1 : "";
-			else if (strlen(opts[i].env) == len && strncmp(entry, opts[i].env, len) == 0)
-				control[i] = eq ? eq + 1 : "";
+			if (slurms ? spank_name_is(entry + prefix, len - prefix, opts[i].name)
+				   : strlen(opts[i].env) == len && strncmp(entry, opts[i].env, len) == 0)
+				(slurms ? spank : control)[i] = eq ? eq + 1 : "";
 		}
 	}
 	for (int i = 0; i < TETHER_NOPTS; i++) {
