@@ -411,7 +411,7 @@ class Handler:
         try:
             values = self.request_values(job)
             check_container_options(values, config.data["container"]["runtime"], normalized=True,
-                                    plain_mounts=job.values != self.ffi.NULL and bool(job.plain_mounts))
+                                    plain_mounts=bool(job.plain_mounts))   # set only with job.values
         except (LaunchError, RequestError) as exc:
             self._reply(job, f"tether: {exc}")
             job.cacheable = 1

@@ -7,7 +7,6 @@
  * and the launcher check them once more where they are used.
  */
 #include <ctype.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
