@@ -315,7 +315,9 @@ def execute(launch: Launch, *, subreaper: bool = False, resume: str | None = Non
     ``resume``: the C rank launcher ran this launch and hands over its conclusion (parse_resume);
     ``ahead``: it started the first preparation step (run_before)."""
     first = parse_resume(resume) if resume else None
-    if resume and (first is None or not launch.supervise or launch.before or launch.prepare is not None):
+    # the C launcher runs no preparation step but those it knows (the enroot rank's create and start turn)
+    theirs = all(getattr(step[0], "rank_launcher_runs", False) for step in launch.before)
+    if resume and (first is None or not launch.supervise or not theirs or launch.prepare is not None):
         report(f"internal error: the rank launcher handed over a run this launcher would not have made "
                f"({resume[:80]!r}); its container, if any, is removed at the step's end")
         os._exit(EXIT_LAUNCH_FAILED)

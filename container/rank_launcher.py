@@ -17,8 +17,10 @@ rank's values (``RankTemplate``), which tether-run substitutes; tether-run decid
 rank is that case and supervises it. tests/unit/test_rank_launcher.py builds it with ``plan_only``
 and compares its plans with ``Podman.launch``'s over many rank environments.
 
-For an enroot rank it runs no container itself, but starts the step's ``enroot create`` before
-handing the rank over (``ahead_plan``): ``Enroot.launch``'s create, baked the same way.
+The common enroot rank it runs too: the step's ``enroot create`` (``ahead_plan``) and the
+``enroot start`` with its scripts and start turn (``start_plan``), ``Enroot.launch``'s own, baked the
+same way; a rank of that case it cannot run (a value enroot's environment file cannot carry, MPI's
+PMI_FD) gets the create started before the hand-over.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ..system.toolchain import CBuild
 from . import environment
 from .launch import GRACE_SECONDS
 from .run import config_identity
+from .runtimes.enroot import CREATE_QUIET_SECONDS
 from .runtimes.podman import DEFAULT_STORE, PAUSE_NAMES, PAUSE_PID_FILE, ROOTFS_TARGETS, Podman
 from .spec import CONTAINER_TMP, CONTAINER_WORKDIR, LaunchError, LaunchSpec
 
@@ -79,6 +82,7 @@ PLACEHOLDERS = {
     "PARTIAL": "\1P",                          # enroot create's partial name (CreateWhole.partial),
     "PID": "\1Q",                              # made of the creating process's id
     "USER_RUN_DIR": "\1R",                     # the user's run directory (Enroot.own_run_dir)
+    "ENV_LINES": "\1E",                        # the job's variables in enroot's --conf script
 }
 
 
@@ -136,6 +140,24 @@ class RankTemplate(Podman):
                 "marker_data": json.dumps(launch.marker_data).replace("\\u0001", "\1")}
 
 
+# recognizable values for a rank's, which the bakes below turn into placeholders
+BAKED_JOB, BAKED_STEP, BAKED_RANK = "7310000001", "7310000002", "7310000003"
+
+
+def _scratch_rank(tmp: str) -> tuple[str, str, str, dict[str, str]]:
+    """A rank of an enroot step in scratch directory ``tmp``: (step directory, rank directory,
+    image file, the rank's environment: ids, directory, image)."""
+    step_dir = os.path.join(tmp, "step-dir")
+    rank_dir = os.path.join(step_dir, "rank-dir-7310000004")
+    for sub in ("tmp", "work"):
+        os.makedirs(os.path.join(rank_dir, sub))
+    image = os.path.join(tmp, "image.sqsh")
+    open(image, "w").close()
+    return step_dir, rank_dir, image, {"SLURM_JOB_ID": BAKED_JOB, "SLURM_STEP_ID": BAKED_STEP,
+                                       "SLURM_PROCID": BAKED_RANK, "SLURM_LOCALID": "0",
+                                       "TETHER_RANK_DIR": rank_dir, "TETHER_CONTAINER_IMAGE": image}
+
+
 def ahead_plan(settings: Mapping[str, Any]) -> dict[str, Any] | str:
     """The enroot create that tether-run starts ahead of the Python launcher (tether_run.c:
     create_ahead), as templates; or why a rank of this configuration gets none.
@@ -153,17 +175,10 @@ def ahead_plan(settings: Mapping[str, Any]) -> dict[str, Any] | str:
     from .runtimes.enroot import CreateWhole
     from .spec import spec_from_env
 
-    job, step, rank = "7310000001", "7310000002", "7310000003"
+    job, step, rank = BAKED_JOB, BAKED_STEP, BAKED_RANK
     with tempfile.TemporaryDirectory(prefix="tether-run-ahead-") as tmp:
-        step_dir = os.path.join(tmp, "step-dir")
-        rank_dir = os.path.join(step_dir, "rank-dir")
-        for sub in ("tmp", "work"):
-            os.makedirs(os.path.join(rank_dir, sub))
-        image = os.path.join(tmp, "image.sqsh")
-        open(image, "w").close()
+        step_dir, rank_dir, image, env = _scratch_rank(tmp)
         run_dir = os.path.join(tmp, "user-run-dir")         # the user's run directory (own_run_dir)
-        env = {"SLURM_JOB_ID": job, "SLURM_STEP_ID": step, "SLURM_PROCID": rank, "SLURM_LOCALID": "0",
-               "TETHER_RANK_DIR": rank_dir, "TETHER_CONTAINER_IMAGE": image}
         try:
             spec = spec_from_env(env, ["true"], default_runtime="enroot", defaults=settings)
             runtime = runtime_for("enroot", settings)
@@ -203,6 +218,75 @@ def ahead_plan(settings: Mapping[str, Any]) -> dict[str, Any] | str:
                 "timeout": CreateWhole.TIMEOUT, "remove_timeout": CreateWhole.REMOVE_TIMEOUT}
 
 
+def start_plan(settings: Mapping[str, Any]) -> dict[str, Any] | str:
+    """The common enroot rank run by tether-run itself (tether_run.c: enroot_plan, enroot_before),
+    as templates; or why a rank of this configuration goes to the Python launcher.
+
+    The rank of ``ahead_plan``'s case without a terminal, PMI_FD or ROCm GPUs: after the create
+    (ahead_plan's), ``Enroot.launch``'s ``enroot start`` -- its argv, its ``--rc`` and ``--conf``
+    scripts (the job's variables are the ``ENV_LINES`` placeholder: tether-run writes them as
+    write_environ_conf does, and hands a rank with a value that needs more to Python), the start
+    turn's lock and the file that ends it (``StartTurn``) -- run here for such a rank with
+    recognizable values that become placeholders, without GPUs and with CUDA's."""
+    from .run import runtime_for
+    from .runtimes.enroot import CreateWhole, StartTurn
+    from .spec import spec_from_env
+
+    P = PLACEHOLDERS
+    job, step, rank = BAKED_JOB, BAKED_STEP, BAKED_RANK
+    with tempfile.TemporaryDirectory(prefix="tether-run-start-") as tmp:
+        step_dir, rank_dir, image, rank_env = _scratch_rank(tmp)
+        # one variable of the job's (it stands for them all) and the rank's own
+        host = {"TETHER_BAKED_VARIABLE": "7310000005"}
+        plans = []
+        for gpus in ("", "0"):
+            env = {**rank_env, "TETHER_SLOT_IDS": gpus}
+            try:
+                spec = spec_from_env(env, [P["COMMAND"]], default_runtime="enroot", defaults=settings)
+                runtime = runtime_for("enroot", settings)
+                runtime.own_run_dir = lambda: None              # type: ignore[method-assign]
+                launch = runtime.launch(spec, host)
+            except (LaunchError, OSError, ValueError, KeyError) as exc:      # never a failed install
+                return f"a plain enroot rank's launch fails here ({exc})"
+            kinds = [type(step[0]) for step in launch.before]
+            if kinds != [CreateWhole, StartTurn] or launch.after or launch.finish or launch.prepare \
+                    or not launch.supervise or launch.fds or launch.marker or launch.container or launch.runtime_own:
+                return "an enroot rank of this configuration needs more than a create and a start"
+            argv = list(launch.argv)
+            try:
+                rc, conf = argv[argv.index("--rc") + 1], argv[argv.index("--conf") + 1]
+            except (ValueError, IndexError):
+                return "an enroot start without its --rc and --conf scripts"
+            with open(rc, encoding="utf-8") as fh:
+                rc_text = fh.read()
+            with open(conf, encoding="utf-8") as fh:
+                conf_text = fh.read()
+            line = "TETHER_BAKED_VARIABLE=7310000005\n"
+            if conf_text.count(line) != 1 or "7310000005" in conf_text.replace(line, ""):
+                return "the job's variables are not where tether-run writes them in enroot's --conf script"
+            plans.append({"argv": argv, "rc": rc, "conf_path": conf, "rc_text": rc_text,
+                          "conf": conf_text.replace(line, P["ENV_LINES"]), "created": launch.created,
+                          "start_lock": launch.before[1][0].lock, "started": launch.before[1][0].started})
+        without, cuda = plans
+        if {k: v for k, v in without.items() if k != "conf"} != {k: v for k, v in cuda.items() if k != "conf"}:
+            return "an enroot rank with GPUs starts otherwise than one without"
+        if without["started"] != without["created"]:
+            return "the start turn ends otherwise than when the command runs"
+
+    def template(value: str) -> str:
+        for text, placeholder in ((rank_dir, f"{P['STEP_DIR']}/{P['RANK_NAME']}"), (step_dir, P["STEP_DIR"]),
+                                  (image, P["IMAGE"]), (job, P["JOB"]), (step, P["STEP"]), (rank, P["RANK"])):
+            value = value.replace(text, placeholder)
+        if tmp in value:
+            raise AssertionError(f"a scratch path left in the start plan: {value!r}")
+        return value
+
+    return {"argv": [template(a) for a in without["argv"]], "rc_path": template(without["rc"]),
+            "conf_path": template(without["conf_path"]), "rc_text": without["rc_text"],
+            "conf": template(without["conf"]), "conf_cuda": template(cuda["conf"]),
+            "created": template(without["created"]), "start_lock": template(without["start_lock"])}
+
+
 def why_not_fast(settings: Mapping[str, Any]) -> str | None:
     """Why no rank of this configuration can take the C path (None: the common case can)."""
     if settings.get("runtime", "podman") != "podman":
@@ -231,6 +315,8 @@ def baked_header(config_path: str | None, settings: Mapping[str, Any], python_la
     plans = [RankTemplate.plan(settings, mqueue=m) for m in (False, True)] if why is None else []
     ahead = ahead_plan(settings)
     ahead_of = ahead if isinstance(ahead, dict) else {}
+    start = start_plan(settings) if ahead_of else "no enroot create ahead"
+    start_of = start if isinstance(start, dict) else {}
     lines = [
         "/* generated by tether.container.rank_launcher at install; do not edit */",
         f"#define TR_PYTHON_LAUNCHER {c_string(python_launcher)}",
@@ -273,6 +359,15 @@ def baked_header(config_path: str | None, settings: Mapping[str, Any], python_la
         *(f"#define TR_AHEAD_{key.upper()}_TEMPLATE {c_string(ahead_of.get(key, ''))}" for key in ("name", "partial", "data", "lock")),
         f"#define TR_AHEAD_TIMEOUT_S {int(ahead_of.get('timeout', 0))}",
         f"#define TR_AHEAD_REMOVE_TIMEOUT_S {int(ahead_of.get('remove_timeout', 0))}",
+        # the enroot rank run here (start_plan)
+        f"#define TR_START {int(bool(start_of))}",
+        f"#define TR_WHY_NOT_START {c_string(start if isinstance(start, str) else '')}",
+        f"static const char *const TR_START_ARGV[] = {c_list(start_of.get('argv', []))};",
+        *(f"#define TR_START_{key.upper()}_TEMPLATE {c_string(start_of.get(key, ''))}"
+          for key in ("conf", "conf_cuda", "conf_path", "rc_path", "created", "start_lock")),
+        f"#define TR_START_RC_TEXT {c_string(start_of.get('rc_text', ''))}",
+        # how long tether-run waits for the step's root before the Python launcher waits and tells
+        f"#define TR_START_QUIET_MS {round(CREATE_QUIET_SECONDS * 1000 / 2)}",
         f"static const char *const TR_HOST_ONLY[] = {c_list(environment.HOST_ONLY)};",
         f"static const char *const TR_RUNTIME_CONTROL[] = {c_list(environment.RUNTIME_CONTROL)};",
         f"static const char *const TR_IMAGE_NAMES[] = {c_list(environment.IMAGE_NAMES)};",

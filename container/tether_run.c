@@ -21,10 +21,14 @@
  * concluded by the Python launcher (TETHER_RUN_RESUME: what happened), which retries, removes the
  * container and says why, as it always did.
  *
- * For the common enroot rank -- a squashfs file, no container option but the image -- it starts
- * the step's enroot create on the node (create_ahead: Enroot.launch's own, baked too) before
- * handing the rank to the Python launcher, which finds the root made: its ~30 ms start overlaps
- * the unpacking instead of coming first.
+ * The common enroot rank -- a squashfs file, no container option but the image, values enroot's
+ * environment file carries, no terminal, PMI_FD or ROCm GPU -- runs here too (enroot_plan,
+ * enroot_before): the step's enroot create on the node (create_ahead, by a child, under the
+ * node's lock), the --rc and --conf scripts, the start turn, enroot start, supervised as podman
+ * is: Enroot.launch's own, baked (rank_launcher.py: ahead_plan, start_plan). A create still
+ * running after a second goes to the Python launcher, which tells it; a rank of its case that
+ * needs more (a value with a line break, MPI's PMI_FD) gets the create ahead, then the Python
+ * launcher, whose ~30 ms start then overlaps the unpacking.
  *
  * The configuration is baked in at install (tether_run_baked.h, written by
  * container/rank_launcher.py): the config file's identity is compared with the file's, and a
@@ -201,6 +205,9 @@ struct plan {
 	char rank_dir[PATH_MAX];
 	char store[PATH_MAX];     /* the user's podman store */
 	char pause_pid[PATH_MAX]; /* podman's record of its pause process (podman.py: pause_pid_file) */
+	/* an enroot rank run here (enroot_plan): its scripts, locks and root; ``marker`` is NULL */
+	int enroot;
+	char *conf_path, *conf_text, *rc_path, *node_lock, *start_lock, *root;
 };
 
 /* One of RankTemplate's templates with the rank's values: '\1' and a letter is the value at that
@@ -245,6 +252,25 @@ static void add(struct plan *p, const char *arg, const char **why)
 	p->argv[p->argc] = NULL;
 }
 
+/* The plan's argv: ``template`` filled in, the command at its placeholder; -1 with ``*why`` */
+static int add_argv(struct plan *p, const char *const *template, char **command, const char *const *values,
+		    const char **why)
+{
+	for (const char *const *a = template; *a && !*why; a++) {
+		if (strcmp(*a, "\001C") == 0) {
+			for (char **c = command; *c; c++)
+				add(p, *c, why);
+			continue;
+		}
+		char *arg = expand(*a, values);
+		if (arg == NULL)
+			*why = "a template the launcher cannot fill in";
+		else
+			add(p, arg, why);
+	}
+	return *why ? -1 : 0;
+}
+
 /* Two "NAME=value" entries by NAME (Python: sorted(names)) */
 static int cmp_name(const void *a, const void *b)
 {
@@ -272,35 +298,48 @@ static int passed(const char *entry, size_t len)
 	       !(in_list(name, TR_IMAGE_NAMES) || has_prefix_in(name, TR_IMAGE_PREFIXES));
 }
 
-/* The memfd with the passed names, sorted, one per line, at fd 10 or above (podman.py:
- * env_names_fd); -1 with none; -2 on an error. */
-static int names_memfd(char **host)
+/* The entries of ``host`` that go into the container (passed), sorted by name, in ``*count``;
+ * NULL out of memory. */
+static const char **passed_sorted(char **host, size_t *count)
 {
 	size_t n = 0, cap = 64;
-	const char **names = malloc(cap * sizeof *names);
-	int fd, high;
+	const char **items = malloc(cap * sizeof *items);
 
-	if (names == NULL)
-		return -2;
+	if (items == NULL)
+		return NULL;
 	for (char **e = host; *e; e++) {
 		const char *eq = strchr(*e, '=');
 		if (eq == NULL || !passed(*e, (size_t)(eq - *e)))
 			continue;
 		if (n == cap) {
-			const char **more = realloc(names, (cap *= 2) * sizeof *names);
+			const char **more = realloc(items, (cap *= 2) * sizeof *items);
 			if (more == NULL) {
-				free(names);
-				return -2;
+				free(items);
+				return NULL;
 			}
-			names = more;
+			items = more;
 		}
-		names[n++] = *e;
+		items[n++] = *e;
 	}
+	qsort(items, n, sizeof *items, cmp_name);
+	*count = n;
+	return items;
+}
+
+/* The memfd with the passed names, sorted, one per line, at fd 10 or above (podman.py:
+ * env_names_fd); -1 with none; -2 on an error. */
+static int names_memfd(char **host)
+{
+	size_t n;
+	const char **names = passed_sorted(host, &n);
+	int fd, high;
+
+	if (names == NULL)
+		return -2;
 	if (n == 0) {
 		free(names);
 		return -1;
 	}
-	qsort(names, n, sizeof *names, cmp_name);
 	fd = memfd_create("tether-env-names", 0);
 	if (fd < 0) {
 		free(names);
@@ -599,20 +638,9 @@ static struct plan *make_plan(char **command, const char **why)
 		    (p.marker = expand(TR_MARKER_TEMPLATE, values)) == NULL ||
 		    (p.marker_data = expand(TR_MARKER_DATA_TEMPLATE, values)) == NULL)
 			NO("a template the launcher cannot fill in");
-		for (const char *const *a = template; *a; a++) {
-			if (strcmp(*a, "\001C") == 0) {
-				for (char **c = command; *c; c++)
-					add(&p, *c, why);
-				continue;
-			}
-			char *arg = expand(*a, values);
-			if (arg == NULL)
-				NO("a template the launcher cannot fill in");
-			add(&p, arg, why);
-		}
+		if (add_argv(&p, template, command, values, why) < 0)
+			return NULL;
 	}
-	if (*why)
-		return NULL;
 	return &p;
 #undef NO
 }
@@ -1038,27 +1066,18 @@ static int run_quietly(char *const *argv, char **envp, int seconds, const sigset
 	}
 }
 
-/* Start the step's enroot create on this node, ahead of the Python launcher, when this rank is
- * the common enroot case and no other rank or step holds the create's lock: a child of this
- * process takes the lock, creates the root under its own partial name and renames it into place
- * (CreateWhole), or removes what it made; the Python launcher waits for the lock and finds the
- * root (or, after a failure, makes it itself and tells why). 1 when started, else 0 with
- * ``*why``. */
-static int create_ahead(const char **why)
+/* The common enroot rank's values (ahead_plan's and start_plan's case: a squashfs file, no
+ * container option but the image -- or --container-runtime=enroot where enroot is not the default
+ * --, a Slurm task, not root, the config as installed, a step directory of the user's): J S K D B I,
+ * and R when the user's run directory on the node is theirs (runtimes/enroot.py: own_run_dir);
+ * 0, or -1 with ``*why``. The environment's answers first: a podman rank asks for no file here. */
+static int enroot_values(const char **values, const char **why)
 {
-	static char step_dir[PATH_MAX], run_dir[PATH_MAX];
-	const char *values[128] = {0};
+	static char step_dir[PATH_MAX], run_dir[PATH_MAX], job[48], step[48], rank[48];
 	const char *image, *rank_dir, *slash;
-	char job[48], step[48], rank[48], root[PATH_MAX], lock_dir[PATH_MAX];
-	char *name, *data, *lock, **envp;
 	struct stat st;
-	int fd;
-	pid_t pid, parent;
 
-#define NOT(reason) do { *why = (reason); return 0; } while (0)
-	/* the environment's answers first: a podman rank handed over asks for no file here */
-	if (!TR_AHEAD)
-		NOT(TR_WHY_NOT_AHEAD);
+#define NOT(reason) do { *why = (reason); return -1; } while (0)
 	if (!slurm_task())
 		NOT("not a Slurm task of a container step");
 	if (getuid() == 0)
@@ -1075,7 +1094,8 @@ static int create_ahead(const char **why)
 	if (stat(image, &st) < 0 || !S_ISREG(st.st_mode) || access(image, R_OK) < 0)
 		NOT("the image is not a file you can read");
 	rank_dir = getenv(TETHER_ENV_RANK_DIR);
-	if (rank_dir == NULL || !plain_path(rank_dir) || strlen(rank_dir) > PATH_MAX - 256)
+	/* no backslash: a mount line's path is written as it is (enroot.py: fstab_escape) */
+	if (rank_dir == NULL || !plain_path(rank_dir) || strchr(rank_dir, '\\') || strlen(rank_dir) > PATH_MAX - 256)
 		NOT("no rank directory");
 	slash = strrchr(rank_dir, '/');
 	if (slash == rank_dir || fmt(step_dir, sizeof step_dir, "%.*s", (int)(slash - rank_dir), rank_dir) < 0)
@@ -1088,11 +1108,35 @@ static int create_ahead(const char **why)
 	values['S'] = step;
 	values['K'] = rank;
 	values['D'] = step_dir;
+	values['B'] = slash + 1;
 	values['I'] = image;
-	/* the user's run directory on the node when it is theirs (runtimes/enroot.py: own_run_dir) */
 	if (fmt(run_dir, sizeof run_dir, "%s/%u", TR_USER_RUN_ROOT, (unsigned)getuid()) == 0 &&
 	    own_directory(run_dir, getuid(), 0) == 0)
 		values['R'] = run_dir;
+	return 0;
+#undef NOT
+}
+
+/* Start the step's enroot create on this node, ahead of the Python launcher, when this rank is
+ * the common enroot case and no other rank or step holds the create's lock: a child of this
+ * process takes the lock, creates the root under its own partial name and renames it into place
+ * (CreateWhole), or removes what it made; the Python launcher waits for the lock and finds the
+ * root (or, after a failure, makes it itself and tells why). 1 when started, else 0 with
+ * ``*why``. */
+static int create_ahead(const char **why)
+{
+	const char *values[128] = {0};
+	char root[PATH_MAX], lock_dir[PATH_MAX];
+	char *name, *data, *lock, **envp;
+	struct stat st;
+	int fd;
+	pid_t pid, parent;
+
+#define NOT(reason) do { *why = (reason); return 0; } while (0)
+	if (!TR_AHEAD)
+		NOT(TR_WHY_NOT_AHEAD);
+	if (enroot_values(values, why) < 0)
+		return 0;
 	if ((name = expand(TR_AHEAD_NAME_TEMPLATE, values)) == NULL || (data = expand(TR_AHEAD_DATA_TEMPLATE, values)) == NULL ||
 	    (lock = expand(TR_AHEAD_LOCK_TEMPLATE, values)) == NULL)
 		NOT("a template the launcher cannot fill in");
@@ -1128,7 +1172,7 @@ static int create_ahead(const char **why)
 	}
 #endif
 	dir_of(lock, lock_dir, sizeof lock_dir);
-	if (make_below(step_dir, lock_dir) < 0 || make_below(step_dir, data) < 0)
+	if (make_below(values['D'], lock_dir) < 0 || make_below(values['D'], data) < 0)
 		NOT("cannot make enroot's directories in the step directory");
 	fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd < 0)
@@ -1193,6 +1237,219 @@ static int create_ahead(const char **why)
 	close(fd);
 	return 1;
 #undef NOT
+}
+
+/* ---- the common enroot rank, run here (rank_launcher.py: start_plan) ---- */
+
+/* enroot.py: carried -- can enroot's environment file carry ``v`` unchanged (no line break, no
+ * pair of quotes around the whole value, which enroot's envfmt strips)? */
+static int carried(const char *v)
+{
+	size_t n = strlen(v);
+
+	if (strpbrk(v, "\n\r") != NULL)
+		return 0;
+	while (n > 0 && strchr(" \t\v\f", v[n - 1]) != NULL)
+		n--;
+	return !(n >= 2 && strchr("\"'", v[0]) != NULL && strchr("\"'", v[n - 1]) != NULL);
+}
+
+/* write_environ_conf's lines of the job's variables: ``NAME=value\n`` for each passed one, sorted
+ * by name (environment.py: passed_from_host); NULL with ``*why`` when one cannot be carried (the
+ * Python launcher leaves it out with a word, or writes it to a file of its own) or a name comes
+ * twice (os.environ keeps one of them). */
+static char *environ_lines(const char **why)
+{
+	size_t n = 0, envc = 0, size = 1;
+	char **host, *out, *o;
+	const char **items;
+
+	for (char **e = environ; *e; e++)
+		envc++;
+	if ((host = calloc(envc + 1, sizeof *host)) == NULL) {
+		*why = "out of memory";
+		return NULL;
+	}
+	for (char **e = environ; *e; e++)
+		if (!launcher_own(*e))
+			host[n++] = *e;
+	items = passed_sorted(host, &n);
+	free(host);
+	if (items == NULL) {
+		*why = "out of memory";
+		return NULL;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (!carried(strchr(items[i], '=') + 1))
+			*why = "a value enroot's environment file cannot carry";
+		else if (i > 0 && cmp_name(&items[i - 1], &items[i]) == 0)
+			*why = "a variable twice in the environment";
+		size += strlen(items[i]) + 1;
+	}
+	if (*why || (out = malloc(size)) == NULL) {
+		free(items);
+		if (!*why)
+			*why = "out of memory";
+		return NULL;
+	}
+	o = out;
+	for (size_t i = 0; i < n; i++) {
+		size_t len = strlen(items[i]);
+		memcpy(o, items[i], len);
+		o += len;
+		*o++ = '\n';
+	}
+	*o = '\0';
+	free(items);
+	return out;
+}
+
+/* The plan of an enroot rank run here -- a squashfs file, no container option but the image (and
+ * --container-runtime=enroot), a Slurm task without a terminal or PMI_FD, no GPU or CUDA's, the
+ * config as installed: Enroot.launch's start, its scripts, locks and root (start_plan, baked);
+ * NULL with ``*why`` for the Python launcher's. */
+static struct plan *enroot_plan(char **command, const char **why)
+{
+	static struct plan p;
+	const char *values[128] = {0};
+	const char *value, *conf_template = TR_START_CONF_TEMPLATE;
+	char *name, *data;
+
+#define NO(reason) do { *why = (reason); return NULL; } while (0)
+	if (!TR_START)
+		NO(TR_WHY_NOT_START);
+	if (command[0] == NULL || command[0][0] == '\0')
+		NO("no command");
+	value = getenv(TETHER_ENV_RUN_SUBREAPER);
+	if (value && strcmp(value, "0") == 0)
+		NO("not made a child subreaper by the SPANK plugin");
+	if (isatty(0) || isatty(1) || isatty(2))
+		NO("a terminal");
+	if (getenv("PMI_FD"))
+		NO("MPI's PMI_FD (PMI-2)");
+	value = getenv(TETHER_ENV_SLOT_IDS);
+	if (value && strspn(value, ",") != strlen(value)) {       /* spec.gpus; Runtime.gpu_kind */
+		const char *type = env_or(TR_SLOT_TYPE_VAR, "cuda");
+		if (strcmp(type, "rocm") == 0)
+			NO("ROCm GPUs");
+		if (strcmp(type, "cpu") != 0)
+			conf_template = TR_START_CONF_CUDA_TEMPLATE;
+	}
+	if (enroot_values(values, why) < 0)
+		return NULL;
+	if ((p.envp = ahead_env(values, why)) == NULL)
+		return NULL;
+	if ((values['E'] = environ_lines(why)) == NULL)
+		return NULL;
+	if ((p.conf_text = expand(conf_template, values)) == NULL || (p.conf_path = expand(TR_START_CONF_PATH_TEMPLATE, values)) == NULL ||
+	    (p.rc_path = expand(TR_START_RC_PATH_TEMPLATE, values)) == NULL ||
+	    (p.created = expand(TR_START_CREATED_TEMPLATE, values)) == NULL ||
+	    (p.start_lock = expand(TR_START_START_LOCK_TEMPLATE, values)) == NULL ||
+	    (p.node_lock = expand(TR_AHEAD_LOCK_TEMPLATE, values)) == NULL ||
+	    (name = expand(TR_AHEAD_NAME_TEMPLATE, values)) == NULL || (data = expand(TR_AHEAD_DATA_TEMPLATE, values)) == NULL)
+		NO("a template the launcher cannot fill in");
+	if ((p.root = malloc(strlen(data) + strlen(name) + 2)) == NULL)
+		NO("out of memory");
+	sprintf(p.root, "%s/%s", data, name);
+	if (add_argv(&p, TR_START_ARGV, command, values, why) < 0)
+		return NULL;
+	if (fmt(p.rank_dir, sizeof p.rank_dir, "%s/%s", values['D'], values['B']) < 0)
+		NO("a path too long for the fast path");
+	p.names_fd = -1;
+	p.enroot = 1;
+	return &p;
+#undef NO
+}
+
+/* runtimes/__init__.py: write_private -- ``text`` in a file of mode 0600 at ``path``, its
+ * directory (below ``base``) made 0700, never through a symlink, never blocking on a FIFO */
+static int write_private(const char *base, const char *path, const char *text)
+{
+	char dir[PATH_MAX];
+	size_t len = strlen(text);
+	int fd;
+
+	dir_of(path, dir, sizeof dir);
+	if (make_below(base, dir) < 0)
+		return -1;
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
+	if (fd < 0)
+		return -1;
+	if (write(fd, text, len) != (ssize_t)len) {
+		close(fd);
+		return -1;
+	}
+	return close(fd);
+}
+
+/* Take the flock of ``fd`` within ``ms`` milliseconds (-1: no limit); 0 when taken, 1 when the
+ * time ran out. A forwarded signal meanwhile -- no runtime is there to get it -- ends this
+ * launcher as it ends the Python one there (the default action); SIGCHLD (create_ahead's child)
+ * is left for the supervision to reap. */
+static int lock_within(int fd, long ms, const sigset_t *mask)
+{
+	struct timespec end, left, tick = {0, 5 * 1000000L};
+
+	clock_gettime(CLOCK_MONOTONIC, &end);
+	end.tv_sec += ms / 1000;
+	end.tv_nsec += (ms % 1000) * 1000000L;
+	if (end.tv_nsec >= 1000000000L) {
+		end.tv_sec++;
+		end.tv_nsec -= 1000000000L;
+	}
+	for (;;) {
+		siginfo_t info;
+		int sig;
+		if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+			return 0;
+		if (errno != EWOULDBLOCK && errno != EINTR)
+			return 1;
+		if (ms >= 0 && !time_left(&end, &left))
+			return 1;
+		sig = sigtimedwait(mask, &info, &tick);
+		if (sig > 0 && sig != SIGCHLD) {
+			sigset_t one;
+			sigemptyset(&one);
+			sigaddset(&one, sig);
+			signal(sig, SIG_DFL);
+			sigprocmask(SIG_UNBLOCK, &one, NULL);
+			raise(sig);
+			_exit(128 + sig);
+		}
+	}
+}
+
+/* launch.py: run_before for the enroot rank run here -- its scripts written, the step's root made
+ * on the node (create_ahead, or another rank's) under the node's lock, then this rank's turn to
+ * start the shared root (enroot.py: take_start_turn), held until its command runs: the turn's
+ * descriptor. A create that takes longer than ENROOT_QUIET_MS, one that failed, and every error
+ * go to the Python launcher, which waits, tells and makes again as it always did. */
+static int enroot_before(const struct plan *p, const sigset_t *mask)
+{
+	const char *why_not = NULL;
+	char step_dir[PATH_MAX];
+	struct stat st;
+	int ahead, node_fd, start_fd;
+
+	dir_of(p->rank_dir, step_dir, sizeof step_dir);
+	if (write_private(step_dir, p->rc_path, TR_START_RC_TEXT) < 0 || write_private(step_dir, p->conf_path, p->conf_text) < 0)
+		to_python("cannot write enroot's scripts (the Python launcher says why)", NULL);
+	ahead = create_ahead(&why_not);
+	if (ahead)
+		setenv(TETHER_ENV_RUN_AHEAD, "1", 1);        /* for the Python launcher, if it comes to that */
+	node_fd = open(p->node_lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
+	if (node_fd < 0)
+		to_python("cannot open the node's enroot lock (the Python launcher says why)", NULL);
+	if (lock_within(node_fd, TR_START_QUIET_MS, mask) != 0)
+		to_python("the step's container root takes a while (the Python launcher tells)", NULL);
+	if (stat(p->root, &st) < 0)
+		to_python("the step's container root was not made (the Python launcher makes it and says why)", NULL);
+	start_fd = open(p->start_lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+	if (start_fd < 0 || lock_within(start_fd, -1, mask) != 0)
+		to_python("cannot take the container's start lock (the Python launcher says why)", NULL);
+	close(node_fd);
+	unsetenv(TETHER_ENV_RUN_AHEAD);
+	return start_fd;
 }
 
 /* launch.py: _end_runtime_own -- the pause process this rank's podman made, which the step's end
@@ -1286,7 +1543,9 @@ int main(int argc, char **argv)
 	posix_spawnattr_t attr;
 	posix_spawn_file_actions_t actions;
 	struct dirstamp stamp;
-	int status = 0, monitor_killed = 0, others_killed = 0;
+	char created_dir[PATH_MAX];
+	struct timespec turn_end;
+	int status = 0, monitor_killed = 0, others_killed = 0, start_fd = -1;
 
 	self_argv = argv;
 	/* the signals to forward wait from here until podman exists (sigwaitinfo below): none is lost,
@@ -1315,12 +1574,17 @@ int main(int argc, char **argv)
 	}
 	p = make_plan(command, &why);
 	if (p == NULL) {
-		const char *why_not_ahead = NULL;
-		if (create_ahead(&why_not_ahead))
-			setenv(TETHER_ENV_RUN_AHEAD, "1", 1);
-		else if (getenv(TETHER_ENV_RUN_WHY_PYTHON) != NULL)
-			fprintf(stderr, "tether-run: no enroot create ahead: %s\n", why_not_ahead);
-		to_python(why, NULL);
+		const char *why_not_ahead = NULL, *why_not_here = NULL;
+		p = enroot_plan(command, &why_not_here);
+		if (p == NULL) {
+			if (getenv(TETHER_ENV_RUN_WHY_PYTHON) != NULL)
+				fprintf(stderr, "tether-run: no enroot run here: %s\n", why_not_here);
+			if (create_ahead(&why_not_ahead))
+				setenv(TETHER_ENV_RUN_AHEAD, "1", 1);
+			else if (getenv(TETHER_ENV_RUN_WHY_PYTHON) != NULL)
+				fprintf(stderr, "tether-run: no enroot create ahead: %s\n", why_not_ahead);
+			to_python(why, NULL);
+		}
 	}
 #ifdef TETHER_RUN_PLAN_ONLY
 	/* the tests' build: the plan instead of the run, as NUL-terminated items: a section's name,
@@ -1331,6 +1595,23 @@ int main(int argc, char **argv)
 		size_t envc = 0;
 		for (char **e = p->envp; *e; e++)
 			envc++;
+		if (p->enroot) {
+			/* the enroot rank's plan, then the create ahead's (it exits) if this rank would start one */
+			const char *why_not_ahead = NULL;
+			printf("start-argv%c%d%c", 0, p->argc, 0);
+			for (int i = 0; i < p->argc; i++)
+				printf("%s%c", p->argv[i], 0);
+			printf("start-env%c%zu%c", 0, envc, 0);
+			for (char **e = p->envp; *e; e++)
+				printf("%s%c", *e, 0);
+			printf("conf%c1%c%s%c", 0, 0, p->conf_text, 0);
+			printf("rc%c1%c%s%c", 0, 0, TR_START_RC_TEXT, 0);
+			printf("start-paths%c6%c%s%c%s%c%s%c%s%c%s%c%s%c", 0, 0, p->rc_path, 0, p->conf_path, 0, p->created, 0,
+			       p->start_lock, 0, p->node_lock, 0, p->root, 0);
+			fflush(stdout);
+			create_ahead(&why_not_ahead);
+			return 0;
+		}
 		printf("argv%c%d%c", 0, p->argc, 0);
 		for (int i = 0; i < p->argc; i++)
 			printf("%s%c", p->argv[i], 0);
@@ -1351,10 +1632,16 @@ int main(int argc, char **argv)
 	/* the SPANK plugin made this process a child subreaper; a second call costs nothing */
 	prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
 	tracked = tracked_cgroup(tracked_path, sizeof tracked_path);
-	if (write_marker(p) < 0)
+	if (p->enroot) {
+		start_fd = enroot_before(p, &mask);
+		clock_gettime(CLOCK_MONOTONIC, &turn_end);
+		turn_end.tv_sec += 3600;            /* take_start_turn's bound */
+	} else if (write_marker(p) < 0) {
 		to_python("cannot write the cleanup marker", NULL);
+	}
 	remove_file(p->created);            /* podman refuses to overwrite a --cidfile */
-	stamp_take(&stamp, p->rank_dir);
+	dir_of(p->created, created_dir, sizeof created_dir);
+	stamp_take(&stamp, created_dir);
 
 	posix_spawnattr_init(&attr);
 	posix_spawn_file_actions_init(&actions);
@@ -1373,14 +1660,26 @@ int main(int argc, char **argv)
 	if (p->names_fd >= 0)
 		posix_spawn_file_actions_adddup2(&actions, p->names_fd, p->names_fd);   /* clears close-on-exec */
 	if (posix_spawnp(&child, p->argv[0], &actions, &attr, (char *const *)p->argv, p->envp) != 0) {
-		remove_file(p->marker);
-		to_python("podman cannot be started (the Python launcher says why)", NULL);
+		if (p->marker)
+			remove_file(p->marker);
+		to_python("the runtime cannot be started (the Python launcher says why)", NULL);
 	}
 
 	/* launch.py: _wait_for, with the forwarding of _supervise */
 	for (int done = 0; !done;) {
 		siginfo_t info;
-		int sig = sigwaitinfo(&mask, &info);
+		int sig;
+		if (start_fd >= 0) {
+			/* the start turn: held until the command in the container runs (take_start_turn) */
+			struct timespec tick = {0, 20 * 1000000L}, left;
+			sig = sigtimedwait(&mask, &info, &tick);
+			if (access(p->created, F_OK) == 0 || !time_left(&turn_end, &left)) {
+				close(start_fd);
+				start_fd = -1;
+			}
+		} else {
+			sig = sigwaitinfo(&mask, &info);
+		}
 		if (sig < 0)
 			continue;
 		if (sig != SIGCHLD) {
@@ -1428,12 +1727,17 @@ int main(int argc, char **argv)
 			if (sig != SIGCHLD)
 				forward(sig);
 	}
+	if (start_fd >= 0)
+		close(start_fd);
 	{
 		int exited = WIFEXITED(status), code = exited ? WEXITSTATUS(status) : -1;
 		struct stat st;
-		int written = stat(p->created, &st) == 0 ? 1 : stamp_changed(&stamp, p->rank_dir);
-		int clean = exited && received[0] == '\0' && !monitor_killed && !others_killed && code < 125 &&
-			    !(code == 1 && written == 0);
+		int written = stat(p->created, &st) == 0 ? 1 : stamp_changed(&stamp, created_dir);
+		/* podman: its own failures (125-127, 1 before the container) are concluded in Python; enroot:
+		 * those before the command started (launch.py: _never_started), else its code is the command's */
+		int clean = exited && received[0] == '\0' && !monitor_killed && !others_killed &&
+			    (p->enroot ? !(written == 0 && (code == 1 || (code >= 125 && code <= 127)))
+				       : code < 125 && !(code == 1 && written == 0));
 		if (!clean) {
 			/* launch.py concludes: the retry, the removal, the messages (status;written;received;
 			 * monitor signal;others killed) */
@@ -1443,7 +1747,8 @@ int main(int argc, char **argv)
 			to_python("the run did not end cleanly", resume);
 		}
 		remove_file(p->created);
-		remove_file(p->marker);
+		if (p->marker)
+			remove_file(p->marker);
 		/* launch.py: _reap_descendants -- what podman left (conmon finishing), for at most its
 		 * GRACE_SECONDS (TR_GRACE_MS); never podman's pause process, which is podman's, not the
 		 * rank's (the step's end ends it) */

@@ -195,6 +195,7 @@ class CreateWhole:
     case (rank_launcher.py: AheadTemplate)."""
 
     TIMEOUT = 3600          # seconds: the unpacking of a large image
+    rank_launcher_runs = True       # tether-run runs it itself in the common case (launch.execute)
     REMOVE_TIMEOUT = 600
 
     def __init__(self, binary: str, name: str, sqsh: str, data: str, marker: str | None = None, step: str = ""):
@@ -285,6 +286,20 @@ def serve_fd(path: str, fd: int) -> None:
                 pass
 
     start_thread(serve)                         # a daemon: the launcher's exit ends it
+
+
+class StartTurn:
+    """A preparation step (``Launch.before``): this rank's turn to start the container root the
+    step's ranks share (``take_start_turn``); its ``lock`` and ``started`` file are what tether-run
+    takes and watches in the common case (rank_launcher.py: start_plan)."""
+
+    rank_launcher_runs = True       # tether-run takes it itself in the common case (launch.execute)
+
+    def __init__(self, lock: str, started: str):
+        self.lock, self.started = lock, started
+
+    def __call__(self, env: Mapping[str, str]) -> None:
+        take_start_turn(self.lock, self.started)
 
 
 def take_start_turn(lock: str, started: str) -> None:
@@ -670,8 +685,8 @@ class Enroot(Runtime):
         if (shared or spec.name) and spec.rank_dir:
             # the ranks sharing a root start it in turn (see take_start_turn): the last step before
             # the start, held until this rank's command runs
-            before.append((lambda env: take_start_turn(os.path.join(os.path.dirname(data), f"start-{name}.lock"),
-                                                       os.path.join(spec.rank_dir, "work", STARTED_FILE)), None))
+            before.append((StartTurn(os.path.join(os.path.dirname(data), f"start-{name}.lock"),
+                                     os.path.join(spec.rank_dir, "work", STARTED_FILE)), None))
         if lock is None and node_dir:
             lock = os.path.join(node_dir, "enroot", ".lock")
         finish = None

@@ -159,6 +159,15 @@ def rank_env(world, **extra) -> dict:
     return {k: v for k, v in env.items() if v is not None}
 
 
+def plan_items(stdout: bytes) -> dict[str, list[str]]:
+    """A plan-only build's output: sections of NUL-terminated items (name, count, items)."""
+    items, plan = stdout.decode("utf-8", "surrogateescape").split("\0"), {}
+    while len(items) > 1:
+        key, count = items[0], int(items[1])
+        plan[key], items = items[2:2 + count], items[2 + count:]
+    return plan
+
+
 def c_plan(launcher: Path, env: dict, args=()) -> dict | str:
     """The C launcher's plan, or the Python launcher's line when it handed over (and why)."""
     out = subprocess.run([str(launcher), *args], env={**env, "TETHER_RUN_WHY_PYTHON": "1"},
@@ -166,10 +175,7 @@ def c_plan(launcher: Path, env: dict, args=()) -> dict | str:
     if out.stdout.startswith(b"python-launcher"):
         return out.stderr.decode().strip() + " | " + out.stdout.decode().strip()
     assert out.returncode == 0, out.stderr.decode()
-    items, plan = out.stdout.decode().split("\0"), {}
-    while len(items) > 1:
-        key, count = items[0], int(items[1])
-        plan[key], items = items[2:2 + count], items[2 + count:]
+    plan = plan_items(out.stdout)
     env_out = dict(e.split("=", 1) for e in plan["env"])
     return {"argv": plan["argv"], "env": env_out, "names": plan["names"][0], "marker": plan["marker"][0],
             "marker_data": json.loads(plan["marker"][1]), "created": plan["created"][0]}
@@ -294,7 +300,8 @@ def test_everything_else_goes_to_the_python_launcher_with_its_argv(world, case):
     env = rank_env(world, **extra)
     said = c_plan(launcher, env, ["an", "argument"])
     assert isinstance(said, str) and why in said, said
-    said = re.sub(r"^tether-run: no enroot create ahead: [^\n]*\n", "", said)     # (podman's default runtime)
+    # (podman's default runtime: no enroot rank here, no create ahead)
+    said = re.sub(r"^(tether-run: no enroot (run here|create ahead): [^\n]*\n)+", "", said)
     assert said.startswith("tether-run: python: ") and said.endswith(" an argument")   # the same argv
     assert "resume=unset" in said
 
@@ -592,22 +599,27 @@ def c_ahead(launcher: Path, env: dict) -> dict | str:
     if out.stdout.startswith(b"python-launcher"):
         return out.stderr.decode().strip()
     assert out.returncode == 0, out.stderr.decode()
-    items, plan = out.stdout.decode().split("\0"), {}
-    while len(items) > 1:
-        key, count = items[0], int(items[1])
-        plan[key], items = items[2:2 + count], items[2 + count:]
+    plan = plan_items(out.stdout)
     return {"argv": plan["argv"], "remove": plan["remove"], "env": dict(e.split("=", 1) for e in plan["env"]),
             "paths": plan["paths"]}
 
 
-def python_ahead(settings: dict, env: dict, user_run_root: Path) -> dict:
-    out = subprocess.run([sys.executable, "-c", AHEAD_REFERENCE, json.dumps(settings), str(user_run_root)],
+def run_reference(script: str, settings: dict, env: dict, *args: str) -> dict:
+    """A reference script's plan of the Python launcher for this rank (as the user, from /)."""
+    out = subprocess.run([sys.executable, "-c", script, json.dumps(settings), *args],
                          env={**env, "TETHER_RUN_WHY_PYTHON": "1"}, capture_output=True, stdin=subprocess.DEVNULL,
                          preexec_fn=_as(UID), timeout=60, cwd="/")
     assert out.returncode == 0, out.stderr.decode()
     plan = json.loads(out.stdout)
     if "LC_CTYPE" not in env and not env.get("LANG") and not env.get("LC_ALL"):
         del plan["env"]["LC_CTYPE"]         # Python's own C-locale coercion (PEP 538), as above
+        if "conf" in plan:
+            plan["conf"] = plan["conf"].replace("LC_CTYPE=C.UTF-8\n", "")
+    return plan
+
+
+def python_ahead(settings: dict, env: dict, user_run_root: Path) -> dict:
+    plan = run_reference(AHEAD_REFERENCE, settings, env, str(user_run_root))
     assert plan.pop("check") == os.path.join(plan["paths"][1], plan["paths"][0])     # done when the root is there
     return plan
 
@@ -738,12 +750,20 @@ def enroot_rank(world):
     build_rank_launcher(launcher, None, settings, str(python_launcher))
     step = world["rank"].parent
 
-    def run(image: Path, **extra) -> subprocess.CompletedProcess:
-        shutil.rmtree(step / "enroot", ignore_errors=True)
+    def run(image: Path, *, fresh: bool = True, signal_after: float | None = None,
+            **extra) -> subprocess.CompletedProcess:
+        """One rank; ``fresh``: of a new step on the node (else the step's root stays);
+        ``signal_after``: SIGTERM to the rank after that many seconds."""
+        if fresh:
+            shutil.rmtree(step / "enroot", ignore_errors=True)
         (fakes.state_dir / "calls.jsonl").unlink(missing_ok=True)
-        env = ahead_env(world, TETHER_CONTAINER_IMAGE=str(image), PATH="/usr/bin:/bin", **extra)
+        env = ahead_env(world, **{"TETHER_CONTAINER_IMAGE": str(image), "PATH": "/usr/bin:/bin", **extra})
+        env = {k: v for k, v in env.items() if v is not None}
         proc = subprocess.Popen([str(launcher)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 stdin=subprocess.DEVNULL, preexec_fn=_as(UID))
+        if signal_after is not None:
+            time.sleep(signal_after)
+            proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
         return subprocess.CompletedProcess(proc.pid, proc.returncode, out, err)      # args: the rank's pid
     yield run, fakes, step
@@ -797,16 +817,27 @@ SLOW_ENROOT = textwrap.dedent("""\
     """)
 
 
+def logged_enroot(world, name: str, script: str) -> tuple[dict, Path, Path]:
+    """An enroot of ``script`` (SLOW_ENROOT's kind: it logs its calls) in the settings; (settings,
+    its empty log, the step directory without enroot's directories)."""
+    enroot = world["base"] / name
+    enroot.write_text(script)
+    enroot.chmod(0o755)
+    log = world["base"] / f"{name}.log"
+    log.write_text("")
+    log.chmod(0o666)
+    step = world["rank"].parent
+    shutil.rmtree(step / "enroot", ignore_errors=True)
+    return enroot_settings(world, binary=str(enroot), env={}), log, step
+
+
 def test_a_create_ahead_holds_nothing_of_the_tasks_and_ends_with_the_rank(world):
     """The child that runs the create keeps only the lock (no PMI_FD, none of the task's output:
     the rank's end waits for no reader), and a rank whose Python launcher ends at once (a bad
     option, say) ends the create with it -- not after the whole unpacking, under the lock."""
     import fcntl
 
-    enroot = world["base"] / "slow-enroot"
-    enroot.write_text(SLOW_ENROOT)
-    enroot.chmod(0o755)
-    settings = enroot_settings(world, binary=str(enroot), env={})
+    settings, log, step = logged_enroot(world, "slow-enroot", SLOW_ENROOT)
     gone = world["base"] / "python-launcher-gone"
     # a launcher that fails the rank once the create has started (it says so in the log)
     gone.write_text("#!/bin/sh\necho python-launcher ahead=$TETHER_RUN_AHEAD\n"
@@ -814,11 +845,6 @@ def test_a_create_ahead_holds_nothing_of_the_tasks_and_ends_with_the_rank(world)
     gone.chmod(0o755)
     launcher = world["base"] / "tether-run-ahead-ends"
     build_rank_launcher(launcher, None, settings, str(gone))
-    log = world["base"] / "ahead.log"
-    log.write_text("")
-    log.chmod(0o666)
-    step = world["rank"].parent
-    shutil.rmtree(step / "enroot", ignore_errors=True)
     r, w = os.pipe()                  # a descriptor of the task's, as PMI_FD is
     try:
         started = time.monotonic()
@@ -841,4 +867,242 @@ def test_a_create_ahead_holds_nothing_of_the_tasks_and_ends_with_the_rank(world)
     finally:
         os.close(r)
         os.close(w)
+        shutil.rmtree(step / "enroot", ignore_errors=True)
+
+
+# ---- the enroot rank run by tether-run itself (rank_launcher.start_plan, tether_run.c: enroot_plan) ----
+
+START_REFERENCE = textwrap.dedent("""\
+    # the Python launcher's enroot start for this rank, as the C launcher's plan-only build prints it
+    import json, os, sys
+    from tether.container.run import ARGV0_VAR, RESUME_VAR, SUBREAPER_VAR, runtime_for, task_command
+    from tether.container.spec import spec_from_env
+    import tether.hooks.layout
+    settings = json.loads(sys.argv[1])
+    tether.hooks.layout.USER_RUN_ROOT = sys.argv[2]      # the test's, never /run/tether
+    env = dict(os.environ)
+    argv0 = env.pop(ARGV0_VAR, None)
+    for name in (RESUME_VAR, SUBREAPER_VAR):
+        env.pop(name, None)
+    command = task_command(argv0, ["tether-run", *sys.argv[3:]])
+    spec = spec_from_env(env, command, default_runtime=settings["runtime"], defaults=settings)
+    launch = runtime_for(spec.runtime, settings).launch(spec, env)
+    create, turn = launch.before[0][0], launch.before[1][0]
+    argv = launch.argv
+    rc, conf = argv[argv.index("--rc") + 1], argv[argv.index("--conf") + 1]
+    print(json.dumps({"argv": argv, "env": launch.env, "conf": open(conf).read(), "rc": open(rc).read(),
+                      "paths": [rc, conf, launch.created, turn.lock, launch.lock,
+                                os.path.join(create.data, create.name)],
+                      "started": turn.started}))
+""")
+
+
+def c_start(launcher: Path, env: dict, args=()) -> dict | str:
+    """The C launcher's enroot rank (its plan-only build), or why it runs none here."""
+    out = subprocess.run([str(launcher), *args], env={**env, "TETHER_RUN_WHY_PYTHON": "1"}, capture_output=True,
+                         stdin=subprocess.DEVNULL, preexec_fn=_as(UID), timeout=30)
+    if out.stdout.startswith(b"python-launcher"):
+        return out.stderr.decode().strip()
+    assert out.returncode == 0, out.stderr.decode()
+    plan = plan_items(out.stdout)
+    if "start-argv" not in plan:          # the create ahead's plan alone: the rank goes to Python
+        return out.stderr.decode().strip()
+    return {"argv": plan["start-argv"], "env": dict(e.split("=", 1) for e in plan["start-env"]),
+            "conf": plan["conf"][0], "rc": plan["rc"][0], "paths": plan["start-paths"]}
+
+
+def python_start(settings: dict, env: dict, user_run_root: Path, args=()) -> dict:
+    plan = run_reference(START_REFERENCE, settings, env, str(user_run_root), *args)
+    assert plan.pop("started") == plan["paths"][2]      # the start turn ends when the command runs
+    return plan
+
+
+def start_env(world, **extra) -> dict:
+    """An enroot rank's environment, of values enroot's environment file carries."""
+    return {k: v for k, v in ahead_env(world, **{"MY_VAR": "a value with spaces", **extra}).items() if v is not None}
+
+
+START_CASES = {
+    "a plain rank": {},
+    "Slurm 23.11's prepended launcher (empty argv0) and arguments": {"TETHER_RUN_ARGV0": "", "__args": ["sh", "-c", "x y"]},
+    "values with quotes, blanks, '=', '$' and non-ASCII bytes": {
+        "Q1": "it's", "Q2": '"open', "Q3": "'a' and 'b", "Q4": "  lead and trail \t", "Q5": "a=b=c", "Q6": "$HOME `x`",
+        "Q7": "caf\udcc3\udca9", "EMPTY": "", "Z_LAST": "z", "_UNDER": "u"},
+    "names the image keeps, the runtime's control variables and host paths": {
+        "PATH": "/usr/bin:/bin", "LD_PRELOAD": "/x.so", "ENROOT_MOUNT_HOME": "y", "TETHER_STEP_DIR": "/x"},
+    "RANK over SLURM_PROCID, odd ids made safe": {"RANK": "3", "SLURM_JOB_ID": "12+3", "SLURM_STEP_ID": "4 5"},
+    "CUDA GPUs": {"TETHER_SLOT_IDS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"},
+    "CPU slots": {"TETHER_SLOT_IDS": "0,1", "TETHER_JOB_SLOT_TYPE": "cpu"},
+    "an empty slot list": {"TETHER_SLOT_IDS": ","},
+    "PMIx (srun --mpi=pmix)": {"PMIX_SERVER_TMPDIR": "/var/tmp", "PMIX_RANK": "0"},
+    "a small environment": {"__bare": True},
+    "--container-runtime=enroot, where it is not the default": {"__podman": True, "TETHER_CONTAINER_RUNTIME": "enroot"},
+}
+
+
+@pytest.mark.parametrize("mode", ["inherit", "allowlist"])
+@pytest.mark.parametrize("case", list(START_CASES))
+@pytest.mark.parametrize("user_run_root", ["the user's", "none"], indirect=True)
+def test_the_enroot_rank_run_here_is_the_python_launchers(world, mode, case, user_run_root):
+    """The enroot start tether-run runs itself is, argument for argument, variable for variable and
+    byte for byte of its --conf and --rc scripts, the one the Python launcher's Enroot.launch
+    plans: the same command, environment, job's variables (sorted, as the environment contract
+    passes them), tether's own values and mounts, the same root, locks and started file."""
+    extra = dict(START_CASES[case])
+    settings = enroot_settings(world)
+    settings["environment"] = mode
+    if extra.pop("__podman", False):
+        settings["runtime"] = "podman"
+    args = extra.pop("__args", [])
+    launcher = build(world, settings, f"start-{mode}-{settings['runtime']}-{user_run_root.name}")
+    env = start_env(world)
+    if extra.pop("__bare", False):
+        env = {k: v for k, v in env.items() if k.startswith(("SLURM_JOB_ID", "TETHER_"))}
+    env.update(extra)
+    env = {k: v for k, v in env.items() if v is not None}
+    try:
+        ours, theirs = c_start(launcher, env, args), python_start(settings, env, user_run_root, args)
+    finally:
+        shutil.rmtree(world["rank"].parent / "enroot", ignore_errors=True)
+    assert isinstance(ours, dict), f"not run here: {ours}"
+    assert ours == theirs
+    command = args if env["TETHER_RUN_ARGV0"] == "" else [env["TETHER_RUN_ARGV0"], *args]
+    assert ours["argv"][-len(command):] == command and ours["argv"][1] == "start"
+    if "Q1" in env:
+        assert ("Q4=  lead and trail \t\n" in ours["conf"]) == ("Q1=it's\n" in ours["conf"]) == (mode == "inherit")
+    if "CUDA" in case:
+        assert "NVIDIA_VISIBLE_DEVICES=all\n" in ours["conf"]
+
+
+START_REFUSED = {
+    "a value with a line break": ({"MY_VAR": "a\nb"}, "a value enroot's environment file cannot carry"),
+    "a value in quotes": ({"MY_VAR": "'quoted' "}, "a value enroot's environment file cannot carry"),
+    "a terminal's": ({"__tty": True}, "a terminal"),
+    "PMI-2's descriptor": ({"PMI_FD": "9"}, "PMI_FD"),
+    "a batch script": ({"TETHER_RUN_BATCH": "1"}, "not a Slurm task of a container step"),
+    "ROCm GPUs": ({"TETHER_SLOT_IDS": "0", "TETHER_JOB_SLOT_TYPE": "rocm"}, "ROCm GPUs"),
+    "another container option": ({"TETHER_CONTAINER_MOUNTS": "/a:/b"}, "a container option besides the image"),
+    "a rank directory with a backslash": ({"TETHER_RANK_DIR": "/tmp/a\\b/rank-0"}, "no rank directory"),
+    "a registry image": ({"TETHER_CONTAINER_IMAGE": "ubuntu:22.04"}, "not a squashfs file's plain path"),
+    "the job sets enroot's data path": ({"ENROOT_DATA_PATH": "/x"}, "sets one of enroot's paths"),
+}
+
+
+@pytest.mark.parametrize("case", list(START_REFUSED))
+def test_an_enroot_rank_this_launcher_does_not_run_goes_to_python_with_the_reason(world, case):
+    launcher = build(world, enroot_settings(world), "start-inherit-enroot-user-run")
+    extra, why = dict(START_REFUSED[case][0]), START_REFUSED[case][1]
+    tty = extra.pop("__tty", False)
+    env = start_env(world, **extra)
+    if tty:
+        import pty
+
+        parent, child = pty.openpty()
+        try:
+            out = subprocess.run([str(launcher)], env={**env, "TETHER_RUN_WHY_PYTHON": "1"}, stdin=child,
+                                 capture_output=True, preexec_fn=_as(UID), timeout=30)
+        finally:
+            os.close(parent)
+            os.close(child)
+        said = out.stderr.decode()
+    else:
+        said = c_start(launcher, env)
+    assert isinstance(said, str) and "tether-run: no enroot run here: " in said and why in said, said
+
+
+def test_an_unusual_value_a_bake_cannot_place_leaves_every_rank_to_python(world):
+    """start_plan says why when the configuration's launch is no plain create and start (a
+    configured data path: each rank's own root), and tether-run then says it for every rank."""
+    from tether.container.rank_launcher import start_plan
+
+    assert isinstance(start_plan(enroot_settings(world)), dict)
+    assert "needs more than a create and a start" in start_plan(enroot_settings(world, env={"ENROOT_DATA_PATH": "/x"})) \
+        or "a container root of its own" in start_plan(enroot_settings(world, env={"ENROOT_DATA_PATH": "/x"}))
+
+
+def test_the_common_enroot_rank_runs_here_from_create_to_end_without_python(world, enroot_rank):
+    """A plain enroot rank (values enroot's environment file carries): tether-run creates the
+    step's root (its child, under its own partial name), writes the scripts, takes the start turn,
+    runs enroot start and ends with its code -- no Python launcher. A second rank of the step on
+    the node starts the root the first made."""
+    run, fakes, step = enroot_rank
+    ran = run(world["base"] / "img.sqsh", MY_VAR="plain", TETHER_RUN_WHY_PYTHON="1")
+    assert ran.returncode == 0, ran.stderr
+    assert "tether-run: python" not in ran.stderr and "no enroot run here" not in ran.stderr, ran.stderr
+    calls = fakes.calls("enroot")
+    assert [c["argv"][1] for c in calls] == ["create", "start"]
+    partial = calls[0]["argv"][3]
+    assert re.fullmatch(r"tether-7\.0\.partial-\d+", partial) and int(partial.rsplit("-", 1)[1]) != ran.args
+    assert os.listdir(step / "enroot" / "data") == ["tether-7.0"]
+    inside, = fakes.calls("enroot-container")
+    # the --conf script's environ() and mounts(), as enroot reads them
+    assert inside["container_env"]["MY_VAR"] == "plain" and inside["container_env"]["TETHER_CONTAINER"] == "1"
+    assert inside["container_env"]["TMPDIR"] == "/tmp" and "PATH" not in ran.stderr
+    assert [e[:2] for e in inside["fstab"]] == [[str(world["rank"] / "tmp"), "/tmp"],
+                                                 [str(world["rank"] / "work"), "/run/tether/workdir"]]
+    assert inside["rc"] == '# tether: --no-container-entrypoint, the command itself\nexec "$@"\n'
+    assert not (world["rank"] / "work" / ".tether-started").exists()
+    # the second rank: no create, the same root
+    fakes.configure(exit_code=3)
+    try:
+        ran = run(world["base"] / "img.sqsh", fresh=False, MY_VAR="plain", TETHER_RUN_WHY_PYTHON="1",
+                  SLURM_PROCID="1", RANK="1")
+    finally:
+        fakes.configure(exit_code=0)
+    assert ran.returncode == 3 and "tether-run: python" not in ran.stderr, ran.stderr     # the command's code
+    assert [c["argv"][1] for c in fakes.calls("enroot")] == ["start"]
+
+
+def test_an_enroot_start_that_fails_before_the_command_is_concluded_by_the_python_launcher(world, enroot_rank):
+    """enroot exiting 1 before the command ran (nothing written in the rank's work directory) is
+    handed over with what happened: the Python launcher says enroot failed, runs nothing again,
+    and the rank ends with enroot's code."""
+    run, fakes, step = enroot_rank
+    fakes.configure(exit_code=1)
+    try:
+        ran = run(world["base"] / "img.sqsh", MY_VAR="plain", TETHER_RUN_WHY_PYTHON="1")
+    finally:
+        fakes.configure(exit_code=0)
+    assert ran.returncode == 1
+    assert "tether-run: python: the run did not end cleanly" in ran.stderr
+    assert "enroot exited 1 before the command in the container started" in ran.stderr, ran.stderr
+    assert [c["argv"][1] for c in fakes.calls("enroot")] == ["create", "start"]
+
+
+def test_a_slow_create_goes_to_the_python_launcher_which_waits_and_a_signal_in_the_wait_ends_the_rank(world):
+    """A create still running after TR_START_QUIET_MS: the rank goes to the Python launcher (told
+    the create is this rank's: it tells it as its own step), which waits for it and starts the root
+    once -- no second create. And a rank waiting for its start turn ends at SIGTERM, as the Python
+    launcher's would (no runtime to pass it to)."""
+    import fcntl
+
+    from tether.container.run import launcher_text
+
+    settings, log, step = logged_enroot(world, "slow-enroot-2", SLOW_ENROOT.replace(
+        'exec sleep "$AHEAD_SLEEP"', 'sleep "$AHEAD_SLEEP"; mkdir -p "$ENROOT_DATA_PATH/$3"; exit 0'))
+
+    python_launcher = world["base"] / "tether-run-py-slow"
+    python_launcher.write_text(launcher_text(None, settings))
+    python_launcher.chmod(0o755)
+    launcher = world["base"] / "tether-run-slow"
+    build_rank_launcher(launcher, None, settings, str(python_launcher))
+    env = ahead_env(world, MY_VAR="plain", AHEAD_LOG=str(log), AHEAD_SLEEP="1.6", TETHER_RUN_WHY_PYTHON="1")
+    try:
+        ran = subprocess.run([str(launcher)], env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                             preexec_fn=_as(UID), timeout=60)
+        assert ran.returncode == 0, ran.stderr
+        assert "tether-run: python: the step's container root takes a while" in ran.stderr
+        assert [line.split()[1] for line in log.read_text().splitlines()] == ["create", "start"]
+        # the root is there; another rank waits for its turn to start it, and a SIGTERM ends it
+        with open(step / "enroot" / "start-tether-7.0.lock", "a") as turn:
+            fcntl.flock(turn, fcntl.LOCK_EX)
+            proc = subprocess.Popen([str(launcher)], env={**env, "AHEAD_SLEEP": ""}, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, preexec_fn=_as(UID))
+            time.sleep(0.5)
+            assert proc.poll() is None
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=10)
+        assert proc.returncode == -signal.SIGTERM, err
+        assert [line.split()[1] for line in log.read_text().splitlines()] == ["create", "start"]    # none started
+    finally:
         shutil.rmtree(step / "enroot", ignore_errors=True)
