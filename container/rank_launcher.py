@@ -223,13 +223,13 @@ def start_plan(settings: Mapping[str, Any]) -> dict[str, Any] | str:
     as templates; or why a rank of this configuration goes to the Python launcher.
 
     The rank of ``ahead_plan``'s case without a terminal, PMI_FD or ROCm GPUs: after the create
-    (ahead_plan's), ``Enroot.launch``'s ``enroot start`` -- its argv, its ``--rc`` and ``--conf``
-    scripts (the job's variables are the ``ENV_LINES`` placeholder: tether-run writes them as
-    write_environ_conf does, and hands a rank with a value that needs more to Python), the start
+    (ahead_plan's), ``Enroot.launch``'s ``enroot start`` -- its argv, its ``--conf`` script (the
+    job's variables are the ``ENV_LINES`` placeholder: tether-run writes them as write_environ_conf
+    does, and hands a rank with a value that needs more to Python), the start
     turn's lock and the file that ends it (``StartTurn``) -- run here for such a rank with
     recognizable values that become placeholders, without GPUs and with CUDA's."""
     from .run import runtime_for
-    from .runtimes.enroot import CreateWhole, StartTurn
+    from .runtimes.enroot import CreateWhole, StartTurn, conf_line
     from .spec import spec_from_env
 
     P = PLACEHOLDERS
@@ -254,18 +254,15 @@ def start_plan(settings: Mapping[str, Any]) -> dict[str, Any] | str:
                 return "an enroot rank of this configuration needs more than a create and a start"
             argv = list(launch.argv)
             try:
-                rc, conf = argv[argv.index("--rc") + 1], argv[argv.index("--conf") + 1]
+                conf = argv[argv.index("--conf") + 1]
             except (ValueError, IndexError):
-                return "an enroot start without its --rc and --conf scripts"
-            with open(rc, encoding="utf-8") as fh:
-                rc_text = fh.read()
+                return "an enroot start without its --conf script"
             with open(conf, encoding="utf-8") as fh:
                 conf_text = fh.read()
-            line = "TETHER_BAKED_VARIABLE=7310000005\n"
+            line = conf_line("TETHER_BAKED_VARIABLE=7310000005")
             if conf_text.count(line) != 1 or "7310000005" in conf_text.replace(line, ""):
                 return "the job's variables are not where tether-run writes them in enroot's --conf script"
-            plans.append({"argv": argv, "rc": rc, "conf_path": conf, "rc_text": rc_text,
-                          "conf": conf_text.replace(line, P["ENV_LINES"]), "created": launch.created,
+            plans.append({"argv": argv, "conf_path": conf, "conf": conf_text.replace(line, P["ENV_LINES"]), "created": launch.created,
                           "start_lock": launch.before[1][0].lock, "started": launch.before[1][0].started})
         without, cuda = plans
         if {k: v for k, v in without.items() if k != "conf"} != {k: v for k, v in cuda.items() if k != "conf"}:
@@ -281,8 +278,7 @@ def start_plan(settings: Mapping[str, Any]) -> dict[str, Any] | str:
             raise AssertionError(f"a scratch path left in the start plan: {value!r}")
         return value
 
-    return {"argv": [template(a) for a in without["argv"]], "rc_path": template(without["rc"]),
-            "conf_path": template(without["conf_path"]), "rc_text": without["rc_text"],
+    return {"argv": [template(a) for a in without["argv"]], "conf_path": template(without["conf_path"]),
             "conf": template(without["conf"]), "conf_cuda": template(cuda["conf"]),
             "created": template(without["created"]), "start_lock": template(without["start_lock"])}
 
@@ -364,8 +360,7 @@ def baked_header(config_path: str | None, settings: Mapping[str, Any], python_la
         f"#define TR_WHY_NOT_START {c_string(start if isinstance(start, str) else '')}",
         f"static const char *const TR_START_ARGV[] = {c_list(start_of.get('argv', []))};",
         *(f"#define TR_START_{key.upper()}_TEMPLATE {c_string(start_of.get(key, ''))}"
-          for key in ("conf", "conf_cuda", "conf_path", "rc_path", "created", "start_lock")),
-        f"#define TR_START_RC_TEXT {c_string(start_of.get('rc_text', ''))}",
+          for key in ("conf", "conf_cuda", "conf_path", "created", "start_lock")),
         # how long tether-run waits for the step's root before the Python launcher waits and tells
         f"#define TR_START_QUIET_MS {round(CREATE_QUIET_SECONDS * 1000 / 2)}",
         f"static const char *const TR_HOST_ONLY[] = {c_list(environment.HOST_ONLY)};",

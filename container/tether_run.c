@@ -24,7 +24,7 @@
  * The common enroot rank -- a squashfs file, no container option but the image, values enroot's
  * environment file carries, no terminal, PMI_FD or ROCm GPU -- runs here too (enroot_plan,
  * enroot_before): the step's enroot create on the node (create_ahead, by a child, under the
- * node's lock), the --rc and --conf scripts, the start turn, enroot start, supervised as podman
+ * node's lock), the --conf script, the start turn, enroot start, supervised as podman
  * is: Enroot.launch's own, baked (rank_launcher.py: ahead_plan, start_plan). A create still
  * running after a second goes to the Python launcher, which tells it; a rank of its case that
  * needs more (a value with a line break, MPI's PMI_FD) gets the create ahead, then the Python
@@ -207,7 +207,7 @@ struct plan {
 	char pause_pid[PATH_MAX]; /* podman's record of its pause process (podman.py: pause_pid_file) */
 	/* an enroot rank run here (enroot_plan): its scripts, locks and root; ``marker`` is NULL */
 	int enroot;
-	char *conf_path, *conf_text, *rc_path, *node_lock, *start_lock, *root;
+	char *conf_path, *conf_text, *node_lock, *start_lock, *root;
 };
 
 /* One of RankTemplate's templates with the rank's values: '\1' and a letter is the value at that
@@ -1094,8 +1094,9 @@ static int enroot_values(const char **values, const char **why)
 	if (stat(image, &st) < 0 || !S_ISREG(st.st_mode) || access(image, R_OK) < 0)
 		NOT("the image is not a file you can read");
 	rank_dir = getenv(TETHER_ENV_RANK_DIR);
-	/* no backslash: a mount line's path is written as it is (enroot.py: fstab_escape) */
-	if (rank_dir == NULL || !plain_path(rank_dir) || strchr(rank_dir, '\\') || strlen(rank_dir) > PATH_MAX - 256)
+	/* no backslash, no quote: the --conf script's mount lines hold the path as it is, where enroot.py
+	 * escapes (fstab_escape) and quotes (conf_line) it */
+	if (rank_dir == NULL || !plain_path(rank_dir) || strpbrk(rank_dir, "\\'") || strlen(rank_dir) > PATH_MAX - 256)
 		NOT("no rank directory");
 	slash = strrchr(rank_dir, '/');
 	if (slash == rank_dir || fmt(step_dir, sizeof step_dir, "%.*s", (int)(slash - rank_dir), rank_dir) < 0)
@@ -1254,10 +1255,12 @@ static int carried(const char *v)
 	return !(n >= 2 && strchr("\"'", v[0]) != NULL && strchr("\"'", v[n - 1]) != NULL);
 }
 
-/* write_environ_conf's lines of the job's variables: ``NAME=value\n`` for each passed one, sorted
- * by name (environment.py: passed_from_host); NULL with ``*why`` when one cannot be carried (the
- * Python launcher leaves it out with a word, or writes it to a file of its own) or a name comes
- * twice (os.environ keeps one of them). */
+/* write_environ_conf's lines of the job's variables: ``printf '%s\n' 'NAME=value'\n`` for each
+ * passed one, sorted by name (environment.py: passed_from_host), quoted as enroot.py's conf_line
+ * quotes; NULL with ``*why`` when one cannot be carried (the Python launcher leaves it out with a
+ * word, or writes it to a file of its own) or a name comes twice (os.environ keeps one of them). */
+#define CONF_LINE_START "printf '%s\\n' '"
+
 static char *environ_lines(const char **why)
 {
 	size_t n = 0, envc = 0, size = 1;
@@ -1284,7 +1287,7 @@ static char *environ_lines(const char **why)
 			*why = "a value enroot's environment file cannot carry";
 		else if (i > 0 && cmp_name(&items[i - 1], &items[i]) == 0)
 			*why = "a variable twice in the environment";
-		size += strlen(items[i]) + 1;
+		size += sizeof CONF_LINE_START + 4 * strlen(items[i]) + 2;
 	}
 	if (*why || (out = malloc(size)) == NULL) {
 		free(items);
@@ -1294,9 +1297,17 @@ static char *environ_lines(const char **why)
 	}
 	o = out;
 	for (size_t i = 0; i < n; i++) {
-		size_t len = strlen(items[i]);
-		memcpy(o, items[i], len);
-		o += len;
+		memcpy(o, CONF_LINE_START, sizeof CONF_LINE_START - 1);
+		o += sizeof CONF_LINE_START - 1;
+		for (const char *c = items[i]; *c; c++) {
+			if (*c == '\'') {          /* ended, escaped, begun again */
+				memcpy(o, "'\\''", 4);
+				o += 4;
+			} else {
+				*o++ = *c;
+			}
+		}
+		*o++ = '\'';
 		*o++ = '\n';
 	}
 	*o = '\0';
@@ -1342,7 +1353,6 @@ static struct plan *enroot_plan(char **command, const char **why)
 	if ((values['E'] = environ_lines(why)) == NULL)
 		return NULL;
 	if ((p.conf_text = expand(conf_template, values)) == NULL || (p.conf_path = expand(TR_START_CONF_PATH_TEMPLATE, values)) == NULL ||
-	    (p.rc_path = expand(TR_START_RC_PATH_TEMPLATE, values)) == NULL ||
 	    (p.created = expand(TR_START_CREATED_TEMPLATE, values)) == NULL ||
 	    (p.start_lock = expand(TR_START_START_LOCK_TEMPLATE, values)) == NULL ||
 	    (p.node_lock = expand(TR_AHEAD_LOCK_TEMPLATE, values)) == NULL ||
@@ -1432,8 +1442,8 @@ static int enroot_before(const struct plan *p, const sigset_t *mask)
 	int ahead, node_fd, start_fd;
 
 	dir_of(p->rank_dir, step_dir, sizeof step_dir);
-	if (write_private(step_dir, p->rc_path, TR_START_RC_TEXT) < 0 || write_private(step_dir, p->conf_path, p->conf_text) < 0)
-		to_python("cannot write enroot's scripts (the Python launcher says why)", NULL);
+	if (write_private(step_dir, p->conf_path, p->conf_text) < 0)
+		to_python("cannot write enroot's --conf script (the Python launcher says why)", NULL);
 	ahead = create_ahead(&why_not);
 	if (ahead)
 		setenv(TETHER_ENV_RUN_AHEAD, "1", 1);        /* for the Python launcher, if it comes to that */
@@ -1605,8 +1615,7 @@ int main(int argc, char **argv)
 			for (char **e = p->envp; *e; e++)
 				printf("%s%c", *e, 0);
 			printf("conf%c1%c%s%c", 0, 0, p->conf_text, 0);
-			printf("rc%c1%c%s%c", 0, 0, TR_START_RC_TEXT, 0);
-			printf("start-paths%c6%c%s%c%s%c%s%c%s%c%s%c%s%c", 0, 0, p->rc_path, 0, p->conf_path, 0, p->created, 0,
+			printf("start-paths%c5%c%s%c%s%c%s%c%s%c%s%c", 0, 0, p->conf_path, 0, p->created, 0,
 			       p->start_lock, 0, p->node_lock, 0, p->root, 0);
 			fflush(stdout);
 			create_ahead(&why_not_ahead);

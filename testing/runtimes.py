@@ -612,6 +612,17 @@ def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry:
             sys.stderr.buffer.write(run.stderr)
             return run.returncode
         lines += run.stdout.decode("utf-8", "surrogateescape").split("\n")
+    # runtime::_do_rc: --rc's file, else the config's rc() (its body, as `declare -f rc | sed
+    # '1,2d;$d'` prints it), else none (the image's /etc/rc)
+    rc_text = Path(rc).read_text() if rc else None
+    if rc is None and conf is not None:
+        script = ('set -euo pipefail; shopt -s lastpipe; source "$1"; '
+                  "if declare -F rc > /dev/null; then declare -f rc | sed '1,2d;$d'; else exit 3; fi")
+        run = subprocess.run(["bash", "--norc", "-c", script, "bash", conf], capture_output=True, env=dict(env))
+        if run.returncode not in (0, 3):
+            sys.stderr.buffer.write(run.stderr)
+            return run.returncode
+        rc_text = run.stdout.decode("utf-8", "surrogateescape") if run.returncode == 0 else None
     # runtime::_do_mounts_fini: the config's mounts(), then each --mount with ':' made ' ' -- one
     # fstab file for enroot-mount (getmntent: fields split on blanks, \040 and the like decoded)
     fstab = []
@@ -643,7 +654,7 @@ def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry:
                         "container_env": container_env, "writable": "--rw" in opts,
                         "mounts": opts.get("--mount", []),
                         "fstab": entries,
-                        "rc": Path(rc).read_text() if rc else None,
+                        "rc": rc_text,
                         "remap_root": "--root" in opts or os.environ.get("ENROOT_REMAP_ROOT", "") in ("y", "yes", "1")})
     return _act(state, command_argv or ["/bin/sh"], container_env, None)
 

@@ -76,7 +76,6 @@ def enroot_uri(image: str) -> str:
         raise LaunchError(str(exc)) from None
 
 
-END_OF_ENVIRONMENT = "TETHER_END_OF_ENVIRONMENT"
 
 
 def carried(value: str) -> bool:
@@ -89,7 +88,18 @@ def carried(value: str) -> bool:
     return not (len(stripped) >= 2 and stripped[0] in "\"'" and stripped[-1] in "\"'")
 
 
-END_OF_MOUNTS = "TETHER_END_OF_MOUNTS"
+def conf_line(text: str) -> str:
+    """One line the --conf script's functions print: a printf of ``text`` in single quotes (bash
+    takes every byte in them as it is; a quote is ended, escaped and begun again) -- a builtin,
+    where a here-document costs enroot start a ``cat`` process."""
+    return "printf '%s\\n' '" + text.replace("'", "'\\''") + "'\n"
+
+
+# --no-container-entrypoint: the --conf script's rc(), which enroot start writes as the container's
+# command script for this start only (runtime::_do_rc) instead of the image's /etc/rc, which runs
+# the entrypoint with the command as its arguments (enroot's docker::configure). --rc FILE would
+# do the same with two processes more (a realpath and a cp); rc() costs one (sed).
+RC_FUNCTION = 'rc() {\n    exec "$@"\n}\n'
 
 
 def fstab_escape(path: str) -> str:
@@ -129,16 +139,16 @@ def write_values(directory: str, values: Mapping[str, str]) -> None:
 
 
 def write_environ_conf(path: str | None, values: Mapping[str, str], mount_lines: Sequence[str] = (),
-                       own: Mapping[str, str] | None = None) -> str:
+                       own: Mapping[str, str] | None = None, rc: bool = False) -> str:
     """An ``enroot start --conf`` script whose ``environ()`` prints the variables (enroot appends
     its output to the container's environment file after the image's /etc/environment, so these
     win over the image's), then tether's own ``own`` (last: they win over the job's, as enroot's
     ``--env`` would make them, without its awk process per variable: ~2.3 ms each), and whose ``mounts()``
     prints the mounts (``mount_lines``, fstab lines: unlike ``--mount``, which refuses blanks, a
-    path with spaces passes; enroot mounts them after its hooks, in this order). The values are
-    in the file -- mode 0600, in the user's own step directory -- never on a command line;
-    quoted here-documents: bash expands nothing in them. Values the environment file cannot
-    carry are left out, and the user is told which."""
+    path with spaces passes; enroot mounts them after its hooks, in this order), and with ``rc``
+    RC_FUNCTION. The values are in the file -- mode 0600, in the user's own step directory --
+    never on a command line; single-quoted (conf_line): bash expands nothing in them. Values the
+    environment file cannot carry are left out, and the user is told which."""
     lines, dropped = [], []
     for name in sorted(values):
         if not env_name(name):                 # never into the shell script (a name is a shell word)
@@ -151,17 +161,13 @@ def write_environ_conf(path: str | None, values: Mapping[str, str], mount_lines:
     for name, value in (own or {}).items():
         if not env_name(name) or not carried(value):
             raise LaunchError(f"tether's own {name!r} cannot be carried by enroot's environment script")
+    printed = [*(f"{name}={values[name]}" for name in lines), *(f"{name}={value}" for name, value in (own or {}).items())]
     text = ("# tether: the job's environment and mounts for this container (see tether.container.environment)\n"
-            "environ() {\n"
-            f"cat <<'{END_OF_ENVIRONMENT}'\n"
-            + "".join(f"{name}={values[name]}\n" for name in lines)
-            + "".join(f"{name}={value}\n" for name, value in (own or {}).items())
-            + f"{END_OF_ENVIRONMENT}\n}}\n")
+            "environ() {\n" + ("".join(conf_line(line) for line in printed) or ":\n") + "}\n")
     if mount_lines:
-        text += ("mounts() {\n"
-                 f"cat <<'{END_OF_MOUNTS}'\n"
-                 + "".join(f"{line}\n" for line in mount_lines)
-                 + f"{END_OF_MOUNTS}\n}}\n")
+        text += "mounts() {\n" + "".join(conf_line(line) for line in mount_lines) + "}\n"
+    if rc:
+        text += RC_FUNCTION
     return write_private(path, text, ".conf", "enroot's environment script")
 
 
@@ -177,12 +183,6 @@ def image_environment(config: Mapping) -> dict[str, str]:
             if env_name(name) and carried(value) and not name.startswith("ENROOT_"):
                 out[name] = value
     return out
-
-
-def write_rc(path: str | None) -> str:
-    """An ``enroot start --rc`` script that runs the command itself, not the image's entrypoint."""
-    return write_private(path, '# tether: --no-container-entrypoint, the command itself\nexec "$@"\n', ".rc",
-                         "enroot's rc script")
 
 
 class CreateWhole:
@@ -631,13 +631,6 @@ class Enroot(Runtime):
             self.require_unshare(spec.unshare, env)
             argv += [f"--{ns}" for ns in spec.unshare]
         after = []
-        if not spec.entrypoint:
-            # the image's /etc/rc (enroot's docker::configure) runs the entrypoint with the command
-            # as its arguments; --rc replaces it for this start only (pyxis writes /etc/rc.local
-            # into the container instead, which stays in a named container)
-            argv += ["--rc", write_rc(os.path.join(step_dir, "enroot", f"rc-{spec.rank}") if step_dir else None)]
-            if not step_dir:
-                after.append(["rm", "-f", argv[-1]])
         # every mount in the --conf script's mounts(), in this order: the rank's directories, then
         # the user's (the admin's first) over them, as pyxis lists them (tmpfs, umount: enroot's own)
         batch = [Mount(spec.batch_script, CONTAINER_BATCH_SCRIPT, True)] if spec.batch_script else []
@@ -671,7 +664,9 @@ class Enroot(Runtime):
         if self.gpu_kind(spec) == "cuda":
             own = {**own, "NVIDIA_VISIBLE_DEVICES": "all"}
         conf = os.path.join(step_dir, "enroot", f"environ-{spec.rank}.conf") if step_dir else None
-        conf = write_environ_conf(conf, passed, mount_lines, own)
+        # --no-container-entrypoint: the command itself, not the image's /etc/rc (RC_FUNCTION; pyxis
+        # writes /etc/rc.local into the container instead, which stays in a named container)
+        conf = write_environ_conf(conf, passed, mount_lines, own, rc=not spec.entrypoint)
         argv += ["--conf", conf]
         if not step_dir:                      # tether run by hand: nothing removes it with a step
             after.append(["rm", "-f", conf])

@@ -217,3 +217,44 @@ def test_the_ranks_of_an_enroot_step_on_a_node_share_one_container_root(cluster,
     # made it take its quiet time (2 s): then one rank per node says it, with how long it took
     told = result.stderr.count("(enroot create) ...")
     assert told == result.stderr.count("(enroot create): done in ") <= 2, result.stderr
+
+
+def test_a_plain_enroot_rank_runs_in_the_c_launcher_under_slurm(cluster, fakes):
+    """Issue 43: the common enroot rank -- a squashfs file, no container option but the image and
+    the runtime -- runs in tether-run itself under real slurmstepd, with no Python launcher: five
+    ranks on two nodes, one create per node, every rank started in the step's root with the job's
+    variables, the command's exit code the step's. tether-run is built for the config it runs
+    with (`tether slurm install`, as an admin after a change), and for the session's one again
+    after."""
+    path = cluster.box.tether_conf
+    installed = path.with_suffix(".installed-c")
+    installed.unlink(missing_ok=True)
+    os.link(path, installed)
+    image = fakes.root / "img.sqsh"
+    image.write_bytes(b"hsqs" + bytes(4092))            # squashfs's magic: the fake's test of a file image
+    os.chmod(image, 0o644)
+    before = len(fakes.calls())
+    try:
+        data = cluster.box.tether_settings()
+        data["container"]["enroot"] = {**data["container"].get("enroot", {}), "binary": str(fakes.bin_dir / "enroot")}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(data))
+        os.replace(tmp, path)
+        cluster.box.install_plugins(log=lambda m: None)
+        fakes.configure(exit_code=3)
+        result = cluster.run(["runuser", "-u", cluster.user, "--", "env", "FOO=bar", "TETHER_RUN_WHY_PYTHON=1",
+                              "srun", "-N2", "-n5", "--container-runtime=enroot", f"--container-image={image}",
+                              "true"], check=False, timeout=300)
+    finally:
+        fakes.configure(exit_code=0)
+        os.replace(installed, path)     # the very file the session's tether-run is built for ...
+        cluster.box.install_plugins(log=lambda m: None)      # ... and that launcher again
+    assert result.returncode == 3, result.stderr
+    assert "tether-run: python" not in result.stderr and "no enroot run here" not in result.stderr, result.stderr
+    calls = fakes.calls()[before:]
+    creates = [c for c in calls if c["tool"] == "enroot" and c["argv"][1] == "create"]
+    starts = [c for c in calls if c["tool"] == "enroot-container"]
+    assert (len(creates), len(starts)) == (2, 5), calls
+    assert {c["container_env"].get("FOO") for c in starts} == {"bar"}
+    assert sorted(c["container_env"]["RANK"] for c in starts) == ["0", "1", "2", "3", "4"]
+    assert {c["rc"] for c in starts} == {'    exec "$@"\n'}           # the command itself, not the image's rc

@@ -614,7 +614,7 @@ def run_reference(script: str, settings: dict, env: dict, *args: str) -> dict:
     if "LC_CTYPE" not in env and not env.get("LANG") and not env.get("LC_ALL"):
         del plan["env"]["LC_CTYPE"]         # Python's own C-locale coercion (PEP 538), as above
         if "conf" in plan:
-            plan["conf"] = plan["conf"].replace("LC_CTYPE=C.UTF-8\n", "")
+            plan["conf"] = plan["conf"].replace("printf '%s\\n' 'LC_CTYPE=C.UTF-8'\n", "")
     return plan
 
 
@@ -889,9 +889,9 @@ START_REFERENCE = textwrap.dedent("""\
     launch = runtime_for(spec.runtime, settings).launch(spec, env)
     create, turn = launch.before[0][0], launch.before[1][0]
     argv = launch.argv
-    rc, conf = argv[argv.index("--rc") + 1], argv[argv.index("--conf") + 1]
-    print(json.dumps({"argv": argv, "env": launch.env, "conf": open(conf).read(), "rc": open(rc).read(),
-                      "paths": [rc, conf, launch.created, turn.lock, launch.lock,
+    conf = argv[argv.index("--conf") + 1]
+    print(json.dumps({"argv": argv, "env": launch.env, "conf": open(conf).read(),
+                      "paths": [conf, launch.created, turn.lock, launch.lock,
                                 os.path.join(create.data, create.name)],
                       "started": turn.started}))
 """)
@@ -908,12 +908,12 @@ def c_start(launcher: Path, env: dict, args=()) -> dict | str:
     if "start-argv" not in plan:          # the create ahead's plan alone: the rank goes to Python
         return out.stderr.decode().strip()
     return {"argv": plan["start-argv"], "env": dict(e.split("=", 1) for e in plan["start-env"]),
-            "conf": plan["conf"][0], "rc": plan["rc"][0], "paths": plan["start-paths"]}
+            "conf": plan["conf"][0], "paths": plan["start-paths"]}
 
 
 def python_start(settings: dict, env: dict, user_run_root: Path, args=()) -> dict:
     plan = run_reference(START_REFERENCE, settings, env, str(user_run_root), *args)
-    assert plan.pop("started") == plan["paths"][2]      # the start turn ends when the command runs
+    assert plan.pop("started") == plan["paths"][1]      # the start turn ends when the command runs
     return plan
 
 
@@ -945,7 +945,7 @@ START_CASES = {
 @pytest.mark.parametrize("user_run_root", ["the user's", "none"], indirect=True)
 def test_the_enroot_rank_run_here_is_the_python_launchers(world, mode, case, user_run_root):
     """The enroot start tether-run runs itself is, argument for argument, variable for variable and
-    byte for byte of its --conf and --rc scripts, the one the Python launcher's Enroot.launch
+    byte for byte of its --conf script, the one the Python launcher's Enroot.launch
     plans: the same command, environment, job's variables (sorted, as the environment contract
     passes them), tether's own values and mounts, the same root, locks and started file."""
     extra = dict(START_CASES[case])
@@ -969,9 +969,9 @@ def test_the_enroot_rank_run_here_is_the_python_launchers(world, mode, case, use
     command = args if env["TETHER_RUN_ARGV0"] == "" else [env["TETHER_RUN_ARGV0"], *args]
     assert ours["argv"][-len(command):] == command and ours["argv"][1] == "start"
     if "Q1" in env:
-        assert ("Q4=  lead and trail \t\n" in ours["conf"]) == ("Q1=it's\n" in ours["conf"]) == (mode == "inherit")
+        assert ("'Q4=  lead and trail \t'\n" in ours["conf"]) == ("'Q1=it'\\''s'\n" in ours["conf"]) == (mode == "inherit")
     if "CUDA" in case:
-        assert "NVIDIA_VISIBLE_DEVICES=all\n" in ours["conf"]
+        assert "'NVIDIA_VISIBLE_DEVICES=all'\n" in ours["conf"]
 
 
 START_REFUSED = {
@@ -983,6 +983,7 @@ START_REFUSED = {
     "ROCm GPUs": ({"TETHER_SLOT_IDS": "0", "TETHER_JOB_SLOT_TYPE": "rocm"}, "ROCm GPUs"),
     "another container option": ({"TETHER_CONTAINER_MOUNTS": "/a:/b"}, "a container option besides the image"),
     "a rank directory with a backslash": ({"TETHER_RANK_DIR": "/tmp/a\\b/rank-0"}, "no rank directory"),
+    "a rank directory with a quote": ({"TETHER_RANK_DIR": "/tmp/it's/rank-0"}, "no rank directory"),
     "a registry image": ({"TETHER_CONTAINER_IMAGE": "ubuntu:22.04"}, "not a squashfs file's plain path"),
     "the job sets enroot's data path": ({"ENROOT_DATA_PATH": "/x"}, "sets one of enroot's paths"),
 }
@@ -1040,7 +1041,7 @@ def test_the_common_enroot_rank_runs_here_from_create_to_end_without_python(worl
     assert inside["container_env"]["TMPDIR"] == "/tmp" and "PATH" not in ran.stderr
     assert [e[:2] for e in inside["fstab"]] == [[str(world["rank"] / "tmp"), "/tmp"],
                                                  [str(world["rank"] / "work"), "/run/tether/workdir"]]
-    assert inside["rc"] == '# tether: --no-container-entrypoint, the command itself\nexec "$@"\n'
+    assert inside["rc"] == '    exec "$@"\n'           # the conf's rc(), as enroot writes it
     assert not (world["rank"] / "work" / ".tether-started").exists()
     # the second rank: no create, the same root
     fakes.configure(exit_code=3)

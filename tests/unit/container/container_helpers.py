@@ -70,3 +70,13 @@ def _tether_run(tmp_path, fakes, config, *args, user: int | None = None, rank_di
             os.setuid(user)
     return subprocess.run([*TETHER, "run", *args], env=run_env, capture_output=True, text=True, timeout=60,
                           preexec_fn=preexec, cwd=cwd)
+
+
+def conf_printed(conf: str | Path, function: str) -> list[str] | None:
+    """What an enroot --conf script's function (environ, mounts, rc) prints, run by bash as
+    enroot runs it (set -euo pipefail); None when the script has no such function."""
+    script = (f'set -euo pipefail; source "$1"; if declare -F {function} > /dev/null; then '
+              + ("declare -f rc | sed '1,2d;$d'" if function == "rc" else function) + "; else exit 3; fi")
+    ran = subprocess.run(["bash", "--norc", "-c", script, "bash", str(conf)], capture_output=True, timeout=30)
+    assert ran.returncode in (0, 3), ran.stderr
+    return None if ran.returncode == 3 else ran.stdout.decode("utf-8", "surrogateescape").splitlines()

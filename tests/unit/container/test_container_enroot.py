@@ -22,7 +22,7 @@ from tether.container.runtimes.enroot import (CD_PROLOGUE, CREATE_QUIET_SECONDS,
                                               enroot_uri)
 from tether.container.spec import CONTAINER_WORKDIR, LaunchError, Mount
 
-from container_helpers import HOST, _tether_run, spec
+from container_helpers import HOST, _tether_run, conf_printed, spec
 
 
 def test_enroot_imports_creates_starts_and_removes(tmp_path):
@@ -55,21 +55,23 @@ def test_enroot_imports_creates_starts_and_removes(tmp_path):
     assert per_step.lock == f"{node}/enroot/.import-lock"
     argv = launch.argv
     conf = f"{node}/enroot/environ-3.conf"
-    rc = f"{node}/enroot/rc-3"          # --no-container-entrypoint (the default): the command itself
-    assert argv[:7] == ["enroot", "start", "--rw", "--rc", rc, "--conf", conf]
-    assert Path(rc).read_text().endswith('exec "$@"\n')
+    assert argv[:5] == ["enroot", "start", "--rw", "--conf", conf]
+    # --no-container-entrypoint (the default): the command itself, the conf's rc() (no --rc file:
+    # enroot's realpath and cp of it are two processes more)
+    assert "--rc" not in argv and conf_printed(conf, "rc") == ['    exec "$@"']
     assert "--env" not in argv          # enroot start runs an awk per --env: tether's own values are in the conf
     assert HOST["MYVAR"] not in " ".join(argv) and oct(os.stat(conf).st_mode & 0o777) == "0o600"
     text = Path(conf).read_text()
-    environ = text.split("environ() {\n", 1)[1].split("TETHER_END_OF_ENVIRONMENT\n}", 1)[0].splitlines()
+    assert "cat" not in text            # printf, a builtin: a here-document costs a cat process
+    environ = conf_printed(conf, "environ")
     # last, so they win over the job's (as --env did), the nvidia hook's variable among them
     assert environ[-4:] == ["TETHER_CONTAINER=1", "TMPDIR=/tmp", "TETHER_WORK_DIR=/run/tether/workdir",
                             "NVIDIA_VISIBLE_DEVICES=all"], environ
-    assert "OTHER=no\n" in text and "RANK=3\n" in text and "PATH=" not in text
+    assert "OTHER=no" in environ and "RANK=3" in environ and not any(e.startswith("PATH=") for e in environ)
     assert "MYVAR" not in text                      # a line break: enroot's file cannot carry it ...
     assert Path(s.rank_dir, "work", VALUES_DIR, "MYVAR").read_text() == HOST["MYVAR"]     # ... the command reads it
     assert "--mount" not in argv                    # mounts: in the conf's mounts()
-    assert text.split("mounts() {\n", 1)[1].splitlines()[1:4] == [
+    assert conf_printed(conf, "mounts")[:3] == [
         f"{s.rank_dir}/tmp /tmp none x-create=dir,bind",
         f"{s.rank_dir}/work /run/tether/workdir none x-create=dir,bind", "/data /data none x-create=auto,rbind,ro"]
     assert argv[-9:] == ["tether-42.0", "/bin/sh", "-c", STARTED_PROLOGUE + VALUES_PROLOGUE, "sh",
@@ -392,8 +394,8 @@ def test_pmi_fd_reaches_an_enroot_rank_though_enroot_start_closes_every_descript
     inside = "/run/tether/tether-fd-receive"                  # beside the work directory's mount
     start = launch.argv.index("tether-7.2")
     assert launch.argv[start + 1:start + 5] == [inside, f"{CONTAINER_WORKDIR}/.tether-pmi-fd", str(fd), "/bin/sh"]
-    conf = Path(launch.argv[launch.argv.index("--conf") + 1]).read_text()
-    assert f"{helper} {inside} none x-create=file,bind,ro,nosuid,nodev" in conf     # after the rank's, read-only
+    mounts = conf_printed(launch.argv[launch.argv.index("--conf") + 1], "mounts")
+    assert f"{helper} {inside} none x-create=file,bind,ro,nosuid,nodev" in mounts     # after the rank's, read-only
     launch.before = [launch.before[-2]]            # the relay (the last step is the start turn; no enroot create)
     run_before(launch)
     # the work directory as short a path as the container's (a socket's path is at most 107 bytes;
@@ -477,9 +479,10 @@ def test_enroot_with_the_entrypoint_sets_the_jobs_other_variables_after_it(tmp_p
     launch = adapter("enroot", {"store": ""}).launch(
         spec(image=str(sqsh), runtime="enroot", rank_dir=str(rank_dir), entrypoint=True, env_names=("OTHER",)), HOST)
     argv = launch.argv
-    assert "--rc" not in argv
-    text = Path(argv[argv.index("--conf") + 1]).read_text()
-    assert "OTHER=no\n" in text and "RANK=3\n" in text and "MYVAR" not in text
+    conf = argv[argv.index("--conf") + 1]
+    assert "--rc" not in argv and conf_printed(conf, "rc") is None      # the image's /etc/rc: its entrypoint
+    environ = conf_printed(conf, "environ")
+    assert "OTHER=no" in environ and "RANK=3" in environ and "MYVAR" not in Path(conf).read_text()
     assert not (rank_dir / "work" / VALUES_DIR).exists()
     assert "export MYVAR='a,b\nc '\\''q'\\'' $(x)'\n" in (rank_dir / "work" / LATER_FILE).read_text()
     assert argv[-9:] == ["tether-42.0", "/bin/sh", "-c", STARTED_PROLOGUE + LATER_PART + CD_PROLOGUE, "sh",
@@ -535,7 +538,8 @@ def test_a_cluster_store_image_is_started_as_it_is_with_the_images_env_under_the
     assert launch.before == [] and not any("remove" in step for step in launch.after)
     assert not (tmp_path / f"enroot-{os.getuid()}").exists() or not os.listdir(tmp_path / f"enroot-{os.getuid()}")
     conf = Path(launch.argv[launch.argv.index("--conf") + 1]).read_text()
-    assert "PATH=/opt/conda/bin:/usr/bin:/bin\n" in conf and "ONLY_IMAGE=1\n" in conf
+    environ = conf_printed(launch.argv[launch.argv.index("--conf") + 1], "environ")
+    assert "PATH=/opt/conda/bin:/usr/bin:/bin" in environ and "ONLY_IMAGE=1" in environ
     assert "MYVAR=a,b" not in conf and "MYVAR=from-image" not in conf     # the job's value (uncarried: a file)
     assert "BAD=" not in conf and "ENROOT_X" not in conf
     assert "INJECTED" not in conf and "$(id)" not in conf and "SP ACE" not in conf

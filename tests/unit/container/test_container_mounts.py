@@ -15,7 +15,7 @@ import pytest
 from tether.container.runtimes import adapter
 from tether.container.spec import LaunchError, Mount, check_container_options, parse_mounts, spec_from_env
 
-from container_helpers import HOST, _tether_run, spec
+from container_helpers import HOST, _tether_run, conf_printed, spec
 
 
 def test_mounts_parse_and_refuse_what_would_break_a_command_line():
@@ -299,10 +299,9 @@ def test_enroot_gets_every_mount_as_an_fstab_line_of_its_config_in_order(tmp_pat
     launch = adapter("enroot", {"store": ""}).launch(
         spec(image=str(sqsh), runtime="enroot", rank_dir=str(rank_dir), mounts=mounts), HOST)
     assert "--mount" not in launch.argv
-    text = Path(launch.argv[launch.argv.index("--conf") + 1]).read_text()
-    lines = text.split("mounts() {\n", 1)[1].splitlines()
-    assert lines[0] == "cat <<'TETHER_END_OF_MOUNTS'" and lines[8:] == ["TETHER_END_OF_MOUNTS", "}"]
-    assert lines[1:8] == [
+    lines = conf_printed(launch.argv[launch.argv.index("--conf") + 1], "mounts")
+    assert len(lines) == 7
+    assert lines == [
         f"{rank_dir}/tmp /tmp none x-create=dir,bind",
         f"{rank_dir}/work /run/tether/workdir none x-create=dir,bind",
         "/tmp/a\\040dir /mnt/my\\040mount none x-create=auto,rbind,ro,unbindable",

@@ -14,7 +14,7 @@ import pytest
 from tether.container.runtimes import adapter, available
 from tether.container.spec import LaunchError, parse_mounts
 
-from container_helpers import HOST, _tether_run, spec
+from container_helpers import HOST, _tether_run, conf_printed, spec
 
 
 def test_every_configured_runtime_has_an_adapter():
@@ -106,12 +106,13 @@ def test_each_runtime_remaps_root_and_runs_the_entrypoint_only_when_asked(tmp_pa
     sqsh.write_bytes(b"hsqs")
     enroot = adapter("enroot", {"store": ""})
     e_plain = enroot.launch(spec(image=str(sqsh), runtime="enroot", rank_dir=str(rank_dir)), HOST)
+    plain_rc = conf_printed(e_plain.argv[e_plain.argv.index("--conf") + 1], "rc")     # (the next launch rewrites it)
     e_asked = enroot.launch(spec(image=str(sqsh), runtime="enroot", rank_dir=str(rank_dir), entrypoint=True,
                                  remap_root=False, mounts=parse_mounts("/a:/b:nosuid")), HOST)
-    assert "--rc" in e_plain.argv and "ENROOT_REMAP_ROOT" not in e_plain.env      # enroot's config decides
-    assert "--rc" not in e_asked.argv and e_asked.env["ENROOT_REMAP_ROOT"] == "n"  # the image's /etc/rc
+    assert plain_rc == ['    exec "$@"'] and "ENROOT_REMAP_ROOT" not in e_plain.env  # enroot's config decides
     conf = e_asked.argv[e_asked.argv.index("--conf") + 1]
-    assert "\n/a /b none x-create=auto,rbind,nosuid\n" in Path(conf).read_text()
+    assert conf_printed(conf, "rc") is None and e_asked.env["ENROOT_REMAP_ROOT"] == "n"  # the image's /etc/rc
+    assert "/a /b none x-create=auto,rbind,nosuid" in conf_printed(conf, "mounts")
     podman = adapter("podman", {"store": ""})
     p_plain = podman.launch(spec(image="docker://busybox", runtime="podman"), HOST).argv
     p_asked = podman.launch(spec(image="docker://busybox", runtime="podman", entrypoint=True, remap_root=True), HOST).argv
