@@ -288,14 +288,17 @@ def _decimal(text: str) -> bool:
     return 0 < len(digits) <= 10 and all("0" <= c <= "9" for c in digits)
 
 
-def parse_resume(text: str) -> tuple[int, bool | None, list[int], list[tuple[str, int]]] | None:
+RESUMED_RUNTIMES = ("podman", "enroot")      # what the C rank launcher runs itself
+
+
+def parse_resume(text: str) -> tuple[int, bool | None, list[int], list[tuple[str, int]], str] | None:
     """What the C rank launcher (container/tether_run.c) hands over after a run it did not conclude
-    itself: ``status;written;received;monitor signal;others killed`` -- the runtime's wait status,
-    whether it wrote the id file (1, 0, -1: unknown), the signals forwarded (comma-separated), the
-    signal that killed the monitor (conmon; 0: none), how many other processes a signal killed.
-    None when ``text`` is not that."""
+    itself: ``status;written;received;monitor signal;others killed;runtime`` -- the runtime's wait
+    status, whether it wrote the id file (1, 0, -1: unknown), the signals forwarded
+    (comma-separated), the signal that killed the monitor (conmon; 0: none), how many other
+    processes a signal killed, the runtime it ran. None when ``text`` is not that."""
     parts = text.split(";")
-    if len(parts) != 5 or len(text) > 160:        # the C side's buffer
+    if len(parts) != 6 or len(text) > 160 or parts[5] not in RESUMED_RUNTIMES:     # the C side's buffer
         return None
     signals = parts[2].split(",") if parts[2] else []
     if not all(_decimal(p) for p in (parts[0], parts[1], parts[3], parts[4], *signals)):
@@ -306,7 +309,7 @@ def parse_resume(text: str) -> tuple[int, bool | None, list[int], list[tuple[str
             or not all(1 <= s <= 64 for s in received):
         return None
     killed = [("conmon", monitor)] * bool(monitor) + [("", signal.SIGKILL)] * min(others, 64)
-    return status, None if written < 0 else bool(written), received, killed
+    return status, None if written < 0 else bool(written), received, killed, parts[5]
 
 
 def execute(launch: Launch, *, subreaper: bool = False, resume: str | None = None, ahead: bool = False) -> NoReturn:
@@ -315,9 +318,12 @@ def execute(launch: Launch, *, subreaper: bool = False, resume: str | None = Non
     ``resume``: the C rank launcher ran this launch and hands over its conclusion (parse_resume);
     ``ahead``: it started the first preparation step (run_before)."""
     first = parse_resume(resume) if resume else None
-    # the C launcher runs no preparation step but those it knows (the enroot rank's create and start turn)
-    theirs = all(getattr(step[0], "rank_launcher_runs", False) for step in launch.before)
-    if resume and (first is None or not launch.supervise or not theirs or launch.prepare is not None):
+    # what the C launcher runs: this runtime (the config may have changed since), no preparation
+    # step but those it knows (the enroot rank's create and start turn), nothing after or to save
+    theirs = (first is not None and launch.runtime is not None and launch.runtime.name == first[4]
+              and all(getattr(step[0], "rank_launcher_runs", False) for step in launch.before)
+              and not launch.after and launch.finish is None)
+    if resume and (not theirs or not launch.supervise or launch.prepare is not None):
         report(f"internal error: the rank launcher handed over a run this launcher would not have made "
                f"({resume[:80]!r}); its container, if any, is removed at the step's end")
         os._exit(EXIT_LAUNCH_FAILED)
@@ -338,7 +344,7 @@ def execute(launch: Launch, *, subreaper: bool = False, resume: str | None = Non
         os._exit(EXIT_LAUNCH_FAILED)
     if not launch.supervise:
         _exec(launch)
-    code = _supervise(launch, subreaper, first)
+    code = _supervise(launch, subreaper, first[:4] if first else None)
     # out at once: the interpreter's teardown would cost the rank's end milliseconds for nothing
     for stream in (sys.stdout, sys.stderr):
         try:

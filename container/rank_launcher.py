@@ -233,6 +233,11 @@ def start_plan(settings: Mapping[str, Any]) -> dict[str, Any] | str:
     from .spec import spec_from_env
 
     P = PLACEHOLDERS
+    # what Enroot.launch does per rank beyond the bake's one variable: the variables set after the
+    # entrypoint (entrypoint_split: by name), the admin's mounts' sources (run.check_mount_sources)
+    for key in ("entrypoint", "mounts"):
+        if settings.get(key):
+            return f"container.{key} is set"
     job, step, rank = BAKED_JOB, BAKED_STEP, BAKED_RANK
     with tempfile.TemporaryDirectory(prefix="tether-run-start-") as tmp:
         step_dir, rank_dir, image, rank_env = _scratch_rank(tmp)

@@ -95,22 +95,6 @@ static int starts_with(const char *s, const char *prefix)
 	return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
-static int in_list(const char *name, const char *const *list)
-{
-	for (; *list; list++)
-		if (strcmp(name, *list) == 0)
-			return 1;
-	return 0;
-}
-
-static int has_prefix_in(const char *name, const char *const *list)
-{
-	for (; *list; list++)
-		if (starts_with(name, *list))
-			return 1;
-	return 0;
-}
-
 /* [A-Za-z_][A-Za-z0-9_]* (spec.py: is_env_name) */
 static int env_name_ok(const char *s, size_t len)
 {
@@ -282,20 +266,39 @@ static int cmp_name(const void *a, const void *b)
 
 /* Is this environment entry one that goes into the container by name (environment.py:
  * passed_from_host; the rank's tether values and TETHER_RUN_* dropped already)? */
+/* Is the name of ``len`` bytes at ``name`` (not NUL-terminated) in ``list``, or does it start
+ * with one of its prefixes? Any length: a name as long as the kernel allows is a name too. */
+static int name_in(const char *name, size_t len, const char *const *list)
+{
+	for (; *list; list++)
+		if (strlen(*list) == len && memcmp(name, *list, len) == 0)
+			return 1;
+	return 0;
+}
+
+static int name_has_prefix_in(const char *name, size_t len, const char *const *list)
+{
+	for (; *list; list++) {
+		size_t n = strlen(*list);
+		if (n <= len && memcmp(name, *list, n) == 0)
+			return 1;
+	}
+	return 0;
+}
+
 static int passed(const char *entry, size_t len)
 {
-	char name[256];
+	int image_wins;
 
-	if (len >= sizeof name || !env_name_ok(entry, len))
+	if (!env_name_ok(entry, len))
 		return 0;
-	memcpy(name, entry, len);
-	name[len] = '\0';
-	if (in_list(name, TR_OWN_NAMES) || in_list(name, TR_HOST_ONLY) || has_prefix_in(name, TR_RUNTIME_CONTROL))
+	if (name_in(entry, len, TR_OWN_NAMES) || name_in(entry, len, TR_HOST_ONLY) ||
+	    name_has_prefix_in(entry, len, TR_RUNTIME_CONTROL))
 		return 0;
+	image_wins = name_in(entry, len, TR_IMAGE_NAMES) || name_has_prefix_in(entry, len, TR_IMAGE_PREFIXES);
 	if (TR_ENV_INHERIT)
-		return !(in_list(name, TR_IMAGE_NAMES) || has_prefix_in(name, TR_IMAGE_PREFIXES));
-	return (in_list(name, TR_PASS_NAMES) || has_prefix_in(name, TR_PASS_PREFIXES)) &&
-	       !(in_list(name, TR_IMAGE_NAMES) || has_prefix_in(name, TR_IMAGE_PREFIXES));
+		return !image_wins;
+	return (name_in(entry, len, TR_PASS_NAMES) || name_has_prefix_in(entry, len, TR_PASS_PREFIXES)) && !image_wins;
 }
 
 /* The entries of ``host`` that go into the container (passed), sorted by name, in ``*count``;
@@ -1071,6 +1074,29 @@ static int run_quietly(char *const *argv, char **envp, int seconds, const sigset
  * --, a Slurm task, not root, the config as installed, a step directory of the user's): J S K D B I,
  * and R when the user's run directory on the node is theirs (runtimes/enroot.py: own_run_dir);
  * 0, or -1 with ``*why``. The environment's answers first: a podman rank asks for no file here. */
+/* Does a name (PATH aside: ahead_env keeps its first, as os.environ does) come twice in the
+ * task's environment? getenv and Python take the first, bash (enroot) the last: such a rank
+ * is the Python launcher's. */
+static int duplicate_name(void)
+{
+	size_t n = 0, envc = 0;
+	const char **names;
+	int twice = 0;
+
+	for (char **e = environ; *e; e++)
+		envc++;
+	if ((names = malloc((envc + 1) * sizeof *names)) == NULL)
+		return 1;
+	for (char **e = environ; *e; e++)
+		if (strchr(*e, '=') != NULL && !launcher_own(*e) && !starts_with(*e, "PATH="))
+			names[n++] = *e;
+	qsort(names, n, sizeof *names, cmp_name);
+	for (size_t i = 1; i < n && !twice; i++)
+		twice = cmp_name(&names[i - 1], &names[i]) == 0;
+	free(names);
+	return twice;
+}
+
 static int enroot_values(const char **values, const char **why)
 {
 	static char step_dir[PATH_MAX], run_dir[PATH_MAX], job[48], step[48], rank[48];
@@ -1088,6 +1114,8 @@ static int enroot_values(const char **values, const char **why)
 		NOT("the default runtime is not enroot");
 	if (!config_current())
 		NOT("tether's configuration changed since the launcher was installed");
+	if (duplicate_name())
+		NOT("a variable twice in the environment");
 	image = getenv(TR_IMAGE_VAR);
 	if (image == NULL || strlen(image) > TR_MAX_TEXT || !plain_path(image))
 		NOT("not a squashfs file's plain path");
@@ -1393,7 +1421,7 @@ static int write_private(const char *base, const char *path, const char *text)
 }
 
 /* Take the flock of ``fd`` within ``ms`` milliseconds (-1: no limit); 0 when taken, 1 when the
- * time ran out. A forwarded signal meanwhile -- no runtime is there to get it -- ends this
+ * time ran out, 2 when flock failed otherwise. A forwarded signal meanwhile -- no runtime is there to get it -- ends this
  * launcher as it ends the Python one there (the default action); SIGCHLD (create_ahead's child)
  * is left for the supervision to reap. */
 static int lock_within(int fd, long ms, const sigset_t *mask)
@@ -1413,7 +1441,7 @@ static int lock_within(int fd, long ms, const sigset_t *mask)
 		if (flock(fd, LOCK_EX | LOCK_NB) == 0)
 			return 0;
 		if (errno != EWOULDBLOCK && errno != EINTR)
-			return 1;
+			return 2;
 		if (ms >= 0 && !time_left(&end, &left))
 			return 1;
 		sig = sigtimedwait(mask, &info, &tick);
@@ -1429,10 +1457,10 @@ static int lock_within(int fd, long ms, const sigset_t *mask)
 	}
 }
 
-/* launch.py: run_before for the enroot rank run here -- its scripts written, the step's root made
+/* launch.py: run_before for the enroot rank run here -- its script written, the step's root made
  * on the node (create_ahead, or another rank's) under the node's lock, then this rank's turn to
  * start the shared root (enroot.py: take_start_turn), held until its command runs: the turn's
- * descriptor. A create that takes longer than ENROOT_QUIET_MS, one that failed, and every error
+ * descriptor. A create that takes longer than TR_START_QUIET_MS, one that failed, and every error
  * go to the Python launcher, which waits, tells and makes again as it always did. */
 static int enroot_before(const struct plan *p, const sigset_t *mask)
 {
@@ -1444,21 +1472,29 @@ static int enroot_before(const struct plan *p, const sigset_t *mask)
 	dir_of(p->rank_dir, step_dir, sizeof step_dir);
 	if (write_private(step_dir, p->conf_path, p->conf_text) < 0)
 		to_python("cannot write enroot's --conf script (the Python launcher says why)", NULL);
-	ahead = create_ahead(&why_not);
-	if (ahead)
-		setenv(TETHER_ENV_RUN_AHEAD, "1", 1);        /* for the Python launcher, if it comes to that */
-	node_fd = open(p->node_lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
-	if (node_fd < 0)
-		to_python("cannot open the node's enroot lock (the Python launcher says why)", NULL);
-	if (lock_within(node_fd, TR_START_QUIET_MS, mask) != 0)
-		to_python("the step's container root takes a while (the Python launcher tells)", NULL);
-	if (stat(p->root, &st) < 0)
-		to_python("the step's container root was not made (the Python launcher makes it and says why)", NULL);
+	if (stat(p->root, &st) < 0) {
+		/* the root is made whole or not at all (renamed into place): once there, no rank needs
+		 * the node's lock for it -- the rank that waits only for its start turn waits there */
+		int got;
+		ahead = create_ahead(&why_not);
+		if (ahead)
+			setenv(TETHER_ENV_RUN_AHEAD, "1", 1);        /* for the Python launcher, if it comes to that */
+		node_fd = open(p->node_lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
+		if (node_fd < 0)
+			to_python("cannot open the node's enroot lock (the Python launcher says why)", NULL);
+		got = lock_within(node_fd, TR_START_QUIET_MS, mask);
+		if (got == 1)
+			to_python("the step's container root takes a while (the Python launcher tells)", NULL);
+		if (got != 0)
+			to_python("cannot take the node's enroot lock (the Python launcher says why)", NULL);
+		if (stat(p->root, &st) < 0)
+			to_python("the step's container root was not made (the Python launcher makes it and says why)", NULL);
+		close(node_fd);
+		unsetenv(TETHER_ENV_RUN_AHEAD);
+	}
 	start_fd = open(p->start_lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
 	if (start_fd < 0 || lock_within(start_fd, -1, mask) != 0)
 		to_python("cannot take the container's start lock (the Python launcher says why)", NULL);
-	close(node_fd);
-	unsetenv(TETHER_ENV_RUN_AHEAD);
 	return start_fd;
 }
 
@@ -1749,10 +1785,10 @@ int main(int argc, char **argv)
 				       : code < 125 && !(code == 1 && written == 0));
 		if (!clean) {
 			/* launch.py concludes: the retry, the removal, the messages (status;written;received;
-			 * monitor signal;others killed) */
+			 * monitor signal;others killed;the runtime it ran) */
 			char resume[160];
-			snprintf(resume, sizeof resume, "%d;%d;%s;%d;%d", status, written, received, monitor_killed,
-				 others_killed);
+			snprintf(resume, sizeof resume, "%d;%d;%s;%d;%d;%s", status, written, received, monitor_killed,
+				 others_killed, p->enroot ? "enroot" : "podman");
 			to_python("the run did not end cleanly", resume);
 		}
 		remove_file(p->created);

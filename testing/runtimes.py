@@ -554,7 +554,7 @@ def _enroot_start(opts: dict, operands: list[str], data: str, state: str, entry:
     for item in opts.get("--env", []):
         if not re.match(r"[A-Za-z_][A-Za-z0-9_]*(=|$)", item):
             return _enroot_err(f"Invalid argument: {item}")
-    rc = (opts.get("--rc") or [None])[-1]
+    rc = (opts.get("--rc") or [None])[-1] or None      # runtime::start: an empty one is none (`[ -n "${rc}" ]`)
     if rc is not None and not stat_is_fifo(rc):    # runtime::start: a FIFO as is, else realpath, a file
         rc = os.path.realpath(rc)
         if not os.path.isfile(rc):

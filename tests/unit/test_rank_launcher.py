@@ -505,8 +505,8 @@ def test_an_unclean_end_is_handed_over_with_what_happened(world, runnable):
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 42 and b"Error: something before the container" in err
     said = out.decode()
-    assert f"resume={125 << 8};0;;0;0" in said and "argv0=true" in said     # no id file, nothing changed
-    assert parse_resume(f"{125 << 8};0;;0;0") == (125 << 8, False, [], [])
+    assert f"resume={125 << 8};0;;0;0;podman" in said and "argv0=true" in said     # no id file, nothing changed
+    assert parse_resume(f"{125 << 8};0;;0;0;podman") == (125 << 8, False, [], [], "podman")
     # the marker stays for the Python launcher's conclusion (it removes it once the container is gone)
     assert json.loads((world["rank"].parent / ".cleanup-0").read_text()) == {"runtime": "podman",
                                                                              "container": "tether-7-0-0"}
@@ -518,15 +518,20 @@ def test_an_unclean_end_is_handed_over_with_what_happened(world, runnable):
     proc.send_signal(signal.SIGTERM)                    # forwarded to podman (no Slurm cgroup here)
     out, err = proc.communicate(timeout=30)
     assert "term" in log.read_text()
-    assert proc.returncode == 42 and f"resume={143 << 8};1;15;0;" in out.decode()
+    assert proc.returncode == 42 and f"resume={143 << 8};1;15;0;" in out.decode() and ";podman" in out.decode()
 
 
 def test_the_handover_is_parsed_strictly():
-    assert parse_resume(f"{9};-1;15,2;9;1") == (9, None, [15, 2], [("conmon", 9), ("", signal.SIGKILL)])
-    for bad in ("", "1;2;;0;0", "x;0;;0;0", "1;0;a;0;0", "1;0;;-1;0", "1;0;;0",
+    assert parse_resume(f"{9};-1;15,2;9;1;podman") == (9, None, [15, 2], [("conmon", 9), ("", signal.SIGKILL)],
+                                                       "podman")
+    assert parse_resume("256;0;;0;0;enroot") == (256, False, [], [], "enroot")
+    for bad in ("", "1;2;;0;0;podman", "x;0;;0;0;podman", "1;0;a;0;0;podman", "1;0;;-1;0;podman", "1;0;;0;podman",
                 # what int() takes but C's %d never prints (issue 39: "strict" was not)
-                "1_0;0;;0;0", " 1;0;;0;0", "+1;0;;0;0", "\u0661;0;;0;0", "1;0;1_5;0;0", "1;0;15,;0;0",
-                "1;0; 15;0;0", "1;0;;0;0\n", "99999999999;0;;0;0", "65536;0;;0;0", "1;0;65;0;0", "1;0;;65;0"):
+                "1_0;0;;0;0;podman", " 1;0;;0;0;podman", "+1;0;;0;0;podman", "\u0661;0;;0;0;podman",
+                "1;0;1_5;0;0;podman", "1;0;15,;0;0;podman", "1;0; 15;0;0;podman", "1;0;;0;0;podman\n",
+                "99999999999;0;;0;0;podman", "65536;0;;0;0;podman", "1;0;65;0;0;podman", "1;0;;65;0;podman",
+                # the runtime it ran: one the C launcher runs, named as it names it
+                "1;0;;0;0", "1;0;;0;0;", "1;0;;0;0;apptainer", "1;0;;0;0;Podman", "1;0;;0;0;podman;x"):
         assert parse_resume(bad) is None, bad
 
 
@@ -737,17 +742,12 @@ def test_a_configuration_without_the_create_ahead_says_why(world):
 def enroot_rank(world):
     """A rank of an enroot step through the real tether-run and the real Python launcher
     (run.launcher_text), the strict fake enroot (as the user: it records each call)."""
-    from tether.container.run import launcher_text
     from tether.testing.runtimes import FakeRuntimes
 
     fakes = FakeRuntimes(world["base"] / "fake-enroot")
     os.chmod(world["base"] / "fake-enroot", 0o755)
     settings = enroot_settings(world, binary=str(fakes.bin_dir / "enroot"), env={})
-    python_launcher = world["base"] / "tether-run-py-enroot"
-    python_launcher.write_text(launcher_text(None, settings))
-    python_launcher.chmod(0o755)
-    launcher = world["base"] / "tether-run-enroot"
-    build_rank_launcher(launcher, None, settings, str(python_launcher))
+    launcher = real_launchers(world, settings, "enroot")
     step = world["rank"].parent
 
     def run(image: Path, *, fresh: bool = True, signal_after: float | None = None,
@@ -815,6 +815,19 @@ SLOW_ENROOT = textwrap.dedent("""\
     if [ "$1" = create ] && [ -n "$AHEAD_SLEEP" ]; then exec sleep "$AHEAD_SLEEP"; fi
     exit 0
     """)
+
+
+def real_launchers(world, settings: dict, name: str) -> Path:
+    """tether-run and the Python launcher it hands over to, both as installed, for ``settings``
+    (no config file: the baked settings are the ones); tether-run's path."""
+    from tether.container.run import launcher_text
+
+    python_launcher = world["base"] / f"tether-run-py-{name}"
+    python_launcher.write_text(launcher_text(None, settings))
+    python_launcher.chmod(0o755)
+    launcher = world["base"] / f"tether-run-{name}"
+    build_rank_launcher(launcher, None, settings, str(python_launcher))
+    return launcher
 
 
 def logged_enroot(world, name: str, script: str) -> tuple[dict, Path, Path]:
@@ -935,6 +948,8 @@ START_CASES = {
     "CPU slots": {"TETHER_SLOT_IDS": "0,1", "TETHER_JOB_SLOT_TYPE": "cpu"},
     "an empty slot list": {"TETHER_SLOT_IDS": ","},
     "PMIx (srun --mpi=pmix)": {"PMIX_SERVER_TMPDIR": "/var/tmp", "PMIX_RANK": "0"},
+    "names of 300 characters (no name is too long to pass)": {"L" * 300: "v", "SLURM_" + "X" * 300: "w",
+                                                             "LD_" + "Y" * 300: "z", "ENROOT_" + "Z" * 300: "q"},
     "a small environment": {"__bare": True},
     "--container-runtime=enroot, where it is not the default": {"__podman": True, "TETHER_CONTAINER_RUNTIME": "enroot"},
 }
@@ -987,6 +1002,35 @@ START_REFUSED = {
     "a registry image": ({"TETHER_CONTAINER_IMAGE": "ubuntu:22.04"}, "not a squashfs file's plain path"),
     "the job sets enroot's data path": ({"ENROOT_DATA_PATH": "/x"}, "sets one of enroot's paths"),
 }
+
+
+def test_a_name_twice_in_the_environment_goes_to_python(world):
+    """A variable twice in the task's environment (execve allows it): getenv and Python take the
+    first, bash -- enroot -- the last; such a rank is the Python launcher's."""
+    launcher = build(world, enroot_settings(world), "start-inherit-enroot-user-run")
+    env = [f"{k}={v}" for k, v in start_env(world, TETHER_RUN_WHY_PYTHON="1").items()]
+    execve = ("import ctypes, json, sys\n"
+              "env = [e.encode() for e in json.loads(sys.argv[2])]\n"
+              "envp = (ctypes.c_char_p * (len(env) + 1))(*env, None)\n"
+              "argv = (ctypes.c_char_p * 2)(sys.argv[1].encode(), None)\n"
+              "ctypes.CDLL(None).execve(sys.argv[1].encode(), argv, envp)\n")
+    for twice in (["HOME=/first", "HOME=/second"], ["MY_VAR=one", "MY_VAR=two"]):
+        out = subprocess.run([sys.executable, "-c", execve, str(launcher), json.dumps([*env, *twice])],
+                             capture_output=True, stdin=subprocess.DEVNULL, preexec_fn=_as(UID), timeout=30)
+        said = out.stderr.decode()
+        assert "tether-run: no enroot run here: a variable twice in the environment" in said, said
+
+
+def test_a_configuration_whose_enroot_rank_does_more_per_rank_runs_none_in_c(world):
+    """The entrypoint's variables (set after it, by name) and the admin's mounts (their sources
+    checked per rank) are the Python launcher's: no enroot rank of such a configuration runs in C."""
+    from tether.container.rank_launcher import start_plan
+
+    assert start_plan({**enroot_settings(world), "entrypoint": True}) == "container.entrypoint is set"
+    assert start_plan({**enroot_settings(world), "mounts": ["/data:/data"]}) == "container.mounts is set"
+    launcher = build(world, {**enroot_settings(world), "entrypoint": True}, "start-entrypoint")
+    said = c_start(launcher, start_env(world))
+    assert "tether-run: no enroot run here: container.entrypoint is set" in said, said
 
 
 @pytest.mark.parametrize("case", list(START_REFUSED))
@@ -1077,16 +1121,9 @@ def test_a_slow_create_goes_to_the_python_launcher_which_waits_and_a_signal_in_t
     launcher's would (no runtime to pass it to)."""
     import fcntl
 
-    from tether.container.run import launcher_text
-
     settings, log, step = logged_enroot(world, "slow-enroot-2", SLOW_ENROOT.replace(
         'exec sleep "$AHEAD_SLEEP"', 'sleep "$AHEAD_SLEEP"; mkdir -p "$ENROOT_DATA_PATH/$3"; exit 0'))
-
-    python_launcher = world["base"] / "tether-run-py-slow"
-    python_launcher.write_text(launcher_text(None, settings))
-    python_launcher.chmod(0o755)
-    launcher = world["base"] / "tether-run-slow"
-    build_rank_launcher(launcher, None, settings, str(python_launcher))
+    launcher = real_launchers(world, settings, "slow")
     env = ahead_env(world, MY_VAR="plain", AHEAD_LOG=str(log), AHEAD_SLEEP="1.6", TETHER_RUN_WHY_PYTHON="1")
     try:
         ran = subprocess.run([str(launcher)], env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
@@ -1107,3 +1144,26 @@ def test_a_slow_create_goes_to_the_python_launcher_which_waits_and_a_signal_in_t
         assert [line.split()[1] for line in log.read_text().splitlines()] == ["create", "start"]    # none started
     finally:
         shutil.rmtree(step / "enroot", ignore_errors=True)
+
+
+def test_many_ranks_of_a_node_wait_for_their_start_turns_in_c(world):
+    """Eight ranks of a step on one node at once, each start taking a while: the root is made once,
+    and the ranks that find it there wait for their start turn without the node's lock -- none is
+    handed to the Python launcher for a create that is long done."""
+    settings, log, step = logged_enroot(world, "turns-enroot", SLOW_ENROOT.replace(
+        'exec sleep "$AHEAD_SLEEP"', 'sleep 0.2; mkdir -p "$ENROOT_DATA_PATH/$3"; exit 0').replace(
+        "exit 0\n", '[ "$1" = start ] && sleep 0.3\nexit 0\n'))
+    launcher = real_launchers(world, settings, "turns")
+    try:
+        ranks = [subprocess.Popen([str(launcher)], env=ahead_env(world, MY_VAR="plain", AHEAD_LOG=str(log),
+                                                                 AHEAD_SLEEP="1", TETHER_RUN_WHY_PYTHON="1",
+                                                                 SLURM_PROCID=str(r), RANK=str(r)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  stdin=subprocess.DEVNULL, preexec_fn=_as(UID)) for r in range(8)]
+        ended = [p.communicate(timeout=120) + (p.returncode,) for p in ranks]
+    finally:
+        shutil.rmtree(step / "enroot", ignore_errors=True)
+    assert all(code == 0 for _, _, code in ended), ended
+    assert not any("tether-run" in err for _, err, _ in ended), [err for _, err, _ in ended]
+    calls = [line.split()[1] for line in log.read_text().splitlines()]
+    assert sorted(calls) == ["create"] + ["start"] * 8, calls
