@@ -264,8 +264,6 @@ static int cmp_name(const void *a, const void *b)
 	return c ? c : (nx > ny) - (nx < ny);
 }
 
-/* Is this environment entry one that goes into the container by name (environment.py:
- * passed_from_host; the rank's tether values and TETHER_RUN_* dropped already)? */
 /* Is the name of ``len`` bytes at ``name`` (not NUL-terminated) in ``list``, or does it start
  * with one of its prefixes? Any length: a name as long as the kernel allows is a name too. */
 static int name_in(const char *name, size_t len, const char *const *list)
@@ -286,6 +284,8 @@ static int name_has_prefix_in(const char *name, size_t len, const char *const *l
 	return 0;
 }
 
+/* Is this environment entry one that goes into the container by name (environment.py:
+ * passed_from_host; the rank's tether values and TETHER_RUN_* dropped already)? */
 static int passed(const char *entry, size_t len)
 {
 	int image_wins;
@@ -1069,11 +1069,6 @@ static int run_quietly(char *const *argv, char **envp, int seconds, const sigset
 	}
 }
 
-/* The common enroot rank's values (ahead_plan's and start_plan's case: a squashfs file, no
- * container option but the image -- or --container-runtime=enroot where enroot is not the default
- * --, a Slurm task, not root, the config as installed, a step directory of the user's): J S K D B I,
- * and R when the user's run directory on the node is theirs (runtimes/enroot.py: own_run_dir);
- * 0, or -1 with ``*why``. The environment's answers first: a podman rank asks for no file here. */
 /* Does a name (PATH aside: ahead_env keeps its first, as os.environ does) come twice in the
  * task's environment? getenv and Python take the first, bash (enroot) the last: such a rank
  * is the Python launcher's. */
@@ -1097,6 +1092,11 @@ static int duplicate_name(void)
 	return twice;
 }
 
+/* The common enroot rank's values (ahead_plan's and start_plan's case: a squashfs file, no
+ * container option but the image -- or --container-runtime=enroot where enroot is not the default
+ * --, a Slurm task, not root, the config as installed, a step directory of the user's): J S K D B I,
+ * and R when the user's run directory on the node is theirs (runtimes/enroot.py: own_run_dir);
+ * 0, or -1 with ``*why``. The environment's answers first: a podman rank asks for no file here. */
 static int enroot_values(const char **values, const char **why)
 {
 	static char step_dir[PATH_MAX], run_dir[PATH_MAX], job[48], step[48], rank[48];
@@ -1421,9 +1421,9 @@ static int write_private(const char *base, const char *path, const char *text)
 }
 
 /* Take the flock of ``fd`` within ``ms`` milliseconds (-1: no limit); 0 when taken, 1 when the
- * time ran out, 2 when flock failed otherwise. A forwarded signal meanwhile -- no runtime is there to get it -- ends this
- * launcher as it ends the Python one there (the default action); SIGCHLD (create_ahead's child)
- * is left for the supervision to reap. */
+ * time ran out, 2 when flock failed otherwise. A forwarded signal meanwhile -- no runtime is
+ * there to get it -- ends this launcher as it ends the Python one there (the default action);
+ * SIGCHLD (create_ahead's child) is left for the supervision to reap. */
 static int lock_within(int fd, long ms, const sigset_t *mask)
 {
 	struct timespec end, left, tick = {0, 5 * 1000000L};

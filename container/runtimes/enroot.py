@@ -76,8 +76,6 @@ def enroot_uri(image: str) -> str:
         raise LaunchError(str(exc)) from None
 
 
-
-
 def carried(value: str) -> bool:
     """Can enroot's environment file carry ``value`` unchanged? It is one ``NAME=VALUE`` per line
     (enroot-switchroot's load_environment), and enroot's ``common::envfmt`` (run twice: before and
@@ -192,11 +190,11 @@ class CreateWhole:
     renames it into place once complete. A named container's maker is written first (read for
     NAME:create). Called with the runtime's environment (a step of ``Launch.before``); tether-run
     runs the same commands (``argv``, ``remove_argv``) ahead of the Python launcher in the common
-    case (rank_launcher.py: AheadTemplate)."""
+    case (rank_launcher.py: ahead_plan)."""
 
     TIMEOUT = 3600          # seconds: the unpacking of a large image
-    rank_launcher_runs = True       # tether-run runs it itself in the common case (launch.execute)
     REMOVE_TIMEOUT = 600
+    rank_launcher_runs = True       # tether-run runs it itself in the common case (launch.execute)
 
     def __init__(self, binary: str, name: str, sqsh: str, data: str, marker: str | None = None, step: str = ""):
         self.binary, self.name, self.sqsh, self.data, self.marker, self.step = binary, name, sqsh, data, marker, step
