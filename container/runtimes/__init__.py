@@ -58,9 +58,14 @@ def write_private(path: str | None, text: str, suffix: str, what: str) -> str:
             # O_NONBLOCK: a FIFO the user put there (no reader) is ENXIO, not a rank waiting forever
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
                          0o600)
-        # the bytes the job's environment had (os.environ decoded them so), whatever the locale
+        # the bytes the job's environment had (os.environ decoded them so), whatever the locale;
+        # text the locale cannot encode (a config's path, read as UTF-8) as UTF-8, as before
+        try:
+            data = os.fsencode(text)
+        except UnicodeEncodeError:
+            data = text.encode("utf-8", "surrogateescape")
         with os.fdopen(fd, "wb") as fh:
-            fh.write(os.fsencode(text))
+            fh.write(data)
     except OSError as exc:            # something else where the file belongs (a symlink: ELOOP)
         raise LaunchError(f"cannot write {what} {path}: {exc.strerror}") from None
     return path

@@ -890,3 +890,23 @@ def test_a_wait_for_the_lock_is_told_as_the_step_itself_when_this_ranks_launcher
         assert said[0] == "waiting for another rank on this node: unpacking r"
         assert said[1:] == [] if made else said.count("unpacking r ...") <= 1
     assert ran == ([] if made else ["create"])
+
+
+def test_the_scripts_hold_the_environments_own_bytes_and_text_the_locale_cannot_encode_as_utf8(tmp_path, monkeypatch):
+    """write_private writes what os.environ decoded as the bytes it came from (the C launcher
+    writes those bytes as they are); text the locale's encoding cannot hold (a config's path, read
+    as UTF-8, under a Latin-1 locale) is written as UTF-8 instead of failing the rank."""
+    from tether.container.runtimes import write_private
+
+    value = os.fsdecode(b"caf\xe9 \xff")          # not UTF-8: as os.environ hands it over
+    path = write_private(str(tmp_path / "s" / "env"), f"A={value}\n", "", "a script")
+    assert Path(path).read_bytes() == b"A=caf\xe9 \xff\n" and oct(os.stat(path).st_mode & 0o777) == "0o600"
+
+    def latin1(text):
+        return text.encode("latin-1")            # what os.fsencode is under an ISO-8859-1 locale
+
+    monkeypatch.setattr(os, "fsencode", latin1)
+    path = write_private(str(tmp_path / "s" / "mounts"), "/scratch /\u6570\u636e none x-create=dir,bind\n", "", "x")
+    assert Path(path).read_bytes() == "/scratch /\u6570\u636e none x-create=dir,bind\n".encode()
+    path = write_private(str(tmp_path / "s" / "latin"), "/donn\xe9es\n", "", "x")
+    assert Path(path).read_bytes() == b"/donn\xe9es\n"          # the locale's own bytes, as podman's argv
