@@ -1286,7 +1286,7 @@ static int carried(const char *v)
 /* write_environ_conf's lines of the job's variables: ``printf '%s\n' 'NAME=value'\n`` for each
  * passed one, sorted by name (environment.py: passed_from_host), quoted as enroot.py's conf_line
  * quotes; NULL with ``*why`` when one cannot be carried (the Python launcher leaves it out with a
- * word, or writes it to a file of its own) or a name comes twice (os.environ keeps one of them). */
+ * word, or writes it to a file of its own). A name twice was refused before (duplicate_name). */
 #define CONF_LINE_START "printf '%s\\n' '"
 
 static char *environ_lines(const char **why)
@@ -1313,8 +1313,6 @@ static char *environ_lines(const char **why)
 	for (size_t i = 0; i < n; i++) {
 		if (!carried(strchr(items[i], '=') + 1))
 			*why = "a value enroot's environment file cannot carry";
-		else if (i > 0 && cmp_name(&items[i - 1], &items[i]) == 0)
-			*why = "a variable twice in the environment";
 		size += sizeof CONF_LINE_START + 4 * strlen(items[i]) + 2;
 	}
 	if (*why || (out = malloc(size)) == NULL) {
@@ -1641,15 +1639,17 @@ int main(int argc, char **argv)
 		size_t envc = 0;
 		for (char **e = p->envp; *e; e++)
 			envc++;
+		/* the command and its environment: "argv"/"env", an enroot rank's "start-argv"/"start-env" */
+		const char *prefix = p->enroot ? "start-" : "";
+		printf("%sargv%c%d%c", prefix, 0, p->argc, 0);
+		for (int i = 0; i < p->argc; i++)
+			printf("%s%c", p->argv[i], 0);
+		printf("%senv%c%zu%c", prefix, 0, envc, 0);
+		for (char **e = p->envp; *e; e++)
+			printf("%s%c", *e, 0);
 		if (p->enroot) {
 			/* the enroot rank's plan, then the create ahead's (it exits) if this rank would start one */
 			const char *why_not_ahead = NULL;
-			printf("start-argv%c%d%c", 0, p->argc, 0);
-			for (int i = 0; i < p->argc; i++)
-				printf("%s%c", p->argv[i], 0);
-			printf("start-env%c%zu%c", 0, envc, 0);
-			for (char **e = p->envp; *e; e++)
-				printf("%s%c", *e, 0);
 			printf("conf%c1%c%s%c", 0, 0, p->conf_text, 0);
 			printf("start-paths%c5%c%s%c%s%c%s%c%s%c%s%c", 0, 0, p->conf_path, 0, p->created, 0,
 			       p->start_lock, 0, p->node_lock, 0, p->root, 0);
@@ -1657,12 +1657,6 @@ int main(int argc, char **argv)
 			create_ahead(&why_not_ahead);
 			return 0;
 		}
-		printf("argv%c%d%c", 0, p->argc, 0);
-		for (int i = 0; i < p->argc; i++)
-			printf("%s%c", p->argv[i], 0);
-		printf("env%c%zu%c", 0, envc, 0);
-		for (char **e = p->envp; *e; e++)
-			printf("%s%c", *e, 0);
 		if (p->names_fd >= 0) {
 			lseek(p->names_fd, 0, SEEK_SET);
 			n = read(p->names_fd, names, sizeof names - 1);
