@@ -178,6 +178,11 @@ class Daemon:
     name: str
     pid_file: Path
     marker: str  # a string its /proc/PID/cmdline contains (our config or socket path)
+    # its /proc/PID/comm when it can run under a PID its pid file does not name: slurmctld 24.11+
+    # re-executes itself on `scontrol reconfigure` (a child takes over and rewrites the pid file
+    # after telling the parent; under load CI saw the file keep a gone PID, so a restart left the
+    # live one running and the new one died on its port). Such a daemon is also stopped by that.
+    program: str = ""
 
     def pid(self) -> int | None:
         """The PID if the pid file names a live process that is this daemon, else None."""
@@ -193,6 +198,25 @@ class Daemon:
         if self.marker not in cmdline or state == "Z":
             return None
         return pid
+
+    def strays(self) -> list[int]:
+        """Live processes of this daemon's ``program`` with its marker on their command line whose
+        PID the pid file does not name (none unless ``program`` is set)."""
+        if not self.program:
+            return []
+        named, found = self.pid(), []
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) == named:
+                continue
+            try:
+                comm = Path(entry.path, "comm").read_text().strip()
+                cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if comm == self.program and self.marker in cmdline and state != "Z":
+                found.append(int(entry.name))
+        return found
 
 
 class Sandbox:
@@ -852,7 +876,7 @@ class Sandbox:
                  Daemon("private-registry", self.run_dir / "private-registry.pid", str(self.private_registry_conf)),
                  Daemon("munged", self.munge_dir / "munged.pid", str(self.munge_socket)),
                  *accounting,
-                 Daemon("slurmctld", self.run_dir / "slurmctld.pid", conf)]
+                 Daemon("slurmctld", self.run_dir / "slurmctld.pid", conf, program="slurmctld")]
                 + [Daemon(f"slurmd-{n}", self.run_dir / f"slurmd-{n}.pid", conf) for n in self.nodes])
 
     # ---- settings -----------------------------------------------------------------------
@@ -1601,7 +1625,12 @@ class Sandbox:
             if daemon.pid():
                 return
             time.sleep(0.05)
-        raise SandboxError(f"{name} exited right after starting; see {self.log_dir}")
+        try:        # its own log's last lines: "fatal: _open_ports: ..." says more than a directory
+            tail = "".join(f"\n  {line}" for line in
+                           (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-3:])
+        except OSError:
+            tail = ""
+        raise SandboxError(f"{name} exited right after starting; see {self.log_dir}{tail}")
 
     def _cancel_all_jobs(self, *, log=None, within: float = 60.0) -> None:
         """Cancel every job slurmctld knows and wait (``within`` seconds in all) until none is left.
@@ -1773,14 +1802,20 @@ def _ports_free(base: int, nodes: int, separate: bool = True) -> bool:
 
 
 def _stop(daemon: Daemon) -> int | None:
-    """SIGTERM the daemon if it is alive, SIGKILL after 15 s; returns the PID it had (or None)."""
+    """SIGTERM the daemon if it is alive, SIGKILL after 15 s; returns the PID it had (or None).
+    A process of the daemon that its pid file does not name (Daemon.strays) is stopped too, by its
+    PID, and its PID returned when the file named none."""
     pid = daemon.pid()
-    if pid is not None:
-        os.kill(pid, signal.SIGTERM)
-        if not _wait_gone(pid, 15.0):
-            os.kill(pid, signal.SIGKILL)
-            _wait_gone(pid, 5.0)
-    return pid
+    strays = daemon.strays()
+    for each in ([pid] if pid is not None else []) + strays:
+        try:
+            os.kill(each, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        if not _wait_gone(each, 15.0):
+            os.kill(each, signal.SIGKILL)
+            _wait_gone(each, 5.0)
+    return pid if pid is not None else (strays[0] if strays else None)
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:

@@ -282,3 +282,32 @@ def test_sandboxes_on_other_ports_number_their_jobs_apart(tmp_path):
     box.etc.mkdir(parents=True)
     box._write_configs(box.port_base())
     assert "\nFirstJobId=300001\n" in (box.etc / "slurm.conf").read_text()
+
+
+def test_stopping_slurmctld_stops_one_its_pid_file_does_not_name(tmp_path):
+    """Slurm 24.11 re-executes slurmctld on `scontrol reconfigure`; in CI the pid file kept the
+    gone parent's PID once, so a restart stopped nothing and the new slurmctld died on its port.
+    A process of slurmctld's name holding the sandbox's config is stopped by its PID too; one of
+    another name with the same config (a slurmd) is left alone."""
+    from tether.sandbox.cluster import Daemon, _stop
+    conf = str(tmp_path / "etc" / "slurm.conf")
+    for name in ("slurmctld", "slurmd"):
+        (tmp_path / name).write_bytes(open("/bin/sleep", "rb").read())
+        (tmp_path / name).chmod(0o755)
+    ctld = subprocess.Popen([f"slurmctld -f {conf}", "300"], executable=tmp_path / "slurmctld")
+    slurmd = subprocess.Popen([f"slurmd -f {conf}", "300"], executable=tmp_path / "slurmd")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        (tmp_path / "slurmctld.pid").write_text(f"{gone.pid}\n")
+        daemon = Daemon("slurmctld", tmp_path / "slurmctld.pid", conf, program="slurmctld")
+        assert daemon.pid() is None and daemon.strays() == [ctld.pid]
+        assert _stop(daemon) == ctld.pid
+        assert ctld.wait(timeout=5) == -15
+        assert slurmd.poll() is None
+        assert _stop(Daemon("slurmctld", tmp_path / "slurmctld.pid", conf)) is None   # no program: file only
+        assert slurmd.poll() is None
+    finally:
+        for proc in (ctld, slurmd):
+            proc.kill()
+            proc.wait()
