@@ -50,7 +50,9 @@ IMAGE_NAMES = ("PATH", "HOME", "PYTHONHOME", "PYTHONPATH", "BASH_ENV", "ENV", "T
 IMAGE_PREFIXES = ("LD_",)
 # The runtimes read these themselves; inside a container they mean nothing or something harmful.
 RUNTIME_CONTROL = ("APPTAINER", "SINGULARITY", "ENROOT_", "CONTAINERS_", "PODMAN_", "BUILDAH_",
-                   "_CONTAINERS_", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS")
+                   "_CONTAINERS_")
+# ... and two of them by their whole name (XDG_RUNTIME_DIR_OLD is the job's, as pyxis passes it)
+RUNTIME_CONTROL_NAMES = ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS")
 # Host-side paths of the per-rank directories: meaningless inside, replaced by OVERRIDES.
 HOST_ONLY = _RANK_HOST_ONLY + (RUN_ARGV0, BATCH_VAR)
 
@@ -65,7 +67,7 @@ def overrides(spec: LaunchSpec) -> dict[str, str]:
 
 def is_control(name: str) -> bool:
     """A runtime's own control variable (never passed into a container)."""
-    return name.startswith(RUNTIME_CONTROL)
+    return name.startswith(RUNTIME_CONTROL) or name in RUNTIME_CONTROL_NAMES
 
 
 def image_wins(name: str) -> bool:
@@ -119,8 +121,7 @@ def _prefix(prefix: str) -> str:
 
 def contract_table() -> str:
     """The contract as a Markdown table (kept in the README, checked by the tests)."""
-    control = ", ".join(f"`{p}`" if p.isupper() and not p.endswith("_") and "_" in p else f"`{p}*`"
-                        for p in RUNTIME_CONTROL)
+    control = ", ".join([f"`{p}*`" for p in RUNTIME_CONTROL] + [f"`{n}`" for n in RUNTIME_CONTROL_NAMES])
     rows = [
         "| variables | `inherit` (default) | `allowlist` |",
         "|---|---|---|",

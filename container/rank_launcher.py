@@ -370,6 +370,7 @@ def baked_header(config_path: str | None, settings: Mapping[str, Any], python_la
         f"#define TR_START_QUIET_MS {round(CREATE_QUIET_SECONDS * 1000 / 2)}",
         f"static const char *const TR_HOST_ONLY[] = {c_list(environment.HOST_ONLY)};",
         f"static const char *const TR_RUNTIME_CONTROL[] = {c_list(environment.RUNTIME_CONTROL)};",
+        f"static const char *const TR_RUNTIME_CONTROL_NAMES[] = {c_list(environment.RUNTIME_CONTROL_NAMES)};",
         f"static const char *const TR_IMAGE_NAMES[] = {c_list(environment.IMAGE_NAMES)};",
         f"static const char *const TR_IMAGE_PREFIXES[] = {c_list(environment.IMAGE_PREFIXES)};",
         f"static const char *const TR_PASS_NAMES[] = {c_list(environment.PASS_NAMES)};",

@@ -293,7 +293,7 @@ static int passed(const char *entry, size_t len)
 	if (!env_name_ok(entry, len))
 		return 0;
 	if (name_in(entry, len, TR_OWN_NAMES) || name_in(entry, len, TR_HOST_ONLY) ||
-	    name_has_prefix_in(entry, len, TR_RUNTIME_CONTROL))
+	    name_has_prefix_in(entry, len, TR_RUNTIME_CONTROL) || name_in(entry, len, TR_RUNTIME_CONTROL_NAMES))
 		return 0;
 	image_wins = name_in(entry, len, TR_IMAGE_NAMES) || name_has_prefix_in(entry, len, TR_IMAGE_PREFIXES);
 	if (TR_ENV_INHERIT)

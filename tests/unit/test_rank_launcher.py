@@ -154,7 +154,7 @@ def rank_env(world, **extra) -> dict:
            "TETHER_CONTAINER_IMAGE": str(world["own"]), "TETHER_WORK_DIR": str(world["rank"] / "work"),
            "LANG": "C.UTF-8", "OMP_NUM_THREADS": "4", "MY_VAR": "a value\nwith a line", "A": "1", "A1": "2",
            "AB": "3", "LD_LIBRARY_PATH": "/x", "CONTAINERS_STORAGE_CONF": "/y", "XDG_RUNTIME_DIR": "",
-           "TMPDIR": "/var/tmp/elsewhere", "PYTHONPATH": "", "TETHER_SLOT_IDS": "", "1BAD": "x"}
+           "XDG_RUNTIME_DIR_OLD": "/o", "DBUS_SESSION_BUS_ADDRESS": "unix:path=/b", "TMPDIR": "/var/tmp/elsewhere", "PYTHONPATH": "", "TETHER_SLOT_IDS": "", "1BAD": "x"}
     env.update(extra)
     return {k: v for k, v in env.items() if v is not None}
 

@@ -34,6 +34,11 @@ def test_contract_inherits_the_job_environment_but_where_the_image_must_win():
     shell = {"PWD": "/h", "OLDPWD": "/o", "SHLVL": "2", "_": "/bin/env", "BASH_ENV": "/h/.b", "ENV": "/h/.e",
              "LD_LIBRARY_PATH": "/l", "LD_AUDIT": "/a", "PYTHONHOME": "/py", "HF_HOME": "/hf", "OMP_PLACES": "cores"}
     assert set(passed_from_host(shell, spec())) == {"HF_HOME", "OMP_PLACES"}
+    # two runtime variables by their whole name only: a job's XDG_RUNTIME_DIR_OLD is its own
+    control = {"XDG_RUNTIME_DIR": "/run/user/1", "DBUS_SESSION_BUS_ADDRESS": "unix:path=/b",
+               "XDG_RUNTIME_DIR_OLD": "/o", "DBUS_SESSION_BUS_ADDRESS2": "x", "ENROOT_X": "y"}
+    assert set(passed_from_host(control, spec(env_names=("XDG_RUNTIME_DIR", "ENROOT_X")))) == {
+        "XDG_RUNTIME_DIR_OLD", "DBUS_SESSION_BUS_ADDRESS2"}
     assert passed_from_host({"TMPDIR": "/host/tmp"}, spec(rank_dir=None)) == {}     # the runtime's default
     assert passed_from_host({"TMPDIR": "/host/tmp"}, spec(rank_dir=None, env_names=("TMPDIR",))) == {
         "TMPDIR": "/host/tmp"}
