@@ -144,6 +144,9 @@ def run_before(launch: Launch, *, ahead: bool = False) -> None:
             label = step[2] if len(step) > 2 else None
             if done(check):
                 continue
+            if getattr(argv, "outside_lock", False) and lock_fd is not None:
+                os.close(lock_fd)     # the steps before it are done: the node's other ranks may look
+                lock_fd = None
             if isinstance(check, str):
                 try:
                     os.makedirs(os.path.dirname(check), mode=0o700, exist_ok=True)

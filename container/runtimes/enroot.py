@@ -292,6 +292,10 @@ class StartTurn:
     takes and watches in the common case (rank_launcher.py: start_plan)."""
 
     rank_launcher_runs = True       # tether-run takes it itself in the common case (launch.execute)
+    # taken after the node's lock is let go (launch.run_before): a rank waiting for its turn must
+    # not keep the node's other ranks from seeing the root made (tether-run's wait for the lock
+    # is short: held through a turn, it sent ranks to this launcher, told "takes a while")
+    outside_lock = True
 
     def __init__(self, lock: str, started: str):
         self.lock, self.started = lock, started

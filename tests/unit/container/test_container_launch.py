@@ -500,3 +500,41 @@ def test_a_failed_pull_is_tried_once_per_step_and_node(tmp_path):
     assert pulls.read_text().count("x") == 1
     assert "failed to import docker image" in rank(tmp_path / "step-1")         # the next step tries again
     assert pulls.read_text().count("x") == 2
+
+
+def test_a_rank_waiting_for_its_start_turn_lets_the_nodes_other_ranks_take_the_lock(tmp_path):
+    """The enroot start turn (StartTurn) waits, with no limit, until the rank before has started
+    its command. It runs after the node's lock is let go: held through that wait, it kept the
+    node's other ranks from seeing the root made (tether-run waits a second for that lock, then
+    handed its rank to this launcher, told 'takes a while')."""
+    import fcntl
+    import threading
+
+    from tether.container.launch import run_before
+    from tether.container.runtimes import Launch
+    from tether.container.runtimes.enroot import StartTurn
+
+    made = tmp_path / "made"
+    turn, started, node = tmp_path / "start.lock", tmp_path / "started", tmp_path / "node.lock"
+    before = [(["touch", str(made)], str(made)), (StartTurn(str(turn), str(started)), None)]
+    launch = Launch(argv=["true"], env=dict(os.environ), supervise=True, before=before, lock=str(node))
+    other_rank = os.open(turn, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(other_rank, fcntl.LOCK_EX)            # the rank before: its command not started yet
+    waiting = threading.Thread(target=run_before, args=(launch,), daemon=True)
+    waiting.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not made.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)                               # at its turn's flock by now
+        assert waiting.is_alive()
+        probe = os.open(node, os.O_RDWR)
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)     # BlockingIOError: held through the turn
+        finally:
+            os.close(probe)
+    finally:
+        os.close(other_rank)                          # its turn comes
+        waiting.join(30)
+        started.write_text("")                        # its command ran: the turn is let go
+    assert not waiting.is_alive()
