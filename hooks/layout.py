@@ -28,6 +28,10 @@ TASK_PREFIX = "task-"
 RANK_PREFIX = "rank-"
 RANK_TMP = "tmp"
 RANK_WORK = "work"
+# enroot's directory in a container step's directory (its data and cache paths, the conf scripts,
+# the locks): root binds it onto itself as the step starts (spank/stepd.c: bind_enroot_dir), so
+# that enroot's walk up to the nearest mount point stops there
+STEP_ENROOT = "enroot"
 # Where the per-rank directories appear inside every container, whatever the runtime.
 CONTAINER_TMP = "/tmp"
 CONTAINER_WORKDIR = "/run/tether/workdir"

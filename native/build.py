@@ -128,6 +128,7 @@ def names_header() -> str:
         f"#define TETHER_RANK_PREFIX {c_string(layout.RANK_PREFIX)}",
         f"#define TETHER_RANK_TMP {c_string(layout.RANK_TMP)}",
         f"#define TETHER_RANK_WORK {c_string(layout.RANK_WORK)}",
+        f"#define TETHER_STEP_ENROOT {c_string(layout.STEP_ENROOT)}",
         f"#define TETHER_CLEANUP_MARKER {c_string(layout.CLEANUP_MARKER)}",
         "",
         "#endif",

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/fsuid.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -391,6 +392,32 @@ struct removal {
 
 static void remove_at(struct removal *r, int parent, const char *name, int depth);
 
+/* rmdir of ``name`` below ``parent``; a directory still a mount point in this namespace (EBUSY:
+ * the bind of a step's enroot directory that a killed slurmstepd left, spank/stepd.c) is detached
+ * first -- through an fd of what the name holds, opened without following a symlink, never through
+ * a path -- and removed then. */
+static int remove_dir_at(int parent, const char *name)
+{
+	for (int mounts = 0; unlinkat(parent, name, AT_REMOVEDIR) < 0; mounts++) {
+		char self[64];
+		int fd, rc;
+
+		if (errno == ENOENT)
+			return 0;
+		if (errno != EBUSY || mounts == 8)
+			return -1;
+		fd = openat(parent, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0)
+			return -1;
+		snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
+		rc = umount2(self, MNT_DETACH);
+		close(fd);
+		if (rc < 0)
+			return -1;
+	}
+	return 0;
+}
+
 /* Remove what ``fd`` (a directory at ``depth``; closed here) holds that ``keep`` does not keep. */
 static void remove_contents(struct removal *r, int fd, int depth, int (*keep)(const char *, void *),
 			    void *arg)
@@ -440,7 +467,7 @@ static void remove_at(struct removal *r, int parent, const char *name, int depth
 		return;
 	}
 	remove_contents(r, fd, depth, NULL, NULL);
-	if (unlinkat(parent, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
+	if (remove_dir_at(parent, name) < 0)
 		r->failed = 1;
 }
 
@@ -484,7 +511,7 @@ int tether_remove_tree_at(int parent, const char *name)
 	}
 	rc = remove_within(fd, NULL, NULL);
 	close(fd);
-	if (unlinkat(parent, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
+	if (remove_dir_at(parent, name) < 0)
 		rc = -1;
 	if (rc < 0)
 		tether_error("tether: %s could not be removed completely", name);

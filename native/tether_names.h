@@ -170,6 +170,7 @@ enum tether_option {
 #define TETHER_RANK_PREFIX "rank-"
 #define TETHER_RANK_TMP "tmp"
 #define TETHER_RANK_WORK "work"
+#define TETHER_STEP_ENROOT "enroot"
 #define TETHER_CLEANUP_MARKER ".cleanup-"
 
 #endif

@@ -22,8 +22,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <slurm/slurm.h>
@@ -60,6 +62,10 @@ static struct {
 	char job_dir[PATH_MAX];    /* <root>/<jobid> */
 	char step_dir[PATH_MAX];   /* <root>/<jobid>/<node>/<step> */
 	char failure[1024];        /* why this step cannot run (the first reason) */
+	int enroot_bound;          /* the step's enroot directory is bound onto itself (bind_enroot_dir) */
+	int enroot_mount_fd;       /* ... and this is its mount, for the unmount at the step's end */
+	dev_t enroot_dev;          /* ... which is this directory (checked before the unmount) */
+	ino_t enroot_ino;
 	/* a step of a heterogeneous job across components (srun --het-group=0,1): Slurm 22.05 runs
 	 * one step per component job, each numbering its tasks from 0, and gives every task the
 	 * whole step's SLURM_PROCID / SLURM_NTASKS / SLURM_NODEID (see het_step) */
@@ -225,6 +231,92 @@ static int this_node(void)
 	return 0;
 }
 
+/* The new mount API (Linux 5.2): the clone of a directory, attached onto it, is a mount we hold an
+ * fd of -- unmounted through that fd, never through a path the job user could change meanwhile. */
+#if defined(SYS_open_tree) && defined(SYS_move_mount)
+#ifndef OPEN_TREE_CLONE
+#define OPEN_TREE_CLONE 1
+#endif
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#endif
+#ifndef MOVE_MOUNT_T_EMPTY_PATH
+#define MOVE_MOUNT_T_EMPTY_PATH 0x00000040
+#endif
+#define TETHER_BIND_SELF 1
+#else
+#define TETHER_BIND_SELF 0
+#endif
+
+/*
+ * enroot start looks for the mount point above a container's root with one `mountpoint` process
+ * per path component (enroot's common::mountpoint, ~2.5 ms each): a root 10 components below /
+ * (<job storage root>/<job>/<node>/<step>/enroot/data/<name>) cost ~20 ms a start that pyxis's
+ * roots in /tmp do not pay. The step's enroot directory (ENROOT_DATA_PATH's parent:
+ * container/runtimes/enroot.py), bound onto itself here as root, is that mount point 2 components
+ * up. Only that directory: a rename between it and the rest of the step (EXDEV across mounts)
+ * is nothing enroot or a job does. Made for a container step whose runtime may be enroot (none
+ * named: the config's default); unmounted at the step's end (tether_stepd_exit), and one that a
+ * killed slurmstepd left is detached by the removal that meets it (jobdirs.c: remove_dir_at). Without
+ * the mount (an old kernel, a refusal) enroot only walks further: never a failure.
+ */
+static void bind_enroot_dir(int step_fd)
+{
+#if TETHER_BIND_SELF
+	const char *runtime = tether_opt_value(OPT_CONTAINER_RUNTIME);
+	char shown[PATH_MAX];
+	int dir_fd, tree;
+
+	if (runtime != NULL && runtime[0] != '\0' && strcmp(runtime, "enroot") != 0)
+		return;
+	dir_fd = tether_ensure_child(step_fd, step.step_dir, TETHER_STEP_ENROOT, step.uid, step.gid, shown,
+				     sizeof(shown));
+	if (dir_fd < 0)
+		return; /* said why (a symlink the user put there: the step fails, as for any of its directories) */
+	tree = (int)syscall(SYS_open_tree, dir_fd, "", OPEN_TREE_CLONE | O_CLOEXEC | AT_EMPTY_PATH);
+	if (tree >= 0 && syscall(SYS_move_mount, tree, "", dir_fd, "", MOVE_MOUNT_F_EMPTY_PATH |
+				 MOVE_MOUNT_T_EMPTY_PATH) == 0) {
+		struct stat st;
+
+		step.enroot_bound = 1;
+		step.enroot_mount_fd = tree;
+		if (fstat(tree, &st) == 0) {
+			step.enroot_dev = st.st_dev;
+			step.enroot_ino = st.st_ino;
+		}
+	} else {
+		slurm_debug("tether: %s not bound onto itself (enroot walks further up): %s", shown, strerror(errno));
+		if (tree >= 0)
+			close(tree);
+	}
+	close(dir_fd);
+#else
+	(void)step_fd;
+#endif
+}
+
+/* The step's enroot directory's mount gone (MNT_DETACH: a process of the step still in it keeps
+ * its view until it ends). */
+static void unbind_enroot_dir(void)
+{
+	char self[64];
+	struct stat st;
+
+	if (!step.enroot_bound)
+		return;
+	step.enroot_bound = 0;
+	/* the fd still the directory bound (nothing in slurmstepd closed it and reused its number):
+	 * else the removal detaches the mount (remove_dir_at) */
+	if (fstat(step.enroot_mount_fd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_dev != step.enroot_dev ||
+	    st.st_ino != step.enroot_ino)
+		return;
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", step.enroot_mount_fd);
+	if (umount2(self, MNT_DETACH) != 0)
+		slurm_error("tether: cannot unmount the bind mount of %s/%s: %s", step.step_dir, TETHER_STEP_ENROOT,
+			    strerror(errno));
+	close(step.enroot_mount_fd);
+}
+
 /* <job>/<node>/<step> below the open job directory, each made for the job's uid when missing
  * (fd-relative, never following a symlink: tether_ensure_child); the step directory's fd, -1
  * (failed, and said why) or -2 (a level was removed under us: the caller may try again). */
@@ -343,8 +435,11 @@ int tether_stepd_post_opt(spank_t sp)
 		 * the user, could not make the job directory again in the root-owned storage root). */
 		int step_fd = open_node_and_step(fd);
 
-		if (step_fd >= 0)
+		if (step_fd >= 0) {
+			if (step.container)
+				bind_enroot_dir(step_fd);
 			close(step_fd);
+		}
 		close(fd);
 	}
 	return 0;
@@ -940,6 +1035,7 @@ void tether_stepd_exit(void)
 	int root_fd, job_fd, node_fd;
 
 	tether_cgkeeper_stop();
+	unbind_enroot_dir();
 	if (!step.tether && step.job_id && step.step_id == SLURM_BATCH_SCRIPT) {
 		/* a batch script without tether options whose sruns had some: the job's directory
 		 * (a --container-name container kept on a node, say) still goes with the job */

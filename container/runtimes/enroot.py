@@ -20,7 +20,7 @@ import stat
 TYPE_CHECKING = False  # not `typing`: importing it costs each rank milliseconds
 
 from ...hooks.imageref import ImageRefError, parse_image
-from ...hooks.layout import USER_STORE_ROOT, user_run_dir
+from ...hooks.layout import STEP_ENROOT, USER_STORE_ROOT, user_run_dir
 from ..launch import progress, start_thread
 from ..spec import (CONTAINER_BATCH_SCRIPT, CONTAINER_WORKDIR, LaunchError, Mount, named_enroot_marker,
                     no_named_container, refuse_existing, sha256_hex)
@@ -389,7 +389,7 @@ class Enroot(Runtime):
         each ~2.5 ms -- 9 of them below a step directory, 4 below /run/tether/<uid>: 17 ms less per
         start (median of 12, enroot 4.1.2 by hand). Nothing of enroot's is left there on the
         host: start mounts a tmpfs of its own over it in the container's mount namespace."""
-        return os.path.join(run_dir, "enroot") if run_dir else os.path.join(step_dir, "enroot", "run")
+        return os.path.join(run_dir, "enroot") if run_dir else os.path.join(step_dir, STEP_ENROOT, "run")
 
     def store_dir(self, *, create: bool = True) -> str | None:
         """This user's store on this node (container.enroot.store), None when it is per step."""
@@ -567,8 +567,8 @@ class Enroot(Runtime):
             # (enroot 4.1, enroot.in). The data and cache paths live under the step's (or the
             # job's node) directory; the runtime path in the user's run directory on the node
             # (runtime_path); its temp path is ${TMPDIR}, the rank's own tmp directory.
-            env.setdefault("ENROOT_DATA_PATH", os.path.join(node_dir, "enroot", "data"))
-            env.setdefault("ENROOT_CACHE_PATH", os.path.join(node_dir, "enroot", "cache"))
+            env.setdefault("ENROOT_DATA_PATH", os.path.join(node_dir, STEP_ENROOT, "data"))
+            env.setdefault("ENROOT_CACHE_PATH", os.path.join(node_dir, STEP_ENROOT, "cache"))
             env.setdefault("ENROOT_RUNTIME_PATH", self.runtime_path(step_dir, self.own_run_dir()))
         if spec.mount_home is not None:       # enroot's 10-home.sh hook (ENROOT_MOUNT_HOME): y or n
             env["ENROOT_MOUNT_HOME"] = "y" if spec.mount_home else "n"
@@ -587,7 +587,7 @@ class Enroot(Runtime):
             # unpacked, nothing in the user's store
             sqsh = stored.path
         elif self.is_remote(spec.image):
-            store = self.store_dir() or os.path.join(node_dir or env.get("TMPDIR", "/tmp"), "enroot")
+            store = self.store_dir() or os.path.join(node_dir or env.get("TMPDIR", "/tmp"), STEP_ENROOT)
             # the user's store is checked against the registry once per job; a per-step import is new
             sqsh, before, lock = self.import_steps(spec.image, store,
                                                    rank_dir=spec.rank_dir if self.store_template else None)
@@ -600,7 +600,7 @@ class Enroot(Runtime):
         # node, not per rank: an image of 12 GiB unpacked once); by hand, or with --container-save
         # (each rank saves what it ran), a rank has its own
         shared = (bool(step_dir) and not spec.name and not spec.save and not stored
-                  and env.get("ENROOT_DATA_PATH") == os.path.join(step_dir, "enroot", "data"))
+                  and env.get("ENROOT_DATA_PATH") == os.path.join(step_dir, STEP_ENROOT, "data"))
         name = sqsh if stored else spec.step_instance if shared else spec.instance
         data = env.get("ENROOT_DATA_PATH") or os.path.join(
             env.get("XDG_DATA_HOME") or os.path.join(env.get("HOME", "/"), ".local/share"), "enroot")
@@ -665,7 +665,7 @@ class Enroot(Runtime):
         # nvidia hook reads from the environment file the same
         if self.gpu_kind(spec) == "cuda":
             own = {**own, "NVIDIA_VISIBLE_DEVICES": "all"}
-        conf = os.path.join(step_dir, "enroot", f"environ-{spec.rank}.conf") if step_dir else None
+        conf = os.path.join(step_dir, STEP_ENROOT, f"environ-{spec.rank}.conf") if step_dir else None
         # --no-container-entrypoint: the command itself, not the image's /etc/rc (RC_FUNCTION; pyxis
         # writes /etc/rc.local into the container instead, which stays in a named container)
         conf = write_environ_conf(conf, passed, mount_lines, own, rc=not spec.entrypoint)
@@ -685,7 +685,7 @@ class Enroot(Runtime):
             before.append((StartTurn(os.path.join(os.path.dirname(data), f"start-{name}.lock"),
                                      os.path.join(spec.rank_dir, "work", STARTED_FILE)), None))
         if lock is None and node_dir:
-            lock = os.path.join(node_dir, "enroot", ".lock")
+            lock = os.path.join(node_dir, STEP_ENROOT, ".lock")
         finish = None
         if spec.save:        # enroot export: the container root as a squashfs, as pyxis saves it
             partial = f"{spec.save}.{os.uname().nodename}.{os.getpid()}.partial"

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -217,6 +219,53 @@ def test_the_ranks_of_an_enroot_step_on_a_node_share_one_container_root(cluster,
     # made it take its quiet time (2 s): then one rank per node says it, with how long it took
     told = result.stderr.count("(enroot create) ...")
     assert told == result.stderr.count("(enroot create): done in ") <= 2, result.stderr
+
+
+def _enroot_mounts(jobs: str) -> dict[int, list[str]]:
+    """Mount points under the job storage root in each slurmd's and slurmstepd's mount namespace
+    (a node's: slurmd's stays when the step's slurmstepd is gone), by pid."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        try:
+            if not entry.name.isdigit() or open(f"/proc/{entry.name}/comm").read().strip() not in (
+                    "slurmd", "slurmstepd"):
+                continue
+            lines = open(f"/proc/{entry.name}/mountinfo").read().splitlines()
+        except OSError:
+            continue
+        found[int(entry.name)] = [line.split()[4] for line in lines if line.split()[4].startswith(jobs + "/")]
+    return found
+
+
+def test_a_container_steps_enroot_directory_is_a_mount_point_while_it_runs(cluster, fakes, settings):
+    """Issue 43: enroot start walks up from the container's root to the nearest mount point, one
+    `mountpoint` process per path component -- ~20 ms a start from a root 10 components deep. The
+    SPANK plugin binds the step's enroot directory onto itself in slurmstepd, as root, while the
+    step runs (its ranks see it), and unmounts it at the step's end: none is left."""
+    settings()
+    jobs = cluster.box.tether_settings()["job_storage_root"]
+
+    def mounted() -> set[str]:
+        return {m for mounts in _enroot_mounts(jobs).values() for m in mounts}
+
+    others = mounted()                      # the session's long jobs' container steps (conftest)
+    proc = subprocess.Popen(["runuser", "-u", cluster.user, "--", "srun", "-N1", "-n1", "--container-runtime=enroot",
+                             f"--container-image={fake_image(fakes, 'enroot')}", "sleep", "5"],
+                            env=cluster.box.command_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen, deadline = set(), time.monotonic() + 60
+    while not seen and proc.poll() is None and time.monotonic() < deadline:
+        seen = mounted() - others
+        time.sleep(0.1)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert len(seen) == 1 and re.fullmatch(re.escape(jobs) + r"/\d+/[^/]+/step-0/enroot", min(seen)), seen
+    deadline = time.monotonic() + 30        # its slurmstepd ends a little after srun
+    while seen & mounted() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not seen & mounted()
+    assert not Path(min(seen)).exists()     # the step's directory went with it
+    log = (cluster.box.log_dir / "slurmd-n1.log").read_text(errors="replace")
+    assert "cannot unmount" not in log
 
 
 def test_a_plain_enroot_rank_runs_in_the_c_launcher_under_slurm(cluster, fakes):

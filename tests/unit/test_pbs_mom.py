@@ -517,3 +517,21 @@ def test_the_stub_keeps_pbs_rules_for_mom_events():
     begin = pbs.stub_event(pbs.EXECJOB_BEGIN)
     with pytest.raises(pbs.BadAttributeValueError):
         begin.progname = "/bin/sh"
+
+
+def test_the_removal_detaches_a_mount_left_in_the_tree_and_removes_it(helper, root, tmp_path):
+    """Slurm's slurmstepd binds a container step's enroot directory onto itself (spank/stepd.c:
+    bind_enroot_dir) and unmounts it at the step's end; one that a killed slurmstepd left is a
+    mount point that rmdir refuses (EBUSY). The removal (native/jobdirs.c, here through PBS's
+    helper) detaches it through an fd and removes the tree. In a mount namespace of its own."""
+    uid, gid = pwd.getpwnam(USER).pw_uid, pwd.getpwnam(USER).pw_gid
+    subprocess.run([str(helper), "begin", str(root), "9", "h1", str(uid), str(gid)], check=True)
+    enroot = root / "9" / "h1" / "step-0" / "enroot"
+    (enroot / "data" / "c").mkdir(parents=True)
+    script = (f"mount --bind {enroot} {enroot} && mount --bind {enroot}/data {enroot}/data && "
+              f"grep -c ' {enroot}' /proc/self/mountinfo && "
+              f"{helper} end {root} 9 h1 {uid} {gid} - ; echo rc=$?; "
+              f"grep -c ' {root}/' /proc/self/mountinfo; test -e {root}/9 && echo left || echo gone")
+    out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["2", "rc=0", "0", "gone"], (out.stdout, out.stderr)
