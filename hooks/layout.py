@@ -14,6 +14,9 @@ because root creates and removes it::
         <node>/step-<step id>/.cleanup-pod              the step's pod on the node (--container-unshare),
                                                         with .pod-ranks/<rank> and .pod-lock
         <node>/step-<step id>/.failed-<hash>            a pull or import that failed for the step here
+        <node>/step-<step id>/enroot/                   enroot's data, cache, conf scripts and locks for
+                                                        the step (a container step: root binds it onto
+                                                        itself while the step runs, STEP_ENROOT)
         <host>/task-<task number>/rank-<rank>/tmp|work  PBS: a TM task's rank directories
 
 ``<job id>`` is Slurm's job id, or PBS's with array brackets made safe (``12[3].srv`` ->

@@ -392,30 +392,44 @@ struct removal {
 
 static void remove_at(struct removal *r, int parent, const char *name, int depth);
 
-/* rmdir of ``name`` below ``parent``; a directory still a mount point in this namespace (EBUSY:
- * the bind of a step's enroot directory that a killed slurmstepd left, spank/stepd.c) is detached
- * first -- through an fd of what the name holds, opened without following a symlink, never through
- * a path -- and removed then. */
-static int remove_dir_at(int parent, const char *name)
-{
-	for (int mounts = 0; unlinkat(parent, name, AT_REMOVEDIR) < 0; mounts++) {
-		char self[64];
-		int fd, rc;
+#ifndef STATX_ATTR_MOUNT_ROOT
+#define STATX_ATTR_MOUNT_ROOT 0x00002000 /* Linux 5.8 */
+#endif
 
-		if (errno == ENOENT)
-			return 0;
-		if (errno != EBUSY || mounts == 8)
-			return -1;
-		fd = openat(parent, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+/* Is ``fd`` the root of a mount (statx's attribute: 0 on a kernel that cannot tell)? */
+static int is_mount_root(int fd)
+{
+	struct statx stx;
+
+	/* AT_STATX_DONT_SYNC: a FUSE file system mounted there is never asked (its daemon could stall) */
+	if (statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC, 0, &stx) < 0)
+		return 0;
+	return (stx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) && (stx.stx_attributes & STATX_ATTR_MOUNT_ROOT);
+}
+
+/* Detach, topmost first, whatever this mount namespace has mounted at ``name`` below ``parent``, so
+ * that a removal never enters a mount: a user's FUSE file system, or the bind of a step's enroot
+ * directory that a killed slurmstepd left (spank/stepd.c: bind_enroot_dir). Through an fd opened
+ * without following a symlink, never a path. -1 when something stays mounted there. */
+static int detach_mounts_at(int parent, const char *name)
+{
+	for (int n = 0; n < 64; n++) {
+		char self[64];
+		int fd = openat(parent, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), rc;
+
 		if (fd < 0)
-			return -1;
+			return 0; /* gone, or not a directory: the removal sees which */
+		if (!is_mount_root(fd)) {
+			close(fd);
+			return 0;
+		}
 		snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
 		rc = umount2(self, MNT_DETACH);
 		close(fd);
 		if (rc < 0)
 			return -1;
 	}
-	return 0;
+	return -1;
 }
 
 /* Remove what ``fd`` (a directory at ``depth``; closed here) holds that ``keep`` does not keep. */
@@ -458,6 +472,10 @@ static void remove_at(struct removal *r, int parent, const char *name, int depth
 		r->failed = 1;
 		return;
 	}
+	if (detach_mounts_at(parent, name) < 0) {
+		r->failed = 1;
+		return;
+	}
 	fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	if (fd < 0) {
 		if ((errno == ENOTDIR || errno == ELOOP) && unlinkat(parent, name, 0) == 0)
@@ -467,7 +485,7 @@ static void remove_at(struct removal *r, int parent, const char *name, int depth
 		return;
 	}
 	remove_contents(r, fd, depth, NULL, NULL);
-	if (remove_dir_at(parent, name) < 0)
+	if (unlinkat(parent, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
 		r->failed = 1;
 }
 
@@ -511,7 +529,7 @@ int tether_remove_tree_at(int parent, const char *name)
 	}
 	rc = remove_within(fd, NULL, NULL);
 	close(fd);
-	if (remove_dir_at(parent, name) < 0)
+	if (unlinkat(parent, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
 		rc = -1;
 	if (rc < 0)
 		tether_error("tether: %s could not be removed completely", name);

@@ -64,8 +64,7 @@ static struct {
 	char failure[1024];        /* why this step cannot run (the first reason) */
 	int enroot_bound;          /* the step's enroot directory is bound onto itself (bind_enroot_dir) */
 	int enroot_mount_fd;       /* ... and this is its mount, for the unmount at the step's end */
-	dev_t enroot_dev;          /* ... which is this directory (checked before the unmount) */
-	ino_t enroot_ino;
+	long enroot_mount_id;      /* ... whose id it is (the fd's number not reused: checked first) */
 	/* a step of a heterogeneous job across components (srun --het-group=0,1): Slurm 22.05 runs
 	 * one step per component job, each numbering its tasks from 0, and gives every task the
 	 * whole step's SLURM_PROCID / SLURM_NTASKS / SLURM_NODEID (see het_step) */
@@ -248,6 +247,61 @@ static int this_node(void)
 #define TETHER_BIND_SELF 0
 #endif
 
+/* The mount id of what ``fd`` is (/proc/self/fdinfo), or -1. */
+static long mount_id(int fd)
+{
+	char path[64], line[128];
+	long id = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+	if ((f = fopen(path, "re")) == NULL)
+		return -1;
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (sscanf(line, "mnt_id: %ld", &id) == 1)
+			break;
+	fclose(f);
+	return id;
+}
+
+/* Is ``name`` below ``dir_fd`` (not following a symlink) the mount ``tree`` is of? */
+static int mounted_at(int dir_fd, const char *name, int tree)
+{
+	int fd = openat(dir_fd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	long want = mount_id(tree), got;
+
+	if (fd < 0)
+		return 0;
+	got = mount_id(fd);
+	close(fd);
+	return want >= 0 && got == want;
+}
+
+/* The step's enroot directory's mount gone, through its fd (MNT_DETACH: a process of the step still
+ * in it keeps its view until it ends). umount2 of the fd's link reaches the topmost mount there: a
+ * mount the user put over it (FUSE) goes first, then the bind; the link then points into a detached
+ * tree (EINVAL: done). */
+static void unbind_enroot_dir(void)
+{
+	char self[64];
+	int n = 0;
+
+	if (!step.enroot_bound)
+		return;
+	step.enroot_bound = 0;
+	/* the fd still the bind's (nothing in slurmstepd closed it and reused its number): else the
+	 * step directory's removal detaches the bind (jobdirs.c: detach_mounts_at) */
+	if (step.enroot_mount_id < 0 || mount_id(step.enroot_mount_fd) != step.enroot_mount_id)
+		return;
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", step.enroot_mount_fd);
+	while (n < 64 && umount2(self, MNT_DETACH) == 0)
+		n++;
+	if (n == 64 || n == 0 || errno != EINVAL) /* none (another step's stacked on it took it), or stuck */
+		slurm_debug("tether: the bind mount of %s/%s: %s", step.step_dir, TETHER_STEP_ENROOT,
+			    n == 64 ? "64 mounts on it" : strerror(errno));
+	close(step.enroot_mount_fd);
+}
+
 /*
  * enroot start looks for the mount point above a container's root with one `mountpoint` process
  * per path component (enroot's common::mountpoint, ~2.5 ms each): a root 10 components below /
@@ -257,7 +311,7 @@ static int this_node(void)
  * up. Only that directory: a rename between it and the rest of the step (EXDEV across mounts)
  * is nothing enroot or a job does. Made for a container step whose runtime may be enroot (none
  * named: the config's default); unmounted at the step's end (tether_stepd_exit), and one that a
- * killed slurmstepd left is detached by the removal that meets it (jobdirs.c: remove_dir_at). Without
+ * killed slurmstepd left is detached by the removal that meets it (jobdirs.c: detach_mounts_at). Without
  * the mount (an old kernel, a refusal) enroot only walks further: never a failure.
  */
 static void bind_enroot_dir(int step_fd)
@@ -276,13 +330,14 @@ static void bind_enroot_dir(int step_fd)
 	tree = (int)syscall(SYS_open_tree, dir_fd, "", OPEN_TREE_CLONE | O_CLOEXEC | AT_EMPTY_PATH);
 	if (tree >= 0 && syscall(SYS_move_mount, tree, "", dir_fd, "", MOVE_MOUNT_F_EMPTY_PATH |
 				 MOVE_MOUNT_T_EMPTY_PATH) == 0) {
-		struct stat st;
-
 		step.enroot_bound = 1;
 		step.enroot_mount_fd = tree;
-		if (fstat(tree, &st) == 0) {
-			step.enroot_dev = st.st_dev;
-			step.enroot_ino = st.st_ino;
+		step.enroot_mount_id = mount_id(tree);
+		/* the directory the user could have renamed away meanwhile: the mount is then elsewhere
+		 * in their tree, where nothing would detach it after a killed slurmstepd -- undone */
+		if (!mounted_at(step_fd, TETHER_STEP_ENROOT, tree)) {
+			slurm_debug("tether: %s moved while it was bound; not bound", shown);
+			unbind_enroot_dir();
 		}
 	} else {
 		slurm_debug("tether: %s not bound onto itself (enroot walks further up): %s", shown, strerror(errno));
@@ -293,28 +348,6 @@ static void bind_enroot_dir(int step_fd)
 #else
 	(void)step_fd;
 #endif
-}
-
-/* The step's enroot directory's mount gone (MNT_DETACH: a process of the step still in it keeps
- * its view until it ends). */
-static void unbind_enroot_dir(void)
-{
-	char self[64];
-	struct stat st;
-
-	if (!step.enroot_bound)
-		return;
-	step.enroot_bound = 0;
-	/* the fd still the directory bound (nothing in slurmstepd closed it and reused its number):
-	 * else the removal detaches the mount (remove_dir_at) */
-	if (fstat(step.enroot_mount_fd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_dev != step.enroot_dev ||
-	    st.st_ino != step.enroot_ino)
-		return;
-	snprintf(self, sizeof(self), "/proc/self/fd/%d", step.enroot_mount_fd);
-	if (umount2(self, MNT_DETACH) != 0)
-		slurm_error("tether: cannot unmount the bind mount of %s/%s: %s", step.step_dir, TETHER_STEP_ENROOT,
-			    strerror(errno));
-	close(step.enroot_mount_fd);
 }
 
 /* <job>/<node>/<step> below the open job directory, each made for the job's uid when missing

@@ -521,17 +521,22 @@ def test_the_stub_keeps_pbs_rules_for_mom_events():
 
 def test_the_removal_detaches_a_mount_left_in_the_tree_and_removes_it(helper, root, tmp_path):
     """Slurm's slurmstepd binds a container step's enroot directory onto itself (spank/stepd.c:
-    bind_enroot_dir) and unmounts it at the step's end; one that a killed slurmstepd left is a
-    mount point that rmdir refuses (EBUSY). The removal (native/jobdirs.c, here through PBS's
-    helper) detaches it through an fd and removes the tree. In a mount namespace of its own."""
+    bind_enroot_dir) and unmounts it at the step's end; one that a killed slurmstepd left, or a
+    file system the user mounted in their tree (FUSE), is detached before the removal reaches it
+    (native/jobdirs.c, here through PBS's helper), never entered: what the mount holds stays
+    where it is, the tree goes. In a mount namespace of its own."""
     uid, gid = pwd.getpwnam(USER).pw_uid, pwd.getpwnam(USER).pw_gid
     subprocess.run([str(helper), "begin", str(root), "9", "h1", str(uid), str(gid)], check=True)
-    enroot = root / "9" / "h1" / "step-0" / "enroot"
+    step = root / "9" / "h1" / "step-0"
+    enroot, theirs = step / "enroot", step / "theirs"
     (enroot / "data" / "c").mkdir(parents=True)
+    theirs.mkdir()
     script = (f"mount --bind {enroot} {enroot} && mount --bind {enroot}/data {enroot}/data && "
-              f"grep -c ' {enroot}' /proc/self/mountinfo && "
+              f"mount -t tmpfs none {theirs} && touch {theirs}/kept && exec 9<{theirs} && "
+              f"grep -c ' {step}/' /proc/self/mountinfo && "
               f"{helper} end {root} 9 h1 {uid} {gid} - ; echo rc=$?; "
-              f"grep -c ' {root}/' /proc/self/mountinfo; test -e {root}/9 && echo left || echo gone")
-    out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+              f"grep -c ' {root}/' /proc/self/mountinfo; test -e {root}/9 && echo left || echo gone; "
+              f"ls /proc/self/fd/9/")
+    out = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
                          capture_output=True, text=True, timeout=60)
-    assert out.stdout.split() == ["2", "rc=0", "0", "gone"], (out.stdout, out.stderr)
+    assert out.stdout.split() == ["3", "rc=0", "0", "gone", "kept"], (out.stdout, out.stderr)
